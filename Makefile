@@ -1,0 +1,44 @@
+# Oncekey. `make help` lists the targets.
+SHELL := /bin/bash
+GO    ?= go
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+.PHONY: run
+run: ## serve the API (in memory unless DATABASE_URL is set; honours ONCEKEY_ADDR etc.)
+	$(GO) run ./cmd/oncekey serve
+
+.PHONY: build
+build: ## build bin/oncekey
+	$(GO) build -o bin/oncekey ./cmd/oncekey
+
+.PHONY: generate
+generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/
+	$(GO) generate ./...
+
+.PHONY: verify
+verify: generate/check lint ## fail if generated code is stale or the code is not vetted and formatted
+
+.PHONY: generate/check
+generate/check: generate ## regenerate and fail on any difference from what is committed
+	@if [ -n "$$(git status --porcelain -- gen/)" ]; then \
+		echo "generated code is stale; run 'make generate' and commit:"; git status --porcelain -- gen/; git diff --stat -- gen/; exit 1; fi
+	@echo "generated code is fresh"
+
+.PHONY: lint
+lint: ## go vet and gofmt
+	$(GO) vet ./...
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: test
+test: ## run the whole test suite with the race detector (needs PostgreSQL at 127.0.0.1:5432)
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: fuzz
+fuzz: ## run the fuzz targets for a while each (FUZZTIME=30s)
+	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
+	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/

@@ -1,0 +1,22 @@
+// Package oncekey holds the assets every part of the service is built from:
+// the OpenAPI contract and the database migrations. They live at the module
+// root because they are the source of truth that gen/ is generated from, and
+// are embedded here so that one binary carries exactly the contract and schema
+// it was built with.
+package oncekey
+
+import "embed"
+
+//go:generate go tool oapi-codegen -config gen/api/oapi-codegen.yaml openapi.yaml
+//go:generate go tool -modfile=tools/go.mod sqlc generate
+
+// OpenAPISpec is openapi.yaml, served at GET /openapi.yaml and used to
+// validate every request before a handler runs.
+//
+//go:embed openapi.yaml
+var OpenAPISpec []byte
+
+// Migrations holds the numbered goose migrations in schema/.
+//
+//go:embed schema/*.sql
+var Migrations embed.FS

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// config is everything serve reads from the environment. docs/operations.md
+// and the README list the variables; a malformed value stops the process at
+// start rather than running with a surprise default.
+type config struct {
+	DatabaseURL     string        // DATABASE_URL; empty: the in-memory store
+	Addr            string        // ONCEKEY_ADDR
+	TTL             time.Duration // IDEMPOTENCY_TTL
+	Wait            time.Duration // IDEMPOTENCY_WAIT
+	MaxBodyBytes    int64         // ONCEKEY_MAX_BODY_BYTES
+	RequestTimeout  time.Duration // ONCEKEY_REQUEST_TIMEOUT
+	ShutdownTimeout time.Duration // ONCEKEY_SHUTDOWN_TIMEOUT
+	CleanupInterval time.Duration // ONCEKEY_CLEANUP_INTERVAL
+	CleanupBatch    int           // ONCEKEY_CLEANUP_BATCH
+	DemoAPIKey      string        // ONCEKEY_DEMO_API_KEY (memory store only)
+}
+
+func loadConfig(getenv func(string) string) (config, error) {
+	c := config{
+		DatabaseURL: getenv("DATABASE_URL"),
+		Addr:        orDefault(getenv("ONCEKEY_ADDR"), ":8080"),
+		DemoAPIKey:  getenv("ONCEKEY_DEMO_API_KEY"),
+	}
+	var err error
+	durations := []struct {
+		name string
+		dst  *time.Duration
+		def  time.Duration
+	}{
+		{"IDEMPOTENCY_TTL", &c.TTL, idempotency.DefaultTTL},
+		{"IDEMPOTENCY_WAIT", &c.Wait, idempotency.DefaultWait},
+		{"ONCEKEY_REQUEST_TIMEOUT", &c.RequestTimeout, httpapi.DefaultRequestTimeout},
+		{"ONCEKEY_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 30 * time.Second},
+		{"ONCEKEY_CLEANUP_INTERVAL", &c.CleanupInterval, time.Minute},
+	}
+	for _, d := range durations {
+		if *d.dst, err = duration(getenv, d.name, d.def); err != nil {
+			return config{}, err
+		}
+	}
+	if c.MaxBodyBytes, err = integer(getenv, "ONCEKEY_MAX_BODY_BYTES", httpapi.DefaultMaxBodyBytes); err != nil {
+		return config{}, err
+	}
+	batch, err := integer(getenv, "ONCEKEY_CLEANUP_BATCH", 1000)
+	if err != nil {
+		return config{}, err
+	}
+	c.CleanupBatch = int(batch)
+	return c, nil
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func duration(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive Go duration such as 48h or 1s", name, v)
+	}
+	return d, nil
+}
+
+func integer(getenv func(string) string, name string, def int64) (int64, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
+	}
+	return n, nil
+}

@@ -1,0 +1,192 @@
+// Command oncekey serves the Oncekey API and runs its maintenance tasks.
+//
+//	oncekey serve                  serve the API (PostgreSQL with DATABASE_URL, else in memory)
+//	oncekey migrate                apply database migrations
+//	oncekey purge                  delete expired idempotency keys in batches
+//	oncekey accounts create NAME   create an account; prints its API key once
+//
+// This package holds only wiring: configuration from the environment,
+// building the pieces, and signals. Everything testable is in internal/.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/store/memory"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+)
+
+const usage = `usage: oncekey <command>
+
+commands:
+  serve                  serve the API (PostgreSQL when DATABASE_URL is set, else in memory)
+  migrate                apply database migrations (needs DATABASE_URL)
+  purge                  delete expired idempotency keys in batches (needs DATABASE_URL)
+  accounts create NAME   create an account and print its API key once (needs DATABASE_URL)
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "oncekey:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given")
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, cfg, log, stdout)
+	case "migrate":
+		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+			log.Info("migrations applied")
+			return nil
+		})
+	case "purge":
+		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+			n, err := s.PurgeExpired(ctx, cfg.CleanupBatch)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(stdout).Encode(map[string]int64{"deleted": n})
+		})
+	case "accounts":
+		if len(args) != 3 || args[1] != "create" {
+			fmt.Fprint(stderr, usage)
+			return errors.New("usage: oncekey accounts create NAME")
+		}
+		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+			creds, err := auth.CreateAccount(ctx, s, args[2], "")
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(stdout).Encode(creds)
+		})
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+// withDatabase connects, migrates (so every command works on a fresh
+// database) and runs fn.
+func withDatabase(ctx context.Context, cfg config, fn func(*postgres.Store) error) error {
+	if cfg.DatabaseURL == "" {
+		return errors.New("DATABASE_URL is not set")
+	}
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return fn(postgres.New(pool))
+}
+
+// backend is what serve needs from a store.
+type backend interface {
+	idempotency.Store
+	idempotency.Purger
+	orders.Repository
+	auth.Store
+	Ping(context.Context) error
+}
+
+func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) error {
+	var store backend
+	if cfg.DatabaseURL != "" {
+		pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := postgres.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		store = postgres.New(pool)
+		log.Info("store: PostgreSQL")
+	} else {
+		mem := memory.New()
+		creds, err := auth.CreateAccount(ctx, mem, "demo", cfg.DemoAPIKey)
+		if err != nil {
+			return err
+		}
+		store = mem
+		log.Warn("store: in memory (set DATABASE_URL for PostgreSQL); data is lost on exit")
+		fmt.Fprintf(stdout, "demo account %s, API key: %s\n", creds.AccountID, creds.APIKey)
+	}
+
+	handler, err := httpapi.New(httpapi.Config{
+		Orders:         orders.NewService(store),
+		Auth:           store,
+		Idempotency:    store,
+		Ready:          store.Ping,
+		TTL:            cfg.TTL,
+		Wait:           cfg.Wait,
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		RequestTimeout: cfg.RequestTimeout,
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+
+	cleanupCtx, stopCleanup := context.WithCancel(ctx)
+	defer stopCleanup()
+	go idempotency.RunCleanup(cleanupCtx, store, cfg.CleanupInterval, cfg.CleanupBatch, log)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("listening", "addr", ln.Addr().String())
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// SIGTERM: stop accepting, let in-flight requests finish (and store
+	// their responses) within the deadline.
+	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}

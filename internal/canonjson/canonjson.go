@@ -1,0 +1,163 @@
+// Package canonjson turns a JSON document into its RFC 8785 (JCS) canonical
+// form, so that two bodies with the same meaning — keys reordered, whitespace
+// changed, numbers or strings spelled differently — give the same bytes and
+// therefore the same fingerprint.
+//
+// The serialisation itself is github.com/gowebpki/jcs. This package adds the
+// input rules a fingerprint needs on top of it, each closing a way in which
+// two different requests could otherwise share a canonical form or in which
+// hostile input could hurt the server:
+//
+//   - invalid UTF-8 is rejected (JCS would otherwise see replacement
+//     characters, and "\xff" and "\xfe" would be the same request);
+//   - duplicate object keys are rejected (which one wins differs between
+//     parsers, so the request has no single meaning);
+//   - integers beyond ±2^53 are rejected: JCS represents numbers as IEEE
+//     doubles, so 9007199254740993 and 9007199254740992 would canonicalise
+//     alike although a Go int64 decoder tells them apart;
+//   - nesting deeper than MaxDepth is rejected before the recursive
+//     canonicaliser sees it.
+package canonjson
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
+)
+
+// MaxDepth bounds object and array nesting. Real request bodies nest a few
+// levels; a bound keeps a hostile body from costing stack or time.
+const MaxDepth = 64
+
+// ErrInvalid is returned, wrapped with the reason, for any input that has no
+// canonical form under the rules above.
+var ErrInvalid = errors.New("invalid JSON")
+
+// maxExactInteger is 2^53, the largest magnitude below which every integer
+// has an exact IEEE double.
+var maxExactInteger = new(big.Int).Lsh(big.NewInt(1), 53)
+
+// Canonicalize returns the RFC 8785 canonical form of doc. An empty (or
+// all-whitespace) document canonicalises to an empty result, so that
+// operations without a body can still be fingerprinted.
+func Canonicalize(doc []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(doc)) == 0 {
+		return nil, nil
+	}
+	if !utf8.Valid(doc) {
+		return nil, fmt.Errorf("%w: not valid UTF-8", ErrInvalid)
+	}
+	if err := check(doc); err != nil {
+		return nil, err
+	}
+	out, err := jcs.Transform(doc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, err.Error())
+	}
+	return out, nil
+}
+
+// check walks doc's tokens once without recursion, enforcing the depth,
+// duplicate-key and exact-integer rules. json.Decoder also rejects
+// syntax errors, so jcs.Transform only ever sees well-formed input.
+func check(doc []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+
+	// One frame per open container: the keys seen so far for an object (nil
+	// for an array), and whether the next string token is a key.
+	type frame struct {
+		keys      map[string]struct{}
+		expectKey bool
+	}
+	var stack []frame
+	topLevelValues := 0
+
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %s", ErrInvalid, err.Error())
+		}
+		top := len(stack) - 1
+		if top < 0 {
+			// json.Decoder reads a stream of values; a request body is one.
+			if topLevelValues++; topLevelValues > 1 {
+				return fmt.Errorf("%w: more than one JSON value", ErrInvalid)
+			}
+		}
+		// In key position the decoder yields either a key (a string) or the
+		// object's closing '}'.
+		if key, isString := tok.(string); isString && top >= 0 && stack[top].keys != nil && stack[top].expectKey {
+			if _, dup := stack[top].keys[key]; dup {
+				return fmt.Errorf("%w: duplicate key %q", ErrInvalid, truncate(key))
+			}
+			stack[top].keys[key] = struct{}{}
+			stack[top].expectKey = false
+			continue
+		}
+		if top >= 0 && stack[top].keys != nil {
+			stack[top].expectKey = true // this token is a value; a key comes next
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{', '[':
+				if len(stack) >= MaxDepth {
+					return fmt.Errorf("%w: nested deeper than %d levels", ErrInvalid, MaxDepth)
+				}
+				f := frame{}
+				if t == '{' {
+					f = frame{keys: map[string]struct{}{}, expectKey: true}
+				}
+				stack = append(stack, f)
+			case '}', ']':
+				stack = stack[:top]
+				if len(stack) > 0 && stack[len(stack)-1].keys != nil {
+					stack[len(stack)-1].expectKey = true
+				}
+			}
+		case json.Number:
+			if err := checkNumber(t.String()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkNumber rejects integer literals that an IEEE double cannot hold
+// exactly. Literals with a fraction or exponent are decimal values whose
+// meaning JCS defines as the nearest double, which is what a JSON number
+// means under I-JSON (RFC 7493).
+func checkNumber(lit string) error {
+	if strings.ContainsAny(lit, ".eE") {
+		return nil
+	}
+	digits := strings.TrimPrefix(lit, "-")
+	if len(digits) < 16 { // < 10^15 < 2^53: always exact
+		return nil
+	}
+	n, ok := new(big.Int).SetString(digits, 10)
+	if !ok || n.Cmp(maxExactInteger) > 0 {
+		return fmt.Errorf("%w: integer %s is too large to compare exactly (limit ±2^53)", ErrInvalid, truncate(lit))
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	const limit = 40
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit] + "…"
+}

@@ -1,0 +1,188 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/problem"
+)
+
+// gate checks every request against openapi.yaml before any handler runs,
+// in the order a client would want to hear about problems: body size (413),
+// authentication (401), then the contract (415 for the media type, 400 for
+// everything else). A request the gate rejects never reaches the
+// idempotency layer, so it consumes no key.
+type gate struct {
+	router  routers.Router
+	auth    auth.Store
+	maxBody int64
+	log     *slog.Logger
+}
+
+func newGate(doc *openapi3.T, store auth.Store, maxBody int64, log *slog.Logger) (*gate, error) {
+	// Route by path alone: the servers list documents where the API is
+	// deployed and must not make requests to other hosts unroutable.
+	doc.Servers = nil
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		return nil, fmt.Errorf("build OpenAPI router: %w", err)
+	}
+	return &gate{router: router, auth: store, maxBody: maxBody, log: log}, nil
+}
+
+func (g *gate) handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		route, pathParams, err := g.router.FindRoute(r)
+		if err != nil {
+			// Not in the contract: chi answers 404 or 405 as problems.
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !g.readBody(w, r) {
+			return
+		}
+		ctx := r.Context()
+		if requiresAuth(route) {
+			account, ok := g.authenticate(ctx, r)
+			if !ok {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="oncekey"`)
+				problem.Write(w, problem.Unauthorized, "send an API key as 'Authorization: Bearer <key>'")
+				return
+			}
+			ctx = auth.WithAccount(ctx, account)
+			r = r.WithContext(ctx)
+		}
+		if declaresKey(route) {
+			// Checked before the generic validator so that key errors carry
+			// their own problem types.
+			if _, err := idempotency.ParseKey(r.Header); err != nil {
+				kind := problem.InvalidIdempotencyKey
+				if errors.Is(err, idempotency.ErrMissingKey) {
+					kind = problem.MissingIdempotencyKey
+				}
+				problem.Write(w, kind, err.Error())
+				return
+			}
+		}
+		input := &openapi3filter.RequestValidationInput{
+			Request:    r,
+			PathParams: pathParams,
+			Route:      route,
+			Options: &openapi3filter.Options{
+				AuthenticationFunc: openapi3filter.NoopAuthenticationFunc, // done above
+				MultiError:         false,
+			},
+		}
+		if err := openapi3filter.ValidateRequest(ctx, input); err != nil {
+			kind, detail := describe(err)
+			problem.Write(w, kind, detail)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// readBody buffers the body up to the limit, so the validator, the
+// idempotency layer and the handler can each read it, and answers 413
+// without reading more than the limit of an oversized body.
+func (g *gate) readBody(w http.ResponseWriter, r *http.Request) bool {
+	if r.ContentLength > g.maxBody {
+		problem.Write(w, problem.PayloadTooLarge, fmt.Sprintf("the body is %d bytes; the limit is %d", r.ContentLength, g.maxBody))
+		return false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.maxBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			problem.Write(w, problem.PayloadTooLarge, fmt.Sprintf("the body exceeds the limit of %d bytes", g.maxBody))
+			return false
+		}
+		problem.Write(w, problem.Validation, "the request body could not be read")
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return true
+}
+
+// authenticate resolves the bearer key. Every failure — no header, another
+// scheme, an unknown or revoked key — gets the same answer, so the response
+// tells an attacker nothing about which keys exist.
+func (g *gate) authenticate(ctx context.Context, r *http.Request) (account [16]byte, ok bool) {
+	token, ok := auth.BearerToken(r.Header.Get("Authorization"))
+	if !ok {
+		return account, false
+	}
+	id, err := g.auth.AccountByKeyHash(ctx, auth.HashKey(token))
+	if err != nil {
+		if !errors.Is(err, auth.ErrUnknownKey) {
+			g.log.WarnContext(ctx, "api key lookup failed", "err", err)
+		}
+		return account, false
+	}
+	return id, true
+}
+
+func declaresKey(route *routers.Route) bool {
+	for _, p := range route.Operation.Parameters {
+		if p.Value != nil && p.Value.In == openapi3.ParameterInHeader && strings.EqualFold(p.Value.Name, idempotency.HeaderKey) {
+			return true
+		}
+	}
+	return false
+}
+
+func requiresAuth(route *routers.Route) bool {
+	security := route.Spec.Security
+	if route.Operation.Security != nil {
+		security = *route.Operation.Security
+	}
+	return len(security) > 0
+}
+
+// describe turns a validation error into a problem kind and a short detail:
+// where the problem is and what is wrong, never a dump of the schema.
+func describe(err error) (problem.Kind, string) {
+	var reqErr *openapi3filter.RequestError
+	if !errors.As(err, &reqErr) {
+		return problem.Validation, "the request does not match the API contract"
+	}
+	if reqErr.RequestBody != nil && strings.HasPrefix(reqErr.Reason, "header Content-Type has unexpected value") {
+		return problem.UnsupportedMediaType, "send the body as application/json"
+	}
+	var parseErr *openapi3filter.ParseError
+	if errors.As(err, &parseErr) {
+		return problem.MalformedJSON, "the request body is not valid JSON"
+	}
+	where := "request body"
+	if p := reqErr.Parameter; p != nil {
+		where = fmt.Sprintf("%s parameter %q", p.In, p.Name)
+	}
+	var schemaErr *openapi3.SchemaError
+	if errors.As(err, &schemaErr) {
+		if ptr := schemaErr.JSONPointer(); len(ptr) > 0 {
+			where += " at /" + strings.Join(ptr, "/")
+		}
+		return problem.Validation, where + ": " + schemaErr.Reason
+	}
+	if errors.Is(err, openapi3filter.ErrInvalidRequired) {
+		return problem.Validation, where + " is required"
+	}
+	reason := reqErr.Reason
+	if reason == "" && reqErr.Err != nil {
+		reason = reqErr.Err.Error()
+	}
+	return problem.Validation, where + ": " + reason
+}

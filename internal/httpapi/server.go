@@ -1,0 +1,181 @@
+// Package httpapi is the HTTP face of the service: the chi router generated
+// from openapi.yaml, the gate that enforces the contract before handlers
+// run, the idempotency middleware on unsafe operations, thin handlers, and
+// the one mapping from errors to problem responses.
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/oncekey/oncekey"
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/problem"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultMaxBodyBytes   = 1 << 20
+	DefaultRequestTimeout = 10 * time.Second
+)
+
+// Config is what the HTTP layer is built from.
+type Config struct {
+	Orders      *orders.Service
+	Auth        auth.Store
+	Idempotency idempotency.Store
+	// Ready reports whether dependencies answer (GET /readyz).
+	Ready func(context.Context) error
+	// TTL and Wait configure the idempotency protocol (see idempotency.Config).
+	TTL  time.Duration
+	Wait time.Duration
+	// MaxBodyBytes bounds request bodies (default 1 MiB); larger ones get 413.
+	MaxBodyBytes int64
+	// RequestTimeout bounds each request's work, database calls included
+	// (default 10s): past it the request fails with 503 instead of hanging.
+	RequestTimeout time.Duration
+	Logger         *slog.Logger
+}
+
+// New builds the service's http.Handler.
+func New(cfg Config) (http.Handler, error) {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = DefaultRequestTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Ready == nil {
+		cfg.Ready = func(context.Context) error { return nil }
+	}
+	doc, err := LoadSpec()
+	if err != nil {
+		return nil, err
+	}
+	g, err := newGate(doc, cfg.Auth, cfg.MaxBodyBytes, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	idem := idempotency.New(idempotency.Config{
+		Store:   cfg.Idempotency,
+		Account: auth.AccountFrom,
+		Route:   func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
+		TTL:     cfg.TTL,
+		Wait:    cfg.Wait,
+		Logger:  cfg.Logger,
+	})
+	errs := errorResponder{log: cfg.Logger}
+
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID, requestLogger(cfg.Logger), recoverer(cfg.Logger), timeout(cfg.RequestTimeout), g.handler)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		problem.Write(w, problem.NotFound, "no such endpoint: "+r.URL.Path)
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		problem.Write(w, problem.MethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path)
+	})
+	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  errs.request,
+		ResponseErrorHandlerFunc: errs.response,
+	})
+	return api.HandlerWithOptions(strict, api.ChiServerOptions{
+		BaseRouter: r,
+		// Registered per operation, after routing, so it sees the route
+		// pattern and the raw body bytes.
+		Middlewares:      []api.MiddlewareFunc{idem.Handler},
+		ErrorHandlerFunc: errs.request,
+	}), nil
+}
+
+// LoadSpec parses and validates the embedded openapi.yaml.
+func LoadSpec() (*openapi3.T, error) {
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromData(bytes.Clone(oncekey.OpenAPISpec))
+	if err != nil {
+		return nil, fmt.Errorf("load openapi.yaml: %w", err)
+	}
+	if err := doc.Validate(loader.Context); err != nil {
+		return nil, fmt.Errorf("openapi.yaml is invalid: %w", err)
+	}
+	return doc, nil
+}
+
+// requestLogger writes one structured line per request. It never logs the
+// API key or the body.
+func requestLogger(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			var outcome idempotency.Outcome
+			r = r.WithContext(idempotency.WithOutcome(r.Context(), &outcome))
+			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			next.ServeHTTP(ww, r)
+			route := ""
+			if rc := chi.RouteContext(r.Context()); rc != nil {
+				route = rc.RoutePattern()
+			}
+			attrs := []any{
+				"request_id", middleware.GetReqID(r.Context()),
+				"method", r.Method,
+				"route", route,
+				"status", ww.Status(),
+				"bytes", ww.BytesWritten(),
+				"duration_ms", float64(time.Since(start).Microseconds()) / 1000,
+			}
+			if outcome != idempotency.OutcomeNone {
+				attrs = append(attrs, "idempotency", string(outcome))
+			}
+			log.InfoContext(r.Context(), "request", attrs...)
+		})
+	}
+}
+
+// recoverer turns a panic into a 500 problem. The idempotency layer has
+// already rolled back by then (its deferred rollback runs during the panic),
+// so nothing was stored and a retry runs the operation.
+func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() {
+				v := recover()
+				if v == nil {
+					return
+				}
+				if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
+					panic(v) // the server's own signal to drop the connection
+				}
+				log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				problem.Write(w, problem.Internal, "the request could not be completed; if it carried an Idempotency-Key, retrying with the same key is safe")
+			}()
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// timeout bounds a request's context; pgx honours it, so a database that
+// stops answering turns into a 503, not a hung request.
+func timeout(d time.Duration) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), d)
+			defer cancel()
+			next.ServeHTTP(w, r.WithContext(ctx))
+		})
+	}
+}

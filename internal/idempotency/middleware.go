@@ -1,0 +1,279 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/internal/problem"
+)
+
+// Header names of the protocol.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
+// MaxKeyLength is the longest Idempotency-Key accepted, in bytes.
+const MaxKeyLength = 255
+
+// Defaults for Config fields left zero.
+const (
+	DefaultTTL        = 48 * time.Hour
+	DefaultWait       = time.Second
+	DefaultRetryAfter = time.Second
+)
+
+// DefaultReplayHeaders are the response headers stored with a record and
+// replayed. Anything else (Set-Cookie, Date, request ids, tracing headers) is
+// specific to one response and must not be handed to a different request.
+var DefaultReplayHeaders = []string{"Content-Type", "Location", "Retry-After"}
+
+// Config configures the middleware. Store, Account and Route are required.
+type Config struct {
+	Store Store
+	// Account returns the authenticated caller; keys are scoped to it. The
+	// authentication layer runs first, so a request without one is a wiring
+	// bug and gets a 500.
+	Account func(ctx context.Context) (uuid.UUID, bool)
+	// Route returns the matched route pattern, e.g. "/orders/{id}".
+	Route func(r *http.Request) string
+	// TTL is how long a completed record is replayed (default 48h).
+	TTL time.Duration
+	// Wait is how long a duplicate waits for an in-flight first request
+	// before it gets 202 (default 1s).
+	Wait time.Duration
+	// RetryAfter is advertised on 202 and 503 responses (default 1s).
+	RetryAfter time.Duration
+	// ReplayHeaders is the allow-list of stored response headers
+	// (default DefaultReplayHeaders).
+	ReplayHeaders []string
+	// Logger receives store failures (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Middleware enforces the Idempotency-Key protocol on unsafe methods.
+type Middleware struct {
+	cfg Config
+}
+
+// New returns the middleware for cfg, filling in defaults.
+func New(cfg Config) *Middleware {
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = DefaultWait
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.ReplayHeaders == nil {
+		cfg.ReplayHeaders = DefaultReplayHeaders
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Middleware{cfg: cfg}
+}
+
+// Handler wraps next. Safe methods (GET, HEAD, OPTIONS, TRACE) pass through
+// untouched; every other request needs a valid Idempotency-Key.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isSafe(r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		m.serve(w, r, next)
+	})
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	ctx := r.Context()
+	// Everything that can reject the request happens before the claim, so a
+	// rejected request consumes no key: fixing it and retrying with the same
+	// key works.
+	key, err := ParseKey(r.Header)
+	if err != nil {
+		m.reject(ctx, w, err)
+		return
+	}
+	w.Header().Set(HeaderKey, key)
+
+	account, ok := m.cfg.Account(ctx)
+	if !ok {
+		m.fail(ctx, w, errors.New("idempotency middleware reached without an authenticated account"))
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			setOutcome(ctx, OutcomeRejected)
+			problem.Write(w, problem.PayloadTooLarge, fmt.Sprintf("the body exceeds %d bytes", tooLarge.Limit))
+			return
+		}
+		setOutcome(ctx, OutcomeRejected)
+		problem.Write(w, problem.Validation, "the request body could not be read")
+		return
+	}
+	route := m.cfg.Route(r)
+	fp, err := ComputeFingerprint(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), body)
+	if err != nil {
+		setOutcome(ctx, OutcomeRejected)
+		problem.Write(w, problem.MalformedJSON, err.Error())
+		return
+	}
+
+	lease, rec, err := m.cfg.Store.Claim(ctx, ClaimRequest{
+		Account: account, Key: key, Fingerprint: fp,
+		Method: r.Method, Route: route, TTL: m.cfg.TTL, Wait: m.cfg.Wait,
+	})
+	switch {
+	case errors.Is(err, ErrInFlight):
+		setOutcome(ctx, OutcomeInFlight)
+		w.Header().Set("Retry-After", m.retryAfter())
+		problem.Write(w, problem.InProgress, "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds")
+	case err != nil:
+		m.fail(ctx, w, fmt.Errorf("claim idempotency key: %w", err))
+	case rec != nil && rec.Fingerprint != fp:
+		setOutcome(ctx, OutcomeConflict)
+		problem.Write(w, problem.KeyMismatch, "this Idempotency-Key was already used with a different request (method, path, query or body); use a new key for a new operation")
+	case rec != nil:
+		setOutcome(ctx, OutcomeReplayed)
+		m.replay(w, rec.Response)
+	default:
+		m.run(w, r, lease, body, next)
+	}
+}
+
+// run executes the operation inside lease and answers only after the outcome
+// is durable: a client never sees a success that a crash could still undo.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, lease Lease, body []byte, next http.Handler) {
+	ctx := r.Context()
+	settled := false
+	defer func() {
+		// Rolls back on every path that did not commit, panics included (the
+		// panic continues to the recoverer above).
+		if !settled {
+			dctx, cancel := detach(ctx)
+			defer cancel()
+			if err := lease.Rollback(dctx); err != nil {
+				m.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
+			}
+		}
+	}()
+
+	rec := newRecorder()
+	inner := r.WithContext(lease.Context(ctx))
+	inner.Body = io.NopCloser(bytes.NewReader(body))
+	next.ServeHTTP(rec, inner)
+
+	if !Stored(rec.status) {
+		// A server error or a rejection inside the operation: nothing is
+		// stored, so a retry with the same key runs the operation again.
+		dctx, cancel := detach(ctx)
+		defer cancel()
+		if err := lease.Rollback(dctx); err != nil {
+			m.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
+		}
+		settled = true
+		if rec.status >= 500 {
+			setOutcome(ctx, OutcomeError)
+		} else {
+			setOutcome(ctx, OutcomeRejected)
+		}
+		rec.copyTo(w)
+		return
+	}
+	stored := Response{Status: rec.status, Header: rec.allowed(m.cfg.ReplayHeaders), Body: rec.body.Bytes()}
+	// The operation ran; finish storing it even if the client went away, so
+	// its retry replays instead of finding nothing.
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if err := lease.Commit(dctx, stored); err != nil {
+		m.fail(ctx, w, fmt.Errorf("commit idempotent operation: %w", err))
+		return
+	}
+	settled = true
+	setOutcome(ctx, OutcomeExecuted)
+	rec.copyTo(w)
+}
+
+// replay writes a stored response: the same status and body bytes, the
+// allow-listed headers, and Idempotent-Replayed.
+func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
+	h := w.Header()
+	for name, values := range resp.Header {
+		h[name] = append([]string(nil), values...)
+	}
+	h.Set(HeaderReplayed, "true")
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, err error) {
+	setOutcome(ctx, OutcomeRejected)
+	kind := problem.InvalidIdempotencyKey
+	if errors.Is(err, ErrMissingKey) {
+		kind = problem.MissingIdempotencyKey
+	}
+	problem.Write(w, kind, err.Error())
+}
+
+// fail answers a store or wiring failure. Unavailability and timeouts are
+// 503 with Retry-After (retrying with the same key is safe and right);
+// anything else is a 500 whose detail never leaks internals.
+func (m *Middleware) fail(ctx context.Context, w http.ResponseWriter, err error) {
+	setOutcome(ctx, OutcomeError)
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		m.cfg.Logger.WarnContext(ctx, "idempotency: store unavailable", "err", err)
+		w.Header().Set("Retry-After", m.retryAfter())
+		problem.Write(w, problem.Unavailable, "the database is unavailable; retry with the same Idempotency-Key")
+		return
+	}
+	m.cfg.Logger.ErrorContext(ctx, "idempotency: store failed", "err", err)
+	problem.Write(w, problem.Internal, "the operation could not be completed; nothing was stored, retry with the same Idempotency-Key")
+}
+
+func (m *Middleware) retryAfter() string {
+	return strconv.Itoa(int((m.cfg.RetryAfter + time.Second - 1) / time.Second))
+}
+
+// Stored reports whether a response with this status is the operation's
+// outcome, to be stored and replayed. Server errors are not (a retry must be
+// able to run the operation), and neither are the statuses that mean the
+// request was refused before the operation could start.
+func Stored(status int) bool {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden,
+		http.StatusRequestTimeout, http.StatusRequestEntityTooLarge,
+		http.StatusUnsupportedMediaType, http.StatusTooManyRequests:
+		return false
+	}
+	return status < 500
+}
+
+// detach keeps ctx's values but not its cancellation, with a bound: once the
+// operation has run, its outcome is stored even if the client disconnected.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+}
+
+func isSafe(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}

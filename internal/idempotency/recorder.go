@@ -1,0 +1,58 @@
+package idempotency
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+)
+
+// recorder buffers the operation's response. Nothing reaches the client
+// until the outcome is committed, so the client can never act on a response
+// that a rollback then takes back.
+type recorder struct {
+	header      http.Header
+	status      int
+	wroteHeader bool
+	body        bytes.Buffer
+}
+
+func newRecorder() *recorder {
+	return &recorder{header: http.Header{}, status: http.StatusOK}
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.wroteHeader {
+		return
+	}
+	r.wroteHeader = true
+	r.status = status
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(p)
+}
+
+// allowed returns the allow-listed headers, which are what a replay carries.
+func (r *recorder) allowed(names []string) http.Header {
+	out := http.Header{}
+	for _, name := range names {
+		if v := r.header.Values(name); len(v) > 0 {
+			out[http.CanonicalHeaderKey(name)] = append([]string(nil), v...)
+		}
+	}
+	return out
+}
+
+// copyTo sends the buffered response to w.
+func (r *recorder) copyTo(w http.ResponseWriter) {
+	h := w.Header()
+	for name, values := range r.header {
+		h[name] = values
+	}
+	h.Set("Content-Length", strconv.Itoa(r.body.Len()))
+	w.WriteHeader(r.status)
+	_, _ = w.Write(r.body.Bytes())
+}

@@ -1,0 +1,85 @@
+// Package idempotency makes an unsafe HTTP operation run at most once per
+// (account, Idempotency-Key) and answers every repeat with the stored
+// response of the first. It is plain net/http middleware and knows nothing
+// about orders or any other domain: the operation joins the claim's
+// transaction through the request context, so the domain write and the
+// stored response commit together or not at all.
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// ErrInFlight reports that another request holds the key and did not finish
+// within the wait budget. The client should retry later with the same key.
+var ErrInFlight = errors.New("idempotency: a request with this key is still in progress")
+
+// ErrUnavailable reports that the store could not be reached in time; the
+// client should retry later with the same key. Stores wrap their driver
+// errors with it where retrying is the right answer.
+var ErrUnavailable = errors.New("idempotency: store unavailable")
+
+// Store keeps idempotency records. Implementations must pass the conformance
+// suite in internal/store/storetest, which pins down the semantics below.
+type Store interface {
+	// Claim reserves (Account, Key) for a new operation, or reports what is
+	// already there. It returns exactly one of:
+	//   - a Lease: the key was free (or expired); the caller runs the
+	//     operation in lease.Context(ctx) and then calls Commit or Rollback;
+	//   - a Record: the key holds a completed operation, which may have a
+	//     different fingerprint (the caller decides between replay and 409);
+	//   - ErrInFlight: another request held the key for all of ClaimRequest.Wait.
+	// A request holding the key blocks others only while it runs: if it rolls
+	// back (or its process dies) the key is free again.
+	Claim(ctx context.Context, req ClaimRequest) (Lease, *Record, error)
+}
+
+// ClaimRequest says what is being claimed and for how long.
+type ClaimRequest struct {
+	Account     uuid.UUID
+	Key         string
+	Fingerprint Fingerprint
+	// Method and Route are stored for operators (oncekey keys inspect); the
+	// fingerprint already covers them.
+	Method string
+	Route  string
+	// TTL is how long the completed record is kept and replayed.
+	TTL time.Duration
+	// Wait bounds how long Claim waits for a concurrent holder of the key to
+	// finish before it returns ErrInFlight.
+	Wait time.Duration
+}
+
+// Lease is a claimed key with its open unit of work.
+type Lease interface {
+	// Context returns ctx carrying the unit of work, so that domain stores of
+	// the same implementation write inside it.
+	Context(ctx context.Context) context.Context
+	// Commit stores resp as the key's outcome and commits the domain writes
+	// made through Context, atomically.
+	Commit(ctx context.Context, resp Response) error
+	// Rollback discards the domain writes and frees the key. It is safe to call
+	// after Commit (it then does nothing), so callers can defer it.
+	Rollback(ctx context.Context) error
+}
+
+// Record is a completed operation as stored under its key.
+type Record struct {
+	Fingerprint Fingerprint
+	Response    Response
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+}
+
+// Response is what is replayed: the status, the allow-listed headers and the
+// exact body bytes.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}

@@ -1,0 +1,180 @@
+// Package orders is the order domain: validating and creating orders and
+// reading them back. It knows nothing about HTTP or idempotency; when it runs
+// inside an idempotent request, its repository joins the request's unit of
+// work through the context.
+package orders
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/text/currency"
+)
+
+// StatusCreated is the status of a new order.
+const StatusCreated = "created"
+
+// Errors the service returns; the HTTP layer maps each to one problem type.
+var (
+	// ErrNotFound: no such order in the caller's account. Another account's
+	// order is not found either: existence must not leak across accounts.
+	ErrNotFound = errors.New("order not found")
+	// ErrUnknownCurrency: the code is well-formed but not an ISO 4217 currency.
+	// It is a business outcome (422), stored and replayed under the key.
+	ErrUnknownCurrency = errors.New("unknown currency")
+	// ErrInvalidCursor: the pagination cursor was not issued by this service.
+	ErrInvalidCursor = errors.New("invalid cursor")
+)
+
+// Item is one order line.
+type Item struct {
+	SKU string `json:"sku"`
+	Qty int32  `json:"qty"`
+}
+
+// Order is a created order.
+type Order struct {
+	AccountID uuid.UUID
+	ID        uuid.UUID
+	Status    string
+	Amount    int64
+	Currency  string
+	Items     []Item
+	CreatedAt time.Time
+}
+
+// NewOrder is a request to create an order; the HTTP layer has already
+// checked its shape against openapi.yaml.
+type NewOrder struct {
+	Items    []Item
+	Amount   int64
+	Currency string
+}
+
+// Repository persists orders. Implementations must pass the conformance
+// suite in internal/store/storetest.
+type Repository interface {
+	// CreateOrder inserts o; inside an idempotent request it joins that
+	// request's unit of work.
+	CreateOrder(ctx context.Context, o Order) error
+	// GetOrder returns the account's order or ErrNotFound.
+	GetOrder(ctx context.Context, account, id uuid.UUID) (Order, error)
+	// ListOrders returns up to limit orders of the account, newest first
+	// (created_at, then id, descending), strictly after the cursor if given.
+	ListOrders(ctx context.Context, account uuid.UUID, after *Cursor, limit int) ([]Order, error)
+}
+
+// Cursor is a position in the newest-first listing.
+type Cursor struct {
+	CreatedAt time.Time
+	ID        uuid.UUID
+}
+
+// Service is the order use cases.
+type Service struct {
+	repo Repository
+	now  func() time.Time
+}
+
+// NewService returns the service over repo.
+func NewService(repo Repository) *Service {
+	return &Service{repo: repo, now: time.Now}
+}
+
+// Create validates and stores a new order for account.
+func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewOrder) (Order, error) {
+	if _, err := currency.ParseISO(in.Currency); err != nil || strings.ToUpper(in.Currency) != in.Currency {
+		return Order{}, fmt.Errorf("%w: %q is not an ISO 4217 currency code", ErrUnknownCurrency, in.Currency)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Order{}, fmt.Errorf("new order id: %w", err)
+	}
+	o := Order{
+		AccountID: account,
+		ID:        id,
+		Status:    StatusCreated,
+		Amount:    in.Amount,
+		Currency:  in.Currency,
+		Items:     append([]Item(nil), in.Items...),
+		// PostgreSQL keeps microseconds; truncating here makes the response
+		// equal to what a later GET reads back.
+		CreatedAt: s.now().UTC().Truncate(time.Microsecond),
+	}
+	if err := s.repo.CreateOrder(ctx, o); err != nil {
+		return Order{}, fmt.Errorf("store order: %w", err)
+	}
+	return o, nil
+}
+
+// Get returns one of account's orders.
+func (s *Service) Get(ctx context.Context, account uuid.UUID, id string) (Order, error) {
+	oid, err := uuid.Parse(id)
+	if err != nil {
+		return Order{}, ErrNotFound // not an id we could have issued
+	}
+	return s.repo.GetOrder(ctx, account, oid)
+}
+
+// Page is one page of a listing.
+type Page struct {
+	Orders []Order
+	// Next is the cursor of the following page, empty on the last page.
+	Next string
+}
+
+// List returns a page of account's orders, newest first.
+func (s *Service) List(ctx context.Context, account uuid.UUID, cursor string, limit int) (Page, error) {
+	var after *Cursor
+	if cursor != "" {
+		c, err := decodeCursor(cursor)
+		if err != nil {
+			return Page{}, err
+		}
+		after = &c
+	}
+	// One extra row tells whether another page exists without a count query.
+	list, err := s.repo.ListOrders(ctx, account, after, limit+1)
+	if err != nil {
+		return Page{}, fmt.Errorf("list orders: %w", err)
+	}
+	page := Page{Orders: list}
+	if len(list) > limit {
+		page.Orders = list[:limit]
+		last := page.Orders[limit-1]
+		page.Next = encodeCursor(Cursor{CreatedAt: last.CreatedAt, ID: last.ID})
+	}
+	return page, nil
+}
+
+// Cursors are opaque to clients: base64url of "<unix micros>.<uuid>".
+func encodeCursor(c Cursor) string {
+	raw := fmt.Sprintf("%d.%s", c.CreatedAt.UnixMicro(), c.ID)
+	return base64.RawURLEncoding.EncodeToString([]byte(raw))
+}
+
+func decodeCursor(s string) (Cursor, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return Cursor{}, ErrInvalidCursor
+	}
+	micros, id, ok := strings.Cut(string(raw), ".")
+	if !ok {
+		return Cursor{}, ErrInvalidCursor
+	}
+	us, err := strconv.ParseInt(micros, 10, 64)
+	if err != nil {
+		return Cursor{}, ErrInvalidCursor
+	}
+	oid, err := uuid.Parse(id)
+	if err != nil {
+		return Cursor{}, ErrInvalidCursor
+	}
+	return Cursor{CreatedAt: time.UnixMicro(us).UTC(), ID: oid}, nil
+}

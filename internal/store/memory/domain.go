@@ -1,0 +1,95 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"slices"
+
+	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/orders"
+)
+
+// CreateOrder implements orders.Repository.
+func (s *Store) CreateOrder(ctx context.Context, o orders.Order) error {
+	o.Items = slices.Clone(o.Items)
+	s.write(ctx, func() {
+		byID := s.orders[o.AccountID]
+		if byID == nil {
+			byID = map[uuid.UUID]orders.Order{}
+			s.orders[o.AccountID] = byID
+		}
+		byID[o.ID] = o
+	}, func() {
+		delete(s.orders[o.AccountID], o.ID)
+	})
+	return nil
+}
+
+// GetOrder implements orders.Repository.
+func (s *Store) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
+	var (
+		o  orders.Order
+		ok bool
+	)
+	s.read(ctx, func() { o, ok = s.orders[account][id] })
+	if !ok {
+		return orders.Order{}, orders.ErrNotFound
+	}
+	o.Items = slices.Clone(o.Items)
+	return o, nil
+}
+
+// ListOrders implements orders.Repository. It sorts the account's orders on
+// every call: fine for a store meant for trying the API.
+func (s *Store) ListOrders(ctx context.Context, account uuid.UUID, after *orders.Cursor, limit int) ([]orders.Order, error) {
+	var list []orders.Order
+	s.read(ctx, func() {
+		for _, o := range s.orders[account] {
+			if after == nil || before(o, *after) {
+				o.Items = slices.Clone(o.Items)
+				list = append(list, o)
+			}
+		}
+	})
+	slices.SortFunc(list, func(a, b orders.Order) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.ID.String(), a.ID.String())
+	})
+	if len(list) > limit {
+		list = list[:limit]
+	}
+	return list, nil
+}
+
+// before reports whether o sorts after the cursor in newest-first order,
+// i.e. (created_at, id) < (cursor.created_at, cursor.id).
+func before(o orders.Order, c orders.Cursor) bool {
+	if !o.CreatedAt.Equal(c.CreatedAt) {
+		return o.CreatedAt.Before(c.CreatedAt)
+	}
+	return o.ID.String() < c.ID.String()
+}
+
+// AccountByKeyHash implements auth.Store.
+func (s *Store) AccountByKeyHash(_ context.Context, hash auth.KeyHash) (uuid.UUID, error) {
+	s.data.RLock()
+	defer s.data.RUnlock()
+	id, ok := s.apiKeys[hash]
+	if !ok {
+		return uuid.UUID{}, auth.ErrUnknownKey
+	}
+	return id, nil
+}
+
+// CreateAccount implements auth.Store.
+func (s *Store) CreateAccount(_ context.Context, id uuid.UUID, name string, hash auth.KeyHash) error {
+	s.data.Lock()
+	defer s.data.Unlock()
+	s.accounts[id] = name
+	s.apiKeys[hash] = id
+	return nil
+}

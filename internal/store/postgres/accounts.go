@@ -1,0 +1,36 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekey/oncekey/gen/db"
+	"github.com/oncekey/oncekey/internal/auth"
+)
+
+// AccountByKeyHash implements auth.Store.
+func (s *Store) AccountByKeyHash(ctx context.Context, hash auth.KeyHash) (uuid.UUID, error) {
+	id, err := db.New(s.pool).APIKeyGetAccountID(ctx, hash[:])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return uuid.UUID{}, auth.ErrUnknownKey
+	}
+	return id, translate(err)
+}
+
+// CreateAccount implements auth.Store: the account and its key commit together.
+func (s *Store) CreateAccount(ctx context.Context, id uuid.UUID, name string, hash auth.KeyHash) error {
+	return translate(pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if err := q.AccountCreate(ctx, db.AccountCreateParams{ID: id, Name: name}); err != nil {
+			return fmt.Errorf("insert account: %w", err)
+		}
+		if err := q.APIKeyCreate(ctx, db.APIKeyCreateParams{KeyHash: hash[:], AccountID: id}); err != nil {
+			return fmt.Errorf("insert api key: %w", err)
+		}
+		return nil
+	}))
+}

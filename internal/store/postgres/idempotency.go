@@ -1,0 +1,195 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/oncekey/oncekey/gen/db"
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// claimAttempts bounds the claim loop. Each extra attempt follows a race
+// that moved the row under us (a concurrent first request committed, or an
+// expired key was freed); more than a few in a row means something is wrong.
+const claimAttempts = 5
+
+// Claim implements idempotency.Store.
+//
+// The claim row is inserted inside the transaction that will run the
+// operation and stays uncommitted until Commit stores the response, so other
+// sessions never see a half-done operation. A concurrent request with the
+// same key blocks in its INSERT on that uncommitted row; lock_timeout bounds
+// the block to req.Wait, after which it gets ErrInFlight. If the holder
+// commits, the waiter reads the completed record; if it rolls back (or its
+// process dies and PostgreSQL aborts the transaction), the waiter's INSERT
+// succeeds and it runs the operation itself. No key is ever left stuck.
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+	waitMs := req.Wait.Milliseconds()
+	if waitMs < 1 {
+		waitMs = 1
+	}
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{
+		// One round trip: pgx sends a BeginQuery without arguments over the
+		// simple protocol, which allows the second statement.
+		BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d", waitMs),
+	})
+	if err != nil {
+		return nil, nil, translate(fmt.Errorf("begin: %w", err))
+	}
+	lease, rec, err := s.claimIn(ctx, tx, req)
+	if lease == nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+	}
+	return lease, rec, err
+}
+
+func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+	q := db.New(tx)
+	params := db.IdempotencyKeyClaimParams{
+		AccountID:      req.Account,
+		IdempotencyKey: req.Key,
+		Fingerprint:    req.Fingerprint[:],
+		RequestMethod:  req.Method,
+		RequestRoute:   req.Route,
+		TtlSeconds:     req.TTL.Seconds(),
+	}
+	for range claimAttempts {
+		rows, err := q.IdempotencyKeyClaim(ctx, params)
+		if err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+				return nil, nil, idempotency.ErrInFlight
+			}
+			return nil, nil, translate(fmt.Errorf("claim: %w", err))
+		}
+		if len(rows) == 0 {
+			// The INSERT waited for a concurrent holder that then committed;
+			// this statement's snapshot predates that commit. Read again.
+			continue
+		}
+		row := rows[0]
+		switch {
+		case row.Claimed:
+			// The wait budget was for the claim; the operation's own lock
+			// waits (row locks in a ledger, say) must not inherit it.
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT"); err != nil {
+				return nil, nil, translate(fmt.Errorf("reset lock_timeout: %w", err))
+			}
+			return &lease{tx: tx, account: req.Account, key: req.Key}, nil, nil
+		case row.Expired:
+			// An expired key is absent: free it and claim again.
+			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, db.IdempotencyKeyDeleteIfExpiredParams{
+				AccountID: req.Account, IdempotencyKey: req.Key,
+			}); err != nil {
+				return nil, nil, translate(fmt.Errorf("free expired key: %w", err))
+			}
+			continue
+		case row.Status != "completed":
+			return nil, nil, idempotency.ErrInFlight
+		default:
+			rec, err := recordFromRow(row)
+			return nil, rec, err
+		}
+	}
+	return nil, nil, fmt.Errorf("claim: key kept changing under %d attempts", claimAttempts)
+}
+
+func recordFromRow(row db.IdempotencyKeyClaimRow) (*idempotency.Record, error) {
+	rec := &idempotency.Record{
+		Response:  idempotency.Response{Status: int(row.ResponseStatus.Int32), Body: row.ResponseBody, Header: http.Header{}},
+		CreatedAt: row.CreatedAt,
+		ExpiresAt: row.ExpiresAt,
+	}
+	if len(row.Fingerprint) != len(rec.Fingerprint) {
+		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(row.Fingerprint))
+	}
+	copy(rec.Fingerprint[:], row.Fingerprint)
+	if len(row.ResponseHeaders) > 0 {
+		if err := json.Unmarshal(row.ResponseHeaders, &rec.Response.Header); err != nil {
+			return nil, fmt.Errorf("decode stored headers: %w", err)
+		}
+	}
+	return rec, nil
+}
+
+// lease is a claimed key and the open transaction the operation runs in.
+type lease struct {
+	tx      pgx.Tx
+	account uuid.UUID
+	key     string
+	done    bool
+}
+
+func (l *lease) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, txKey{}, l.tx)
+}
+
+func (l *lease) Commit(ctx context.Context, resp idempotency.Response) error {
+	if l.done {
+		return errors.New("lease already settled")
+	}
+	l.done = true
+	headers, err := json.Marshal(resp.Header)
+	if err != nil {
+		_ = l.tx.Rollback(ctx)
+		return fmt.Errorf("encode headers: %w", err)
+	}
+	n, err := db.New(l.tx).IdempotencyKeyComplete(ctx, db.IdempotencyKeyCompleteParams{
+		AccountID:       l.account,
+		IdempotencyKey:  l.key,
+		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseHeaders: headers,
+		ResponseBody:    resp.Body,
+	})
+	if err == nil && n != 1 {
+		err = fmt.Errorf("completed %d rows, want 1", n)
+	}
+	if err != nil {
+		_ = l.tx.Rollback(ctx)
+		return translate(fmt.Errorf("store response: %w", err))
+	}
+	if err := l.tx.Commit(ctx); err != nil {
+		return translate(fmt.Errorf("commit: %w", err))
+	}
+	return nil
+}
+
+func (l *lease) Rollback(ctx context.Context) error {
+	if l.done {
+		return nil
+	}
+	l.done = true
+	if err := l.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return translate(err)
+	}
+	return nil
+}
+
+// PurgeExpired deletes expired keys in batches of at most batch rows until
+// none is left, and returns how many it deleted. Each batch is its own
+// short statement, so a large backlog never becomes one huge DELETE holding
+// locks and bloating WAL.
+func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
+	var total int64
+	for {
+		n, err := db.New(s.pool).IdempotencyKeyPurgeExpired(ctx, int32(batch))
+		total += n
+		if err != nil {
+			return total, translate(fmt.Errorf("purge expired keys: %w", err))
+		}
+		if n < int64(batch) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}

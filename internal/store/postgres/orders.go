@@ -1,0 +1,86 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekey/oncekey/gen/db"
+	"github.com/oncekey/oncekey/internal/orders"
+)
+
+// CreateOrder implements orders.Repository.
+func (s *Store) CreateOrder(ctx context.Context, o orders.Order) error {
+	items, err := json.Marshal(o.Items)
+	if err != nil {
+		return fmt.Errorf("encode items: %w", err)
+	}
+	err = s.queries(ctx).OrderCreate(ctx, db.OrderCreateParams{
+		AccountID: o.AccountID,
+		ID:        o.ID,
+		Status:    o.Status,
+		Amount:    o.Amount,
+		Currency:  o.Currency,
+		Items:     items,
+		CreatedAt: o.CreatedAt,
+	})
+	return translate(err)
+}
+
+// GetOrder implements orders.Repository.
+func (s *Store) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
+	row, err := s.queries(ctx).OrderGet(ctx, db.OrderGetParams{AccountID: account, ID: id})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return orders.Order{}, orders.ErrNotFound
+	}
+	if err != nil {
+		return orders.Order{}, translate(err)
+	}
+	return orderFromRow(row)
+}
+
+// ListOrders implements orders.Repository.
+func (s *Store) ListOrders(ctx context.Context, account uuid.UUID, after *orders.Cursor, limit int) ([]orders.Order, error) {
+	var (
+		rows []db.Order
+		err  error
+	)
+	if after == nil {
+		rows, err = s.queries(ctx).OrderListFirst(ctx, db.OrderListFirstParams{AccountID: account, Limit: int32(limit)})
+	} else {
+		rows, err = s.queries(ctx).OrderListAfter(ctx, db.OrderListAfterParams{
+			AccountID: account, CursorCreatedAt: after.CreatedAt, CursorID: after.ID, PageSize: int32(limit),
+		})
+	}
+	if err != nil {
+		return nil, translate(err)
+	}
+	out := make([]orders.Order, 0, len(rows))
+	for _, row := range rows {
+		o, err := orderFromRow(row)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+func orderFromRow(row db.Order) (orders.Order, error) {
+	o := orders.Order{
+		AccountID: row.AccountID,
+		ID:        row.ID,
+		Status:    row.Status,
+		Amount:    row.Amount,
+		Currency:  row.Currency,
+		CreatedAt: row.CreatedAt.UTC(),
+	}
+	if err := json.Unmarshal(row.Items, &o.Items); err != nil {
+		return orders.Order{}, fmt.Errorf("decode items of order %s: %w", row.ID, err)
+	}
+	return o, nil
+}

@@ -1,0 +1,136 @@
+// Package postgres is the durable store: idempotency records, orders and
+// accounts in PostgreSQL through pgx/v5 and the sqlc queries in gen/db.
+// pgx errors are translated here, once, into the domain packages' errors, so
+// no caller imports pgx to check one.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/oncekey/oncekey"
+	"github.com/oncekey/oncekey/gen/db"
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// DefaultMaxConns is the pool size when DATABASE_URL sets no pool_max_conns.
+// pgx's own default (the number of CPUs, at least 4) is too small for a
+// server whose requests each hold a connection for a transaction.
+const DefaultMaxConns = 20
+
+// Open connects a pool to url (a PostgreSQL URL or DSN; pgxpool settings
+// such as pool_max_conns may be given in it) and checks that it answers.
+func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "oncekey"
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create pool: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return pool, nil
+}
+
+// Migrate applies the embedded migrations in schema/. A PostgreSQL session
+// advisory lock serialises concurrent callers, so replicas that start
+// together migrate once and the rest wait, then find nothing to do.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	fsys, err := fs.Sub(oncekey.Migrations, "schema")
+	if err != nil {
+		return fmt.Errorf("open embedded migrations: %w", err)
+	}
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return fmt.Errorf("create migration lock: %w", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, fsys, goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("load migrations: %w", err)
+	}
+	if _, err := provider.Up(ctx); err != nil {
+		return fmt.Errorf("apply migrations: %w", err)
+	}
+	return nil
+}
+
+// Store implements idempotency.Store, orders.Repository and auth.Store on
+// one pool, so an order written inside a claim joins the claim's transaction.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// New returns a store on pool. The schema must be migrated.
+func New(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool}
+}
+
+// Ping reports whether the database answers; it backs /readyz.
+func (s *Store) Ping(ctx context.Context) error {
+	return translate(s.pool.Ping(ctx))
+}
+
+type txKey struct{}
+
+// queries returns queries bound to the unit of work in ctx (an idempotency
+// lease's transaction) or, outside one, to the pool.
+func (s *Store) queries(ctx context.Context) *db.Queries {
+	if tx, ok := ctx.Value(txKey{}).(pgx.Tx); ok {
+		return db.New(tx)
+	}
+	return db.New(s.pool)
+}
+
+// translate maps driver errors that mean "the database is not there right
+// now" to idempotency.ErrUnavailable (503 with Retry-After), keeping the
+// original in the chain for logs.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if isUnavailable(err) {
+		return fmt.Errorf("%w: %w", idempotency.ErrUnavailable, err)
+	}
+	return err
+}
+
+func isUnavailable(err error) bool {
+	var netErr net.Error
+	var connectErr *pgconn.ConnectError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &netErr), errors.As(err, &connectErr),
+		pgconn.Timeout(err), pgconn.SafeToRetry(err):
+		return true
+	case errors.As(err, &pgErr):
+		// Class 08: connection exception; 57P0x: the server is shutting
+		// down or cannot accept connections; 53300: too many connections.
+		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" ||
+			pgErr.Code == "57P03" || pgErr.Code == "53300"
+	}
+	return false
+}

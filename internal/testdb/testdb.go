@@ -1,0 +1,143 @@
+// Package testdb gives each test binary its own freshly migrated PostgreSQL
+// database on the real server, and drops it afterwards. Tests never share
+// state with other packages or with earlier runs.
+//
+// The server is TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres).
+// When it cannot be reached the tests are skipped — except when CI is set,
+// where they fail loudly: a suite that silently skips its database tests in
+// CI proves nothing.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekey/oncekey/internal/store/postgres"
+)
+
+// DefaultAdminURL is where the tests find PostgreSQL unless TEST_DATABASE_URL says otherwise.
+const DefaultAdminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+var (
+	once    sync.Once
+	dbURL   string
+	dbName  string
+	pool    *pgxpool.Pool
+	initErr error
+)
+
+// AdminURL is the URL of the server's maintenance database.
+func AdminURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultAdminURL
+}
+
+// Main runs the package's tests and drops the package's database, if one was
+// created, afterwards. Call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if dbName != "" {
+		if pool != nil {
+			pool.Close()
+		}
+		if err := dropDatabase(dbName); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: drop %s: %v\n", dbName, err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	os.Exit(code)
+}
+
+// URL returns the URL of this test binary's migrated database, creating it
+// on first use.
+func URL(t testing.TB) string {
+	t.Helper()
+	setup(t)
+	return dbURL
+}
+
+// Pool returns a pool on this test binary's database (shared by its tests;
+// tests keep apart by using their own accounts).
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	setup(t)
+	return pool
+}
+
+func setup(t testing.TB) {
+	t.Helper()
+	once.Do(func() { initErr = create() })
+	if initErr != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("testdb: PostgreSQL is required in CI: %v", initErr)
+		}
+		t.Skipf("testdb: PostgreSQL unavailable (set CI=1 to make this fatal): %v", initErr)
+	}
+}
+
+func create() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", redact(AdminURL()), err)
+	}
+	defer admin.Close(ctx)
+
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "oncekey_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	dbName = name
+
+	u, err := url.Parse(AdminURL())
+	if err != nil {
+		return fmt.Errorf("parse TEST_DATABASE_URL: %w", err)
+	}
+	u.Path = "/" + name
+	dbURL = u.String()
+
+	pool, err = postgres.Open(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	return postgres.Migrate(ctx, pool)
+}
+
+func dropDatabase(name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	return err
+}
+
+func redact(u string) string {
+	if i := strings.Index(u, "@"); i >= 0 {
+		if j := strings.Index(u, "://"); j >= 0 && j < i {
+			return u[:j+3] + "…" + u[i:]
+		}
+	}
+	return u
+}

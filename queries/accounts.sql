@@ -1,0 +1,11 @@
+-- name: AccountCreate :exec
+INSERT INTO accounts (id, name) VALUES ($1, $2);
+
+-- name: APIKeyCreate :exec
+INSERT INTO api_keys (key_hash, account_id) VALUES ($1, $2);
+
+-- name: APIKeyGetAccountID :one
+SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL;
+
+-- name: APIKeyRevoke :execrows
+UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL;

@@ -1,0 +1,52 @@
+-- name: IdempotencyKeyClaim :many
+-- Claim-or-read in one statement. The INSERT either claims the key (one row,
+-- claimed = true) or meets an existing row and does nothing, in which case the
+-- second branch reads that row (claimed = false). If a concurrent transaction
+-- holds an uncommitted row for the key, the INSERT waits for it (bounded by
+-- lock_timeout); if it then committed, the read branch's snapshot, taken at
+-- statement start, cannot see it and the statement returns no rows: the
+-- caller reads again.
+WITH claimed AS (
+    INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
+    VALUES (@account_id, @idempotency_key, @fingerprint, @request_method, @request_route, 'processing',
+            now() + make_interval(secs => @ttl_seconds::float8))
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
+)
+SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at
+FROM claimed c
+UNION ALL
+SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at
+FROM idempotency_keys k
+WHERE k.account_id = @account_id AND k.idempotency_key = @idempotency_key
+  AND NOT EXISTS (SELECT 1 FROM claimed);
+
+-- name: IdempotencyKeyComplete :execrows
+UPDATE idempotency_keys
+SET status = 'completed',
+    response_status = @response_status,
+    response_headers = @response_headers,
+    response_body = @response_body,
+    completed_at = now()
+WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND status = 'processing';
+
+-- name: IdempotencyKeyDeleteIfExpired :execrows
+-- Frees one expired key so it can be claimed again at once, before cleanup
+-- reaches it: an expired key is treated as absent.
+DELETE FROM idempotency_keys
+WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND expires_at <= now();
+
+-- name: IdempotencyKeyPurgeExpired :execrows
+-- Deletes at most batch_size expired keys, oldest first. SKIP LOCKED lets
+-- several cleaners (or a cleaner and a claim) run without waiting on each
+-- other; the caller loops until a batch comes back short.
+DELETE FROM idempotency_keys k
+USING (
+    SELECT account_id, idempotency_key
+    FROM idempotency_keys
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+) expired
+WHERE k.account_id = expired.account_id AND k.idempotency_key = expired.idempotency_key;

@@ -1,0 +1,22 @@
+-- name: OrderCreate :exec
+INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: OrderGet :one
+SELECT * FROM orders WHERE account_id = $1 AND id = $2;
+
+-- name: OrderListFirst :many
+SELECT * FROM orders
+WHERE account_id = $1
+ORDER BY created_at DESC, id DESC
+LIMIT $2;
+
+-- name: OrderListAfter :many
+-- The page after the cursor (created_at, id), newest first.
+SELECT * FROM orders
+WHERE account_id = @account_id AND (created_at, id) < (@cursor_created_at::timestamptz, @cursor_id::uuid)
+ORDER BY created_at DESC, id DESC
+LIMIT @page_size;
+
+-- name: OrderCount :one
+SELECT count(*) FROM orders WHERE account_id = $1;
