@@ -744,11 +744,11 @@ type GetSpecResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// YAML200 the response for an HTTP 200 `application/yaml` response
-	YAML200 *string
+	YAML200 *map[string]interface{}
 }
 
 // GetYAML200 returns the response for an HTTP 200 `application/yaml` response
-func (r GetSpecResponse) GetYAML200() *string {
+func (r GetSpecResponse) GetYAML200() *map[string]interface{} {
 	return r.YAML200
 }
 
@@ -1291,7 +1291,7 @@ func ParseGetSpecResponse(rsp *http.Response) (*GetSpecResponse, error) {
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "yaml") && rsp.StatusCode == 200:
-		var dest string
+		var dest map[string]interface{}
 		if err := yaml.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}

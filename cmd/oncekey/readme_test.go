@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// readmeExample is a command block of README.md and the response printed
+// under it.
+type readmeExample struct {
+	command  string
+	response string
+}
+
+var exampleRe = regexp.MustCompile("(?s)<!-- readme-test: example -->\\s*```sh\\n(.*?)```\\s*```http\\n(.*?)```")
+
+// TestReadmeExamples runs the README's curl examples against `oncekey serve`
+// on the in-memory store, as `make run` starts it, and checks that each
+// answer matches what the README prints: the status line, every printed
+// header, and the body (ignoring the id and created_at that differ per run,
+// but checking that the replay has the first response's id).
+func TestReadmeExamples(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatalf("curl is needed to run the README examples: %v", err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	var examples []readmeExample
+	for _, m := range exampleRe.FindAllStringSubmatch(string(readme), -1) {
+		examples = append(examples, readmeExample{command: m[1], response: m[2]})
+	}
+	require.Len(t, examples, 3, "README.md should have three marked curl examples")
+
+	addr := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_try_me"})
+
+	var firstID string
+	for i, ex := range examples {
+		cmd := strings.ReplaceAll(ex.command, "http://localhost:8080", "http://"+addr)
+		out, err := exec.Command("bash", "-c", cmd).Output()
+		require.NoError(t, err, "example %d: %s", i+1, cmd)
+		got := parseHTTP(t, string(out))
+		want := parseHTTP(t, ex.response)
+
+		require.Equal(t, want.status, got.status, "example %d status", i+1)
+		for name, value := range want.header {
+			switch name {
+			case "Location":
+				require.True(t, strings.HasPrefix(got.header[name], "/orders/"), "example %d: Location %q", i+1, got.header[name])
+			default:
+				require.Equal(t, value, got.header[name], "example %d: header %s", i+1, name)
+			}
+		}
+		var wantBody, gotBody map[string]any
+		require.NoError(t, json.Unmarshal([]byte(want.body), &wantBody), "example %d: README body", i+1)
+		require.NoError(t, json.Unmarshal([]byte(got.body), &gotBody), "example %d: server body %s", i+1, got.body)
+		if id, ok := gotBody["id"].(string); ok {
+			if firstID == "" {
+				firstID = id
+			}
+			require.Equal(t, firstID, id, "example %d: the retry must return the first order", i+1)
+			require.Equal(t, "/orders/"+id, got.header["Location"])
+		}
+		for _, volatile := range []string{"id", "created_at"} {
+			delete(wantBody, volatile)
+			delete(gotBody, volatile)
+		}
+		require.Equal(t, wantBody, gotBody, "example %d body", i+1)
+	}
+}
+
+type httpMessage struct {
+	status string
+	header map[string]string
+	body   string
+}
+
+// parseHTTP splits `curl -si` output (or the README's rendering of it).
+func parseHTTP(t *testing.T, s string) httpMessage {
+	t.Helper()
+	s = strings.ReplaceAll(s, "\r\n", "\n")
+	head, body, ok := strings.Cut(s, "\n\n")
+	require.True(t, ok, "no blank line between head and body in %q", s)
+	lines := strings.Split(head, "\n")
+	m := httpMessage{status: lines[0], header: map[string]string{}, body: strings.TrimSpace(body)}
+	for _, line := range lines[1:] {
+		name, value, ok := strings.Cut(line, ":")
+		require.True(t, ok, "bad header line %q", line)
+		m.header[http.CanonicalHeaderKey(name)] = strings.TrimSpace(value)
+	}
+	return m
+}
+
+// startServe runs `oncekey serve` in-process on a free loopback port with
+// env and returns its address once it answers /healthz.
+func startServe(t *testing.T, env map[string]string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	env["ONCEKEY_ADDR"] = addr
+	getenv := func(k string) string { return env[k] }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var stdout, stderr bytes.Buffer
+	go func() { done <- run(ctx, []string{"serve"}, getenv, &lockedWriter{w: &stdout}, &lockedWriter{w: &stderr}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err, "serve should shut down cleanly")
+		case <-time.After(30 * time.Second):
+			t.Error("serve did not shut down")
+		}
+	})
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			return addr
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not answer on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+

@@ -1,0 +1,211 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/store/memory"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// backend is a store the HTTP layer runs on.
+type backend interface {
+	idempotency.Store
+	orders.Repository
+	auth.Store
+}
+
+// backends are the stores every component test runs against: the protocol
+// must behave the same on both.
+var backends = []struct {
+	name string
+	open func(t *testing.T) backend
+}{
+	{"memory", func(t *testing.T) backend { return memory.New() }},
+	{"postgres", func(t *testing.T) backend { return postgres.New(testdb.Pool(t)) }},
+}
+
+// testBundle is what a component test works with.
+type testBundle struct {
+	server  *httptest.Server
+	client  *api.ClientWithResponses
+	http    *http.Client // validates every response against openapi.yaml
+	store   backend
+	account uuid.UUID
+	apiKey  string
+}
+
+// options adjust the server a test runs; zero values mean the defaults.
+type options struct {
+	cfg  httpapi.Config                                // fields copied over the defaults when set
+	repo func(orders.Repository) orders.Repository // wraps the order repository (fault injection)
+}
+
+// setup starts the full service on store and creates an account on it.
+func setup(t *testing.T, store backend, opts options) *testBundle {
+	t.Helper()
+	var repo orders.Repository = store
+	if opts.repo != nil {
+		repo = opts.repo(store)
+	}
+	cfg := opts.cfg
+	cfg.Orders = orders.NewService(repo)
+	cfg.Auth = store
+	cfg.Idempotency = store
+	handler, err := httpapi.New(cfg)
+	require.NoError(t, err, "build handler")
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+
+	creds, err := auth.CreateAccount(context.Background(), store, "test-"+t.Name(), "")
+	require.NoError(t, err, "create account")
+
+	b := &testBundle{server: srv, store: store, account: creds.AccountID, apiKey: creds.APIKey}
+	b.http = &http.Client{Transport: &validatingTransport{t: t, base: http.DefaultTransport, router: specRouter(t)}, Timeout: 30 * time.Second}
+	b.client, err = api.NewClientWithResponses(srv.URL, api.WithHTTPClient(b.http), api.WithRequestEditorFn(b.authorize))
+	require.NoError(t, err, "build client")
+	return b
+}
+
+func (b *testBundle) authorize(_ context.Context, r *http.Request) error {
+	if r.Header.Get("Authorization") == "" {
+		r.Header.Set("Authorization", "Bearer "+b.apiKey)
+	}
+	return nil
+}
+
+// seedBody is the seed's order request.
+const seedBody = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
+
+// post sends a raw POST with the bundle's API key, for tests that need
+// exact bytes or headers the generated client would not send.
+func (b *testBundle) post(t *testing.T, path, key, body string, header ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, b.server.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+b.apiKey)
+	if key != "" {
+		req.Header.Set(idempotency.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	resp, err := b.http.Do(req)
+	require.NoError(t, err, "POST %s", path)
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// createOrder posts the body under key through the generated client.
+func (b *testBundle) createOrder(t *testing.T, key, body string) *api.CreateOrderResponse {
+	t.Helper()
+	resp, err := b.client.CreateOrderWithBodyWithResponse(context.Background(), &api.CreateOrderParams{IdempotencyKey: key}, "application/json", strings.NewReader(body))
+	require.NoError(t, err, "create order")
+	return resp
+}
+
+// orderCount counts the account's orders through the repository.
+func (b *testBundle) orderCount(t *testing.T) int {
+	t.Helper()
+	list, err := b.store.ListOrders(context.Background(), b.account, nil, 10_000)
+	require.NoError(t, err, "list orders")
+	return len(list)
+}
+
+func readAll(t *testing.T, r io.Reader) []byte {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	require.NoError(t, err)
+	return b
+}
+
+var (
+	routerOnce sync.Once
+	router     routers.Router
+	routerErr  error
+)
+
+func specRouter(t *testing.T) routers.Router {
+	t.Helper()
+	routerOnce.Do(func() {
+		doc, err := httpapi.LoadSpec()
+		if err != nil {
+			routerErr = err
+			return
+		}
+		doc.Servers = nil
+		router, routerErr = gorillamux.NewRouter(doc)
+	})
+	require.NoError(t, routerErr, "build spec router")
+	return router
+}
+
+// validatingTransport checks every response the tests receive against
+// openapi.yaml (status, headers, body), so the contract and the server
+// cannot drift apart unnoticed.
+type validatingTransport struct {
+	t      *testing.T
+	base   http.RoundTripper
+	router routers.Router
+}
+
+func (v *validatingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := v.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+
+	route, params, err := v.router.FindRoute(req)
+	if err != nil {
+		// Not an operation of the contract (a 404/405 probe): the body must
+		// still be a problem.
+		if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+			v.t.Errorf("%s %s: response to an unknown route has Content-Type %q, want problem+json", req.Method, req.URL.Path, ct)
+		}
+		return resp, nil
+	}
+	input := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{
+			Request: req, PathParams: params, Route: route,
+			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
+		},
+		Status: resp.StatusCode,
+		Header: resp.Header,
+		Options: &openapi3filter.Options{
+			IncludeResponseStatus: true, // an undeclared status is a contract violation
+		},
+	}
+	input.SetBodyBytes(body)
+	if err := openapi3filter.ValidateResponse(req.Context(), input); err != nil {
+		v.t.Errorf("%s %s: response %d violates openapi.yaml: %v\nbody: %s", req.Method, req.URL.Path, resp.StatusCode, err, body)
+	}
+	return resp, nil
+}
