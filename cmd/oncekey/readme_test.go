@@ -116,7 +116,9 @@ func startServe(t *testing.T, env map[string]string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var stdout, stderr bytes.Buffer
-	go func() { done <- run(ctx, []string{"serve"}, getenv, &lockedWriter{w: &stdout}, &lockedWriter{w: &stderr}) }()
+	go func() {
+		done <- run(ctx, []string{"serve"}, getenv, &lockedWriter{w: &stdout}, &lockedWriter{w: &stderr})
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -145,4 +147,3 @@ func startServe(t *testing.T, env map[string]string) string {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-

@@ -58,7 +58,7 @@ type testBundle struct {
 
 // options adjust the server a test runs; zero values mean the defaults.
 type options struct {
-	cfg  httpapi.Config                                // fields copied over the defaults when set
+	cfg  httpapi.Config                            // fields copied over the defaults when set
 	repo func(orders.Repository) orders.Repository // wraps the order repository (fault injection)
 }
 
