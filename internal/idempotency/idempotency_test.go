@@ -1,0 +1,309 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/canonjson"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/store/memory"
+)
+
+func TestParseKey(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		values  []string
+		want    string
+		wantErr error
+	}{
+		{"uuid", []string{"8e03978e-40d5-43e8-bc93-6894a57f9324"}, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
+		{"printable ascii with spaces", []string{"order 42 / retry-safe ~!"}, "order 42 / retry-safe ~!", nil},
+		{"quoted is kept as sent", []string{`"abc"`}, `"abc"`, nil},
+		{"255 bytes", []string{strings.Repeat("k", 255)}, strings.Repeat("k", 255), nil},
+		{"missing", nil, "", idempotency.ErrMissingKey},
+		{"empty", []string{""}, "", idempotency.ErrInvalidKey},
+		{"256 bytes", []string{strings.Repeat("k", 256)}, "", idempotency.ErrInvalidKey},
+		{"tab", []string{"a\tb"}, "", idempotency.ErrInvalidKey},
+		{"control character", []string{"a\x01b"}, "", idempotency.ErrInvalidKey},
+		{"DEL", []string{"a\x7fb"}, "", idempotency.ErrInvalidKey},
+		{"non-ASCII", []string{"ключ"}, "", idempotency.ErrInvalidKey},
+		{"two headers", []string{"a", "b"}, "", idempotency.ErrInvalidKey},
+		{"two equal headers", []string{"a", "a"}, "", idempotency.ErrInvalidKey},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := http.Header{}
+			for _, v := range tt.values {
+				h.Add(idempotency.HeaderKey, v)
+			}
+			got, err := idempotency.ParseKey(h)
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestComputeFingerprint(t *testing.T) {
+	t.Parallel()
+	const body = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
+	base := func() (string, string, string, url.Values, string) {
+		return "POST", "/orders", "/orders", url.Values{}, body
+	}
+	fp := func(t *testing.T, method, route, path string, q url.Values, b string) idempotency.Fingerprint {
+		t.Helper()
+		f, err := idempotency.ComputeFingerprint(method, route, path, q, []byte(b))
+		require.NoError(t, err)
+		return f
+	}
+	m0, r0, p0, q0, b0 := base()
+	ref := fp(t, m0, r0, p0, q0, b0)
+
+	same := []struct {
+		name string
+		edit func(m, r, p *string, q *url.Values, b *string)
+	}{
+		{"keys reordered and whitespace", func(_, _, _ *string, _ *url.Values, b *string) {
+			*b = "{ \"currency\": \"RUB\",\n \"amount\": 1200, \"items\": [ {\"qty\": 2, \"sku\": \"SKU-1\"} ] }"
+		}},
+		{"number spelled differently", func(_, _, _ *string, _ *url.Values, b *string) {
+			*b = `{"items":[{"sku":"SKU-1","qty":2.0}],"amount":1.2e3,"currency":"RUB"}`
+		}},
+		{"string escape", func(_, _, _ *string, _ *url.Values, b *string) {
+			*b = `{"items":[{"sku":"SKU\u002d1","qty":2}],"amount":1200,"currency":"\u0052UB"}`
+		}},
+		{"method case", func(m, _, _ *string, _ *url.Values, _ *string) { *m = "post" }},
+	}
+	for _, tt := range same {
+		t.Run("same/"+tt.name, func(t *testing.T) {
+			t.Parallel()
+			m, r, p, q, b := base()
+			tt.edit(&m, &r, &p, &q, &b)
+			require.Equal(t, ref, fp(t, m, r, p, q, b))
+		})
+	}
+
+	different := []struct {
+		name string
+		edit func(m, r, p *string, q *url.Values, b *string)
+	}{
+		{"method", func(m, _, _ *string, _ *url.Values, _ *string) { *m = "PUT" }},
+		{"route", func(_, r, _ *string, _ *url.Values, _ *string) { *r = "/payments" }},
+		{"path", func(_, _, p *string, _ *url.Values, _ *string) { *p = "/orders/2" }},
+		{"query", func(_, _, _ *string, q *url.Values, _ *string) { *q = url.Values{"dry_run": {"1"}} }},
+		{"qty", func(_, _, _ *string, _ *url.Values, b *string) { *b = strings.Replace(*b, `"qty":2`, `"qty":3`, 1) }},
+		{"string vs number", func(_, _, _ *string, _ *url.Values, b *string) {
+			*b = strings.Replace(*b, `"amount":1200`, `"amount":"1200"`, 1)
+		}},
+		{"empty body", func(_, _, _ *string, _ *url.Values, b *string) { *b = "" }},
+		// Length-prefixing keeps part boundaries: shifting bytes from the
+		// route to the path must not collide.
+		{"boundary shift", func(_, r, p *string, _ *url.Values, _ *string) { *r = "/order"; *p = "s/orders" }},
+	}
+	for _, tt := range different {
+		t.Run("different/"+tt.name, func(t *testing.T) {
+			t.Parallel()
+			m, r, p, q, b := base()
+			tt.edit(&m, &r, &p, &q, &b)
+			require.NotEqual(t, ref, fp(t, m, r, p, q, b))
+		})
+	}
+
+	t.Run("query order does not matter", func(t *testing.T) {
+		t.Parallel()
+		a, err := idempotency.ComputeFingerprint("POST", "/x", "/x", url.Values{"a": {"1"}, "b": {"2"}}, nil)
+		require.NoError(t, err)
+		q, err := url.ParseQuery("b=2&a=1")
+		require.NoError(t, err)
+		b, err := idempotency.ComputeFingerprint("POST", "/x", "/x", q, nil)
+		require.NoError(t, err)
+		require.Equal(t, a, b)
+	})
+
+	t.Run("ambiguous body is rejected", func(t *testing.T) {
+		t.Parallel()
+		_, err := idempotency.ComputeFingerprint("POST", "/orders", "/orders", nil, []byte(`{"amount":1,"amount":2}`))
+		require.ErrorIs(t, err, canonjson.ErrInvalid)
+	})
+}
+
+func TestStored(t *testing.T) {
+	t.Parallel()
+	for status, want := range map[int]bool{
+		200: true, 201: true, 202: true, 404: true, 409: true, 422: true,
+		400: false, 401: false, 403: false, 408: false, 413: false, 415: false, 429: false,
+		500: false, 502: false, 503: false, 504: false,
+	} {
+		require.Equal(t, want, idempotency.Stored(status), "status %d", status)
+	}
+}
+
+// middlewareBundle is the middleware on the memory store in front of a
+// handler the test controls.
+type middlewareBundle struct {
+	handler http.Handler
+	runs    *atomic.Int64
+	account uuid.UUID
+}
+
+func setupMiddleware(t *testing.T, next http.HandlerFunc) *middlewareBundle {
+	t.Helper()
+	account := uuid.New()
+	runs := &atomic.Int64{}
+	mw := idempotency.New(idempotency.Config{
+		Store:   memory.New(),
+		Account: func(context.Context) (uuid.UUID, bool) { return account, true },
+		Route:   func(r *http.Request) string { return r.URL.Path },
+	})
+	return &middlewareBundle{
+		handler: mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			next(w, r)
+		})),
+		runs:    runs,
+		account: account,
+	}
+}
+
+func (b *middlewareBundle) do(t *testing.T, method, key, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, "/things", strings.NewReader(body))
+	if key != "" {
+		req.Header.Set(idempotency.HeaderKey, key)
+	}
+	rec := httptest.NewRecorder()
+	b.handler.ServeHTTP(rec, req)
+	return rec
+}
+
+func TestReplayCarriesOnlyAllowListedHeaders(t *testing.T) {
+	t.Parallel()
+	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Location", "/things/1")
+		h.Set("Set-Cookie", "session=secret")
+		h.Set("Authorization", "Bearer leaked")
+		h.Set("X-Request-Id", "req-1")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"1"}`))
+	})
+	first := b.do(t, http.MethodPost, "k1", `{"a":1}`)
+	require.Equal(t, http.StatusCreated, first.Code)
+	require.Equal(t, "session=secret", first.Header().Get("Set-Cookie"), "the live response is the handler's own")
+
+	replay := b.do(t, http.MethodPost, "k1", `{"a":1}`)
+	require.Equal(t, http.StatusCreated, replay.Code)
+	require.Equal(t, `{"id":"1"}`, replay.Body.String())
+	require.Equal(t, "true", replay.Header().Get(idempotency.HeaderReplayed))
+	require.Equal(t, "k1", replay.Header().Get(idempotency.HeaderKey))
+	require.Equal(t, "application/json", replay.Header().Get("Content-Type"))
+	require.Equal(t, "/things/1", replay.Header().Get("Location"))
+	for _, h := range []string{"Set-Cookie", "Authorization", "X-Request-Id"} {
+		require.Empty(t, replay.Header().Get(h), "a replay must not carry %s", h)
+	}
+	require.EqualValues(t, 1, b.runs.Load())
+}
+
+func TestSafeMethodsPassThrough(t *testing.T) {
+	t.Parallel()
+	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	for range 3 {
+		require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "", "").Code)
+	}
+	require.EqualValues(t, 3, b.runs.Load(), "GET needs no key and is never replayed")
+}
+
+func TestNothingIsStoredOnError(t *testing.T) {
+	t.Parallel()
+	fail := atomic.Bool{}
+	fail.Store(true)
+	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) {
+		if fail.Swap(false) {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	require.Equal(t, http.StatusInternalServerError, b.do(t, http.MethodPost, "k", `{}`).Code)
+	second := b.do(t, http.MethodPost, "k", `{}`)
+	require.Equal(t, http.StatusCreated, second.Code)
+	require.Empty(t, second.Header().Get(idempotency.HeaderReplayed), "the retry ran the operation")
+	require.EqualValues(t, 2, b.runs.Load())
+}
+
+func TestPanicRollsBackAndPropagates(t *testing.T) {
+	t.Parallel()
+	boom := atomic.Bool{}
+	boom.Store(true)
+	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) {
+		if boom.Swap(false) {
+			panic(errors.New("boom"))
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	require.Panics(t, func() { b.do(t, http.MethodPost, "k", `{}`) }, "the panic reaches the recoverer above")
+	require.Equal(t, http.StatusCreated, b.do(t, http.MethodPost, "k", `{}`).Code, "the key was freed")
+}
+
+func TestOutcomeIsRecorded(t *testing.T) {
+	t.Parallel()
+	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	outcome := func(key, body string) idempotency.Outcome {
+		var o idempotency.Outcome
+		req := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(body))
+		if key != "" {
+			req.Header.Set(idempotency.HeaderKey, key)
+		}
+		req = req.WithContext(idempotency.WithOutcome(req.Context(), &o))
+		b.handler.ServeHTTP(httptest.NewRecorder(), req)
+		return o
+	}
+	require.Equal(t, idempotency.OutcomeExecuted, outcome("k", `{"a":1}`))
+	require.Equal(t, idempotency.OutcomeReplayed, outcome("k", `{"a":1}`))
+	require.Equal(t, idempotency.OutcomeConflict, outcome("k", `{"a":2}`))
+	require.Equal(t, idempotency.OutcomeRejected, outcome("", `{"a":1}`))
+	require.Equal(t, idempotency.OutcomeRejected, outcome("k2", `{"a":`))
+}
+
+// countingPurger counts cleanup runs.
+type countingPurger struct{ runs atomic.Int64 }
+
+func (p *countingPurger) PurgeExpired(context.Context, int) (int64, error) {
+	p.runs.Add(1)
+	return 0, nil
+}
+
+func TestRunCleanupPurgesPeriodicallyUntilCancelled(t *testing.T) {
+	t.Parallel()
+	p := &countingPurger{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		idempotency.RunCleanup(ctx, p, 5*time.Millisecond, 100, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	require.Eventually(t, func() bool { return p.runs.Load() >= 3 }, 5*time.Second, time.Millisecond, "cleanup should run every interval")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("RunCleanup did not stop when its context ended")
+	}
+}
