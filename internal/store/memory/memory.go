@@ -75,7 +75,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 			e = &entry{done: make(chan struct{})}
 			s.keys[k] = e
 			s.keysMu.Unlock()
-			return &lease{s: s, scope: k, entry: e, fingerprint: req.Fingerprint, ttl: req.TTL}, nil, nil
+			return &lease{s: s, scope: k, entry: e, fingerprint: req.Fingerprint, ttl: req.TTL, claimedAt: s.now()}, nil, nil
 		}
 		if e.rec != nil {
 			rec := copyRecord(*e.rec)
@@ -119,6 +119,7 @@ type lease struct {
 	entry       *entry
 	fingerprint idempotency.Fingerprint
 	ttl         time.Duration
+	claimedAt   time.Time // expiry counts from the claim, as in PostgreSQL
 
 	mu      sync.Mutex
 	locked  bool     // holds s.data's write lock
@@ -150,9 +151,8 @@ func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
 		return errSettled
 	}
 	l.settled = true
-	now := l.s.now()
 	rec := copyRecord(idempotency.Record{
-		Fingerprint: l.fingerprint, Response: resp, CreatedAt: now, ExpiresAt: now.Add(l.ttl),
+		Fingerprint: l.fingerprint, Response: resp, CreatedAt: l.claimedAt, ExpiresAt: l.claimedAt.Add(l.ttl),
 	})
 	l.s.keysMu.Lock()
 	l.entry.rec = &rec

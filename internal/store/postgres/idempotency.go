@@ -64,11 +64,7 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 	for range claimAttempts {
 		rows, err := q.IdempotencyKeyClaim(ctx, params)
 		if err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-				return nil, nil, idempotency.ErrInFlight
-			}
-			return nil, nil, translate(fmt.Errorf("claim: %w", err))
+			return nil, nil, claimError("claim", err)
 		}
 		if len(rows) == 0 {
 			// The INSERT waited for a concurrent holder that then committed;
@@ -89,7 +85,7 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, db.IdempotencyKeyDeleteIfExpiredParams{
 				AccountID: req.Account, IdempotencyKey: req.Key,
 			}); err != nil {
-				return nil, nil, translate(fmt.Errorf("free expired key: %w", err))
+				return nil, nil, claimError("free expired key", err)
 			}
 			continue
 		case row.Status != "completed":
@@ -100,6 +96,17 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 		}
 	}
 	return nil, nil, fmt.Errorf("claim: key kept changing under %d attempts", claimAttempts)
+}
+
+// claimError translates a failure of a claim statement. lock_timeout
+// expiring (55P03) means another session held the key for the whole wait
+// budget, whether the INSERT or the DELETE of an expired row was waiting.
+func claimError(step string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return idempotency.ErrInFlight
+	}
+	return translate(fmt.Errorf("%s: %w", step, err))
 }
 
 func recordFromRow(row db.IdempotencyKeyClaimRow) (*idempotency.Record, error) {
@@ -142,12 +149,19 @@ func (l *lease) Commit(ctx context.Context, resp idempotency.Response) error {
 		_ = l.tx.Rollback(ctx)
 		return fmt.Errorf("encode headers: %w", err)
 	}
+	body := resp.Body
+	if body == nil {
+		// pgx sends a nil []byte as NULL, which the completed-row CHECK
+		// rejects; a response without a body (204, or a handler that wrote
+		// nothing) is stored as empty bytes.
+		body = []byte{}
+	}
 	n, err := db.New(l.tx).IdempotencyKeyComplete(ctx, db.IdempotencyKeyCompleteParams{
 		AccountID:       l.account,
 		IdempotencyKey:  l.key,
 		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
 		ResponseHeaders: headers,
-		ResponseBody:    resp.Body,
+		ResponseBody:    body,
 	})
 	if err == nil && n != 1 {
 		err = fmt.Errorf("completed %d rows, want 1", n)

@@ -61,7 +61,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("open embedded migrations: %w", err)
 	}
-	locker, err := lock.NewPostgresSessionLocker()
+	// Probe the lock every second (for up to five minutes) rather than
+	// goose's default five, so replicas starting together wait little.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return fmt.Errorf("create migration lock: %w", err)
 	}
