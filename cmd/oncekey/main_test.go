@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -60,7 +62,7 @@ func TestCommandsOnPostgres(t *testing.T) {
 
 	// serve on PostgreSQL accepts the new key end to end.
 	serveEnv := map[string]string{"DATABASE_URL": env["DATABASE_URL"]}
-	addr := startServe(t, serveEnv)
+	addr, _ := startServe(t, serveEnv)
 	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+creds.APIKey)
@@ -111,4 +113,64 @@ func TestConfigDefaults(t *testing.T) {
 	require.Equal(t, "48h0m0s", cfg.TTL.String())
 	require.Equal(t, "1s", cfg.Wait.String())
 	require.EqualValues(t, 1<<20, cfg.MaxBodyBytes)
+}
+
+// TestShutdownDrainsInFlightRequests sends SIGTERM's equivalent while a
+// request is still uploading its body: serve stops accepting new
+// connections but finishes that request, which gets its 201.
+func TestShutdownDrainsInFlightRequests(t *testing.T) {
+	t.Parallel()
+	addr, shutdown := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_drain"})
+
+	body, upload := io.Pipe()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", body)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer ok_drain")
+	req.Header.Set("Idempotency-Key", "drain-1")
+	req.Header.Set("Content-Type", "application/json")
+	type result struct {
+		status int
+		err    error
+	}
+	answered := make(chan result, 1)
+	// "Expect: 100-continue" makes the client send the body only once the
+	// handler has started reading it, so the request is surely in flight
+	// (accepted and being handled) when shutdown begins; a connection the
+	// server has not accepted yet is, rightly, refused.
+	req.Header.Set("Expect", "100-continue")
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, ExpectContinueTimeout: 30 * time.Second}}
+	go func() {
+		resp, err := client.Do(req)
+		if err != nil {
+			answered <- result{err: err}
+			return
+		}
+		resp.Body.Close()
+		answered <- result{status: resp.StatusCode}
+	}()
+
+	const order = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
+	_, err = upload.Write([]byte(order[:20]))
+	require.NoError(t, err, "first half of the body")
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- shutdown() }()
+	// New connections are refused once shutdown has begun.
+	require.Eventually(t, func() bool {
+		conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err != nil {
+			return true
+		}
+		conn.Close()
+		return false
+	}, 5*time.Second, 10*time.Millisecond, "serve should stop accepting connections")
+
+	_, err = upload.Write([]byte(order[20:]))
+	require.NoError(t, err, "second half of the body")
+	require.NoError(t, upload.Close())
+
+	got := <-answered
+	require.NoError(t, got.err, "the in-flight request must be answered")
+	require.Equal(t, http.StatusCreated, got.status)
+	require.NoError(t, <-stopped, "serve returns cleanly after draining")
 }

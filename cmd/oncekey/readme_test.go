@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,7 +45,7 @@ func TestReadmeExamples(t *testing.T) {
 	}
 	require.Len(t, examples, 3, "README.md should have three marked curl examples")
 
-	addr := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_try_me"})
+	addr, _ := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_try_me"})
 
 	var firstID string
 	for i, ex := range examples {
@@ -103,12 +105,14 @@ func parseHTTP(t *testing.T, s string) httpMessage {
 }
 
 // startServe runs `oncekey serve` in-process on a free loopback port with
-// env and returns its address once it answers /healthz.
-func startServe(t *testing.T, env map[string]string) string {
+// env and returns its address once it answers /healthz, and a function that
+// sends the shutdown signal and returns serve's result. Cleanup shuts it down
+// if the test did not.
+func startServe(t *testing.T, env map[string]string) (addr string, shutdown func() error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	addr := ln.Addr().String()
+	addr = ln.Addr().String()
 	require.NoError(t, ln.Close())
 
 	env["ONCEKEY_ADDR"] = addr
@@ -119,13 +123,23 @@ func startServe(t *testing.T, env map[string]string) string {
 	go func() {
 		done <- run(ctx, []string{"serve"}, getenv, &lockedWriter{w: &stdout}, &lockedWriter{w: &stderr})
 	}()
+	var once sync.Once
+	var result error
+	shutdown = func() error {
+		once.Do(func() {
+			cancel() // what SIGTERM does through signal.NotifyContext
+			select {
+			case result = <-done:
+			case <-time.After(30 * time.Second):
+				result = errors.New("serve did not shut down within 30s")
+			}
+		})
+		return result
+	}
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err, "serve should shut down cleanly")
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not shut down")
+		require.NoError(t, shutdown(), "serve should shut down cleanly")
+		if t.Failed() {
+			t.Logf("serve's log:\n%s", stderr.String())
 		}
 	})
 
@@ -134,7 +148,7 @@ func startServe(t *testing.T, env map[string]string) string {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
-			return addr
+			return addr, shutdown
 		}
 		select {
 		case err := <-done:

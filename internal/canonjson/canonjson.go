@@ -12,9 +12,10 @@
 //     characters, and "\xff" and "\xfe" would be the same request);
 //   - duplicate object keys are rejected (which one wins differs between
 //     parsers, so the request has no single meaning);
-//   - integers beyond ±2^53 are rejected: JCS represents numbers as IEEE
-//     doubles, so 9007199254740993 and 9007199254740992 would canonicalise
-//     alike although a Go int64 decoder tells them apart;
+//   - integers beyond ±2^53 are rejected, however spelled (1e16 too): JCS
+//     represents numbers as IEEE doubles, so 9007199254740993 and
+//     9007199254740992 would canonicalise alike although a Go int64 decoder
+//     tells them apart;
 //   - nesting deeper than MaxDepth is rejected before the recursive
 //     canonicaliser sees it.
 package canonjson
@@ -25,7 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
+	"math"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -40,15 +42,17 @@ const MaxDepth = 64
 // canonical form under the rules above.
 var ErrInvalid = errors.New("invalid JSON")
 
-// maxExactInteger is 2^53, the largest magnitude below which every integer
+// maxExactFloat is 2^53, the largest magnitude up to which every integer
 // has an exact IEEE double.
-var maxExactInteger = new(big.Int).Lsh(big.NewInt(1), 53)
+const maxExactFloat = 1 << 53
 
 // Canonicalize returns the RFC 8785 canonical form of doc. An empty (or
 // all-whitespace) document canonicalises to an empty result, so that
 // operations without a body can still be fingerprinted.
 func Canonicalize(doc []byte) ([]byte, error) {
-	if len(bytes.TrimSpace(doc)) == 0 {
+	// Only JSON's own whitespace (RFC 8259 §2): bytes.TrimSpace would also
+	// take "\f", "\v" or U+00A0, which are not JSON, for an empty body.
+	if len(bytes.Trim(doc, " \t\r\n")) == 0 {
 		return nil, nil
 	}
 	if !utf8.Valid(doc) {
@@ -138,17 +142,30 @@ func check(doc []byte) error {
 // checkNumber rejects integer literals that an IEEE double cannot hold
 // exactly. Literals with a fraction or exponent are decimal values whose
 // meaning JCS defines as the nearest double, which is what a JSON number
-// means under I-JSON (RFC 7493).
+// means under I-JSON (RFC 7493); but that double must not lie beyond ±2^53
+// either. Every double that large is an integer, and JCS writes it out as an
+// integer literal ("1e16" becomes "10000000000000000"), which this rule would
+// then reject: the canonical form would not canonicalise again.
 func checkNumber(lit string) error {
 	if strings.ContainsAny(lit, ".eE") {
+		f, err := strconv.ParseFloat(lit, 64)
+		if err != nil || math.Abs(f) > maxExactFloat {
+			return fmt.Errorf("%w: number %s is too large to compare exactly (limit ±2^53)", ErrInvalid, truncate(lit))
+		}
 		return nil
 	}
 	digits := strings.TrimPrefix(lit, "-")
+	// JSON integers have no leading zeros, so more than 16 digits is beyond
+	// 2^53 (9007199254740992) without parsing: a hostile megabyte of digits
+	// costs nothing.
+	if len(digits) > 16 {
+		return fmt.Errorf("%w: integer %s is too large to compare exactly (limit ±2^53)", ErrInvalid, truncate(lit))
+	}
 	if len(digits) < 16 { // < 10^15 < 2^53: always exact
 		return nil
 	}
-	n, ok := new(big.Int).SetString(digits, 10)
-	if !ok || n.Cmp(maxExactInteger) > 0 {
+	n, err := strconv.ParseUint(digits, 10, 64)
+	if err != nil || n > maxExactFloat {
 		return fmt.Errorf("%w: integer %s is too large to compare exactly (limit ±2^53)", ErrInvalid, truncate(lit))
 	}
 	return nil
