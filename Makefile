@@ -21,7 +21,7 @@ generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.ya
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: generate/check lint ## fail if generated code is stale or the code is not vetted and formatted
+verify: generate/check lint ## fail if generated code is stale, or the code is not vetted, formatted and tidy
 
 .PHONY: generate/check
 generate/check: generate ## regenerate and fail on any difference from what is committed
@@ -30,8 +30,9 @@ generate/check: generate ## regenerate and fail on any difference from what is c
 	@echo "generated code is fresh"
 
 .PHONY: lint
-lint: ## go vet and gofmt
+lint: ## go vet, gofmt and a tidy go.mod
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
