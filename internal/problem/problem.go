@@ -13,7 +13,7 @@ import (
 const ContentType = "application/problem+json"
 
 // TypeBase prefixes every problem type URI. The URIs are identifiers, stable
-// across releases; docs/ describes each one.
+// across releases; docs/problems.md describes each one.
 const TypeBase = "https://oncekey.dev/problems/"
 
 // Kind is one class of error with its status and stable type URI.
@@ -45,6 +45,13 @@ var (
 	Internal              = Kind{"internal-error", http.StatusInternalServerError, "Internal server error"}
 	Unavailable           = Kind{"unavailable", http.StatusServiceUnavailable, "Service temporarily unavailable"}
 )
+
+// Kinds lists every kind, for documentation checks.
+var Kinds = []Kind{
+	Validation, MalformedJSON, MissingIdempotencyKey, InvalidIdempotencyKey,
+	Unauthorized, NotFound, MethodNotAllowed, KeyMismatch, PayloadTooLarge,
+	UnsupportedMediaType, UnknownCurrency, InProgress, Internal, Unavailable,
+}
 
 // Type returns the kind's full type URI.
 func (k Kind) Type() string { return TypeBase + k.Slug }
