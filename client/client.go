@@ -1,0 +1,206 @@
+// Package client is the Go SDK for Oncekey: the generated client in gen/api
+// plus what every caller of an exactly-once API needs and tends to get
+// wrong by hand — one Idempotency-Key per logical operation, kept across
+// every retry of it, and retries with exponential backoff and jitter for the
+// answers where retrying is safe and useful.
+//
+// Retried: network errors (the request may or may not have reached the
+// server: the key makes the retry safe either way), 5xx (including 503) and
+// 202 request-in-progress, honouring Retry-After. Not retried: 4xx, which
+// will not change by sending the same request again.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/gen/api"
+)
+
+// Config configures a Client. BaseURL and APIKey are required.
+type Config struct {
+	BaseURL string
+	APIKey  string
+	// HTTPClient sends the requests (default: a client with a 30s timeout).
+	HTTPClient *http.Client
+	// MaxAttempts bounds the tries of one operation (default 5).
+	MaxAttempts int
+	// BaseDelay and MaxDelay shape the backoff: attempt n waits a random
+	// duration in [0, min(MaxDelay, BaseDelay·2^n)) ("full jitter"), or
+	// the server's Retry-After when it sends one (capped by MaxDelay).
+	// Defaults 100ms and 5s.
+	BaseDelay time.Duration
+	MaxDelay  time.Duration
+	// NewKey makes the Idempotency-Key of each logical operation
+	// (default: a random UUID v4).
+	NewKey func() string
+}
+
+// Client calls Oncekey.
+type Client struct {
+	api *api.ClientWithResponses
+	cfg Config
+}
+
+// New returns a client for cfg.
+func New(cfg Config) (*Client, error) {
+	if cfg.BaseURL == "" || cfg.APIKey == "" {
+		return nil, errors.New("client: BaseURL and APIKey are required")
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: 30 * time.Second}
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 5
+	}
+	if cfg.BaseDelay <= 0 {
+		cfg.BaseDelay = 100 * time.Millisecond
+	}
+	if cfg.MaxDelay <= 0 {
+		cfg.MaxDelay = 5 * time.Second
+	}
+	if cfg.NewKey == nil {
+		cfg.NewKey = uuid.NewString
+	}
+	c, err := api.NewClientWithResponses(cfg.BaseURL,
+		api.WithHTTPClient(cfg.HTTPClient),
+		api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
+			r.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+			return nil
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return &Client{api: c, cfg: cfg}, nil
+}
+
+// ProblemError is a non-success answer, with the server's RFC 9457 problem
+// when it sent one. Branch on Problem.Type.
+type ProblemError struct {
+	Status  int
+	Problem api.Problem
+}
+
+func (e *ProblemError) Error() string {
+	if e.Problem.Type == "" {
+		return fmt.Sprintf("oncekey: HTTP %d", e.Status)
+	}
+	detail := e.Problem.Title
+	if e.Problem.Detail != nil {
+		detail = *e.Problem.Detail
+	}
+	return fmt.Sprintf("oncekey: HTTP %d %s: %s", e.Status, e.Problem.Type, detail)
+}
+
+// CreateOrder creates an order exactly once, however many attempts it
+// takes: every attempt carries the same Idempotency-Key, so at most one of
+// them creates the order and the others get its stored response.
+func (c *Client) CreateOrder(ctx context.Context, in api.NewOrder) (*api.Order, error) {
+	var order *api.Order
+	err := c.Idempotent(ctx, func(ctx context.Context, key string) (*http.Response, error) {
+		resp, err := c.api.CreateOrderWithResponse(ctx, &api.CreateOrderParams{IdempotencyKey: key}, in)
+		if err != nil {
+			return nil, err
+		}
+		order = resp.JSON201
+		return resp.HTTPResponse, problemOf(resp.HTTPResponse, resp.Body)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return order, nil
+}
+
+// GetOrder returns one of the caller's orders.
+func (c *Client) GetOrder(ctx context.Context, id string) (*api.Order, error) {
+	resp, err := c.api.GetOrderWithResponse(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := problemOf(resp.HTTPResponse, resp.Body); err != nil {
+		return nil, err
+	}
+	return resp.JSON200, nil
+}
+
+// Attempt is one try of an operation with the operation's key. It returns
+// the HTTP response (nil on a network error) and an error: a *ProblemError
+// for a non-2xx answer, or the transport's error.
+type Attempt func(ctx context.Context, key string) (*http.Response, error)
+
+// Idempotent runs one logical operation: it makes one Idempotency-Key and
+// calls attempt with it until an answer is final, the attempts run out or
+// ctx ends. Use it for operations the SDK has no method for yet.
+func (c *Client) Idempotent(ctx context.Context, attempt Attempt) error {
+	key := c.cfg.NewKey()
+	var lastErr error
+	for n := 0; n < c.cfg.MaxAttempts; n++ {
+		resp, err := attempt(ctx, key)
+		retry, wait := c.classify(resp, err, n)
+		if !retry {
+			return err
+		}
+		lastErr = err
+		if lastErr == nil { // 202: in progress, no error yet
+			lastErr = &ProblemError{Status: resp.StatusCode}
+		}
+		if n == c.cfg.MaxAttempts-1 {
+			break
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("oncekey: gave up after %d attempts with key %s: %w (last: %w)", n+1, key, ctx.Err(), lastErr)
+		case <-timer.C:
+		}
+	}
+	return fmt.Errorf("oncekey: gave up after %d attempts with key %s: %w", c.cfg.MaxAttempts, key, lastErr)
+}
+
+// classify decides whether attempt n's outcome is worth another try, and
+// after how long.
+func (c *Client) classify(resp *http.Response, err error, n int) (retry bool, wait time.Duration) {
+	backoff := c.backoff(n)
+	if resp == nil {
+		return err != nil, backoff // network error: the key makes the retry safe
+	}
+	switch {
+	case resp.StatusCode == http.StatusAccepted, resp.StatusCode >= 500:
+		if ra, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
+			return true, min(ra, c.cfg.MaxDelay)
+		}
+		return true, backoff
+	default:
+		return false, 0
+	}
+}
+
+// backoff is full jitter: uniform in [0, min(MaxDelay, BaseDelay·2^n)).
+func (c *Client) backoff(n int) time.Duration {
+	ceiling := c.cfg.MaxDelay
+	if n < 30 {
+		ceiling = min(ceiling, c.cfg.BaseDelay<<n)
+	}
+	return time.Duration(rand.Int64N(int64(ceiling) + 1))
+}
+
+func retryAfter(v string) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(time.Until(t), 0), true
+	}
+	return 0, false
+}
