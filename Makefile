@@ -21,13 +21,29 @@ generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.ya
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: generate/check lint ## fail if generated code is stale, or the code is not vetted, formatted and tidy
+verify: generate/check lint api/breaking ## fail if generated code is stale, the contract breaks clients, or the code is not vetted, formatted and tidy
 
 .PHONY: generate/check
 generate/check: generate ## regenerate and fail on any difference from what is committed
 	@if [ -n "$$(git status --porcelain -- gen/)" ]; then \
 		echo "generated code is stale; run 'make generate' and commit:"; git status --porcelain -- gen/; git diff --stat -- gen/; exit 1; fi
 	@echo "generated code is fresh"
+
+OASDIFF := $(GO) tool -modfile=tools/go.mod oasdiff
+
+.PHONY: api/breaking
+api/breaking: ## fail on breaking changes of openapi.yaml against the released contract (api/openapi.released.yaml)
+	$(OASDIFF) breaking api/openapi.released.yaml openapi.yaml --fail-on ERR --err-ignore api/breaking-changes.allowed --format singleline
+	@# The gate must catch a breaking change: removing an operation has to fail it.
+	@tmp=$$(mktemp --suffix=.yaml); trap 'rm -f $$tmp' EXIT; \
+	  sed '/^  \/orders\/{id}:/,/^  \/healthz:/{/^  \/healthz:/!d}' openapi.yaml > $$tmp; \
+	  if $(OASDIFF) breaking api/openapi.released.yaml $$tmp --fail-on ERR >/dev/null 2>&1; then \
+	    echo "api/breaking: the gate did not flag a removed operation"; exit 1; fi
+	@echo "openapi.yaml is compatible with the released contract"
+
+.PHONY: api/release
+api/release: ## record openapi.yaml as the released contract (run when cutting a release)
+	cp openapi.yaml api/openapi.released.yaml
 
 .PHONY: lint
 lint: ## go vet, gofmt and a tidy go.mod
