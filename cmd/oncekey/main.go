@@ -4,6 +4,8 @@
 //	oncekey migrate                apply database migrations
 //	oncekey purge                  delete expired idempotency keys in batches
 //	oncekey accounts create NAME   create an account; prints its API key once
+//	oncekey contract-test --url URL --api-key KEY
+//	                               check a deployment against the protocol and openapi.yaml
 //
 // This package holds only wiring: configuration from the environment,
 // building the pieces, and signals. Everything testable is in internal/.
@@ -13,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,10 +23,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/orders"
@@ -38,6 +43,9 @@ commands:
   migrate                apply database migrations (needs DATABASE_URL)
   purge                  delete expired idempotency keys in batches (needs DATABASE_URL)
   accounts create NAME   create an account and print its API key once (needs DATABASE_URL)
+  contract-test --url URL --api-key KEY
+                         run the black-box conformance suite against a deployment
+                         (creates a few orders in that key's account)
 `
 
 func main() {
@@ -87,10 +95,42 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 			return json.NewEncoder(stdout).Encode(creds)
 		})
+	case "contract-test":
+		return contractTest(ctx, args[1:], stdout, stderr)
 	default:
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])
 	}
+}
+
+// contractTest runs internal/contracttest against --url and prints one line
+// per check and a closing "N passed, M failed" line.
+func contractTest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("contract-test", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	url := fs.String("url", "", "base URL of the deployment, e.g. http://localhost:8080")
+	apiKey := fs.String("api-key", "", "API key of a test account")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	results, err := contracttest.Run(ctx, contracttest.Config{BaseURL: *url, APIKey: *apiKey})
+	if err != nil {
+		return err
+	}
+	failed := 0
+	for _, r := range results {
+		if r.Err != nil {
+			failed++
+			fmt.Fprintf(stdout, "FAIL %s\n     %s\n", r.Name, strings.ReplaceAll(r.Err.Error(), "\n", "\n     "))
+			continue
+		}
+		fmt.Fprintf(stdout, "ok   %s\n", r.Name)
+	}
+	fmt.Fprintf(stdout, "contract: %d passed, %d failed\n", len(results)-failed, failed)
+	if failed > 0 {
+		return fmt.Errorf("%d contract checks failed", failed)
+	}
+	return nil
 }
 
 // withDatabase connects, migrates (so every command works on a fresh

@@ -1,0 +1,102 @@
+// Package contracttest is the black-box conformance suite of Oncekey: the
+// idempotency protocol's promises, checked over HTTP against any
+// deployment, with every response validated against openapi.yaml. Operators
+// run it as `oncekey contract-test`; the test suite runs it against the
+// service it starts.
+package contracttest
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	"github.com/oncekey/oncekey/internal/httpapi"
+)
+
+// ValidatingTransport checks every response against openapi.yaml (status,
+// headers and body) and records each violation. A response to a path the
+// contract does not know must still be a problem document.
+type ValidatingTransport struct {
+	Base   http.RoundTripper
+	router routers.Router
+
+	mu         sync.Mutex
+	violations []error
+}
+
+// NewValidatingTransport returns a transport over base (nil: the default).
+func NewValidatingTransport(base http.RoundTripper) (*ValidatingTransport, error) {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	doc, err := httpapi.LoadSpec()
+	if err != nil {
+		return nil, err
+	}
+	doc.Servers = nil // route by path, whatever host the deployment has
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		return nil, fmt.Errorf("build spec router: %w", err)
+	}
+	return &ValidatingTransport{Base: base, router: router}, nil
+}
+
+// RoundTrip implements http.RoundTripper.
+func (v *ValidatingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := v.Base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if err := v.check(req, resp, body); err != nil {
+		v.mu.Lock()
+		v.violations = append(v.violations, err)
+		v.mu.Unlock()
+	}
+	return resp, nil
+}
+
+func (v *ValidatingTransport) check(req *http.Request, resp *http.Response, body []byte) error {
+	route, params, err := v.router.FindRoute(req)
+	if err != nil {
+		if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+			return fmt.Errorf("%s %s: answer to a path outside the contract has Content-Type %q, want application/problem+json", req.Method, req.URL.Path, ct)
+		}
+		return nil
+	}
+	input := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{
+			Request: req, PathParams: params, Route: route,
+			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
+		},
+		Status:  resp.StatusCode,
+		Header:  resp.Header,
+		Options: &openapi3filter.Options{IncludeResponseStatus: true}, // an undeclared status is a violation
+	}
+	input.SetBodyBytes(body)
+	if err := openapi3filter.ValidateResponse(req.Context(), input); err != nil {
+		return fmt.Errorf("%s %s: %d response violates openapi.yaml: %w (body: %.300s)", req.Method, req.URL.Path, resp.StatusCode, err, body)
+	}
+	return nil
+}
+
+// Violations returns the violations recorded since the last call and
+// forgets them.
+func (v *ValidatingTransport) Violations() []error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := v.violations
+	v.violations = nil
+	return out
+}
