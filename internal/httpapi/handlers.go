@@ -11,6 +11,7 @@ import (
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/docspage"
 	"github.com/oncekey/oncekey/internal/orders"
 )
 
@@ -110,6 +111,16 @@ func (h *handlers) GetReadiness(ctx context.Context, _ api.GetReadinessRequestOb
 		return nil, fmt.Errorf("%w: %w", errNotReady, err)
 	}
 	return api.GetReadiness200JSONResponse{Status: "ok"}, nil
+}
+
+func (h *handlers) GetDocs(context.Context, api.GetDocsRequestObject) (api.GetDocsResponseObject, error) {
+	page := docspage.HTML()
+	csp := docspage.ContentSecurityPolicy
+	return api.GetDocs200TexthtmlResponse{
+		Body:          bytes.NewReader(page),
+		ContentLength: int64(len(page)),
+		Headers:       api.GetDocs200ResponseHeaders{ContentSecurityPolicy: &csp},
+	}, nil
 }
 
 func (h *handlers) GetSpec(context.Context, api.GetSpecRequestObject) (api.GetSpecResponseObject, error) {

@@ -21,6 +21,7 @@ import (
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/docspage"
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/problem"
@@ -84,12 +85,16 @@ func New(cfg Config) (http.Handler, error) {
 
 	r := chi.NewRouter()
 	r.Use(middleware.RequestID, requestLogger(cfg.Logger), recoverer(cfg.Logger), timeout(cfg.RequestTimeout), g.handler)
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+	notFound := func(w http.ResponseWriter, r *http.Request) {
 		problem.Write(w, problem.NotFound, "no such endpoint: "+r.URL.Path)
-	})
+	}
+	r.NotFound(notFound)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		problem.Write(w, problem.MethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path)
 	})
+	// The docs page's static files are not API operations and stay out of
+	// the contract.
+	r.Handle("/docs/assets/*", docspage.Assets(notFound))
 	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  errs.request,
 		ResponseErrorHandlerFunc: errs.response,

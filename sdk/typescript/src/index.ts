@@ -1,0 +1,28 @@
+/**
+ * Oncekey TypeScript SDK: a typed client generated from openapi.yaml
+ * (openapi-typescript + openapi-fetch) with idempotent retries.
+ */
+export {
+  createClient,
+  OncekeyProblemError,
+  toProblem,
+  type ClientOptions,
+  type CreateOrderOptions,
+  type NewOrder,
+  type OncekeyClient,
+  type Order,
+  type OrderItem,
+  type OrderPage,
+  type Problem,
+} from "./client.js";
+export {
+  DEFAULT_RETRY,
+  idempotent,
+  isRetryableStatus,
+  retryDelayMs,
+  withRetry,
+  type HasResponse,
+  type IdempotentOptions,
+  type RetryOptions,
+} from "./retry.js";
+export type { components, operations, paths } from "./schema.js";
