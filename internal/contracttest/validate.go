@@ -30,11 +30,18 @@ type ValidatingTransport struct {
 	violations []error
 }
 
+var registerDecoders sync.Once
+
 // NewValidatingTransport returns a transport over base (nil: the default).
 func NewValidatingTransport(base http.RoundTripper) (*ValidatingTransport, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
+	registerDecoders.Do(func() {
+		// kin-openapi has no decoder for the /docs page's media type; its
+		// schema is a plain string.
+		openapi3filter.RegisterBodyDecoder("text/html", openapi3filter.PlainBodyDecoder)
+	})
 	doc, err := httpapi.LoadSpec()
 	if err != nil {
 		return nil, err

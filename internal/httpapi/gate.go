@@ -162,8 +162,10 @@ func describe(err error) (problem.Kind, string) {
 	if reqErr.RequestBody != nil && strings.HasPrefix(reqErr.Reason, "header Content-Type has unexpected value") {
 		return problem.UnsupportedMediaType, "send the body as application/json"
 	}
+	// Parameters fail to parse with the same error type ("limit=abc"); only
+	// a body that does not parse is malformed JSON.
 	var parseErr *openapi3filter.ParseError
-	if errors.As(err, &parseErr) {
+	if reqErr.RequestBody != nil && errors.As(err, &parseErr) {
 		return problem.MalformedJSON, "the request body is not valid JSON"
 	}
 	where := "request body"

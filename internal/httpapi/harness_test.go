@@ -1,24 +1,20 @@
 package httpapi_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/getkin/kin-openapi/openapi3filter"
-	"github.com/getkin/kin-openapi/routers"
-	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/orders"
@@ -82,7 +78,7 @@ func setup(t *testing.T, store backend, opts options) *testBundle {
 	require.NoError(t, err, "create account")
 
 	b := &testBundle{server: srv, store: store, account: creds.AccountID, apiKey: creds.APIKey}
-	b.http = &http.Client{Transport: &validatingTransport{t: t, base: http.DefaultTransport, router: specRouter(t)}, Timeout: 30 * time.Second}
+	b.http = validatingClient(t)
 	b.client, err = api.NewClientWithResponses(srv.URL, api.WithHTTPClient(b.http), api.WithRequestEditorFn(b.authorize))
 	require.NoError(t, err, "build client")
 	return b
@@ -141,71 +137,17 @@ func readAll(t *testing.T, r io.Reader) []byte {
 	return b
 }
 
-var (
-	routerOnce sync.Once
-	router     routers.Router
-	routerErr  error
-)
-
-func specRouter(t *testing.T) routers.Router {
+// validatingClient returns a client that checks every response the test
+// receives against openapi.yaml (status, headers, body) and fails the test
+// on any violation, so the contract and the server cannot drift apart.
+func validatingClient(t *testing.T) *http.Client {
 	t.Helper()
-	routerOnce.Do(func() {
-		doc, err := httpapi.LoadSpec()
-		if err != nil {
-			routerErr = err
-			return
+	v, err := contracttest.NewValidatingTransport(nil)
+	require.NoError(t, err, "build validating transport")
+	t.Cleanup(func() {
+		for _, violation := range v.Violations() {
+			t.Error(violation)
 		}
-		doc.Servers = nil
-		router, routerErr = gorillamux.NewRouter(doc)
 	})
-	require.NoError(t, routerErr, "build spec router")
-	return router
-}
-
-// validatingTransport checks every response the tests receive against
-// openapi.yaml (status, headers, body), so the contract and the server
-// cannot drift apart unnoticed.
-type validatingTransport struct {
-	t      *testing.T
-	base   http.RoundTripper
-	router routers.Router
-}
-
-func (v *validatingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := v.base.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-
-	route, params, err := v.router.FindRoute(req)
-	if err != nil {
-		// Not an operation of the contract (a 404/405 probe): the body must
-		// still be a problem.
-		if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
-			v.t.Errorf("%s %s: response to an unknown route has Content-Type %q, want problem+json", req.Method, req.URL.Path, ct)
-		}
-		return resp, nil
-	}
-	input := &openapi3filter.ResponseValidationInput{
-		RequestValidationInput: &openapi3filter.RequestValidationInput{
-			Request: req, PathParams: params, Route: route,
-			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
-		},
-		Status: resp.StatusCode,
-		Header: resp.Header,
-		Options: &openapi3filter.Options{
-			IncludeResponseStatus: true, // an undeclared status is a contract violation
-		},
-	}
-	input.SetBodyBytes(body)
-	if err := openapi3filter.ValidateResponse(req.Context(), input); err != nil {
-		v.t.Errorf("%s %s: response %d violates openapi.yaml: %v\nbody: %s", req.Method, req.URL.Path, resp.StatusCode, err, body)
-	}
-	return resp, nil
+	return &http.Client{Transport: v, Timeout: 30 * time.Second}
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
 func TestCreateOrderFirstAndReplay(t *testing.T) {
@@ -30,5 +32,57 @@ func TestCreateOrderFirstAndReplay(t *testing.T) {
 			require.Equal(t, key, retry.HTTPResponse.Header.Get("Idempotency-Key"))
 			require.Equal(t, 1, b.orderCount(t), "the retry must not create a second order")
 		})
+	}
+}
+
+// TestOperationRunsOnTheCanonicalBody: a request is executed exactly as it
+// was fingerprinted, so two spellings of one request are one operation
+// whichever arrives first.
+func TestOperationRunsOnTheCanonicalBody(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, be.open(t), options{})
+			key := "canonical-body"
+			first := b.createOrder(t, key, `{"items":[{"sku":"SKU-1","qty":2.0}],"amount":1.2e3,"currency":"RUB"}`)
+			require.Equal(t, http.StatusCreated, first.StatusCode(), "1.2e3 is the integer 1200: %s", first.Body)
+			require.EqualValues(t, 1200, first.JSON201.Amount)
+			require.EqualValues(t, 2, first.JSON201.Items[0].Qty)
+
+			again := b.createOrder(t, key, seedBody)
+			require.Equal(t, http.StatusCreated, again.StatusCode())
+			require.Equal(t, "true", again.HTTPResponse.Header.Get("Idempotent-Replayed"))
+			require.Equal(t, first.Body, again.Body)
+			require.Equal(t, 1, b.orderCount(t))
+		})
+	}
+}
+
+func TestDocsPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, memory.New(), options{})
+	page, err := b.http.Get(b.server.URL + "/docs")
+	require.NoError(t, err)
+	defer page.Body.Close()
+	require.Equal(t, http.StatusOK, page.StatusCode)
+	require.Contains(t, page.Header.Get("Content-Type"), "text/html")
+	require.Contains(t, page.Header.Get("Content-Security-Policy"), "default-src 'self'", "nothing may load from elsewhere")
+	html := string(readAll(t, page.Body))
+	require.Contains(t, html, `spec-url="/openapi.yaml"`)
+	require.Contains(t, html, `src="/docs/assets/redoc.standalone.js"`)
+
+	bundle, err := http.Get(b.server.URL + "/docs/assets/redoc.standalone.js")
+	require.NoError(t, err)
+	defer bundle.Body.Close()
+	require.Equal(t, http.StatusOK, bundle.StatusCode)
+	require.Greater(t, len(readAll(t, bundle.Body)), 100_000, "the vendored Redoc bundle is served")
+
+	for _, path := range []string{"/docs/assets/missing.js", "/docs/assets/"} {
+		missing, err := b.http.Get(b.server.URL + path)
+		require.NoError(t, err)
+		missing.Body.Close()
+		require.Equal(t, http.StatusNotFound, missing.StatusCode, path)
+		require.Equal(t, "application/problem+json", missing.Header.Get("Content-Type"), path)
 	}
 }

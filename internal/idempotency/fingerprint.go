@@ -30,6 +30,12 @@ func ComputeFingerprint(method, route, path string, query url.Values, body []byt
 	if err != nil {
 		return Fingerprint{}, err
 	}
+	return fingerprintCanonical(method, route, path, query, canonical), nil
+}
+
+// fingerprintCanonical is ComputeFingerprint for a body already in
+// canonical form.
+func fingerprintCanonical(method, route, path string, query url.Values, canonical []byte) Fingerprint {
 	h := sha256.New()
 	for _, part := range [][]byte{
 		[]byte(strings.ToUpper(method)),
@@ -48,5 +54,5 @@ func ComputeFingerprint(method, route, path string, query url.Values, body []byt
 	}
 	var f Fingerprint
 	h.Sum(f[:0])
-	return f, nil
+	return f
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/oncekey/oncekey/internal/canonjson"
 	"github.com/oncekey/oncekey/internal/problem"
 )
 
@@ -127,11 +128,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	route := m.cfg.Route(r)
-	fp, err := ComputeFingerprint(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), body)
+	canonical, err := canonjson.Canonicalize(body)
 	if err != nil {
 		setOutcome(ctx, OutcomeRejected)
 		problem.Write(w, problem.MalformedJSON, err.Error())
 		return
+	}
+	fp := fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), canonical)
+	if len(canonical) > 0 {
+		// The operation decodes exactly the form that was fingerprinted, so
+		// two requests with one fingerprint can never be read differently
+		// ("amount":1200.0 and "amount":1200 are one request, and both run).
+		body = canonical
 	}
 
 	lease, rec, err := m.cfg.Store.Claim(ctx, ClaimRequest{

@@ -76,8 +76,8 @@ func before(o orders.Order, c orders.Cursor) bool {
 
 // AccountByKeyHash implements auth.Store.
 func (s *Store) AccountByKeyHash(_ context.Context, hash auth.KeyHash) (uuid.UUID, error) {
-	s.data.RLock()
-	defer s.data.RUnlock()
+	s.authMu.RLock()
+	defer s.authMu.RUnlock()
 	id, ok := s.apiKeys[hash]
 	if !ok {
 		return uuid.UUID{}, auth.ErrUnknownKey
@@ -87,8 +87,8 @@ func (s *Store) AccountByKeyHash(_ context.Context, hash auth.KeyHash) (uuid.UUI
 
 // CreateAccount implements auth.Store.
 func (s *Store) CreateAccount(_ context.Context, id uuid.UUID, name string, hash auth.KeyHash) error {
-	s.data.Lock()
-	defer s.data.Unlock()
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
 	s.accounts[id] = name
 	s.apiKeys[hash] = id
 	return nil

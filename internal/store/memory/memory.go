@@ -32,8 +32,12 @@ type Store struct {
 	keysMu sync.Mutex
 	keys   map[scope]*entry
 
-	data     sync.RWMutex
-	orders   map[uuid.UUID]map[uuid.UUID]orders.Order
+	data   sync.RWMutex
+	orders map[uuid.UUID]map[uuid.UUID]orders.Order
+
+	// Accounts have their own lock: authentication must never wait for an
+	// operation that holds the data lock.
+	authMu   sync.RWMutex
 	apiKeys  map[auth.KeyHash]uuid.UUID
 	accounts map[uuid.UUID]string
 }

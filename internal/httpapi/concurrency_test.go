@@ -1,0 +1,273 @@
+package httpapi_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/problem"
+)
+
+// blockingRepo holds the first CreateOrder until released, before it writes
+// anything (so the in-memory store's data lock is not taken while a test
+// looks on); it then fails it if failFirst is set. Later calls pass through.
+type blockingRepo struct {
+	orders.Repository
+	failFirst bool
+
+	calls   atomic.Int32
+	entered chan struct{} // closed when the first call is inside CreateOrder
+	release chan struct{} // close to let the first call go on
+	once    sync.Once
+}
+
+var errFirstFails = errors.New("injected failure of the first attempt")
+
+func newBlockingRepo(failFirst bool) *blockingRepo {
+	return &blockingRepo{failFirst: failFirst, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (r *blockingRepo) unblock() { r.once.Do(func() { close(r.release) }) }
+
+func (r *blockingRepo) wrap(inner orders.Repository) orders.Repository {
+	r.Repository = inner
+	return r
+}
+
+func (r *blockingRepo) CreateOrder(ctx context.Context, o orders.Order) error {
+	if r.calls.Add(1) == 1 {
+		close(r.entered)
+		select {
+		case <-r.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if r.failFirst {
+			return errFirstFails
+		}
+	}
+	return r.Repository.CreateOrder(ctx, o)
+}
+
+// sendAsync sends the seed under key from a goroutine.
+func sendAsync(t *testing.T, b *testBundle, key string) <-chan reply {
+	t.Helper()
+	req := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
+	out := make(chan reply, 1)
+	go func() {
+		r, err := b.exchange(req)
+		if err != nil {
+			r = reply{status: -1, body: []byte(err.Error())}
+		}
+		out <- r
+	}()
+	return out
+}
+
+// startFirst sends the seed under key from a goroutine and returns once the
+// operation is blocked inside CreateOrder.
+func startFirst(t *testing.T, b *testBundle, repo *blockingRepo, key string) <-chan reply {
+	t.Helper()
+	// Registered after setup's, so it runs before the server's Close, which
+	// would otherwise wait for the blocked request when a test fails early.
+	t.Cleanup(repo.unblock)
+	out := sendAsync(t, b, key)
+	select {
+	case <-repo.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request never reached CreateOrder")
+	}
+	return out
+}
+
+func receive(t *testing.T, c <-chan reply, what string) reply {
+	t.Helper()
+	select {
+	case r := <-c:
+		require.NotEqual(t, -1, r.status, "%s: %s", what, r.body)
+		return r
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%s: no response", what)
+		return reply{}
+	}
+}
+
+func TestInFlightDuplicate(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+
+			t.Run("gets 202 when the first outlasts the wait", func(t *testing.T) {
+				t.Parallel()
+				repo := newBlockingRepo(false)
+				b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 200 * time.Millisecond}, repo: repo.wrap})
+				const key = "in-flight-202"
+
+				firstC := startFirst(t, b, repo, key)
+				start := time.Now()
+				dup := b.postOrder(t, key, seedBody)
+				requireProblem(t, dup, problem.InProgress, "duplicate while the first is running")
+				require.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond, "the duplicate must wait before answering 202")
+				retryAfter, err := strconv.Atoi(dup.header.Get("Retry-After"))
+				require.NoError(t, err, "202 needs an integer Retry-After, got %q", dup.header.Get("Retry-After"))
+				require.GreaterOrEqual(t, retryAfter, 1, "Retry-After")
+				require.Equal(t, key, dup.header.Get("Idempotency-Key"), "202 must echo the key")
+
+				repo.unblock()
+				first := receive(t, firstC, "first request")
+				requireFresh(t, first, "first request after release")
+
+				requireReplayOf(t, first, b.postOrder(t, key, seedBody), "third request")
+				require.Equal(t, 1, b.orderCount(t))
+			})
+
+			t.Run("gets the replay when the first finishes within the wait", func(t *testing.T) {
+				t.Parallel()
+				repo := newBlockingRepo(false)
+				b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 5 * time.Second}, repo: repo.wrap})
+				const key = "in-flight-replay"
+
+				firstC := startFirst(t, b, repo, key)
+				dupC := sendAsync(t, b, key)
+				time.Sleep(100 * time.Millisecond) // let the duplicate reach the claim and wait
+				repo.unblock()
+
+				first := receive(t, firstC, "first request")
+				requireFresh(t, first, "first request")
+				requireReplayOf(t, first, receive(t, dupC, "duplicate"), "duplicate that waited")
+				require.Equal(t, int32(1), repo.calls.Load(), "the duplicate must not run the operation")
+				require.Equal(t, 1, b.orderCount(t))
+			})
+
+			t.Run("runs the operation itself when the first fails", func(t *testing.T) {
+				t.Parallel()
+				repo := newBlockingRepo(true)
+				b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 5 * time.Second}, repo: repo.wrap})
+				const key = "in-flight-first-fails"
+
+				firstC := startFirst(t, b, repo, key)
+				dupC := sendAsync(t, b, key)
+				time.Sleep(100 * time.Millisecond)
+				repo.unblock()
+
+				requireProblem(t, receive(t, firstC, "first request"), problem.Internal, "first request fails")
+				requireFresh(t, receive(t, dupC, "duplicate"), "duplicate after the first failed")
+				require.Equal(t, int32(2), repo.calls.Load(), "the duplicate must run the operation")
+				require.Equal(t, 1, b.orderCount(t))
+			})
+		})
+	}
+}
+
+// twin starts a second server on b's store with its own handler, its
+// orders going through repo; requests to it carry b's API key, so both
+// servers act for one account.
+func twin(t *testing.T, b *testBundle, repo orders.Repository, cfg httpapi.Config) *testBundle {
+	t.Helper()
+	cfg.Orders = orders.NewService(repo)
+	cfg.Auth = b.store
+	cfg.Idempotency = b.store
+	handler, err := httpapi.New(cfg)
+	require.NoError(t, err, "build second handler")
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+
+	tw := *b
+	tw.server = srv
+	tw.client, err = api.NewClientWithResponses(srv.URL, api.WithHTTPClient(b.http), api.WithRequestEditorFn(tw.authorize))
+	require.NoError(t, err, "build second client")
+	return &tw
+}
+
+// slowRepo makes CreateOrder take a while, so that duplicates arrive while
+// the first request is still running instead of after it.
+type slowRepo struct {
+	orders.Repository
+	delay time.Duration
+}
+
+func (r slowRepo) CreateOrder(ctx context.Context, o orders.Order) error {
+	select {
+	case <-time.After(r.delay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return r.Repository.CreateOrder(ctx, o)
+}
+
+func TestConcurrentDuplicatesMakeOneOrder(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			for _, c := range []struct {
+				name    string
+				servers int
+			}{{"one server", 1}, {"two servers", 2}} {
+				t.Run(c.name, func(t *testing.T) {
+					t.Parallel()
+					store := be.open(t)
+					slow := slowRepo{Repository: store, delay: 50 * time.Millisecond}
+					b := setup(t, store, options{repo: func(orders.Repository) orders.Repository { return slow }})
+					servers := []*testBundle{b}
+					if c.servers == 2 {
+						servers = append(servers, twin(t, b, slow, httpapi.Config{}))
+					}
+					const key = "stampede"
+
+					reqs := make([]*http.Request, n)
+					for i := range reqs {
+						reqs[i] = servers[i%len(servers)].newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
+					}
+					replies := make([]reply, n)
+					errs := make([]error, n)
+					start := make(chan struct{})
+					var wg sync.WaitGroup
+					for i := range reqs {
+						wg.Go(func() {
+							<-start
+							replies[i], errs[i] = b.exchange(reqs[i])
+						})
+					}
+					close(start)
+					wg.Wait()
+
+					var created []byte
+					statuses := map[int]int{}
+					for i, r := range replies {
+						require.NoError(t, errs[i], "request %d", i)
+						statuses[r.status]++
+						switch r.status {
+						case http.StatusCreated:
+							if created == nil {
+								created = r.body
+							}
+							require.Equal(t, string(created), string(r.body), "request %d: every 201 must carry the same order", i)
+						case http.StatusAccepted:
+							require.NotEmpty(t, r.header.Get("Retry-After"), "request %d: 202 without Retry-After", i)
+						default:
+							t.Fatalf("request %d: want 201 or 202, got %s", i, r)
+						}
+					}
+					t.Logf("statuses: %v", statuses)
+					require.NotNil(t, created, "no request created the order: %v", statuses)
+					require.Equal(t, 1, b.orderCount(t), "one key must make one order; statuses %v", statuses)
+				})
+			}
+		})
+	}
+}

@@ -1,0 +1,59 @@
+package httpapi_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/problem"
+)
+
+func TestOperationsEndpoints(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, be.open(t), options{})
+
+			health := b.get(t, "/healthz")
+			require.Equal(t, http.StatusOK, health.status, "GET /healthz: %s", health)
+			require.JSONEq(t, `{"status":"ok"}`, string(health.body), "GET /healthz body")
+
+			ready := b.get(t, "/readyz")
+			require.Equal(t, http.StatusOK, ready.status, "GET /readyz: %s", ready)
+			require.JSONEq(t, `{"status":"ok"}`, string(ready.body), "GET /readyz body")
+
+			spec := b.get(t, "/openapi.yaml")
+			require.Equal(t, http.StatusOK, spec.status, "GET /openapi.yaml: %d", spec.status)
+			require.Equal(t, "application/yaml", spec.header.Get("Content-Type"))
+			require.Equal(t, string(oncekey.OpenAPISpec), string(spec.body), "GET /openapi.yaml must serve the embedded contract")
+
+			requireProblem(t, b.get(t, "/nope"), problem.NotFound, "GET /nope")
+			requireProblem(t, b.do(t, b.newRequest(t, http.MethodDelete, "/orders", nil)), problem.MethodNotAllowed, "DELETE /orders")
+		})
+	}
+}
+
+func TestNotReady(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			down := errors.New("database says no")
+			b := setup(t, be.open(t), options{cfg: httpapi.Config{Ready: func(context.Context) error { return down }}})
+
+			r := b.get(t, "/readyz")
+			d := requireProblem(t, r, problem.Unavailable, "GET /readyz with a failing dependency")
+			require.NotEmpty(t, r.header.Get("Retry-After"), "503 needs Retry-After")
+			require.NotContains(t, d.Detail, down.Error(), "the detail must not leak the dependency's error")
+
+			health := b.get(t, "/healthz")
+			require.Equal(t, http.StatusOK, health.status, "liveness must not depend on readiness: %s", health)
+		})
+	}
+}
