@@ -21,7 +21,30 @@ generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.ya
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: generate/check lint api/breaking ## fail if generated code is stale, the contract breaks clients, or the code is not vetted, formatted and tidy
+verify: generate/check sdk/check docs/check lint lint/spec api/breaking ## fail if anything generated or vendored is stale, the contract breaks clients or fails its linter, or the code is not vetted, formatted and tidy
+
+.PHONY: sdk
+sdk: generate ## regenerate both SDKs: the Go client (gen/api) and the TypeScript types (sdk/typescript/src/schema.d.ts)
+	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent generate
+
+.PHONY: sdk/check
+sdk/check: sdk ## regenerate the SDKs and fail on any difference from what is committed
+	@if [ -n "$$(git status --porcelain -- gen/ sdk/typescript/src/)" ]; then \
+		echo "an SDK is stale; run 'make sdk' and commit:"; git status --porcelain -- gen/ sdk/typescript/src/; exit 1; fi
+	@echo "SDKs are fresh"
+
+.PHONY: docs/assets
+docs/assets: ## vendor the pinned Redoc bundle that GET /docs serves
+	internal/docspage/vendor.sh
+
+.PHONY: docs/check
+docs/check: docs/assets ## re-vendor the /docs assets and fail if the committed ones differ
+	@if [ -n "$$(git status --porcelain -- internal/docspage/assets/)" ]; then \
+		echo "vendored docs assets differ from the pinned version:"; git status --porcelain -- internal/docspage/assets/; exit 1; fi
+
+.PHONY: lint/spec
+lint/spec: ## lint openapi.yaml with @redocly/cli (config: api/redocly.yaml)
+	cd tools/node && npm ci --no-audit --no-fund --silent && npm run --silent lint:spec
 
 .PHONY: generate/check
 generate/check: generate ## regenerate and fail on any difference from what is committed
@@ -54,6 +77,14 @@ lint: ## go vet, gofmt and a tidy go.mod
 .PHONY: test
 test: ## run the whole test suite with the race detector (needs PostgreSQL at 127.0.0.1:5432)
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: test/live
+test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium
+	.ci/live-test
+
+.PHONY: docs/screenshot
+docs/screenshot: ## refresh docs/img/api-docs.png from the live /docs page (runs test/live)
+	DOCS_SCREENSHOT=$(CURDIR)/docs/img/api-docs.png .ci/live-test
 
 .PHONY: fuzz
 fuzz: ## run the fuzz targets for a while each (FUZZTIME=30s)
