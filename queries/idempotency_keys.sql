@@ -50,3 +50,31 @@ USING (
     FOR UPDATE SKIP LOCKED
 ) expired
 WHERE k.account_id = expired.account_id AND k.idempotency_key = expired.idempotency_key;
+
+-- name: IdempotencyKeyStats :one
+-- Cheap enough to run on every metrics scrape: the row count is exact for
+-- small tables and PostgreSQL's estimate for large ones; the other figures
+-- use the expires_at index and the partial index on processing rows.
+SELECT
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'processing')::bigint AS processing,
+    (CASE WHEN c.reltuples < 100000 THEN (SELECT count(*) FROM idempotency_keys)
+          ELSE c.reltuples::bigint END)::bigint AS total,
+    pg_total_relation_size(c.oid)::bigint AS table_bytes,
+    coalesce(extract(epoch FROM now() - (SELECT min(created_at) FROM idempotency_keys WHERE status = 'processing')), 0)::float8 AS oldest_processing_age_seconds,
+    coalesce(extract(epoch FROM now() - (SELECT min(expires_at) FROM idempotency_keys WHERE expires_at <= now())), 0)::float8 AS cleanup_lag_seconds
+FROM pg_catalog.pg_class c
+WHERE c.oid = 'idempotency_keys'::regclass;
+
+-- name: IdempotencyKeyGet :one
+SELECT * FROM idempotency_keys WHERE account_id = $1 AND idempotency_key = $2;
+
+-- name: IdempotencyKeyListStuck :many
+-- Keys in 'processing' for longer than the given age, oldest first.
+SELECT account_id, idempotency_key, request_method, request_route, created_at
+FROM idempotency_keys
+WHERE status = 'processing' AND created_at < now() - make_interval(secs => @older_than_seconds::float8)
+ORDER BY created_at
+LIMIT @max_rows;
+
+-- name: IdempotencyKeyCountExpired :one
+SELECT count(*) FROM idempotency_keys WHERE expires_at <= now();

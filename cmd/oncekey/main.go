@@ -31,6 +31,7 @@ import (
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -154,12 +155,14 @@ func withDatabase(ctx context.Context, cfg config, fn func(*postgres.Store) erro
 type backend interface {
 	idempotency.Store
 	idempotency.Purger
+	idempotency.StatsSource
 	orders.Repository
 	auth.Store
 	Ping(context.Context) error
 }
 
 func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) error {
+	m := metrics.New()
 	var store backend
 	if cfg.DatabaseURL != "" {
 		pool, err := postgres.Open(ctx, cfg.DatabaseURL)
@@ -171,6 +174,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 			return err
 		}
 		store = postgres.New(pool)
+		m.RegisterPool(pool)
 		log.Info("store: PostgreSQL")
 	} else {
 		mem := memory.New()
@@ -183,6 +187,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		fmt.Fprintf(stdout, "demo account %s, API key: %s\n", creds.AccountID, creds.APIKey)
 	}
 
+	m.RegisterStore(store)
 	handler, err := httpapi.New(httpapi.Config{
 		Orders:         orders.NewService(store),
 		Auth:           store,
@@ -193,6 +198,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         log,
+		Metrics:        m,
 	})
 	if err != nil {
 		return err
@@ -209,7 +215,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go idempotency.RunCleanup(cleanupCtx, store, cfg.CleanupInterval, cfg.CleanupBatch, log)
+	go idempotency.Cleanup{Purger: store, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observer: m}.Run(cleanupCtx)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -130,6 +130,17 @@ func (q *Queries) IdempotencyKeyComplete(ctx context.Context, arg IdempotencyKey
 	return result.RowsAffected(), nil
 }
 
+const idempotencyKeyCountExpired = `-- name: IdempotencyKeyCountExpired :one
+SELECT count(*) FROM idempotency_keys WHERE expires_at <= now()
+`
+
+func (q *Queries) IdempotencyKeyCountExpired(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyCountExpired)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const idempotencyKeyDeleteIfExpired = `-- name: IdempotencyKeyDeleteIfExpired :execrows
 DELETE FROM idempotency_keys
 WHERE account_id = $1 AND idempotency_key = $2 AND expires_at <= now()
@@ -148,6 +159,83 @@ func (q *Queries) IdempotencyKeyDeleteIfExpired(ctx context.Context, arg Idempot
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const idempotencyKeyGet = `-- name: IdempotencyKeyGet :one
+SELECT account_id, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_headers, response_body, created_at, completed_at, expires_at FROM idempotency_keys WHERE account_id = $1 AND idempotency_key = $2
+`
+
+type IdempotencyKeyGetParams struct {
+	AccountID      uuid.UUID
+	IdempotencyKey string
+}
+
+func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetParams) (IdempotencyKey, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyGet, arg.AccountID, arg.IdempotencyKey)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.AccountID,
+		&i.IdempotencyKey,
+		&i.Fingerprint,
+		&i.RequestMethod,
+		&i.RequestRoute,
+		&i.Status,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.CreatedAt,
+		&i.CompletedAt,
+		&i.ExpiresAt,
+	)
+	return i, err
+}
+
+const idempotencyKeyListStuck = `-- name: IdempotencyKeyListStuck :many
+SELECT account_id, idempotency_key, request_method, request_route, created_at
+FROM idempotency_keys
+WHERE status = 'processing' AND created_at < now() - make_interval(secs => $1::float8)
+ORDER BY created_at
+LIMIT $2
+`
+
+type IdempotencyKeyListStuckParams struct {
+	OlderThanSeconds float64
+	MaxRows          int32
+}
+
+type IdempotencyKeyListStuckRow struct {
+	AccountID      uuid.UUID
+	IdempotencyKey string
+	RequestMethod  string
+	RequestRoute   string
+	CreatedAt      time.Time
+}
+
+// Keys in 'processing' for longer than the given age, oldest first.
+func (q *Queries) IdempotencyKeyListStuck(ctx context.Context, arg IdempotencyKeyListStuckParams) ([]IdempotencyKeyListStuckRow, error) {
+	rows, err := q.db.Query(ctx, idempotencyKeyListStuck, arg.OlderThanSeconds, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []IdempotencyKeyListStuckRow{}
+	for rows.Next() {
+		var i IdempotencyKeyListStuckRow
+		if err := rows.Scan(
+			&i.AccountID,
+			&i.IdempotencyKey,
+			&i.RequestMethod,
+			&i.RequestRoute,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const idempotencyKeyPurgeExpired = `-- name: IdempotencyKeyPurgeExpired :execrows
@@ -172,4 +260,40 @@ func (q *Queries) IdempotencyKeyPurgeExpired(ctx context.Context, batchSize int3
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const idempotencyKeyStats = `-- name: IdempotencyKeyStats :one
+SELECT
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'processing')::bigint AS processing,
+    (CASE WHEN c.reltuples < 100000 THEN (SELECT count(*) FROM idempotency_keys)
+          ELSE c.reltuples::bigint END)::bigint AS total,
+    pg_total_relation_size(c.oid)::bigint AS table_bytes,
+    coalesce(extract(epoch FROM now() - (SELECT min(created_at) FROM idempotency_keys WHERE status = 'processing')), 0)::float8 AS oldest_processing_age_seconds,
+    coalesce(extract(epoch FROM now() - (SELECT min(expires_at) FROM idempotency_keys WHERE expires_at <= now())), 0)::float8 AS cleanup_lag_seconds
+FROM pg_catalog.pg_class c
+WHERE c.oid = 'idempotency_keys'::regclass
+`
+
+type IdempotencyKeyStatsRow struct {
+	Processing                 int64
+	Total                      int64
+	TableBytes                 int64
+	OldestProcessingAgeSeconds float64
+	CleanupLagSeconds          float64
+}
+
+// Cheap enough to run on every metrics scrape: the row count is exact for
+// small tables and PostgreSQL's estimate for large ones; the other figures
+// use the expires_at index and the partial index on processing rows.
+func (q *Queries) IdempotencyKeyStats(ctx context.Context) (IdempotencyKeyStatsRow, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyStats)
+	var i IdempotencyKeyStatsRow
+	err := row.Scan(
+		&i.Processing,
+		&i.Total,
+		&i.TableBytes,
+		&i.OldestProcessingAgeSeconds,
+		&i.CleanupLagSeconds,
+	)
+	return i, err
 }

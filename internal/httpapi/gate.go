@@ -51,6 +51,9 @@ func (g *gate) handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		// Known before routing, so requests the gate rejects are still
+		// counted under their route rather than as unmatched.
+		setRoute(r.Context(), route.Path)
 		if !g.readBody(w, r) {
 			return
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/docspage"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/problem"
 )
@@ -49,6 +50,9 @@ type Config struct {
 	// (default 10s): past it the request fails with 503 instead of hanging.
 	RequestTimeout time.Duration
 	Logger         *slog.Logger
+	// Metrics receives request and idempotency metrics and is served at
+	// GET /metrics (default: a fresh set).
+	Metrics *metrics.Metrics
 }
 
 // New builds the service's http.Handler.
@@ -65,6 +69,9 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Ready == nil {
 		cfg.Ready = func(context.Context) error { return nil }
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
 	doc, err := LoadSpec()
 	if err != nil {
 		return nil, err
@@ -74,17 +81,18 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, err
 	}
 	idem := idempotency.New(idempotency.Config{
-		Store:   cfg.Idempotency,
-		Account: auth.AccountFrom,
-		Route:   func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
-		TTL:     cfg.TTL,
-		Wait:    cfg.Wait,
-		Logger:  cfg.Logger,
+		Store:    cfg.Idempotency,
+		Account:  auth.AccountFrom,
+		Route:    func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
+		TTL:      cfg.TTL,
+		Wait:     cfg.Wait,
+		Logger:   cfg.Logger,
+		Observer: cfg.Metrics,
 	})
 	errs := errorResponder{log: cfg.Logger}
 
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, requestLogger(cfg.Logger), recoverer(cfg.Logger), timeout(cfg.RequestTimeout), g.handler)
+	r.Use(middleware.RequestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger), timeout(cfg.RequestTimeout), g.handler)
 	notFound := func(w http.ResponseWriter, r *http.Request) {
 		problem.Write(w, problem.NotFound, "no such endpoint: "+r.URL.Path)
 	}
@@ -95,6 +103,9 @@ func New(cfg Config) (http.Handler, error) {
 	// The docs page's static files are not API operations and stay out of
 	// the contract.
 	r.Handle("/docs/assets/*", docspage.Assets(notFound))
+	// Operational, not part of the API contract: scrape it from inside the
+	// network (docs/operations.md).
+	r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
 	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  errs.request,
 		ResponseErrorHandlerFunc: errs.response,
@@ -121,30 +132,57 @@ func LoadSpec() (*openapi3.T, error) {
 	return doc, nil
 }
 
-// requestLogger writes one structured line per request. It never logs the
-// API key or the body.
-func requestLogger(log *slog.Logger) func(http.Handler) http.Handler {
+// requestInfo is filled in as a request travels down the stack and read
+// by observe when it comes back: the route (from the contract gate, or
+// chi's pattern once routed) and the idempotency outcome.
+type requestInfo struct {
+	route   string
+	outcome idempotency.Outcome
+}
+
+type requestInfoKey struct{}
+
+func setRoute(ctx context.Context, route string) {
+	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+		info.route = route
+	}
+}
+
+// observe writes one structured log line per request and records its
+// metrics. It never logs the API key or the body.
+func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
-			var outcome idempotency.Outcome
-			r = r.WithContext(idempotency.WithOutcome(r.Context(), &outcome))
+			info := &requestInfo{}
+			ctx := context.WithValue(r.Context(), requestInfoKey{}, info)
+			r = r.WithContext(idempotency.WithOutcome(ctx, &info.outcome))
 			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 			next.ServeHTTP(ww, r)
-			route := ""
-			if rc := chi.RouteContext(r.Context()); rc != nil {
-				route = rc.RoutePattern()
+			if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" && rc.RoutePattern() != "/*" {
+				info.route = rc.RoutePattern()
+			}
+			elapsed := time.Since(start)
+			m.ObserveHTTP(info.route, r.Method, ww.Status(), elapsed)
+			if info.outcome == idempotency.OutcomeNone && info.route != "" && idempotency.Unsafe(r.Method) {
+				// Refused by the gate (auth, contract, size) before the
+				// idempotency layer saw it: no key was consumed.
+				info.outcome = idempotency.OutcomeRejected
+				if ww.Status() >= 500 {
+					info.outcome = idempotency.OutcomeError
+				}
+				m.Outcome(r.Method+" "+info.route, info.outcome)
 			}
 			attrs := []any{
 				"request_id", middleware.GetReqID(r.Context()),
 				"method", r.Method,
-				"route", route,
+				"route", info.route,
 				"status", ww.Status(),
 				"bytes", ww.BytesWritten(),
-				"duration_ms", float64(time.Since(start).Microseconds()) / 1000,
+				"duration_ms", float64(elapsed.Microseconds()) / 1000,
 			}
-			if outcome != idempotency.OutcomeNone {
-				attrs = append(attrs, "idempotency", string(outcome))
+			if info.outcome != idempotency.OutcomeNone {
+				attrs = append(attrs, "idempotency", string(info.outcome))
 			}
 			log.InfoContext(r.Context(), "request", attrs...)
 		})

@@ -2,20 +2,49 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
+
+// ErrCleanupBusy is returned by a Purger when another process is running
+// cleanup: with several replicas, exactly one purges at a time.
+var ErrCleanupBusy = errors.New("idempotency: another replica is running cleanup")
 
 // Purger deletes expired records in bounded batches.
 type Purger interface {
 	PurgeExpired(ctx context.Context, batch int) (int64, error)
 }
 
-// RunCleanup purges expired keys every interval until ctx ends. Expired keys
-// are already treated as absent when claimed, so cleanup only reclaims
-// space; a failed run is logged and retried at the next tick.
-func RunCleanup(ctx context.Context, p Purger, interval time.Duration, batch int, log *slog.Logger) {
-	t := time.NewTicker(interval)
+// CleanupResult is how a cleanup run ended.
+type CleanupResult string
+
+// The cleanup results.
+const (
+	CleanupOK      CleanupResult = "ok"
+	CleanupError   CleanupResult = "error"
+	CleanupSkipped CleanupResult = "skipped" // another replica held the cleanup lock
+)
+
+// CleanupObserver receives each run's result, for metrics.
+type CleanupObserver interface {
+	CleanupRun(result CleanupResult, deleted int64, d time.Duration)
+}
+
+// Cleanup purges expired keys periodically.
+type Cleanup struct {
+	Purger   Purger
+	Interval time.Duration
+	Batch    int
+	Logger   *slog.Logger
+	Observer CleanupObserver // optional
+}
+
+// Run purges every Interval until ctx ends. Expired keys are already treated
+// as absent when claimed, so cleanup only reclaims space; a failed run is
+// logged and retried at the next tick.
+func (c Cleanup) Run(ctx context.Context) {
+	t := time.NewTicker(c.Interval)
 	defer t.Stop()
 	for {
 		select {
@@ -23,14 +52,36 @@ func RunCleanup(ctx context.Context, p Purger, interval time.Duration, batch int
 			return
 		case <-t.C:
 		}
-		start := time.Now()
-		n, err := p.PurgeExpired(ctx, batch)
-		if err != nil && ctx.Err() == nil {
-			log.WarnContext(ctx, "cleanup failed", "err", err, "deleted", n)
-			continue
-		}
-		if n > 0 {
-			log.InfoContext(ctx, "cleanup", "deleted", n, "duration_ms", time.Since(start).Milliseconds())
-		}
+		c.Once(ctx)
 	}
+}
+
+// Once runs one cleanup pass and reports it.
+func (c Cleanup) Once(ctx context.Context) (CleanupResult, int64) {
+	start := time.Now()
+	n, err := c.Purger.PurgeExpired(ctx, c.Batch)
+	result := CleanupOK
+	switch {
+	case errors.Is(err, ErrCleanupBusy):
+		result = CleanupSkipped
+	case err != nil:
+		if ctx.Err() != nil {
+			return CleanupError, n // shutting down
+		}
+		result = CleanupError
+		c.logger().WarnContext(ctx, "cleanup failed", "err", err, "deleted", n)
+	case n > 0:
+		c.logger().InfoContext(ctx, "cleanup", "deleted", n, "duration_ms", time.Since(start).Milliseconds())
+	}
+	if c.Observer != nil {
+		c.Observer.CleanupRun(result, n, time.Since(start))
+	}
+	return result, n
+}
+
+func (c Cleanup) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.Default()
+	}
+	return c.Logger
 }

@@ -296,7 +296,7 @@ func TestRunCleanupPurgesPeriodicallyUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		idempotency.RunCleanup(ctx, p, 5*time.Millisecond, 100, slog.New(slog.DiscardHandler))
+		idempotency.Cleanup{Purger: p, Interval: 5 * time.Millisecond, Batch: 100, Logger: slog.New(slog.DiscardHandler)}.Run(ctx)
 		close(done)
 	}()
 	require.Eventually(t, func() bool { return p.runs.Load() >= 3 }, 5*time.Second, time.Millisecond, "cleanup should run every interval")

@@ -59,7 +59,24 @@ type Config struct {
 	ReplayHeaders []string
 	// Logger receives store failures (default slog.Default()).
 	Logger *slog.Logger
+	// Observer is told every request's outcome (default: nobody).
+	Observer Observer
 }
+
+// Observer receives what the protocol did, for metrics. operation is the
+// method and route pattern ("POST /orders"): a bounded set of values.
+type Observer interface {
+	Outcome(operation string, o Outcome)
+	// DuplicateWait reports how long a request that did not run the
+	// operation (replayed, in_flight, conflict) spent claiming its key,
+	// which includes any wait for an in-flight first request.
+	DuplicateWait(operation string, o Outcome, d time.Duration)
+}
+
+type noObserver struct{}
+
+func (noObserver) Outcome(string, Outcome)                      {}
+func (noObserver) DuplicateWait(string, Outcome, time.Duration) {}
 
 // Middleware enforces the Idempotency-Key protocol on unsafe methods.
 type Middleware struct {
@@ -83,6 +100,9 @@ func New(cfg Config) *Middleware {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
+	}
 	return &Middleware{cfg: cfg}
 }
 
@@ -90,7 +110,7 @@ func New(cfg Config) *Middleware {
 // untouched; every other request needs a valid Idempotency-Key.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if isSafe(r.Method) {
+		if !Unsafe(r.Method) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -100,37 +120,38 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	ctx := r.Context()
+	route := m.cfg.Route(r)
+	op := r.Method + " " + route
 	// Everything that can reject the request happens before the claim, so a
 	// rejected request consumes no key: fixing it and retrying with the same
 	// key works.
 	key, err := ParseKey(r.Header)
 	if err != nil {
-		m.reject(ctx, w, err)
+		m.reject(ctx, w, op, err)
 		return
 	}
 	w.Header().Set(HeaderKey, key)
 
 	account, ok := m.cfg.Account(ctx)
 	if !ok {
-		m.fail(ctx, w, errors.New("idempotency middleware reached without an authenticated account"))
+		m.fail(ctx, w, op, errors.New("idempotency middleware reached without an authenticated account"))
 		return
 	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			setOutcome(ctx, OutcomeRejected)
+			m.outcome(ctx, op, OutcomeRejected)
 			problem.Write(w, problem.PayloadTooLarge, fmt.Sprintf("the body exceeds %d bytes", tooLarge.Limit))
 			return
 		}
-		setOutcome(ctx, OutcomeRejected)
+		m.outcome(ctx, op, OutcomeRejected)
 		problem.Write(w, problem.Validation, "the request body could not be read")
 		return
 	}
-	route := m.cfg.Route(r)
 	canonical, err := canonjson.Canonicalize(body)
 	if err != nil {
-		setOutcome(ctx, OutcomeRejected)
+		m.outcome(ctx, op, OutcomeRejected)
 		problem.Write(w, problem.MalformedJSON, err.Error())
 		return
 	}
@@ -142,31 +163,33 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		body = canonical
 	}
 
+	claimStart := time.Now()
 	lease, rec, err := m.cfg.Store.Claim(ctx, ClaimRequest{
 		Account: account, Key: key, Fingerprint: fp,
 		Method: r.Method, Route: route, TTL: m.cfg.TTL, Wait: m.cfg.Wait,
 	})
+	waited := time.Since(claimStart)
 	switch {
 	case errors.Is(err, ErrInFlight):
-		setOutcome(ctx, OutcomeInFlight)
+		m.duplicate(ctx, op, OutcomeInFlight, waited)
 		w.Header().Set("Retry-After", m.retryAfter())
 		problem.Write(w, problem.InProgress, "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds")
 	case err != nil:
-		m.fail(ctx, w, fmt.Errorf("claim idempotency key: %w", err))
+		m.fail(ctx, w, op, fmt.Errorf("claim idempotency key: %w", err))
 	case rec != nil && rec.Fingerprint != fp:
-		setOutcome(ctx, OutcomeConflict)
+		m.duplicate(ctx, op, OutcomeConflict, waited)
 		problem.Write(w, problem.KeyMismatch, "this Idempotency-Key was already used with a different request (method, path, query or body); use a new key for a new operation")
 	case rec != nil:
-		setOutcome(ctx, OutcomeReplayed)
+		m.duplicate(ctx, op, OutcomeReplayed, waited)
 		m.replay(w, rec.Response)
 	default:
-		m.run(w, r, lease, body, next)
+		m.run(w, r, op, lease, body, next)
 	}
 }
 
 // run executes the operation inside lease and answers only after the outcome
 // is durable: a client never sees a success that a crash could still undo.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, lease Lease, body []byte, next http.Handler) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, lease Lease, body []byte, next http.Handler) {
 	ctx := r.Context()
 	settled := false
 	defer func() {
@@ -196,9 +219,9 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, lease Lease, bo
 		}
 		settled = true
 		if rec.status >= 500 {
-			setOutcome(ctx, OutcomeError)
+			m.outcome(ctx, op, OutcomeError)
 		} else {
-			setOutcome(ctx, OutcomeRejected)
+			m.outcome(ctx, op, OutcomeRejected)
 		}
 		rec.copyTo(w)
 		return
@@ -209,11 +232,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, lease Lease, bo
 	dctx, cancel := detach(ctx)
 	defer cancel()
 	if err := lease.Commit(dctx, stored); err != nil {
-		m.fail(ctx, w, fmt.Errorf("commit idempotent operation: %w", err))
+		m.fail(ctx, w, op, fmt.Errorf("commit idempotent operation: %w", err))
 		return
 	}
 	settled = true
-	setOutcome(ctx, OutcomeExecuted)
+	m.outcome(ctx, op, OutcomeExecuted)
 	rec.copyTo(w)
 }
 
@@ -230,8 +253,8 @@ func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
 	_, _ = w.Write(resp.Body)
 }
 
-func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, err error) {
-	setOutcome(ctx, OutcomeRejected)
+func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, op string, err error) {
+	m.outcome(ctx, op, OutcomeRejected)
 	kind := problem.InvalidIdempotencyKey
 	if errors.Is(err, ErrMissingKey) {
 		kind = problem.MissingIdempotencyKey
@@ -242,8 +265,8 @@ func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, err erro
 // fail answers a store or wiring failure. Unavailability and timeouts are
 // 503 with Retry-After (retrying with the same key is safe and right);
 // anything else is a 500 whose detail never leaks internals.
-func (m *Middleware) fail(ctx context.Context, w http.ResponseWriter, err error) {
-	setOutcome(ctx, OutcomeError)
+func (m *Middleware) fail(ctx context.Context, w http.ResponseWriter, op string, err error) {
+	m.outcome(ctx, op, OutcomeError)
 	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		m.cfg.Logger.WarnContext(ctx, "idempotency: store unavailable", "err", err)
 		w.Header().Set("Retry-After", m.retryAfter())
@@ -252,6 +275,20 @@ func (m *Middleware) fail(ctx context.Context, w http.ResponseWriter, err error)
 	}
 	m.cfg.Logger.ErrorContext(ctx, "idempotency: store failed", "err", err)
 	problem.Write(w, problem.Internal, "the operation could not be completed; nothing was stored, retry with the same Idempotency-Key")
+}
+
+// outcome records what the protocol did with the request: in the request's
+// context (for the log line) and with the observer (for metrics).
+func (m *Middleware) outcome(ctx context.Context, op string, o Outcome) {
+	setOutcome(ctx, o)
+	m.cfg.Observer.Outcome(op, o)
+}
+
+// duplicate records the outcome of a request that did not run the
+// operation, with the time its claim took.
+func (m *Middleware) duplicate(ctx context.Context, op string, o Outcome, waited time.Duration) {
+	m.outcome(ctx, op, o)
+	m.cfg.Observer.DuplicateWait(op, o, waited)
 }
 
 func (m *Middleware) retryAfter() string {
@@ -278,10 +315,12 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }
 
-func isSafe(method string) bool {
+// Unsafe reports whether method changes state (RFC 9110 §9.2.1), and so
+// needs an Idempotency-Key.
+func Unsafe(method string) bool {
 	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return true
+		return false
 	}
-	return false
+	return true
 }

@@ -231,3 +231,22 @@ func copyRecord(r idempotency.Record) idempotency.Record {
 }
 
 var errSettled = errors.New("memory: lease already settled")
+
+// KeyStats implements idempotency.StatsSource.
+func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
+	s.keysMu.Lock()
+	defer s.keysMu.Unlock()
+	now := s.now()
+	var st idempotency.Stats
+	for _, e := range s.keys {
+		if e.rec == nil {
+			st.Processing++
+			continue
+		}
+		st.Completed++
+		if !now.Before(e.rec.ExpiresAt) {
+			st.CleanupLag = max(st.CleanupLag, now.Sub(e.rec.ExpiresAt))
+		}
+	}
+	return st, nil
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -187,14 +188,41 @@ func (l *lease) Rollback(ctx context.Context) error {
 	return nil
 }
 
+// cleanupLockID is the advisory lock that makes one replica at a time run
+// cleanup ("oncekey.cleanup" in ASCII, truncated to 8 bytes).
+const cleanupLockID int64 = 0x6f6e63656b65792e
+
 // PurgeExpired deletes expired keys in batches of at most batch rows until
-// none is left, and returns how many it deleted. Each batch is its own
-// short statement, so a large backlog never becomes one huge DELETE holding
-// locks and bloating WAL.
+// none is left, and returns how many it deleted. Each batch is its own short
+// statement, so a large backlog never becomes one huge DELETE holding locks
+// and bloating WAL. A session advisory lock, held on the connection that
+// runs the batches, lets only one replica purge at a time; the others get
+// idempotency.ErrCleanupBusy. If that connection dies, PostgreSQL releases
+// the lock with it.
 func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, translate(fmt.Errorf("purge: acquire connection: %w", err))
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", cleanupLockID).Scan(&locked); err != nil {
+		return 0, translate(fmt.Errorf("purge: take cleanup lock: %w", err))
+	}
+	if !locked {
+		return 0, idempotency.ErrCleanupBusy
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", cleanupLockID); err != nil {
+			// The lock must not outlive this run on a pooled connection.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
+
+	q := db.New(conn)
 	var total int64
 	for {
-		n, err := db.New(s.pool).IdempotencyKeyPurgeExpired(ctx, int32(batch))
+		n, err := q.IdempotencyKeyPurgeExpired(ctx, int32(batch))
 		total += n
 		if err != nil {
 			return total, translate(fmt.Errorf("purge expired keys: %w", err))
@@ -207,3 +235,20 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 		}
 	}
 }
+
+// KeyStats implements idempotency.StatsSource.
+func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
+	row, err := db.New(s.pool).IdempotencyKeyStats(ctx)
+	if err != nil {
+		return idempotency.Stats{}, translate(fmt.Errorf("key stats: %w", err))
+	}
+	return idempotency.Stats{
+		Processing:          row.Processing,
+		Completed:           max(row.Total-row.Processing, 0),
+		TableBytes:          row.TableBytes,
+		OldestProcessingAge: seconds(row.OldestProcessingAgeSeconds),
+		CleanupLag:          seconds(row.CleanupLagSeconds),
+	}, nil
+}
+
+func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }

@@ -1,0 +1,24 @@
+package idempotency
+
+import (
+	"context"
+	"time"
+)
+
+// Stats describes the keys table for operators and metrics.
+type Stats struct {
+	Processing int64 // keys whose operation is running (or was, if stuck)
+	Completed  int64 // keys holding a stored response (an estimate on large tables)
+	TableBytes int64 // storage used by keys, indexes included (0 in memory)
+	// OldestProcessingAge is how long the oldest processing key has been
+	// processing (0 when none).
+	OldestProcessingAge time.Duration
+	// CleanupLag is the age of the oldest expired key not yet deleted (0 when
+	// none): how far cleanup is behind.
+	CleanupLag time.Duration
+}
+
+// StatsSource reports Stats.
+type StatsSource interface {
+	KeyStats(ctx context.Context) (Stats, error)
+}

@@ -1,0 +1,122 @@
+package metrics
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// statsCacheTTL bounds how often scrapes reach the database: several
+// Prometheus servers scraping every few seconds cost one query per TTL.
+const statsCacheTTL = 10 * time.Second
+
+// storeCollector exports the keys table's state and whether the database
+// answers, read from the store at scrape time (cached briefly).
+type storeCollector struct {
+	source idempotency.StatsSource
+
+	keys, tableBytes, oldestProcessing, cleanupLag, up *prometheus.Desc
+
+	mu      sync.Mutex
+	at      time.Time
+	stats   idempotency.Stats
+	healthy bool
+}
+
+// RegisterStore exports source's key statistics and database health.
+func (m *Metrics) RegisterStore(source idempotency.StatsSource) {
+	m.Registry.MustRegister(&storeCollector{
+		source:           source,
+		keys:             prometheus.NewDesc("oncekey_idempotency_keys", "Idempotency keys by status (completed is PostgreSQL's estimate on large tables).", []string{"status"}, nil),
+		tableBytes:       prometheus.NewDesc("oncekey_idempotency_keys_table_bytes", "Storage used by the idempotency keys table, indexes included.", nil, nil),
+		oldestProcessing: prometheus.NewDesc("oncekey_idempotency_oldest_processing_age_seconds", "Age of the oldest key still processing (0: none).", nil, nil),
+		cleanupLag:       prometheus.NewDesc("oncekey_cleanup_lag_seconds", "Age of the oldest expired key not yet deleted (0: none): how far cleanup is behind.", nil, nil),
+		up:               prometheus.NewDesc("oncekey_db_up", "1 when the store answered the last metrics probe, else 0.", nil, nil),
+	})
+}
+
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.keys, c.tableBytes, c.oldestProcessing, c.cleanupLag, c.up} {
+		ch <- d
+	}
+}
+
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	st, healthy := c.read()
+	up := 0.0
+	if healthy {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
+	if !healthy {
+		return // no stale numbers presented as current
+	}
+	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Processing), "processing")
+	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Completed), "completed")
+	ch <- prometheus.MustNewConstMetric(c.tableBytes, prometheus.GaugeValue, float64(st.TableBytes))
+	ch <- prometheus.MustNewConstMetric(c.oldestProcessing, prometheus.GaugeValue, st.OldestProcessingAge.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.cleanupLag, prometheus.GaugeValue, st.CleanupLag.Seconds())
+}
+
+func (c *storeCollector) read() (idempotency.Stats, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) < statsCacheTTL {
+		return c.stats, c.healthy
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := c.source.KeyStats(ctx)
+	c.at, c.stats, c.healthy = time.Now(), st, err == nil
+	return c.stats, c.healthy
+}
+
+// poolCollector exports pgxpool's statistics.
+type poolCollector struct {
+	pool  *pgxpool.Pool
+	descs map[string]*prometheus.Desc
+}
+
+// RegisterPool exports pool's connection statistics.
+func (m *Metrics) RegisterPool(pool *pgxpool.Pool) {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	m.Registry.MustRegister(&poolCollector{pool: pool, descs: map[string]*prometheus.Desc{
+		"acquired":        d("oncekey_db_pool_acquired_conns", "Connections in use."),
+		"idle":            d("oncekey_db_pool_idle_conns", "Idle connections."),
+		"total":           d("oncekey_db_pool_total_conns", "Open connections."),
+		"max":             d("oncekey_db_pool_max_conns", "The pool's size limit."),
+		"acquires":        d("oncekey_db_pool_acquires_total", "Successful connection acquisitions."),
+		"empty":           d("oncekey_db_pool_empty_acquires_total", "Acquisitions that had to wait for a connection."),
+		"canceled":        d("oncekey_db_pool_canceled_acquires_total", "Acquisitions abandoned because their context ended."),
+		"acquireDuration": d("oncekey_db_pool_acquire_duration_seconds_total", "Total time spent acquiring connections."),
+	}})
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.pool.Stat()
+	gauge := func(name string, v float64) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.GaugeValue, v)
+	}
+	counter := func(name string, v float64) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, v)
+	}
+	gauge("acquired", float64(s.AcquiredConns()))
+	gauge("idle", float64(s.IdleConns()))
+	gauge("total", float64(s.TotalConns()))
+	gauge("max", float64(s.MaxConns()))
+	counter("acquires", float64(s.AcquireCount()))
+	counter("empty", float64(s.EmptyAcquireCount()))
+	counter("canceled", float64(s.CanceledAcquireCount()))
+	counter("acquireDuration", s.AcquireDuration().Seconds())
+}

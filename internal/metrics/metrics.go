@@ -1,0 +1,149 @@
+// Package metrics defines every Prometheus metric Oncekey exports and the
+// small adapters that feed them. Label values are always from small fixed
+// sets — route patterns, methods, status codes, outcomes — never a key, an
+// account or an order id, so cardinality stays bounded however much traffic
+// the service sees.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// Metrics holds the service's collectors on their own registry (no global
+// state, so tests and several servers in one process do not collide).
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	httpRequests *prometheus.CounterVec
+	httpDuration *prometheus.HistogramVec
+
+	idemRequests *prometheus.CounterVec
+	idemWait     *prometheus.HistogramVec
+
+	cleanupRuns        *prometheus.CounterVec
+	cleanupDeleted     prometheus.Counter
+	cleanupRunDeleted  prometheus.Histogram
+	cleanupRunDuration prometheus.Histogram
+	cleanupLastSuccess prometheus.Gauge
+}
+
+// New registers every metric, with the Go runtime and process collectors.
+func New() *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := factory{reg}
+	m := &Metrics{Registry: reg}
+
+	m.httpRequests = f.counterVec("oncekey_http_requests_total",
+		"HTTP requests by route pattern, method and status code.", "route", "method", "code")
+	m.httpDuration = f.histogramVec("oncekey_http_request_duration_seconds",
+		"HTTP request latency by route pattern, method and status code.",
+		[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}, "route", "method", "code")
+
+	m.idemRequests = f.counterVec("oncekey_idempotency_requests_total",
+		"Requests to idempotent operations by what the protocol did: executed, replayed, conflict (409), in_flight (202), rejected (4xx before the operation), error (5xx).",
+		"operation", "outcome")
+	m.idemWait = f.histogramVec("oncekey_idempotency_duplicate_wait_seconds",
+		"Time duplicates spent claiming their key, which includes waiting for an in-flight first request, by outcome.",
+		[]float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2, 5}, "operation", "outcome")
+
+	m.cleanupRuns = f.counterVec("oncekey_cleanup_runs_total",
+		"Cleanup runs by result: ok, error, or skipped (another replica held the cleanup lock).", "result")
+	m.cleanupDeleted = f.counter("oncekey_cleanup_deleted_keys_total", "Expired idempotency keys deleted by cleanup.")
+	m.cleanupRunDeleted = f.histogram("oncekey_cleanup_run_deleted_keys", "Expired keys deleted per cleanup run.",
+		prometheus.ExponentialBuckets(1, 10, 8))
+	m.cleanupRunDuration = f.histogram("oncekey_cleanup_run_duration_seconds", "Duration of cleanup runs.",
+		prometheus.ExponentialBuckets(.001, 4, 10))
+	m.cleanupLastSuccess = f.gauge("oncekey_cleanup_last_success_timestamp_seconds",
+		"Unix time of the last successful cleanup run in this process (0: none yet).")
+
+	// Every route/outcome series exists from the start at zero, so rates
+	// and alerts see a zero, not an absent series.
+	for _, o := range []idempotency.Outcome{idempotency.OutcomeExecuted, idempotency.OutcomeReplayed,
+		idempotency.OutcomeConflict, idempotency.OutcomeInFlight, idempotency.OutcomeRejected, idempotency.OutcomeError} {
+		m.idemRequests.WithLabelValues("POST /orders", string(o))
+	}
+	for _, r := range []string{"ok", "error", "skipped"} {
+		m.cleanupRuns.WithLabelValues(r)
+	}
+	return m
+}
+
+// Handler serves the registry in the Prometheus text format (GET /metrics).
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// ObserveHTTP records one finished request. route is the matched pattern,
+// or "" when nothing matched.
+func (m *Metrics) ObserveHTTP(route, method string, status int, d time.Duration) {
+	if route == "" {
+		route = "unmatched"
+	}
+	code := strconv.Itoa(status)
+	m.httpRequests.WithLabelValues(route, method, code).Inc()
+	m.httpDuration.WithLabelValues(route, method, code).Observe(d.Seconds())
+}
+
+// Outcome implements idempotency.Observer.
+func (m *Metrics) Outcome(operation string, o idempotency.Outcome) {
+	m.idemRequests.WithLabelValues(operation, string(o)).Inc()
+}
+
+// DuplicateWait implements idempotency.Observer.
+func (m *Metrics) DuplicateWait(operation string, o idempotency.Outcome, d time.Duration) {
+	m.idemWait.WithLabelValues(operation, string(o)).Observe(d.Seconds())
+}
+
+// CleanupRun implements idempotency.CleanupObserver.
+func (m *Metrics) CleanupRun(result idempotency.CleanupResult, deleted int64, d time.Duration) {
+	m.cleanupRuns.WithLabelValues(string(result)).Inc()
+	if result != idempotency.CleanupOK {
+		return
+	}
+	m.cleanupDeleted.Add(float64(deleted))
+	m.cleanupRunDeleted.Observe(float64(deleted))
+	m.cleanupRunDuration.Observe(d.Seconds())
+	m.cleanupLastSuccess.SetToCurrentTime()
+}
+
+// factory registers what it creates.
+type factory struct{ reg prometheus.Registerer }
+
+func (f factory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	f.reg.MustRegister(h)
+	return h
+}
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
+	f.reg.MustRegister(h)
+	return h
+}
+
+func (f factory) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	f.reg.MustRegister(g)
+	return g
+}
