@@ -23,6 +23,7 @@ type config struct {
 	CleanupInterval time.Duration // ONCEKEY_CLEANUP_INTERVAL
 	CleanupBatch    int           // ONCEKEY_CLEANUP_BATCH
 	DemoAPIKey      string        // ONCEKEY_DEMO_API_KEY (memory store only)
+	Tracing         string        // ONCEKEY_TRACING: empty (off) or "stdout"
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -30,6 +31,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DatabaseURL: getenv("DATABASE_URL"),
 		Addr:        orDefault(getenv("ONCEKEY_ADDR"), ":8080"),
 		DemoAPIKey:  getenv("ONCEKEY_DEMO_API_KEY"),
+		Tracing:     getenv("ONCEKEY_TRACING"),
 	}
 	var err error
 	durations := []struct {

@@ -35,6 +35,7 @@ import (
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/tracing"
 )
 
 const usage = `usage: oncekey <command>
@@ -162,10 +163,20 @@ type backend interface {
 }
 
 func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) error {
+	shutdownTracing, err := tracing.Setup(cfg.Tracing, stdout)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = shutdownTracing(context.WithoutCancel(ctx)) }()
+	var dbOpts []postgres.Option
+	if cfg.Tracing != tracing.Off {
+		dbOpts = append(dbOpts, postgres.WithTracing())
+	}
+
 	m := metrics.New()
 	var store backend
 	if cfg.DatabaseURL != "" {
-		pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+		pool, err := postgres.Open(ctx, cfg.DatabaseURL, dbOpts...)
 		if err != nil {
 			return err
 		}
@@ -199,6 +210,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         log,
 		Metrics:        m,
+		Tracing:        cfg.Tracing != tracing.Off,
 	})
 	if err != nil {
 		return err

@@ -17,6 +17,9 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/api"
@@ -26,6 +29,7 @@ import (
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/tracing"
 )
 
 // Defaults for Config fields left zero.
@@ -53,6 +57,9 @@ type Config struct {
 	// Metrics receives request and idempotency metrics and is served at
 	// GET /metrics (default: a fresh set).
 	Metrics *metrics.Metrics
+	// Tracing wraps the handler in OpenTelemetry spans (exported by the
+	// global tracer provider; see internal/tracing).
+	Tracing bool
 }
 
 // New builds the service's http.Handler.
@@ -110,13 +117,19 @@ func New(cfg Config) (http.Handler, error) {
 		RequestErrorHandlerFunc:  errs.request,
 		ResponseErrorHandlerFunc: errs.response,
 	})
-	return api.HandlerWithOptions(strict, api.ChiServerOptions{
+	handler := api.HandlerWithOptions(strict, api.ChiServerOptions{
 		BaseRouter: r,
 		// Registered per operation, after routing, so it sees the route
 		// pattern and the raw body bytes.
 		Middlewares:      []api.MiddlewareFunc{idem.Handler},
 		ErrorHandlerFunc: errs.request,
-	}), nil
+	})
+	if cfg.Tracing {
+		// The span is named "HTTP" here and renamed to method and route
+		// once routing has matched (in observe).
+		handler = otelhttp.NewHandler(handler, "HTTP")
+	}
+	return handler, nil
 }
 
 // LoadSpec parses and validates the embedded openapi.yaml.
@@ -181,8 +194,14 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 				"bytes", ww.BytesWritten(),
 				"duration_ms", float64(elapsed.Microseconds()) / 1000,
 			}
+			span := trace.SpanFromContext(r.Context())
+			if info.route != "" {
+				span.SetName(r.Method + " " + info.route)
+				span.SetAttributes(semconv.HTTPRoute(info.route))
+			}
 			if info.outcome != idempotency.OutcomeNone {
 				attrs = append(attrs, "idempotency", string(info.outcome))
+				tracing.SetOutcome(r.Context(), string(info.outcome))
 			}
 			log.InfoContext(r.Context(), "request", attrs...)
 		})

@@ -12,6 +12,7 @@ import (
 	"net"
 	"strings"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,12 +30,24 @@ import (
 // server whose requests each hold a connection for a transaction.
 const DefaultMaxConns = 20
 
+// Option adjusts the pool's configuration.
+type Option func(*pgxpool.Config)
+
+// WithTracing traces every query as an OpenTelemetry span (through the
+// global tracer provider), so a request's trace shows its database work.
+func WithTracing() Option {
+	return func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = otelpgx.NewTracer() }
+}
+
 // Open connects a pool to url (a PostgreSQL URL or DSN; pgxpool settings
 // such as pool_max_conns may be given in it) and checks that it answers.
-func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+func Open(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	for _, opt := range opts {
+		opt(cfg)
 	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "oncekey"
