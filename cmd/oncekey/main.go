@@ -2,7 +2,8 @@
 //
 //	oncekey serve                  serve the API (PostgreSQL with DATABASE_URL, else in memory)
 //	oncekey migrate                apply database migrations
-//	oncekey purge                  delete expired idempotency keys in batches
+//	oncekey purge [--dry-run]      delete expired idempotency keys in batches
+//	oncekey keys inspect ACCOUNT KEY | keys stats | keys stuck [--older-than 10m]
 //	oncekey accounts create NAME   create an account; prints its API key once
 //	oncekey contract-test --url URL --api-key KEY
 //	                               check a deployment against the protocol and openapi.yaml
@@ -27,6 +28,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
@@ -43,7 +46,12 @@ const usage = `usage: oncekey <command>
 commands:
   serve                  serve the API (PostgreSQL when DATABASE_URL is set, else in memory)
   migrate                apply database migrations (needs DATABASE_URL)
-  purge                  delete expired idempotency keys in batches (needs DATABASE_URL)
+  purge [--dry-run]      delete expired idempotency keys in batches, or count them (needs DATABASE_URL)
+  keys inspect ACCOUNT KEY
+                         show one key's record (status, fingerprint, timestamps, stored status)
+  keys stats             rows by status, table size, oldest processing key, cleanup lag
+  keys stuck [--older-than 10m]
+                         list keys processing for longer than that (needs DATABASE_URL)
   accounts create NAME   create an account and print its API key once (needs DATABASE_URL)
   contract-test --url URL --api-key KEY
                          run the black-box conformance suite against a deployment
@@ -78,13 +86,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return nil
 		})
 	case "purge":
+		fs := flag.NewFlagSet("purge", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		dryRun := fs.Bool("dry-run", false, "count the expired keys without deleting them")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
 		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+			if *dryRun {
+				n, err := s.CountExpired(ctx)
+				if err != nil {
+					return err
+				}
+				return json.NewEncoder(stdout).Encode(map[string]any{"dry_run": true, "would_delete": n})
+			}
 			n, err := s.PurgeExpired(ctx, cfg.CleanupBatch)
 			if err != nil {
 				return err
 			}
 			return json.NewEncoder(stdout).Encode(map[string]int64{"deleted": n})
 		})
+	case "keys":
+		return keysCommand(ctx, cfg, args[1:], stdout, stderr)
 	case "accounts":
 		if len(args) != 3 || args[1] != "create" {
 			fmt.Fprint(stderr, usage)
@@ -102,6 +125,65 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	default:
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+// keysCommand is `oncekey keys …`: read-only views of the keys table for
+// operators. Output is JSON, one document per command.
+func keysCommand(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("usage: oncekey keys inspect ACCOUNT KEY | stats | stuck [--older-than 10m]")
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	switch args[0] {
+	case "inspect":
+		if len(args) != 3 {
+			return errors.New("usage: oncekey keys inspect ACCOUNT KEY")
+		}
+		account, err := uuid.Parse(args[1])
+		if err != nil {
+			return fmt.Errorf("ACCOUNT %q is not an account id", args[1])
+		}
+		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+			info, err := s.InspectKey(ctx, account, args[2])
+			if err != nil {
+				return err
+			}
+			return enc.Encode(info)
+		})
+	case "stats":
+		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+			st, err := s.KeyStats(ctx)
+			if err != nil {
+				return err
+			}
+			return enc.Encode(map[string]any{
+				"processing":                    st.Processing,
+				"completed":                     st.Completed,
+				"table_bytes":                   st.TableBytes,
+				"oldest_processing_age_seconds": st.OldestProcessingAge.Seconds(),
+				"cleanup_lag_seconds":           st.CleanupLag.Seconds(),
+			})
+		})
+	case "stuck":
+		fs := flag.NewFlagSet("keys stuck", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		olderThan := fs.Duration("older-than", 10*time.Minute, "list keys processing for longer than this")
+		limit := fs.Int("limit", 100, "list at most this many")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+			stuck, err := s.ListStuck(ctx, *olderThan, *limit)
+			if err != nil {
+				return err
+			}
+			return enc.Encode(stuck)
+		})
+	default:
+		return fmt.Errorf("unknown keys command %q", args[0])
 	}
 }
 

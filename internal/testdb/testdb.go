@@ -141,3 +141,43 @@ func redact(u string) string {
 	}
 	return u
 }
+
+// Fresh creates a migrated database of the test's own, for tests that need
+// a table to themselves (counting rows, purging everything expired), and
+// drops it when the test ends.
+func Fresh(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
+	t.Helper()
+	setup(t) // skips or fails like every other database test
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Fatalf("testdb: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "oncekey_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testdb: create database: %v", err)
+	}
+	u, err := url.Parse(AdminURL())
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	u.Path = "/" + name
+	p, err := postgres.Open(ctx, u.String())
+	if err != nil {
+		t.Fatalf("testdb: open %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		if err := dropDatabase(name); err != nil {
+			t.Errorf("testdb: drop %s: %v", name, err)
+		}
+	})
+	if err := postgres.Migrate(ctx, p); err != nil {
+		t.Fatalf("testdb: migrate %s: %v", name, err)
+	}
+	return u.String(), p
+}
