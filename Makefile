@@ -75,8 +75,16 @@ lint: ## go vet, gofmt and a tidy go.mod
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: ## run the whole test suite with the race detector (needs PostgreSQL at 127.0.0.1:5432)
+test: ## run the whole test suite with the race detector (needs PostgreSQL at 127.0.0.1:5432), and the alert rule tests
 	$(GO) test -race -count=1 -timeout 15m ./...
+	@$(MAKE) --no-print-directory test/alerts
+
+.PHONY: test/alerts
+test/alerts: ## unit-test deploy/prometheus/alerts.yml with promtool (Debian package prometheus; required when CI is set)
+	@if command -v promtool >/dev/null 2>&1; then \
+		cd deploy/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml; \
+	elif [ -n "$$CI" ]; then echo "promtool is required in CI (apt-get install prometheus)"; exit 1; \
+	else echo "promtool not found: alert rule tests skipped (apt-get install prometheus)"; fi
 
 .PHONY: test/live
 test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium

@@ -1,0 +1,76 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/store/memory"
+)
+
+// syncBuffer collects log output from the server's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+func TestRequestLogs(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	b := setup(t, memory.New(), options{cfg: httpapi.Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}})
+	const secretBody = `{"items":[{"sku":"SECRET-SKU-42","qty":2}],"amount":1200,"currency":"RUB"}`
+
+	require.Equal(t, http.StatusCreated, b.createOrder(t, "log-1", secretBody).StatusCode())
+	require.Equal(t, http.StatusCreated, b.createOrder(t, "log-1", secretBody).StatusCode())
+	req, err := http.NewRequest(http.MethodPost, b.server.URL+"/orders", strings.NewReader(secretBody))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer ok_wrong_secret_key")
+	req.Header.Set("Idempotency-Key", "log-2")
+	req.Header.Set("Content-Type", "application/json")
+	unknown, err := b.http.Do(req)
+	require.NoError(t, err)
+	unknown.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, unknown.StatusCode)
+
+	var lines []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var entry map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &entry), "every log line is JSON: %s", line)
+		if entry["msg"] == "request" {
+			lines = append(lines, entry)
+		}
+	}
+	require.Len(t, lines, 3, "one line per request")
+	for _, key := range []string{"request_id", "method", "route", "status", "duration_ms"} {
+		require.Contains(t, lines[0], key)
+	}
+	require.Equal(t, "/orders", lines[0]["route"])
+	require.Equal(t, "executed", lines[0]["idempotency"])
+	require.Equal(t, "replayed", lines[1]["idempotency"])
+	require.Equal(t, "rejected", lines[2]["idempotency"])
+	require.NotEqual(t, lines[0]["request_id"], lines[1]["request_id"])
+
+	all := logs.String()
+	require.NotContains(t, all, b.apiKey, "the API key is never logged")
+	require.NotContains(t, all, "ok_wrong_secret_key", "nor a wrong one")
+	require.NotContains(t, all, "SECRET-SKU-42", "the body is never logged")
+}
