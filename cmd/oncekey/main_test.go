@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -241,4 +243,22 @@ func TestOperatorCommands(t *testing.T) {
 	require.JSONEq(t, `{"deleted":1}`, out)
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE account_id = $1", creds.AccountID).Scan(&count))
 	require.Equal(t, 2, count, "only the expired key is gone")
+}
+
+// TestEveryVariableIsDocumented keeps the configuration reference true:
+// every environment variable config.go reads is in docs/operations.md and
+// the README.
+func TestEveryVariableIsDocumented(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("config.go")
+	require.NoError(t, err)
+	names := regexp.MustCompile(`"((?:ONCEKEY|IDEMPOTENCY|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1)
+	require.NotEmpty(t, names)
+	for _, doc := range []string{"../../docs/operations.md", "../../README.md"} {
+		text, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		for _, n := range names {
+			require.True(t, strings.Contains(string(text), "`"+n[1]+"`"), "%s does not document %s", doc, n[1])
+		}
+	}
 }
