@@ -94,6 +94,10 @@ test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK'
 docs/screenshot: ## refresh docs/img/api-docs.png from the live /docs page (runs test/live)
 	DOCS_SCREENSHOT=$(CURDIR)/docs/img/api-docs.png .ci/live-test
 
+.PHONY: dashboard-snapshot
+dashboard-snapshot: ## render docs/img/dashboard.png: the dashboard's main panels from a short local run
+	$(GO) run ./cmd/dashboard-snapshot -out docs/img/dashboard.png
+
 .PHONY: fuzz
 fuzz: ## run the fuzz targets for a while each (FUZZTIME=30s)
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/

@@ -14,6 +14,7 @@ import (
 // start rather than running with a surprise default.
 type config struct {
 	DatabaseURL     string        // DATABASE_URL; empty: the in-memory store
+	RedisURL        string        // REDIS_URL; empty: no Redis fast path
 	Addr            string        // ONCEKEY_ADDR
 	TTL             time.Duration // IDEMPOTENCY_TTL
 	Wait            time.Duration // IDEMPOTENCY_WAIT
@@ -29,6 +30,7 @@ type config struct {
 func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
 		DatabaseURL: getenv("DATABASE_URL"),
+		RedisURL:    getenv("REDIS_URL"),
 		Addr:        orDefault(getenv("ONCEKEY_ADDR"), ":8080"),
 		DemoAPIKey:  getenv("ONCEKEY_DEMO_API_KEY"),
 		Tracing:     getenv("ONCEKEY_TRACING"),

@@ -38,6 +38,7 @@ import (
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/tracing"
 )
 
@@ -281,10 +282,22 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	}
 
 	m.RegisterStore(store)
+	var keys idempotency.Store = store
+	if cfg.RedisURL != "" {
+		rdb, err := rediscache.NewClient(cfg.RedisURL)
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		// No ping: Redis being down at start only costs speed, and the
+		// client reconnects by itself when it comes back.
+		keys = rediscache.New(store, rdb, rediscache.Config{Observer: m})
+		log.Info("idempotency fast path: Redis")
+	}
 	handler, err := httpapi.New(httpapi.Config{
 		Orders:         orders.NewService(store),
 		Auth:           store,
-		Idempotency:    store,
+		Idempotency:    keys,
 		Ready:          store.Ping,
 		TTL:            cfg.TTL,
 		Wait:           cfg.Wait,

@@ -15,6 +15,7 @@ import (
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
@@ -30,7 +31,11 @@ type store interface {
 // its URL and an API key.
 func serve(t *testing.T, s store, wrap func(http.Handler) http.Handler) (string, string) {
 	t.Helper()
-	h, err := httpapi.New(httpapi.Config{Orders: orders.NewService(s), Auth: s, Idempotency: s})
+	var keys idempotency.Store = s
+	if r, ok := s.(withRedis); ok {
+		keys = r.fast
+	}
+	h, err := httpapi.New(httpapi.Config{Orders: orders.NewService(s), Auth: s, Idempotency: keys})
 	require.NoError(t, err)
 	srv := httptest.NewServer(wrap(h))
 	t.Cleanup(srv.Close)
@@ -44,6 +49,14 @@ func TestServicePassesTheContract(t *testing.T) {
 	for name, open := range map[string]func(t *testing.T) store{
 		"memory":   func(*testing.T) store { return memory.New() },
 		"postgres": func(t *testing.T) store { return postgres.New(testdb.Pool(t)) },
+		"postgres with the Redis fast path": func(t *testing.T) store {
+			pg := postgres.New(testdb.Pool(t))
+			rdb, err := rediscache.NewClient("redis://127.0.0.1:6379/0")
+			require.NoError(t, err)
+			t.Cleanup(func() { rdb.Close() })
+			require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis at 127.0.0.1:6379")
+			return withRedis{store: pg, fast: rediscache.New(pg, rdb, rediscache.Config{})}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -97,6 +110,12 @@ func TestSuiteCatchesABrokenService(t *testing.T) {
 			require.Contains(t, failed, tt.failed)
 		})
 	}
+}
+
+// withRedis is a store whose idempotency keys go through the fast path.
+type withRedis struct {
+	store
+	fast *rediscache.Store
 }
 
 type dropHeader struct {

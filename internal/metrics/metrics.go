@@ -28,6 +28,9 @@ type Metrics struct {
 	idemRequests *prometheus.CounterVec
 	idemWait     *prometheus.HistogramVec
 
+	redisRequests  *prometheus.CounterVec
+	redisFallbacks prometheus.Counter
+
 	cleanupRuns        *prometheus.CounterVec
 	cleanupDeleted     prometheus.Counter
 	cleanupRunDeleted  prometheus.Histogram
@@ -52,8 +55,13 @@ func New() *Metrics {
 		"Requests to idempotent operations by what the protocol did: executed, replayed, conflict (409), in_flight (202), rejected (4xx before the operation), error (5xx).",
 		"operation", "outcome")
 	m.idemWait = f.histogramVec("oncekey_idempotency_duplicate_wait_seconds",
-		"Time duplicates spent claiming their key, which includes waiting for an in-flight first request, by outcome.",
-		[]float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2, 5}, "operation", "outcome")
+		"Time duplicates spent claiming their key, which includes waiting for an in-flight first request, by outcome. The 1.05 bucket catches waits that ran out the default 1s budget.",
+		[]float64{.001, .005, .01, .025, .05, .1, .25, .5, .75, 1, 1.05, 1.5, 2, 5}, "operation", "outcome")
+
+	m.redisRequests = f.counterVec("oncekey_redis_requests_total",
+		"Redis fast-path look-ups by result: hit, miss, error (0 when REDIS_URL is not set).", "result")
+	m.redisFallbacks = f.counter("oncekey_redis_fallbacks_total",
+		"Requests the Redis fast path could not serve because Redis failed, answered from PostgreSQL instead.")
 
 	m.cleanupRuns = f.counterVec("oncekey_cleanup_runs_total",
 		"Cleanup runs by result: ok, error, or skipped (another replica held the cleanup lock).", "result")
@@ -74,6 +82,9 @@ func New() *Metrics {
 	for _, r := range []string{"ok", "error", "skipped"} {
 		m.cleanupRuns.WithLabelValues(r)
 	}
+	for _, r := range []string{"hit", "miss", "error"} {
+		m.redisRequests.WithLabelValues(r)
+	}
 	return m
 }
 
@@ -88,9 +99,21 @@ func (m *Metrics) ObserveHTTP(route, method string, status int, d time.Duration)
 	if route == "" {
 		route = "unmatched"
 	}
+	method = methodLabel(method)
 	code := strconv.Itoa(status)
 	m.httpRequests.WithLabelValues(route, method, code).Inc()
 	m.httpDuration.WithLabelValues(route, method, code).Observe(d.Seconds())
+}
+
+// methodLabel bounds the method label: any token is a valid HTTP method, so
+// a client sending made-up methods would otherwise create a series for each.
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return method
+	}
+	return "other"
 }
 
 // Outcome implements idempotency.Observer.
@@ -103,13 +126,21 @@ func (m *Metrics) DuplicateWait(operation string, o idempotency.Outcome, d time.
 	m.idemWait.WithLabelValues(operation, string(o)).Observe(d.Seconds())
 }
 
+// Redis implements rediscache.Observer.
+func (m *Metrics) Redis(result string) { m.redisRequests.WithLabelValues(result).Inc() }
+
+// Fallback implements rediscache.Observer.
+func (m *Metrics) Fallback() { m.redisFallbacks.Inc() }
+
 // CleanupRun implements idempotency.CleanupObserver.
 func (m *Metrics) CleanupRun(result idempotency.CleanupResult, deleted int64, d time.Duration) {
 	m.cleanupRuns.WithLabelValues(string(result)).Inc()
+	// Each batch commits on its own, so a run that fails part-way has
+	// still deleted the keys of its earlier batches.
+	m.cleanupDeleted.Add(float64(deleted))
 	if result != idempotency.CleanupOK {
 		return
 	}
-	m.cleanupDeleted.Add(float64(deleted))
 	m.cleanupRunDeleted.Observe(float64(deleted))
 	m.cleanupRunDuration.Observe(d.Seconds())
 	m.cleanupLastSuccess.SetToCurrentTime()

@@ -1,0 +1,435 @@
+package metrics_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/metrics"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/store/memory"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// backend is a store the service runs on, with everything the metrics read
+// from it.
+type backend interface {
+	idempotency.Store
+	idempotency.StatsSource
+	idempotency.Purger
+	orders.Repository
+	auth.Store
+}
+
+// backends are the stores the request-driven metrics are proved on: the
+// metrics must not depend on which one the service uses.
+var backends = []struct {
+	name string
+	open func(t *testing.T) backend
+}{
+	{"memory", func(*testing.T) backend { return memory.New() }},
+	{"postgres", func(t *testing.T) backend { return postgres.New(testdb.Pool(t)) }},
+}
+
+// seedBody is a valid order request.
+const seedBody = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
+
+// testBundle is the full service on one store, with its metrics and an
+// account to act as.
+type testBundle struct {
+	url     string // the service; GET url+"/metrics" is its scrape endpoint
+	metrics *metrics.Metrics
+	store   backend
+	account uuid.UUID
+	apiKey  string
+	client  *http.Client
+}
+
+// options adjust the service a test runs; zero values mean the defaults.
+type options struct {
+	cfg  httpapi.Config                            // fields copied over the defaults when set
+	repo func(orders.Repository) orders.Repository // wraps the order repository (fault injection)
+}
+
+// setup starts the full service (httpapi.New with metrics.New() unless
+// opts sets Metrics) on store and creates an account on it.
+func setup(t *testing.T, store backend, opts options) *testBundle {
+	t.Helper()
+	var repo orders.Repository = store
+	if opts.repo != nil {
+		repo = opts.repo(store)
+	}
+	cfg := opts.cfg
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
+	cfg.Orders = orders.NewService(repo)
+	cfg.Auth = store
+	if cfg.Idempotency == nil { // a test may put the Redis fast path in front
+		cfg.Idempotency = store
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	handler, err := httpapi.New(cfg)
+	require.NoError(t, err, "build the service")
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+
+	b := &testBundle{url: srv.URL, metrics: cfg.Metrics, store: store, client: &http.Client{Timeout: 30 * time.Second}}
+	b.account, b.apiKey = newAccount(t, store)
+	return b
+}
+
+// newAccount creates an account on store and returns its id and API key.
+func newAccount(t *testing.T, store auth.Store) (uuid.UUID, string) {
+	t.Helper()
+	creds, err := auth.CreateAccount(context.Background(), store, "metrics-"+t.Name(), "")
+	require.NoError(t, err, "create account")
+	return creds.AccountID, creds.APIKey
+}
+
+// reply is a whole response, read at once so goroutines can hand it back.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) String() string { return fmt.Sprintf("%d %s", r.status, r.body) }
+
+// request builds a request to the service with the bundle's API key and,
+// when there is a body, Content-Type application/json. Header pairs are
+// set afterwards; a pair with an empty value deletes the header instead.
+func (b *testBundle) request(t *testing.T, method, path, body string, header ...string) *http.Request {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, b.url+path, r)
+	require.NoError(t, err, "build %s %s", method, path)
+	req.Header.Set("Authorization", "Bearer "+b.apiKey)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i+1] == "" {
+			req.Header.Del(header[i])
+			continue
+		}
+		req.Header.Set(header[i], header[i+1])
+	}
+	return req
+}
+
+// exchange sends req and reads the whole response; it returns errors
+// instead of failing the test, so goroutines can use it.
+func (b *testBundle) exchange(req *http.Request) (reply, error) {
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return reply{}, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return reply{}, fmt.Errorf("%s %s: read body: %w", req.Method, req.URL.Path, err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}
+
+// do sends method path with the bundle's API key and requires the status.
+func (b *testBundle) do(t *testing.T, want int, method, path, body string, header ...string) reply {
+	t.Helper()
+	r, err := b.exchange(b.request(t, method, path, body, header...))
+	require.NoError(t, err)
+	require.Equal(t, want, r.status, "%s %s: unexpected answer %s", method, path, r)
+	return r
+}
+
+// createOrder posts body under key, requires a 201 and returns the order id.
+func (b *testBundle) createOrder(t *testing.T, key, body string) string {
+	t.Helper()
+	r := b.do(t, http.StatusCreated, http.MethodPost, "/orders", body, idempotency.HeaderKey, key)
+	var o struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal(r.body, &o), "decode order %s", r.body)
+	require.NotEmpty(t, o.ID, "order without id: %s", r.body)
+	return o.ID
+}
+
+// families is one scrape of /metrics, by family name.
+type families map[string]*dto.MetricFamily
+
+// scrape fetches GET baseURL/metrics over HTTP and parses the Prometheus
+// text format.
+func scrape(t *testing.T, baseURL string) families {
+	t.Helper()
+	resp, err := http.Get(baseURL + "/metrics")
+	require.NoError(t, err, "GET /metrics")
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "GET /metrics status")
+	require.True(t, strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain"),
+		"GET /metrics must serve the text format, got Content-Type %q", resp.Header.Get("Content-Type"))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err, "parse /metrics")
+	return fams
+}
+
+// scrapeMetrics serves m alone over HTTP and scrapes it: for collectors
+// that need no service around them.
+func scrapeMetrics(t *testing.T, m *metrics.Metrics) families {
+	t.Helper()
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	return scrape(t, srv.URL)
+}
+
+// find returns the sample of the series name{labels} (label name, value
+// pairs; the series' label set must be exactly these). A histogram's
+// name_count and name_sum are samples too.
+func (f families) find(name string, labels ...string) (float64, bool) {
+	fam, part := f[name], ""
+	if fam == nil {
+		for _, suffix := range []string{"_count", "_sum"} {
+			base, ok := strings.CutSuffix(name, suffix)
+			if ok && f[base] != nil && f[base].GetType() == dto.MetricType_HISTOGRAM {
+				fam, part = f[base], suffix
+			}
+		}
+	}
+	if fam == nil {
+		return 0, false
+	}
+	for _, m := range fam.GetMetric() {
+		if !sameLabels(m.GetLabel(), labels) {
+			continue
+		}
+		switch {
+		case part == "_count":
+			return float64(m.GetHistogram().GetSampleCount()), true
+		case part == "_sum":
+			return m.GetHistogram().GetSampleSum(), true
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Untyped != nil:
+			return m.GetUntyped().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// value is find for a series that must exist.
+func (f families) value(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	v, ok := f.find(name, labels...)
+	require.True(t, ok, "no series %s%v in /metrics; the family has: %s", name, labels, f.series(name))
+	return v
+}
+
+// valueOrZero is find for a counter series that may not have been created
+// yet (vectors create a series on its first observation).
+func (f families) valueOrZero(name string, labels ...string) float64 {
+	v, _ := f.find(name, labels...)
+	return v
+}
+
+// series lists the label sets of a family, for failure messages.
+func (f families) series(name string) string {
+	fam := f[name]
+	if fam == nil {
+		fam = f[strings.TrimSuffix(strings.TrimSuffix(name, "_count"), "_sum")]
+	}
+	if fam == nil {
+		return "(no such family)"
+	}
+	var out []string
+	for _, m := range fam.GetMetric() {
+		var pairs []string
+		for _, l := range m.GetLabel() {
+			pairs = append(pairs, l.GetName()+"="+l.GetValue())
+		}
+		out = append(out, "{"+strings.Join(pairs, ",")+"}")
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
+}
+
+func sameLabels(got []*dto.LabelPair, want []string) bool {
+	if len(want)%2 != 0 || len(got) != len(want)/2 {
+		return false
+	}
+	for i := 0; i < len(want); i += 2 {
+		found := false
+		for _, l := range got {
+			if l.GetName() == want[i] && l.GetValue() == want[i+1] {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// faultyRepo passes orders through, except by amount: failAmount fails,
+// panicAmount panics, and holdAmount is held inside CreateOrder, before
+// anything is written, until release is closed, so a first request stays
+// in flight while a test sends its duplicate.
+type faultyRepo struct {
+	orders.Repository
+	held    chan struct{} // receives once per held order, when it is held
+	release chan struct{}
+	once    sync.Once
+}
+
+const (
+	holdAmount  = 4242
+	failAmount  = 5000
+	panicAmount = 6000
+)
+
+var errInjected = errors.New("injected repository failure")
+
+// newFaultyRepo returns the repository; a test wraps the store with it
+// through options.repo and registers unblock with t.Cleanup after setup, so
+// a failed test releases the held request before the server's Close waits
+// for it.
+func newFaultyRepo() *faultyRepo {
+	return &faultyRepo{held: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
+func (r *faultyRepo) unblock() { r.once.Do(func() { close(r.release) }) }
+
+func (r *faultyRepo) wrap(inner orders.Repository) orders.Repository {
+	r.Repository = inner
+	return r
+}
+
+func (r *faultyRepo) CreateOrder(ctx context.Context, o orders.Order) error {
+	switch o.Amount {
+	case failAmount:
+		return errInjected
+	case panicAmount:
+		panic("injected repository panic")
+	case holdAmount:
+		select {
+		case r.held <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case <-r.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return r.Repository.CreateOrder(ctx, o)
+}
+
+// startHeld sends an order of holdAmount under key from a goroutine and
+// returns once repo holds it inside CreateOrder.
+func (b *testBundle) startHeld(t *testing.T, repo *faultyRepo, key string) <-chan reply {
+	t.Helper()
+	req := b.request(t, http.MethodPost, "/orders", orderBody(holdAmount), idempotency.HeaderKey, key)
+	out := make(chan reply, 1)
+	go func() {
+		r, err := b.exchange(req)
+		if err != nil {
+			r = reply{status: -1, body: []byte(err.Error())}
+		}
+		out <- r
+	}()
+	select {
+	case <-repo.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached CreateOrder")
+	}
+	return out
+}
+
+// receive waits for the reply of a request sent from a goroutine.
+func receive(t *testing.T, c <-chan reply, what string) reply {
+	t.Helper()
+	select {
+	case r := <-c:
+		require.NotEqual(t, -1, r.status, "%s: %s", what, r.body)
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no response", what)
+		return reply{}
+	}
+}
+
+// orderBody is a valid order request for amount.
+func orderBody(amount int) string {
+	return fmt.Sprintf(`{"items":[{"sku":"SKU-1","qty":1}],"amount":%d,"currency":"RUB"}`, amount)
+}
+
+// dedicatedPool gives a test its own freshly migrated database, dropped
+// afterwards: whole-table figures (key counts, cleanup) cannot be asserted
+// exactly on the binary's database, which parallel tests share.
+func dedicatedPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	testdb.Pool(t) // skips (or, in CI, fails) without PostgreSQL
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, testdb.AdminURL())
+	require.NoError(t, err, "connect to the admin database")
+	defer admin.Close(ctx)
+
+	name := "oncekey_metrics_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err, "create database %s", name)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, testdb.AdminURL())
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+
+	u, err := url.Parse(testdb.AdminURL())
+	require.NoError(t, err, "parse the admin URL")
+	u.Path = "/" + name
+	pool, err := postgres.Open(ctx, u.String())
+	require.NoError(t, err, "open database %s", name)
+	t.Cleanup(pool.Close) // runs before the DROP registered above
+	require.NoError(t, postgres.Migrate(ctx, pool), "migrate database %s", name)
+	return pool
+}

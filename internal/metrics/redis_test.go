@@ -1,0 +1,76 @@
+package metrics_test
+
+import (
+	"net/http"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/metrics"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/store/rediscache"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// TestRedisMetrics drives requests through the Redis fast path, once with
+// Redis up and once with nothing listening, and checks hits, misses,
+// errors and fallbacks.
+func TestRedisMetrics(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	tests := []struct {
+		name     string
+		url      string
+		up       bool
+		hits     float64
+		fallback bool
+	}{
+		{"redis up", url, true, 2, false},
+		{"redis down", "redis://127.0.0.1:1/0", false, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rdb, err := rediscache.NewClient(tt.url)
+			require.NoError(t, err)
+			t.Cleanup(func() { rdb.Close() })
+			if tt.up {
+				if err := rdb.Ping(t.Context()).Err(); err != nil {
+					if os.Getenv("CI") != "" {
+						t.Fatalf("Redis is required in CI: %v", err)
+					}
+					t.Skipf("Redis unavailable: %v", err)
+				}
+			}
+			m := metrics.New()
+			store := postgres.New(testdb.Pool(t))
+			fast := rediscache.New(store, rdb, rediscache.Config{Observer: m})
+			b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, Idempotency: fast}})
+
+			b.createOrder(t, "redis-metrics", seedBody)                                                               // miss
+			b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-metrics") // hit
+			b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-metrics") // hit
+
+			f := scrape(t, b.url)
+			require.Equal(t, tt.hits, f.value(t, "oncekey_redis_requests_total", "result", "hit"))
+			if tt.up {
+				require.Positive(t, f.value(t, "oncekey_redis_requests_total", "result", "miss"))
+				require.Zero(t, f.value(t, "oncekey_redis_requests_total", "result", "error"))
+				require.Zero(t, f.value(t, "oncekey_redis_fallbacks_total"))
+			} else {
+				require.Positive(t, f.value(t, "oncekey_redis_requests_total", "result", "error"))
+				require.Positive(t, f.value(t, "oncekey_redis_fallbacks_total"), "every request fell back to PostgreSQL")
+			}
+			// Either way each request was answered, and one order exists.
+			list, err := store.ListOrders(t.Context(), b.account, nil, 10)
+			require.NoError(t, err)
+			require.Len(t, list, 1)
+		})
+	}
+}

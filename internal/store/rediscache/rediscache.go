@@ -1,0 +1,317 @@
+// Package rediscache is the optional Redis fast path in front of a durable
+// idempotency store (PostgreSQL). Redis is for speed only; PostgreSQL stays
+// the record of truth, and every Redis failure falls back to it:
+//
+//   - Completed records are cached (SET … PX until the key expires) and
+//     replays are served from Redis without touching the database. A
+//     completed record never changes until it expires, so the cache can
+//     never disagree with the database about it.
+//   - An in-flight marker (SET NX PX, a short lease) lets concurrent
+//     duplicates wait on Redis instead of each holding a database connection
+//     blocked on the first request's row. The marker is only a hint: if it is
+//     lost (flush, restart, expiry) duplicates go to the database, which still
+//     runs the operation exactly once.
+//
+// Every Redis key carries the account in a hash tag ({account}), so all of
+// an account's keys live in one Redis Cluster slot.
+package rediscache
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// Observer receives what the fast path did, for metrics.
+type Observer interface {
+	// Redis reports one lookup: "hit", "miss" or "error".
+	Redis(result string)
+	// Fallback reports a request that Redis could not serve because Redis
+	// failed and that went to the durable store instead.
+	Fallback()
+}
+
+type noObserver struct{}
+
+func (noObserver) Redis(string) {}
+func (noObserver) Fallback()    {}
+
+// Config configures the fast path.
+type Config struct {
+	// Marker is the in-flight marker's lease (default 5s): long enough to
+	// cover a normal operation, short enough that a crashed holder's
+	// marker goes away by itself.
+	Marker time.Duration
+	// Poll is how often a duplicate looks for the first request's outcome
+	// while the marker is held (default 10ms).
+	Poll     time.Duration
+	Observer Observer
+}
+
+// Store wraps a durable idempotency.Store with the Redis fast path.
+type Store struct {
+	next idempotency.Store
+	rdb  redis.UniversalClient
+	cfg  Config
+}
+
+// New returns the fast path over next.
+func New(next idempotency.Store, rdb redis.UniversalClient, cfg Config) *Store {
+	if cfg.Marker <= 0 {
+		cfg.Marker = 5 * time.Second
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 10 * time.Millisecond
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
+	}
+	return &Store{next: next, rdb: rdb, cfg: cfg}
+}
+
+// NewClient connects to url (redis://…) with timeouts short enough that a
+// slow or absent Redis costs little before the fallback: Redis must never
+// make a request slower than the database alone by much.
+func NewClient(url string) (*redis.Client, error) {
+	// go-redis logs every failed dial on its own; with Redis down that is a
+	// line per request. Failures are counted in oncekey_redis_requests_total
+	// and oncekey_redis_fallbacks_total instead.
+	silenceOnce.Do(func() { redis.SetLogger(silent{}) })
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse REDIS_URL: %w", err)
+	}
+	opts.DialTimeout = 200 * time.Millisecond
+	opts.ReadTimeout = 100 * time.Millisecond
+	opts.WriteTimeout = 100 * time.Millisecond
+	opts.MaxRetries = -1 // no retries: the database is the retry
+	return redis.NewClient(opts), nil
+}
+
+var silenceOnce sync.Once
+
+type silent struct{}
+
+func (silent) Printf(context.Context, string, ...any) {}
+
+// names returns the Redis keys of one idempotency key: the cached record
+// and the in-flight marker. The client's key is hashed, so any printable
+// key makes a short, safe Redis key.
+func names(account uuid.UUID, key string) (record, marker string) {
+	sum := sha256.Sum256([]byte(key))
+	base := "oncekey:{" + account.String() + "}:" + hex.EncodeToString(sum[:16])
+	return base + ":rec", base + ":inflight"
+}
+
+// Claim implements idempotency.Store.
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+	recKey, markerKey := names(req.Account, req.Key)
+	if rec, ok := s.cached(ctx, recKey); ok {
+		return nil, rec, nil
+	}
+
+	claimedAt := time.Now()
+	token := newToken()
+	held, err := s.rdb.SetNX(ctx, markerKey, token, s.cfg.Marker).Result()
+	switch {
+	case err != nil:
+		s.cfg.Observer.Redis("error")
+		s.cfg.Observer.Fallback()
+		held = false // go to the database without a marker
+	case !held:
+		// Another request (on any replica) is running this key: wait for
+		// its outcome on Redis, holding no database connection.
+		if rec, done, err := s.await(ctx, recKey, markerKey, req.Wait); done {
+			return nil, rec, err
+		}
+	default:
+		// The previous holder may have committed (cached, then released
+		// its marker) between our look-up and our SET NX.
+		if rec, ok := s.cached(ctx, recKey); ok {
+			s.release(ctx, markerKey, token)
+			return nil, rec, nil
+		}
+	}
+
+	lease, rec, err := s.next.Claim(ctx, req)
+	switch {
+	case lease != nil:
+		return &cachedLease{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, held: held,
+			fingerprint: req.Fingerprint, createdAt: claimedAt, expiresAt: claimedAt.Add(req.TTL)}, nil, nil
+	case rec != nil:
+		s.store(ctx, recKey, rec) // read-through
+	}
+	if held {
+		s.release(ctx, markerKey, token)
+	}
+	return nil, rec, err
+}
+
+// await polls for the in-flight request's record until wait runs out. It
+// reports done=false when the caller should go to the database after all:
+// the marker vanished without a record (the holder failed or Redis lost it),
+// or Redis failed.
+func (s *Store) await(ctx context.Context, recKey, markerKey string, wait time.Duration) (*idempotency.Record, bool, error) {
+	deadline := time.Now().Add(wait)
+	ticker := time.NewTicker(s.cfg.Poll)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, true, ctx.Err()
+		case <-ticker.C:
+		}
+		if rec, ok := s.cached(ctx, recKey); ok {
+			return rec, true, nil
+		}
+		n, err := s.rdb.Exists(ctx, markerKey).Result()
+		if err != nil {
+			s.cfg.Observer.Redis("error")
+			s.cfg.Observer.Fallback()
+			return nil, false, nil
+		}
+		if n == 0 {
+			// The holder caches its outcome before it releases the marker,
+			// so look once more; if there is still nothing it rolled back
+			// (or Redis lost the marker): let the database decide.
+			if rec, ok := s.cached(ctx, recKey); ok {
+				return rec, true, nil
+			}
+			return nil, false, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, true, idempotency.ErrInFlight
+		}
+	}
+}
+
+// cached returns the record cached under recKey, if any and not expired.
+func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record, bool) {
+	raw, err := s.rdb.Get(ctx, recKey).Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		s.cfg.Observer.Redis("miss")
+		return nil, false
+	case err != nil:
+		s.cfg.Observer.Redis("error")
+		s.cfg.Observer.Fallback()
+		return nil, false
+	}
+	var c cachedRecord
+	if err := json.Unmarshal(raw, &c); err != nil || len(c.Fingerprint) != len(idempotency.Fingerprint{}) {
+		s.cfg.Observer.Redis("error")
+		s.cfg.Observer.Fallback()
+		return nil, false
+	}
+	if !time.Now().Before(c.ExpiresAt) {
+		s.cfg.Observer.Redis("miss") // expired: absent, as in the database
+		return nil, false
+	}
+	s.cfg.Observer.Redis("hit")
+	rec := &idempotency.Record{
+		Response:  idempotency.Response{Status: c.Status, Header: c.Header, Body: c.Body},
+		CreatedAt: c.CreatedAt,
+		ExpiresAt: c.ExpiresAt,
+	}
+	copy(rec.Fingerprint[:], c.Fingerprint)
+	if rec.Response.Header == nil {
+		rec.Response.Header = http.Header{}
+	}
+	return rec, true
+}
+
+// store caches rec until it expires. Failures only cost speed.
+func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Record) {
+	ttl := time.Until(rec.ExpiresAt)
+	if ttl <= 0 {
+		return
+	}
+	raw, err := json.Marshal(cachedRecord{
+		Fingerprint: rec.Fingerprint[:], Status: rec.Response.Status, Header: rec.Response.Header,
+		Body: rec.Response.Body, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt,
+	})
+	if err != nil {
+		return
+	}
+	if err := s.rdb.Set(ctx, recKey, raw, ttl).Err(); err != nil {
+		s.cfg.Observer.Redis("error")
+	}
+}
+
+// releaseScript deletes the marker only if it is still ours: after our
+// lease ran out another request may hold it.
+var releaseScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
+
+func (s *Store) release(ctx context.Context, markerKey, token string) {
+	if err := releaseScript.Run(ctx, s.rdb, []string{markerKey}, token).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		s.cfg.Observer.Redis("error")
+	}
+}
+
+// cachedRecord is a record as cached in Redis.
+type cachedRecord struct {
+	Fingerprint []byte      `json:"fp"`
+	Status      int         `json:"status"`
+	Header      http.Header `json:"header,omitempty"`
+	Body        []byte      `json:"body"`
+	CreatedAt   time.Time   `json:"created_at"`
+	ExpiresAt   time.Time   `json:"expires_at"`
+}
+
+// cachedLease caches the outcome once the durable store has committed it,
+// and gives up the in-flight marker either way.
+type cachedLease struct {
+	idempotency.Lease
+	s                 *Store
+	recKey, markerKey string
+	token             string
+	held              bool
+	fingerprint       idempotency.Fingerprint
+	// The durable store counts the TTL from its own claim, which happened
+	// after createdAt: the cached copy expires no later than the durable one.
+	createdAt, expiresAt time.Time
+}
+
+func (l *cachedLease) Commit(ctx context.Context, resp idempotency.Response) error {
+	if err := l.Lease.Commit(ctx, resp); err != nil {
+		l.done(ctx)
+		return err
+	}
+	// The durable commit happened; caching it is only an optimisation.
+	l.s.store(ctx, l.recKey, &idempotency.Record{
+		Fingerprint: l.fingerprint, Response: resp, CreatedAt: l.createdAt, ExpiresAt: l.expiresAt,
+	})
+	l.done(ctx)
+	return nil
+}
+
+func (l *cachedLease) Rollback(ctx context.Context) error {
+	err := l.Lease.Rollback(ctx)
+	l.done(ctx)
+	return err
+}
+
+func (l *cachedLease) done(ctx context.Context) {
+	if l.held {
+		l.held = false
+		l.s.release(ctx, l.markerKey, l.token)
+	}
+}
+
+func newToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
