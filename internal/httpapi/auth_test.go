@@ -48,12 +48,12 @@ func TestUnauthenticatedRequestsAreIndistinguishable(t *testing.T) {
 				}
 				r := b.do(t, req)
 				requireProblem(t, r, problem.Unauthorized, c.name)
-				require.NotEmpty(t, r.header.Get("WWW-Authenticate"), "%s: 401 without WWW-Authenticate", c.name)
+				require.NotEmpty(t, r.Header.Get("WWW-Authenticate"), "%s: 401 without WWW-Authenticate", c.name)
 				if i == 0 {
 					first = r
 					continue
 				}
-				require.Equal(t, string(first.body), string(r.body), "%s: every authentication failure must look the same", c.name)
+				require.Equal(t, string(first.Body), string(r.Body), "%s: every authentication failure must look the same", c.name)
 			}
 			require.Zero(t, b.orderCount(t))
 		})
@@ -68,7 +68,7 @@ func TestOperationsEndpointsNeedNoAuth(t *testing.T) {
 			b := setup(t, be.open(t), options{})
 			for _, path := range []string{"/healthz", "/readyz", "/openapi.yaml"} {
 				r := b.do(t, b.newRequest(t, http.MethodGet, path, nil, "Authorization", ""))
-				require.Equal(t, http.StatusOK, r.status, "GET %s without Authorization: %s", path, r)
+				require.Equal(t, http.StatusOK, r.Status, "GET %s without Authorization: %s", path, r)
 			}
 		})
 	}

@@ -69,7 +69,7 @@ func sendAsync(t *testing.T, b *testBundle, key string) <-chan reply {
 	go func() {
 		r, err := b.exchange(req)
 		if err != nil {
-			r = reply{status: -1, body: []byte(err.Error())}
+			r = reply{Status: -1, Body: []byte(err.Error())}
 		}
 		out <- r
 	}()
@@ -96,7 +96,7 @@ func receive(t *testing.T, c <-chan reply, what string) reply {
 	t.Helper()
 	select {
 	case r := <-c:
-		require.NotEqual(t, -1, r.status, "%s: %s", what, r.body)
+		require.NotEqual(t, -1, r.Status, "%s: %s", what, r.Body)
 		return r
 	case <-time.After(15 * time.Second):
 		t.Fatalf("%s: no response", what)
@@ -121,10 +121,10 @@ func TestInFlightDuplicate(t *testing.T) {
 				dup := b.postOrder(t, key, seedBody)
 				requireProblem(t, dup, problem.InProgress, "duplicate while the first is running")
 				require.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond, "the duplicate must wait before answering 202")
-				retryAfter, err := strconv.Atoi(dup.header.Get("Retry-After"))
-				require.NoError(t, err, "202 needs an integer Retry-After, got %q", dup.header.Get("Retry-After"))
+				retryAfter, err := strconv.Atoi(dup.Header.Get("Retry-After"))
+				require.NoError(t, err, "202 needs an integer Retry-After, got %q", dup.Header.Get("Retry-After"))
 				require.GreaterOrEqual(t, retryAfter, 1, "Retry-After")
-				require.Equal(t, key, dup.header.Get("Idempotency-Key"), "202 must echo the key")
+				require.Equal(t, key, dup.Header.Get("Idempotency-Key"), "202 must echo the key")
 
 				repo.unblock()
 				first := receive(t, firstC, "first request")
@@ -250,15 +250,15 @@ func TestConcurrentDuplicatesMakeOneOrder(t *testing.T) {
 					statuses := map[int]int{}
 					for i, r := range replies {
 						require.NoError(t, errs[i], "request %d", i)
-						statuses[r.status]++
-						switch r.status {
+						statuses[r.Status]++
+						switch r.Status {
 						case http.StatusCreated:
 							if created == nil {
-								created = r.body
+								created = r.Body
 							}
-							require.Equal(t, string(created), string(r.body), "request %d: every 201 must carry the same order", i)
+							require.Equal(t, string(created), string(r.Body), "request %d: every 201 must carry the same order", i)
 						case http.StatusAccepted:
-							require.NotEmpty(t, r.header.Get("Retry-After"), "request %d: 202 without Retry-After", i)
+							require.NotEmpty(t, r.Header.Get("Retry-After"), "request %d: 202 without Retry-After", i)
 						default:
 							t.Fatalf("request %d: want 201 or 202, got %s", i, r)
 						}

@@ -21,17 +21,17 @@ func TestOperationsEndpoints(t *testing.T) {
 			b := setup(t, be.open(t), options{})
 
 			health := b.get(t, "/healthz")
-			require.Equal(t, http.StatusOK, health.status, "GET /healthz: %s", health)
-			require.JSONEq(t, `{"status":"ok"}`, string(health.body), "GET /healthz body")
+			require.Equal(t, http.StatusOK, health.Status, "GET /healthz: %s", health)
+			require.JSONEq(t, `{"status":"ok"}`, string(health.Body), "GET /healthz body")
 
 			ready := b.get(t, "/readyz")
-			require.Equal(t, http.StatusOK, ready.status, "GET /readyz: %s", ready)
-			require.JSONEq(t, `{"status":"ok"}`, string(ready.body), "GET /readyz body")
+			require.Equal(t, http.StatusOK, ready.Status, "GET /readyz: %s", ready)
+			require.JSONEq(t, `{"status":"ok"}`, string(ready.Body), "GET /readyz body")
 
 			spec := b.get(t, "/openapi.yaml")
-			require.Equal(t, http.StatusOK, spec.status, "GET /openapi.yaml: %d", spec.status)
-			require.Equal(t, "application/yaml", spec.header.Get("Content-Type"))
-			require.Equal(t, string(oncekey.OpenAPISpec), string(spec.body), "GET /openapi.yaml must serve the embedded contract")
+			require.Equal(t, http.StatusOK, spec.Status, "GET /openapi.yaml: %d", spec.Status)
+			require.Equal(t, "application/yaml", spec.Header.Get("Content-Type"))
+			require.Equal(t, string(oncekey.OpenAPISpec), string(spec.Body), "GET /openapi.yaml must serve the embedded contract")
 
 			requireProblem(t, b.get(t, "/nope"), problem.NotFound, "GET /nope")
 			requireProblem(t, b.do(t, b.newRequest(t, http.MethodDelete, "/orders", nil)), problem.MethodNotAllowed, "DELETE /orders")
@@ -49,11 +49,11 @@ func TestNotReady(t *testing.T) {
 
 			r := b.get(t, "/readyz")
 			d := requireProblem(t, r, problem.Unavailable, "GET /readyz with a failing dependency")
-			require.NotEmpty(t, r.header.Get("Retry-After"), "503 needs Retry-After")
+			require.NotEmpty(t, r.Header.Get("Retry-After"), "503 needs Retry-After")
 			require.NotContains(t, d.Detail, down.Error(), "the detail must not leak the dependency's error")
 
 			health := b.get(t, "/healthz")
-			require.Equal(t, http.StatusOK, health.status, "liveness must not depend on readiness: %s", health)
+			require.Equal(t, http.StatusOK, health.Status, "liveness must not depend on readiness: %s", health)
 		})
 	}
 }

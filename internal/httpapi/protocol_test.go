@@ -30,7 +30,7 @@ func TestSameMeaningDifferentBytesReplays(t *testing.T) {
 			const respelled = "{\n  \"currency\" : \"RUB\",\t\"amount\": 1200 ,\r\n  \"items\" : [ { \"qty\": 2, \"sku\": \"SKU-1\" } ]\n}\n"
 			again := b.postOrder(t, key, respelled)
 			requireReplayOf(t, first, again, "respelled body")
-			require.Equal(t, key, again.header.Get("Idempotency-Key"), "replay must echo the key")
+			require.Equal(t, key, again.Header.Get("Idempotency-Key"), "replay must echo the key")
 			require.Equal(t, 1, b.orderCount(t), "a respelled retry must not create a second order")
 		})
 	}
@@ -49,13 +49,13 @@ func TestSameKeyDifferentRequestConflicts(t *testing.T) {
 			const qty3 = `{"items":[{"sku":"SKU-1","qty":3}],"amount":1200,"currency":"RUB"}`
 			other := b.postOrder(t, key, qty3)
 			requireProblem(t, other, problem.KeyMismatch, "same key, qty 3")
-			require.Equal(t, key, other.header.Get("Idempotency-Key"), "409 must echo the key")
-			require.Empty(t, other.header.Get("Idempotent-Replayed"), "a conflict is not a replay")
+			require.Equal(t, key, other.Header.Get("Idempotency-Key"), "409 must echo the key")
+			require.Empty(t, other.Header.Get("Idempotent-Replayed"), "a conflict is not a replay")
 
 			resp := b.post(t, "/orders?x=1", key, seedBody)
-			query := reply{status: resp.StatusCode, header: resp.Header, body: readAll(t, resp.Body)}
+			query := reply{Status: resp.StatusCode, Header: resp.Header, Body: readAll(t, resp.Body)}
 			requireProblem(t, query, problem.KeyMismatch, "same key and body, different query")
-			require.Equal(t, key, query.header.Get("Idempotency-Key"), "409 must echo the key")
+			require.Equal(t, key, query.Header.Get("Idempotency-Key"), "409 must echo the key")
 
 			require.Equal(t, 1, b.orderCount(t), "conflicting requests must not create orders")
 		})
@@ -107,8 +107,8 @@ func TestBusinessOutcomeIsStoredAndReplayed(t *testing.T) {
 
 			first := b.postOrder(t, key, xyz)
 			requireProblem(t, first, problem.UnknownCurrency, "currency XYZ")
-			require.Equal(t, key, first.header.Get("Idempotency-Key"), "422 must echo the key")
-			require.Empty(t, first.header.Get("Idempotent-Replayed"), "the first 422 is not a replay")
+			require.Equal(t, key, first.Header.Get("Idempotency-Key"), "422 must echo the key")
+			require.Empty(t, first.Header.Get("Idempotent-Replayed"), "the first 422 is not a replay")
 
 			again := b.postOrder(t, key, xyz)
 			requireReplayOf(t, first, again, "currency XYZ again")

@@ -62,9 +62,9 @@ func TestListOrdersPages(t *testing.T) {
 					q.Set("cursor", cursor)
 				}
 				r := b.get(t, "/orders?"+q.Encode())
-				require.Equal(t, http.StatusOK, r.status, "page %d: %s", page, r)
+				require.Equal(t, http.StatusOK, r.Status, "page %d: %s", page, r)
 				var p api.OrderPage
-				require.NoError(t, json.Unmarshal(r.body, &p), "page %d", page)
+				require.NoError(t, json.Unmarshal(r.Body, &p), "page %d", page)
 				require.LessOrEqual(t, len(p.Items), 2, "page %d exceeds the limit", page)
 				for _, o := range p.Items {
 					got = append(got, o.Id)

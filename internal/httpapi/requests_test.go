@@ -2,7 +2,6 @@ package httpapi_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -11,56 +10,25 @@ import (
 
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/servicetest"
 )
 
-// reply is a whole response, read at once so that bodies can be compared
-// byte for byte and so that goroutines can hand it back over a channel.
-type reply struct {
-	status int
-	header http.Header
-	body   []byte
-}
+// reply is a whole response (see servicetest.Reply).
+type reply = servicetest.Reply
 
-func (r reply) String() string {
-	return fmt.Sprintf("%d %s", r.status, r.body)
-}
-
-// newRequest builds a request to the bundle's server with its API key and,
-// when there is a body, Content-Type application/json. The header pairs are
-// added afterwards (Add, so a pair can duplicate a header); a pair with an
-// empty value deletes the header instead, e.g. "Authorization", "".
+// newRequest builds a request to the bundle's server with its API key (see
+// servicetest.NewRequest for the header pairs).
 func (b *testBundle) newRequest(t *testing.T, method, path string, body io.Reader, header ...string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequest(method, b.server.URL+path, body)
-	require.NoError(t, err, "build %s %s", method, path)
-	req.Header.Set("Authorization", "Bearer "+b.apiKey)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		if header[i+1] == "" {
-			req.Header.Del(header[i])
-			continue
-		}
-		req.Header.Add(header[i], header[i+1])
-	}
+	req, err := servicetest.NewRequest(method, b.server.URL+path, b.apiKey, body, header...)
+	require.NoError(t, err)
 	return req
 }
 
 // exchange sends req through the validating client and reads the whole
-// response. It returns errors instead of failing the test, so that
-// goroutines can use it.
+// reply; it returns errors instead of failing, so goroutines can use it.
 func (b *testBundle) exchange(req *http.Request) (reply, error) {
-	resp, err := b.http.Do(req)
-	if err != nil {
-		return reply{}, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return reply{}, fmt.Errorf("%s %s: read body: %w", req.Method, req.URL.Path, err)
-	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+	return servicetest.Exchange(b.http, req)
 }
 
 // do is exchange for the test's own goroutine.
@@ -76,7 +44,7 @@ func (b *testBundle) do(t *testing.T, req *http.Request) reply {
 func (b *testBundle) postOrder(t *testing.T, key, body string, header ...string) reply {
 	t.Helper()
 	resp := b.post(t, "/orders", key, body, header...)
-	return reply{status: resp.StatusCode, header: resp.Header, body: readAll(t, resp.Body)}
+	return reply{Status: resp.StatusCode, Header: resp.Header, Body: readAll(t, resp.Body)}
 }
 
 // get sends GET path with the bundle's API key.
@@ -88,9 +56,9 @@ func (b *testBundle) get(t *testing.T, path string) reply {
 // requireCreated checks that r is a 201 with an order body and returns the order.
 func requireCreated(t *testing.T, r reply, what string) api.Order {
 	t.Helper()
-	require.Equal(t, http.StatusCreated, r.status, "%s: want 201, got %s", what, r)
+	require.Equal(t, http.StatusCreated, r.Status, "%s: want 201, got %s", what, r)
 	var o api.Order
-	require.NoError(t, json.Unmarshal(r.body, &o), "%s: decode order %s", what, r.body)
+	require.NoError(t, json.Unmarshal(r.Body, &o), "%s: decode order %s", what, r.Body)
 	require.NotEmpty(t, o.Id, "%s: order without id", what)
 	return o
 }
@@ -99,7 +67,7 @@ func requireCreated(t *testing.T, r reply, what string) api.Order {
 func requireFresh(t *testing.T, r reply, what string) api.Order {
 	t.Helper()
 	o := requireCreated(t, r, what)
-	require.Empty(t, r.header.Get("Idempotent-Replayed"), "%s: must run the operation, not replay", what)
+	require.Empty(t, r.Header.Get("Idempotent-Replayed"), "%s: must run the operation, not replay", what)
 	return o
 }
 
@@ -107,18 +75,18 @@ func requireFresh(t *testing.T, r reply, what string) api.Order {
 // Idempotent-Replayed: true.
 func requireReplayOf(t *testing.T, first, r reply, what string) {
 	t.Helper()
-	require.Equal(t, first.status, r.status, "%s: status of the replay: %s", what, r)
-	require.Equal(t, "true", r.header.Get("Idempotent-Replayed"), "%s: Idempotent-Replayed", what)
-	require.Equal(t, string(first.body), string(r.body), "%s: a replay must be byte-identical to the first response", what)
+	require.Equal(t, first.Status, r.Status, "%s: status of the replay: %s", what, r)
+	require.Equal(t, "true", r.Header.Get("Idempotent-Replayed"), "%s: Idempotent-Replayed", what)
+	require.Equal(t, string(first.Body), string(r.Body), "%s: a replay must be byte-identical to the first response", what)
 }
 
 // requireProblem checks that r is an RFC 9457 problem of kind and returns it.
 func requireProblem(t *testing.T, r reply, kind problem.Kind, what string) problem.Details {
 	t.Helper()
-	require.Equal(t, kind.Status, r.status, "%s: want %d %s, got %s", what, kind.Status, kind.Slug, r)
-	require.Equal(t, problem.ContentType, r.header.Get("Content-Type"), "%s: Content-Type of %s", what, r)
+	require.Equal(t, kind.Status, r.Status, "%s: want %d %s, got %s", what, kind.Status, kind.Slug, r)
+	require.Equal(t, problem.ContentType, r.Header.Get("Content-Type"), "%s: Content-Type of %s", what, r)
 	var d problem.Details
-	require.NoError(t, json.Unmarshal(r.body, &d), "%s: decode problem %s", what, r.body)
+	require.NoError(t, json.Unmarshal(r.Body, &d), "%s: decode problem %s", what, r.Body)
 	require.Equal(t, kind.Type(), d.Type, "%s: problem type of %s", what, r)
 	require.Equal(t, kind.Status, d.Status, "%s: status in the problem body", what)
 	require.Equal(t, kind.Title, d.Title, "%s: problem title", what)

@@ -38,7 +38,7 @@ func TestIdempotencyKeyValidation(t *testing.T) {
 
 			first := b.postOrder(t, longest, seedBody)
 			requireFresh(t, first, "255-byte printable key")
-			require.Equal(t, longest, first.header.Get("Idempotency-Key"), "the key must be echoed exactly")
+			require.Equal(t, longest, first.Header.Get("Idempotency-Key"), "the key must be echoed exactly")
 			requireReplayOf(t, first, b.postOrder(t, longest, seedBody), "255-byte key again")
 			require.Equal(t, 1, b.orderCount(t))
 		})

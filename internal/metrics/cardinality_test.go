@@ -94,7 +94,7 @@ func TestLabelCardinality(t *testing.T) {
 				secrets = append(secrets, method)
 				r, err := b.exchange(b.request(t, method, "/orders", ""))
 				require.NoError(t, err, "%s /orders", method)
-				require.GreaterOrEqual(t, r.status, 400, "%s /orders is refused: %s", method, r)
+				require.GreaterOrEqual(t, r.Status, 400, "%s /orders is refused: %s", method, r)
 			}
 
 			f := scrape(t, b.url)

@@ -143,7 +143,7 @@ func TestStoreCollectorMemory(t *testing.T) {
 	require.Equal(t, float64(committed), keys(t, f, "completed"), "completed is unchanged while it runs")
 
 	repo.unblock()
-	require.Equal(t, http.StatusCreated, receive(t, held, "the held request").status, "the held request is created")
+	require.Equal(t, http.StatusCreated, receive(t, held, "the held request").Status, "the held request is created")
 	f = freshStoreScrape(t, store)
 	require.Zero(t, keys(t, f, "processing"), "the key is no longer processing")
 	require.Equal(t, float64(committed+1), keys(t, f, "completed"), "the held request's key is completed")

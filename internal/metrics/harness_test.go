@@ -29,6 +29,7 @@ import (
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -112,53 +113,26 @@ func newAccount(t *testing.T, store auth.Store) (uuid.UUID, string) {
 	return creds.AccountID, creds.APIKey
 }
 
-// reply is a whole response, read at once so goroutines can hand it back.
-type reply struct {
-	status int
-	header http.Header
-	body   []byte
-}
+// reply is a whole response (see servicetest.Reply).
+type reply = servicetest.Reply
 
-func (r reply) String() string { return fmt.Sprintf("%d %s", r.status, r.body) }
-
-// request builds a request to the service with the bundle's API key and,
-// when there is a body, Content-Type application/json. Header pairs are
-// set afterwards; a pair with an empty value deletes the header instead.
+// request builds a request to the service with the bundle's API key (see
+// servicetest.NewRequest for the header pairs).
 func (b *testBundle) request(t *testing.T, method, path, body string, header ...string) *http.Request {
 	t.Helper()
 	var r io.Reader
 	if body != "" {
 		r = strings.NewReader(body)
 	}
-	req, err := http.NewRequest(method, b.url+path, r)
-	require.NoError(t, err, "build %s %s", method, path)
-	req.Header.Set("Authorization", "Bearer "+b.apiKey)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		if header[i+1] == "" {
-			req.Header.Del(header[i])
-			continue
-		}
-		req.Header.Set(header[i], header[i+1])
-	}
+	req, err := servicetest.NewRequest(method, b.url+path, b.apiKey, r, header...)
+	require.NoError(t, err)
 	return req
 }
 
-// exchange sends req and reads the whole response; it returns errors
-// instead of failing the test, so goroutines can use it.
+// exchange sends req and reads the whole reply; it returns errors instead
+// of failing the test, so goroutines can use it.
 func (b *testBundle) exchange(req *http.Request) (reply, error) {
-	resp, err := b.client.Do(req)
-	if err != nil {
-		return reply{}, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return reply{}, fmt.Errorf("%s %s: read body: %w", req.Method, req.URL.Path, err)
-	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+	return servicetest.Exchange(b.client, req)
 }
 
 // do sends method path with the bundle's API key and requires the status.
@@ -166,7 +140,7 @@ func (b *testBundle) do(t *testing.T, want int, method, path, body string, heade
 	t.Helper()
 	r, err := b.exchange(b.request(t, method, path, body, header...))
 	require.NoError(t, err)
-	require.Equal(t, want, r.status, "%s %s: unexpected answer %s", method, path, r)
+	require.Equal(t, want, r.Status, "%s %s: unexpected answer %s", method, path, r)
 	return r
 }
 
@@ -177,8 +151,8 @@ func (b *testBundle) createOrder(t *testing.T, key, body string) string {
 	var o struct {
 		ID string `json:"id"`
 	}
-	require.NoError(t, json.Unmarshal(r.body, &o), "decode order %s", r.body)
-	require.NotEmpty(t, o.ID, "order without id: %s", r.body)
+	require.NoError(t, json.Unmarshal(r.Body, &o), "decode order %s", r.Body)
+	require.NotEmpty(t, o.ID, "order without id: %s", r.Body)
 	return o.ID
 }
 
@@ -365,7 +339,7 @@ func (b *testBundle) startHeld(t *testing.T, repo *faultyRepo, key string) <-cha
 	go func() {
 		r, err := b.exchange(req)
 		if err != nil {
-			r = reply{status: -1, body: []byte(err.Error())}
+			r = reply{Status: -1, Body: []byte(err.Error())}
 		}
 		out <- r
 	}()
@@ -382,7 +356,7 @@ func receive(t *testing.T, c <-chan reply, what string) reply {
 	t.Helper()
 	select {
 	case r := <-c:
-		require.NotEqual(t, -1, r.status, "%s: %s", what, r.body)
+		require.NotEqual(t, -1, r.Status, "%s: %s", what, r.Body)
 		return r
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s: no response", what)

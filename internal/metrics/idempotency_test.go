@@ -63,7 +63,7 @@ func TestIdempotencyOutcomeMetrics(t *testing.T) {
 			})
 			step("repeat", map[idempotency.Outcome]float64{idempotency.OutcomeReplayed: 1}, func() {
 				r := b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, key)
-				require.Equal(t, "true", r.header.Get(idempotency.HeaderReplayed), "the repeat is a replay")
+				require.Equal(t, "true", r.Header.Get(idempotency.HeaderReplayed), "the repeat is a replay")
 			})
 			step("same key, other body", map[idempotency.Outcome]float64{idempotency.OutcomeConflict: 1}, func() {
 				b.do(t, http.StatusConflict, http.MethodPost, "/orders", orderBody(1300), idempotency.HeaderKey, key)
@@ -74,12 +74,12 @@ func TestIdempotencyOutcomeMetrics(t *testing.T) {
 			step("duplicate while the first runs", map[idempotency.Outcome]float64{idempotency.OutcomeInFlight: 1}, func() {
 				firstC = b.startHeld(t, repo, heldKey)
 				r := b.do(t, http.StatusAccepted, http.MethodPost, "/orders", orderBody(holdAmount), idempotency.HeaderKey, heldKey)
-				require.NotEmpty(t, r.header.Get("Retry-After"), "202 carries Retry-After")
+				require.NotEmpty(t, r.Header.Get("Retry-After"), "202 carries Retry-After")
 			})
 			step("the held first request finishes", map[idempotency.Outcome]float64{idempotency.OutcomeExecuted: 1}, func() {
 				repo.unblock()
 				r := receive(t, firstC, "the held first request")
-				require.Equal(t, http.StatusCreated, r.status, "the held first request: %s", r)
+				require.Equal(t, http.StatusCreated, r.Status, "the held first request: %s", r)
 			})
 
 			// Rejected by the contract gate before the idempotency layer
