@@ -140,6 +140,7 @@ func TestStoreCollectorMemory(t *testing.T) {
 	held := b.startHeld(t, repo, uuid.NewString())
 	f = freshStoreScrape(t, store)
 	require.Equal(t, 1.0, keys(t, f, "processing"), "the held request's key is processing")
+	require.Positive(t, f.value(t, "oncekey_idempotency_oldest_processing_age_seconds"), "and has an age")
 	require.Equal(t, float64(committed), keys(t, f, "completed"), "completed is unchanged while it runs")
 
 	repo.unblock()

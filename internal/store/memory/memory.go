@@ -49,8 +49,9 @@ type scope struct {
 
 // entry is a key's state: in flight (rec == nil, done open) or completed.
 type entry struct {
-	rec  *idempotency.Record
-	done chan struct{} // closed when the in-flight holder settles
+	rec       *idempotency.Record
+	done      chan struct{} // closed when the in-flight holder settles
+	claimedAt time.Time
 }
 
 // New returns an empty store.
@@ -76,10 +77,10 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		s.keysMu.Lock()
 		e := s.keys[k]
 		if e == nil || (e.rec != nil && !s.now().Before(e.rec.ExpiresAt)) {
-			e = &entry{done: make(chan struct{})}
+			e = &entry{done: make(chan struct{}), claimedAt: s.now()}
 			s.keys[k] = e
 			s.keysMu.Unlock()
-			return &lease{s: s, scope: k, entry: e, fingerprint: req.Fingerprint, ttl: req.TTL, claimedAt: s.now()}, nil, nil
+			return &lease{s: s, scope: k, entry: e, fingerprint: req.Fingerprint, ttl: req.TTL, claimedAt: e.claimedAt}, nil, nil
 		}
 		if e.rec != nil {
 			rec := copyRecord(*e.rec)
@@ -241,6 +242,7 @@ func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
 	for _, e := range s.keys {
 		if e.rec == nil {
 			st.Processing++
+			st.OldestProcessingAge = max(st.OldestProcessingAge, now.Sub(e.claimedAt))
 			continue
 		}
 		st.Completed++
