@@ -14,6 +14,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/google/uuid"
 
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/idempotency"
@@ -59,10 +60,18 @@ func (g *gate) handler(next http.Handler) http.Handler {
 		}
 		ctx := r.Context()
 		if requiresAuth(route) {
-			account, ok := g.authenticate(ctx, r)
-			if !ok {
+			account, err := g.authenticate(ctx, r)
+			if errors.Is(err, auth.ErrUnknownKey) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="oncekey"`)
 				problem.Write(w, problem.Unauthorized, "send an API key as 'Authorization: Bearer <key>'")
+				return
+			}
+			if err != nil {
+				// The key may well be valid: a 401 would make clients give
+				// up on an operation they should retry.
+				g.log.WarnContext(ctx, "api key lookup failed", "err", err)
+				w.Header().Set("Retry-After", "1")
+				problem.Write(w, problem.Unavailable, "the API key could not be checked right now; retry later (with the same Idempotency-Key, if any)")
 				return
 			}
 			ctx = auth.WithAccount(ctx, account)
@@ -120,22 +129,16 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// authenticate resolves the bearer key. Every failure — no header, another
-// scheme, an unknown or revoked key — gets the same answer, so the response
-// tells an attacker nothing about which keys exist.
-func (g *gate) authenticate(ctx context.Context, r *http.Request) (account [16]byte, ok bool) {
+// authenticate resolves the bearer key. Every client-side failure — no
+// header, another scheme, an unknown or revoked key — is auth.ErrUnknownKey
+// and gets the same answer, so the response tells an attacker nothing about
+// which keys exist. Any other error means the lookup itself failed.
+func (g *gate) authenticate(ctx context.Context, r *http.Request) (uuid.UUID, error) {
 	token, ok := auth.BearerToken(r.Header.Get("Authorization"))
 	if !ok {
-		return account, false
+		return uuid.UUID{}, auth.ErrUnknownKey
 	}
-	id, err := g.auth.AccountByKeyHash(ctx, auth.HashKey(token))
-	if err != nil {
-		if !errors.Is(err, auth.ErrUnknownKey) {
-			g.log.WarnContext(ctx, "api key lookup failed", "err", err)
-		}
-		return account, false
-	}
-	return id, true
+	return g.auth.AccountByKeyHash(ctx, auth.HashKey(token))
 }
 
 func declaresKey(route *routers.Route) bool {

@@ -1,11 +1,20 @@
 package httpapi_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
@@ -85,4 +94,35 @@ func TestDocsPage(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, missing.StatusCode, path)
 		require.Equal(t, "application/problem+json", missing.Header.Get("Content-Type"), path)
 	}
+}
+
+// unreachableAuth is a store whose API key lookups fail as they do when
+// the database is down.
+type unreachableAuth struct{ *memory.Store }
+
+func (unreachableAuth) AccountByKeyHash(context.Context, auth.KeyHash) (uuid.UUID, error) {
+	return uuid.UUID{}, fmt.Errorf("%w: connection refused", idempotency.ErrUnavailable)
+}
+
+// TestAuthLookupFailureIs503: a key that cannot be checked is not a bad
+// key; a 401 would make clients give up on an operation they should retry.
+func TestAuthLookupFailureIs503(t *testing.T) {
+	t.Parallel()
+	store := unreachableAuth{memory.New()}
+	handler, err := httpapi.New(httpapi.Config{Orders: orders.NewService(store), Auth: store, Idempotency: store})
+	require.NoError(t, err)
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(seedBody))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer ok_any")
+	req.Header.Set("Idempotency-Key", "auth-down")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := validatingClient(t).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Contains(t, string(readAll(t, resp.Body)), "https://oncekey.dev/problems/unavailable")
 }
