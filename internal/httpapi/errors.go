@@ -33,6 +33,13 @@ type errorResponder struct {
 
 // response handles an error returned by a strict handler.
 func (e errorResponder) response(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		// The client disconnected mid-operation (it timed out, say): the
+		// idempotency layer rolls back, and this is not a server error.
+		e.log.InfoContext(r.Context(), "client went away", "err", err)
+		problem.Write(w, problem.ClientClosedRequest, "the client closed the request")
+		return
+	}
 	for _, m := range errorKinds {
 		if errors.Is(err, m.err) {
 			detail := err.Error()

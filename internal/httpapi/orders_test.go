@@ -6,14 +6,18 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
@@ -125,4 +129,65 @@ func TestAuthLookupFailureIs503(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	require.Equal(t, "1", resp.Header.Get("Retry-After"))
 	require.Contains(t, string(readAll(t, resp.Body)), "https://oncekey.dev/problems/unavailable")
+}
+
+// blockUntilCancelled holds the first CreateOrder until its request is
+// cancelled, as a slow database would; later calls pass through.
+type blockUntilCancelled struct {
+	orders.Repository
+	first atomic.Bool
+}
+
+func (b *blockUntilCancelled) CreateOrder(ctx context.Context, o orders.Order) error {
+	if b.first.CompareAndSwap(false, true) {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return b.Repository.CreateOrder(ctx, o)
+}
+
+// TestClientDisconnectIsNotAServerError: a client that gives up mid-operation
+// leaves nothing stored, so its retry runs the operation, and the server
+// counts the disconnect as a rejected request, not a 5xx.
+func TestClientDisconnectIsNotAServerError(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	b := setup(t, memory.New(), options{
+		cfg:  httpapi.Config{Metrics: m},
+		repo: func(r orders.Repository) orders.Repository { return &blockUntilCancelled{Repository: r} },
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := b.client.CreateOrderWithBodyWithResponse(ctx, &api.CreateOrderParams{IdempotencyKey: "gave-up"}, "application/json", strings.NewReader(seedBody))
+	require.Error(t, err, "the client gave up")
+
+	require.Eventually(t, func() bool {
+		return counter(t, m, "oncekey_idempotency_requests_total", "rejected") == 1
+	}, 5*time.Second, 10*time.Millisecond, "the disconnect is counted as rejected")
+	require.Zero(t, counter(t, m, "oncekey_idempotency_requests_total", "error"), "and not as a server error")
+
+	retry := b.createOrder(t, "gave-up", seedBody)
+	require.Equal(t, http.StatusCreated, retry.StatusCode())
+	require.Empty(t, retry.HTTPResponse.Header.Get("Idempotent-Replayed"), "nothing was stored: the retry runs the operation")
+	require.Equal(t, 1, b.orderCount(t))
+}
+
+// counter reads one outcome's value of a counter vector from m.
+func counter(t *testing.T, m *metrics.Metrics, name, outcome string) float64 {
+	t.Helper()
+	families, err := m.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, metric := range f.GetMetric() {
+			for _, l := range metric.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return metric.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -266,6 +266,14 @@ func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, op strin
 // 503 with Retry-After (retrying with the same key is safe and right);
 // anything else is a 500 whose detail never leaks internals.
 func (m *Middleware) fail(ctx context.Context, w http.ResponseWriter, op string, err error) {
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		// The client went away; nothing ran to completion and nothing is
+		// stored. Not a server error.
+		m.outcome(ctx, op, OutcomeRejected)
+		m.cfg.Logger.InfoContext(ctx, "idempotency: client went away", "err", err)
+		problem.Write(w, problem.ClientClosedRequest, "the client closed the request")
+		return
+	}
 	m.outcome(ctx, op, OutcomeError)
 	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		m.cfg.Logger.WarnContext(ctx, "idempotency: store unavailable", "err", err)
@@ -274,7 +282,7 @@ func (m *Middleware) fail(ctx context.Context, w http.ResponseWriter, op string,
 		return
 	}
 	m.cfg.Logger.ErrorContext(ctx, "idempotency: store failed", "err", err)
-	problem.Write(w, problem.Internal, "the operation could not be completed; nothing was stored, retry with the same Idempotency-Key")
+	problem.Write(w, problem.Internal, "the operation could not be completed; retrying with the same Idempotency-Key is safe (it replays the outcome if it was stored, runs the operation if not)")
 }
 
 // outcome records what the protocol did with the request: in the request's
@@ -303,7 +311,8 @@ func Stored(status int) bool {
 	switch status {
 	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden,
 		http.StatusRequestTimeout, http.StatusRequestEntityTooLarge,
-		http.StatusUnsupportedMediaType, http.StatusTooManyRequests:
+		http.StatusUnsupportedMediaType, http.StatusTooManyRequests,
+		problem.ClientClosedRequest.Status:
 		return false
 	}
 	return status < 500

@@ -43,7 +43,11 @@ var (
 	UnknownCurrency       = Kind{"unknown-currency", http.StatusUnprocessableEntity, "Unknown currency"}
 	InProgress            = Kind{"request-in-progress", http.StatusAccepted, "A request with this Idempotency-Key is still in progress"}
 	Internal              = Kind{"internal-error", http.StatusInternalServerError, "Internal server error"}
-	Unavailable           = Kind{"unavailable", http.StatusServiceUnavailable, "Service temporarily unavailable"}
+	// ClientClosedRequest is written when the client went away before the
+	// answer was ready (nginx's 499). Nobody reads it; the status keeps a
+	// client's disconnect out of the server-error figures.
+	ClientClosedRequest = Kind{"client-closed-request", 499, "Client closed request"}
+	Unavailable         = Kind{"unavailable", http.StatusServiceUnavailable, "Service temporarily unavailable"}
 )
 
 // Kinds lists every kind, for documentation checks.
@@ -51,6 +55,7 @@ var Kinds = []Kind{
 	Validation, MalformedJSON, MissingIdempotencyKey, InvalidIdempotencyKey,
 	Unauthorized, NotFound, MethodNotAllowed, KeyMismatch, PayloadTooLarge,
 	UnsupportedMediaType, UnknownCurrency, InProgress, Internal, Unavailable,
+	ClientClosedRequest,
 }
 
 // Type returns the kind's full type URI.
