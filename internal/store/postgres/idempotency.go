@@ -32,27 +32,35 @@ const claimAttempts = 5
 // commits, the waiter reads the completed record; if it rolls back (or its
 // process dies and PostgreSQL aborts the transaction), the waiter's INSERT
 // succeeds and it runs the operation itself. No key is ever left stuck.
+//
+// The whole claim, however many holders it waits behind, is bounded by
+// req.Wait: statement_timeout bounds each attempt's statement as a whole
+// (lock_timeout alone bounds each lock wait, and one INSERT can wait on
+// several holders in turn), and each retry gets only the time left.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
-	waitMs := req.Wait.Milliseconds()
-	if waitMs < 1 {
-		waitMs = 1
-	}
+	deadline := time.Now().Add(req.Wait)
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{
 		// One round trip: pgx sends a BeginQuery without arguments over the
-		// simple protocol, which allows the second statement.
-		BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d", waitMs),
+		// simple protocol, which allows the further statements.
+		BeginQuery: "BEGIN; " + waitBudget(req.Wait),
 	})
 	if err != nil {
 		return nil, nil, translate(fmt.Errorf("begin: %w", err))
 	}
-	lease, rec, err := s.claimIn(ctx, tx, req)
+	lease, rec, err := s.claimIn(ctx, tx, req, deadline)
 	if lease == nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 	}
 	return lease, rec, err
 }
 
-func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+// waitBudget sets both timeouts of a claim statement to d (at least 1ms).
+func waitBudget(d time.Duration) string {
+	ms := max(d.Milliseconds(), 1)
+	return fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms)
+}
+
+func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimRequest, deadline time.Time) (idempotency.Lease, *idempotency.Record, error) {
 	q := db.New(tx)
 	params := db.IdempotencyKeyClaimParams{
 		AccountID:      req.Account,
@@ -62,10 +70,19 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 		RequestRoute:   req.Route,
 		TtlSeconds:     req.TTL.Seconds(),
 	}
-	for range claimAttempts {
+	for attempt := range claimAttempts {
+		if attempt > 0 {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return nil, nil, idempotency.ErrInFlight
+			}
+			if _, err := tx.Exec(ctx, waitBudget(left)); err != nil {
+				return nil, nil, claimError(ctx, "set wait budget", err)
+			}
+		}
 		rows, err := q.IdempotencyKeyClaim(ctx, params)
 		if err != nil {
-			return nil, nil, claimError("claim", err)
+			return nil, nil, claimError(ctx, "claim", err)
 		}
 		if len(rows) == 0 {
 			// The INSERT waited for a concurrent holder that then committed;
@@ -75,10 +92,11 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 		row := rows[0]
 		switch {
 		case row.Claimed:
-			// The wait budget was for the claim; the operation's own lock
-			// waits (row locks in a ledger, say) must not inherit it.
-			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT"); err != nil {
-				return nil, nil, translate(fmt.Errorf("reset lock_timeout: %w", err))
+			// The wait budget was for the claim; the operation's own
+			// statements and lock waits (row locks in a ledger, say) must
+			// not inherit it.
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
+				return nil, nil, translate(fmt.Errorf("reset claim timeouts: %w", err))
 			}
 			return &lease{tx: tx, account: req.Account, key: req.Key}, nil, nil
 		case row.Expired:
@@ -86,10 +104,13 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, db.IdempotencyKeyDeleteIfExpiredParams{
 				AccountID: req.Account, IdempotencyKey: req.Key,
 			}); err != nil {
-				return nil, nil, claimError("free expired key", err)
+				return nil, nil, claimError(ctx, "free expired key", err)
 			}
 			continue
 		case row.Status != "completed":
+			// Unreachable for synchronous operations, whose rows are never
+			// committed as processing; kept for multi-step operations that
+			// will hold a key processing across transactions.
 			return nil, nil, idempotency.ErrInFlight
 		default:
 			rec, err := recordFromRow(row)
@@ -100,11 +121,12 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 }
 
 // claimError translates a failure of a claim statement. lock_timeout
-// expiring (55P03) means another session held the key for the whole wait
-// budget, whether the INSERT or the DELETE of an expired row was waiting.
-func claimError(step string, err error) error {
+// (55P03) or statement_timeout (57014, when ctx itself has not ended)
+// expiring means another session held the key for the whole wait budget,
+// whether the INSERT or the DELETE of an expired row was waiting.
+func claimError(ctx context.Context, step string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || (pgErr.Code == "57014" && ctx.Err() == nil)) {
 		return idempotency.ErrInFlight
 	}
 	return translate(fmt.Errorf("%s: %w", step, err))

@@ -36,10 +36,11 @@ import (
 
 // Observer receives what the fast path did, for metrics.
 type Observer interface {
-	// Redis reports one lookup: "hit", "miss" or "error".
+	// Redis reports a look-up: "hit", "miss" or "error". A request that
+	// waits on another's marker reports one result for its whole wait.
 	Redis(result string)
-	// Fallback reports a request that Redis could not serve because Redis
-	// failed and that went to the durable store instead.
+	// Fallback reports a request that went to the durable store because
+	// Redis failed somewhere on its way; once per request.
 	Fallback()
 }
 
@@ -97,6 +98,9 @@ func NewClient(url string) (*redis.Client, error) {
 	opts.ReadTimeout = 100 * time.Millisecond
 	opts.WriteTimeout = 100 * time.Millisecond
 	opts.MaxRetries = -1 // no retries: the database is the retry
+	// Waiting for a pooled connection counts too (go-redis' default is
+	// ReadTimeout + 1s).
+	opts.PoolTimeout = 200 * time.Millisecond
 	return redis.NewClient(opts), nil
 }
 
@@ -106,120 +110,150 @@ type silent struct{}
 
 func (silent) Printf(context.Context, string, ...any) {}
 
-// names returns the Redis keys of one idempotency key: the cached record
+// KeyNames returns the Redis keys of one idempotency key: the cached record
 // and the in-flight marker. The client's key is hashed, so any printable
-// key makes a short, safe Redis key.
-func names(account uuid.UUID, key string) (record, marker string) {
+// key makes a short, safe Redis key; the account is the hash tag.
+func KeyNames(account uuid.UUID, key string) (record, marker string) {
 	sum := sha256.Sum256([]byte(key))
 	base := "oncekey:{" + account.String() + "}:" + hex.EncodeToString(sum[:16])
 	return base + ":rec", base + ":inflight"
 }
 
 // Claim implements idempotency.Store.
+//
+// The whole claim stays within req.Wait: time spent waiting on Redis is
+// taken off what the durable store may wait. Whatever Redis says or fails
+// to say, only the durable store hands out a lease, so Redis can make an
+// answer slower or a 202 more likely, never an operation run twice.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
-	recKey, markerKey := names(req.Account, req.Key)
-	if rec, ok := s.cached(ctx, recKey); ok {
+	start := time.Now()
+	recKey, markerKey := KeyNames(req.Account, req.Key)
+	rec, res := s.cached(ctx, recKey)
+	s.cfg.Observer.Redis(res)
+	if rec != nil {
 		return nil, rec, nil
 	}
+	redisFailed := res == resultError
 
-	claimedAt := time.Now()
 	token := newToken()
 	held, err := s.rdb.SetNX(ctx, markerKey, token, s.cfg.Marker).Result()
+	// After a failed SET NX the marker may still have been set (the answer
+	// was lost): release it by token at the end, which is harmless if not.
+	ours := held || err != nil
 	switch {
 	case err != nil:
-		s.cfg.Observer.Redis("error")
-		s.cfg.Observer.Fallback()
-		held = false // go to the database without a marker
+		s.cfg.Observer.Redis(resultError)
+		redisFailed = true
 	case !held:
 		// Another request (on any replica) is running this key: wait for
 		// its outcome on Redis, holding no database connection.
-		if rec, done, err := s.await(ctx, recKey, markerKey, req.Wait); done {
-			return nil, rec, err
+		rec, failed := s.await(ctx, recKey, markerKey, req.Wait)
+		redisFailed = redisFailed || failed
+		if rec != nil {
+			return nil, rec, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
 		}
 	default:
 		// The previous holder may have committed (cached, then released
 		// its marker) between our look-up and our SET NX.
-		if rec, ok := s.cached(ctx, recKey); ok {
+		if rec, res := s.cached(ctx, recKey); rec != nil {
 			s.release(ctx, markerKey, token)
 			return nil, rec, nil
+		} else if res == resultError {
+			redisFailed = true
 		}
 	}
+	if redisFailed {
+		s.cfg.Observer.Fallback()
+	}
 
-	lease, rec, err := s.next.Claim(ctx, req)
+	// The durable store decides, within what is left of the wait (at least
+	// a moment, so that a stale marker — its holder gone, its release lost —
+	// is answered from the database rather than with a 202).
+	claimReq := req
+	claimReq.Wait = max(req.Wait-time.Since(start), time.Millisecond)
+	lease, rec, err := s.next.Claim(ctx, claimReq)
 	switch {
 	case lease != nil:
-		return &cachedLease{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, held: held,
-			fingerprint: req.Fingerprint, createdAt: claimedAt, expiresAt: claimedAt.Add(req.TTL)}, nil, nil
+		return &cachedLease{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
+			fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil
 	case rec != nil:
 		s.store(ctx, recKey, rec) // read-through
 	}
-	if held {
+	if ours {
 		s.release(ctx, markerKey, token)
 	}
 	return nil, rec, err
 }
 
-// await polls for the in-flight request's record until wait runs out. It
-// reports done=false when the caller should go to the database after all:
-// the marker vanished without a record (the holder failed or Redis lost it),
-// or Redis failed.
-func (s *Store) await(ctx context.Context, recKey, markerKey string, wait time.Duration) (*idempotency.Record, bool, error) {
+// await polls Redis for the in-flight request's record until wait runs out
+// or the holder's marker goes away. A nil record means: ask the durable
+// store (the holder rolled back, Redis lost the marker, the wait ran out,
+// or Redis failed, which failed reports).
+func (s *Store) await(ctx context.Context, recKey, markerKey string, wait time.Duration) (rec *idempotency.Record, failed bool) {
 	deadline := time.Now().Add(wait)
 	ticker := time.NewTicker(s.cfg.Poll)
 	defer ticker.Stop()
-	for {
+	for time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
-			return nil, true, ctx.Err()
+			return nil, false
 		case <-ticker.C:
 		}
-		if rec, ok := s.cached(ctx, recKey); ok {
-			return rec, true, nil
+		rec, res := s.cached(ctx, recKey)
+		if rec != nil {
+			s.cfg.Observer.Redis(resultHit)
+			return rec, false
+		}
+		if res == resultError {
+			s.cfg.Observer.Redis(resultError)
+			return nil, true
 		}
 		n, err := s.rdb.Exists(ctx, markerKey).Result()
 		if err != nil {
-			s.cfg.Observer.Redis("error")
-			s.cfg.Observer.Fallback()
-			return nil, false, nil
+			s.cfg.Observer.Redis(resultError)
+			return nil, true
 		}
 		if n == 0 {
 			// The holder caches its outcome before it releases the marker,
-			// so look once more; if there is still nothing it rolled back
-			// (or Redis lost the marker): let the database decide.
-			if rec, ok := s.cached(ctx, recKey); ok {
-				return rec, true, nil
+			// so look once more before going to the database.
+			if rec, _ := s.cached(ctx, recKey); rec != nil {
+				s.cfg.Observer.Redis(resultHit)
+				return rec, false
 			}
-			return nil, false, nil
-		}
-		if time.Now().After(deadline) {
-			return nil, true, idempotency.ErrInFlight
+			return nil, false
 		}
 	}
+	return nil, false
 }
 
-// cached returns the record cached under recKey, if any and not expired.
-func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record, bool) {
+// Results of a Redis look-up, as reported to the Observer.
+const (
+	resultHit   = "hit"
+	resultMiss  = "miss"
+	resultError = "error"
+)
+
+// cached returns the record cached under recKey, if any and not expired,
+// and the look-up's result. It reports nothing itself: polling callers
+// count one result per wait, not one per poll.
+func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record, string) {
 	raw, err := s.rdb.Get(ctx, recKey).Bytes()
 	switch {
 	case errors.Is(err, redis.Nil):
-		s.cfg.Observer.Redis("miss")
-		return nil, false
+		return nil, resultMiss
 	case err != nil:
-		s.cfg.Observer.Redis("error")
-		s.cfg.Observer.Fallback()
-		return nil, false
+		return nil, resultError
 	}
 	var c cachedRecord
 	if err := json.Unmarshal(raw, &c); err != nil || len(c.Fingerprint) != len(idempotency.Fingerprint{}) {
-		s.cfg.Observer.Redis("error")
-		s.cfg.Observer.Fallback()
-		return nil, false
+		return nil, resultError
 	}
 	if !time.Now().Before(c.ExpiresAt) {
-		s.cfg.Observer.Redis("miss") // expired: absent, as in the database
-		return nil, false
+		return nil, resultMiss // expired: absent, as in the database
 	}
-	s.cfg.Observer.Redis("hit")
 	rec := &idempotency.Record{
 		Response:  idempotency.Response{Status: c.Status, Header: c.Header, Body: c.Body},
 		CreatedAt: c.CreatedAt,
@@ -229,7 +263,7 @@ func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record,
 	if rec.Response.Header == nil {
 		rec.Response.Header = http.Header{}
 	}
-	return rec, true
+	return rec, resultHit
 }
 
 // store caches rec until it expires. Failures only cost speed.
@@ -245,8 +279,8 @@ func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Recor
 	if err != nil {
 		return
 	}
-	if err := s.rdb.Set(ctx, recKey, raw, ttl).Err(); err != nil {
-		s.cfg.Observer.Redis("error")
+	if err := s.rdb.Set(context.WithoutCancel(ctx), recKey, raw, ttl).Err(); err != nil {
+		s.cfg.Observer.Redis(resultError)
 	}
 }
 
@@ -254,9 +288,11 @@ func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Recor
 // lease ran out another request may hold it.
 var releaseScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
 
+// release runs even when the request was cancelled: a marker left behind
+// would make duplicates wait for nothing until its lease ran out.
 func (s *Store) release(ctx context.Context, markerKey, token string) {
-	if err := releaseScript.Run(ctx, s.rdb, []string{markerKey}, token).Err(); err != nil && !errors.Is(err, redis.Nil) {
-		s.cfg.Observer.Redis("error")
+	if err := releaseScript.Run(context.WithoutCancel(ctx), s.rdb, []string{markerKey}, token).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		s.cfg.Observer.Redis(resultError)
 	}
 }
 
@@ -277,7 +313,7 @@ type cachedLease struct {
 	s                 *Store
 	recKey, markerKey string
 	token             string
-	held              bool
+	ours              bool // the marker may be ours: release it by token
 	fingerprint       idempotency.Fingerprint
 	// The durable store counts the TTL from its own claim, which happened
 	// after createdAt: the cached copy expires no later than the durable one.
@@ -304,8 +340,8 @@ func (l *cachedLease) Rollback(ctx context.Context) error {
 }
 
 func (l *cachedLease) done(ctx context.Context) {
-	if l.held {
-		l.held = false
+	if l.ours {
+		l.ours = false
 		l.s.release(ctx, l.markerKey, l.token)
 	}
 }

@@ -175,7 +175,35 @@ func TestRedisDownAtStartFallsBackToPostgres(t *testing.T) {
 	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replay comes from PostgreSQL")
 	require.EqualValues(t, 2, inner.claims.Load())
 	require.Positive(t, obs.errs.Load())
-	require.Positive(t, obs.fallbacks.Load())
+	require.EqualValues(t, 2, obs.fallbacks.Load(), "one fallback per request")
+}
+
+// TestStaleMarkerDefersToPostgres: a marker whose holder is gone (its
+// release was lost) must not turn answers PostgreSQL has into 202s.
+func TestStaleMarkerDefersToPostgres(t *testing.T) {
+	t.Parallel()
+	rdb := sharedRedis(t)
+	store := postgres.New(testdb.Pool(t))
+	account := uuid.New()
+	ctx := context.Background()
+
+	// The operation completed through the durable store alone...
+	lease, _, err := store.Claim(ctx, claimReq(account, "k"))
+	require.NoError(t, err)
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+	// ...and a marker of some departed holder lingers in Redis.
+	_, marker := rediscache.KeyNames(account, "k")
+	require.NoError(t, rdb.Set(ctx, marker, "someone-else", time.Minute).Err())
+	t.Cleanup(func() { rdb.Del(context.Background(), marker) })
+
+	fast := rediscache.New(store, rdb, rediscache.Config{})
+	req := claimReq(account, "k")
+	req.Wait = 300 * time.Millisecond
+	start := time.Now()
+	_, rec, err := fast.Claim(ctx, req)
+	require.NoError(t, err, "a stale marker must not make the answer a 202")
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
+	require.Less(t, time.Since(start), req.Wait+500*time.Millisecond, "within the wait budget")
 }
 
 func TestFlushedRedisKeepsAnsweringCorrectly(t *testing.T) {

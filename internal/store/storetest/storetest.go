@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -65,6 +66,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"KeysAreScopedPerAccount", testKeysScopedPerAccount},
 		{"RollbackFreesKeyAndDiscardsWrites", testRollback},
 		{"ConcurrentClaimWaitsForHolder", testConcurrentClaimWaits},
+		{"WaitIsBoundedAcrossHolders", testWaitBoundedAcrossHolders},
 		{"LeaseWritesNotBoundByClaimWait", testLeaseWritesNotBoundByClaimWait},
 		{"ExpiredKeyIsAbsent", testExpiredKeyIsAbsent},
 		{"PurgeExpired", testPurgeExpired},
@@ -299,6 +301,56 @@ func testConcurrentClaimWaits(t *testing.T, setup setupFunc) {
 // Wait bounds the claim only: once a lease is granted, its domain writes may
 // wait on other units of work for as long as they take (in PostgreSQL, the
 // claim's lock_timeout must not outlive the claim).
+// The wait budget bounds a claim as a whole: a waiter that waits behind one
+// holder, then behind the next one (who took over when the first rolled
+// back), still returns within about Wait, not Wait per holder.
+func testWaitBoundedAcrossHolders(t *testing.T, setup setupFunc) {
+	store, bundle := setup(t)
+	const wait = 800 * time.Millisecond
+	req := claimRequest(bundle.account, newKey(), fingerprint("POST /orders chain"))
+	req.Wait = wait
+
+	first, _, err := store.Claim(bundle.ctx, req)
+	require.NoError(t, err)
+	require.NotNil(t, first)
+
+	// Two waiters: one takes the key over when the first holder rolls back
+	// and keeps it; the other must give up at the budget's end.
+	type result struct {
+		lease   idempotency.Lease
+		err     error
+		elapsed time.Duration
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			start := time.Now()
+			lease, _, err := store.Claim(bundle.ctx, req)
+			results <- result{lease, err, time.Since(start)}
+		}()
+	}
+	time.Sleep(wait * 3 / 4)
+	require.NoError(t, first.Rollback(bundle.ctx))
+
+	var takeover, gaveUp *result
+	for range 2 {
+		r := <-results
+		switch {
+		case r.lease != nil:
+			takeover = &r
+		case errors.Is(r.err, idempotency.ErrInFlight):
+			gaveUp = &r
+		default:
+			t.Fatalf("unexpected claim result: %+v", r)
+		}
+	}
+	require.NotNil(t, takeover, "one waiter takes the freed key over")
+	require.NotNil(t, gaveUp, "the other waits behind the new holder and gives up")
+	// Per-holder budgets would make this wait*3/4 + wait.
+	require.Less(t, gaveUp.elapsed, wait+300*time.Millisecond, "the wait budget is for the whole claim, not per holder")
+	require.NoError(t, takeover.lease.Rollback(bundle.ctx))
+}
+
 func testLeaseWritesNotBoundByClaimWait(t *testing.T, setup setupFunc) {
 	store, bundle := setup(t)
 	ctx := bundle.ctx
