@@ -59,7 +59,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if err != nil {
 		return config{}, err
 	}
+	if batch > 100_000 {
+		return config{}, fmt.Errorf("ONCEKEY_CLEANUP_BATCH=%d: at most 100000 rows per statement, to keep each delete short", batch)
+	}
 	c.CleanupBatch = int(batch)
+	if c.Wait >= c.RequestTimeout {
+		return config{}, fmt.Errorf("IDEMPOTENCY_WAIT=%s must be shorter than ONCEKEY_REQUEST_TIMEOUT=%s: a waiting duplicate would time out with 503 instead of getting 202", c.Wait, c.RequestTimeout)
+	}
 	return c, nil
 }
 

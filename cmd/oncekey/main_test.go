@@ -99,6 +99,8 @@ func TestCommandErrors(t *testing.T) {
 		{"bad ttl", map[string]string{"IDEMPOTENCY_TTL": "two days"}, []string{"serve"}, "IDEMPOTENCY_TTL"},
 		{"negative wait", map[string]string{"IDEMPOTENCY_WAIT": "-1s"}, []string{"serve"}, "IDEMPOTENCY_WAIT"},
 		{"bad body limit", map[string]string{"ONCEKEY_MAX_BODY_BYTES": "lots"}, []string{"serve"}, "ONCEKEY_MAX_BODY_BYTES"},
+		{"huge cleanup batch", map[string]string{"ONCEKEY_CLEANUP_BATCH": "5000000000"}, []string{"serve"}, "ONCEKEY_CLEANUP_BATCH"},
+		{"wait not below the request timeout", map[string]string{"IDEMPOTENCY_WAIT": "10s"}, []string{"serve"}, "must be shorter"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -23,8 +23,9 @@ import (
 
 // gate checks every request against openapi.yaml before any handler runs,
 // in the order a client would want to hear about problems: body size (413),
-// authentication (401), then the contract (415 for the media type, 400 for
-// everything else). A request the gate rejects never reaches the
+// authentication (401, or 503 when the key cannot be checked), the
+// Idempotency-Key header (400), then the contract (415 for the media type,
+// 400 for everything else). A request the gate rejects never reaches the
 // idempotency layer, so it consumes no key.
 type gate struct {
 	router  routers.Router

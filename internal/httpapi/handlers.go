@@ -17,7 +17,7 @@ import (
 
 // handlers implements the generated strict server. Each method takes the
 // caller from the context, calls the domain and maps the result; errors go
-// to errorResponse, the one place that turns them into problems.
+// to errorResponder.response, the one place that turns them into problems.
 type handlers struct {
 	orders *orders.Service
 	ready  func(context.Context) error

@@ -91,6 +91,11 @@ func TestDocsPage(t *testing.T) {
 	require.Equal(t, http.StatusOK, bundle.StatusCode)
 	require.Greater(t, len(readAll(t, bundle.Body)), 100_000, "the vendored Redoc bundle is served")
 
+	post, err := http.Post(b.server.URL+"/docs/assets/redoc.standalone.js", "text/plain", strings.NewReader("x"))
+	require.NoError(t, err)
+	post.Body.Close()
+	require.Equal(t, http.StatusMethodNotAllowed, post.StatusCode, "static files only answer GET and HEAD")
+
 	for _, path := range []string{"/docs/assets/missing.js", "/docs/assets/"} {
 		missing, err := b.http.Get(b.server.URL + path)
 		require.NoError(t, err)

@@ -109,7 +109,9 @@ func New(cfg Config) (http.Handler, error) {
 	})
 	// The docs page's static files are not API operations and stay out of
 	// the contract.
-	r.Handle("/docs/assets/*", docspage.Assets(notFound))
+	assets := docspage.Assets(notFound)
+	r.Get("/docs/assets/*", assets.ServeHTTP)
+	r.Head("/docs/assets/*", assets.ServeHTTP)
 	// Operational, not part of the API contract: scrape it from inside the
 	// network (docs/operations.md).
 	r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())

@@ -2,8 +2,8 @@ package idempotency
 
 import "context"
 
-// Outcome is what the protocol did with one request. Logs (and the metrics
-// to come) report it; it has a small fixed set of values so it can be a label.
+// Outcome is what the protocol did with one request. Logs, metrics and
+// traces report it; it has a small fixed set of values so it can be a label.
 type Outcome string
 
 // The outcomes.
