@@ -34,7 +34,9 @@ func TestOperationsEndpoints(t *testing.T) {
 			require.Equal(t, string(oncekey.OpenAPISpec), string(spec.Body), "GET /openapi.yaml must serve the embedded contract")
 
 			requireProblem(t, b.get(t, "/nope"), problem.NotFound, "GET /nope")
-			requireProblem(t, b.do(t, b.newRequest(t, http.MethodDelete, "/orders", nil)), problem.MethodNotAllowed, "DELETE /orders")
+			del := b.do(t, b.newRequest(t, http.MethodDelete, "/orders", nil))
+			requireProblem(t, del, problem.MethodNotAllowed, "DELETE /orders")
+			require.Equal(t, []string{"GET", "POST"}, del.Header.Values("Allow"), "a 405 lists the allowed methods")
 		})
 	}
 }

@@ -95,6 +95,7 @@ func TestDocsPage(t *testing.T) {
 	require.NoError(t, err)
 	post.Body.Close()
 	require.Equal(t, http.StatusMethodNotAllowed, post.StatusCode, "static files only answer GET and HEAD")
+	require.Equal(t, []string{"GET", "HEAD"}, post.Header.Values("Allow"), "a 405 says what is allowed")
 
 	for _, path := range []string{"/docs/assets/missing.js", "/docs/assets/"} {
 		missing, err := b.http.Get(b.server.URL + path)

@@ -104,8 +104,14 @@ func New(cfg Config) (http.Handler, error) {
 		problem.Write(w, problem.NotFound, "no such endpoint: "+r.URL.Path)
 	}
 	r.NotFound(notFound)
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		problem.Write(w, problem.MethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path)
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		// RFC 9110 §15.5.6: a 405 lists the methods the resource has.
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
+				w.Header().Add("Allow", m)
+			}
+		}
+		problem.Write(w, problem.MethodNotAllowed, req.Method+" is not allowed on "+req.URL.Path)
 	})
 	// The docs page's static files are not API operations and stay out of
 	// the contract.
