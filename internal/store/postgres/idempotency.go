@@ -34,9 +34,10 @@ const claimAttempts = 5
 // succeeds and it runs the operation itself. No key is ever left stuck.
 //
 // The whole claim, however many holders it waits behind, is bounded by
-// req.Wait: statement_timeout bounds each attempt's statement as a whole
-// (lock_timeout alone bounds each lock wait, and one INSERT can wait on
-// several holders in turn), and each retry gets only the time left.
+// req.Wait (plus statementSlack): statement_timeout bounds each attempt's
+// statement as a whole (lock_timeout alone bounds each lock wait, and one
+// INSERT can wait on several holders in turn), and each retry gets only the
+// time left.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
 	deadline := time.Now().Add(req.Wait)
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{
@@ -54,10 +55,16 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	return lease, rec, err
 }
 
-// waitBudget sets both timeouts of a claim statement to d (at least 1ms).
+// statementSlack is what a claim statement may take beyond its lock
+// waits: on a loaded server a statement that blocks on nothing can still
+// take some milliseconds, and must not be mistaken for an in-flight key.
+const statementSlack = 200 * time.Millisecond
+
+// waitBudget bounds a claim statement: each lock wait by d, the statement
+// as a whole (which may wait on several holders in turn) by d plus slack.
 func waitBudget(d time.Duration) string {
 	ms := max(d.Milliseconds(), 1)
-	return fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms)
+	return fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms+statementSlack.Milliseconds())
 }
 
 func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimRequest, deadline time.Time) (idempotency.Lease, *idempotency.Record, error) {

@@ -169,11 +169,12 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		s.cfg.Observer.Fallback()
 	}
 
-	// The durable store decides, within what is left of the wait (at least
-	// a moment, so that a stale marker — its holder gone, its release lost —
-	// is answered from the database rather than with a 202).
+	// The durable store decides, within what is left of the wait, but with
+	// at least dbFloor: a stale marker (its holder gone, its release lost)
+	// must be answered from the database, not with a 202, and a claim
+	// statement needs a few milliseconds even when nothing blocks it.
 	claimReq := req
-	claimReq.Wait = max(req.Wait-time.Since(start), time.Millisecond)
+	claimReq.Wait = max(req.Wait-time.Since(start), dbFloor)
 	lease, rec, err := s.next.Claim(ctx, claimReq)
 	switch {
 	case lease != nil:
@@ -228,6 +229,10 @@ func (s *Store) await(ctx context.Context, recKey, markerKey string, wait time.D
 	}
 	return nil, false
 }
+
+// dbFloor is the least time the durable store gets to answer a claim
+// after waiting on Redis, so a whole claim takes at most Wait + dbFloor.
+const dbFloor = 100 * time.Millisecond
 
 // Results of a Redis look-up, as reported to the Observer.
 const (

@@ -346,8 +346,9 @@ func testWaitBoundedAcrossHolders(t *testing.T, setup setupFunc) {
 	}
 	require.NotNil(t, takeover, "one waiter takes the freed key over")
 	require.NotNil(t, gaveUp, "the other waits behind the new holder and gives up")
-	// Per-holder budgets would make this wait*3/4 + wait.
-	require.Less(t, gaveUp.elapsed, wait+300*time.Millisecond, "the wait budget is for the whole claim, not per holder")
+	// Per-holder budgets would make this wait*3/4 + wait; stores may take
+	// a little slack for the claim statement itself.
+	require.Less(t, gaveUp.elapsed, wait+450*time.Millisecond, "the wait budget is for the whole claim, not per holder")
 	require.NoError(t, takeover.lease.Rollback(bundle.ctx))
 }
 
