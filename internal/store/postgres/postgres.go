@@ -39,6 +39,12 @@ func WithTracing() Option {
 	return func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = otelpgx.NewTracer() }
 }
 
+// WithQueryTracer installs tracer on every connection (tests count round
+// trips with it).
+func WithQueryTracer(tracer pgx.QueryTracer) Option {
+	return func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = tracer }
+}
+
 // Open connects a pool to url (a PostgreSQL URL or DSN; pgxpool settings
 // such as pool_max_conns may be given in it) and checks that it answers.
 func Open(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error) {
