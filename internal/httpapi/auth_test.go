@@ -13,63 +13,57 @@ import (
 
 func TestUnauthenticatedRequestsAreIndistinguishable(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{})
-			unknown, err := auth.NewKey()
-			require.NoError(t, err)
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{})
+		unknown, err := auth.NewKey()
+		require.NoError(t, err)
 
-			cases := []struct {
-				name, method, path, authorization string
-			}{
-				{"no header", http.MethodPost, "/orders", ""},
-				{"Basic scheme", http.MethodPost, "/orders", "Basic abc"},
-				{"unknown well-formed key", http.MethodPost, "/orders", "Bearer " + unknown},
-				{"Bearer without a key", http.MethodPost, "/orders", "Bearer"},
-				{"unknown key on a read", http.MethodGet, "/orders", "Bearer " + unknown},
+		cases := []struct {
+			name, method, path, authorization string
+		}{
+			{"no header", http.MethodPost, "/orders", ""},
+			{"Basic scheme", http.MethodPost, "/orders", "Basic abc"},
+			{"unknown well-formed key", http.MethodPost, "/orders", "Bearer " + unknown},
+			{"Bearer without a key", http.MethodPost, "/orders", "Bearer"},
+			{"unknown key on a read", http.MethodGet, "/orders", "Bearer " + unknown},
+		}
+		var first reply
+		for i, c := range cases {
+			var body *strings.Reader
+			header := []string{"Authorization", ""}
+			if c.authorization != "" {
+				header = append(header, "Authorization", c.authorization)
 			}
-			var first reply
-			for i, c := range cases {
-				var body *strings.Reader
-				header := []string{"Authorization", ""}
-				if c.authorization != "" {
-					header = append(header, "Authorization", c.authorization)
-				}
-				if c.method == http.MethodPost {
-					body = strings.NewReader(seedBody)
-					header = append(header, "Idempotency-Key", "auth-"+c.name)
-				}
-				var req *http.Request
-				if body != nil {
-					req = b.newRequest(t, c.method, c.path, body, header...)
-				} else {
-					req = b.newRequest(t, c.method, c.path, nil, header...)
-				}
-				r := b.do(t, req)
-				requireProblem(t, r, problem.Unauthorized, c.name)
-				require.NotEmpty(t, r.Header.Get("WWW-Authenticate"), "%s: 401 without WWW-Authenticate", c.name)
-				if i == 0 {
-					first = r
-					continue
-				}
-				require.Equal(t, string(first.Body), string(r.Body), "%s: every authentication failure must look the same", c.name)
+			if c.method == http.MethodPost {
+				body = strings.NewReader(seedBody)
+				header = append(header, "Idempotency-Key", "auth-"+c.name)
 			}
-			require.Zero(t, b.orderCount(t))
-		})
-	}
+			var req *http.Request
+			if body != nil {
+				req = b.newRequest(t, c.method, c.path, body, header...)
+			} else {
+				req = b.newRequest(t, c.method, c.path, nil, header...)
+			}
+			r := b.do(t, req)
+			requireProblem(t, r, problem.Unauthorized, c.name)
+			require.NotEmpty(t, r.Header.Get("WWW-Authenticate"), "%s: 401 without WWW-Authenticate", c.name)
+			if i == 0 {
+				first = r
+				continue
+			}
+			require.Equal(t, string(first.Body), string(r.Body), "%s: every authentication failure must look the same", c.name)
+		}
+		require.Zero(t, b.orderCount(t))
+	})
 }
 
 func TestOperationsEndpointsNeedNoAuth(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{})
-			for _, path := range []string{"/healthz", "/readyz", "/openapi.yaml"} {
-				r := b.do(t, b.newRequest(t, http.MethodGet, path, nil, "Authorization", ""))
-				require.Equal(t, http.StatusOK, r.Status, "GET %s without Authorization: %s", path, r)
-			}
-		})
-	}
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{})
+		for _, path := range []string{"/healthz", "/readyz", "/openapi.yaml"} {
+			r := b.do(t, b.newRequest(t, http.MethodGet, path, nil, "Authorization", ""))
+			require.Equal(t, http.StatusOK, r.Status, "GET %s without Authorization: %s", path, r)
+		}
+	})
 }

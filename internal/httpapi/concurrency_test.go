@@ -106,70 +106,66 @@ func receive(t *testing.T, c <-chan reply, what string) reply {
 
 func TestInFlightDuplicate(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		t.Run("gets 202 when the first outlasts the wait", func(t *testing.T) {
 			t.Parallel()
+			repo := newBlockingRepo(false)
+			b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 200 * time.Millisecond}, repo: repo.wrap})
+			const key = "in-flight-202"
 
-			t.Run("gets 202 when the first outlasts the wait", func(t *testing.T) {
-				t.Parallel()
-				repo := newBlockingRepo(false)
-				b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 200 * time.Millisecond}, repo: repo.wrap})
-				const key = "in-flight-202"
+			firstC := startFirst(t, b, repo, key)
+			start := time.Now()
+			dup := b.postOrder(t, key, seedBody)
+			requireProblem(t, dup, problem.InProgress, "duplicate while the first is running")
+			require.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond, "the duplicate must wait before answering 202")
+			retryAfter, err := strconv.Atoi(dup.Header.Get("Retry-After"))
+			require.NoError(t, err, "202 needs an integer Retry-After, got %q", dup.Header.Get("Retry-After"))
+			require.GreaterOrEqual(t, retryAfter, 1, "Retry-After")
+			require.Equal(t, key, dup.Header.Get("Idempotency-Key"), "202 must echo the key")
 
-				firstC := startFirst(t, b, repo, key)
-				start := time.Now()
-				dup := b.postOrder(t, key, seedBody)
-				requireProblem(t, dup, problem.InProgress, "duplicate while the first is running")
-				require.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond, "the duplicate must wait before answering 202")
-				retryAfter, err := strconv.Atoi(dup.Header.Get("Retry-After"))
-				require.NoError(t, err, "202 needs an integer Retry-After, got %q", dup.Header.Get("Retry-After"))
-				require.GreaterOrEqual(t, retryAfter, 1, "Retry-After")
-				require.Equal(t, key, dup.Header.Get("Idempotency-Key"), "202 must echo the key")
+			repo.unblock()
+			first := receive(t, firstC, "first request")
+			requireFresh(t, first, "first request after release")
 
-				repo.unblock()
-				first := receive(t, firstC, "first request")
-				requireFresh(t, first, "first request after release")
-
-				requireReplayOf(t, first, b.postOrder(t, key, seedBody), "third request")
-				require.Equal(t, 1, b.orderCount(t))
-			})
-
-			t.Run("gets the replay when the first finishes within the wait", func(t *testing.T) {
-				t.Parallel()
-				repo := newBlockingRepo(false)
-				b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 5 * time.Second}, repo: repo.wrap})
-				const key = "in-flight-replay"
-
-				firstC := startFirst(t, b, repo, key)
-				dupC := sendAsync(t, b, key)
-				time.Sleep(100 * time.Millisecond) // let the duplicate reach the claim and wait
-				repo.unblock()
-
-				first := receive(t, firstC, "first request")
-				requireFresh(t, first, "first request")
-				requireReplayOf(t, first, receive(t, dupC, "duplicate"), "duplicate that waited")
-				require.Equal(t, int32(1), repo.calls.Load(), "the duplicate must not run the operation")
-				require.Equal(t, 1, b.orderCount(t))
-			})
-
-			t.Run("runs the operation itself when the first fails", func(t *testing.T) {
-				t.Parallel()
-				repo := newBlockingRepo(true)
-				b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 5 * time.Second}, repo: repo.wrap})
-				const key = "in-flight-first-fails"
-
-				firstC := startFirst(t, b, repo, key)
-				dupC := sendAsync(t, b, key)
-				time.Sleep(100 * time.Millisecond)
-				repo.unblock()
-
-				requireProblem(t, receive(t, firstC, "first request"), problem.Internal, "first request fails")
-				requireFresh(t, receive(t, dupC, "duplicate"), "duplicate after the first failed")
-				require.Equal(t, int32(2), repo.calls.Load(), "the duplicate must run the operation")
-				require.Equal(t, 1, b.orderCount(t))
-			})
+			requireReplayOf(t, first, b.postOrder(t, key, seedBody), "third request")
+			require.Equal(t, 1, b.orderCount(t))
 		})
-	}
+
+		t.Run("gets the replay when the first finishes within the wait", func(t *testing.T) {
+			t.Parallel()
+			repo := newBlockingRepo(false)
+			b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 5 * time.Second}, repo: repo.wrap})
+			const key = "in-flight-replay"
+
+			firstC := startFirst(t, b, repo, key)
+			dupC := sendAsync(t, b, key)
+			time.Sleep(100 * time.Millisecond) // let the duplicate reach the claim and wait
+			repo.unblock()
+
+			first := receive(t, firstC, "first request")
+			requireFresh(t, first, "first request")
+			requireReplayOf(t, first, receive(t, dupC, "duplicate"), "duplicate that waited")
+			require.Equal(t, int32(1), repo.calls.Load(), "the duplicate must not run the operation")
+			require.Equal(t, 1, b.orderCount(t))
+		})
+
+		t.Run("runs the operation itself when the first fails", func(t *testing.T) {
+			t.Parallel()
+			repo := newBlockingRepo(true)
+			b := setup(t, be.open(t), options{cfg: httpapi.Config{Wait: 5 * time.Second}, repo: repo.wrap})
+			const key = "in-flight-first-fails"
+
+			firstC := startFirst(t, b, repo, key)
+			dupC := sendAsync(t, b, key)
+			time.Sleep(100 * time.Millisecond)
+			repo.unblock()
+
+			requireProblem(t, receive(t, firstC, "first request"), problem.Internal, "first request fails")
+			requireFresh(t, receive(t, dupC, "duplicate"), "duplicate after the first failed")
+			require.Equal(t, int32(2), repo.calls.Load(), "the duplicate must run the operation")
+			require.Equal(t, 1, b.orderCount(t))
+		})
+	})
 }
 
 // twin starts a second server on b's store with its own handler, its
@@ -211,63 +207,60 @@ func (r slowRepo) CreateOrder(ctx context.Context, o orders.Order) error {
 func TestConcurrentDuplicatesMakeOneOrder(t *testing.T) {
 	t.Parallel()
 	const n = 100
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			for _, c := range []struct {
-				name    string
-				servers int
-			}{{"one server", 1}, {"two servers", 2}} {
-				t.Run(c.name, func(t *testing.T) {
-					t.Parallel()
-					store := be.open(t)
-					slow := slowRepo{Repository: store, delay: 50 * time.Millisecond}
-					b := setup(t, store, options{repo: func(orders.Repository) orders.Repository { return slow }})
-					servers := []*testBundle{b}
-					if c.servers == 2 {
-						servers = append(servers, twin(t, b, slow, httpapi.Config{}))
-					}
-					const key = "stampede"
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		for _, c := range []struct {
+			name    string
+			servers int
+		}{{"one server", 1}, {"two servers", 2}} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				store := be.open(t)
+				slow := slowRepo{Repository: store, delay: 50 * time.Millisecond}
+				b := setup(t, store, options{repo: func(orders.Repository) orders.Repository { return slow }})
+				servers := []*testBundle{b}
+				if c.servers == 2 {
+					servers = append(servers, twin(t, b, slow, httpapi.Config{}))
+				}
+				const key = "stampede"
 
-					reqs := make([]*http.Request, n)
-					for i := range reqs {
-						reqs[i] = servers[i%len(servers)].newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
-					}
-					replies := make([]reply, n)
-					errs := make([]error, n)
-					start := make(chan struct{})
-					var wg sync.WaitGroup
-					for i := range reqs {
-						wg.Go(func() {
-							<-start
-							replies[i], errs[i] = b.exchange(reqs[i])
-						})
-					}
-					close(start)
-					wg.Wait()
+				reqs := make([]*http.Request, n)
+				for i := range reqs {
+					reqs[i] = servers[i%len(servers)].newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
+				}
+				replies := make([]reply, n)
+				errs := make([]error, n)
+				start := make(chan struct{})
+				var wg sync.WaitGroup
+				for i := range reqs {
+					wg.Go(func() {
+						<-start
+						replies[i], errs[i] = b.exchange(reqs[i])
+					})
+				}
+				close(start)
+				wg.Wait()
 
-					var created []byte
-					statuses := map[int]int{}
-					for i, r := range replies {
-						require.NoError(t, errs[i], "request %d", i)
-						statuses[r.Status]++
-						switch r.Status {
-						case http.StatusCreated:
-							if created == nil {
-								created = r.Body
-							}
-							require.Equal(t, string(created), string(r.Body), "request %d: every 201 must carry the same order", i)
-						case http.StatusAccepted:
-							require.NotEmpty(t, r.Header.Get("Retry-After"), "request %d: 202 without Retry-After", i)
-						default:
-							t.Fatalf("request %d: want 201 or 202, got %s", i, r)
+				var created []byte
+				statuses := map[int]int{}
+				for i, r := range replies {
+					require.NoError(t, errs[i], "request %d", i)
+					statuses[r.Status]++
+					switch r.Status {
+					case http.StatusCreated:
+						if created == nil {
+							created = r.Body
 						}
+						require.Equal(t, string(created), string(r.Body), "request %d: every 201 must carry the same order", i)
+					case http.StatusAccepted:
+						require.NotEmpty(t, r.Header.Get("Retry-After"), "request %d: 202 without Retry-After", i)
+					default:
+						t.Fatalf("request %d: want 201 or 202, got %s", i, r)
 					}
-					t.Logf("statuses: %v", statuses)
-					require.NotNil(t, created, "no request created the order: %v", statuses)
-					require.Equal(t, 1, b.orderCount(t), "one key must make one order; statuses %v", statuses)
-				})
-			}
-		})
-	}
+				}
+				t.Logf("statuses: %v", statuses)
+				require.NotNil(t, created, "no request created the order: %v", statuses)
+				require.Equal(t, 1, b.orderCount(t), "one key must make one order; statuses %v", statuses)
+			})
+		}
+	})
 }

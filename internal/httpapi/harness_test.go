@@ -32,12 +32,27 @@ type backend interface {
 	auth.Store
 }
 
-// backends are the stores every component test runs against: the protocol
-// must behave the same on both.
-var backends = []struct {
+// backendCase is one store the tests run on.
+type backendCase struct {
 	name string
 	open func(t *testing.T) backend
-}{
+}
+
+// forEachBackend runs test once per backend, each in a parallel subtest
+// named after it.
+func forEachBackend(t *testing.T, test func(t *testing.T, be backendCase)) {
+	t.Helper()
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, be)
+		})
+	}
+}
+
+// backends are the stores every component test runs against: the protocol
+// must behave the same on both.
+var backends = []backendCase{
 	{"memory", func(t *testing.T) backend { return memory.New() }},
 	{"postgres", func(t *testing.T) backend { return postgres.New(testdb.Pool(t)) }},
 }

@@ -24,28 +24,25 @@ import (
 
 func TestCreateOrderFirstAndReplay(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{})
-			key := "8e03978e-40d5-43e8-bc93-6894a57f9324"
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{})
+		key := "8e03978e-40d5-43e8-bc93-6894a57f9324"
 
-			first := b.createOrder(t, key, seedBody)
-			require.Equal(t, http.StatusCreated, first.StatusCode(), "first attempt: %s", first.Body)
-			require.NotNil(t, first.JSON201)
-			require.Equal(t, "/orders/"+first.JSON201.Id, first.HTTPResponse.Header.Get("Location"))
-			require.Equal(t, key, first.HTTPResponse.Header.Get("Idempotency-Key"))
-			require.Empty(t, first.HTTPResponse.Header.Get("Idempotent-Replayed"), "a first response is not a replay")
+		first := b.createOrder(t, key, seedBody)
+		require.Equal(t, http.StatusCreated, first.StatusCode(), "first attempt: %s", first.Body)
+		require.NotNil(t, first.JSON201)
+		require.Equal(t, "/orders/"+first.JSON201.Id, first.HTTPResponse.Header.Get("Location"))
+		require.Equal(t, key, first.HTTPResponse.Header.Get("Idempotency-Key"))
+		require.Empty(t, first.HTTPResponse.Header.Get("Idempotent-Replayed"), "a first response is not a replay")
 
-			retry := b.createOrder(t, key, seedBody)
-			require.Equal(t, http.StatusCreated, retry.StatusCode(), "retry: %s", retry.Body)
-			require.Equal(t, first.Body, retry.Body, "the replay must be byte-identical")
-			require.Equal(t, "true", retry.HTTPResponse.Header.Get("Idempotent-Replayed"))
-			require.Equal(t, first.HTTPResponse.Header.Get("Location"), retry.HTTPResponse.Header.Get("Location"))
-			require.Equal(t, key, retry.HTTPResponse.Header.Get("Idempotency-Key"))
-			require.Equal(t, 1, b.orderCount(t), "the retry must not create a second order")
-		})
-	}
+		retry := b.createOrder(t, key, seedBody)
+		require.Equal(t, http.StatusCreated, retry.StatusCode(), "retry: %s", retry.Body)
+		require.Equal(t, first.Body, retry.Body, "the replay must be byte-identical")
+		require.Equal(t, "true", retry.HTTPResponse.Header.Get("Idempotent-Replayed"))
+		require.Equal(t, first.HTTPResponse.Header.Get("Location"), retry.HTTPResponse.Header.Get("Location"))
+		require.Equal(t, key, retry.HTTPResponse.Header.Get("Idempotency-Key"))
+		require.Equal(t, 1, b.orderCount(t), "the retry must not create a second order")
+	})
 }
 
 // TestOperationRunsOnTheCanonicalBody: a request is executed exactly as it
@@ -53,23 +50,20 @@ func TestCreateOrderFirstAndReplay(t *testing.T) {
 // whichever arrives first.
 func TestOperationRunsOnTheCanonicalBody(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{})
-			key := "canonical-body"
-			first := b.createOrder(t, key, `{"items":[{"sku":"SKU-1","qty":2.0}],"amount":1.2e3,"currency":"RUB"}`)
-			require.Equal(t, http.StatusCreated, first.StatusCode(), "1.2e3 is the integer 1200: %s", first.Body)
-			require.EqualValues(t, 1200, first.JSON201.Amount)
-			require.EqualValues(t, 2, first.JSON201.Items[0].Qty)
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{})
+		key := "canonical-body"
+		first := b.createOrder(t, key, `{"items":[{"sku":"SKU-1","qty":2.0}],"amount":1.2e3,"currency":"RUB"}`)
+		require.Equal(t, http.StatusCreated, first.StatusCode(), "1.2e3 is the integer 1200: %s", first.Body)
+		require.EqualValues(t, 1200, first.JSON201.Amount)
+		require.EqualValues(t, 2, first.JSON201.Items[0].Qty)
 
-			again := b.createOrder(t, key, seedBody)
-			require.Equal(t, http.StatusCreated, again.StatusCode())
-			require.Equal(t, "true", again.HTTPResponse.Header.Get("Idempotent-Replayed"))
-			require.Equal(t, first.Body, again.Body)
-			require.Equal(t, 1, b.orderCount(t))
-		})
-	}
+		again := b.createOrder(t, key, seedBody)
+		require.Equal(t, http.StatusCreated, again.StatusCode())
+		require.Equal(t, "true", again.HTTPResponse.Header.Get("Idempotent-Replayed"))
+		require.Equal(t, first.Body, again.Body)
+		require.Equal(t, 1, b.orderCount(t))
+	})
 }
 
 func TestDocsPage(t *testing.T) {

@@ -14,62 +14,56 @@ import (
 
 func TestIdempotencyKeyValidation(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{})
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{})
 
-			requireProblem(t, b.postOrder(t, "", seedBody), problem.MissingIdempotencyKey, "no Idempotency-Key header")
-			requireProblem(t, b.postOrder(t, strings.Repeat("k", 256), seedBody), problem.InvalidIdempotencyKey, "256-byte key")
-			requireProblem(t, b.postOrder(t, "a\tb", seedBody), problem.InvalidIdempotencyKey, "key with a tab inside")
-			requireProblem(t, b.postOrder(t, "first", seedBody, "Idempotency-Key", "second"), problem.InvalidIdempotencyKey, "two Idempotency-Key headers")
-			require.Zero(t, b.orderCount(t), "rejected keys must not run the operation")
+		requireProblem(t, b.postOrder(t, "", seedBody), problem.MissingIdempotencyKey, "no Idempotency-Key header")
+		requireProblem(t, b.postOrder(t, strings.Repeat("k", 256), seedBody), problem.InvalidIdempotencyKey, "256-byte key")
+		requireProblem(t, b.postOrder(t, "a\tb", seedBody), problem.InvalidIdempotencyKey, "key with a tab inside")
+		requireProblem(t, b.postOrder(t, "first", seedBody, "Idempotency-Key", "second"), problem.InvalidIdempotencyKey, "two Idempotency-Key headers")
+		require.Zero(t, b.orderCount(t), "rejected keys must not run the operation")
 
-			// 255 bytes using every printable ASCII character, space and
-			// quotes included; the ends are not spaces, which HTTP would trim.
-			var sb strings.Builder
-			sb.WriteByte('<')
-			for i := 0; sb.Len() < 254; i++ {
-				sb.WriteByte(byte(0x20 + i%(0x7f-0x20)))
-			}
-			sb.WriteByte('>')
-			longest := sb.String()
-			require.Len(t, longest, 255)
+		// 255 bytes using every printable ASCII character, space and
+		// quotes included; the ends are not spaces, which HTTP would trim.
+		var sb strings.Builder
+		sb.WriteByte('<')
+		for i := 0; sb.Len() < 254; i++ {
+			sb.WriteByte(byte(0x20 + i%(0x7f-0x20)))
+		}
+		sb.WriteByte('>')
+		longest := sb.String()
+		require.Len(t, longest, 255)
 
-			first := b.postOrder(t, longest, seedBody)
-			requireFresh(t, first, "255-byte printable key")
-			require.Equal(t, longest, first.Header.Get("Idempotency-Key"), "the key must be echoed exactly")
-			requireReplayOf(t, first, b.postOrder(t, longest, seedBody), "255-byte key again")
-			require.Equal(t, 1, b.orderCount(t))
-		})
-	}
+		first := b.postOrder(t, longest, seedBody)
+		requireFresh(t, first, "255-byte printable key")
+		require.Equal(t, longest, first.Header.Get("Idempotency-Key"), "the key must be echoed exactly")
+		requireReplayOf(t, first, b.postOrder(t, longest, seedBody), "255-byte key again")
+		require.Equal(t, 1, b.orderCount(t))
+	})
 }
 
 func TestRejectedRequestsConsumeNoKey(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{cfg: httpapi.Config{MaxBodyBytes: 1024}})
-			const key = "rejected-then-fixed"
-			send := func(body string, header ...string) reply {
-				return b.do(t, b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(body), append([]string{"Idempotency-Key", key}, header...)...))
-			}
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{cfg: httpapi.Config{MaxBodyBytes: 1024}})
+		const key = "rejected-then-fixed"
+		send := func(body string, header ...string) reply {
+			return b.do(t, b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(body), append([]string{"Idempotency-Key", key}, header...)...))
+		}
 
-			requireProblem(t, send(`{"items":[],"amount":1200,"currency":"RUB"}`), problem.Validation, "empty items")
-			requireProblem(t, send(`{"items":`), problem.MalformedJSON, "truncated JSON")
-			requireProblem(t, send(seedBody, "Content-Type", "", "Content-Type", "text/plain"), problem.UnsupportedMediaType, "text/plain body")
-			requireProblem(t, send(seedBody, "Content-Type", ""), problem.UnsupportedMediaType, "body without Content-Type")
-			requireProblem(t, send(seedBody, "Authorization", ""), problem.Unauthorized, "no Authorization")
-			requireProblem(t, send(seedBody, "Authorization", "", "Authorization", "Bearer ok_unknown"), problem.Unauthorized, "unknown API key")
-			requireProblem(t, send(seedBody+strings.Repeat(" ", 1024)), problem.PayloadTooLarge, "body over the limit")
-			requireProblem(t, send(`{"amount":1,"amount":1200,"items":[{"sku":"SKU-1","qty":2}],"currency":"RUB"}`), problem.MalformedJSON, "duplicate JSON keys")
-			require.Zero(t, b.orderCount(t), "rejected requests must not run the operation")
+		requireProblem(t, send(`{"items":[],"amount":1200,"currency":"RUB"}`), problem.Validation, "empty items")
+		requireProblem(t, send(`{"items":`), problem.MalformedJSON, "truncated JSON")
+		requireProblem(t, send(seedBody, "Content-Type", "", "Content-Type", "text/plain"), problem.UnsupportedMediaType, "text/plain body")
+		requireProblem(t, send(seedBody, "Content-Type", ""), problem.UnsupportedMediaType, "body without Content-Type")
+		requireProblem(t, send(seedBody, "Authorization", ""), problem.Unauthorized, "no Authorization")
+		requireProblem(t, send(seedBody, "Authorization", "", "Authorization", "Bearer ok_unknown"), problem.Unauthorized, "unknown API key")
+		requireProblem(t, send(seedBody+strings.Repeat(" ", 1024)), problem.PayloadTooLarge, "body over the limit")
+		requireProblem(t, send(`{"amount":1,"amount":1200,"items":[{"sku":"SKU-1","qty":2}],"currency":"RUB"}`), problem.MalformedJSON, "duplicate JSON keys")
+		require.Zero(t, b.orderCount(t), "rejected requests must not run the operation")
 
-			requireFresh(t, send(seedBody), "the valid request after all rejections")
-			require.Equal(t, 1, b.orderCount(t))
-		})
-	}
+		requireFresh(t, send(seedBody), "the valid request after all rejections")
+		require.Equal(t, 1, b.orderCount(t))
+	})
 }
 
 // streamed hides the concrete reader type from net/http, which then cannot
@@ -78,47 +72,41 @@ type streamed struct{ io.Reader }
 
 func TestBodyLimit(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{cfg: httpapi.Config{MaxBodyBytes: 1024}})
-			big := seedBody + strings.Repeat(" ", 2048-len(seedBody))
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{cfg: httpapi.Config{MaxBodyBytes: 1024}})
+		big := seedBody + strings.Repeat(" ", 2048-len(seedBody))
 
-			sized := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(big), "Idempotency-Key", "sized")
-			require.Equal(t, int64(2048), sized.ContentLength)
-			requireProblem(t, b.do(t, sized), problem.PayloadTooLarge, "2 KiB body with Content-Length")
+		sized := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(big), "Idempotency-Key", "sized")
+		require.Equal(t, int64(2048), sized.ContentLength)
+		requireProblem(t, b.do(t, sized), problem.PayloadTooLarge, "2 KiB body with Content-Length")
 
-			chunked := b.newRequest(t, http.MethodPost, "/orders", streamed{strings.NewReader(big)}, "Idempotency-Key", "chunked")
-			require.Zero(t, chunked.ContentLength, "the body must be sent without a Content-Length")
-			requireProblem(t, b.do(t, chunked), problem.PayloadTooLarge, "2 KiB chunked body")
+		chunked := b.newRequest(t, http.MethodPost, "/orders", streamed{strings.NewReader(big)}, "Idempotency-Key", "chunked")
+		require.Zero(t, chunked.ContentLength, "the body must be sent without a Content-Length")
+		requireProblem(t, b.do(t, chunked), problem.PayloadTooLarge, "2 KiB chunked body")
 
-			require.Zero(t, b.orderCount(t))
-		})
-	}
+		require.Zero(t, b.orderCount(t))
+	})
 }
 
 func TestBodyValidation(t *testing.T) {
 	t.Parallel()
-	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, be.open(t), options{})
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{})
 
-			for _, c := range []struct {
-				name, body, mentions string
-			}{
-				{"amount not an integer", `{"items":[{"sku":"SKU-1","qty":2}],"amount":"x","currency":"RUB"}`, "/amount"},
-				{"qty zero", `{"items":[{"sku":"SKU-1","qty":0}],"amount":1200,"currency":"RUB"}`, "/items/0/qty"},
-				{"lower-case currency", `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"rub"}`, "/currency"},
-				{"additional property", `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB","note":"hi"}`, "note"},
-				{"items missing", `{"amount":1200,"currency":"RUB"}`, "items"},
-			} {
-				r := b.postOrder(t, "validation-"+c.name, c.body)
-				d := requireProblem(t, r, problem.Validation, c.name)
-				require.Less(t, len(d.Detail), 200, "%s: the detail must be short, not a schema dump: %q", c.name, d.Detail)
-				require.Contains(t, d.Detail, c.mentions, "%s: the detail must say where the problem is", c.name)
-			}
-			require.Zero(t, b.orderCount(t))
-		})
-	}
+		for _, c := range []struct {
+			name, body, mentions string
+		}{
+			{"amount not an integer", `{"items":[{"sku":"SKU-1","qty":2}],"amount":"x","currency":"RUB"}`, "/amount"},
+			{"qty zero", `{"items":[{"sku":"SKU-1","qty":0}],"amount":1200,"currency":"RUB"}`, "/items/0/qty"},
+			{"lower-case currency", `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"rub"}`, "/currency"},
+			{"additional property", `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB","note":"hi"}`, "note"},
+			{"items missing", `{"amount":1200,"currency":"RUB"}`, "items"},
+		} {
+			r := b.postOrder(t, "validation-"+c.name, c.body)
+			d := requireProblem(t, r, problem.Validation, c.name)
+			require.Less(t, len(d.Detail), 200, "%s: the detail must be short, not a schema dump: %q", c.name, d.Detail)
+			require.Contains(t, d.Detail, c.mentions, "%s: the detail must say where the problem is", c.name)
+		}
+		require.Zero(t, b.orderCount(t))
+	})
 }
