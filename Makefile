@@ -102,3 +102,4 @@ dashboard-snapshot: ## render docs/img/dashboard.png: the dashboard's main panel
 fuzz: ## run the fuzz targets for a while each (FUZZTIME=30s)
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
+	$(GO) test -run='^$$' -fuzz=FuzzFingerprint -fuzztime=$(or $(FUZZTIME),30s) ./internal/idempotency/

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/url"
-	"strings"
 
 	"github.com/oncekey/oncekey/internal/canonjson"
 )
@@ -38,7 +37,7 @@ func ComputeFingerprint(method, route, path string, query url.Values, body []byt
 func fingerprintCanonical(method, route, path string, query url.Values, canonical []byte) Fingerprint {
 	h := sha256.New()
 	for _, part := range [][]byte{
-		[]byte(strings.ToUpper(method)),
+		[]byte(method), // case-sensitive (RFC 9110 §9.1): "post" is not POST
 		[]byte(route),
 		[]byte(path),
 		[]byte(query.Encode()), // Encode sorts by key and keeps value order
