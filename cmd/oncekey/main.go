@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/contracttest"
@@ -218,21 +219,31 @@ func contractTest(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return nil
 }
 
-// withDatabase connects, migrates (so every command works on a fresh
-// database) and runs fn.
+// withDatabase opens the migrated database of DATABASE_URL and runs fn.
 func withDatabase(ctx context.Context, cfg config, fn func(*postgres.Store) error) error {
 	if cfg.DatabaseURL == "" {
 		return errors.New("DATABASE_URL is not set")
 	}
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pool, err := openDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := postgres.Migrate(ctx, pool); err != nil {
-		return err
-	}
 	return fn(postgres.New(pool))
+}
+
+// openDatabase connects and migrates, so every command works on a fresh
+// database; the pool is closed again if migrating fails.
+func openDatabase(ctx context.Context, url string, opts ...postgres.Option) (*pgxpool.Pool, error) {
+	pool, err := postgres.Open(ctx, url, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }
 
 // backend is what serve needs from a store.
@@ -259,14 +270,11 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	m := metrics.New()
 	var store backend
 	if cfg.DatabaseURL != "" {
-		pool, err := postgres.Open(ctx, cfg.DatabaseURL, dbOpts...)
+		pool, err := openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		if err := postgres.Migrate(ctx, pool); err != nil {
-			return err
-		}
 		store = postgres.New(pool)
 		m.RegisterPool(pool)
 		log.Info("store: PostgreSQL")

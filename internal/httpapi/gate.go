@@ -82,11 +82,7 @@ func (g *gate) handler(next http.Handler) http.Handler {
 			// Checked before the generic validator so that key errors carry
 			// their own problem types.
 			if _, err := idempotency.ParseKey(r.Header); err != nil {
-				kind := problem.InvalidIdempotencyKey
-				if errors.Is(err, idempotency.ErrMissingKey) {
-					kind = problem.MissingIdempotencyKey
-				}
-				problem.Write(w, kind, err.Error())
+				idempotency.WriteKeyError(w, err)
 				return
 			}
 		}

@@ -192,7 +192,7 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 				if ww.Status() >= 500 {
 					info.outcome = idempotency.OutcomeError
 				}
-				m.Outcome(r.Method+" "+info.route, info.outcome)
+				m.Outcome(idempotency.Operation(r.Method, info.route), info.outcome)
 			}
 			attrs := []any{
 				"request_id", middleware.GetReqID(r.Context()),
@@ -204,7 +204,7 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 			}
 			span := trace.SpanFromContext(r.Context())
 			if info.route != "" {
-				span.SetName(r.Method + " " + info.route)
+				span.SetName(idempotency.Operation(r.Method, info.route))
 				span.SetAttributes(semconv.HTTPRoute(info.route))
 			}
 			if info.outcome != idempotency.OutcomeNone {

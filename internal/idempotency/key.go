@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/oncekey/oncekey/internal/problem"
 )
 
 // Errors of ParseKey; both become 400 problem responses.
@@ -11,6 +13,20 @@ var (
 	ErrMissingKey = errors.New("the Idempotency-Key header is required on this operation")
 	ErrInvalidKey = errors.New("invalid Idempotency-Key")
 )
+
+// WriteKeyError answers a request whose Idempotency-Key ParseKey refused:
+// 400 with the problem type for a missing or an invalid key.
+func WriteKeyError(w http.ResponseWriter, err error) {
+	kind := problem.InvalidIdempotencyKey
+	if errors.Is(err, ErrMissingKey) {
+		kind = problem.MissingIdempotencyKey
+	}
+	problem.Write(w, kind, err.Error())
+}
+
+// Operation names a method on a route pattern ("POST /orders"): the
+// operation label of metrics and the name of traces, so both agree.
+func Operation(method, route string) string { return method + " " + route }
 
 // ParseKey returns the request's Idempotency-Key. Exactly one header must be
 // present, holding 1–255 printable ASCII characters (0x20–0x7E). The value is

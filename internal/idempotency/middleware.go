@@ -121,7 +121,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	ctx := r.Context()
 	route := m.cfg.Route(r)
-	op := r.Method + " " + route
+	op := Operation(r.Method, route)
 	// Everything that can reject the request happens before the claim, so a
 	// rejected request consumes no key: fixing it and retrying with the same
 	// key works.
@@ -255,11 +255,7 @@ func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
 
 func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, op string, err error) {
 	m.outcome(ctx, op, OutcomeRejected)
-	kind := problem.InvalidIdempotencyKey
-	if errors.Is(err, ErrMissingKey) {
-		kind = problem.MissingIdempotencyKey
-	}
-	problem.Write(w, kind, err.Error())
+	WriteKeyError(w, err)
 }
 
 // fail answers a store or wiring failure. Unavailability and timeouts are
