@@ -10,7 +10,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,18 +22,6 @@ import (
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
-
-// lockedWriter lets the server goroutine and the test share a buffer.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
 
 func runCommand(t *testing.T, env map[string]string, args ...string) (string, error) {
 	t.Helper()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/servicetest"
 )
 
 // readmeExample is a command block of README.md and the response printed
@@ -119,9 +120,9 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 	getenv := func(k string) string { return env[k] }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr servicetest.SyncBuffer
 	go func() {
-		done <- run(ctx, []string{"serve"}, getenv, &lockedWriter{w: &stdout}, &lockedWriter{w: &stderr})
+		done <- run(ctx, []string{"serve"}, getenv, &stdout, &stderr)
 	}()
 	var once sync.Once
 	var result error

@@ -18,6 +18,7 @@ import (
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/servicetest"
 )
 
 // blockingRepo holds the first CreateOrder until released, before it writes
@@ -64,16 +65,7 @@ func (r *blockingRepo) CreateOrder(ctx context.Context, o orders.Order) error {
 // sendAsync sends the seed under key from a goroutine.
 func sendAsync(t *testing.T, b *testBundle, key string) <-chan reply {
 	t.Helper()
-	req := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
-	out := make(chan reply, 1)
-	go func() {
-		r, err := b.exchange(req)
-		if err != nil {
-			r = reply{Status: -1, Body: []byte(err.Error())}
-		}
-		out <- r
-	}()
-	return out
+	return servicetest.Async(b.http, b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key))
 }
 
 // startFirst sends the seed under key from a goroutine and returns once the
@@ -94,14 +86,7 @@ func startFirst(t *testing.T, b *testBundle, repo *blockingRepo, key string) <-c
 
 func receive(t *testing.T, c <-chan reply, what string) reply {
 	t.Helper()
-	select {
-	case r := <-c:
-		require.NotEqual(t, -1, r.Status, "%s: %s", what, r.Body)
-		return r
-	case <-time.After(15 * time.Second):
-		t.Fatalf("%s: no response", what)
-		return reply{}
-	}
+	return servicetest.Receive(t, c, what, 15*time.Second)
 }
 
 func TestInFlightDuplicate(t *testing.T) {
@@ -182,7 +167,7 @@ func twin(t *testing.T, b *testBundle, repo orders.Repository, cfg httpapi.Confi
 	t.Cleanup(srv.Close)
 
 	tw := *b
-	tw.server = srv
+	tw.url = srv.URL
 	tw.client, err = api.NewClientWithResponses(srv.URL, api.WithHTTPClient(b.http), api.WithRequestEditorFn(tw.authorize))
 	require.NoError(t, err, "build second client")
 	return &tw

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -59,7 +59,7 @@ var backends = []backendCase{
 
 // testBundle is what a component test works with.
 type testBundle struct {
-	server  *httptest.Server
+	url     string // the service
 	client  *api.ClientWithResponses
 	http    *http.Client // validates every response against openapi.yaml
 	store   backend
@@ -76,27 +76,11 @@ type options struct {
 // setup starts the full service on store and creates an account on it.
 func setup(t *testing.T, store backend, opts options) *testBundle {
 	t.Helper()
-	var repo orders.Repository = store
-	if opts.repo != nil {
-		repo = opts.repo(store)
-	}
-	cfg := opts.cfg
-	cfg.Orders = orders.NewService(repo)
-	cfg.Auth = store
-	if cfg.Idempotency == nil { // a test may put the Redis fast path in front
-		cfg.Idempotency = store
-	}
-	handler, err := httpapi.New(cfg)
-	require.NoError(t, err, "build handler")
-	srv := httptest.NewServer(handler)
-	t.Cleanup(srv.Close)
-
-	creds, err := auth.CreateAccount(context.Background(), store, "test-"+t.Name(), "")
-	require.NoError(t, err, "create account")
-
-	b := &testBundle{server: srv, store: store, account: creds.AccountID, apiKey: creds.APIKey}
+	url, creds := servicetest.Start(t, store, opts.repo, opts.cfg)
+	b := &testBundle{url: url, store: store, account: creds.AccountID, apiKey: creds.APIKey}
 	b.http = validatingClient(t)
-	b.client, err = api.NewClientWithResponses(srv.URL, api.WithHTTPClient(b.http), api.WithRequestEditorFn(b.authorize))
+	var err error
+	b.client, err = api.NewClientWithResponses(url, api.WithHTTPClient(b.http), api.WithRequestEditorFn(b.authorize))
 	require.NoError(t, err, "build client")
 	return b
 }
@@ -115,7 +99,7 @@ const seedBody = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"R
 // exact bytes or headers the generated client would not send.
 func (b *testBundle) post(t *testing.T, path, key, body string, header ...string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, b.server.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, b.url+path, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+b.apiKey)

@@ -1,47 +1,28 @@
 package httpapi_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
-// syncBuffer collects log output from the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
 func TestRequestLogs(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs servicetest.SyncBuffer
 	b := setup(t, memory.New(), options{cfg: httpapi.Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}})
 	const secretBody = `{"items":[{"sku":"SECRET-SKU-42","qty":2}],"amount":1200,"currency":"RUB"}`
 
 	require.Equal(t, http.StatusCreated, b.createOrder(t, "log-1", secretBody).StatusCode())
 	require.Equal(t, http.StatusCreated, b.createOrder(t, "log-1", secretBody).StatusCode())
-	req, err := http.NewRequest(http.MethodPost, b.server.URL+"/orders", strings.NewReader(secretBody))
+	req, err := http.NewRequest(http.MethodPost, b.url+"/orders", strings.NewReader(secretBody))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer ok_wrong_secret_key")
 	req.Header.Set("Idempotency-Key", "log-2")

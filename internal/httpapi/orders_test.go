@@ -69,7 +69,7 @@ func TestOperationRunsOnTheCanonicalBody(t *testing.T) {
 func TestDocsPage(t *testing.T) {
 	t.Parallel()
 	b := setup(t, memory.New(), options{})
-	page, err := b.http.Get(b.server.URL + "/docs")
+	page, err := b.http.Get(b.url + "/docs")
 	require.NoError(t, err)
 	defer page.Body.Close()
 	require.Equal(t, http.StatusOK, page.StatusCode)
@@ -79,20 +79,20 @@ func TestDocsPage(t *testing.T) {
 	require.Contains(t, html, `spec-url="/openapi.yaml"`)
 	require.Contains(t, html, `src="/docs/assets/redoc.standalone.js"`)
 
-	bundle, err := http.Get(b.server.URL + "/docs/assets/redoc.standalone.js")
+	bundle, err := http.Get(b.url + "/docs/assets/redoc.standalone.js")
 	require.NoError(t, err)
 	defer bundle.Body.Close()
 	require.Equal(t, http.StatusOK, bundle.StatusCode)
 	require.Greater(t, len(readAll(t, bundle.Body)), 100_000, "the vendored Redoc bundle is served")
 
-	post, err := http.Post(b.server.URL+"/docs/assets/redoc.standalone.js", "text/plain", strings.NewReader("x"))
+	post, err := http.Post(b.url+"/docs/assets/redoc.standalone.js", "text/plain", strings.NewReader("x"))
 	require.NoError(t, err)
 	post.Body.Close()
 	require.Equal(t, http.StatusMethodNotAllowed, post.StatusCode, "static files only answer GET and HEAD")
 	require.Equal(t, []string{"GET", "HEAD"}, post.Header.Values("Allow"), "a 405 says what is allowed")
 
 	for _, path := range []string{"/docs/assets/missing.js", "/docs/assets/"} {
-		missing, err := b.http.Get(b.server.URL + path)
+		missing, err := b.http.Get(b.url + path)
 		require.NoError(t, err)
 		missing.Body.Close()
 		require.Equal(t, http.StatusNotFound, missing.StatusCode, path)

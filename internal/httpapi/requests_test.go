@@ -20,7 +20,7 @@ type reply = servicetest.Reply
 // servicetest.NewRequest for the header pairs).
 func (b *testBundle) newRequest(t *testing.T, method, path string, body io.Reader, header ...string) *http.Request {
 	t.Helper()
-	req, err := servicetest.NewRequest(method, b.server.URL+path, b.apiKey, body, header...)
+	req, err := servicetest.NewRequest(method, b.url+path, b.apiKey, body, header...)
 	require.NoError(t, err)
 	return req
 }

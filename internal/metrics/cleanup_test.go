@@ -14,6 +14,7 @@ import (
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
 )
 
 // cleanupLockID is the advisory lock PurgeExpired takes: a copy of the
@@ -50,7 +51,7 @@ func (p failingPurger) PurgeExpired(context.Context, int) (int64, error) {
 func TestCleanupMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := dedicatedPool(t)
+	_, pool := testdb.Fresh(t) // whole-table figures need a table of the test's own
 	store := postgres.New(pool)
 	m := metrics.New()
 	quiet := slog.New(slog.DiscardHandler)

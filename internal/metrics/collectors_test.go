@@ -42,7 +42,7 @@ func keys(t *testing.T, f families, status string) float64 {
 func TestStoreCollectorPostgres(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := dedicatedPool(t)
+	_, pool := testdb.Fresh(t) // whole-table figures need a table of the test's own
 	store := postgres.New(pool)
 	m := metrics.New()
 	m.RegisterStore(store)

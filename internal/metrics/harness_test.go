@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -17,8 +16,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -81,28 +78,14 @@ type options struct {
 // opts sets Metrics) on store and creates an account on it.
 func setup(t *testing.T, store backend, opts options) *testBundle {
 	t.Helper()
-	var repo orders.Repository = store
-	if opts.repo != nil {
-		repo = opts.repo(store)
-	}
 	cfg := opts.cfg
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New()
 	}
-	cfg.Orders = orders.NewService(repo)
-	cfg.Auth = store
-	if cfg.Idempotency == nil { // a test may put the Redis fast path in front
-		cfg.Idempotency = store
-	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	handler, err := httpapi.New(cfg)
-	require.NoError(t, err, "build the service")
-	srv := httptest.NewServer(handler)
-	t.Cleanup(srv.Close)
-
-	b := &testBundle{url: srv.URL, metrics: cfg.Metrics, store: store, client: &http.Client{Timeout: 30 * time.Second}}
-	b.account, b.apiKey = newAccount(t, store)
-	return b
+	url, creds := servicetest.Start(t, store, opts.repo, cfg)
+	return &testBundle{url: url, metrics: cfg.Metrics, store: store, client: &http.Client{Timeout: 30 * time.Second},
+		account: creds.AccountID, apiKey: creds.APIKey}
 }
 
 // newAccount creates an account on store and returns its id and API key.
@@ -334,15 +317,7 @@ func (r *faultyRepo) CreateOrder(ctx context.Context, o orders.Order) error {
 // returns once repo holds it inside CreateOrder.
 func (b *testBundle) startHeld(t *testing.T, repo *faultyRepo, key string) <-chan reply {
 	t.Helper()
-	req := b.request(t, http.MethodPost, "/orders", orderBody(holdAmount), idempotency.HeaderKey, key)
-	out := make(chan reply, 1)
-	go func() {
-		r, err := b.exchange(req)
-		if err != nil {
-			r = reply{Status: -1, Body: []byte(err.Error())}
-		}
-		out <- r
-	}()
+	out := servicetest.Async(b.client, b.request(t, http.MethodPost, "/orders", orderBody(holdAmount), idempotency.HeaderKey, key))
 	select {
 	case <-repo.held:
 	case <-time.After(10 * time.Second):
@@ -354,56 +329,10 @@ func (b *testBundle) startHeld(t *testing.T, repo *faultyRepo, key string) <-cha
 // receive waits for the reply of a request sent from a goroutine.
 func receive(t *testing.T, c <-chan reply, what string) reply {
 	t.Helper()
-	select {
-	case r := <-c:
-		require.NotEqual(t, -1, r.Status, "%s: %s", what, r.Body)
-		return r
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: no response", what)
-		return reply{}
-	}
+	return servicetest.Receive(t, c, what, 10*time.Second)
 }
 
 // orderBody is a valid order request for amount.
 func orderBody(amount int) string {
 	return fmt.Sprintf(`{"items":[{"sku":"SKU-1","qty":1}],"amount":%d,"currency":"RUB"}`, amount)
-}
-
-// dedicatedPool gives a test its own freshly migrated database, dropped
-// afterwards: whole-table figures (key counts, cleanup) cannot be asserted
-// exactly on the binary's database, which parallel tests share.
-func dedicatedPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	testdb.Pool(t) // skips (or, in CI, fails) without PostgreSQL
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, testdb.AdminURL())
-	require.NoError(t, err, "connect to the admin database")
-	defer admin.Close(ctx)
-
-	name := "oncekey_metrics_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err, "create database %s", name)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, testdb.AdminURL())
-		if err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-			return
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-
-	u, err := url.Parse(testdb.AdminURL())
-	require.NoError(t, err, "parse the admin URL")
-	u.Path = "/" + name
-	pool, err := postgres.Open(ctx, u.String())
-	require.NoError(t, err, "open database %s", name)
-	t.Cleanup(pool.Close) // runs before the DROP registered above
-	require.NoError(t, postgres.Migrate(ctx, pool), "migrate database %s", name)
-	return pool
 }

@@ -1,12 +1,26 @@
 // Package servicetest is what the black-box tests of several packages share
-// when they talk to the running service over HTTP: building requests and
-// reading whole replies. It is imported only by tests.
+// when they run the service and talk to it over HTTP: starting it, building
+// requests, reading whole replies, waiting for replies sent from goroutines.
+// It is imported only by tests.
 package servicetest
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
 )
 
 // Reply is a whole response, read at once so bodies can be compared byte
@@ -59,4 +73,83 @@ func Exchange(client *http.Client, req *http.Request) (Reply, error) {
 		return Reply{}, fmt.Errorf("%s %s: read body: %w", req.Method, req.URL.Path, err)
 	}
 	return Reply{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
+}
+
+// Store is what the service runs on.
+type Store interface {
+	idempotency.Store
+	orders.Repository
+	auth.Store
+}
+
+// Start runs the whole service on store with cfg — Orders and Auth filled
+// in, Idempotency too unless the test set it (to put the Redis fast path in
+// front, say) — on an httptest server closed when the test ends, and
+// creates an account to act as. Orders go through wrap(store) when wrap is
+// not nil, for fault injection.
+func Start(t testing.TB, store Store, wrap func(orders.Repository) orders.Repository, cfg httpapi.Config) (url string, creds auth.Credentials) {
+	t.Helper()
+	var repo orders.Repository = store
+	if wrap != nil {
+		repo = wrap(store)
+	}
+	cfg.Orders = orders.NewService(repo)
+	cfg.Auth = store
+	if cfg.Idempotency == nil {
+		cfg.Idempotency = store
+	}
+	handler, err := httpapi.New(cfg)
+	require.NoError(t, err, "build the service")
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	creds, err = auth.CreateAccount(context.Background(), store, "test-"+t.Name(), "")
+	require.NoError(t, err, "create an account")
+	return srv.URL, creds
+}
+
+// Async sends req with client from a goroutine. A transport error arrives
+// as a Reply with Status -1 and the error as its body.
+func Async(client *http.Client, req *http.Request) <-chan Reply {
+	out := make(chan Reply, 1)
+	go func() {
+		r, err := Exchange(client, req)
+		if err != nil {
+			r = Reply{Status: -1, Body: []byte(err.Error())}
+		}
+		out <- r
+	}()
+	return out
+}
+
+// Receive waits up to timeout for the reply of a request sent with Async
+// and fails the test if none comes or the request failed.
+func Receive(t testing.TB, c <-chan Reply, what string, timeout time.Duration) Reply {
+	t.Helper()
+	select {
+	case r := <-c:
+		require.NotEqual(t, -1, r.Status, "%s: %s", what, r.Body)
+		return r
+	case <-time.After(timeout):
+		t.Fatalf("%s: no response", what)
+		return Reply{}
+	}
+}
+
+// SyncBuffer collects output written from the server's goroutines while
+// the test reads it.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
 }

@@ -90,35 +90,46 @@ func setup(t testing.TB) {
 	}
 }
 
-func create() error {
+func create() (err error) {
+	dbName, dbURL, pool, err = newDatabase()
+	return err
+}
+
+// newDatabase creates a database with a random name on the server and
+// migrates it. name is returned as soon as the database exists, so that the
+// caller drops it even when a later step fails.
+func newDatabase() (name, dbURL string, pool *pgxpool.Pool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, AdminURL())
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redact(AdminURL()), err)
+		return "", "", nil, fmt.Errorf("connect to %s: %w", redact(AdminURL()), err)
 	}
 	defer admin.Close(ctx)
 
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	name := "oncekey_test_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return fmt.Errorf("create database %s: %w", name, err)
+	candidate := "oncekey_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+candidate); err != nil {
+		return "", "", nil, fmt.Errorf("create database %s: %w", candidate, err)
 	}
-	dbName = name
+	name = candidate
 
 	u, err := url.Parse(AdminURL())
 	if err != nil {
-		return fmt.Errorf("parse TEST_DATABASE_URL: %w", err)
+		return name, "", nil, fmt.Errorf("parse TEST_DATABASE_URL: %w", err)
 	}
 	u.Path = "/" + name
 	dbURL = u.String()
 
 	pool, err = postgres.Open(ctx, dbURL)
 	if err != nil {
-		return err
+		return name, dbURL, nil, err
 	}
-	return postgres.Migrate(ctx, pool)
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		return name, dbURL, pool, fmt.Errorf("migrate %s: %w", name, err)
+	}
+	return name, dbURL, pool, nil
 }
 
 func dropDatabase(name string) error {
@@ -148,36 +159,19 @@ func redact(u string) string {
 func Fresh(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
 	t.Helper()
 	setup(t) // skips or fails like every other database test
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, AdminURL())
-	if err != nil {
-		t.Fatalf("testdb: connect: %v", err)
+	name, dbURL, pool, err := newDatabase()
+	if name != "" {
+		t.Cleanup(func() {
+			if pool != nil {
+				pool.Close()
+			}
+			if err := dropDatabase(name); err != nil {
+				t.Errorf("testdb: drop %s: %v", name, err)
+			}
+		})
 	}
-	defer admin.Close(ctx)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "oncekey_test_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("testdb: create database: %v", err)
-	}
-	u, err := url.Parse(AdminURL())
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	u.Path = "/" + name
-	p, err := postgres.Open(ctx, u.String())
-	if err != nil {
-		t.Fatalf("testdb: open %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		p.Close()
-		if err := dropDatabase(name); err != nil {
-			t.Errorf("testdb: drop %s: %v", name, err)
-		}
-	})
-	if err := postgres.Migrate(ctx, p); err != nil {
-		t.Fatalf("testdb: migrate %s: %v", name, err)
-	}
-	return u.String(), p
+	return dbURL, pool
 }
