@@ -1,0 +1,96 @@
+package provider_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/provider"
+)
+
+// TestClientErrors puts the client in front of answers the sandbox never
+// gives but a real provider (or a proxy before it) might, and checks that
+// each maps onto what the caller should do next.
+func TestClientErrors(t *testing.T) {
+	t.Parallel()
+	const secret = "card=4242424242424242"
+	tests := []struct {
+		name        string
+		status      int
+		contentType string
+		body        string
+		want        error
+	}{
+		{"500 with a body echoing the request", 500, "text/plain", secret, provider.ErrUnavailable},
+		{"502 from a proxy", 502, "text/html", "<h1>Bad Gateway</h1>", provider.ErrUnavailable},
+		{"429 rate limited", 429, "application/problem+json", `{"status":429,"detail":"slow down"}`, provider.ErrUnavailable},
+		{"408 request timeout", 408, "", "", provider.ErrUnavailable},
+		{"400 with a problem", 400, "application/problem+json", `{"type":"https://oncekey.dev/problems/fakeprovider/validation-error","status":400,"detail":"amount must be positive"}`, provider.ErrRejected},
+		{"422 without a problem", 422, "text/plain", secret, provider.ErrRejected},
+		{"404", 404, "application/problem+json", `{"status":404}`, provider.ErrNotFound},
+		{"201 cut off mid-body", 201, "application/json", `{"id":"ch_1","sta`, provider.ErrUnavailable},
+		{"202 is no answer the API gives", 202, "application/json", `{}`, provider.ErrUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tt.contentType != "" {
+					w.Header().Set("Content-Type", tt.contentType)
+				}
+				w.WriteHeader(tt.status)
+				_, _ = w.Write([]byte(tt.body))
+			}))
+			t.Cleanup(hs.Close)
+			_, err := provider.NewClient(hs.URL, hs.Client()).Charge(t.Context(), "key", rub("pay"))
+			require.ErrorIs(t, err, tt.want)
+			require.NotContains(t, err.Error(), secret, "a body never reaches the error text")
+		})
+	}
+
+	t.Run("a problem's detail is kept, the body is not", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, provider.Faults{})
+		_, err := b.client.Charge(t.Context(), "key", provider.ChargeRequest{Amount: -1, Currency: "RUB", Reference: "pay"})
+		require.ErrorIs(t, err, provider.ErrRejected)
+		require.ErrorContains(t, err, "400 Bad Request validation-error: amount must be a positive integer")
+	})
+
+	t.Run("a refused connection is unavailable", func(t *testing.T) {
+		t.Parallel()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := ln.Addr().String()
+		require.NoError(t, ln.Close()) // nothing listens there now
+		_, err = provider.NewClient("http://"+addr, nil).Lookup(t.Context(), "key")
+		require.ErrorIs(t, err, provider.ErrUnavailable)
+	})
+
+	t.Run("the caller's cancellation is unavailable and still a cancellation", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, provider.Faults{})
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		_, err := b.client.Charge(ctx, "key", rub("pay"))
+		require.ErrorIs(t, err, provider.ErrUnavailable)
+		require.ErrorIs(t, err, context.Canceled)
+	})
+}
+
+func TestClientTrimsBaseURL(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, provider.Faults{})
+	c := provider.NewClient(b.url+"/", nil)
+	ch, err := c.Charge(t.Context(), "key", rub("pay"))
+	require.NoError(t, err, "a trailing slash in the base URL is harmless")
+	st, err := c.Stats(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Charges)
+	got, err := c.ChargesByReference(t.Context(), "pay")
+	require.NoError(t, err)
+	require.Equal(t, []provider.Charge{ch}, got)
+}
