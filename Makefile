@@ -13,8 +13,9 @@ run: ## serve the API (in memory unless DATABASE_URL is set; honours ONCEKEY_ADD
 	$(GO) run ./cmd/oncekey serve
 
 .PHONY: build
-build: ## build bin/oncekey
+build: ## build bin/oncekey and bin/fakeprovider (the sandbox payment provider)
 	$(GO) build -o bin/oncekey ./cmd/oncekey
+	$(GO) build -o bin/fakeprovider ./cmd/fakeprovider
 
 .PHONY: generate
 generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/

@@ -78,3 +78,16 @@ LIMIT @max_rows;
 
 -- name: IdempotencyKeyCountExpired :one
 SELECT count(*) FROM idempotency_keys WHERE expires_at <= now();
+
+-- name: IdempotencyKeyReplaceProvisional :execrows
+-- Replaces the provisional 202 stored for a long operation with its final
+-- response, once the operation finished. created_at pins the very key row
+-- the operation was accepted under (see payments.key_created_at); a row
+-- that was purged, or reused after it expired, is left alone.
+UPDATE idempotency_keys
+SET response_status = @response_status,
+    response_headers = @response_headers,
+    response_body = @response_body,
+    completed_at = now()
+WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND created_at = @key_created_at
+  AND status = 'completed' AND response_status = 202;

@@ -7,6 +7,8 @@ import (
 
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/provider"
 )
 
 // config is everything serve reads from the environment. docs/operations.md
@@ -25,6 +27,13 @@ type config struct {
 	CleanupBatch    int           // ONCEKEY_CLEANUP_BATCH
 	DemoAPIKey      string        // ONCEKEY_DEMO_API_KEY (memory store only)
 	Tracing         string        // ONCEKEY_TRACING: empty (off) or "stdout"
+	// ProviderURL is ONCEKEY_PROVIDER_URL; empty: the sandbox provider runs
+	// in-process (with the FAKEPROVIDER_* fault variables).
+	ProviderURL     string
+	ProviderFaults  provider.Faults      // FAKEPROVIDER_* (the in-process sandbox only)
+	ProviderTimeout time.Duration        // ONCEKEY_PROVIDER_TIMEOUT
+	PaymentPolicy   payments.RetryPolicy // ONCEKEY_PAYMENT_ATTEMPTS, _RETRY_BASE, _RETRY_MAX, _ATTEMPT_TIMEOUT
+	PaymentWorkers  int                  // ONCEKEY_PAYMENT_WORKERS
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -34,6 +43,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Addr:        orDefault(getenv("ONCEKEY_ADDR"), ":8080"),
 		DemoAPIKey:  getenv("ONCEKEY_DEMO_API_KEY"),
 		Tracing:     getenv("ONCEKEY_TRACING"),
+		ProviderURL: getenv("ONCEKEY_PROVIDER_URL"),
 	}
 	var err error
 	durations := []struct {
@@ -46,6 +56,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"ONCEKEY_REQUEST_TIMEOUT", &c.RequestTimeout, httpapi.DefaultRequestTimeout},
 		{"ONCEKEY_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 30 * time.Second},
 		{"ONCEKEY_CLEANUP_INTERVAL", &c.CleanupInterval, time.Minute},
+		{"ONCEKEY_PROVIDER_TIMEOUT", &c.ProviderTimeout, 10 * time.Second},
+		{"ONCEKEY_PAYMENT_RETRY_BASE", &c.PaymentPolicy.Base, payments.DefaultBase},
+		{"ONCEKEY_PAYMENT_RETRY_MAX", &c.PaymentPolicy.Limit, payments.DefaultLimit},
+		{"ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT", &c.PaymentPolicy.Timeout, payments.DefaultTimeout},
 	}
 	for _, d := range durations {
 		if *d.dst, err = duration(getenv, d.name, d.def); err != nil {
@@ -63,6 +77,25 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return config{}, fmt.Errorf("ONCEKEY_CLEANUP_BATCH=%d: at most 100000 rows per statement, to keep each delete short", batch)
 	}
 	c.CleanupBatch = int(batch)
+	if c.ProviderFaults, err = provider.FaultsFromEnv(getenv); err != nil {
+		return config{}, err
+	}
+	attempts, err := integer(getenv, "ONCEKEY_PAYMENT_ATTEMPTS", payments.DefaultAttempts)
+	if err != nil {
+		return config{}, err
+	}
+	if attempts > 100 {
+		return config{}, fmt.Errorf("ONCEKEY_PAYMENT_ATTEMPTS=%d: at most 100, so that a payment settles long before its key expires", attempts)
+	}
+	c.PaymentPolicy.Attempts = int(attempts)
+	workers, err := integer(getenv, "ONCEKEY_PAYMENT_WORKERS", 10)
+	if err != nil {
+		return config{}, err
+	}
+	c.PaymentWorkers = int(min(workers, 1000))
+	if c.PaymentPolicy.Timeout <= c.ProviderTimeout {
+		return config{}, fmt.Errorf("ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT=%s must be longer than ONCEKEY_PROVIDER_TIMEOUT=%s: an attempt needs time to record the provider's answer", c.PaymentPolicy.Timeout, c.ProviderTimeout)
+	}
 	if c.Wait >= c.RequestTimeout {
 		return config{}, fmt.Errorf("IDEMPOTENCY_WAIT=%s must be shorter than ONCEKEY_REQUEST_TIMEOUT=%s: a waiting duplicate would time out with 503 instead of getting 202", c.Wait, c.RequestTimeout)
 	}

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -35,8 +36,12 @@ import (
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/jobs"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/provider"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/store/rediscache"
@@ -252,6 +257,8 @@ type backend interface {
 	idempotency.Purger
 	idempotency.StatsSource
 	orders.Repository
+	payments.Repository
+	ledger.Repository
 	auth.Store
 	Ping(context.Context) error
 }
@@ -269,8 +276,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 
 	m := metrics.New()
 	var store backend
+	var pool *pgxpool.Pool // nil in memory
 	if cfg.DatabaseURL != "" {
-		pool, err := openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
+		pool, err = openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
 		if err != nil {
 			return err
 		}
@@ -302,8 +310,15 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		keys = rediscache.New(store, rdb, rediscache.Config{Observer: m})
 		log.Info("idempotency fast path: Redis")
 	}
+	pay, err := startPayments(ctx, cfg, store, pool, log)
+	if err != nil {
+		return err
+	}
+	defer pay.stop()
 	handler, err := httpapi.New(httpapi.Config{
 		Orders:         orders.NewService(store),
+		Payments:       pay.svc,
+		Ledger:         ledger.NewService(store),
 		Auth:           store,
 		Idempotency:    keys,
 		Ready:          store.Ping,
@@ -350,4 +365,80 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// paymentsRuntime is the payment service with its worker and provider.
+type paymentsRuntime struct {
+	svc  *payments.Service
+	stop func()
+}
+
+// startPayments builds the payment service and starts its worker: River on
+// PostgreSQL, the in-process worker in memory. The provider is
+// ONCEKEY_PROVIDER_URL or, without one, the sandbox provider in-process (so
+// the in-memory default works end to end). stop lets attempts under way
+// finish, for up to ONCEKEY_SHUTDOWN_TIMEOUT.
+func startPayments(ctx context.Context, cfg config, store backend, pool *pgxpool.Pool, log *slog.Logger) (paymentsRuntime, error) {
+	var stops []func(context.Context)
+	stopAll := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		for _, stop := range slices.Backward(stops) {
+			stop(sctx)
+		}
+	}
+	providerURL := cfg.ProviderURL
+	if providerURL == "" {
+		sandbox := provider.NewServer(provider.NewMemoryStore(), cfg.ProviderFaults, log.With("component", "sandbox-provider"))
+		url, stop, err := provider.Listen(ctx, "127.0.0.1:0", sandbox, log)
+		if err != nil {
+			return paymentsRuntime{}, fmt.Errorf("start the sandbox provider: %w", err)
+		}
+		stops = append(stops, func(ctx context.Context) { _ = stop(ctx) })
+		providerURL = url
+		log.Warn("payments: sandbox provider in-process (set ONCEKEY_PROVIDER_URL for a real one)", "url", url)
+	}
+	client := provider.NewClient(providerURL, &http.Client{Timeout: cfg.ProviderTimeout})
+	pcfg := payments.Config{Repo: store, Orders: store, Provider: client, Render: httpapi.PaymentOutcome}
+
+	if pool == nil {
+		mem, ok := store.(payments.LocalQueue)
+		if !ok {
+			return paymentsRuntime{}, errors.New("payments: the in-memory store has no local queue")
+		}
+		pcfg.Queue = mem
+		svc := payments.NewService(pcfg)
+		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			payments.RunLocal(wctx, mem, svc, cfg.PaymentPolicy, cfg.PaymentWorkers, log)
+		}()
+		stops = append(stops, func(sctx context.Context) {
+			cancel()
+			select {
+			case <-done:
+			case <-sctx.Done():
+			}
+		})
+		return paymentsRuntime{svc: svc, stop: stopAll}, nil
+	}
+
+	runner, err := jobs.New(pool, jobs.Config{Policy: cfg.PaymentPolicy, Workers: cfg.PaymentWorkers, Logger: log.With("component", "river")})
+	if err != nil {
+		stopAll()
+		return paymentsRuntime{}, err
+	}
+	pcfg.Queue = runner
+	svc := payments.NewService(pcfg)
+	if err := runner.Start(context.WithoutCancel(ctx), svc); err != nil {
+		stopAll()
+		return paymentsRuntime{}, fmt.Errorf("start the payment worker: %w", err)
+	}
+	stops = append(stops, func(sctx context.Context) {
+		if err := runner.Stop(sctx); err != nil {
+			log.Warn("payments: worker stop", "err", err)
+		}
+	})
+	return paymentsRuntime{svc: svc, stop: stopAll}, nil
 }

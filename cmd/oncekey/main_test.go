@@ -21,7 +21,12 @@ import (
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(subprocessEnv) == "serve" {
+		os.Exit(runSubprocess())
+	}
+	testdb.Main(m)
+}
 
 func runCommand(t *testing.T, env map[string]string, args ...string) (string, error) {
 	t.Helper()

@@ -162,3 +162,41 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+var paymentFlowRe = regexp.MustCompile("(?s)<!-- readme-test: payment-flow -->\\s*```sh\\n(.*?)```")
+
+// TestReadmePaymentFlow runs the README's payment walk-through as printed
+// against `oncekey serve` on the in-memory default (the sandbox provider
+// in-process) and checks what each step prints: 202 with the pending
+// payment, the final payment from polling, 200 with it on the retry.
+func TestReadmePaymentFlow(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	m := paymentFlowRe.FindStringSubmatch(string(readme))
+	require.NotNil(t, m, "README.md should have the marked payment flow")
+
+	addr, _ := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_try_me"})
+	script := strings.ReplaceAll(m[1], "http://localhost:8080", "http://"+addr)
+	cmd := exec.Command("bash", "-c", "set -eo pipefail\n"+script)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the payment flow failed:\n%s", out)
+	text := strings.ReplaceAll(string(out), "\r\n", "\n")
+
+	accepted, rest, ok := strings.Cut(text, "\n\n")
+	require.True(t, ok, "no response head in:\n%s", text)
+	require.True(t, strings.HasPrefix(accepted, "HTTP/1.1 202 Accepted"), "step 1 answers 202:\n%s", text)
+	require.Regexp(t, `(?m)^Location: /payments/[0-9a-f-]{36}$`, accepted)
+	require.Regexp(t, `(?m)^Retry-After: 1$`, accepted)
+	require.Contains(t, rest, `"status":"pending"`, "step 1's body is the pending payment")
+
+	before, retry, ok := strings.Cut(rest, "HTTP/1.1 200 OK")
+	require.True(t, ok, "step 3 answers 200:\n%s", text)
+	retry = "HTTP/1.1 200 OK" + retry
+	lines := strings.Split(strings.TrimSpace(before), "\n")
+	polled := strings.TrimSpace(lines[len(lines)-1])
+	require.Contains(t, polled, `"status":"succeeded"`, "step 2 ends with the final payment:\n%s", text)
+	require.Regexp(t, `(?m)^Idempotent-Replayed: true$`, retry)
+	_, retryBody, _ := strings.Cut(retry, "\n\n")
+	require.Equal(t, polled, strings.TrimSpace(retryBody), "the retry answers with the final payment, as GET shows it")
+}

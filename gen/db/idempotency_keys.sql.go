@@ -262,6 +262,44 @@ func (q *Queries) IdempotencyKeyPurgeExpired(ctx context.Context, batchSize int3
 	return result.RowsAffected(), nil
 }
 
+const idempotencyKeyReplaceProvisional = `-- name: IdempotencyKeyReplaceProvisional :execrows
+UPDATE idempotency_keys
+SET response_status = $1,
+    response_headers = $2,
+    response_body = $3,
+    completed_at = now()
+WHERE account_id = $4 AND idempotency_key = $5 AND created_at = $6
+  AND status = 'completed' AND response_status = 202
+`
+
+type IdempotencyKeyReplaceProvisionalParams struct {
+	ResponseStatus  pgtype.Int4
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	AccountID       uuid.UUID
+	IdempotencyKey  string
+	KeyCreatedAt    time.Time
+}
+
+// Replaces the provisional 202 stored for a long operation with its final
+// response, once the operation finished. created_at pins the very key row
+// the operation was accepted under (see payments.key_created_at); a row
+// that was purged, or reused after it expired, is left alone.
+func (q *Queries) IdempotencyKeyReplaceProvisional(ctx context.Context, arg IdempotencyKeyReplaceProvisionalParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeyReplaceProvisional,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.AccountID,
+		arg.IdempotencyKey,
+		arg.KeyCreatedAt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idempotencyKeyStats = `-- name: IdempotencyKeyStats :one
 SELECT
     (SELECT count(*) FROM idempotency_keys WHERE status = 'processing')::bigint AS processing,

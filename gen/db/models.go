@@ -25,6 +25,22 @@ type ApiKey struct {
 	RevokedAt *time.Time
 }
 
+type BonusBalance struct {
+	AccountID uuid.UUID
+	Balance   int64
+	UpdatedAt time.Time
+}
+
+type BonusEntry struct {
+	AccountID    uuid.UUID
+	ID           uuid.UUID
+	Kind         string
+	Amount       int64
+	Reason       string
+	BalanceAfter int64
+	CreatedAt    time.Time
+}
+
 type IdempotencyKey struct {
 	AccountID       uuid.UUID
 	IdempotencyKey  string
@@ -48,4 +64,19 @@ type Order struct {
 	Currency  string
 	Items     json.RawMessage
 	CreatedAt time.Time
+}
+
+type Payment struct {
+	AccountID        uuid.UUID
+	ID               uuid.UUID
+	OrderID          uuid.UUID
+	Amount           int64
+	Currency         string
+	Status           string
+	FailureReason    pgtype.Text
+	ProviderChargeID pgtype.Text
+	IdempotencyKey   string
+	KeyCreatedAt     time.Time
+	CreatedAt        time.Time
+	CompletedAt      *time.Time
 }

@@ -208,27 +208,13 @@ func TestConcurrentDuplicatesMakeOneOrder(t *testing.T) {
 				}
 				const key = "stampede"
 
-				reqs := make([]*http.Request, n)
-				for i := range reqs {
-					reqs[i] = servers[i%len(servers)].newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
-				}
-				replies := make([]reply, n)
-				errs := make([]error, n)
-				start := make(chan struct{})
-				var wg sync.WaitGroup
-				for i := range reqs {
-					wg.Go(func() {
-						<-start
-						replies[i], errs[i] = b.exchange(reqs[i])
-					})
-				}
-				close(start)
-				wg.Wait()
+				replies := b.stampede(t, n, func(i int) *http.Request {
+					return servers[i%len(servers)].newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
+				})
 
 				var created []byte
 				statuses := map[int]int{}
 				for i, r := range replies {
-					require.NoError(t, errs[i], "request %d", i)
 					statuses[r.Status]++
 					switch r.Status {
 					case http.StatusCreated:

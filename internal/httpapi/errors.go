@@ -7,7 +7,9 @@ import (
 	"net/http"
 
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
 )
 
@@ -20,6 +22,9 @@ var errorKinds = []struct {
 	{orders.ErrNotFound, problem.NotFound},
 	{orders.ErrUnknownCurrency, problem.UnknownCurrency},
 	{orders.ErrInvalidCursor, problem.Validation},
+	{payments.ErrNotFound, problem.NotFound},
+	{payments.ErrUnknownOrder, problem.UnknownOrder},
+	{ledger.ErrInsufficientFunds, problem.InsufficientFunds},
 	{errNotReady, problem.Unavailable},
 	{idempotency.ErrUnavailable, problem.Unavailable},
 	{context.DeadlineExceeded, problem.Unavailable},

@@ -12,15 +12,19 @@ import (
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/docspage"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
 )
 
 // handlers implements the generated strict server. Each method takes the
 // caller from the context, calls the domain and maps the result; errors go
 // to errorResponder.response, the one place that turns them into problems.
 type handlers struct {
-	orders *orders.Service
-	ready  func(context.Context) error
+	orders   *orders.Service
+	payments *payments.Service
+	ledger   *ledger.Service
+	ready    func(context.Context) error
 }
 
 var _ api.StrictServerInterface = (*handlers)(nil)

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
-	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
@@ -27,9 +26,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 // backend is a store the HTTP layer runs on.
 type backend interface {
-	idempotency.Store
-	orders.Repository
-	auth.Store
+	servicetest.Store
 }
 
 // backendCase is one store the tests run on.

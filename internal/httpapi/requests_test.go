@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -91,4 +92,30 @@ func requireProblem(t *testing.T, r reply, kind problem.Kind, what string) probl
 	require.Equal(t, kind.Status, d.Status, "%s: status in the problem body", what)
 	require.Equal(t, kind.Title, d.Title, "%s: problem title", what)
 	return d
+}
+
+// stampede sends n requests at once (request(i) builds the i-th) and
+// returns their replies in order.
+func (b *testBundle) stampede(t *testing.T, n int, request func(i int) *http.Request) []reply {
+	t.Helper()
+	reqs := make([]*http.Request, n)
+	for i := range reqs {
+		reqs[i] = request(i)
+	}
+	replies := make([]reply, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range reqs {
+		wg.Go(func() {
+			<-start
+			replies[i], errs[i] = b.exchange(reqs[i])
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "request %d", i)
+	}
+	return replies
 }

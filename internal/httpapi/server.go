@@ -26,8 +26,10 @@ import (
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/docspage"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/tracing"
 )
@@ -41,6 +43,8 @@ const (
 // Config is what the HTTP layer is built from.
 type Config struct {
 	Orders      *orders.Service
+	Payments    *payments.Service
+	Ledger      *ledger.Service
 	Auth        auth.Store
 	Idempotency idempotency.Store
 	// Ready reports whether dependencies answer (GET /readyz).
@@ -121,7 +125,7 @@ func New(cfg Config) (http.Handler, error) {
 	// Operational, not part of the API contract: scrape it from inside the
 	// network (docs/operations.md).
 	r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
-	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
+	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, payments: cfg.Payments, ledger: cfg.Ledger, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  errs.request,
 		ResponseErrorHandlerFunc: errs.response,
 	})

@@ -183,13 +183,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.duplicate(ctx, op, OutcomeReplayed, waited)
 		m.replay(w, rec.Response)
 	default:
-		m.run(w, r, op, lease, body, next)
+		m.run(w, r, op, lease, Claim{Account: account, Key: key, ClaimedAt: lease.ClaimedAt()}, body, next)
 	}
 }
 
 // run executes the operation inside lease and answers only after the outcome
 // is durable: a client never sees a success that a crash could still undo.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, lease Lease, body []byte, next http.Handler) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, lease Lease, claim Claim, body []byte, next http.Handler) {
 	ctx := r.Context()
 	settled := false
 	defer func() {
@@ -205,7 +205,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, leas
 	}()
 
 	rec := newRecorder()
-	inner := r.WithContext(lease.Context(ctx))
+	inner := r.WithContext(withClaim(lease.Context(ctx), claim))
 	inner.Body = io.NopCloser(bytes.NewReader(body))
 	next.ServeHTTP(rec, inner)
 

@@ -66,6 +66,39 @@ type Lease interface {
 	// Rollback discards the domain writes and frees the key. It is safe to call
 	// after Commit (it then does nothing), so callers can defer it.
 	Rollback(ctx context.Context) error
+	// ClaimedAt is when the store claimed the key (the record's CreatedAt
+	// once committed). With the account and key it names this one claim: a
+	// key reused after it expired is claimed at another time, so a long
+	// operation's late outcome can find the record it belongs to.
+	ClaimedAt() time.Time
+}
+
+// Provisional reports whether a stored response is a long operation's
+// "accepted, still running" answer (202), which the operation replaces with
+// its final response when its background work ends. Every other stored
+// response is final and never changes until it expires, so caches may keep
+// it; a provisional one must be read from the durable store.
+func Provisional(status int) bool { return status == http.StatusAccepted }
+
+// Claim names the key an operation runs under. The middleware puts it in the
+// operation's context, so that a long operation can bind its background work
+// to the key and later replace the provisional response stored under it.
+type Claim struct {
+	Account   uuid.UUID
+	Key       string
+	ClaimedAt time.Time
+}
+
+type claimKey struct{}
+
+// ClaimFrom returns the claim the operation in ctx runs under.
+func ClaimFrom(ctx context.Context) (Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(Claim)
+	return c, ok
+}
+
+func withClaim(ctx context.Context, c Claim) context.Context {
+	return context.WithValue(ctx, claimKey{}, c)
 }
 
 // Record is a completed operation as stored under its key.

@@ -37,11 +37,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // backend is a store the service runs on, with everything the metrics read
 // from it.
 type backend interface {
-	idempotency.Store
+	servicetest.Store
 	idempotency.StatsSource
 	idempotency.Purger
-	orders.Repository
-	auth.Store
 }
 
 // backends are the stores the request-driven metrics are proved on: the

@@ -89,8 +89,8 @@ func NewService(repo Repository) *Service {
 
 // Create validates and stores a new order for account.
 func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewOrder) (Order, error) {
-	if _, err := currency.ParseISO(in.Currency); err != nil || strings.ToUpper(in.Currency) != in.Currency {
-		return Order{}, fmt.Errorf("%w: %q is not an ISO 4217 currency code", ErrUnknownCurrency, in.Currency)
+	if err := CheckCurrency(in.Currency); err != nil {
+		return Order{}, err
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -111,6 +111,16 @@ func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewOrder) (O
 		return Order{}, fmt.Errorf("store order: %w", err)
 	}
 	return o, nil
+}
+
+// CheckCurrency returns ErrUnknownCurrency (wrapped, naming the code) unless
+// code is an upper-case ISO 4217 currency code. Payments check theirs with
+// it too, so both refuse the same codes.
+func CheckCurrency(code string) error {
+	if _, err := currency.ParseISO(code); err != nil || strings.ToUpper(code) != code {
+		return fmt.Errorf("%w: %q is not an ISO 4217 currency code", ErrUnknownCurrency, code)
+	}
+	return nil
 }
 
 // Get returns one of account's orders.

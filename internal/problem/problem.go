@@ -41,6 +41,8 @@ var (
 	PayloadTooLarge       = Kind{"payload-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
 	UnsupportedMediaType  = Kind{"unsupported-media-type", http.StatusUnsupportedMediaType, "Unsupported Content-Type"}
 	UnknownCurrency       = Kind{"unknown-currency", http.StatusUnprocessableEntity, "Unknown currency"}
+	UnknownOrder          = Kind{"unknown-order", http.StatusUnprocessableEntity, "No such order"}
+	InsufficientFunds     = Kind{"insufficient-funds", http.StatusUnprocessableEntity, "Insufficient bonus balance"}
 	InProgress            = Kind{"request-in-progress", http.StatusAccepted, "A request with this Idempotency-Key is still in progress"}
 	Internal              = Kind{"internal-error", http.StatusInternalServerError, "Internal server error"}
 	// ClientClosedRequest is written when the client went away before the
@@ -54,7 +56,7 @@ var (
 var Kinds = []Kind{
 	Validation, MalformedJSON, MissingIdempotencyKey, InvalidIdempotencyKey,
 	Unauthorized, NotFound, MethodNotAllowed, KeyMismatch, PayloadTooLarge,
-	UnsupportedMediaType, UnknownCurrency, InProgress, Internal, Unavailable,
+	UnsupportedMediaType, UnknownCurrency, UnknownOrder, InsufficientFunds, InProgress, Internal, Unavailable,
 	ClientClosedRequest,
 }
 

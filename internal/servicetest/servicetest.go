@@ -20,6 +20,7 @@ import (
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
 )
 
@@ -79,6 +80,7 @@ func Exchange(client *http.Client, req *http.Request) (Reply, error) {
 type Store interface {
 	idempotency.Store
 	orders.Repository
+	ledger.Repository
 	auth.Store
 }
 
@@ -94,6 +96,9 @@ func Start(t testing.TB, store Store, wrap func(orders.Repository) orders.Reposi
 		repo = wrap(store)
 	}
 	cfg.Orders = orders.NewService(repo)
+	if cfg.Ledger == nil {
+		cfg.Ledger = ledger.NewService(store)
+	}
 	cfg.Auth = store
 	if cfg.Idempotency == nil {
 		cfg.Idempotency = store

@@ -16,7 +16,9 @@ import (
 
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
 )
 
 // Store implements idempotency.Store, orders.Repository and auth.Store.
@@ -32,8 +34,12 @@ type Store struct {
 	keysMu sync.Mutex
 	keys   map[scope]*entry
 
-	data   sync.RWMutex
-	orders map[uuid.UUID]map[uuid.UUID]orders.Order
+	data          sync.RWMutex
+	orders        map[uuid.UUID]map[uuid.UUID]orders.Order
+	bonusBalances map[uuid.UUID]int64
+	bonusEntries  map[uuid.UUID][]ledger.Entry
+	payments      map[uuid.UUID]map[uuid.UUID]payments.Payment
+	charges       chargeQueue
 
 	// Accounts have their own lock: authentication must never wait for an
 	// operation that holds the data lock.
@@ -57,11 +63,15 @@ type entry struct {
 // New returns an empty store.
 func New() *Store {
 	return &Store{
-		now:      time.Now,
-		keys:     map[scope]*entry{},
-		orders:   map[uuid.UUID]map[uuid.UUID]orders.Order{},
-		apiKeys:  map[auth.KeyHash]uuid.UUID{},
-		accounts: map[uuid.UUID]string{},
+		now:           time.Now,
+		keys:          map[scope]*entry{},
+		orders:        map[uuid.UUID]map[uuid.UUID]orders.Order{},
+		bonusBalances: map[uuid.UUID]int64{},
+		bonusEntries:  map[uuid.UUID][]ledger.Entry{},
+		payments:      map[uuid.UUID]map[uuid.UUID]payments.Payment{},
+		charges:       newChargeQueue(),
+		apiKeys:       map[auth.KeyHash]uuid.UUID{},
+		accounts:      map[uuid.UUID]string{},
 	}
 }
 
@@ -135,6 +145,8 @@ type lease struct {
 func (l *lease) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, leaseKey{}, l)
 }
+
+func (l *lease) ClaimedAt() time.Time { return l.claimedAt }
 
 // write applies a domain write inside the lease, taking the data lock on
 // the first one.

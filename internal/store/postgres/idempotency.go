@@ -105,7 +105,7 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
 				return nil, nil, translate(fmt.Errorf("reset claim timeouts: %w", err))
 			}
-			return &lease{tx: tx, account: req.Account, key: req.Key}, nil, nil
+			return &lease{tx: tx, account: req.Account, key: req.Key, claimedAt: row.CreatedAt}, nil, nil
 		case row.Expired:
 			// An expired key is absent: free it and claim again.
 			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, db.IdempotencyKeyDeleteIfExpiredParams{
@@ -159,11 +159,14 @@ func recordFromRow(row db.IdempotencyKeyClaimRow) (*idempotency.Record, error) {
 
 // lease is a claimed key and the open transaction the operation runs in.
 type lease struct {
-	tx      pgx.Tx
-	account uuid.UUID
-	key     string
-	done    bool
+	tx        pgx.Tx
+	account   uuid.UUID
+	key       string
+	claimedAt time.Time
+	done      bool
 }
+
+func (l *lease) ClaimedAt() time.Time { return l.claimedAt }
 
 func (l *lease) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, l.tx)
@@ -174,17 +177,10 @@ func (l *lease) Commit(ctx context.Context, resp idempotency.Response) error {
 		return errors.New("lease already settled")
 	}
 	l.done = true
-	headers, err := json.Marshal(resp.Header)
+	headers, body, err := encodeResponse(resp)
 	if err != nil {
 		_ = l.tx.Rollback(ctx)
-		return fmt.Errorf("encode headers: %w", err)
-	}
-	body := resp.Body
-	if body == nil {
-		// pgx sends a nil []byte as NULL, which the completed-row CHECK
-		// rejects; a response without a body (204, or a handler that wrote
-		// nothing) is stored as empty bytes.
-		body = []byte{}
+		return err
 	}
 	n, err := db.New(l.tx).IdempotencyKeyComplete(ctx, db.IdempotencyKeyCompleteParams{
 		AccountID:       l.account,
@@ -204,6 +200,23 @@ func (l *lease) Commit(ctx context.Context, resp idempotency.Response) error {
 		return translate(fmt.Errorf("commit: %w", err))
 	}
 	return nil
+}
+
+// encodeResponse returns a response's headers and body as the key row
+// stores them.
+func encodeResponse(resp idempotency.Response) (headers, body []byte, err error) {
+	headers, err = json.Marshal(resp.Header)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode headers: %w", err)
+	}
+	body = resp.Body
+	if body == nil {
+		// pgx sends a nil []byte as NULL, which the completed-row CHECK
+		// rejects; a response without a body (204, or a handler that wrote
+		// nothing) is stored as empty bytes.
+		body = []byte{}
+	}
+	return headers, body, nil
 }
 
 func (l *lease) Rollback(ctx context.Context) error {

@@ -19,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/db"
@@ -72,7 +74,8 @@ func Open(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error
 	return pool, nil
 }
 
-// Migrate applies the embedded migrations in schema/. A PostgreSQL session
+// Migrate applies the embedded migrations in schema/, then River's (the
+// background jobs' tables). A PostgreSQL session
 // advisory lock serialises concurrent callers, so replicas that start
 // together migrate once and the rest wait, then find nothing to do.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
@@ -94,6 +97,40 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	if _, err := provider.Up(ctx); err != nil {
 		return fmt.Errorf("apply migrations: %w", err)
+	}
+	return migrateRiver(ctx, pool)
+}
+
+// riverMigrateLockID serialises River's migrations across replicas
+// ("oncekey.river" in ASCII, truncated to 8 bytes).
+const riverMigrateLockID int64 = 0x6f6e63656b65792f
+
+// migrateRiver applies River's own migrations (its job tables). They cannot
+// share one transaction (a later one uses an enum value an earlier one
+// adds), so a session advisory lock, held on a connection of its own while
+// River migrates on others, makes replicas that start together apply them
+// once: the others wait, then find nothing to do.
+func migrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return fmt.Errorf("load River migrations: %w", err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return translate(fmt.Errorf("River migrations: acquire connection: %w", err))
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", riverMigrateLockID); err != nil {
+		return translate(fmt.Errorf("take River migration lock: %w", err))
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", riverMigrateLockID); err != nil {
+			// The lock must not outlive this run on a pooled connection.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("apply River migrations: %w", err)
 	}
 	return nil
 }
@@ -123,6 +160,14 @@ func (s *Store) queries(ctx context.Context) *db.Queries {
 		return db.New(tx)
 	}
 	return db.New(s.pool)
+}
+
+// TxFrom returns the transaction of the idempotency lease in ctx, for code
+// outside this package that must write in it: River inserts a payment's job
+// in the transaction that creates the payment.
+func TxFrom(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
 }
 
 // translate maps driver errors that mean "the database is not there right

@@ -5,7 +5,9 @@
 //   - Completed records are cached (SET … PX until the key expires) and
 //     replays are served from Redis without touching the database. A
 //     completed record never changes until it expires, so the cache can
-//     never disagree with the database about it.
+//     never disagree with the database about it. The one exception, a long
+//     operation's provisional 202 (replaced by its final response when the
+//     background work ends), is never cached.
 //   - An in-flight marker (SET NX PX, a short lease) lets concurrent
 //     duplicates wait on Redis instead of each holding a database connection
 //     blocked on the first request's row. The marker is only a hint: if it is
@@ -271,10 +273,12 @@ func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record,
 	return rec, resultHit
 }
 
-// store caches rec until it expires. Failures only cost speed.
+// store caches rec until it expires. Failures only cost speed. A
+// provisional record (a long operation's 202) is not cached: it is replaced
+// by the operation's final response later, and only PostgreSQL sees that.
 func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Record) {
 	ttl := time.Until(rec.ExpiresAt)
-	if ttl <= 0 {
+	if ttl <= 0 || idempotency.Provisional(rec.Response.Status) {
 		return
 	}
 	raw, err := json.Marshal(cachedRecord{

@@ -25,13 +25,17 @@ import (
 
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
 )
 
 // Store is everything a storage implementation provides.
 type Store interface {
 	idempotency.Store
 	orders.Repository
+	ledger.Repository
+	payments.Repository
 	auth.Store
 	PurgeExpired(ctx context.Context, batch int) (int64, error)
 }
@@ -74,6 +78,11 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"Accounts", testAccounts},
 		{"ConcurrentClaimsRunOnce", testConcurrentClaimsRunOnce},
 		{"UncommittedWritesInvisible", testUncommittedWritesInvisible},
+		{"Ledger", testLedger},
+		{"LedgerConcurrentDebits", testLedgerConcurrentDebits},
+		{"LedgerRollbackUndoesEntry", testLedgerRollback},
+		{"Payments", testPayments},
+		{"PaymentFinishReplacesProvisionalResponse", testPaymentFinishReplacesProvisional},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

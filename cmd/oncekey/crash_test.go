@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// subprocessEnv makes the test binary run `oncekey serve` instead of the
+// tests (see TestMain), so a test can kill -9 a real serve process.
+const subprocessEnv = "ONCEKEY_TEST_SUBPROCESS"
+
+func runSubprocess() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, []string{"serve"}, os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "oncekey:", err)
+		return 1
+	}
+	return 0
+}
+
+// serveProcess is `oncekey serve` in a process of its own.
+type serveProcess struct {
+	cmd  *exec.Cmd
+	addr string
+	logs *servicetest.SyncBuffer
+}
+
+// startServeProcess starts serve with env and waits until it answers.
+func startServeProcess(t *testing.T, env map[string]string) *serveProcess {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), subprocessEnv+"=serve", "ONCEKEY_ADDR="+addr)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	logs := &servicetest.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start(), "start serve")
+	p := &serveProcess{cmd: cmd, addr: addr, logs: logs}
+	t.Cleanup(func() { p.kill() })
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 60*time.Second, 20*time.Millisecond, "serve did not become ready; its output:\n%s", logs)
+	return p
+}
+
+// kill is kill -9: no shutdown, no deferred work, connections cut.
+func (p *serveProcess) kill() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+	}
+}
+
+// answerLoser stands between the worker and the provider. While losing, it
+// lets the provider make the charge and then withholds the answer until the
+// caller gives up or dies: the dangerous moment for exactly-once, when the
+// money moved but nobody on our side knows.
+type answerLoser struct {
+	next   http.Handler
+	losing atomic.Bool
+	held   atomic.Int64
+}
+
+func (a *answerLoser) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || !a.losing.Load() {
+		a.next.ServeHTTP(w, r)
+		return
+	}
+	a.next.ServeHTTP(httptest.NewRecorder(), r) // charged
+	a.held.Add(1)
+	<-r.Context().Done()
+}
+
+// The whole serve process is killed while its worker waits for the
+// provider's answer to charges the provider has made. After a restart every
+// payment ends succeeded, each charged exactly once (counted by the
+// provider), and every client retry with its key gets the final payment.
+func TestPaymentsSurviveKilledServe(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL, pool := testdb.Fresh(t)
+	creds, err := auth.CreateAccount(ctx, postgres.New(pool), "crash", "")
+	require.NoError(t, err)
+
+	loser := &answerLoser{next: provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler))}
+	loser.losing.Store(true)
+	psrv := httptest.NewServer(loser)
+	t.Cleanup(psrv.Close)
+	providerClient := provider.NewClient(psrv.URL, nil)
+
+	env := map[string]string{
+		"DATABASE_URL":         dbURL,
+		"ONCEKEY_PROVIDER_URL": psrv.URL,
+		// An attempt waits long for the lost answer (the kill comes first);
+		// River rescues a dead worker's job 2×3s+1s after it started.
+		"ONCEKEY_PROVIDER_TIMEOUT":        "2500ms",
+		"ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT": "3s",
+		"ONCEKEY_PAYMENT_RETRY_BASE":      "50ms",
+	}
+	first := startServeProcess(t, env)
+	client := &http.Client{Timeout: 10 * time.Second}
+	post := func(addr, path, key, body string) servicetest.Reply {
+		t.Helper()
+		req, err := servicetest.NewRequest(http.MethodPost, "http://"+addr+path, creds.APIKey, strings.NewReader(body), "Idempotency-Key", key)
+		require.NoError(t, err)
+		reply, err := servicetest.Exchange(client, req)
+		require.NoError(t, err)
+		return reply
+	}
+
+	const n = 5
+	keys, bodies, ids := make([]string, n), make([]string, n), make([]string, n)
+	for i := range n {
+		order := post(first.addr, "/orders", uuid.NewString(), `{"items":[{"sku":"SKU-1","qty":1}],"amount":500,"currency":"RUB"}`)
+		require.Equal(t, http.StatusCreated, order.Status, "%s", order)
+		orderID := strings.TrimPrefix(order.Header.Get("Location"), "/orders/")
+		keys[i], bodies[i] = uuid.NewString(), fmt.Sprintf(`{"order_id":%q,"amount":500,"currency":"RUB"}`, orderID)
+		r := post(first.addr, "/payments", keys[i], bodies[i])
+		require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
+		ids[i] = strings.TrimPrefix(r.Header.Get("Location"), "/payments/")
+	}
+	require.Eventually(t, func() bool { return loser.held.Load() >= n }, 20*time.Second, 5*time.Millisecond,
+		"the worker should have charged every payment; serve's output:\n%s", first.logs)
+	first.kill()
+	loser.losing.Store(false)
+
+	second := startServeProcess(t, env)
+	for i := range n {
+		var last servicetest.Reply
+		require.Eventually(t, func() bool {
+			last = post(second.addr, "/payments", keys[i], bodies[i])
+			return last.Status == http.StatusOK
+		}, 60*time.Second, 50*time.Millisecond, "payment %s never settled after the restart; last reply %s; serve's output:\n%s", ids[i], last, second.logs)
+		require.Contains(t, string(last.Body), `"status":"succeeded"`, "payment %s", ids[i])
+		require.Contains(t, string(last.Body), `"id":"`+ids[i]+`"`, "the retry names the same payment")
+		charges, err := providerClient.ChargesByReference(ctx, ids[i])
+		require.NoError(t, err)
+		require.Len(t, charges, 1, "payment %s must be charged exactly once", ids[i])
+	}
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM payments WHERE account_id = $1", creds.AccountID).Scan(&rows))
+	require.Equal(t, n, rows, "one payment per key")
+	stats, err := providerClient.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, n, stats.Charges, "charges made in all")
+	require.GreaterOrEqual(t, stats.Replays, int64(n), "after the restart each charge was asked for again and replayed")
+}

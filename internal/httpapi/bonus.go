@@ -1,0 +1,58 @@
+package httpapi
+
+import (
+	"context"
+
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/ledger"
+)
+
+func (h *handlers) CreateBonusCredit(ctx context.Context, req api.CreateBonusCreditRequestObject) (api.CreateBonusCreditResponseObject, error) {
+	acct, err := account(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := h.ledger.Credit(ctx, acct, req.Body.Amount, req.Body.Reason)
+	if err != nil {
+		return nil, err
+	}
+	return api.CreateBonusCredit201JSONResponse{BonusEntryCreatedJSONResponse: api.BonusEntryCreatedJSONResponse{Body: toAPIEntryResult(e)}}, nil
+}
+
+func (h *handlers) CreateBonusDebit(ctx context.Context, req api.CreateBonusDebitRequestObject) (api.CreateBonusDebitResponseObject, error) {
+	acct, err := account(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := h.ledger.Debit(ctx, acct, req.Body.Amount, req.Body.Reason)
+	if err != nil {
+		return nil, err
+	}
+	return api.CreateBonusDebit201JSONResponse{BonusEntryCreatedJSONResponse: api.BonusEntryCreatedJSONResponse{Body: toAPIEntryResult(e)}}, nil
+}
+
+func (h *handlers) GetBonusBalance(ctx context.Context, _ api.GetBonusBalanceRequestObject) (api.GetBonusBalanceResponseObject, error) {
+	acct, err := account(ctx)
+	if err != nil {
+		return nil, err
+	}
+	balance, err := h.ledger.Balance(ctx, acct)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetBonusBalance200JSONResponse{Balance: balance}, nil
+}
+
+func toAPIEntryResult(e ledger.Entry) api.BonusEntryResult {
+	return api.BonusEntryResult{
+		Balance: e.BalanceAfter,
+		Entry: api.BonusEntry{
+			Id:           e.ID.String(),
+			Kind:         api.BonusEntryKind(e.Kind),
+			Amount:       e.Amount,
+			Reason:       e.Reason,
+			BalanceAfter: e.BalanceAfter,
+			CreatedAt:    e.CreatedAt,
+		},
+	}
+}

@@ -1,0 +1,389 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/jobs"
+	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store/memory"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// payBundle is the whole service with its payment worker (River on
+// PostgreSQL, the in-process worker in memory) and a sandbox provider of
+// its own, whose charges the tests count.
+type payBundle struct {
+	*testBundle
+	provider *provider.Client
+}
+
+// payOptions configure a payment test's provider and worker.
+type payOptions struct {
+	faults  provider.Faults
+	policy  payments.RetryPolicy
+	timeout time.Duration // the worker's HTTP timeout towards the provider (default 5s)
+}
+
+// fastPolicy retries quickly so fault tests take seconds.
+var fastPolicy = payments.RetryPolicy{Attempts: 30, Base: 5 * time.Millisecond, Limit: 50 * time.Millisecond, Timeout: 10 * time.Second}
+
+// payBackends are the stores the payment tests run on. Each PostgreSQL
+// case gets a database of its own: a River worker works every job in its
+// database, and must not charge another test's payments on its provider.
+var payBackends = []struct {
+	name string
+	run  func(t *testing.T, opts payOptions) *payBundle
+}{
+	{"memory", func(t *testing.T, opts payOptions) *payBundle {
+		store := memory.New()
+		b := startPayments(t, store, opts, func(svc *payments.Service, policy payments.RetryPolicy) payments.Queue {
+			return store
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			payments.RunLocal(ctx, store, b.svc, b.policy, 4, slog.New(slog.DiscardHandler))
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		return b.payBundle
+	}},
+	{"postgres", func(t *testing.T, opts payOptions) *payBundle {
+		_, pool := testdb.Fresh(t)
+		var runner *jobs.Runner
+		b := startPayments(t, postgres.New(pool), opts, func(svc *payments.Service, policy payments.RetryPolicy) payments.Queue {
+			var err error
+			runner, err = jobs.New(pool, jobs.Config{Policy: policy, Workers: 4, PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+			require.NoError(t, err, "River runner")
+			return runner
+		})
+		require.NoError(t, runner.Start(context.Background(), b.svc), "start River")
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, runner.Stop(ctx), "stop River")
+		})
+		return b.payBundle
+	}},
+}
+
+type started struct {
+	*payBundle
+	svc    *payments.Service
+	policy payments.RetryPolicy
+}
+
+// deferredQueue lets the queue be built after the service it feeds.
+type deferredQueue struct{ payments.Queue }
+
+// payStore is a backend that also keeps payments.
+type payStore interface {
+	backend
+	payments.Repository
+}
+
+func startPayments(t *testing.T, store payStore, opts payOptions, queue func(*payments.Service, payments.RetryPolicy) payments.Queue) started {
+	t.Helper()
+	sandbox := provider.NewServer(provider.NewMemoryStore(), opts.faults, slog.New(slog.DiscardHandler))
+	psrv := httptest.NewServer(sandbox)
+	t.Cleanup(psrv.Close)
+	if opts.timeout == 0 {
+		opts.timeout = 5 * time.Second
+	}
+	policy := opts.policy
+	if policy.Attempts == 0 {
+		policy = fastPolicy
+	}
+	q := &deferredQueue{}
+	svc := payments.NewService(payments.Config{
+		Repo: store, Orders: store, Queue: q, Render: httpapi.PaymentOutcome,
+		Provider: provider.NewClient(psrv.URL, &http.Client{Timeout: opts.timeout}),
+	})
+	q.Queue = queue(svc, policy)
+	tb := setup(t, store, options{cfg: httpapi.Config{Payments: svc}})
+	return started{payBundle: &payBundle{testBundle: tb, provider: provider.NewClient(psrv.URL, nil)}, svc: svc, policy: policy}
+}
+
+func forEachPayBackend(t *testing.T, opts payOptions, test func(t *testing.T, b *payBundle)) {
+	t.Helper()
+	for _, be := range payBackends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, be.run(t, opts))
+		})
+	}
+}
+
+// order creates an order to pay and returns its id.
+func (b *payBundle) order(t *testing.T) string {
+	t.Helper()
+	resp := b.createOrder(t, uuid.NewString(), seedBody)
+	require.Equal(t, http.StatusCreated, resp.StatusCode(), "create order: %s", resp.Body)
+	return resp.JSON201.Id
+}
+
+func paymentBody(orderID string) string {
+	return fmt.Sprintf(`{"order_id":%q,"amount":1200,"currency":"RUB"}`, orderID)
+}
+
+// pay posts a payment under key and returns the whole reply.
+func (b *payBundle) pay(t *testing.T, key, body string) servicetest.Reply {
+	t.Helper()
+	req, err := servicetest.NewRequest(http.MethodPost, b.url+"/payments", b.apiKey, strings.NewReader(body), idempotency.HeaderKey, key)
+	require.NoError(t, err)
+	reply, err := servicetest.Exchange(b.http, req)
+	require.NoError(t, err)
+	return reply
+}
+
+func decodePayment(t *testing.T, r servicetest.Reply) api.Payment {
+	t.Helper()
+	var p api.Payment
+	require.NoError(t, json.Unmarshal(r.Body, &p), "decode payment from %s", r)
+	return p
+}
+
+// awaitFinal polls GET /payments/{id} until the payment is final.
+func (b *payBundle) awaitFinal(t *testing.T, id string) api.Payment {
+	t.Helper()
+	var last api.Payment
+	require.Eventually(t, func() bool {
+		resp, err := b.client.GetPaymentWithResponse(context.Background(), id)
+		require.NoError(t, err, "get payment")
+		require.Equal(t, http.StatusOK, resp.StatusCode(), "get payment: %s", resp.Body)
+		last = *resp.JSON200
+		return last.Status != api.PaymentStatus(payments.StatusPending)
+	}, 30*time.Second, 10*time.Millisecond, "payment %s never became final", id)
+	return last
+}
+
+// charges counts the provider's charges for a payment: the truth about how
+// often money moved, whatever our side recorded.
+func (b *payBundle) charges(t *testing.T, paymentID string) []provider.Charge {
+	t.Helper()
+	list, err := b.provider.ChargesByReference(context.Background(), paymentID)
+	require.NoError(t, err, "list the provider's charges")
+	return list
+}
+
+func TestPaymentFlow(t *testing.T) {
+	t.Parallel()
+	// Latency keeps the payment pending long enough to see the pending replay.
+	forEachPayBackend(t, payOptions{faults: provider.Faults{Latency: 300 * time.Millisecond}}, func(t *testing.T, b *payBundle) {
+		key, body := uuid.NewString(), paymentBody(b.order(t))
+
+		first := b.pay(t, key, body)
+		require.Equal(t, http.StatusAccepted, first.Status, "accepted at once: %s", first)
+		pending := decodePayment(t, first)
+		require.Equal(t, api.PaymentStatus(payments.StatusPending), pending.Status)
+		require.Equal(t, "/payments/"+pending.Id, first.Header.Get("Location"))
+		require.Equal(t, "1", first.Header.Get("Retry-After"))
+		require.Empty(t, first.Header.Get(idempotency.HeaderReplayed))
+
+		again := b.pay(t, key, body)
+		require.Equal(t, http.StatusAccepted, again.Status, "a retry while pending: %s", again)
+		require.Equal(t, "true", again.Header.Get(idempotency.HeaderReplayed))
+		require.Equal(t, first.Body, again.Body, "the same pending payment, byte for byte")
+
+		final := b.awaitFinal(t, pending.Id)
+		require.Equal(t, api.PaymentStatus(payments.StatusSucceeded), final.Status)
+		require.NotNil(t, final.ProviderChargeId, "a succeeded payment names its charge")
+		require.NotNil(t, final.CompletedAt)
+
+		done := b.pay(t, key, body)
+		require.Equal(t, http.StatusOK, done.Status, "a retry after the payment is final: %s", done)
+		require.Equal(t, "true", done.Header.Get(idempotency.HeaderReplayed))
+		require.Equal(t, "/payments/"+pending.Id, done.Header.Get("Location"))
+		replayed := decodePayment(t, done)
+		require.Equal(t, final, replayed, "the retry answers with the final payment")
+
+		conflict := b.pay(t, key, paymentBody(b.order(t)))
+		require.Equal(t, http.StatusConflict, conflict.Status, "another body under the key: %s", conflict)
+
+		charges := b.charges(t, pending.Id)
+		require.Len(t, charges, 1, "one charge per payment")
+		require.Equal(t, *final.ProviderChargeId, charges[0].ID)
+		require.Equal(t, provider.ChargeRequest{Amount: 1200, Currency: "RUB", Reference: pending.Id},
+			provider.ChargeRequest{Amount: charges[0].Amount, Currency: charges[0].Currency, Reference: charges[0].Reference})
+
+		resp, err := b.client.GetPaymentWithResponse(context.Background(), uuid.NewString())
+		require.NoError(t, err)
+		require.Equal(t, http.StatusNotFound, resp.StatusCode(), "an unknown payment: %s", resp.Body)
+	})
+}
+
+func TestPaymentRefusals(t *testing.T) {
+	t.Parallel()
+	forEachPayBackend(t, payOptions{}, func(t *testing.T, b *payBundle) {
+		for _, tc := range []struct {
+			name, body, problem string
+		}{
+			{"unknown order", paymentBody(uuid.NewString()), "unknown-order"},
+			{"order id that is no uuid", paymentBody("order-1"), "unknown-order"},
+			{"unknown currency", fmt.Sprintf(`{"order_id":%q,"amount":1200,"currency":"XYZ"}`, b.order(t)), "unknown-currency"},
+		} {
+			key := uuid.NewString()
+			first := b.pay(t, key, tc.body)
+			require.Equal(t, http.StatusUnprocessableEntity, first.Status, "%s: %s", tc.name, first)
+			require.Contains(t, string(first.Body), "https://oncekey.dev/problems/"+tc.problem, tc.name)
+			again := b.pay(t, key, tc.body)
+			require.Equal(t, first.Body, again.Body, "%s: the refusal is stored and replayed", tc.name)
+			require.Equal(t, "true", again.Header.Get(idempotency.HeaderReplayed), tc.name)
+		}
+		// Another account cannot see, or pay, this account's order.
+		other := b.pay(t, uuid.NewString(), `{"order_id":"`+uuid.NewString()+`","amount":1,"currency":"RUB"}`)
+		require.Equal(t, http.StatusUnprocessableEntity, other.Status, "%s", other)
+		stats, err := b.provider.Stats(context.Background())
+		require.NoError(t, err)
+		require.Zero(t, stats.Requests, "a refused payment never reaches the provider")
+	})
+}
+
+// Under each fault of the provider, every payment is charged exactly once:
+// counted on the provider's side.
+func TestPaymentChargedOnceUnderProviderFaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		faults  provider.Faults
+		timeout time.Duration
+		fired   func(provider.Stats) int64
+	}{
+		{"provider 500s", provider.Faults{FailRate: 0.5, Seed: 1}, 0, func(s provider.Stats) int64 { return s.Faults.Fail }},
+		{"timeouts after charging", provider.Faults{TimeoutRate: 0.5, Seed: 2}, 200 * time.Millisecond, func(s provider.Stats) int64 { return s.Faults.Timeout }},
+		{"latency", provider.Faults{Latency: 50 * time.Millisecond, FailRate: 0.2, TimeoutRate: 0.2, Seed: 3}, 300 * time.Millisecond, func(s provider.Stats) int64 { return s.Faults.Fail + s.Faults.Timeout }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			forEachPayBackend(t, payOptions{faults: tc.faults, timeout: tc.timeout}, func(t *testing.T, b *payBundle) {
+				const n = 12
+				ids := make([]string, n)
+				for i := range n {
+					r := b.pay(t, uuid.NewString(), paymentBody(b.order(t)))
+					require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
+					ids[i] = decodePayment(t, r).Id
+				}
+				for _, id := range ids {
+					final := b.awaitFinal(t, id)
+					require.Equal(t, api.PaymentStatus(payments.StatusSucceeded), final.Status, "payment %s: %+v", id, final)
+					charges := b.charges(t, id)
+					require.Len(t, charges, 1, "payment %s must be charged exactly once", id)
+					require.Equal(t, *final.ProviderChargeId, charges[0].ID, "the payment names the one charge")
+				}
+				stats, err := b.provider.Stats(context.Background())
+				require.NoError(t, err)
+				require.Positive(t, tc.fired(stats), "the fault must really have fired: %+v", stats)
+				require.EqualValues(t, n, stats.Charges, "charges made in all")
+			})
+		})
+	}
+}
+
+// 50 concurrent retries of one POST: one payment, one charge.
+func TestPaymentConcurrentRetries(t *testing.T) {
+	t.Parallel()
+	forEachPayBackend(t, payOptions{}, func(t *testing.T, b *payBundle) {
+		key, body := uuid.NewString(), paymentBody(b.order(t))
+		const n = 50
+		replies := b.stampede(t, n, func(int) *http.Request {
+			return b.newRequest(t, http.MethodPost, "/payments", strings.NewReader(body), idempotency.HeaderKey, key)
+		})
+		ids := map[string]bool{}
+		for _, r := range replies {
+			switch r.Status {
+			case http.StatusAccepted, http.StatusOK:
+				if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+					ids[decodePayment(t, r).Id] = true
+				}
+			default:
+				require.Failf(t, "unexpected reply", "%s", r)
+			}
+		}
+		require.Len(t, ids, 1, "every reply names the one payment: %v", ids)
+		for id := range ids {
+			b.awaitFinal(t, id)
+			require.Len(t, b.charges(t, id), 1, "one charge")
+		}
+		stats, err := b.provider.Stats(context.Background())
+		require.NoError(t, err)
+		require.EqualValues(t, 1, stats.Charges, "one charge in all")
+		require.Equal(t, 1, b.paymentCount(t), "one payment row")
+	})
+}
+
+// A payment the provider never answers ends failed after the attempt limit,
+// and its key replays that outcome; a declined one ends failed at once.
+func TestPaymentFailures(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		faults   provider.Faults
+		reason   string
+		requests int64 // POSTs the provider saw
+	}{
+		{"provider keeps failing", provider.Faults{FailRate: 1}, payments.ReasonProviderUnavailable, 3},
+		{"card declined", provider.Faults{DeclineRate: 1}, payments.ReasonCardDeclined, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			policy := fastPolicy
+			policy.Attempts = 3
+			forEachPayBackend(t, payOptions{faults: tc.faults, policy: policy}, func(t *testing.T, b *payBundle) {
+				key, body := uuid.NewString(), paymentBody(b.order(t))
+				first := b.pay(t, key, body)
+				require.Equal(t, http.StatusAccepted, first.Status, "%s", first)
+				id := decodePayment(t, first).Id
+				final := b.awaitFinal(t, id)
+				require.Equal(t, api.PaymentStatus(payments.StatusFailed), final.Status)
+				require.NotNil(t, final.FailureReason)
+				require.Equal(t, tc.reason, string(*final.FailureReason))
+
+				again := b.pay(t, key, body)
+				require.Equal(t, http.StatusOK, again.Status, "the key replays the final outcome: %s", again)
+				require.Equal(t, final, decodePayment(t, again))
+
+				// Give a wrong worker time to make attempts it should not.
+				time.Sleep(100 * time.Millisecond)
+				stats, err := b.provider.Stats(context.Background())
+				require.NoError(t, err)
+				require.Equal(t, tc.requests, stats.Requests, "charge requests: %+v", stats)
+				succeeded := 0
+				for _, c := range b.charges(t, id) {
+					if c.Status == provider.StatusSucceeded {
+						succeeded++
+					}
+				}
+				require.Zero(t, succeeded, "a failed payment moved no money")
+			})
+		})
+	}
+}
+
+// paymentCount counts the account's payments in the store.
+func (b *payBundle) paymentCount(t *testing.T) int {
+	t.Helper()
+	counter, ok := b.store.(interface {
+		CountPayments(ctx context.Context, account uuid.UUID) (int, error)
+	})
+	require.True(t, ok, "the store counts payments")
+	n, err := counter.CountPayments(context.Background(), b.account)
+	require.NoError(t, err)
+	return n
+}

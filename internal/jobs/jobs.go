@@ -1,0 +1,152 @@
+// Package jobs runs the service's background work on River, PostgreSQL's
+// job queue: a payment's charge is inserted as a River job in the very
+// transaction that creates the payment and claims the client's key
+// (transactional enqueue), so a crash can never leave a payment without its
+// job or a job without its payment. River retries failed attempts with
+// backoff and rescues the jobs of a worker that died mid-attempt.
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+)
+
+// QueuePayments is the River queue charges run on.
+const QueuePayments = "payments"
+
+// Config configures the runner.
+type Config struct {
+	Policy payments.RetryPolicy
+	// Workers is how many charges run at once in this process (default 10).
+	Workers int
+	// PollInterval is how often River looks for jobs that are due without
+	// having been notified (retries, rescued jobs); default 250ms.
+	PollInterval time.Duration
+	Logger       *slog.Logger
+}
+
+// Runner inserts and works charge jobs.
+type Runner struct {
+	client *river.Client[pgx.Tx]
+	policy payments.RetryPolicy
+	svc    atomic.Pointer[payments.Service]
+}
+
+// chargeArgs is a charge job: the payment to charge.
+type chargeArgs struct {
+	payments.Ref
+}
+
+func (chargeArgs) Kind() string { return "charge_payment" }
+
+// New builds a runner on pool. Its River tables must exist (postgres.Migrate
+// applies them). It works nothing until Start.
+func New(pool *pgxpool.Pool, cfg Config) (*Runner, error) {
+	cfg.Policy = cfg.Policy.WithDefaults()
+	if cfg.Workers <= 0 {
+		cfg.Workers = 10
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 250 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	r := &Runner{policy: cfg.Policy}
+	workers := river.NewWorkers()
+	if err := river.AddWorkerSafely(workers, &chargeWorker{r: r}); err != nil {
+		return nil, fmt.Errorf("register charge worker: %w", err)
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{QueuePayments: {MaxWorkers: cfg.Workers}},
+		Workers:           workers,
+		FetchPollInterval: cfg.PollInterval,
+		FetchCooldown:     min(cfg.PollInterval, river.FetchCooldownDefault),
+		JobTimeout:        cfg.Policy.Timeout,
+		// A job still running this long after it started belongs to a
+		// worker that died (its process was killed, say): River hands it
+		// to another worker. It must exceed the attempt timeout, or a slow
+		// live attempt would be run twice at once (harmless: the charge
+		// key is the same, and only one can finish the payment, but
+		// wasteful).
+		RescueStuckJobsAfter: 2*cfg.Policy.Timeout + time.Second,
+		Logger:               cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create River client: %w", err)
+	}
+	r.client = client
+	return r, nil
+}
+
+// EnqueueCharge implements payments.Queue: it inserts the job in the
+// transaction of the idempotency lease in ctx, and refuses to run outside
+// one (a job inserted on its own could outlive a rolled-back payment).
+func (r *Runner) EnqueueCharge(ctx context.Context, ref payments.Ref) error {
+	tx, ok := postgres.TxFrom(ctx)
+	if !ok {
+		return errors.New("jobs: a charge must be enqueued inside the transaction that creates its payment")
+	}
+	_, err := r.client.InsertTx(ctx, tx, chargeArgs{Ref: ref}, &river.InsertOpts{
+		Queue: QueuePayments,
+		// One attempt beyond the policy's: if the process dies during
+		// the last attempt, the rescued job still gets to settle the
+		// payment instead of being discarded with it pending.
+		MaxAttempts: r.policy.Attempts + 1,
+	})
+	if err != nil {
+		return fmt.Errorf("insert charge job: %w", err)
+	}
+	return nil
+}
+
+// Start works jobs with svc until Stop.
+func (r *Runner) Start(ctx context.Context, svc *payments.Service) error {
+	r.svc.Store(svc)
+	return r.client.Start(ctx)
+}
+
+// Stop lets the attempts under way finish (until ctx ends, when they are
+// cancelled; River retries them later) and stops working jobs.
+func (r *Runner) Stop(ctx context.Context) error {
+	err := r.client.Stop(ctx)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return r.client.StopAndCancel(context.WithoutCancel(ctx))
+	}
+	return err
+}
+
+type chargeWorker struct {
+	river.WorkerDefaults[chargeArgs]
+	r *Runner
+}
+
+func (w *chargeWorker) Work(ctx context.Context, job *river.Job[chargeArgs]) error {
+	svc := w.r.svc.Load()
+	if svc == nil {
+		return errors.New("jobs: runner started without a payment service")
+	}
+	err := svc.Process(ctx, job.Args.Ref, job.Attempt, w.r.policy.Attempts)
+	if errors.Is(err, payments.ErrGone) {
+		return river.JobCancel(err)
+	}
+	return err
+}
+
+func (w *chargeWorker) NextRetry(job *river.Job[chargeArgs]) time.Time {
+	return w.r.policy.NextRetry(job.Attempt, time.Now())
+}
+
+func (w *chargeWorker) Timeout(*river.Job[chargeArgs]) time.Duration { return w.r.policy.Timeout }

@@ -1,0 +1,293 @@
+// Package payments is the payment domain: a long operation. Creating a
+// payment stores it pending and enqueues its charge in the unit of work of
+// the request that claimed the client's Idempotency-Key, so a payment never
+// exists without its job, nor a job without its payment. A background worker
+// then charges the external provider with an idempotency key of its own,
+// derived from the payment id (never the client's key), and makes the payment
+// final together with the response its client key replays from then on.
+//
+// It knows nothing about HTTP: the representation of the final response is
+// given to it (Config.Render) by the HTTP layer.
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/provider"
+)
+
+// Statuses of a payment. Pending is the only one that changes.
+const (
+	StatusPending   = "pending"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+)
+
+// Why a payment failed.
+const (
+	// ReasonCardDeclined: the provider declined the charge; not retried.
+	ReasonCardDeclined = "card_declined"
+	// ReasonProviderUnavailable: the provider did not answer within the
+	// attempt limit, and has no charge under the payment's key.
+	ReasonProviderUnavailable = "provider_unavailable"
+	// ReasonProviderRejected: the provider refused the request itself (a
+	// permanent 4xx); retrying cannot help.
+	ReasonProviderRejected = "provider_rejected"
+)
+
+// Errors the service returns; the HTTP layer maps each to one problem type.
+var (
+	// ErrNotFound: no such payment in the caller's account.
+	ErrNotFound = errors.New("payment not found")
+	// ErrUnknownOrder: the order to pay is not in the caller's account. A
+	// business outcome (422), stored and replayed; nothing is charged.
+	ErrUnknownOrder = errors.New("unknown order")
+	// ErrNoClaim: Create ran outside an idempotent request. A wiring bug:
+	// a payment must be bound to the key it was accepted under.
+	ErrNoClaim = errors.New("payments: create outside an idempotent request")
+)
+
+// Payment is a payment of an order.
+type Payment struct {
+	AccountID uuid.UUID
+	ID        uuid.UUID
+	OrderID   uuid.UUID
+	Amount    int64
+	Currency  string
+	Status    string
+	// FailureReason is set when Status is failed.
+	FailureReason string
+	// ProviderChargeID is set when Status is succeeded.
+	ProviderChargeID string
+	// Key and KeyClaimedAt name the client's key record the payment was
+	// accepted under (see idempotency.Claim); the final response replaces
+	// that record's provisional 202 and no other.
+	Key          string
+	KeyClaimedAt time.Time
+	CreatedAt    time.Time
+	// CompletedAt is set once the payment is final.
+	CompletedAt *time.Time
+}
+
+// Final reports whether the payment will never change again.
+func (p Payment) Final() bool { return p.Status != StatusPending }
+
+// Ref names a payment in a job: the account (every query is scoped to it)
+// and the id.
+type Ref struct {
+	AccountID uuid.UUID `json:"account_id"`
+	PaymentID uuid.UUID `json:"payment_id"`
+}
+
+// NewPayment is a request to pay an order; the HTTP layer has already
+// checked its shape against openapi.yaml.
+type NewPayment struct {
+	OrderID  string
+	Amount   int64
+	Currency string
+}
+
+// Repository persists payments. Implementations must pass the conformance
+// suite in internal/store/storetest.
+type Repository interface {
+	// CreatePayment inserts p (pending); inside an idempotent request it
+	// joins that request's unit of work.
+	CreatePayment(ctx context.Context, p Payment) error
+	// GetPayment returns the account's payment or ErrNotFound.
+	GetPayment(ctx context.Context, account, id uuid.UUID) (Payment, error)
+	// FinishPayment makes the pending payment final as p says and, in the
+	// same transaction, replaces the provisional response stored under p's
+	// key record with final. It reports false, changing nothing, if the
+	// payment was already final (a concurrent worker settled it first).
+	FinishPayment(ctx context.Context, p Payment, final idempotency.Response) (bool, error)
+}
+
+// Queue runs charges in the background.
+type Queue interface {
+	// EnqueueCharge schedules the charge of ref inside ctx's unit of work:
+	// it is only ever run if that unit of work commits.
+	EnqueueCharge(ctx context.Context, ref Ref) error
+}
+
+// Provider is the external payment provider (internal/provider's client).
+type Provider interface {
+	Charge(ctx context.Context, idempotencyKey string, req provider.ChargeRequest) (provider.Charge, error)
+	Lookup(ctx context.Context, idempotencyKey string) (provider.Charge, error)
+}
+
+// Orders finds the order a payment is for.
+type Orders interface {
+	GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error)
+}
+
+// Config is what the service is built from. All fields are required.
+type Config struct {
+	Repo     Repository
+	Orders   Orders
+	Queue    Queue
+	Provider Provider
+	// Render turns a final payment into the response its client key
+	// replays from then on (the HTTP layer's 200 with the payment).
+	Render func(Payment) (idempotency.Response, error)
+}
+
+// Service is the payment use cases.
+type Service struct {
+	cfg Config
+	now func() time.Time
+}
+
+// NewService returns the service for cfg.
+func NewService(cfg Config) *Service {
+	return &Service{cfg: cfg, now: time.Now}
+}
+
+// Create accepts a payment of one of account's orders: it stores the
+// payment pending and enqueues its charge, both in the unit of work of the
+// idempotent request in ctx.
+func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewPayment) (Payment, error) {
+	claim, ok := idempotency.ClaimFrom(ctx)
+	if !ok || claim.Account != account {
+		return Payment{}, ErrNoClaim
+	}
+	if err := orders.CheckCurrency(in.Currency); err != nil {
+		return Payment{}, err
+	}
+	orderID, err := uuid.Parse(in.OrderID)
+	if err != nil {
+		return Payment{}, fmt.Errorf("%w: %q is not an order id", ErrUnknownOrder, in.OrderID)
+	}
+	if _, err := s.cfg.Orders.GetOrder(ctx, account, orderID); errors.Is(err, orders.ErrNotFound) {
+		return Payment{}, fmt.Errorf("%w: order %s does not exist in this account", ErrUnknownOrder, orderID)
+	} else if err != nil {
+		return Payment{}, fmt.Errorf("read order: %w", err)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Payment{}, fmt.Errorf("new payment id: %w", err)
+	}
+	p := Payment{
+		AccountID: account, ID: id, OrderID: orderID, Amount: in.Amount, Currency: in.Currency,
+		Status: StatusPending, Key: claim.Key, KeyClaimedAt: claim.ClaimedAt,
+		// PostgreSQL keeps microseconds; the response equals what a GET reads.
+		CreatedAt: s.now().UTC().Truncate(time.Microsecond),
+	}
+	if err := s.cfg.Repo.CreatePayment(ctx, p); err != nil {
+		return Payment{}, fmt.Errorf("store payment: %w", err)
+	}
+	if err := s.cfg.Queue.EnqueueCharge(ctx, Ref{AccountID: account, PaymentID: id}); err != nil {
+		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
+	}
+	return p, nil
+}
+
+// Get returns one of account's payments.
+func (s *Service) Get(ctx context.Context, account uuid.UUID, id string) (Payment, error) {
+	pid, err := uuid.Parse(id)
+	if err != nil {
+		return Payment{}, ErrNotFound // not an id we could have issued
+	}
+	return s.cfg.Repo.GetPayment(ctx, account, pid)
+}
+
+// ChargeKey is the Idempotency-Key the worker sends the provider for a
+// payment: derived from the payment id alone, so every attempt, on any
+// replica, after any crash, asks for the same one charge. The client's key
+// is never passed on: it is scoped to the client's account here, not to
+// the provider, and one client key could (after it expires) name another
+// payment.
+func ChargeKey(paymentID uuid.UUID) string { return "oncekey-payment-" + paymentID.String() }
+
+// ErrGone: the job names a payment that does not exist. Transactional
+// enqueue makes this impossible short of someone deleting rows; retrying
+// cannot help.
+var ErrGone = errors.New("payments: the job's payment does not exist")
+
+// Process runs attempt number attempt (from 1) of ref's charge. It returns
+// nil when the payment is final (now, or already), and an error when the
+// attempt failed in a way a later attempt may fix; from attempt maxAttempts
+// on, instead of failing it settles the payment: succeeded if the provider
+// has a charge under the payment's key after all (an answer lost to a
+// timeout), failed otherwise.
+//
+// Every attempt sends the same charge key, so the provider charges at most
+// once however many attempts, workers or crashes there are.
+func (s *Service) Process(ctx context.Context, ref Ref, attempt, maxAttempts int) error {
+	p, err := s.cfg.Repo.GetPayment(ctx, ref.AccountID, ref.PaymentID)
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%w: %s", ErrGone, ref.PaymentID)
+	}
+	if err != nil {
+		return fmt.Errorf("read payment: %w", err)
+	}
+	if p.Final() {
+		return nil
+	}
+	key := ChargeKey(p.ID)
+	charge, err := s.cfg.Provider.Charge(ctx, key, provider.ChargeRequest{Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
+	switch {
+	case err == nil:
+		return s.settle(ctx, p, charge)
+	case errors.Is(err, provider.ErrRejected):
+		return s.finish(ctx, p, StatusFailed, ReasonProviderRejected, "")
+	case attempt < maxAttempts:
+		return fmt.Errorf("charge attempt %d of %d: %w", attempt, maxAttempts, err)
+	}
+	// The last attempt failed too, and may have charged without our hearing
+	// of it: ask the provider what it has under the key before giving up.
+	charge, lerr := s.cfg.Provider.Lookup(ctx, key)
+	switch {
+	case lerr == nil:
+		return s.settle(ctx, p, charge)
+	case errors.Is(lerr, provider.ErrNotFound):
+		return s.finish(ctx, p, StatusFailed, ReasonProviderUnavailable, "")
+	default:
+		return fmt.Errorf("charge attempt %d of %d: %w; and the look-up of the charge failed: %w", attempt, maxAttempts, err, lerr)
+	}
+}
+
+// settle makes p final as the provider's charge says.
+func (s *Service) settle(ctx context.Context, p Payment, c provider.Charge) error {
+	if c.Status == provider.StatusSucceeded {
+		return s.finish(ctx, p, StatusSucceeded, "", c.ID)
+	}
+	return s.finish(ctx, p, StatusFailed, ReasonCardDeclined, "")
+}
+
+func (s *Service) finish(ctx context.Context, p Payment, status, reason, chargeID string) error {
+	now := s.now().UTC().Truncate(time.Microsecond)
+	p.Status, p.FailureReason, p.ProviderChargeID, p.CompletedAt = status, reason, chargeID, &now
+	final, err := s.cfg.Render(p)
+	if err != nil {
+		return fmt.Errorf("render final payment: %w", err)
+	}
+	// false means another worker settled it first, with the same charge
+	// key and so the same outcome: nothing left to do.
+	if _, err := s.cfg.Repo.FinishPayment(ctx, p, final); err != nil {
+		return fmt.Errorf("finish payment: %w", err)
+	}
+	return nil
+}
+
+// Backoff is the wait before attempt number attempt+1 after attempt failed:
+// base doubling per attempt, capped at limit, with up to a quarter of
+// jitter subtracted so that payments failing together do not retry
+// together. Both workers (River's and the in-process one) use it.
+func Backoff(attempt int, base, limit time.Duration, jitter func(n int64) int64) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < limit; i++ {
+		d *= 2
+	}
+	d = min(d, limit)
+	if q := int64(d / 4); q > 0 && jitter != nil {
+		d -= time.Duration(jitter(q))
+	}
+	return d
+}

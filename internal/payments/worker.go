@@ -1,0 +1,110 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// RetryPolicy says how often and how patiently a charge is attempted. Both
+// workers (River's on PostgreSQL, RunLocal in memory) follow it.
+type RetryPolicy struct {
+	// Attempts is how many times the provider is asked before the payment
+	// is settled from what the provider has (see Service.Process).
+	Attempts int
+	// Base is the wait after the first failed attempt; it doubles with each
+	// further one, up to Limit.
+	Base, Limit time.Duration
+	// Timeout bounds one attempt, provider call and database writes
+	// included.
+	Timeout time.Duration
+}
+
+// Defaults for RetryPolicy fields left zero: eight attempts spread over
+// about four minutes, well inside the 48h a key is kept, so the final
+// answer always lands on the key it belongs to.
+const (
+	DefaultAttempts = 8
+	DefaultBase     = time.Second
+	DefaultLimit    = 2 * time.Minute
+	DefaultTimeout  = 30 * time.Second
+)
+
+// WithDefaults fills in the zero fields.
+func (p RetryPolicy) WithDefaults() RetryPolicy {
+	if p.Attempts <= 0 {
+		p.Attempts = DefaultAttempts
+	}
+	if p.Base <= 0 {
+		p.Base = DefaultBase
+	}
+	if p.Limit <= 0 {
+		p.Limit = DefaultLimit
+	}
+	if p.Timeout <= 0 {
+		p.Timeout = DefaultTimeout
+	}
+	return p
+}
+
+// NextRetry is when the attempt after attempt should run.
+func (p RetryPolicy) NextRetry(attempt int, now time.Time) time.Time {
+	return now.Add(Backoff(attempt, p.Base, p.Limit, rand.Int64N))
+}
+
+// LocalQueue is an in-process job queue (the in-memory store's).
+type LocalQueue interface {
+	Queue
+	// NextCharge blocks until a committed charge is due, and returns it
+	// with the number of the attempt to make.
+	NextCharge(ctx context.Context) (ref Ref, attempt int, err error)
+	// RetryCharge puts back a charge whose attempt failed, due at due.
+	RetryCharge(ref Ref, attempt int, due time.Time)
+}
+
+// RunLocal works q's charges with at most workers at a time until ctx ends,
+// then waits for the attempts under way. It is the in-memory mode's worker,
+// with River's observable behaviour: the same attempts, backoff and final
+// outcomes, but no durability (memory dies with the process anyway).
+func RunLocal(ctx context.Context, q LocalQueue, svc *Service, policy RetryPolicy, workers int, log *slog.Logger) {
+	policy = policy.WithDefaults()
+	if log == nil {
+		log = slog.Default()
+	}
+	slots := make(chan struct{}, max(workers, 1))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		ref, attempt, err := q.NextCharge(ctx)
+		if err != nil {
+			return
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			q.RetryCharge(ref, attempt-1, time.Now())
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), policy.Timeout)
+			defer cancel()
+			err := svc.Process(actx, ref, attempt, policy.Attempts)
+			switch {
+			case err == nil:
+			case errors.Is(err, ErrGone):
+				log.Error("payments: dropping charge", "payment_id", ref.PaymentID, "err", err)
+			case attempt > policy.Attempts:
+				log.Error("payments: charge failed after every attempt; the payment stays pending", "payment_id", ref.PaymentID, "attempt", attempt, "err", err)
+			default:
+				log.Warn("payments: charge attempt failed; retrying", "payment_id", ref.PaymentID, "attempt", attempt, "err", err)
+				q.RetryCharge(ref, attempt, policy.NextRetry(attempt, time.Now()))
+			}
+		}()
+	}
+}
