@@ -39,6 +39,105 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/payments": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pay for an order, exactly once per Idempotency-Key (a long operation)
+         * @description Answers `202` at once with the pending payment; poll `Location` (or
+         *     retry this request with the same key) until it is `succeeded` or
+         *     `failed`. While the payment is pending a retry with the same key
+         *     answers `202` with the same payment; once it is final, the retry
+         *     answers `200` with the final payment. The provider is charged at most
+         *     once per payment, however often either side retries.
+         */
+        post: operations["createPayment"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/payments/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get one of the caller's payments (poll until it is final) */
+        get: operations["getPayment"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/bonus/credits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Credit bonuses to the caller's balance, exactly once per Idempotency-Key */
+        post: operations["createBonusCredit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/bonus/debits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Debit bonuses from the caller's balance, exactly once per Idempotency-Key
+         * @description A debit larger than the balance is refused with `422`
+         *     `insufficient-funds`. That outcome is stored under the key like a
+         *     success: the same key never succeeds later because credits arrived in
+         *     between. Use a new key for a new attempt.
+         */
+        post: operations["createBonusDebit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/bonus/balance": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The caller's bonus balance */
+        get: operations["getBonusBalance"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -143,6 +242,81 @@ export interface components {
             /** @description Pass as `cursor` for the next page; absent on the last page. */
             next_cursor?: string;
         };
+        NewPayment: {
+            /** @description An order of the caller's account. */
+            order_id: string;
+            /**
+             * Format: int64
+             * @description Amount in integer minor units (kopecks for RUB).
+             */
+            amount: number;
+            /** @description ISO 4217 alphabetic code. */
+            currency: string;
+        };
+        Payment: {
+            id: string;
+            order_id: string;
+            /**
+             * @description `pending` until the provider answered; then `succeeded` or `failed` for good.
+             * @enum {string}
+             */
+            status: "pending" | "succeeded" | "failed";
+            /**
+             * @description Why a `failed` payment failed: `card_declined` (the provider
+             *     declined it; not retried), `provider_unavailable` (the provider
+             *     did not answer within the attempt limit and never recorded a
+             *     charge), `provider_rejected` (the provider refused the request).
+             * @enum {string}
+             */
+            failure_reason?: "card_declined" | "provider_unavailable" | "provider_rejected";
+            /** @description The provider's charge, once `succeeded`. */
+            provider_charge_id?: string;
+            /** Format: int64 */
+            amount: number;
+            currency: string;
+            /** Format: date-time */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description When the payment became final.
+             */
+            completed_at?: string;
+        };
+        NewBonusEntry: {
+            /**
+             * Format: int64
+             * @description Bonus points, a positive integer.
+             */
+            amount: number;
+            reason: string;
+        };
+        BonusEntry: {
+            id: string;
+            /** @enum {string} */
+            kind: "credit" | "debit";
+            /** Format: int64 */
+            amount: number;
+            reason: string;
+            /**
+             * Format: int64
+             * @description The balance right after this entry.
+             */
+            balance_after: number;
+            /** Format: date-time */
+            created_at: string;
+        };
+        BonusEntryResult: {
+            entry: components["schemas"]["BonusEntry"];
+            /**
+             * Format: int64
+             * @description The balance after the entry.
+             */
+            balance: number;
+        };
+        BonusBalance: {
+            /** Format: int64 */
+            balance: number;
+        };
         Health: {
             /** @example ok */
             status: string;
@@ -240,6 +414,45 @@ export interface components {
             };
             content: {
                 "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The payment was refused before anything was charged (a business
+         *     outcome, stored under the key and replayed).
+         */
+        PaymentRefused: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The debit is larger than the balance. Stored under the key and
+         *     replayed: this key never succeeds later.
+         */
+        InsufficientFunds: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The entry was booked (or, with Idempotent-Replayed, the stored response of the request that booked it). */
+        BonusEntryCreated: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["BonusEntryResult"];
             };
         };
         /** @description The operation failed; nothing was stored, so a retry with the same key runs it. */
@@ -395,6 +608,209 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createPayment: {
+        parameters: {
+            query?: never;
+            header: {
+                /**
+                 * @description Names this logical operation within the caller's account. Send the same
+                 *     value on every retry of the same operation. 1–255 printable ASCII
+                 *     characters; a UUID v4 is recommended. The value is used exactly as sent
+                 *     (quotes, if any, are part of the key). Exactly one such header.
+                 * @example 8e03978e-40d5-43e8-bc93-6894a57f9324
+                 */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "order_id": "01a236fb-6340-7767-a7b8-fd2b954bc880",
+                 *       "amount": 1200,
+                 *       "currency": "RUB"
+                 *     }
+                 */
+                "application/json": components["schemas"]["NewPayment"];
+            };
+        };
+        responses: {
+            /** @description A retry after the payment became final; the stored final response (with Idempotent-Replayed). */
+            200: {
+                headers: {
+                    /** @description The payment's URL. */
+                    Location?: string;
+                    "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Payment"];
+                };
+            };
+            /**
+             * @description The payment was accepted and is pending (`application/json`,
+             *     also on a retry while it is pending); or a request with the same key
+             *     is still being accepted (`application/problem+json`,
+             *     `request-in-progress`). Either way, come back after `Retry-After`
+             *     seconds.
+             */
+            202: {
+                headers: {
+                    /** @description The payment's URL (with the payment). */
+                    Location?: string;
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Payment"];
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            409: components["responses"]["KeyMismatch"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["PaymentRefused"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getPayment: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The payment. While it is `pending`, `Retry-After` says when to look again. */
+            200: {
+                headers: {
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Payment"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createBonusCredit: {
+        parameters: {
+            query?: never;
+            header: {
+                /**
+                 * @description Names this logical operation within the caller's account. Send the same
+                 *     value on every retry of the same operation. 1–255 printable ASCII
+                 *     characters; a UUID v4 is recommended. The value is used exactly as sent
+                 *     (quotes, if any, are part of the key). Exactly one such header.
+                 * @example 8e03978e-40d5-43e8-bc93-6894a57f9324
+                 */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "amount": 100,
+                 *       "reason": "welcome bonus"
+                 *     }
+                 */
+                "application/json": components["schemas"]["NewBonusEntry"];
+            };
+        };
+        responses: {
+            201: components["responses"]["BonusEntryCreated"];
+            202: components["responses"]["InProgress"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            409: components["responses"]["KeyMismatch"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createBonusDebit: {
+        parameters: {
+            query?: never;
+            header: {
+                /**
+                 * @description Names this logical operation within the caller's account. Send the same
+                 *     value on every retry of the same operation. 1–255 printable ASCII
+                 *     characters; a UUID v4 is recommended. The value is used exactly as sent
+                 *     (quotes, if any, are part of the key). Exactly one such header.
+                 * @example 8e03978e-40d5-43e8-bc93-6894a57f9324
+                 */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "amount": 40,
+                 *       "reason": "order 01a236fb-6340-7767-a7b8-fd2b954bc880"
+                 *     }
+                 */
+                "application/json": components["schemas"]["NewBonusEntry"];
+            };
+        };
+        responses: {
+            201: components["responses"]["BonusEntryCreated"];
+            202: components["responses"]["InProgress"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            409: components["responses"]["KeyMismatch"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["InsufficientFunds"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getBonusBalance: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The balance (0 for an account that never had a credit). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BonusBalance"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
             500: components["responses"]["InternalError"];
             503: components["responses"]["Unavailable"];
         };
