@@ -50,6 +50,15 @@ type serveProcess struct {
 // startServeProcess starts serve with env and waits until it answers.
 func startServeProcess(t *testing.T, env map[string]string) *serveProcess {
 	t.Helper()
+	p := spawnServe(t, env)
+	p.awaitReady(t)
+	return p
+}
+
+// spawnServe starts serve with env on a free loopback port, without
+// waiting for it.
+func spawnServe(t *testing.T, env map[string]string) *serveProcess {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
@@ -65,15 +74,20 @@ func startServeProcess(t *testing.T, env map[string]string) *serveProcess {
 	require.NoError(t, cmd.Start(), "start serve")
 	p := &serveProcess{cmd: cmd, addr: addr, logs: logs}
 	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+// awaitReady waits until serve answers /readyz.
+func (p *serveProcess) awaitReady(t *testing.T) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
+		resp, err := http.Get("http://" + p.addr + "/readyz")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}, 60*time.Second, 20*time.Millisecond, "serve did not become ready; its output:\n%s", logs)
-	return p
+	}, 60*time.Second, 20*time.Millisecond, "serve did not become ready; its output:\n%s", p.logs)
 }
 
 // kill is kill -9: no shutdown, no deferred work, connections cut.

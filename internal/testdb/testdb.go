@@ -99,6 +99,11 @@ func create() (err error) {
 // migrates it. name is returned as soon as the database exists, so that the
 // caller drops it even when a later step fails.
 func newDatabase() (name, dbURL string, pool *pgxpool.Pool, err error) {
+	return createDatabase(true)
+}
+
+// createDatabase creates a database with a random name, migrated or not.
+func createDatabase(migrate bool) (name, dbURL string, pool *pgxpool.Pool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, AdminURL())
@@ -125,6 +130,9 @@ func newDatabase() (name, dbURL string, pool *pgxpool.Pool, err error) {
 	pool, err = postgres.Open(ctx, dbURL)
 	if err != nil {
 		return name, dbURL, nil, err
+	}
+	if !migrate {
+		return name, dbURL, pool, nil
 	}
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		return name, dbURL, pool, fmt.Errorf("migrate %s: %w", name, err)
@@ -158,8 +166,20 @@ func redact(u string) string {
 // drops it when the test ends.
 func Fresh(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
 	t.Helper()
+	return fresh(t, true)
+}
+
+// Empty creates an empty database of the test's own (nothing migrated), for
+// tests of migrating itself, and drops it when the test ends.
+func Empty(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
+	t.Helper()
+	return fresh(t, false)
+}
+
+func fresh(t testing.TB, migrate bool) (dbURL string, pool *pgxpool.Pool) {
+	t.Helper()
 	setup(t) // skips or fails like every other database test
-	name, dbURL, pool, err := newDatabase()
+	name, dbURL, pool, err := createDatabase(migrate)
 	if name != "" {
 		t.Cleanup(func() {
 			if pool != nil {
