@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -105,7 +106,8 @@ func (p *serveProcess) kill() {
 type answerLoser struct {
 	next   http.Handler
 	losing atomic.Bool
-	held   atomic.Int64
+	mu     sync.Mutex
+	held   map[string]bool // the charge keys whose answers were withheld
 }
 
 func (a *answerLoser) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -114,8 +116,17 @@ func (a *answerLoser) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.next.ServeHTTP(httptest.NewRecorder(), r) // charged
-	a.held.Add(1)
+	a.mu.Lock()
+	a.held[r.Header.Get("Idempotency-Key")] = true
+	a.mu.Unlock()
 	<-r.Context().Done()
+}
+
+// charged counts the distinct payments charged with their answers withheld.
+func (a *answerLoser) charged() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.held)
 }
 
 // The whole serve process is killed while its worker waits for the
@@ -129,7 +140,7 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 	creds, err := auth.CreateAccount(ctx, postgres.New(pool), "crash", "")
 	require.NoError(t, err)
 
-	loser := &answerLoser{next: provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler))}
+	loser := &answerLoser{held: map[string]bool{}, next: provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler))}
 	loser.losing.Store(true)
 	psrv := httptest.NewServer(loser)
 	t.Cleanup(psrv.Close)
@@ -140,7 +151,7 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 		"ONCEKEY_PROVIDER_URL": psrv.URL,
 		// An attempt waits long for the lost answer (the kill comes first);
 		// River rescues a dead worker's job 2×3s+1s after it started.
-		"ONCEKEY_PROVIDER_TIMEOUT":        "2500ms",
+		"ONCEKEY_PROVIDER_TIMEOUT":        "2s",
 		"ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT": "3s",
 		"ONCEKEY_PAYMENT_RETRY_BASE":      "50ms",
 	}
@@ -166,7 +177,7 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 		require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
 		ids[i] = strings.TrimPrefix(r.Header.Get("Location"), "/payments/")
 	}
-	require.Eventually(t, func() bool { return loser.held.Load() >= n }, 20*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return loser.charged() == n }, 20*time.Second, 5*time.Millisecond,
 		"the worker should have charged every payment; serve's output:\n%s", first.logs)
 	first.kill()
 	loser.losing.Store(false)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +40,9 @@ type payOptions struct {
 	faults  provider.Faults
 	policy  payments.RetryPolicy
 	timeout time.Duration // the worker's HTTP timeout towards the provider (default 5s)
+	// wrap, when set, stands between the worker and the sandbox provider,
+	// for faults the sandbox has no flag for.
+	wrap func(http.Handler) http.Handler
 }
 
 // fastPolicy retries quickly so fault tests take seconds.
@@ -104,6 +108,12 @@ func startPayments(t *testing.T, store payStore, opts payOptions, queue func(*pa
 	sandbox := provider.NewServer(provider.NewMemoryStore(), opts.faults, slog.New(slog.DiscardHandler))
 	psrv := httptest.NewServer(sandbox)
 	t.Cleanup(psrv.Close)
+	workerURL := psrv.URL
+	if opts.wrap != nil {
+		wrapped := httptest.NewServer(opts.wrap(sandbox))
+		t.Cleanup(wrapped.Close)
+		workerURL = wrapped.URL
+	}
 	if opts.timeout == 0 {
 		opts.timeout = 5 * time.Second
 	}
@@ -114,7 +124,7 @@ func startPayments(t *testing.T, store payStore, opts payOptions, queue func(*pa
 	q := &deferredQueue{}
 	svc := payments.NewService(payments.Config{
 		Repo: store, Orders: store, Queue: q, Render: httpapi.PaymentOutcome,
-		Provider: provider.NewClient(psrv.URL, &http.Client{Timeout: opts.timeout}),
+		Provider: provider.NewClient(workerURL, &http.Client{Timeout: opts.timeout}),
 	})
 	q.Queue = queue(svc, policy)
 	tb := setup(t, store, options{cfg: httpapi.Config{Payments: svc}})
@@ -386,4 +396,123 @@ func (b *payBundle) paymentCount(t *testing.T) int {
 	n, err := counter.CountPayments(context.Background(), b.account)
 	require.NoError(t, err)
 	return n
+}
+
+// writeProviderProblem answers like a provider refusing a request.
+func writeProviderProblem(w http.ResponseWriter, status int) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"type":"about:blank","title":"refused","status":%d}`, status)
+}
+
+// After the charges, the payment is settled from what the provider holds
+// under its key: a charge whose every answer was lost, or that a provider
+// refused to confirm (409 while "still processing"), is found and the
+// payment succeeds with exactly that one charge; a request the provider
+// refused without charging fails the payment.
+func TestPaymentReconciliation(t *testing.T) {
+	t.Parallel()
+	policy := fastPolicy
+	policy.Attempts = 2
+	chargeThenRefuse := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost {
+				next.ServeHTTP(w, r)
+				return
+			}
+			next.ServeHTTP(httptest.NewRecorder(), r) // charged
+			writeProviderProblem(w, http.StatusConflict)
+		})
+	}
+	refuse := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost {
+				next.ServeHTTP(w, r)
+				return
+			}
+			writeProviderProblem(w, http.StatusBadRequest)
+		})
+	}
+	for _, tc := range []struct {
+		name    string
+		opts    payOptions
+		status  string
+		reason  string
+		charges int
+	}{
+		{"every answer lost", payOptions{faults: provider.Faults{TimeoutRate: 1}, timeout: 200 * time.Millisecond}, payments.StatusSucceeded, "", 1},
+		{"charged, then refused", payOptions{wrap: chargeThenRefuse}, payments.StatusSucceeded, "", 1},
+		{"refused without charging", payOptions{wrap: refuse}, payments.StatusFailed, payments.ReasonProviderRejected, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.opts.policy = policy
+			forEachPayBackend(t, tc.opts, func(t *testing.T, b *payBundle) {
+				r := b.pay(t, uuid.NewString(), paymentBody(b.order(t)))
+				require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
+				id := decodePayment(t, r).Id
+				final := b.awaitFinal(t, id)
+				require.Equal(t, api.PaymentStatus(tc.status), final.Status, "%+v", final)
+				if tc.reason != "" {
+					require.Equal(t, tc.reason, string(*final.FailureReason))
+				}
+				charges := b.charges(t, id)
+				require.Len(t, charges, tc.charges, "charges of payment %s", id)
+				if tc.charges == 1 {
+					require.Equal(t, charges[0].ID, *final.ProviderChargeId, "the payment names the charge found")
+				}
+			})
+		})
+	}
+}
+
+// outage makes the provider answer nothing but 503 while down.
+type outage struct {
+	down atomic.Bool
+	seen atomic.Int64 // requests refused
+}
+
+func (o *outage) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if o.down.Load() {
+			o.seen.Add(1)
+			writeProviderProblem(w, http.StatusServiceUnavailable)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// While the provider can say nothing at all (charges and look-ups fail),
+// a payment whose attempts ran out stays pending, however long it takes;
+// once the provider answers again, it is settled from what the provider
+// holds (here: nothing, so failed).
+func TestPaymentStaysPendingWhileProviderCannotSay(t *testing.T) {
+	t.Parallel()
+	policy := fastPolicy
+	policy.Attempts = 2
+	for _, be := range payBackends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			o := &outage{}
+			o.down.Store(true)
+			b := be.run(t, payOptions{policy: policy, wrap: o.wrap})
+			r := b.pay(t, uuid.NewString(), paymentBody(b.order(t)))
+			require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
+			id := decodePayment(t, r).Id
+
+			// Two charges and then look-ups, each refused: well past the
+			// attempt limit.
+			require.Eventually(t, func() bool { return o.seen.Load() >= int64(policy.Attempts)+3 }, 10*time.Second, 5*time.Millisecond)
+			resp, err := b.client.GetPaymentWithResponse(context.Background(), id)
+			require.NoError(t, err)
+			require.Equal(t, api.PaymentStatus(payments.StatusPending), resp.JSON200.Status, "not settled while the provider cannot say")
+
+			o.down.Store(false)
+			final := b.awaitFinal(t, id)
+			require.Equal(t, api.PaymentStatus(payments.StatusFailed), final.Status)
+			require.Equal(t, payments.ReasonProviderUnavailable, string(*final.FailureReason))
+			require.Empty(t, b.charges(t, id), "nothing was charged")
+		})
+	}
 }

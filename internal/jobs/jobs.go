@@ -40,6 +40,7 @@ type Config struct {
 // Runner inserts and works charge jobs.
 type Runner struct {
 	client *river.Client[pgx.Tx]
+	log    *slog.Logger
 	policy payments.RetryPolicy
 	svc    atomic.Pointer[payments.Service]
 }
@@ -64,7 +65,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	r := &Runner{policy: cfg.Policy}
+	r := &Runner{policy: cfg.Policy, log: cfg.Logger}
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely(workers, &chargeWorker{r: r}); err != nil {
 		return nil, fmt.Errorf("register charge worker: %w", err)
@@ -100,11 +101,8 @@ func (r *Runner) EnqueueCharge(ctx context.Context, ref payments.Ref) error {
 		return errors.New("jobs: a charge must be enqueued inside the transaction that creates its payment")
 	}
 	_, err := r.client.InsertTx(ctx, tx, chargeArgs{Ref: ref}, &river.InsertOpts{
-		Queue: QueuePayments,
-		// One attempt beyond the policy's: if the process dies during
-		// the last attempt, the rescued job still gets to settle the
-		// payment instead of being discarded with it pending.
-		MaxAttempts: r.policy.Attempts + 1,
+		Queue:       QueuePayments,
+		MaxAttempts: r.policy.Attempts + spareAttempts,
 	})
 	if err != nil {
 		return fmt.Errorf("insert charge job: %w", err)
@@ -128,6 +126,13 @@ func (r *Runner) Stop(ctx context.Context) error {
 	return err
 }
 
+// spareAttempts are River attempts beyond the policy's charges: the
+// reconciliation after the last charge, and room for workers that die
+// during it (River counts a rescued attempt as failed, and discards a job
+// out of attempts). A failed reconciliation snoozes instead, which River
+// does not count, so a payment is never discarded pending.
+const spareAttempts = 1 + 10
+
 type chargeWorker struct {
 	river.WorkerDefaults[chargeArgs]
 	r *Runner
@@ -139,8 +144,16 @@ func (w *chargeWorker) Work(ctx context.Context, job *river.Job[chargeArgs]) err
 		return errors.New("jobs: runner started without a payment service")
 	}
 	err := svc.Process(ctx, job.Args.Ref, job.Attempt, w.r.policy.Attempts)
-	if errors.Is(err, payments.ErrGone) {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, payments.ErrGone):
 		return river.JobCancel(err)
+	case job.Attempt > w.r.policy.Attempts:
+		// Reconciling failed (the provider cannot say, or the attempt was
+		// cut short): ask again later, without using up an attempt.
+		w.r.log.Warn("payments: the payment stays pending until the provider says whether it charged", "payment_id", job.Args.PaymentID, "err", err)
+		return river.JobSnooze(w.r.policy.Limit)
 	}
 	return err
 }

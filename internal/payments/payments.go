@@ -210,12 +210,20 @@ func ChargeKey(paymentID uuid.UUID) string { return "oncekey-payment-" + payment
 // cannot help.
 var ErrGone = errors.New("payments: the job's payment does not exist")
 
-// Process runs attempt number attempt (from 1) of ref's charge. It returns
-// nil when the payment is final (now, or already), and an error when the
-// attempt failed in a way a later attempt may fix; from attempt maxAttempts
-// on, instead of failing it settles the payment: succeeded if the provider
-// has a charge under the payment's key after all (an answer lost to a
-// timeout), failed otherwise.
+// ErrUnsettled: after the attempts ran out, the provider could not say
+// whether it holds a charge for the payment. The payment stays pending and
+// the worker asks again later, for as long as it takes: settling it failed
+// without knowing could hide money that moved.
+var ErrUnsettled = errors.New("payments: the provider could not say whether it charged")
+
+// Process runs attempt number attempt (from 1) of ref's charge. Attempts 1
+// to maxAttempts ask the provider to charge; each returns nil once the
+// payment is final (now, or already), or an error the worker retries after
+// a backoff. Every later attempt only reconciles: it asks the provider what
+// it holds under the payment's key (a charge whose answer a timeout lost,
+// say) and settles from that, succeeded if there is a charge and failed if
+// there is none; if the provider cannot say, it returns ErrUnsettled and the
+// worker asks again later.
 //
 // Every attempt sends the same charge key, so the provider charges at most
 // once however many attempts, workers or crashes there are.
@@ -231,25 +239,33 @@ func (s *Service) Process(ctx context.Context, ref Ref, attempt, maxAttempts int
 		return nil
 	}
 	key := ChargeKey(p.ID)
+	if attempt > maxAttempts {
+		return s.reconcile(ctx, p, key, ReasonProviderUnavailable)
+	}
 	charge, err := s.cfg.Provider.Charge(ctx, key, provider.ChargeRequest{Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
 	switch {
 	case err == nil:
 		return s.settle(ctx, p, charge)
 	case errors.Is(err, provider.ErrRejected):
-		return s.finish(ctx, p, StatusFailed, ReasonProviderRejected, "")
-	case attempt < maxAttempts:
+		// Some providers refuse a repeat while the first request with the
+		// key is still being processed (409): the charge may exist.
+		return s.reconcile(ctx, p, key, ReasonProviderRejected)
+	default:
 		return fmt.Errorf("charge attempt %d of %d: %w", attempt, maxAttempts, err)
 	}
-	// The last attempt failed too, and may have charged without our hearing
-	// of it: ask the provider what it has under the key before giving up.
-	charge, lerr := s.cfg.Provider.Lookup(ctx, key)
+}
+
+// reconcile settles p from what the provider holds under key: its charge if
+// there is one, failed with reason if there is none.
+func (s *Service) reconcile(ctx context.Context, p Payment, key, reason string) error {
+	charge, err := s.cfg.Provider.Lookup(ctx, key)
 	switch {
-	case lerr == nil:
+	case err == nil:
 		return s.settle(ctx, p, charge)
-	case errors.Is(lerr, provider.ErrNotFound):
-		return s.finish(ctx, p, StatusFailed, ReasonProviderUnavailable, "")
+	case errors.Is(err, provider.ErrNotFound):
+		return s.finish(ctx, p, StatusFailed, reason, "")
 	default:
-		return fmt.Errorf("charge attempt %d of %d: %w; and the look-up of the charge failed: %w", attempt, maxAttempts, err, lerr)
+		return fmt.Errorf("%w: %w", ErrUnsettled, err)
 	}
 }
 

@@ -12,8 +12,9 @@ import (
 // RetryPolicy says how often and how patiently a charge is attempted. Both
 // workers (River's on PostgreSQL, RunLocal in memory) follow it.
 type RetryPolicy struct {
-	// Attempts is how many times the provider is asked before the payment
-	// is settled from what the provider has (see Service.Process).
+	// Attempts is how many times the provider is asked to charge before
+	// the payment is settled from what the provider holds (see
+	// Service.Process).
 	Attempts int
 	// Base is the wait after the first failed attempt; it doubles with each
 	// further one, up to Limit.
@@ -50,8 +51,15 @@ func (p RetryPolicy) WithDefaults() RetryPolicy {
 	return p
 }
 
-// NextRetry is when the attempt after attempt should run.
+// NextRetry is when the attempt after a failed attempt should run: after
+// the backoff while the provider is still being asked to charge (the
+// reconciliation after the last charge, too: a provider may need a moment
+// to record a charge whose answer was lost), every Limit once reconciling
+// failed.
 func (p RetryPolicy) NextRetry(attempt int, now time.Time) time.Time {
+	if attempt > p.Attempts {
+		return now.Add(p.Limit)
+	}
 	return now.Add(Backoff(attempt, p.Base, p.Limit, rand.Int64N))
 }
 
@@ -99,8 +107,6 @@ func RunLocal(ctx context.Context, q LocalQueue, svc *Service, policy RetryPolic
 			case err == nil:
 			case errors.Is(err, ErrGone):
 				log.Error("payments: dropping charge", "payment_id", ref.PaymentID, "err", err)
-			case attempt > policy.Attempts:
-				log.Error("payments: charge failed after every attempt; the payment stays pending", "payment_id", ref.PaymentID, "attempt", attempt, "err", err)
 			default:
 				log.Warn("payments: charge attempt failed; retrying", "payment_id", ref.PaymentID, "attempt", attempt, "err", err)
 				q.RetryCharge(ref, attempt, policy.NextRetry(attempt, time.Now()))
