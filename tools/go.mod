@@ -2,6 +2,8 @@ module github.com/oncekey/oncekey/tools
 
 go 1.26.0
 
+toolchain go1.26.10
+
 tool (
 	github.com/oasdiff/oasdiff
 	github.com/sqlc-dev/sqlc/cmd/sqlc
