@@ -123,7 +123,8 @@ dashboard-snapshot: ## render docs/img/dashboard.png: the dashboard's main panel
 	$(GO) run ./cmd/dashboard-snapshot -out docs/img/dashboard.png
 
 .PHONY: fuzz
-fuzz: ## run the fuzz targets for a while each (FUZZTIME=30s)
+fuzz: ## run the fuzz targets (canonical JSON, fingerprint, the whole handler) for a while each (FUZZTIME=30s)
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzFingerprint -fuzztime=$(or $(FUZZTIME),30s) ./internal/idempotency/
+	$(GO) test -run='^$$' -fuzz=FuzzHandler -fuzztime=$(or $(FUZZTIME),30s) ./internal/httpapi/

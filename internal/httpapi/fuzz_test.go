@@ -1,0 +1,102 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/ledger"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/store/memory"
+)
+
+// FuzzHandler sends random requests (method, path, Idempotency-Key,
+// Content-Type, body, and which of two accounts sends them) to the whole
+// handler on the in-memory store. Whatever arrives, the service never
+// answers 5xx (a panic would be a 500 from the recoverer), and never replays
+// a response to an account that had not itself sent that key before.
+// The seeds in testdata/fuzz/FuzzHandler run in make test; make fuzz runs it
+// longer.
+func FuzzHandler(f *testing.F) {
+	store := memory.New()
+	sandbox := httptest.NewServer(provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler)))
+	f.Cleanup(sandbox.Close)
+	svc := payments.NewService(payments.Config{
+		Repo: store, Orders: store, Queue: store, Render: httpapi.PaymentOutcome,
+		Provider: provider.NewClient(sandbox.URL, nil),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		payments.RunLocal(ctx, store, svc, fastPolicy, 2, slog.New(slog.DiscardHandler))
+	}()
+	f.Cleanup(func() { cancel(); <-done })
+	handler, err := httpapi.New(httpapi.Config{
+		Orders: orders.NewService(store), Payments: svc, Ledger: ledger.NewService(store),
+		Auth: store, Idempotency: store, Wait: 50 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	var accounts [2]auth.Credentials
+	for i := range accounts {
+		if accounts[i], err = auth.CreateAccount(ctx, store, "fuzz", ""); err != nil {
+			f.Fatal(err)
+		}
+	}
+	order, err := orders.NewService(store).Create(ctx, accounts[0].AccountID, orders.NewOrder{Items: []orders.Item{{SKU: "s", Qty: 1}}, Amount: 1, Currency: "RUB"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	sent := [2]map[string]bool{{}, {}} // keys each account has sent
+
+	f.Add("POST", "/orders", "k1", "application/json", []byte(seedBody), false)
+	f.Add("POST", "/orders", "k1", "application/json", []byte(seedBody), true)
+	f.Add("POST", "/payments", "k2", "application/json", []byte(`{"order_id":"`+order.ID.String()+`","amount":5,"currency":"RUB"}`), false)
+	f.Add("POST", "/bonus/debits", "k3", "application/json", []byte(`{"amount":5,"reason":"x"}`), true)
+	f.Add("GET", "/payments/"+uuid.NewString(), "", "", []byte(nil), false)
+	f.Add("PATCH", "/orders/x", "k", "text/plain", []byte("\xff\xfe"), false)
+	f.Fuzz(func(t *testing.T, method, path, key, contentType string, body []byte, asB bool) {
+		req, err := http.NewRequest(method, "http://oncekey.test"+path, bytes.NewReader(body))
+		if err != nil || !strings.HasPrefix(path, "/") {
+			return // not a request a client could send
+		}
+		who := 0
+		if asB {
+			who = 1
+		}
+		req.Header.Set("Authorization", "Bearer "+accounts[who].APIKey)
+		if key != "" {
+			req.Header.Set(idempotency.HeaderKey, key)
+		}
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+
+		if rec.Code >= 500 {
+			t.Fatalf("%s %q (key %q, %q, body %q) answered %d: %s", method, path, key, contentType, body, rec.Code, rec.Body)
+		}
+		if rec.Header().Get(idempotency.HeaderReplayed) == "true" && !sent[who][key] {
+			t.Fatalf("account %d got a replay for key %q it never sent: %s", who, key, rec.Body)
+		}
+		if key != "" {
+			sent[who][key] = true
+		}
+	})
+}
