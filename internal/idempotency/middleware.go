@@ -33,6 +33,11 @@ const (
 	DefaultRetryAfter = time.Second
 )
 
+// minStoreWait is the least wait a claim is given after queueing behind
+// duplicates on this instance: enough for a claim statement that blocks on
+// nothing, so a key whose holder just finished is answered from the store.
+const minStoreWait = 100 * time.Millisecond
+
 // DefaultReplayHeaders are the response headers stored with a record and
 // replayed. Anything else (Set-Cookie, Date, request ids, tracing headers) is
 // specific to one response and must not be handed to a different request.
@@ -80,7 +85,8 @@ func (noObserver) DuplicateWait(string, Outcome, time.Duration) {}
 
 // Middleware enforces the Idempotency-Key protocol on unsafe methods.
 type Middleware struct {
-	cfg Config
+	cfg      Config
+	inFlight *collapser
 }
 
 // New returns the middleware for cfg, filling in defaults.
@@ -103,7 +109,7 @@ func New(cfg Config) *Middleware {
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	return &Middleware{cfg: cfg}
+	return &Middleware{cfg: cfg, inFlight: newCollapser()}
 }
 
 // Handler wraps next. Safe methods (GET, HEAD, OPTIONS, TRACE) pass through
@@ -164,10 +170,27 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	claimStart := time.Now()
-	lease, rec, err := m.cfg.Store.Claim(ctx, ClaimRequest{
-		Account: account, Key: key, Fingerprint: fp,
-		Method: r.Method, Route: route, TTL: m.cfg.TTL, Wait: m.cfg.Wait,
-	})
+	// Concurrent duplicates on this instance queue here, one at a time to
+	// the store, within the same wait budget.
+	leave, ok := m.inFlight.enter(ctx, account, key, m.cfg.Wait)
+	if !ok && ctx.Err() != nil {
+		m.fail(ctx, w, op, ctx.Err())
+		return
+	}
+	var (
+		lease Lease
+		rec   *Record
+	)
+	if ok {
+		defer leave()
+		lease, rec, err = m.cfg.Store.Claim(ctx, ClaimRequest{
+			Account: account, Key: key, Fingerprint: fp,
+			Method: r.Method, Route: route, TTL: m.cfg.TTL,
+			Wait: max(m.cfg.Wait-time.Since(claimStart), minStoreWait),
+		})
+	} else {
+		err = ErrInFlight
+	}
 	waited := time.Since(claimStart)
 	switch {
 	case errors.Is(err, ErrInFlight):

@@ -1,0 +1,113 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// stormBound is what a request with its own key may take while a storm of
+// duplicates of another, slow key rages on a 10-connection pool. Without
+// collapsing, each duplicate holds a connection for all of IDEMPOTENCY_WAIT
+// (the first request holds the key longer than that), and a request with
+// its own key waits for tens of seconds or times out.
+const (
+	stormLeader = 3 * time.Second
+	stormBound  = 2 * time.Second
+)
+
+// slowKeyRepo makes the order of one Idempotency-Key slow.
+type slowKeyRepo struct {
+	orders.Repository
+	key   string
+	delay time.Duration
+}
+
+func (r slowKeyRepo) CreateOrder(ctx context.Context, o orders.Order) error {
+	if c, ok := idempotency.ClaimFrom(ctx); ok && c.Key == r.key {
+		select {
+		case <-time.After(r.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return r.Repository.CreateOrder(ctx, o)
+}
+
+// A storm of 300 concurrent duplicates of one key does not starve requests
+// with other keys: the duplicates wait inside the instance on the one that
+// went to the database, holding no connection.
+func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
+	t.Parallel()
+	pool, err := postgres.Open(context.Background(), testdb.URL(t)+"&pool_max_conns=10")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store := postgres.New(pool)
+	stormKey := uuid.NewString()
+	slow := slowKeyRepo{Repository: store, key: stormKey, delay: stormLeader}
+	b := setup(t, store, options{
+		repo: func(orders.Repository) orders.Repository { return slow },
+		cfg:  httpapi.Config{Wait: time.Second},
+	})
+
+	const storm, others = 300, 40
+	// A plain client: validating 340 responses against the contract would
+	// load the CPU this test measures (the other tests validate them).
+	client := &http.Client{Timeout: 30 * time.Second}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	stormStatuses := make([]int, storm)
+	for i := range storm {
+		req := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", stormKey)
+		wg.Go(func() {
+			<-start
+			r, err := servicetest.Exchange(client, req)
+			if err == nil {
+				stormStatuses[i] = r.Status
+			}
+		})
+	}
+	latencies := make([]time.Duration, others)
+	otherStatuses := make([]int, others)
+	for i := range others {
+		req := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", uuid.NewString())
+		wg.Go(func() {
+			<-start
+			time.Sleep(100 * time.Millisecond) // the storm is under way
+			began := time.Now()
+			r, err := servicetest.Exchange(client, req)
+			latencies[i] = time.Since(began)
+			if err == nil {
+				otherStatuses[i] = r.Status
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	for i, s := range otherStatuses {
+		require.Equal(t, http.StatusCreated, s, "request %d with its own key", i)
+	}
+	slices.Sort(latencies)
+	p99 := latencies[len(latencies)*99/100]
+	require.Less(t, p99, stormBound, "p99 of requests with other keys during the storm (median %s)", latencies[len(latencies)/2])
+	for i, s := range stormStatuses {
+		require.Contains(t, []int{http.StatusCreated, http.StatusAccepted}, s, "storm request %d", i)
+	}
+	require.Equal(t, others+1, b.orderCount(t), "one order for the storm key, one for each other key")
+	t.Logf("p99 %s, median %s of %d requests with other keys beside %d duplicates", p99, latencies[len(latencies)/2], others, storm)
+}
