@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"strings"
@@ -189,6 +190,10 @@ func isUnavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded),
+		// The connection died mid-statement (the server crashed or was
+		// shut down): what it was doing is rolled back or, at COMMIT,
+		// unknown; a retry with the same key settles either way.
+		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
 		errors.As(err, &netErr), errors.As(err, &connectErr),
 		pgconn.Timeout(err), pgconn.SafeToRetry(err):
 		return true

@@ -1,0 +1,124 @@
+package httpapi_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// outcome is one request of the load in TestDatabaseOutage.
+type outcome struct {
+	key     string
+	reply   reply
+	elapsed time.Duration
+}
+
+// PostgreSQL crashes (immediate shutdown) and comes back while orders
+// stream in. Meanwhile every request fails fast with 503 and Retry-After
+// (never a 500, never a hang past the request timeout) and /readyz is 503;
+// afterwards the service recovers by itself. Every 201 ever sent is a
+// committed order, and a retry of every refused key creates exactly one.
+func TestDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster := testdb.NewCluster(t)
+	pool, err := postgres.Open(ctx, cluster.URL()+"&pool_max_conns=10&connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, postgres.Migrate(ctx, pool))
+	const requestTimeout = 2 * time.Second
+	b := setup(t, postgres.New(pool), options{cfg: httpapi.Config{
+		RequestTimeout: requestTimeout, Wait: 500 * time.Millisecond, Ready: postgres.New(pool).Ping,
+		Logger: slog.New(slog.DiscardHandler), // hundreds of expected warnings
+	}})
+	ready := func() int {
+		resp, err := b.http.Get(b.url + "/readyz")
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	var (
+		mu       sync.Mutex
+		outcomes []outcome
+		created  atomic.Int64
+		stop     atomic.Bool
+		wg       sync.WaitGroup
+	)
+	for range 4 {
+		wg.Go(func() {
+			for !stop.Load() {
+				key := uuid.NewString()
+				began := time.Now()
+				r, err := b.exchange(b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key))
+				if err != nil {
+					r = reply{Status: -1, Body: []byte(err.Error())}
+				}
+				mu.Lock()
+				outcomes = append(outcomes, outcome{key: key, reply: r, elapsed: time.Since(began)})
+				mu.Unlock()
+				if r.Status == http.StatusCreated {
+					created.Add(1)
+				} else {
+					time.Sleep(20 * time.Millisecond) // a client backing off a little
+				}
+			}
+		})
+	}
+	waitCreated := func(n int64, what string) {
+		t.Helper()
+		require.Eventually(t, func() bool { return created.Load() >= n }, 30*time.Second, 5*time.Millisecond, what)
+	}
+	waitCreated(50, "orders before the outage")
+
+	cluster.Stop(t)
+	require.Eventually(t, func() bool { return ready() == http.StatusServiceUnavailable }, 5*time.Second, 50*time.Millisecond, "/readyz must turn unready")
+	time.Sleep(2 * time.Second) // the load keeps coming while the database is away
+	before := created.Load()
+	cluster.Start(t)
+	require.Eventually(t, func() bool { return ready() == http.StatusOK }, 30*time.Second, 50*time.Millisecond, "/readyz must recover by itself")
+	waitCreated(before+50, "orders after the database came back")
+	stop.Store(true)
+	wg.Wait()
+
+	var refused []string
+	for _, o := range outcomes {
+		require.LessOrEqual(t, o.elapsed, requestTimeout+time.Second, "key %s took %s: %s", o.key, o.elapsed, o.reply)
+		switch o.reply.Status {
+		case http.StatusCreated:
+		case http.StatusServiceUnavailable:
+			require.NotEmpty(t, o.reply.Header.Get("Retry-After"), "503 without Retry-After: %s", o.reply)
+			require.Contains(t, string(o.reply.Body), "https://oncekey.dev/problems/unavailable")
+			refused = append(refused, o.key)
+		default:
+			require.Failf(t, "only 201 or 503 may come back", "key %s: %s", o.key, o.reply)
+		}
+	}
+	require.NotEmpty(t, refused, "the outage must have been felt")
+
+	// Every acknowledged order is committed; every refused key, retried,
+	// gets its one order.
+	for _, key := range refused {
+		r, err := b.exchange(b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, r.Status, "retry of %s after the outage: %s", key, r)
+	}
+	var rows, keys int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM orders WHERE account_id = $1", b.account).Scan(&rows))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE account_id = $1", b.account).Scan(&keys))
+	require.Equal(t, len(outcomes), rows, "exactly one order per key sent (%d refused during the outage)", len(refused))
+	require.Equal(t, len(outcomes), keys)
+	t.Logf("%d requests, %d refused with 503 during the outage", len(outcomes), len(refused))
+}
