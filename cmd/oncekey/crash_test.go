@@ -34,7 +34,7 @@ const subprocessEnv = "ONCEKEY_TEST_SUBPROCESS"
 func runSubprocess() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, []string{"serve"}, os.Getenv, os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, []string{"serve"}, os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "oncekey:", err)
 		return 1
 	}

@@ -5,6 +5,7 @@
 //	oncekey purge [--dry-run]      delete expired idempotency keys in batches
 //	oncekey keys inspect ACCOUNT KEY | keys stats | keys stuck [--older-than 10m]
 //	oncekey accounts create NAME   create an account; prints its API key once
+//	oncekey accounts revoke-key    revoke the API key read from standard input
 //	oncekey contract-test --url URL --api-key KEY
 //	                               check a deployment against the protocol and openapi.yaml
 //
@@ -13,6 +14,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -60,6 +62,7 @@ commands:
   keys stuck [--older-than 10m]
                          list keys processing for longer than that (needs DATABASE_URL)
   accounts create NAME   create an account and print its API key once (needs DATABASE_URL)
+  accounts revoke-key    revoke the API key read from standard input, from the next request on
   contract-test --url URL --api-key KEY
                          run the black-box conformance suite against a deployment
                          (creates a few orders in that key's account)
@@ -68,13 +71,13 @@ commands:
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "oncekey:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -116,9 +119,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "keys":
 		return keysCommand(ctx, cfg, args[1:], stdout, stderr)
 	case "accounts":
+		if len(args) == 2 && args[1] == "revoke-key" {
+			return revokeKey(ctx, cfg, stdin, stdout)
+		}
 		if len(args) != 3 || args[1] != "create" {
 			fmt.Fprint(stderr, usage)
-			return errors.New("usage: oncekey accounts create NAME")
+			return errors.New("usage: oncekey accounts create NAME | oncekey accounts revoke-key < KEY")
 		}
 		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
 			creds, err := auth.CreateAccount(ctx, s, args[2], "")
@@ -133,6 +139,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])
 	}
+}
+
+// revokeKey is `oncekey accounts revoke-key`: the key comes on standard
+// input, never as an argument, so it does not show in process lists or
+// shell history.
+func revokeKey(ctx context.Context, cfg config, stdin io.Reader, stdout io.Writer) error {
+	line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("read the API key from standard input: %w", err)
+	}
+	key := strings.TrimSpace(line)
+	if key == "" {
+		return errors.New("accounts revoke-key: give the API key on standard input")
+	}
+	return withDatabase(ctx, cfg, func(s *postgres.Store) error {
+		revoked, err := s.RevokeKey(ctx, auth.HashKey(key))
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(stdout).Encode(map[string]bool{"revoked": revoked})
+	})
 }
 
 // keysCommand is `oncekey keys …`: read-only views of the keys table for

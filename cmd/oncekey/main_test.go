@@ -30,8 +30,13 @@ func TestMain(m *testing.M) {
 
 func runCommand(t *testing.T, env map[string]string, args ...string) (string, error) {
 	t.Helper()
+	return runCommandWithInput(t, env, "", args...)
+}
+
+func runCommandWithInput(t *testing.T, env map[string]string, input string, args ...string) (string, error) {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), args, func(k string) string { return env[k] }, &stdout, &stderr)
+	err := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(input), &stdout, &stderr)
 	return stdout.String(), err
 }
 
@@ -74,6 +79,25 @@ func TestCommandsOnPostgres(t *testing.T) {
 	require.NoError(t, err)
 	defer ready.Body.Close()
 	require.Equal(t, http.StatusOK, ready.StatusCode)
+
+	// Revoked, the key is refused from the next request on.
+	out, err = runCommandWithInput(t, env, creds.APIKey+"\n", "accounts", "revoke-key")
+	require.NoError(t, err, "accounts revoke-key")
+	require.JSONEq(t, `{"revoked":true}`, out)
+	out, err = runCommandWithInput(t, env, creds.APIKey, "accounts", "revoke-key")
+	require.NoError(t, err, "revoking again")
+	require.JSONEq(t, `{"revoked":false}`, out, "an already revoked key")
+	_, err = runCommandWithInput(t, env, "", "accounts", "revoke-key")
+	require.Error(t, err, "no key on standard input")
+	req, err = http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+creds.APIKey)
+	req.Header.Set("Idempotency-Key", "cmd-test-2")
+	req.Header.Set("Content-Type", "application/json")
+	revoked, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer revoked.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, revoked.StatusCode, "a revoked key")
 }
 
 func TestCommandErrors(t *testing.T) {

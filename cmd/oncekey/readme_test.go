@@ -122,7 +122,7 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 	done := make(chan error, 1)
 	var stdout, stderr servicetest.SyncBuffer
 	go func() {
-		done <- run(ctx, []string{"serve"}, getenv, &stdout, &stderr)
+		done <- run(ctx, []string{"serve"}, getenv, strings.NewReader(""), &stdout, &stderr)
 	}()
 	var once sync.Once
 	var result error

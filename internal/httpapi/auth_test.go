@@ -17,6 +17,14 @@ func TestUnauthenticatedRequestsAreIndistinguishable(t *testing.T) {
 		b := setup(t, be.open(t), options{})
 		unknown, err := auth.NewKey()
 		require.NoError(t, err)
+		gone, err := auth.CreateAccount(t.Context(), b.store, "revoked", "")
+		require.NoError(t, err)
+		revoked, err := b.store.RevokeKey(t.Context(), auth.HashKey(gone.APIKey))
+		require.NoError(t, err)
+		require.True(t, revoked, "the key was active")
+		again, err := b.store.RevokeKey(t.Context(), auth.HashKey(gone.APIKey))
+		require.NoError(t, err)
+		require.False(t, again, "a revoked key is not active")
 
 		cases := []struct {
 			name, method, path, authorization string
@@ -26,6 +34,8 @@ func TestUnauthenticatedRequestsAreIndistinguishable(t *testing.T) {
 			{"unknown well-formed key", http.MethodPost, "/orders", "Bearer " + unknown},
 			{"Bearer without a key", http.MethodPost, "/orders", "Bearer"},
 			{"unknown key on a read", http.MethodGet, "/orders", "Bearer " + unknown},
+			{"revoked key", http.MethodPost, "/orders", "Bearer " + gone.APIKey},
+			{"revoked key on a read", http.MethodGet, "/orders", "Bearer " + gone.APIKey},
 		}
 		var first reply
 		for i, c := range cases {

@@ -93,3 +93,12 @@ func (s *Store) CreateAccount(_ context.Context, id uuid.UUID, name string, hash
 	s.apiKeys[hash] = id
 	return nil
 }
+
+// RevokeKey implements auth.Store.
+func (s *Store) RevokeKey(_ context.Context, hash auth.KeyHash) (bool, error) {
+	s.authMu.Lock()
+	defer s.authMu.Unlock()
+	_, ok := s.apiKeys[hash]
+	delete(s.apiKeys, hash)
+	return ok, nil
+}

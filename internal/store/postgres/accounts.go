@@ -34,3 +34,10 @@ func (s *Store) CreateAccount(ctx context.Context, id uuid.UUID, name string, ha
 		return nil
 	}))
 }
+
+// RevokeKey implements auth.Store. The row stays (revoked_at is set), so
+// the key's history is kept and it can never be issued again.
+func (s *Store) RevokeKey(ctx context.Context, hash auth.KeyHash) (bool, error) {
+	n, err := db.New(s.pool).APIKeyRevoke(ctx, hash[:])
+	return n == 1, translate(err)
+}
