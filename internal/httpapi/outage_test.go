@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
@@ -121,4 +122,38 @@ func TestDatabaseOutage(t *testing.T) {
 	require.Equal(t, len(outcomes), rows, "exactly one order per key sent (%d refused during the outage)", len(refused))
 	require.Equal(t, len(outcomes), keys)
 	t.Logf("%d requests, %d refused with 503 during the outage", len(outcomes), len(refused))
+}
+
+// A database that hangs (here: the orders table locked by another session)
+// costs a request at most ONCEKEY_REQUEST_TIMEOUT: the deadline reaches the
+// statement inside pgx, which PostgreSQL cancels, and the answer is 503 with
+// Retry-After. Nothing is stored, so the same key runs once the lock is gone.
+func TestRequestTimeoutCancelsDatabaseWork(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := testdb.Fresh(t)
+	const requestTimeout = 300 * time.Millisecond
+	b := setup(t, postgres.New(pool), options{cfg: httpapi.Config{RequestTimeout: requestTimeout, Wait: 100 * time.Millisecond}})
+
+	locker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Rollback(ctx) })
+	_, err = locker.Exec(ctx, "LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	key := uuid.NewString()
+	began := time.Now()
+	r := b.postOrder(t, key, seedBody)
+	elapsed := time.Since(began)
+	requireProblem(t, r, problem.Unavailable, "an order while the table is locked")
+	require.NotEmpty(t, r.Header.Get("Retry-After"))
+	require.Less(t, elapsed, requestTimeout+time.Second, "the request must not hang past its timeout")
+
+	var waiting int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+	require.Zero(t, waiting, "the timed-out INSERT must have been cancelled in PostgreSQL, not left waiting")
+
+	require.NoError(t, locker.Rollback(ctx))
+	requireFresh(t, b.postOrder(t, key, seedBody), "the same key after the lock is gone")
+	require.Equal(t, 1, b.orderCount(t))
 }
