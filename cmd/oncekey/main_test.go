@@ -143,16 +143,54 @@ func TestConfigDefaults(t *testing.T) {
 // connections but finishes that request, which gets its 201.
 func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	t.Parallel()
-	addr, shutdown := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_drain"})
+	status, _ := drainInFlight(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_drain"}, "ok_drain")
+	require.Equal(t, http.StatusCreated, status)
+}
+
+// On PostgreSQL the drained request's response is stored: after a restart
+// its retry replays it.
+func TestShutdownStoresInFlightResponses(t *testing.T) {
+	t.Parallel()
+	dbURL, pool := testdb.Fresh(t)
+	creds, err := auth.CreateAccount(context.Background(), postgres.New(pool), "drain", "")
+	require.NoError(t, err)
+	env := map[string]string{"DATABASE_URL": dbURL}
+	status, body := drainInFlight(t, env, creds.APIKey)
+	require.Equal(t, http.StatusCreated, status)
+
+	addr, _ := startServe(t, env)
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(drainOrder))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+creds.APIKey)
+	req.Header.Set("Idempotency-Key", "drain-1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	replayed, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the drained request's response was stored")
+	require.Equal(t, string(body), string(replayed))
+}
+
+const drainOrder = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
+
+// drainInFlight starts serve with env, begins an order request, shuts
+// serve down while the request is in flight, and returns its answer.
+func drainInFlight(t *testing.T, env map[string]string, apiKey string) (int, []byte) {
+	t.Helper()
+	addr, shutdown := startServe(t, env)
 
 	body, upload := io.Pipe()
 	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", body)
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer ok_drain")
+	req.Header.Set("Authorization", "Bearer "+apiKey)
 	req.Header.Set("Idempotency-Key", "drain-1")
 	req.Header.Set("Content-Type", "application/json")
 	type result struct {
 		status int
+		body   []byte
 		err    error
 	}
 	answered := make(chan result, 1)
@@ -168,11 +206,12 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 			answered <- result{err: err}
 			return
 		}
-		resp.Body.Close()
-		answered <- result{status: resp.StatusCode}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		answered <- result{status: resp.StatusCode, body: body, err: err}
 	}()
 
-	const order = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
+	const order = drainOrder
 	_, err = upload.Write([]byte(order[:20]))
 	require.NoError(t, err, "first half of the body")
 
@@ -194,8 +233,8 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 
 	got := <-answered
 	require.NoError(t, got.err, "the in-flight request must be answered")
-	require.Equal(t, http.StatusCreated, got.status)
 	require.NoError(t, <-stopped, "serve returns cleanly after draining")
+	return got.status, got.body
 }
 
 func TestOperatorCommands(t *testing.T) {
