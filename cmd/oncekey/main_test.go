@@ -65,15 +65,9 @@ func TestCommandsOnPostgres(t *testing.T) {
 	// serve on PostgreSQL accepts the new key end to end.
 	serveEnv := map[string]string{"DATABASE_URL": env["DATABASE_URL"]}
 	addr, _ := startServe(t, serveEnv)
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`))
+	resp, err := postOrder(http.DefaultClient, addr, creds.APIKey, "cmd-test-1")
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+creds.APIKey)
-	req.Header.Set("Idempotency-Key", "cmd-test-1")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Equal(t, http.StatusCreated, resp.Status, "%s", resp)
 
 	ready, err := http.Get("http://" + addr + "/readyz")
 	require.NoError(t, err)
@@ -89,15 +83,9 @@ func TestCommandsOnPostgres(t *testing.T) {
 	require.JSONEq(t, `{"revoked":false}`, out, "an already revoked key")
 	_, err = runCommandWithInput(t, env, "", "accounts", "revoke-key")
 	require.Error(t, err, "no key on standard input")
-	req, err = http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`))
+	revoked, err := postOrder(http.DefaultClient, addr, creds.APIKey, "cmd-test-2")
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+creds.APIKey)
-	req.Header.Set("Idempotency-Key", "cmd-test-2")
-	req.Header.Set("Content-Type", "application/json")
-	revoked, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer revoked.Body.Close()
-	require.Equal(t, http.StatusUnauthorized, revoked.StatusCode, "a revoked key")
+	require.Equal(t, http.StatusUnauthorized, revoked.Status, "a revoked key: %s", revoked)
 }
 
 func TestCommandErrors(t *testing.T) {
@@ -159,22 +147,12 @@ func TestShutdownStoresInFlightResponses(t *testing.T) {
 	require.Equal(t, http.StatusCreated, status)
 
 	addr, _ := startServe(t, env)
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(drainOrder))
+	replay, err := postOrder(http.DefaultClient, addr, creds.APIKey, "drain-1")
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+creds.APIKey)
-	req.Header.Set("Idempotency-Key", "drain-1")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	replayed, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	require.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "the drained request's response was stored")
-	require.Equal(t, string(body), string(replayed))
+	require.Equal(t, http.StatusCreated, replay.Status)
+	require.Equal(t, "true", replay.Header.Get("Idempotent-Replayed"), "the drained request's response was stored")
+	require.Equal(t, string(body), string(replay.Body))
 }
-
-const drainOrder = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
 
 // drainInFlight starts serve with env, begins an order request, shuts
 // serve down while the request is in flight, and returns its answer.
@@ -211,7 +189,7 @@ func drainInFlight(t *testing.T, env map[string]string, apiKey string) (int, []b
 		answered <- result{status: resp.StatusCode, body: body, err: err}
 	}()
 
-	const order = drainOrder
+	const order = testOrder
 	_, err = upload.Write([]byte(order[:20]))
 	require.NoError(t, err, "first half of the body")
 

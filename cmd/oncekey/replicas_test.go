@@ -18,11 +18,12 @@ import (
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
-const crashOrder = `{"items":[{"sku":"SKU-1","qty":1}],"amount":700,"currency":"RUB"}`
+// testOrder is the order the command tests create.
+const testOrder = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
 
-// postOrder sends one order request under key.
+// postOrder sends testOrder under key.
 func postOrder(client *http.Client, addr, apiKey, key string) (servicetest.Reply, error) {
-	req, err := servicetest.NewRequest(http.MethodPost, "http://"+addr+"/orders", apiKey, strings.NewReader(crashOrder), "Idempotency-Key", key)
+	req, err := servicetest.NewRequest(http.MethodPost, "http://"+addr+"/orders", apiKey, strings.NewReader(testOrder), "Idempotency-Key", key)
 	if err != nil {
 		return servicetest.Reply{}, err
 	}
