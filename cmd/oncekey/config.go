@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/payments"
@@ -34,6 +35,7 @@ type config struct {
 	ProviderTimeout time.Duration        // ONCEKEY_PROVIDER_TIMEOUT
 	PaymentPolicy   payments.RetryPolicy // ONCEKEY_PAYMENT_ATTEMPTS, _RETRY_BASE, _RETRY_MAX, _ATTEMPT_TIMEOUT
 	PaymentWorkers  int                  // ONCEKEY_PAYMENT_WORKERS
+	APIKeyCacheTTL  time.Duration        // ONCEKEY_API_KEY_CACHE_TTL
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -57,6 +59,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"ONCEKEY_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 30 * time.Second},
 		{"ONCEKEY_CLEANUP_INTERVAL", &c.CleanupInterval, time.Minute},
 		{"ONCEKEY_PROVIDER_TIMEOUT", &c.ProviderTimeout, 10 * time.Second},
+		{"ONCEKEY_API_KEY_CACHE_TTL", &c.APIKeyCacheTTL, auth.DefaultCacheTTL},
 		{"ONCEKEY_PAYMENT_RETRY_BASE", &c.PaymentPolicy.Base, payments.DefaultBase},
 		{"ONCEKEY_PAYMENT_RETRY_MAX", &c.PaymentPolicy.Limit, payments.DefaultLimit},
 		{"ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT", &c.PaymentPolicy.Timeout, payments.DefaultTimeout},

@@ -343,10 +343,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	}
 	defer pay.stop()
 	handler, err := httpapi.New(httpapi.Config{
-		Orders:         orders.NewService(store),
-		Payments:       pay.svc,
-		Ledger:         ledger.NewService(store),
-		Auth:           store,
+		Orders:   orders.NewService(store),
+		Payments: pay.svc,
+		Ledger:   ledger.NewService(store),
+		// Looked-up keys are trusted for ONCEKEY_API_KEY_CACHE_TTL: a round
+		// trip saved on every request, at the price of that revocation delay
+		// on other replicas.
+		Auth:           auth.NewCache(store, auth.DefaultCacheSize, cfg.APIKeyCacheTTL),
 		Idempotency:    keys,
 		Ready:          store.Ping,
 		TTL:            cfg.TTL,

@@ -5,10 +5,13 @@ import (
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/store/rediscache"
@@ -46,12 +49,16 @@ func TestRoundTrips(t *testing.T) {
 	tests := []struct {
 		name          string
 		redis         bool
+		cachedKeys    bool // the API-key cache in front of the store, warm
 		first, replay int64
 	}{
 		// API-key lookup, BEGIN with the claim's timeouts, claim, reset of
 		// the timeouts, INSERT order, store response, COMMIT.
-		{"postgres", false, 7, 4},           // replay: lookup, BEGIN, claim-or-read, ROLLBACK
-		{"postgres with redis", true, 7, 1}, // replay: the API-key lookup only
+		{"postgres", false, false, 7, 4},           // replay: lookup, BEGIN, claim-or-read, ROLLBACK
+		{"postgres with redis", true, false, 7, 1}, // replay: the API-key lookup only
+		// A warm API-key cache (serve's default) saves the lookup.
+		{"postgres, keys cached", false, true, 6, 3},
+		{"postgres with redis, keys cached", true, true, 6, 0},
 	}
 	for _, tt := range tests {
 		// Not parallel: the cases share the counter.
@@ -60,7 +67,15 @@ func TestRoundTrips(t *testing.T) {
 			if tt.redis {
 				cfg.Idempotency = rediscache.New(store, rdb, rediscache.Config{})
 			}
+			if tt.cachedKeys {
+				cfg.Auth = auth.NewCache(store, auth.DefaultCacheSize, time.Minute)
+			}
 			b := setup(t, store, options{cfg: cfg})
+			if tt.cachedKeys {
+				resp, err := b.client.ListOrdersWithResponse(t.Context(), &api.ListOrdersParams{})
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode(), "warm the key cache")
+			}
 			key := "round-trips-" + tt.name
 
 			before := counter.n.Load()

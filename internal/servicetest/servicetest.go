@@ -84,9 +84,9 @@ type Store interface {
 	auth.Store
 }
 
-// Start runs the whole service on store with cfg — Orders and Auth filled
-// in, Idempotency too unless the test set it (to put the Redis fast path in
-// front, say) — on an httptest server closed when the test ends, and
+// Start runs the whole service on store with cfg — Orders filled in, Auth
+// and Idempotency too unless the test set them (to put the API-key cache or
+// the Redis fast path in front, say) — on an httptest server closed when the test ends, and
 // creates an account to act as. Orders go through wrap(store) when wrap is
 // not nil, for fault injection.
 func Start(t testing.TB, store Store, wrap func(orders.Repository) orders.Repository, cfg httpapi.Config) (url string, creds auth.Credentials) {
@@ -99,7 +99,9 @@ func Start(t testing.TB, store Store, wrap func(orders.Repository) orders.Reposi
 	if cfg.Ledger == nil {
 		cfg.Ledger = ledger.NewService(store)
 	}
-	cfg.Auth = store
+	if cfg.Auth == nil {
+		cfg.Auth = store
+	}
 	if cfg.Idempotency == nil {
 		cfg.Idempotency = store
 	}
