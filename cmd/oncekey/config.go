@@ -36,6 +36,7 @@ type config struct {
 	PaymentPolicy   payments.RetryPolicy // ONCEKEY_PAYMENT_ATTEMPTS, _RETRY_BASE, _RETRY_MAX, _ATTEMPT_TIMEOUT
 	PaymentWorkers  int                  // ONCEKEY_PAYMENT_WORKERS
 	APIKeyCacheTTL  time.Duration        // ONCEKEY_API_KEY_CACHE_TTL
+	PprofAddr       string               // ONCEKEY_PPROF_ADDR; empty: no profiling endpoints
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -46,6 +47,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DemoAPIKey:  getenv("ONCEKEY_DEMO_API_KEY"),
 		Tracing:     getenv("ONCEKEY_TRACING"),
 		ProviderURL: getenv("ONCEKEY_PROVIDER_URL"),
+		PprofAddr:   getenv("ONCEKEY_PPROF_ADDR"),
 	}
 	var err error
 	durations := []struct {

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"slices"
@@ -377,6 +378,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: store, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observer: m}.Run(cleanupCtx)
 
+	if cfg.PprofAddr != "" {
+		stopPprof, err := servePprof(cfg.PprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
+	}
+
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("listening", "addr", ln.Addr().String())
@@ -471,4 +480,24 @@ func startPayments(ctx context.Context, cfg config, store backend, pool *pgxpool
 		}
 	})
 	return paymentsRuntime{svc: svc, stop: stopAll}, nil
+}
+
+// servePprof serves Go's profiling endpoints (/debug/pprof/) on addr, a
+// listener of their own: they reveal internals and cost CPU while they
+// profile, so they are off by default and never on the API's address.
+func servePprof(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("ONCEKEY_PPROF_ADDR: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	log.Warn("profiling endpoints on", "addr", ln.Addr().String())
+	return func() { _ = srv.Close() }, nil
 }

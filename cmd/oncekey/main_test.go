@@ -300,3 +300,27 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// ONCEKEY_PPROF_ADDR serves the profiling endpoints on their own listener;
+// the API's address never has them.
+func TestPprofOnItsOwnAddress(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	pprofAddr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	addr, _ := startServe(t, map[string]string{"ONCEKEY_PPROF_ADDR": pprofAddr})
+
+	resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/goroutine?debug=1")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(body), "goroutine profile:")
+
+	api, err := http.Get("http://" + addr + "/debug/pprof/")
+	require.NoError(t, err)
+	api.Body.Close()
+	require.Equal(t, http.StatusNotFound, api.StatusCode, "no profiling on the API's address")
+}
