@@ -122,6 +122,14 @@ docs/screenshot: ## refresh docs/img/api-docs.png from the live /docs page (runs
 dashboard-snapshot: ## render docs/img/dashboard.png: the dashboard's main panels from a short local run
 	$(GO) run ./cmd/dashboard-snapshot -out docs/img/dashboard.png
 
+.PHONY: bench
+bench: ## load benchmark: idempotent POST /orders against the baseline, side by side; writes docs/benchmarks.{md,json} and docs/img/benchmarks.png, fails when a target is missed
+	$(GO) run ./cmd/bench $(BENCHFLAGS)
+
+.PHONY: bench/micro
+bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on the in-memory store), benchstat-comparable
+	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/canonjson/ ./internal/idempotency/ ./internal/httpapi/
+
 .PHONY: fuzz
 fuzz: ## run the fuzz targets (canonical JSON, fingerprint, the whole handler) for a while each (FUZZTIME=30s)
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/

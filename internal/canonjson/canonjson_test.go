@@ -283,14 +283,3 @@ func truncate(s string) string {
 	}
 	return s[:limit] + "…"
 }
-
-func BenchmarkCanonicalize(b *testing.B) {
-	body := []byte(orderBody)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		if _, err := canonjson.Canonicalize(body); err != nil {
-			b.Fatalf("Canonicalize(%q): %v", body, err)
-		}
-	}
-}

@@ -64,6 +64,11 @@ type Config struct {
 	// Tracing wraps the handler in OpenTelemetry spans (exported by the
 	// global tracer provider; see internal/tracing).
 	Tracing bool
+	// WithoutIdempotency leaves the idempotency middleware out, so unsafe
+	// operations run on every request. It exists only for the benchmark's
+	// baseline (cmd/bench), which measures the protocol's cost against the
+	// same handler without it; serve never sets it.
+	WithoutIdempotency bool
 }
 
 // New builds the service's http.Handler.
@@ -125,6 +130,10 @@ func New(cfg Config) (http.Handler, error) {
 	// Operational, not part of the API contract: scrape it from inside the
 	// network (docs/operations.md).
 	r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
+	middlewares := []api.MiddlewareFunc{idem.Handler}
+	if cfg.WithoutIdempotency {
+		middlewares = nil
+	}
 	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, payments: cfg.Payments, ledger: cfg.Ledger, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  errs.request,
 		ResponseErrorHandlerFunc: errs.response,
@@ -133,7 +142,7 @@ func New(cfg Config) (http.Handler, error) {
 		BaseRouter: r,
 		// Registered per operation, after routing, so it sees the route
 		// pattern and the raw body bytes.
-		Middlewares:      []api.MiddlewareFunc{idem.Handler},
+		Middlewares:      middlewares,
 		ErrorHandlerFunc: errs.request,
 	})
 	if cfg.Tracing {
