@@ -364,6 +364,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
+	if cfg.PprofAddr != "" {
+		stopPprof, err := servePprof(cfg.PprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return err
@@ -377,14 +384,6 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: store, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observer: m}.Run(cleanupCtx)
-
-	if cfg.PprofAddr != "" {
-		stopPprof, err := servePprof(cfg.PprofAddr, log)
-		if err != nil {
-			return err
-		}
-		defer stopPprof()
-	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

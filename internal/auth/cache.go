@@ -25,11 +25,21 @@ const DefaultCacheSize = 10_000
 type Cache struct {
 	Store
 	accounts *expirable.LRU[KeyHash, uuid.UUID]
+	// revoked remembers keys revoked through this Cache for a TTL, so that
+	// a look-up that read the key as active just before the revocation
+	// cannot cache it again afterwards.
+	revoked *expirable.LRU[KeyHash, struct{}]
 }
 
-// NewCache wraps store with a cache of size keys kept for ttl.
+// NewCache wraps store with a cache of size keys kept for ttl. Each Cache
+// runs one expiry goroutine for the life of the process (the library's
+// design): make one per process, not per request.
 func NewCache(store Store, size int, ttl time.Duration) *Cache {
-	return &Cache{Store: store, accounts: expirable.NewLRU[KeyHash, uuid.UUID](size, nil, ttl)}
+	return &Cache{
+		Store:    store,
+		accounts: expirable.NewLRU[KeyHash, uuid.UUID](size, nil, ttl),
+		revoked:  expirable.NewLRU[KeyHash, struct{}](size, nil, ttl),
+	}
 }
 
 // AccountByKeyHash implements Store.
@@ -41,12 +51,17 @@ func (c *Cache) AccountByKeyHash(ctx context.Context, hash KeyHash) (uuid.UUID, 
 	if err != nil {
 		return uuid.UUID{}, err
 	}
-	c.accounts.Add(hash, id)
+	if !c.revoked.Contains(hash) {
+		c.accounts.Add(hash, id)
+	}
 	return id, nil
 }
 
 // RevokeKey implements Store, forgetting the key here too.
 func (c *Cache) RevokeKey(ctx context.Context, hash KeyHash) (bool, error) {
+	c.revoked.Add(hash, struct{}{})
 	c.accounts.Remove(hash)
-	return c.Store.RevokeKey(ctx, hash)
+	ok, err := c.Store.RevokeKey(ctx, hash)
+	c.accounts.Remove(hash) // a look-up that raced the revocation
+	return ok, err
 }

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
@@ -26,8 +28,8 @@ import (
 // (the first request holds the key longer than that), and a request with
 // its own key waits for tens of seconds or times out.
 const (
-	stormLeader = 3 * time.Second
-	stormBound  = 2 * time.Second
+	stormLeader = 5 * time.Second
+	stormBound  = 3 * time.Second
 )
 
 // slowKeyRepo makes the order of one Idempotency-Key slow.
@@ -110,4 +112,36 @@ func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
 	}
 	require.Equal(t, others+1, b.orderCount(t), "one order for the storm key, one for each other key")
 	t.Logf("p99 %s, median %s of %d requests with other keys beside %d duplicates", p99, latencies[len(latencies)/2], others, storm)
+}
+
+// slowClaims makes every claim take a while, as a loaded database would.
+type slowClaims struct {
+	idempotency.Store
+	delay time.Duration
+}
+
+func (s slowClaims) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+	time.Sleep(s.delay)
+	return s.Store.Claim(ctx, req)
+}
+
+// 100 concurrent retries of a key whose outcome is already stored all get
+// the replay: queueing duplicates inside the instance must not serialise
+// them into the wait budget and turn some into a false 202 (a reviewer's
+// reproduction of a first version of the queue: 49 replays, 51 of 202).
+func TestConcurrentRetriesOfAFinishedKeyAllReplay(t *testing.T) {
+	t.Parallel()
+	store := memory.New()
+	b := setup(t, store, options{cfg: httpapi.Config{
+		Idempotency: slowClaims{Store: store, delay: 20 * time.Millisecond}, Wait: time.Second,
+	}})
+	key := uuid.NewString()
+	first := b.postOrder(t, key, seedBody)
+	requireFresh(t, first, "the first request")
+	replies := b.stampede(t, 100, func(int) *http.Request {
+		return b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", key)
+	})
+	for i, r := range replies {
+		requireReplayOf(t, first, r, fmt.Sprintf("retry %d", i))
+	}
 }

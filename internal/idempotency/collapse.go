@@ -27,41 +27,37 @@ type flightKey struct {
 
 func newCollapser() *collapser { return &collapser{running: map[flightKey]chan struct{}{}} }
 
-// enter waits until no other request of this instance holds (account, key),
-// then holds it itself; it returns the function that lets it go. It gives up
+// enter lets the first request for (account, key) through at once, holding
+// the key on this instance until it calls leave. A concurrent duplicate
+// waits until that holder has finished and is then let through too, with
+// every other request that waited (leave is then a no-op for it): by then
+// the key's outcome is stored, so they are quick replays, and serialising
+// them would only make some of them time out into a false 202. It gives up
 // when wait runs out or ctx ends, and then reports false.
 func (c *collapser) enter(ctx context.Context, account uuid.UUID, key string, wait time.Duration) (leave func(), ok bool) {
 	k := flightKey{account, key}
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		c.mu.Lock()
-		busy, held := c.running[k]
-		if !held {
-			done := make(chan struct{})
-			c.running[k] = done
-			c.mu.Unlock()
-			return func() {
-				c.mu.Lock()
-				delete(c.running, k)
-				c.mu.Unlock()
-				close(done)
-			}, true
-		}
+	c.mu.Lock()
+	busy, held := c.running[k]
+	if !held {
+		done := make(chan struct{})
+		c.running[k] = done
 		c.mu.Unlock()
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		}
-		select {
-		case <-busy: // its holder finished: look again (its outcome is stored, or the key is free)
-		case <-timer.C:
-			return nil, false
-		case <-ctx.Done():
-			return nil, false
-		}
+		return func() {
+			c.mu.Lock()
+			delete(c.running, k)
+			c.mu.Unlock()
+			close(done)
+		}, true
+	}
+	c.mu.Unlock()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-busy:
+		return func() {}, true
+	case <-timer.C:
+		return nil, false
+	case <-ctx.Done():
+		return nil, false
 	}
 }
