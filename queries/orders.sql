@@ -2,6 +2,21 @@
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7);
 
+-- name: OrderCreateClaimed :exec
+-- OrderCreate for a deferred claim (see IdempotencyKeyPeek): the order is
+-- written only if this very transaction inserted its key row. xmin is the
+-- inserting transaction; a pipeline has no subtransactions, and a
+-- transaction that has inserted nothing has no xid yet (NULL: no match). A
+-- replay, a mismatch or a lost race so writes nothing, with no error and no
+-- dead row. Every write of a deferred operation carries this guard.
+INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
+SELECT @account_id, @id, @status, @amount, @currency, @items, @created_at
+WHERE EXISTS (
+    SELECT 1 FROM idempotency_keys k
+    WHERE k.account_id = @account_id AND k.idempotency_key = @idempotency_key
+      AND k.xmin = pg_current_xact_id_if_assigned()::xid
+);
+
 -- name: OrderGet :one
 SELECT * FROM orders WHERE account_id = $1 AND id = $2;
 

@@ -28,7 +28,12 @@ func main() {
 	flag.StringVar(&opts.markdown, "out", "docs/benchmarks.md", "the report")
 	flag.StringVar(&opts.json, "json", "docs/benchmarks.json", "the raw numbers")
 	flag.StringVar(&opts.chart, "chart", "docs/img/benchmarks.png", "the chart")
+	modes := flag.String("modes", "", "measure only these modes, comma-separated (default: all); the targets need baseline and the mode they judge")
+	flag.StringVar(&opts.cpuProfile, "cpuprofile", "", "write a CPU profile of the measurements (server and load generator together) to this file")
 	flag.Parse()
+	if *modes != "" {
+		opts.modes = strings.Split(*modes, ",")
+	}
 	for _, c := range strings.Split(*clients, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
 		if err != nil || n < 1 {

@@ -140,6 +140,7 @@ var modeColors = map[string]color.Color{
 	modeBaseline:    color.RGBA{0x55, 0x55, 0x55, 0xff},
 	modeFirst:       color.RGBA{0x56, 0xa6, 0x4b, 0xff},
 	modeReplay:      color.RGBA{0x32, 0x74, 0xd9, 0xff},
+	modeReplayDB:    color.RGBA{0x8e, 0x5b, 0xc9, 0xff},
 	modeFirstRedis:  color.RGBA{0xe0, 0xb4, 0x00, 0xff},
 	modeReplayRedis: color.RGBA{0xe0, 0x2f, 0x44, 0xff},
 }
@@ -162,7 +163,7 @@ func (r *report) drawChart(path string) error {
 		p.X.Label.Text = "clients"
 		p.Y.Label.Text = panel.y
 		p.Legend.Top = true
-		for _, mode := range []string{modeBaseline, modeFirst, modeReplay, modeFirstRedis, modeReplayRedis} {
+		for _, mode := range []string{modeBaseline, modeFirst, modeReplay, modeReplayDB, modeFirstRedis, modeReplayRedis} {
 			var xys plotter.XYs
 			for _, x := range r.results {
 				if x.Mode == mode {

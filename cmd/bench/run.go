@@ -10,6 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"runtime/pprof"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,6 +24,7 @@ import (
 	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/store/recordcache"
 	"github.com/oncekey/oncekey/internal/store/rediscache"
 )
 
@@ -29,6 +33,8 @@ type options struct {
 	clients               []int
 	adminURL, redisURL    string
 	markdown, json, chart string
+	modes                 []string // empty: all
+	cpuProfile            string
 }
 
 // Modes, in the order they are measured at each concurrency.
@@ -36,6 +42,7 @@ const (
 	modeBaseline    = "baseline"
 	modeFirst       = "first"
 	modeReplay      = "replay"
+	modeReplayDB    = "replay-db"
 	modeFirstRedis  = "first+redis"
 	modeReplayRedis = "replay+redis"
 )
@@ -87,13 +94,26 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 	}
 	defer stopBase()
 	targets[modeBaseline] = baseURL
-	pgURL, stopPG, err := serve(store, false)
+	// As serve wires it: the in-process record cache in front.
+	cached, err := recordcache.New(store, recordcache.DefaultSize, nil)
+	if err != nil {
+		return 0, err
+	}
+	pgURL, stopPG, err := serve(cached, false)
 	if err != nil {
 		return 0, err
 	}
 	defer stopPG()
 	targets[modeFirst], targets[modeReplay] = pgURL, pgURL
-	modes := []string{modeBaseline, modeFirst, modeReplay}
+	// A replica that has not seen the key: no record cache, so every replay
+	// is answered by PostgreSQL.
+	dbURL, stopDB, err := serve(store, false)
+	if err != nil {
+		return 0, err
+	}
+	defer stopDB()
+	targets[modeReplayDB] = dbURL
+	modes := []string{modeBaseline, modeFirst, modeReplay, modeReplayDB}
 	if opts.redisURL != "" {
 		rdb, err := rediscache.NewClient(opts.redisURL)
 		if err != nil {
@@ -103,16 +123,43 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			return 0, fmt.Errorf("Redis at %s: %w (pass -redis-url= to leave the Redis modes out)", opts.redisURL, err)
 		}
-		redisURL, stopRedis, err := serve(rediscache.New(store, rdb, rediscache.Config{}), false)
+		// First requests as serve wires it (the record cache in front of
+		// Redis); replays on a replica that has not seen the key, so Redis
+		// answers them.
+		fast := rediscache.New(store, rdb, rediscache.Config{})
+		cachedFast, err := recordcache.New(fast, recordcache.DefaultSize, nil)
 		if err != nil {
 			return 0, err
 		}
-		defer stopRedis()
-		targets[modeFirstRedis], targets[modeReplayRedis] = redisURL, redisURL
+		firstURL, stopFirst, err := serve(cachedFast, false)
+		if err != nil {
+			return 0, err
+		}
+		defer stopFirst()
+		replayURL, stopReplay, err := serve(fast, false)
+		if err != nil {
+			return 0, err
+		}
+		defer stopReplay()
+		targets[modeFirstRedis], targets[modeReplayRedis] = firstURL, replayURL
 		modes = append(modes, modeFirstRedis, modeReplayRedis)
 		defer flushBench(ctx, rdb, creds.AccountID.String())
 	}
 
+	if len(opts.modes) > 0 {
+		modes = slices.DeleteFunc(modes, func(m string) bool { return !slices.Contains(opts.modes, m) })
+	}
+	if opts.cpuProfile != "" {
+		f, err := os.Create(opts.cpuProfile)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 0, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}
 	var results []result
 	for _, n := range opts.clients {

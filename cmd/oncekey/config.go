@@ -10,6 +10,7 @@ import (
 	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/store/recordcache"
 )
 
 // config is everything serve reads from the environment. docs/operations.md
@@ -36,6 +37,7 @@ type config struct {
 	PaymentPolicy   payments.RetryPolicy // ONCEKEY_PAYMENT_ATTEMPTS, _RETRY_BASE, _RETRY_MAX, _ATTEMPT_TIMEOUT
 	PaymentWorkers  int                  // ONCEKEY_PAYMENT_WORKERS
 	APIKeyCacheTTL  time.Duration        // ONCEKEY_API_KEY_CACHE_TTL
+	RecordCacheSize int                  // ONCEKEY_RECORD_CACHE_SIZE; 0: no in-process record cache
 	PprofAddr       string               // ONCEKEY_PPROF_ADDR; empty: no profiling endpoints
 }
 
@@ -82,6 +84,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return config{}, fmt.Errorf("ONCEKEY_CLEANUP_BATCH=%d: at most 100000 rows per statement, to keep each delete short", batch)
 	}
 	c.CleanupBatch = int(batch)
+	c.RecordCacheSize = recordcache.DefaultSize
+	if v := getenv("ONCEKEY_RECORD_CACHE_SIZE"); v == "0" {
+		c.RecordCacheSize = 0
+	} else if size, err := integer(getenv, "ONCEKEY_RECORD_CACHE_SIZE", recordcache.DefaultSize); err != nil {
+		return config{}, fmt.Errorf("%w (or 0 for no cache)", err)
+	} else {
+		c.RecordCacheSize = int(size)
+	}
 	if c.ProviderFaults, err = provider.FaultsFromEnv(getenv); err != nil {
 		return config{}, err
 	}

@@ -47,6 +47,7 @@ import (
 	"github.com/oncekey/oncekey/internal/provider"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/store/recordcache"
 	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/tracing"
 )
@@ -337,6 +338,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		// client reconnects by itself when it comes back.
 		keys = rediscache.New(store, rdb, rediscache.Config{Observer: m})
 		log.Info("idempotency fast path: Redis")
+	}
+	if cfg.RecordCacheSize > 0 {
+		// In front of Redis too: a replay of a key this replica has seen
+		// costs no round trip at all.
+		if keys, err = recordcache.New(keys, cfg.RecordCacheSize, m); err != nil {
+			return err
+		}
 	}
 	pay, err := startPayments(ctx, cfg, store, pool, log)
 	if err != nil {

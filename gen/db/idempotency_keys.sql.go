@@ -190,6 +190,51 @@ func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetPa
 	return i, err
 }
 
+const idempotencyKeyInsertCompleted = `-- name: IdempotencyKeyInsertCompleted :execrows
+INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status,
+                              response_status, response_headers, response_body, created_at, completed_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, 'completed',
+        $6, $7, $8, $9, now(), $10)
+ON CONFLICT (account_id, idempotency_key) DO NOTHING
+`
+
+type IdempotencyKeyInsertCompletedParams struct {
+	AccountID       uuid.UUID
+	IdempotencyKey  string
+	Fingerprint     []byte
+	RequestMethod   string
+	RequestRoute    string
+	ResponseStatus  pgtype.Int4
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	CreatedAt       time.Time
+	ExpiresAt       time.Time
+}
+
+// Claims the key and stores the outcome at once; one row if claimed. If a
+// row holds the key it inserts nothing, and the operation's writes, guarded
+// by the claim (see OrderCreateClaimed), do nothing either. An expired row is not
+// freed here (that would take a statement more on every first request): the
+// caller claims again in the transactional way, which frees it.
+func (q *Queries) IdempotencyKeyInsertCompleted(ctx context.Context, arg IdempotencyKeyInsertCompletedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeyInsertCompleted,
+		arg.AccountID,
+		arg.IdempotencyKey,
+		arg.Fingerprint,
+		arg.RequestMethod,
+		arg.RequestRoute,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.CreatedAt,
+		arg.ExpiresAt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idempotencyKeyListStuck = `-- name: IdempotencyKeyListStuck :many
 SELECT account_id, idempotency_key, request_method, request_route, created_at
 FROM idempotency_keys
@@ -236,6 +281,66 @@ func (q *Queries) IdempotencyKeyListStuck(ctx context.Context, arg IdempotencyKe
 		return nil, err
 	}
 	return items, nil
+}
+
+const idempotencyKeyPeek = `-- name: IdempotencyKeyPeek :one
+SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
+       set_config('statement_timeout', $2::text, true) AS statement_timeout,
+       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
+       coalesce(k.expires_at <= now(), false)::boolean AS expired
+FROM (VALUES (true)) AS one (row)
+LEFT JOIN idempotency_keys k ON k.account_id = $3 AND k.idempotency_key = $4
+`
+
+type IdempotencyKeyPeekParams struct {
+	LockTimeout      string
+	StatementTimeout string
+	AccountID        uuid.UUID
+	IdempotencyKey   string
+}
+
+type IdempotencyKeyPeekRow struct {
+	LockTimeout      string
+	StatementTimeout string
+	Fingerprint      []byte
+	Status           pgtype.Text
+	ResponseStatus   pgtype.Int4
+	ResponseHeaders  json.RawMessage
+	ResponseBody     []byte
+	CreatedAt        *time.Time
+	ExpiresAt        *time.Time
+	Expired          bool
+}
+
+// The first of a deferred claim's statements (a write-only operation,
+// claimed at its commit: IdempotencyKeyPeek, IdempotencyKeyInsertCompleted,
+// then the operation's writes, each guarded by the claim (see OrderCreateClaimed)),
+// sent as one pipeline that PostgreSQL runs as one implicit transaction.
+// It returns exactly one row: what holds the key, if anything (the answer
+// to a replay, in the same round trip as the attempt to claim), and it
+// bounds the statements after it as waitBudget does: each lock wait, and
+// each statement as a whole.
+func (q *Queries) IdempotencyKeyPeek(ctx context.Context, arg IdempotencyKeyPeekParams) (IdempotencyKeyPeekRow, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyPeek,
+		arg.LockTimeout,
+		arg.StatementTimeout,
+		arg.AccountID,
+		arg.IdempotencyKey,
+	)
+	var i IdempotencyKeyPeekRow
+	err := row.Scan(
+		&i.LockTimeout,
+		&i.StatementTimeout,
+		&i.Fingerprint,
+		&i.Status,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.CreatedAt,
+		&i.ExpiresAt,
+		&i.Expired,
+	)
+	return i, err
 }
 
 const idempotencyKeyPurgeExpired = `-- name: IdempotencyKeyPurgeExpired :execrows

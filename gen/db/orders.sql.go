@@ -52,6 +52,47 @@ func (q *Queries) OrderCreate(ctx context.Context, arg OrderCreateParams) error 
 	return err
 }
 
+const orderCreateClaimed = `-- name: OrderCreateClaimed :exec
+INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
+SELECT $1, $2, $3, $4, $5, $6, $7
+WHERE EXISTS (
+    SELECT 1 FROM idempotency_keys k
+    WHERE k.account_id = $1 AND k.idempotency_key = $8
+      AND k.xmin = pg_current_xact_id_if_assigned()::xid
+)
+`
+
+type OrderCreateClaimedParams struct {
+	AccountID      uuid.UUID
+	ID             uuid.UUID
+	Status         string
+	Amount         int64
+	Currency       string
+	Items          json.RawMessage
+	CreatedAt      time.Time
+	IdempotencyKey string
+}
+
+// OrderCreate for a deferred claim (see IdempotencyKeyPeek): the order is
+// written only if this very transaction inserted its key row. xmin is the
+// inserting transaction; a pipeline has no subtransactions, and a
+// transaction that has inserted nothing has no xid yet (NULL: no match). A
+// replay, a mismatch or a lost race so writes nothing, with no error and no
+// dead row. Every write of a deferred operation carries this guard.
+func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimedParams) error {
+	_, err := q.db.Exec(ctx, orderCreateClaimed,
+		arg.AccountID,
+		arg.ID,
+		arg.Status,
+		arg.Amount,
+		arg.Currency,
+		arg.Items,
+		arg.CreatedAt,
+		arg.IdempotencyKey,
+	)
+	return err
+}
+
 const orderGet = `-- name: OrderGet :one
 SELECT account_id, id, status, amount, currency, items, created_at FROM orders WHERE account_id = $1 AND id = $2
 `

@@ -104,6 +104,10 @@ func New(cfg Config) (http.Handler, error) {
 		Wait:     cfg.Wait,
 		Logger:   cfg.Logger,
 		Observer: cfg.Metrics,
+		// Creating an order only inserts it: its claim can wait for its
+		// commit, one round trip in all. Payments (which enqueue a job) and
+		// bonus debits (which read the balance) claim first.
+		Deferrable: func(op string) bool { return op == "POST /orders" },
 	})
 	errs := errorResponder{log: cfg.Logger}
 

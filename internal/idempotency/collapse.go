@@ -33,8 +33,9 @@ func newCollapser() *collapser { return &collapser{running: map[flightKey]chan s
 // every other request that waited (leave is then a no-op for it): by then
 // the key's outcome is stored, so they are quick replays, and serialising
 // them would only make some of them time out into a false 202. It gives up
-// when wait runs out or ctx ends, and then reports false.
-func (c *collapser) enter(ctx context.Context, account uuid.UUID, key string, wait time.Duration) (leave func(), ok bool) {
+// when wait runs out or ctx ends, and then reports false. queued reports
+// whether the request waited behind another.
+func (c *collapser) enter(ctx context.Context, account uuid.UUID, key string, wait time.Duration) (leave func(), queued, ok bool) {
 	k := flightKey{account, key}
 	c.mu.Lock()
 	busy, held := c.running[k]
@@ -47,17 +48,17 @@ func (c *collapser) enter(ctx context.Context, account uuid.UUID, key string, wa
 			delete(c.running, k)
 			c.mu.Unlock()
 			close(done)
-		}, true
+		}, false, true
 	}
 	c.mu.Unlock()
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case <-busy:
-		return func() {}, true
+		return func() {}, true, true
 	case <-timer.C:
-		return nil, false
+		return nil, true, false
 	case <-ctx.Done():
-		return nil, false
+		return nil, true, false
 	}
 }

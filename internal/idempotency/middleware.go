@@ -66,6 +66,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer is told every request's outcome (default: nobody).
 	Observer Observer
+	// Deferrable reports whether an operation ("POST /orders") only writes
+	// through its unit of work, so its claim may be deferred to its commit
+	// (see ClaimRequest.Deferred): one round trip for a first request. Such
+	// an operation may run and then be discarded, when its commit finds the
+	// key taken, so it must have no effect outside the unit of work.
+	// Default: none.
+	Deferrable func(operation string) bool
 }
 
 // Observer receives what the protocol did, for metrics. operation is the
@@ -172,26 +179,51 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	claimStart := time.Now()
 	// Concurrent duplicates on this instance queue here, one at a time to
 	// the store, within the same wait budget.
-	leave, ok := m.inFlight.enter(ctx, account, key, m.cfg.Wait)
+	leave, queued, ok := m.inFlight.enter(ctx, account, key, m.cfg.Wait)
 	if !ok && ctx.Err() != nil {
 		m.fail(ctx, w, op, ctx.Err())
 		return
 	}
-	var (
-		lease Lease
-		rec   *Record
-	)
-	if ok {
-		defer leave()
-		lease, rec, err = m.cfg.Store.Claim(ctx, ClaimRequest{
+	if !ok {
+		m.answer(ctx, w, op, fp, nil, ErrInFlight, time.Since(claimStart))
+		return
+	}
+	defer leave()
+	// A request that queued behind a duplicate almost surely finds the key
+	// taken: it claims in the store's usual way, which answers from the
+	// record without running the operation at all.
+	deferred := !queued && m.cfg.Deferrable != nil && m.cfg.Deferrable(op)
+	for {
+		lease, rec, err := m.cfg.Store.Claim(ctx, ClaimRequest{
 			Account: account, Key: key, Fingerprint: fp,
 			Method: r.Method, Route: route, TTL: m.cfg.TTL,
-			Wait: max(m.cfg.Wait-time.Since(claimStart), minStoreWait),
+			Wait:     max(m.cfg.Wait-time.Since(claimStart), minStoreWait),
+			Deferred: deferred,
 		})
-	} else {
-		err = ErrInFlight
+		if lease != nil {
+			err = m.run(w, r, op, lease, Claim{Account: account, Key: key, ClaimedAt: lease.ClaimedAt()}, body, next, deferred)
+			var taken *TakenError
+			switch {
+			case err == nil:
+				return // answered
+			case errors.As(err, &taken) && taken.Record == nil && deferred:
+				// A concurrent first request got the key between our look
+				// and our insert: claim again, this time in the store's
+				// usual way, which waits for its outcome.
+				deferred = false
+				continue
+			case errors.As(err, &taken):
+				rec, err = taken.Record, nil
+			}
+		}
+		m.answer(ctx, w, op, fp, rec, err, time.Since(claimStart))
+		return
 	}
-	waited := time.Since(claimStart)
+}
+
+// answer responds to a request that did not run the operation: its key holds
+// rec, or the claim failed with err.
+func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, op string, fp Fingerprint, rec *Record, err error, waited time.Duration) {
 	switch {
 	case errors.Is(err, ErrInFlight):
 		m.duplicate(ctx, op, OutcomeInFlight, waited)
@@ -199,20 +231,24 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		problem.Write(w, problem.InProgress, "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds")
 	case err != nil:
 		m.fail(ctx, w, op, fmt.Errorf("claim idempotency key: %w", err))
-	case rec != nil && rec.Fingerprint != fp:
+	case rec == nil:
+		m.fail(ctx, w, op, errors.New("claim returned neither a lease, a record nor an error"))
+	case rec.Fingerprint != fp:
 		m.duplicate(ctx, op, OutcomeConflict, waited)
 		problem.Write(w, problem.KeyMismatch, "this Idempotency-Key was already used with a different request (method, path, query or body); use a new key for a new operation")
-	case rec != nil:
+	default:
 		m.duplicate(ctx, op, OutcomeReplayed, waited)
 		m.replay(w, rec.Response)
-	default:
-		m.run(w, r, op, lease, Claim{Account: account, Key: key, ClaimedAt: lease.ClaimedAt()}, body, next)
 	}
 }
 
 // run executes the operation inside lease and answers only after the outcome
 // is durable: a client never sees a success that a crash could still undo.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, lease Lease, claim Claim, body []byte, next http.Handler) {
+// It returns nil once it has answered, or, without answering, the error of a
+// deferred lease's Commit that found the key taken (*TakenError or
+// ErrInFlight): the operation's writes and response were discarded, and the
+// caller answers from what holds the key.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, lease Lease, claim Claim, body []byte, next http.Handler, deferred bool) error {
 	ctx := r.Context()
 	settled := false
 	defer func() {
@@ -247,20 +283,31 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, leas
 			m.outcome(ctx, op, OutcomeRejected)
 		}
 		rec.copyTo(w)
-		return
+		return nil
 	}
 	stored := Response{Status: rec.status, Header: rec.allowed(m.cfg.ReplayHeaders), Body: rec.body.Bytes()}
 	// The operation ran; finish storing it even if the client went away, so
-	// its retry replays instead of finding nothing.
+	// its retry replays instead of finding nothing. A deferred lease's
+	// commit is the operation itself (nothing was written before it), so it
+	// runs under the request's deadline like any operation's writes.
 	dctx, cancel := detach(ctx)
 	defer cancel()
+	if deferred {
+		dctx = ctx
+	}
 	if err := lease.Commit(dctx, stored); err != nil {
+		var taken *TakenError
+		if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
+			settled = true // nothing was written
+			return err
+		}
 		m.fail(ctx, w, op, fmt.Errorf("commit idempotent operation: %w", err))
-		return
+		return nil
 	}
 	settled = true
 	m.outcome(ctx, op, OutcomeExecuted)
 	rec.copyTo(w)
+	return nil
 }
 
 // replay writes a stored response: the same status and body bytes, the

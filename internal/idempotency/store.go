@@ -53,6 +53,30 @@ type ClaimRequest struct {
 	// Wait bounds how long Claim waits for a concurrent holder of the key to
 	// finish before it returns ErrInFlight.
 	Wait time.Duration
+	// Deferred says the operation only writes: it reads nothing back through
+	// its unit of work. A store may then hand out the lease without touching
+	// the database and send the claim, the operation's writes and the
+	// response together at Commit, in one round trip instead of a
+	// transaction's several. Such a Commit reports a key that turned out not
+	// to be free with a *TakenError or ErrInFlight, having written nothing.
+	// Stores that cannot defer ignore it.
+	Deferred bool
+}
+
+// TakenError is what the Commit of a deferred lease returns when the key was
+// not free after all; nothing of the operation was written. Record is the
+// completed record that holds the key (replay it, or answer 409), or nil
+// when the key changed under the commit (a concurrent first request
+// committed it): claim again, without deferring, to learn its outcome.
+type TakenError struct {
+	Record *Record
+}
+
+func (e *TakenError) Error() string {
+	if e.Record == nil {
+		return "idempotency: the key was claimed concurrently"
+	}
+	return "idempotency: the key already holds a completed operation"
 }
 
 // Lease is a claimed key with its open unit of work.
@@ -61,7 +85,8 @@ type Lease interface {
 	// the same implementation write inside it.
 	Context(ctx context.Context) context.Context
 	// Commit stores resp as the key's outcome and commits the domain writes
-	// made through Context, atomically.
+	// made through Context, atomically. A deferred lease (see
+	// ClaimRequest.Deferred) claims the key here too, and may find it taken.
 	Commit(ctx context.Context, resp Response) error
 	// Rollback discards the domain writes and frees the key. It is safe to call
 	// after Commit (it then does nothing), so callers can defer it.

@@ -30,6 +30,7 @@ type Metrics struct {
 
 	redisRequests  *prometheus.CounterVec
 	redisFallbacks prometheus.Counter
+	recordCache    *prometheus.CounterVec
 
 	cleanupRuns        *prometheus.CounterVec
 	cleanupDeleted     prometheus.Counter
@@ -60,6 +61,8 @@ func New() *Metrics {
 
 	m.redisRequests = f.counterVec("oncekey_redis_requests_total",
 		"Redis fast-path look-ups by result: hit, miss, error (0 when REDIS_URL is not set).", "result")
+	m.recordCache = f.counterVec("oncekey_record_cache_requests_total",
+		"Look-ups in the in-process cache of completed idempotency records by result: hit (a replay answered without a round trip) or miss.", "result")
 	m.redisFallbacks = f.counter("oncekey_redis_fallbacks_total",
 		"Requests the Redis fast path could not serve because Redis failed, answered from PostgreSQL instead.")
 
@@ -84,6 +87,9 @@ func New() *Metrics {
 	}
 	for _, r := range []string{"hit", "miss", "error"} {
 		m.redisRequests.WithLabelValues(r)
+	}
+	for _, r := range []string{"hit", "miss"} {
+		m.recordCache.WithLabelValues(r)
 	}
 	return m
 }
@@ -128,6 +134,9 @@ func (m *Metrics) DuplicateWait(operation string, o idempotency.Outcome, d time.
 
 // Redis implements rediscache.Observer.
 func (m *Metrics) Redis(result string) { m.redisRequests.WithLabelValues(result).Inc() }
+
+// RecordCache implements recordcache.Observer.
+func (m *Metrics) RecordCache(result string) { m.recordCache.WithLabelValues(result).Inc() }
 
 // Fallback implements rediscache.Observer.
 func (m *Metrics) Fallback() { m.redisFallbacks.Inc() }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -38,7 +37,13 @@ const claimAttempts = 5
 // statement as a whole (lock_timeout alone bounds each lock wait, and one
 // INSERT can wait on several holders in turn), and each retry gets only the
 // time left.
+//
+// A deferred claim (req.Deferred) is made at Commit instead; see
+// deferredLease.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+	if req.Deferred {
+		return s.claimDeferred(req), nil, nil
+	}
 	deadline := time.Now().Add(req.Wait)
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{
 		// One round trip: pgx sends a BeginQuery without arguments over the
@@ -140,21 +145,7 @@ func claimError(ctx context.Context, step string, err error) error {
 }
 
 func recordFromRow(row db.IdempotencyKeyClaimRow) (*idempotency.Record, error) {
-	rec := &idempotency.Record{
-		Response:  idempotency.Response{Status: int(row.ResponseStatus.Int32), Body: row.ResponseBody, Header: http.Header{}},
-		CreatedAt: row.CreatedAt,
-		ExpiresAt: row.ExpiresAt,
-	}
-	if len(row.Fingerprint) != len(rec.Fingerprint) {
-		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(row.Fingerprint))
-	}
-	copy(rec.Fingerprint[:], row.Fingerprint)
-	if len(row.ResponseHeaders) > 0 {
-		if err := json.Unmarshal(row.ResponseHeaders, &rec.Response.Header); err != nil {
-			return nil, fmt.Errorf("decode stored headers: %w", err)
-		}
-	}
-	return rec, nil
+	return newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt)
 }
 
 // lease is a claimed key and the open transaction the operation runs in.

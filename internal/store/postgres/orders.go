@@ -19,6 +19,17 @@ func (s *Store) CreateOrder(ctx context.Context, o orders.Order) error {
 	if err != nil {
 		return fmt.Errorf("encode items: %w", err)
 	}
+	if p, ok := ctx.Value(txKey{}).(*pipeline); ok {
+		// A deferred claim: the order is written only if the key is.
+		if o.AccountID != p.account {
+			return fmt.Errorf("order of account %s under the key of account %s", o.AccountID, p.account)
+		}
+		return translate(db.New(p).OrderCreateClaimed(ctx, db.OrderCreateClaimedParams{
+			AccountID: o.AccountID, ID: o.ID, Status: o.Status, Amount: o.Amount,
+			Currency: o.Currency, Items: items, CreatedAt: o.CreatedAt,
+			IdempotencyKey: p.key,
+		}))
+	}
 	err = s.queries(ctx).OrderCreate(ctx, db.OrderCreateParams{
 		AccountID: o.AccountID,
 		ID:        o.ID,

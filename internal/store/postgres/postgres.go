@@ -23,6 +23,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
+
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/db"
 	"github.com/oncekey/oncekey/internal/idempotency"
@@ -63,6 +65,13 @@ func Open(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error
 	}
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = DefaultMaxConns
+	}
+	// uuid.UUID is every table's key type; without this pgx sends it
+	// through database/sql's Valuer (a string, parsed back to bytes) on
+	// every parameter, which the profile of a first request showed.
+	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		pgxuuid.Register(conn.TypeMap())
+		return nil
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -155,10 +164,11 @@ func (s *Store) Ping(ctx context.Context) error {
 type txKey struct{}
 
 // queries returns queries bound to the unit of work in ctx (an idempotency
-// lease's transaction) or, outside one, to the pool.
+// lease's transaction, or a deferred lease's pipeline) or, outside one, to
+// the pool.
 func (s *Store) queries(ctx context.Context) *db.Queries {
-	if tx, ok := ctx.Value(txKey{}).(pgx.Tx); ok {
-		return db.New(tx)
+	if unit, ok := ctx.Value(txKey{}).(db.DBTX); ok {
+		return db.New(unit)
 	}
 	return db.New(s.pool)
 }

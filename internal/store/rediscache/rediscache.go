@@ -331,6 +331,10 @@ type cachedLease struct {
 
 func (l *cachedLease) Commit(ctx context.Context, resp idempotency.Response) error {
 	if err := l.Lease.Commit(ctx, resp); err != nil {
+		// A deferred commit that found the key completed: read-through.
+		if taken := (*idempotency.TakenError)(nil); errors.As(err, &taken) && taken.Record != nil {
+			l.s.store(ctx, l.recKey, taken.Record)
+		}
 		l.done(ctx)
 		return err
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/store/storetest"
@@ -67,33 +66,14 @@ func privateRedis(t *testing.T) (rdb *redis.Client, stop func()) {
 	return rdb, stop
 }
 
-// fastStore is a full store with the fast path in front of its keys.
-type fastStore struct {
-	storetest.Store
-	fast *rediscache.Store
-}
-
-func (f fastStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
-	return f.fast.Claim(ctx, req)
-}
-
 // TestConformance: with the fast path in front, both stores keep every
 // promise of the store contract.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for name, open := range map[string]func(t *testing.T) storetest.Store{
-		"postgres": func(t *testing.T) storetest.Store { return postgres.New(testdb.Pool(t)) },
-		"memory":   func(*testing.T) storetest.Store { return memory.New() },
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			rdb := sharedRedis(t)
-			storetest.Run(t, func(t *testing.T) storetest.Store {
-				inner := open(t)
-				return fastStore{Store: inner, fast: rediscache.New(inner, rdb, rediscache.Config{})}
-			})
-		})
-	}
+	rdb := sharedRedis(t)
+	storetest.RunInFront(t, func(_ *testing.T, inner storetest.Store) idempotency.Store {
+		return rediscache.New(inner, rdb, rediscache.Config{})
+	})
 }
 
 // counting counts the claims that reach the durable store.

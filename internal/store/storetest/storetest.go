@@ -78,6 +78,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"Accounts", testAccounts},
 		{"ConcurrentClaimsRunOnce", testConcurrentClaimsRunOnce},
 		{"UncommittedWritesInvisible", testUncommittedWritesInvisible},
+		{"Deferred", testDeferred},
 		{"Ledger", testLedger},
 		{"LedgerConcurrentDebits", testLedgerConcurrentDebits},
 		{"LedgerRollbackUndoesEntry", testLedgerRollback},

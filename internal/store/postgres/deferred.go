@@ -1,0 +1,249 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/oncekey/oncekey/gen/db"
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// A deferred claim serves a write-only operation (idempotency.ClaimRequest.
+// Deferred) in one round trip. Claim hands out the lease without touching
+// the database; the operation's writes, made through sqlc as usual, are
+// queued instead of run; Commit sends, as one pipeline that PostgreSQL runs
+// as one implicit transaction:
+//
+//	IdempotencyKeyPeek             the wait budget, and what holds the key
+//	IdempotencyKeyInsertCompleted  the claim and the response, together
+//	the operation's writes         each guarded by the claim (see OrderCreateClaimed)
+//
+// If a row holds the key, the insert does nothing (ON CONFLICT DO NOTHING)
+// and neither do the guarded writes: nothing is written, no error is
+// raised, no dead row is left, and the peek says what to answer instead (a
+// replay or a 409), still in the one round trip. A concurrent holder's
+// uncommitted row makes the insert wait, bounded by the budget, as the
+// transactional claim's does. The rare rest (a row that expired but is not
+// yet cleaned up, a holder that committed after the peek) is reported as
+// *TakenError without a record, and the caller claims again in the
+// transactional way.
+
+// claimGuard is the heart of what every write of a deferred operation must
+// be conditional on: that this transaction inserted the key row (see
+// OrderCreateClaimed). pipeline refuses a write without it.
+const claimGuard = "k.xmin = pg_current_xact_id_if_assigned()::xid"
+
+// errUnguardedWrite is a wiring bug: a write queued in a deferred unit of
+// work that would happen even if the key was not claimed.
+var errUnguardedWrite = errors.New("postgres: a deferred operation's write is not guarded by its claim (" + claimGuard + ")")
+
+// errDeferredRead is a wiring bug: an operation marked deferrable read
+// through its unit of work, which a deferred claim cannot answer before its
+// commit.
+var errDeferredRead = errors.New("postgres: a deferred (write-only) operation read through its unit of work; it must not be deferred")
+
+// errQueued is what a read queued into a pipeline returns to its sqlc
+// method; the rows arrive from the batch.
+var errQueued = errors.New("postgres: queued in a pipeline")
+
+// pipeline is a db.DBTX that queues statements into one batch instead of
+// running them. Exec reports no rows affected: a deferred operation cannot
+// depend on counts. An operation's writes must be guarded by the claim of
+// (account, key); its reads are refused. The store's own statements (reads
+// set) are queued as they are, their results read from the batch.
+type pipeline struct {
+	batch   pgx.Batch
+	reads   bool
+	account uuid.UUID
+	key     string
+}
+
+func (p *pipeline) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if !p.reads && !strings.Contains(sql, claimGuard) {
+		return pgconn.CommandTag{}, errUnguardedWrite
+	}
+	p.batch.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+func (p *pipeline) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if !p.reads {
+		return nil, errDeferredRead
+	}
+	p.batch.Queue(sql, args...)
+	return nil, errQueued
+}
+
+func (p *pipeline) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	if !p.reads {
+		return errRow{errDeferredRead}
+	}
+	p.batch.Queue(sql, args...)
+	return errRow{errQueued}
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// deferredLease is a claim not yet made: the operation's writes wait in
+// writes until Commit sends them with the claim.
+type deferredLease struct {
+	s         *Store
+	req       idempotency.ClaimRequest
+	claimedAt time.Time
+	writes    pipeline
+	done      bool
+}
+
+func (s *Store) claimDeferred(req idempotency.ClaimRequest) *deferredLease {
+	// The row's created_at is this time, so ClaimedAt names the claim
+	// before it is made; microseconds, as PostgreSQL stores it.
+	return &deferredLease{
+		s: s, req: req, claimedAt: time.Now().Truncate(time.Microsecond),
+		writes: pipeline{account: req.Account, key: req.Key},
+	}
+}
+
+func (l *deferredLease) ClaimedAt() time.Time { return l.claimedAt }
+
+func (l *deferredLease) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, txKey{}, &l.writes)
+}
+
+// Rollback discards the queued writes; nothing was sent.
+func (l *deferredLease) Rollback(context.Context) error {
+	l.done = true
+	return nil
+}
+
+// claimSteps is how many of the pipeline's statements are the claim's; the
+// operation's writes follow.
+const claimSteps = 2
+
+func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) error {
+	if l.done {
+		return errors.New("lease already settled")
+	}
+	l.done = true
+	headers, body, err := encodeResponse(resp)
+	if err != nil {
+		return err
+	}
+	req := l.req
+	claim := &pipeline{reads: true}
+	q := db.New(claim)
+	ms := max(req.Wait.Milliseconds(), 1)
+	// Queued, not run: what these return is not their result.
+	_, _ = q.IdempotencyKeyPeek(ctx, db.IdempotencyKeyPeekParams{
+		LockTimeout:      strconv.FormatInt(ms, 10),
+		StatementTimeout: strconv.FormatInt(ms+statementSlack.Milliseconds(), 10),
+		AccountID:        req.Account,
+		IdempotencyKey:   req.Key,
+	})
+	_, _ = q.IdempotencyKeyInsertCompleted(ctx, db.IdempotencyKeyInsertCompletedParams{
+		AccountID:       req.Account,
+		IdempotencyKey:  req.Key,
+		Fingerprint:     req.Fingerprint[:],
+		RequestMethod:   req.Method,
+		RequestRoute:    req.Route,
+		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseHeaders: headers,
+		ResponseBody:    body,
+		CreatedAt:       l.claimedAt,
+		ExpiresAt:       l.claimedAt.Add(req.TTL),
+	})
+	if n := claim.batch.Len(); n != claimSteps {
+		return fmt.Errorf("deferred claim queued %d statements, want %d", n, claimSteps)
+	}
+	claim.batch.QueuedQueries = append(claim.batch.QueuedQueries, l.writes.batch.QueuedQueries...)
+
+	br := l.s.pool.SendBatch(ctx, &claim.batch)
+	err = l.readResults(ctx, br)
+	closeErr := br.Close()
+	if err != nil {
+		return err
+	}
+	if closeErr != nil {
+		return translate(fmt.Errorf("commit: %w", closeErr))
+	}
+	return nil
+}
+
+// readResults reads the pipeline's results in order: nil if the key was
+// claimed and the writes made, a *TakenError or ErrInFlight if the key was
+// not free, anything else translated.
+func (l *deferredLease) readResults(ctx context.Context, br pgx.BatchResults) error {
+	var peeked db.IdempotencyKeyPeekRow
+	rows, err := br.Query()
+	if err == nil {
+		peeked, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[db.IdempotencyKeyPeekRow])
+	}
+	if err != nil {
+		return claimError(ctx, "peek", err)
+	}
+	inserted, err := br.Exec()
+	if err != nil {
+		return claimError(ctx, "claim", err)
+	}
+	if inserted.RowsAffected() == 0 {
+		// Nothing was written: the guarded writes saw no claim.
+		switch {
+		case !peeked.Status.Valid || peeked.Expired:
+			// A concurrent first request committed the key after the
+			// peek's snapshot, or the row there has expired.
+			return &idempotency.TakenError{}
+		case peeked.Status.String != "completed":
+			return idempotency.ErrInFlight
+		}
+		rec, err := peekedRecord(peeked)
+		if err != nil {
+			return err
+		}
+		return &idempotency.TakenError{Record: rec}
+	}
+	for i := range l.writes.batch.Len() {
+		if _, err := br.Exec(); err != nil {
+			return translate(fmt.Errorf("write %d of the operation: %w", i+1, err))
+		}
+	}
+	return nil
+}
+
+func peekedRecord(row db.IdempotencyKeyPeekRow) (*idempotency.Record, error) {
+	if row.CreatedAt == nil || row.ExpiresAt == nil {
+		return nil, errors.New("peeked record without timestamps")
+	}
+	return newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, *row.CreatedAt, *row.ExpiresAt)
+}
+
+// newRecord builds a completed record from its stored columns.
+func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, createdAt, expiresAt time.Time) (*idempotency.Record, error) {
+	rec := &idempotency.Record{
+		Response:  idempotency.Response{Status: int(status.Int32), Body: body, Header: http.Header{}},
+		CreatedAt: createdAt,
+		ExpiresAt: expiresAt,
+	}
+	if len(fingerprint) != len(rec.Fingerprint) {
+		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(fingerprint))
+	}
+	copy(rec.Fingerprint[:], fingerprint)
+	if len(headers) > 0 {
+		if err := json.Unmarshal(headers, &rec.Response.Header); err != nil {
+			return nil, fmt.Errorf("decode stored headers: %w", err)
+		}
+	}
+	return rec, nil
+}

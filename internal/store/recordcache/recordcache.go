@@ -1,0 +1,148 @@
+// Package recordcache keeps completed idempotency records in process, in
+// front of the durable store (and of Redis, when there is one), so that a
+// replay answered on the replica that saw the key before costs no round
+// trip at all.
+//
+// A completed record never changes until it expires, so a copy can never
+// disagree with the database about it, on this replica or any other; each
+// copy is dropped when the record expires, no later than the durable one.
+// The one record that does change, a long operation's provisional 202, is
+// never kept. Only completed records are kept: whether a key is free or in
+// flight is always asked of the store.
+//
+// The cache is bounded in entries and each entry in size, so a server's
+// memory stays flat however many keys it serves.
+package recordcache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// Defaults for New.
+const (
+	// DefaultSize is how many records one process keeps.
+	DefaultSize = 10_000
+	// MaxBody is the largest response body kept (16 KiB): bigger ones are
+	// rare, and the bound keeps the cache's worst case at Size × MaxBody.
+	MaxBody = 16 << 10
+)
+
+// Observer receives each look-up's result ("hit" or "miss"), for metrics.
+type Observer interface {
+	RecordCache(result string)
+}
+
+// Store is an idempotency.Store that answers replays of records it has seen
+// from memory.
+type Store struct {
+	next     idempotency.Store
+	records  *lru.Cache[entryKey, *idempotency.Record]
+	observer Observer
+}
+
+type entryKey struct {
+	account uuid.UUID
+	key     string
+}
+
+// New keeps up to size completed records in front of next. observer may be
+// nil.
+func New(next idempotency.Store, size int, observer Observer) (*Store, error) {
+	records, err := lru.New[entryKey, *idempotency.Record](size)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{next: next, records: records, observer: observer}, nil
+}
+
+// Claim implements idempotency.Store.
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+	k := entryKey{req.Account, req.Key}
+	if rec, ok := s.records.Get(k); ok {
+		if time.Now().Before(rec.ExpiresAt) {
+			s.observe("hit")
+			return nil, clone(rec), nil
+		}
+		// Expired: absent, as in the database; the store may hand the key
+		// out again.
+		s.records.Remove(k)
+	}
+	s.observe("miss")
+	start := time.Now()
+	lease, rec, err := s.next.Claim(ctx, req)
+	if rec != nil {
+		s.keep(k, rec)
+	}
+	if lease == nil {
+		return nil, rec, err
+	}
+	return &keepingLease{Lease: lease, s: s, k: k, fingerprint: req.Fingerprint, claimedAt: start, ttl: req.TTL}, nil, nil
+}
+
+func (s *Store) observe(result string) {
+	if s.observer != nil {
+		s.observer.RecordCache(result)
+	}
+}
+
+// keep remembers a copy of rec if it is final and small enough.
+func (s *Store) keep(k entryKey, rec *idempotency.Record) {
+	if idempotency.Provisional(rec.Response.Status) || len(rec.Response.Body) > MaxBody || !time.Now().Before(rec.ExpiresAt) {
+		return
+	}
+	s.records.Add(k, clone(rec))
+}
+
+// clone copies a record in and out of the cache, as a store keeps its own
+// copy: the committer may reuse its buffers, and a replay's caller may
+// write to what it got.
+func clone(rec *idempotency.Record) *idempotency.Record {
+	c := *rec
+	c.Response.Header = rec.Response.Header.Clone()
+	if c.Response.Header == nil {
+		c.Response.Header = http.Header{}
+	}
+	c.Response.Body = bytes.Clone(rec.Response.Body)
+	if c.Response.Body == nil {
+		c.Response.Body = []byte{}
+	}
+	return &c
+}
+
+// keepingLease remembers the outcome it commits, or the record a deferred
+// commit found in its way.
+type keepingLease struct {
+	idempotency.Lease
+	s           *Store
+	k           entryKey
+	fingerprint idempotency.Fingerprint
+	claimedAt   time.Time
+	ttl         time.Duration
+}
+
+func (l *keepingLease) Commit(ctx context.Context, resp idempotency.Response) error {
+	err := l.Lease.Commit(ctx, resp)
+	var taken *idempotency.TakenError
+	switch {
+	case err == nil:
+		// The durable store counts the TTL from its own claim, made after
+		// claimedAt (or at it, for a deferred claim): this copy expires no
+		// later than the durable record.
+		l.s.keep(l.k, &idempotency.Record{
+			Fingerprint: l.fingerprint, Response: resp,
+			CreatedAt: l.claimedAt, ExpiresAt: l.claimedAt.Add(l.ttl),
+		})
+	case errors.As(err, &taken) && taken.Record != nil:
+		l.s.keep(l.k, taken.Record)
+	}
+	return err
+}

@@ -1,0 +1,179 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// deferredOutcome is how one deferred attempt ended: it committed, or it
+// found the key taken and learned the record there, or it failed.
+type deferredOutcome struct {
+	committed bool
+	rec       *idempotency.Record
+	err       error
+}
+
+// attemptDeferred plays what the middleware does for a write-only
+// operation: a deferred claim, one order written through the lease, the
+// commit, and on a lost claim the record that holds the key; when the
+// commit could not say, it claims again without deferring, and runs the
+// operation again if that claim gets the key (it held an expired record).
+func attemptDeferred(ctx context.Context, store Store, req idempotency.ClaimRequest, body string) deferredOutcome {
+	req.Deferred = true
+	out := attemptOnce(ctx, store, req, body)
+	var taken *idempotency.TakenError
+	if !errors.As(out.err, &taken) {
+		return out
+	}
+	if taken.Record != nil {
+		return deferredOutcome{rec: taken.Record}
+	}
+	req.Deferred = false
+	return attemptOnce(ctx, store, req, body)
+}
+
+func attemptOnce(ctx context.Context, store Store, req idempotency.ClaimRequest, body string) deferredOutcome {
+	lease, rec, err := store.Claim(ctx, req)
+	if err != nil || lease == nil {
+		return deferredOutcome{rec: rec, err: err}
+	}
+	defer func() { _ = lease.Rollback(context.WithoutCancel(ctx)) }()
+	if err := store.CreateOrder(lease.Context(ctx), newOrder(req.Account, time.Now())); err != nil {
+		return deferredOutcome{err: err}
+	}
+	if err := lease.Commit(ctx, response(body)); err != nil {
+		return deferredOutcome{err: err}
+	}
+	return deferredOutcome{committed: true}
+}
+
+func orderCount(t *testing.T, store Store, b *testBundle) int {
+	t.Helper()
+	list, err := store.ListOrders(b.ctx, b.account, nil, 100)
+	require.NoError(t, err, "list orders")
+	return len(list)
+}
+
+// 12. Deferred claims (ClaimRequest.Deferred, for write-only operations)
+// keep every promise of the transactional ones: a replay or a mismatch
+// writes nothing, an expired key is free, a rollback leaves nothing, a
+// holder in flight is waited for within Wait, and concurrent first requests
+// run once. Stores that do not defer pass by claiming as usual.
+func testDeferred(t *testing.T, setup setupFunc) {
+	t.Run("replay and mismatch write nothing", func(t *testing.T) {
+		t.Parallel()
+		store, b := setup(t)
+		req := claimRequest(b.account, newKey(), fingerprint("POST /orders a"))
+		first := attemptDeferred(b.ctx, store, req, "first\n")
+		require.NoError(t, first.err, "first request")
+		require.True(t, first.committed, "the first request must commit")
+
+		again := attemptDeferred(b.ctx, store, req, "again\n")
+		require.NoError(t, again.err, "replay")
+		require.False(t, again.committed, "a replay must not commit")
+		require.NotNil(t, again.rec, "a replay must get the record")
+		require.Equal(t, []byte("first\n"), again.rec.Response.Body, "replayed body")
+		require.Equal(t, req.Fingerprint, again.rec.Fingerprint, "replayed fingerprint")
+
+		other := req
+		other.Fingerprint = fingerprint("POST /orders b")
+		mismatch := attemptDeferred(b.ctx, store, other, "other\n")
+		require.NoError(t, mismatch.err, "mismatch")
+		require.False(t, mismatch.committed, "a mismatch must not commit")
+		require.NotNil(t, mismatch.rec, "a mismatch must get the original record")
+		require.Equal(t, req.Fingerprint, mismatch.rec.Fingerprint, "the record keeps the first fingerprint")
+		require.Equal(t, 1, orderCount(t, store, b), "orders after a first request, a replay and a mismatch")
+	})
+
+	t.Run("expired key is free", func(t *testing.T) {
+		t.Parallel()
+		store, b := setup(t)
+		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+		short := req
+		short.TTL = time.Millisecond
+		require.True(t, attemptDeferred(b.ctx, store, short, "old\n").committed, "first, short-lived request")
+		time.Sleep(expiryPause)
+		out := attemptDeferred(b.ctx, store, req, "new\n")
+		require.NoError(t, out.err, "request after expiry")
+		require.True(t, out.committed, "the expired key must be claimed again")
+		require.Equal(t, []byte("new\n"), claimRecord(t, b.ctx, store, req).Response.Body, "the record after expiry")
+		require.Equal(t, 2, orderCount(t, store, b), "one order per claim")
+	})
+
+	t.Run("rollback leaves nothing", func(t *testing.T) {
+		t.Parallel()
+		store, b := setup(t)
+		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+		req.Deferred = true
+		lease := claimLease(t, b.ctx, store, req)
+		require.NoError(t, store.CreateOrder(lease.Context(b.ctx), newOrder(b.account, time.Now())), "queue the order")
+		require.NoError(t, lease.Rollback(b.ctx), "rollback")
+		require.Zero(t, orderCount(t, store, b), "orders after a rollback")
+		require.True(t, attemptDeferred(b.ctx, store, req, "after\n").committed, "the key must be free after a rollback")
+	})
+
+	t.Run("a holder in flight is waited for", func(t *testing.T) {
+		t.Parallel()
+		store, b := setup(t)
+		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+		holder := claimLease(t, b.ctx, store, req) // transactional, uncommitted
+
+		short := req
+		short.Wait = 200 * time.Millisecond
+		start := time.Now()
+		out := attemptDeferred(b.ctx, store, short, "waiter\n")
+		elapsed := time.Since(start)
+		require.ErrorIs(t, out.err, idempotency.ErrInFlight, "a deferred attempt behind an open holder (committed=%v)", out.committed)
+		require.GreaterOrEqual(t, elapsed, 150*time.Millisecond, "ErrInFlight came before the wait was over")
+		require.Less(t, elapsed, 5*time.Second, "ErrInFlight came long after the wait was over")
+
+		// A waiter that outlasts the holder gets its record.
+		waiter := make(chan deferredOutcome, 1)
+		go func() { waiter <- attemptDeferred(b.ctx, store, req, "waiter\n") }()
+		time.Sleep(100 * time.Millisecond)
+		commitResponse(t, b.ctx, holder, "holder\n")
+		res := receive(t, waiter, "the deferred waiter")
+		require.NoError(t, res.err, "waiter")
+		require.False(t, res.committed, "the waiter must not commit over the holder")
+		require.NotNil(t, res.rec, "the waiter must get the holder's record")
+		require.Equal(t, []byte("holder\n"), res.rec.Response.Body, "waiter's replay")
+		require.Zero(t, orderCount(t, store, b), "the holder wrote no order; the waiters must not have either")
+	})
+
+	t.Run("concurrent first requests run once", func(t *testing.T) {
+		t.Parallel()
+		const claimers = 50
+		store, b := setup(t)
+		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+		start := make(chan struct{})
+		results := make([]deferredOutcome, claimers)
+		var wg sync.WaitGroup
+		for i := range claimers {
+			wg.Go(func() {
+				<-start
+				results[i] = attemptDeferred(b.ctx, store, req, "the one\n")
+			})
+		}
+		close(start)
+		wg.Wait()
+		committed := 0
+		for i, res := range results {
+			require.NoError(t, res.err, "claimer %d", i)
+			if res.committed {
+				committed++
+				continue
+			}
+			require.NotNil(t, res.rec, "claimer %d neither committed nor got a record", i)
+			require.Equal(t, []byte("the one\n"), res.rec.Response.Body, "claimer %d's replay", i)
+		}
+		require.Equal(t, 1, committed, "commits among %d concurrent deferred first requests", claimers)
+		require.Equal(t, 1, orderCount(t, store, b), "orders created by %d concurrent identical requests", claimers)
+	})
+}
