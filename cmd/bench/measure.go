@@ -18,6 +18,7 @@ const body = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}
 
 // result is one measurement: a mode at a concurrency.
 type result struct {
+	Round    int     `json:"round,omitempty"`
 	Mode     string  `json:"mode"`
 	Clients  int     `json:"clients"`
 	Requests int     `json:"requests"`
@@ -50,6 +51,11 @@ func measure(ctx context.Context, client *http.Client, target, apiKey, mode stri
 	if err != nil {
 		return result{}, err
 	}
+	return summarize(mode, n, latencies, elapsed)
+}
+
+// summarize turns the clients' latencies into a result.
+func summarize(mode string, n int, latencies [][]time.Duration, elapsed time.Duration) (result, error) {
 	all := slices.Concat(latencies...)
 	slices.Sort(all)
 	if len(all) == 0 {
@@ -60,6 +66,28 @@ func measure(ctx context.Context, client *http.Client, target, apiKey, mode stri
 		Mode: mode, Clients: n, Requests: len(all), Seconds: elapsed.Seconds(),
 		RPS: float64(len(all)) / elapsed.Seconds(), P50Ms: ms(0.50), P99Ms: ms(0.99),
 	}, nil
+}
+
+// firstRequests runs n closed-loop clients sending first requests to target
+// until done is closed (and for at least min), as one result.
+func firstRequests(ctx context.Context, client *http.Client, target, apiKey string, n int, least time.Duration, done <-chan struct{}) (result, error) {
+	keys := make([]string, n)
+	var all [][]time.Duration
+	var elapsed time.Duration
+	for began := time.Now(); ; {
+		latencies, took, err := loop(ctx, client, target, apiKey, keys, false, time.Second)
+		if err != nil {
+			return result{}, err
+		}
+		all, elapsed = append(all, latencies...), elapsed+took
+		select {
+		case <-done:
+			if time.Since(began) >= least {
+				return summarize(modeFirst, n, all, elapsed)
+			}
+		default:
+		}
+	}
 }
 
 // loop runs one closed-loop client per key for d and returns each client's

@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image/color"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,19 +23,17 @@ import (
 // targetClients is the concurrency the targets are judged at.
 const targetClients = 32
 
-// target is one performance target: a mode's figure against the baseline's
-// at targetClients.
+// target is one performance target and what was measured against it.
 type target struct {
-	name  string
-	mode  string
-	p99   bool    // compare p99 latency (at most want × baseline); else throughput (at least want × baseline)
-	want  float64 // the ratio
-	got   float64
-	known bool // both figures were measured
+	name   string
+	atMost bool    // got must be at most want (a latency or growth ratio); else at least
+	want   float64 // the ratio
+	got    float64
+	known  bool // measured
 }
 
 func (t target) met() bool {
-	if t.p99 {
+	if t.atMost {
 		return t.got <= t.want
 	}
 	return t.got >= t.want
@@ -41,45 +41,148 @@ func (t target) met() bool {
 
 type report struct {
 	when    time.Time
-	results []result
+	all     []result // every measurement of the main rounds
+	results []result // their medians per mode and concurrency
 	targets []target
+	scale   *scaleResult
+	cleanup *cleanupResult
+	soak    *soakResult
 }
 
-func newReport(results []result, opts options) *report {
-	r := &report{when: time.Now().UTC(), results: results}
-	find := func(mode string) (result, bool) {
-		for _, x := range results {
-			if x.Mode == mode && x.Clients == targetClients {
-				return x, true
-			}
-		}
-		return result{}, false
+func newReport(rounds [][]result, opts options) *report {
+	r := &report{when: time.Now().UTC()}
+	for _, round := range rounds {
+		r.all = append(r.all, round...)
 	}
-	base, haveBase := find(modeBaseline)
-	for _, t := range []target{
-		{name: "first requests: throughput ≥ 0.8 × baseline", mode: modeFirst, want: 0.8},
-		{name: "first requests: p99 ≤ 1.5 × baseline p99", mode: modeFirst, p99: true, want: 1.5},
-		{name: "replays: throughput ≥ 1.5 × baseline", mode: modeReplay, want: 1.5},
-		{name: "replays from Redis: throughput ≥ 2.5 × baseline", mode: modeReplayRedis, want: 2.5},
-	} {
-		if m, ok := find(t.mode); ok && haveBase {
-			t.known = true
-			if t.p99 {
-				t.got = m.P99Ms / base.P99Ms
-			} else {
-				t.got = m.RPS / base.RPS
+	for _, first := range rounds[0] {
+		var rps, p50, p99 []float64
+		for _, x := range r.all {
+			if x.Mode == first.Mode && x.Clients == first.Clients {
+				rps, p50, p99 = append(rps, x.RPS), append(p50, x.P50Ms), append(p99, x.P99Ms)
 			}
 		}
-		r.targets = append(r.targets, t)
+		r.results = append(r.results, result{Mode: first.Mode, Clients: first.Clients,
+			RPS: median(rps), P50Ms: median(p50), P99Ms: median(p99)})
 	}
 	return r
+}
+
+// ratio is the median over rounds of a mode's figure over the baseline's
+// of the same round, at targetClients.
+func ratio(all []result, mode string, p99 bool) (float64, bool) {
+	base := map[int]result{}
+	for _, x := range all {
+		if x.Mode == modeBaseline && x.Clients == targetClients {
+			base[x.Round] = x
+		}
+	}
+	var ratios []float64
+	for _, x := range all {
+		b, ok := base[x.Round]
+		if x.Mode != mode || x.Clients != targetClients || !ok {
+			continue
+		}
+		if p99 {
+			ratios = append(ratios, x.P99Ms/b.P99Ms)
+		} else {
+			ratios = append(ratios, x.RPS/b.RPS)
+		}
+	}
+	if len(ratios) == 0 {
+		return 0, false
+	}
+	return median(ratios), true
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// judge measures every target against what was measured; a phase left out
+// leaves its targets unmeasured (and so missed).
+func (r *report) judge() {
+	add := func(name string, atMost bool, want float64, got float64, known bool) {
+		r.targets = append(r.targets, target{name: name, atMost: atMost, want: want, got: got, known: known})
+	}
+	for _, t := range []struct {
+		name string
+		mode string
+		p99  bool
+		want float64
+	}{
+		{"first requests: throughput ≥ 0.8 × baseline", modeFirst, false, 0.8},
+		{"first requests: p99 ≤ 1.5 × baseline p99", modeFirst, true, 1.5},
+		{"replays: throughput ≥ 1.5 × baseline", modeReplay, false, 1.5},
+		{"replays from Redis: throughput ≥ 2.5 × baseline", modeReplayRedis, false, 2.5},
+	} {
+		got, ok := ratio(r.all, t.mode, t.p99)
+		add(t.name, t.p99, t.want, got, ok)
+	}
+	for _, mode := range []string{modeFirst, modeReplay, modeReplayDB} {
+		name := fmt.Sprintf("%s with the key table full: ≥ 0.9 × its throughput on an empty table", mode)
+		got, ok := r.scaleChange(mode)
+		add(name, false, 0.9, got, ok)
+	}
+	c := r.cleanup
+	if c != nil {
+		add("first requests while cleanup runs: p99 ≤ 2 × p99 without", true, 2, c.With.P99Ms/c.Without.P99Ms, true)
+		finished := 0.0
+		if c.Left == 0 && c.Deleted >= int64(c.Expired) {
+			finished = 1
+		}
+		add("cleanup deletes every expired key under load (1 = yes)", false, 1, finished, true)
+	} else {
+		add("first requests while cleanup runs: p99 ≤ 2 × p99 without", true, 2, 0, false)
+		add("cleanup deletes every expired key under load (1 = yes)", false, 1, 0, false)
+	}
+	growth, ok := r.soakGrowth()
+	add("memory: RSS after the first minute ≤ 1.1 × RSS at one minute", true, 1.1, growth, ok)
+}
+
+// scaleChange is a mode's throughput ratio to the baseline with the key
+// table full, over the same ratio with it empty.
+func (r *report) scaleChange(mode string) (float64, bool) {
+	if r.scale == nil {
+		return 0, false
+	}
+	empty, ok1 := ratio(r.scale.Empty, mode, false)
+	full, ok2 := ratio(r.scale.Full, mode, false)
+	return full / empty, ok1 && ok2
+}
+
+// soakGrowth is the largest RSS after the first minute over the RSS at one
+// minute (caches fill, the pool dials and the heap finds its size in the
+// first minute; after it, the RSS must not follow the keys served).
+func (r *report) soakGrowth() (float64, bool) {
+	if r.soak == nil {
+		return 0, false
+	}
+	var base, peak float64
+	for _, s := range r.soak.Samples {
+		switch {
+		case s.Seconds < 60:
+		case base == 0:
+			base, peak = s.MiB, s.MiB
+		default:
+			peak = max(peak, s.MiB)
+		}
+	}
+	if base == 0 {
+		return 0, false
+	}
+	return peak / base, true
 }
 
 // printRatios prints each target's ratio and returns how many were missed
 // (a target that could not be measured counts as missed).
 func (r *report) printRatios(w io.Writer) int {
 	missed := 0
-	fmt.Fprintf(w, "targets at %d clients, against the baseline of the same run:\n", targetClients)
+	fmt.Fprintf(w, "targets at %d clients, medians of per-round ratios against the baseline of the same round:\n", targetClients)
 	for _, t := range r.targets {
 		verdict := "met"
 		switch {
@@ -88,7 +191,7 @@ func (r *report) printRatios(w io.Writer) int {
 		case !t.met():
 			verdict, missed = "MISSED", missed+1
 		}
-		fmt.Fprintf(w, "  %-50s %5.2f  %s\n", t.name, t.got, verdict)
+		fmt.Fprintf(w, "  %-80s %5.2f  %s\n", t.name, t.got, verdict)
 	}
 	return missed
 }
@@ -99,7 +202,10 @@ func (r *report) write(opts options) error {
 			return err
 		}
 	}
-	raw, err := json.MarshalIndent(map[string]any{"measured_at": r.when, "duration_seconds": opts.duration.Seconds(), "results": r.results}, "", "  ")
+	raw, err := json.MarshalIndent(map[string]any{
+		"measured_at": r.when, "duration_seconds": opts.duration.Seconds(), "rounds": opts.rounds,
+		"results": r.all, "medians": r.results, "scale": r.scale, "cleanup": r.cleanup, "memory": r.soak,
+	}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -109,15 +215,45 @@ func (r *report) write(opts options) error {
 	if err := r.drawChart(opts.chart); err != nil {
 		return err
 	}
-	return os.WriteFile(opts.markdown, []byte(r.markdown(opts)), 0o644)
+	kept, err := keptSection(opts.markdown)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(opts.markdown, []byte(r.markdown(opts, kept)), 0o644)
 }
 
-func (r *report) markdown(opts options) string {
+// The report's hand-written part (what the profile showed and what was
+// changed) lives between these markers; the generator keeps it as it is.
+const (
+	keepBegin = "<!-- hand-written: kept by make bench -->"
+	keepEnd   = "<!-- end of the hand-written part -->"
+)
+
+func keptSection(path string) (string, error) {
+	old, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	_, rest, ok := strings.Cut(string(old), keepBegin)
+	if !ok {
+		return "", nil
+	}
+	kept, _, ok := strings.Cut(rest, keepEnd)
+	if !ok {
+		return "", fmt.Errorf("%s: %q without %q", path, keepBegin, keepEnd)
+	}
+	return strings.Trim(kept, "\n"), nil
+}
+
+func (r *report) markdown(opts options, kept string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (`cmd/bench`) on %s: %d CPUs, %s, PostgreSQL and Redis on loopback, the service in the same process as the load generator. Each figure is a closed loop of that many clients for %s; all modes were measured side by side in one run, interleaved per concurrency. Ratios, not absolute numbers, are what carry over to other machines.\n\n",
-		r.when.Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.Version(), opts.duration)
-	b.WriteString("Modes: **baseline** is `POST /orders` on the same handler with the idempotency middleware left out (the same order INSERT, nothing else); **first** sends a new Idempotency-Key each time; **replay** repeats one key per client; **+redis** puts the Redis fast path in front.\n\n")
-	fmt.Fprintf(&b, "## Targets (at %d clients)\n\n| Target | Ratio | |\n| --- | --- | --- |\n", targetClients)
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (`cmd/bench`) on %s: %d CPUs, %s, PostgreSQL and Redis on loopback, the service in the same process as the load generator (except in the memory phase). Each figure is a closed loop of that many clients for %s. %d rounds each measured every mode at every concurrency, interleaved; the tables show medians, and each target is judged on the median of its per-round ratios against the baseline of the same round. Ratios, not absolute numbers, are what carry over to other machines.\n\n",
+		r.when.Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.Version(), opts.duration, opts.rounds)
+	b.WriteString("Modes: **baseline** is `POST /orders` on the same handler with the idempotency middleware left out (the same order INSERT, nothing else); **first** sends a new Idempotency-Key each time; **replay** repeats one key per client, answered from the in-process record cache as `serve` is wired; **replay-db** is a replay on a replica that has not seen the key (no record cache), answered by PostgreSQL in one round trip; **first+redis** is `serve` with `REDIS_URL`; **replay+redis** is a replay answered by Redis on a replica that has not seen the key.\n\n")
+	fmt.Fprintf(&b, "## Targets (at %d clients)\n\n| Target | Measured | |\n| --- | ---: | --- |\n", targetClients)
 	for _, t := range r.targets {
 		verdict := "met"
 		if !t.known {
@@ -127,13 +263,55 @@ func (r *report) markdown(opts options) string {
 		}
 		fmt.Fprintf(&b, "| %s | %.2f | %s |\n", t.name, t.got, verdict)
 	}
-	b.WriteString("\n## Throughput and latency\n\n| Mode | Clients | Requests/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("\n## Throughput and latency (medians of the rounds)\n\n| Mode | Clients | Requests/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.results {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f |\n", x.Mode, x.Clients, x.RPS, x.P50Ms, x.P99Ms)
 	}
 	rel, _ := filepath.Rel(filepath.Dir(opts.markdown), opts.chart)
-	fmt.Fprintf(&b, "\n![Throughput and p99 per mode](%s)\n\nThe raw numbers are in `%s`.\n", filepath.ToSlash(rel), filepath.Base(opts.json))
+	fmt.Fprintf(&b, "\n![Throughput and p99 per mode](%s)\n", filepath.ToSlash(rel))
+	if s := r.scale; s != nil {
+		fmt.Fprintf(&b, "\n## Scale: %d keys in the table\n\nThe modes that touch the key table, at %d clients, on an empty table and then with %d completed keys in it (half of them the benchmark account's, hex digests in no order; filled in %.0f s, then vacuumed and checkpointed), each half interleaved with the baseline, which never touches the key table.\n\n| Mode | Requests/s, empty | Requests/s, full | Ratio to baseline, empty | Ratio to baseline, full |\n| --- | ---: | ---: | ---: | ---: |\n",
+			s.Keys, targetClients, s.Keys, s.FillSeconds)
+		for _, mode := range scaleModes {
+			e, f := medianRPS(s.Empty, mode), medianRPS(s.Full, mode)
+			re, _ := ratio(s.Empty, mode, false)
+			rf, _ := ratio(s.Full, mode, false)
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.2f | %.2f |\n", mode, e, f, re, rf)
+		}
+	}
+	if c := r.cleanup; c != nil {
+		fmt.Fprintf(&b, "\n## Cleanup under load\n\n%d expired keys (on top of the table above), deleted by the cleanup `serve` runs (batches of %d, oldest first, on the `expires_at` index) while %d clients send first requests: it deleted %d in %.1f s, %d expired keys left.\n\n| Load | Requests/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: |\n| without cleanup | %.0f | %.2f | %.2f |\n| while cleanup runs | %.0f | %.2f | %.2f |\n",
+			c.Expired, c.Batch, targetClients, c.Deleted, c.CleanupSeconds, c.Left,
+			c.Without.RPS, c.Without.P50Ms, c.Without.P99Ms, c.With.RPS, c.With.P50Ms, c.With.P99Ms)
+	}
+	if s := r.soak; s != nil {
+		fmt.Fprintf(&b, "\n## Memory\n\n`oncekey serve` as a process of its own (PostgreSQL, record and API-key caches on, cleanup every minute), %d clients sending first requests for %.0f s: %d requests (%.0f/s), every one a new key. Its resident set size:\n\n| Seconds | RSS MiB |\n| ---: | ---: |\n",
+			targetClients, s.Seconds, s.Requests, s.RPS)
+		for i, x := range s.Samples {
+			if i%6 == 0 || i == len(s.Samples)-1 {
+				fmt.Fprintf(&b, "| %.0f | %.1f |\n", x.Seconds, x.MiB)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "\nThe raw numbers, every round, are in `%s`.\n\n%s\n", filepath.Base(opts.json), keepBegin)
+	if kept != "" {
+		b.WriteString("\n" + kept + "\n\n")
+	}
+	b.WriteString(keepEnd + "\n")
 	return b.String()
+}
+
+func medianRPS(rs []result, mode string) float64 {
+	var xs []float64
+	for _, x := range rs {
+		if x.Mode == mode {
+			xs = append(xs, x.RPS)
+		}
+	}
+	if len(xs) == 0 {
+		return 0
+	}
+	return median(xs)
 }
 
 var modeColors = map[string]color.Color{

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oncekey/oncekey/internal/auth"
@@ -31,6 +32,10 @@ import (
 type options struct {
 	duration              time.Duration
 	clients               []int
+	rounds                int
+	scaleKeys             int
+	expiredKeys           int
+	soak                  time.Duration
 	adminURL, redisURL    string
 	markdown, json, chart string
 	modes                 []string // empty: all
@@ -46,6 +51,19 @@ const (
 	modeFirstRedis  = "first+redis"
 	modeReplayRedis = "replay+redis"
 )
+
+// bench is what the phases share: the database, the servers and the client.
+type bench struct {
+	opts    options
+	log     *slog.Logger
+	dbURL   string
+	pool    *pgxpool.Pool
+	store   *postgres.Store
+	creds   auth.Credentials
+	client  *http.Client
+	targets map[string]string // mode → server URL
+	modes   []string
+}
 
 // run sets everything up, measures, reports, and returns how many targets
 // were missed.
@@ -68,115 +86,161 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 	if err != nil {
 		return 0, err
 	}
+	b := &bench{opts: opts, log: log, dbURL: dbURL, pool: pool, store: store, creds: creds, targets: map[string]string{},
+		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}}
+	stop, err := b.startServers(ctx)
+	defer stop()
+	if err != nil {
+		return 0, err
+	}
+
+	rounds, err := b.mainRounds(ctx)
+	if err != nil {
+		return 0, err
+	}
+	rep := newReport(rounds, opts)
+	if opts.scaleKeys > 0 {
+		if rep.scale, err = b.scalePhase(ctx); err != nil {
+			return 0, fmt.Errorf("scale phase: %w", err)
+		}
+	}
+	if opts.expiredKeys > 0 {
+		if rep.cleanup, err = b.cleanupPhase(ctx); err != nil {
+			return 0, fmt.Errorf("cleanup phase: %w", err)
+		}
+	}
+	if opts.soak > 0 {
+		if rep.soak, err = b.soakPhase(ctx); err != nil {
+			return 0, fmt.Errorf("memory phase: %w", err)
+		}
+	}
+	rep.judge()
+	if err := rep.write(opts); err != nil {
+		return 0, err
+	}
+	return rep.printRatios(stdout), nil
+}
+
+// startServers starts one in-process server per way of wiring the store
+// that a mode needs, and returns what stops them all.
+func (b *bench) startServers(ctx context.Context) (func(), error) {
+	var stops []func()
+	stopAll := func() {
+		for _, stop := range slices.Backward(stops) {
+			stop()
+		}
+	}
 	quiet := slog.New(slog.DiscardHandler)
-	serve := func(keys idempotency.Store, without bool) (string, func(), error) {
+	serve := func(keys idempotency.Store, without bool) (string, error) {
 		h, err := httpapi.New(httpapi.Config{
-			Orders: orders.NewService(store), Ledger: ledger.NewService(store),
+			Orders: orders.NewService(b.store), Ledger: ledger.NewService(b.store),
 			// As serve wires it.
-			Auth:        auth.NewCache(store, auth.DefaultCacheSize, auth.DefaultCacheTTL),
+			Auth:        auth.NewCache(b.store, auth.DefaultCacheSize, auth.DefaultCacheTTL),
 			Idempotency: keys, WithoutIdempotency: without, Logger: quiet,
 		})
 		if err != nil {
-			return "", nil, err
+			return "", err
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return "", nil, err
+			return "", err
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
-		return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+		stops = append(stops, func() { _ = srv.Close() })
+		return "http://" + ln.Addr().String(), nil
 	}
-	targets := map[string]string{}
-	baseURL, stopBase, err := serve(store, true)
-	if err != nil {
-		return 0, err
+	withCache := func(keys idempotency.Store) idempotency.Store {
+		cached, err := recordcache.New(keys, recordcache.DefaultSize, nil)
+		if err != nil {
+			panic(err) // only for a size below 1
+		}
+		return cached
 	}
-	defer stopBase()
-	targets[modeBaseline] = baseURL
+	var err error
+	if b.targets[modeBaseline], err = serve(b.store, true); err != nil {
+		return stopAll, err
+	}
 	// As serve wires it: the in-process record cache in front.
-	cached, err := recordcache.New(store, recordcache.DefaultSize, nil)
-	if err != nil {
-		return 0, err
+	if b.targets[modeFirst], err = serve(withCache(b.store), false); err != nil {
+		return stopAll, err
 	}
-	pgURL, stopPG, err := serve(cached, false)
-	if err != nil {
-		return 0, err
-	}
-	defer stopPG()
-	targets[modeFirst], targets[modeReplay] = pgURL, pgURL
+	b.targets[modeReplay] = b.targets[modeFirst]
 	// A replica that has not seen the key: no record cache, so every replay
 	// is answered by PostgreSQL.
-	dbURL, stopDB, err := serve(store, false)
-	if err != nil {
-		return 0, err
+	if b.targets[modeReplayDB], err = serve(b.store, false); err != nil {
+		return stopAll, err
 	}
-	defer stopDB()
-	targets[modeReplayDB] = dbURL
-	modes := []string{modeBaseline, modeFirst, modeReplay, modeReplayDB}
-	if opts.redisURL != "" {
-		rdb, err := rediscache.NewClient(opts.redisURL)
+	b.modes = []string{modeBaseline, modeFirst, modeReplay, modeReplayDB}
+	if b.opts.redisURL != "" {
+		rdb, err := rediscache.NewClient(b.opts.redisURL)
 		if err != nil {
-			return 0, err
+			return stopAll, err
 		}
-		defer rdb.Close()
+		stops = append(stops, func() { _ = rdb.Close() })
 		if err := rdb.Ping(ctx).Err(); err != nil {
-			return 0, fmt.Errorf("Redis at %s: %w (pass -redis-url= to leave the Redis modes out)", opts.redisURL, err)
+			return stopAll, fmt.Errorf("Redis at %s: %w (pass -redis-url= to leave the Redis modes out)", b.opts.redisURL, err)
 		}
+		stops = append(stops, func() { flushBench(ctx, rdb, b.creds.AccountID.String()) })
 		// First requests as serve wires it (the record cache in front of
 		// Redis); replays on a replica that has not seen the key, so Redis
 		// answers them.
-		fast := rediscache.New(store, rdb, rediscache.Config{})
-		cachedFast, err := recordcache.New(fast, recordcache.DefaultSize, nil)
-		if err != nil {
-			return 0, err
+		fast := rediscache.New(b.store, rdb, rediscache.Config{})
+		if b.targets[modeFirstRedis], err = serve(withCache(fast), false); err != nil {
+			return stopAll, err
 		}
-		firstURL, stopFirst, err := serve(cachedFast, false)
-		if err != nil {
-			return 0, err
+		if b.targets[modeReplayRedis], err = serve(fast, false); err != nil {
+			return stopAll, err
 		}
-		defer stopFirst()
-		replayURL, stopReplay, err := serve(fast, false)
-		if err != nil {
-			return 0, err
-		}
-		defer stopReplay()
-		targets[modeFirstRedis], targets[modeReplayRedis] = firstURL, replayURL
-		modes = append(modes, modeFirstRedis, modeReplayRedis)
-		defer flushBench(ctx, rdb, creds.AccountID.String())
+		b.modes = append(b.modes, modeFirstRedis, modeReplayRedis)
 	}
+	if len(b.opts.modes) > 0 {
+		b.modes = slices.DeleteFunc(b.modes, func(m string) bool { return !slices.Contains(b.opts.modes, m) })
+	}
+	return stopAll, nil
+}
 
-	if len(opts.modes) > 0 {
-		modes = slices.DeleteFunc(modes, func(m string) bool { return !slices.Contains(opts.modes, m) })
-	}
-	if opts.cpuProfile != "" {
-		f, err := os.Create(opts.cpuProfile)
+// mainRounds measures every mode at every concurrency, round after round.
+func (b *bench) mainRounds(ctx context.Context) ([][]result, error) {
+	if b.opts.cpuProfile != "" {
+		f, err := os.Create(b.opts.cpuProfile)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return 0, err
+			return nil, err
 		}
 		defer pprof.StopCPUProfile()
 	}
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}
-	var results []result
-	for _, n := range opts.clients {
-		for _, mode := range modes {
-			r, err := measure(ctx, client, targets[mode], creds.APIKey, mode, n, opts.duration)
+	var rounds [][]result
+	for round := range b.opts.rounds {
+		var results []result
+		for _, n := range b.opts.clients {
+			rs, err := b.measureModes(ctx, b.modes, n, round)
 			if err != nil {
-				return 0, fmt.Errorf("%s at %d clients: %w", mode, n, err)
+				return nil, err
 			}
-			log.Info("measured", "mode", mode, "clients", n, "rps", fmt.Sprintf("%.0f", r.RPS), "p99_ms", fmt.Sprintf("%.2f", r.P99Ms))
-			results = append(results, r)
+			results = append(results, rs...)
 		}
+		rounds = append(rounds, results)
 	}
-	report := newReport(results, opts)
-	if err := report.write(opts); err != nil {
-		return 0, err
+	return rounds, nil
+}
+
+// measureModes measures modes one after the other at n clients.
+func (b *bench) measureModes(ctx context.Context, modes []string, n, round int) ([]result, error) {
+	var results []result
+	for _, mode := range modes {
+		r, err := measure(ctx, b.client, b.targets[mode], b.creds.APIKey, mode, n, b.opts.duration)
+		if err != nil {
+			return nil, fmt.Errorf("%s at %d clients: %w", mode, n, err)
+		}
+		r.Round = round + 1
+		b.log.Info("measured", "round", r.Round, "mode", mode, "clients", n, "rps", fmt.Sprintf("%.0f", r.RPS), "p99_ms", fmt.Sprintf("%.2f", r.P99Ms))
+		results = append(results, r)
 	}
-	return report.printRatios(stdout), nil
+	return results, nil
 }
 
 // createDatabase makes the benchmark's own database and returns a function
