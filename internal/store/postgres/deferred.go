@@ -39,6 +39,9 @@ import (
 // yet cleaned up, a holder that committed after the peek) is reported as
 // *TakenError without a record, and the caller claims again in the
 // transactional way.
+//
+// Concurrent commits are sent together, as one pipeline and one
+// transaction (see groupCommitter): still one round trip each.
 
 // claimGuard is the heart of what every write of a deferred operation must
 // be conditional on: that this transaction inserted the key row (see
@@ -169,57 +172,92 @@ func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) e
 		return fmt.Errorf("deferred claim queued %d statements, want %d", n, claimSteps)
 	}
 	claim.batch.QueuedQueries = append(claim.batch.QueuedQueries, l.writes.batch.QueuedQueries...)
+	return l.s.commits.commit(ctx, l, &claim.batch)
+}
 
-	br := l.s.pool.SendBatch(ctx, &claim.batch)
-	err = l.readResults(ctx, br)
+// send sends batch, this lease's pipeline, on its own and returns its
+// outcome (see groupCommitter.commit).
+func (l *deferredLease) send(ctx context.Context, batch *pgx.Batch) error {
+	br := l.s.pool.SendBatch(ctx, batch)
+	res, err := l.read(br)
 	closeErr := br.Close()
-	if err != nil {
-		return err
+	var claimErr *claimStepError
+	switch {
+	case errors.As(err, &claimErr):
+		return claimError(ctx, claimErr.step, claimErr.err)
+	case err != nil:
+		return translate(err)
 	}
 	if closeErr != nil {
 		return translate(fmt.Errorf("commit: %w", closeErr))
 	}
-	return nil
+	return l.outcome(res)
 }
 
-// readResults reads the pipeline's results in order: nil if the key was
-// claimed and the writes made, a *TakenError or ErrInFlight if the key was
-// not free, anything else translated.
-func (l *deferredLease) readResults(ctx context.Context, br pgx.BatchResults) error {
-	var peeked db.IdempotencyKeyPeekRow
+// deferredResults is what PostgreSQL answered to a deferred pipeline's
+// claim: what held the key at the peek, and whether the insert claimed it.
+type deferredResults struct {
+	peeked   db.IdempotencyKeyPeekRow
+	inserted bool
+}
+
+// read reads this lease's results off br, every one of its statements',
+// in order, so that the next lease's results follow in a merged pipeline.
+// An error means the pipeline's transaction failed.
+func (l *deferredLease) read(br pgx.BatchResults) (deferredResults, error) {
+	var res deferredResults
 	rows, err := br.Query()
 	if err == nil {
-		peeked, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[db.IdempotencyKeyPeekRow])
+		res.peeked, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[db.IdempotencyKeyPeekRow])
 	}
 	if err != nil {
-		return claimError(ctx, "peek", err)
+		return res, &claimStepError{"peek", err}
 	}
 	inserted, err := br.Exec()
 	if err != nil {
-		return claimError(ctx, "claim", err)
+		return res, &claimStepError{"claim", err}
 	}
-	if inserted.RowsAffected() == 0 {
-		// Nothing was written: the guarded writes saw no claim.
-		switch {
-		case !peeked.Status.Valid || peeked.Expired:
-			// A concurrent first request committed the key after the
-			// peek's snapshot, or the row there has expired.
-			return &idempotency.TakenError{}
-		case peeked.Status.String != "completed":
-			return idempotency.ErrInFlight
-		}
-		rec, err := peekedRecord(peeked)
-		if err != nil {
-			return err
-		}
-		return &idempotency.TakenError{Record: rec}
-	}
+	res.inserted = inserted.RowsAffected() == 1
 	for i := range l.writes.batch.Len() {
 		if _, err := br.Exec(); err != nil {
-			return translate(fmt.Errorf("write %d of the operation: %w", i+1, err))
+			return res, fmt.Errorf("write %d of the operation: %w", i+1, err)
 		}
 	}
-	return nil
+	return res, nil
+}
+
+// claimStepError is a failure of one of the claim's own statements, where
+// a lock wait that ran out means the key is in flight (see claimError).
+type claimStepError struct {
+	step string
+	err  error
+}
+
+func (e *claimStepError) Error() string { return e.step + ": " + e.err.Error() }
+func (e *claimStepError) Unwrap() error { return e.err }
+
+// outcome is what the results of a committed pipeline mean for this lease:
+// nil if its key was claimed and its writes made, a *TakenError or
+// ErrInFlight if the key was not free (and nothing of it was written).
+func (l *deferredLease) outcome(res deferredResults) error {
+	if res.inserted {
+		return nil
+	}
+	// Nothing was written: the guarded writes saw no claim.
+	peeked := res.peeked
+	switch {
+	case !peeked.Status.Valid || peeked.Expired:
+		// A concurrent first request committed the key after the
+		// peek's snapshot, or the row there has expired.
+		return &idempotency.TakenError{}
+	case peeked.Status.String != "completed":
+		return idempotency.ErrInFlight
+	}
+	rec, err := peekedRecord(peeked)
+	if err != nil {
+		return err
+	}
+	return &idempotency.TakenError{Record: rec}
 }
 
 func peekedRecord(row db.IdempotencyKeyPeekRow) (*idempotency.Record, error) {

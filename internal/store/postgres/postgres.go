@@ -148,12 +148,13 @@ func migrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
 // Store implements idempotency.Store, orders.Repository and auth.Store on
 // one pool, so an order written inside a claim joins the claim's transaction.
 type Store struct {
-	pool *pgxpool.Pool
+	pool    *pgxpool.Pool
+	commits *groupCommitter
 }
 
 // New returns a store on pool. The schema must be migrated.
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool}
+	return &Store{pool: pool, commits: &groupCommitter{pool: pool}}
 }
 
 // Ping reports whether the database answers; it backs /readyz.

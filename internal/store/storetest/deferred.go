@@ -176,4 +176,43 @@ func testDeferred(t *testing.T, setup setupFunc) {
 		require.Equal(t, 1, committed, "commits among %d concurrent deferred first requests", claimers)
 		require.Equal(t, 1, orderCount(t, store, b), "orders created by %d concurrent identical requests", claimers)
 	})
+
+	t.Run("concurrent requests for many keys run once per key", func(t *testing.T) {
+		// A store may merge concurrent deferred commits (the PostgreSQL
+		// store sends them as one transaction): every key still runs once,
+		// and every other request for it gets its record.
+		t.Parallel()
+		const keys, perKey = 20, 5
+		store, b := setup(t)
+		reqs := make([]idempotency.ClaimRequest, keys)
+		for i := range reqs {
+			reqs[i] = claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+		}
+		start := make(chan struct{})
+		results := make([]deferredOutcome, keys*perKey)
+		var wg sync.WaitGroup
+		for i := range results {
+			wg.Go(func() {
+				<-start
+				req := reqs[i%keys]
+				results[i] = attemptDeferred(b.ctx, store, req, req.Key)
+			})
+		}
+		close(start)
+		wg.Wait()
+		committed := make([]int, keys)
+		for i, res := range results {
+			require.NoError(t, res.err, "request %d", i)
+			if res.committed {
+				committed[i%keys]++
+				continue
+			}
+			require.NotNil(t, res.rec, "request %d neither committed nor got a record", i)
+			require.Equal(t, reqs[i%keys].Key, string(res.rec.Response.Body), "request %d replayed another key's record", i)
+		}
+		for k, n := range committed {
+			require.Equal(t, 1, n, "commits of key %d among %d concurrent requests", k, perKey)
+		}
+		require.Equal(t, keys, orderCount(t, store, b), "orders created by %d keys", keys)
+	})
 }

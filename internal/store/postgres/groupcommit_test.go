@@ -1,0 +1,225 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// member is one deferred first request of a group commit test.
+type member struct {
+	key     string
+	amount  int64 // default 1200; below 1 breaks the orders CHECK (amount > 0)
+	wait    time.Duration
+	replay  bool // the key already holds a completed record
+	blocked bool // the key is held by an open transaction
+}
+
+// memberResult is how a member's deferred commit ended.
+type memberResult struct {
+	err error
+	rec *idempotency.Record // the record that held the key, if it was taken
+}
+
+// groupBundle is a store whose first MaxMergedCommits pipelines are held
+// back until release is closed, so the requests behind them queue and go
+// as one merged pipeline.
+type groupBundle struct {
+	ctx     context.Context
+	store   *postgres.Store
+	account uuid.UUID
+	sizes   chan int // the size of every pipeline sent once armed
+	release chan struct{}
+	armed   atomic.Bool
+}
+
+func setupGroup(t *testing.T) *groupBundle {
+	t.Helper()
+	store := postgres.New(testdb.Pool(t))
+	creds, err := auth.CreateAccount(t.Context(), store, "group commit", "")
+	require.NoError(t, err, "create account")
+	b := &groupBundle{ctx: t.Context(), store: store, account: creds.AccountID,
+		sizes: make(chan int, 1000), release: make(chan struct{})}
+	var calls atomic.Int32
+	store.WatchCommits(func(members int) {
+		if !b.armed.Load() {
+			return
+		}
+		b.sizes <- members
+		if calls.Add(1) <= postgres.MaxMergedCommits {
+			<-b.release
+		}
+	})
+	return b
+}
+
+func (b *groupBundle) request(key string, wait time.Duration) idempotency.ClaimRequest {
+	return idempotency.ClaimRequest{
+		Account: b.account, Key: key, Fingerprint: sha256.Sum256([]byte("POST /orders")),
+		Method: http.MethodPost, Route: "/orders", TTL: time.Hour, Wait: wait, Deferred: true,
+	}
+}
+
+// attempt runs one deferred first request: claim, one order, commit.
+func (b *groupBundle) attempt(m member) memberResult {
+	return b.attemptWith(m, m.key)
+}
+
+// attemptWith is attempt with the response body to store.
+func (b *groupBundle) attemptWith(m member, body string) memberResult {
+	wait := m.wait
+	if wait == 0 {
+		wait = 5 * time.Second
+	}
+	lease, rec, err := b.store.Claim(b.ctx, b.request(m.key, wait))
+	if err != nil || lease == nil {
+		return memberResult{err: err, rec: rec}
+	}
+	defer func() { _ = lease.Rollback(context.WithoutCancel(b.ctx)) }()
+	amount := m.amount
+	if amount == 0 {
+		amount = 1200
+	}
+	if err := b.store.CreateOrder(lease.Context(b.ctx), newOrder(b.account, amount)); err != nil {
+		return memberResult{err: err}
+	}
+	err = lease.Commit(b.ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(body)})
+	var taken *idempotency.TakenError
+	if errors.As(err, &taken) {
+		return memberResult{err: err, rec: taken.Record}
+	}
+	return memberResult{err: err}
+}
+
+// run holds the first pipelines back with one request each, queues
+// members behind them, and releases them all: members go as one pipeline.
+func (b *groupBundle) run(t *testing.T, members []member) []memberResult {
+	t.Helper()
+	b.armed.Store(true)
+	var wg sync.WaitGroup
+	for i := range postgres.MaxMergedCommits {
+		wg.Go(func() {
+			res := b.attempt(member{key: "holder-" + rand.Text()})
+			require.NoError(t, res.err, "request %d holding a pipeline back", i)
+		})
+		require.Equal(t, 1, <-b.sizes, "members of held pipeline %d", i)
+	}
+	results := make([]memberResult, len(members))
+	for i, m := range members {
+		wg.Go(func() { results[i] = b.attempt(m) })
+	}
+	require.Eventually(t, func() bool { return b.store.QueuedCommits() == len(members) },
+		10*time.Second, time.Millisecond, "members queued behind the held pipelines")
+	close(b.release)
+	wg.Wait()
+	require.Equal(t, len(members), <-b.sizes, "members of the pipeline after the held ones")
+	return results
+}
+
+func newOrder(account uuid.UUID, amount int64) orders.Order {
+	return orders.Order{AccountID: account, ID: uuid.New(), Status: orders.StatusCreated, Amount: amount, Currency: "EUR",
+		Items: []orders.Item{{SKU: "sku-1", Qty: 1}}, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+}
+
+func (b *groupBundle) orders(t *testing.T) int {
+	t.Helper()
+	list, err := b.store.ListOrders(b.ctx, b.account, nil, 1000)
+	require.NoError(t, err, "list orders")
+	return len(list)
+}
+
+// TestGroupCommit checks that concurrent deferred commits are merged into
+// one pipeline and that each member still gets exactly its own outcome,
+// also when another member of the pipeline fails it.
+func TestGroupCommit(t *testing.T) {
+	t.Parallel()
+	const good = 9
+	tests := []struct {
+		name string
+		odd  member // one member beside good ordinary first requests
+		// check is what the odd member must have got.
+		check func(t *testing.T, b *groupBundle, res memberResult)
+		// oddOrders is how many orders the odd member leaves.
+		oddOrders int
+	}{
+		{
+			name:      "first requests",
+			odd:       member{},
+			check:     func(t *testing.T, _ *groupBundle, res memberResult) { require.NoError(t, res.err, "odd member") },
+			oddOrders: 1,
+		},
+		{
+			name: "a replay writes nothing and gets its record",
+			odd:  member{replay: true},
+			check: func(t *testing.T, _ *groupBundle, res memberResult) {
+				var taken *idempotency.TakenError
+				require.ErrorAs(t, res.err, &taken, "a replay in a merged pipeline")
+				require.NotNil(t, res.rec, "the replay's record")
+				require.Equal(t, "stored", string(res.rec.Response.Body), "the replayed body")
+			},
+			oddOrders: 1, // the one stored before
+		},
+		{
+			name: "a failing member fails alone",
+			odd:  member{amount: -1},
+			check: func(t *testing.T, b *groupBundle, res memberResult) {
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, res.err, &pgErr, "an order breaking a CHECK")
+				require.Equal(t, "23514", pgErr.Code, "the failing member's error")
+			},
+			oddOrders: 0,
+		},
+		{
+			name: "a key held elsewhere is in flight, the others commit",
+			odd:  member{blocked: true, wait: 200 * time.Millisecond},
+			check: func(t *testing.T, _ *groupBundle, res memberResult) {
+				require.ErrorIs(t, res.err, idempotency.ErrInFlight, "a key held by an open transaction")
+			},
+			oddOrders: 0,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupGroup(t)
+			odd := tt.odd
+			odd.key = "odd-" + rand.Text()
+			switch {
+			case odd.replay:
+				require.NoError(t, b.attemptWith(member{key: odd.key}, "stored").err, "store the replayed key's record")
+			case odd.blocked:
+				req := b.request(odd.key, time.Second)
+				req.Deferred = false // a transaction holding the key row
+				lease, _, err := b.store.Claim(b.ctx, req)
+				require.NoError(t, err, "claim the key transactionally")
+				t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
+			}
+			members := []member{odd}
+			for range good {
+				members = append(members, member{key: "good-" + rand.Text()})
+			}
+			results := b.run(t, members)
+			tt.check(t, b, results[0])
+			for i, res := range results[1:] {
+				require.NoError(t, res.err, "ordinary member %d beside the odd one", i)
+			}
+			require.Equal(t, postgres.MaxMergedCommits+good+tt.oddOrders, b.orders(t), "orders")
+		})
+	}
+}
