@@ -1,0 +1,109 @@
+package rediscache
+
+import (
+	"encoding/binary"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+// A cached record is binary, not JSON: a replay from Redis decodes one on
+// every request, and JSON (base64 body, RFC 3339 times, a header map) cost
+// more CPU than the Redis round trip itself in the profile. The layout:
+//
+//	format      1 byte, recordFormat
+//	fingerprint 32 bytes
+//	status      2 bytes, big endian
+//	created_at  8 bytes, Unix nanoseconds, big endian
+//	expires_at  8 bytes, Unix nanoseconds, big endian
+//	headers     uvarint count, then count × (uvarint len, name, uvarint len, value)
+//	body        the rest, exact bytes
+//
+// The format byte changes with the layout; a record in any other format is
+// treated as absent and replaced by the next read-through.
+const recordFormat byte = 2
+
+// errRecordFormat is a cached value this replica cannot read.
+var errRecordFormat = errors.New("rediscache: cached record in an unknown format")
+
+func encodeRecord(rec *idempotency.Record) []byte {
+	n := 1 + len(rec.Fingerprint) + 2 + 8 + 8 + binary.MaxVarintLen64 + len(rec.Response.Body)
+	pairs := 0
+	for name, values := range rec.Response.Header {
+		for _, v := range values {
+			n += 2*binary.MaxVarintLen64 + len(name) + len(v)
+			pairs++
+		}
+	}
+	b := make([]byte, 0, n)
+	b = append(b, recordFormat)
+	b = append(b, rec.Fingerprint[:]...)
+	b = binary.BigEndian.AppendUint16(b, uint16(rec.Response.Status))
+	b = binary.BigEndian.AppendUint64(b, uint64(rec.CreatedAt.UnixNano()))
+	b = binary.BigEndian.AppendUint64(b, uint64(rec.ExpiresAt.UnixNano()))
+	b = binary.AppendUvarint(b, uint64(pairs))
+	for name, values := range rec.Response.Header {
+		for _, v := range values {
+			b = appendString(b, name)
+			b = appendString(b, v)
+		}
+	}
+	return append(b, rec.Response.Body...)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// decodeRecord reads what encodeRecord wrote. raw is not retained: the
+// body is copied, so the record outlives the client's read buffer.
+func decodeRecord(raw []byte) (*idempotency.Record, error) {
+	const fixed = 1 + 32 + 2 + 8 + 8
+	if len(raw) < fixed || raw[0] != recordFormat {
+		return nil, errRecordFormat
+	}
+	rec := &idempotency.Record{Response: idempotency.Response{Header: http.Header{}}}
+	p := raw[1:]
+	p = p[copy(rec.Fingerprint[:], p):]
+	rec.Response.Status = int(binary.BigEndian.Uint16(p))
+	rec.CreatedAt = time.Unix(0, int64(binary.BigEndian.Uint64(p[2:]))).UTC()
+	rec.ExpiresAt = time.Unix(0, int64(binary.BigEndian.Uint64(p[10:]))).UTC()
+	p = p[18:]
+	pairs, p, err := readUvarint(p)
+	if err != nil {
+		return nil, err
+	}
+	for range pairs {
+		var name, value string
+		if name, p, err = readString(p); err != nil {
+			return nil, err
+		}
+		if value, p, err = readString(p); err != nil {
+			return nil, err
+		}
+		rec.Response.Header[name] = append(rec.Response.Header[name], value)
+	}
+	rec.Response.Body = append([]byte{}, p...)
+	return rec, nil
+}
+
+var errTruncated = errors.New("rediscache: cached record truncated")
+
+func readUvarint(p []byte) (uint64, []byte, error) {
+	v, n := binary.Uvarint(p)
+	if n <= 0 {
+		return 0, nil, errTruncated
+	}
+	return v, p[n:], nil
+}
+
+func readString(p []byte) (string, []byte, error) {
+	n, p, err := readUvarint(p)
+	if err != nil || n > uint64(len(p)) {
+		return "", nil, errTruncated
+	}
+	return string(p[:n]), p[n:], nil
+}

@@ -1,0 +1,69 @@
+package rediscache
+
+import (
+	"crypto/sha256"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/idempotency"
+)
+
+func TestRecordEncoding(t *testing.T) {
+	t.Parallel()
+	created := time.Date(2026, 12, 3, 8, 0, 0, 123456789, time.UTC)
+	tests := []struct {
+		name string
+		rec  idempotency.Record
+	}{
+		{
+			name: "order created",
+			rec: idempotency.Record{
+				Fingerprint: sha256.Sum256([]byte("POST /orders")),
+				Response: idempotency.Response{Status: http.StatusCreated, Body: []byte(`{"id":"1"}`), Header: http.Header{
+					"Content-Type": {"application/json"}, "Location": {"/orders/1"},
+				}},
+				CreatedAt: created, ExpiresAt: created.Add(48 * time.Hour),
+			},
+		},
+		{
+			name: "empty body, repeated header, bytes that are not UTF-8",
+			rec: idempotency.Record{
+				Fingerprint: sha256.Sum256([]byte("x")),
+				Response: idempotency.Response{Status: http.StatusNoContent, Body: []byte{}, Header: http.Header{
+					"Retry-After": {"1", "\xff\x00"},
+				}},
+				CreatedAt: created, ExpiresAt: created.Add(time.Millisecond),
+			},
+		},
+		{
+			name: "no headers, binary body",
+			rec: idempotency.Record{
+				Response:  idempotency.Response{Status: http.StatusConflict, Body: []byte{0, 1, 2, 0xff}, Header: http.Header{}},
+				CreatedAt: created, ExpiresAt: created.Add(time.Hour),
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			raw := encodeRecord(&tt.rec)
+			got, err := decodeRecord(raw)
+			require.NoError(t, err, "decode what was encoded")
+			require.Equal(t, tt.rec, *got, "record after a round trip")
+
+			// Every truncation is refused or decodes to a shorter body,
+			// never a panic; the format byte gates everything else.
+			for n := range len(raw) {
+				if rec, err := decodeRecord(raw[:n]); err == nil {
+					require.Less(t, len(rec.Response.Body), len(tt.rec.Response.Body), "truncated to %d bytes", n)
+				}
+			}
+			other := append([]byte{'{'}, raw[1:]...)
+			_, err = decodeRecord(other)
+			require.ErrorIs(t, err, errRecordFormat, "a record in another format")
+		})
+	}
+}
