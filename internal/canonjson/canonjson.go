@@ -58,14 +58,127 @@ func Canonicalize(doc []byte) ([]byte, error) {
 	if !utf8.Valid(doc) {
 		return nil, fmt.Errorf("%w: not valid UTF-8", ErrInvalid)
 	}
-	if err := check(doc); err != nil {
-		return nil, err
+	if !checkFast(doc) {
+		// Invalid, or beyond what the fast path decides: the full check
+		// finds the reason (or accepts it after all).
+		if err := check(doc); err != nil {
+			return nil, err
+		}
 	}
 	out, err := jcs.Transform(doc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, err.Error())
 	}
 	return out, nil
+}
+
+// checkFast reports whether doc certainly passes check, without
+// allocating for the documents requests carry: json.Valid settles the
+// syntax (one value, no trailing data), then one pass over the bytes
+// applies check's rules. It answers false, leaving the verdict and its
+// message to check, for anything invalid and for what it does not decide
+// itself: a key with an escape (its meaning needs decoding) and nesting
+// beyond MaxDepth. FuzzCheckFast holds it to check's verdicts.
+func checkFast(doc []byte) bool {
+	if !json.Valid(doc) {
+		return false
+	}
+	// keys holds the keys of every open object, innermost last; opened[d]
+	// is where the object at depth d starts in keys (-1 for an array).
+	var (
+		keysBuf   [32][]byte
+		openedBuf [16]int
+		keys      = keysBuf[:0]
+		opened    = openedBuf[:0]
+	)
+	for i := 0; i < len(doc); i++ {
+		switch c := doc[i]; {
+		case c == '{' || c == '[':
+			if len(opened) == MaxDepth {
+				return false
+			}
+			start := -1
+			if c == '{' {
+				start = len(keys)
+			}
+			opened = append(opened, start)
+		case c == '}' || c == ']':
+			if start := opened[len(opened)-1]; start >= 0 {
+				keys = keys[:start]
+			}
+			opened = opened[:len(opened)-1]
+		case c == '"':
+			end, escaped := stringEnd(doc, i)
+			// A string in an object is a key when a colon follows it
+			// (after whitespace); json.Valid has checked the grammar.
+			if len(opened) > 0 && opened[len(opened)-1] >= 0 && isKey(doc, end) {
+				if escaped {
+					return false
+				}
+				key := doc[i+1 : end-1]
+				for _, seen := range keys[opened[len(opened)-1]:] {
+					if bytes.Equal(seen, key) {
+						return false
+					}
+				}
+				keys = append(keys, key)
+			}
+			i = end - 1
+		case c == '-' || (c >= '0' && c <= '9'):
+			end := i + 1
+			for end < len(doc) && bytes.IndexByte([]byte("0123456789+-.eE"), doc[end]) >= 0 {
+				end++
+			}
+			if !exactNumber(doc[i:end]) {
+				return false
+			}
+			i = end - 1
+		}
+	}
+	return true
+}
+
+// stringEnd returns the index just past the closing quote of the string
+// that opens at doc[i], and whether it contains an escape.
+func stringEnd(doc []byte, i int) (end int, escaped bool) {
+	for j := i + 1; j < len(doc); j++ {
+		switch doc[j] {
+		case '\\':
+			escaped = true
+			j++
+		case '"':
+			return j + 1, escaped
+		}
+	}
+	return len(doc), escaped
+}
+
+// isKey reports whether the string ending before doc[end] is followed by a
+// colon.
+func isKey(doc []byte, end int) bool {
+	for ; end < len(doc); end++ {
+		switch doc[end] {
+		case ' ', '\t', '\r', '\n':
+		case ':':
+			return true
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// exactNumber is checkNumber's verdict for a number literal, deciding the
+// common short integers without converting the literal to a string.
+func exactNumber(lit []byte) bool {
+	digits := len(lit)
+	if lit[0] == '-' {
+		digits--
+	}
+	if digits < 16 && bytes.IndexAny(lit, ".eE") < 0 {
+		return true
+	}
+	return checkNumber(string(lit)) == nil
 }
 
 // check walks doc's tokens once without recursion, enforcing the depth,
