@@ -108,6 +108,7 @@ func New(cfg Config) (http.Handler, error) {
 		// commit, one round trip in all. Payments (which enqueue a job) and
 		// bonus debits (which read the balance) claim first.
 		Deferrable: func(op string) bool { return op == "POST /orders" },
+		Refuse:     refuseBody,
 	})
 	errs := errorResponder{log: cfg.Logger}
 
@@ -134,9 +135,11 @@ func New(cfg Config) (http.Handler, error) {
 	// Operational, not part of the API contract: scrape it from inside the
 	// network (docs/operations.md).
 	r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
-	middlewares := []api.MiddlewareFunc{idem.Handler}
+	// The last is the outermost: the body's schema is checked inside the
+	// idempotency layer, only when the operation is about to run (see gate).
+	middlewares := []api.MiddlewareFunc{validateBody, idem.Handler}
 	if cfg.WithoutIdempotency {
-		middlewares = nil
+		middlewares = middlewares[:1]
 	}
 	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, payments: cfg.Payments, ledger: cfg.Ledger, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  errs.request,

@@ -110,3 +110,41 @@ func TestBodyValidation(t *testing.T) {
 		require.Zero(t, b.orderCount(t))
 	})
 }
+
+// The body's schema is checked only when the operation is about to run,
+// inside the idempotency layer (a replay's body passed it when it ran), and
+// before a key mismatch is answered: a body against the schema gets the
+// same 400 whether its key is new or used, and consumes no key. Both claim
+// paths: orders defer the claim to the commit, bonus credits claim in a
+// transaction first.
+func TestBodySchemaCheckedWhenTheOperationRuns(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, path   string
+		valid, other string // two valid bodies
+		invalid      string
+		status       int
+	}{
+		{name: "order (deferred claim)", path: "/orders", valid: seedBody,
+			other:   `{"items":[{"sku":"SKU-2","qty":1}],"amount":900,"currency":"RUB"}`,
+			invalid: `{"items":[],"amount":1200,"currency":"RUB"}`, status: http.StatusCreated},
+		{name: "bonus credit (transactional claim)", path: "/bonus/credits", valid: bonusBody(100, "welcome"),
+			other: bonusBody(200, "welcome"), invalid: bonusBody(0, "welcome"), status: http.StatusCreated},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, be backendCase) {
+				b := setup(t, be.open(t), options{})
+				key := "schema-" + tt.path
+				requireProblem(t, b.postBonus(t, tt.path, key, tt.invalid), problem.Validation, "a body against the schema")
+				first := b.postBonus(t, tt.path, key, tt.valid)
+				require.Equal(t, tt.status, first.Status, "the valid body under the same key: %s", first)
+				require.Empty(t, first.Header.Get("Idempotent-Replayed"), "the valid body must run")
+				requireReplayOf(t, first, b.postBonus(t, tt.path, key, tt.valid), "the valid body again")
+				requireProblem(t, b.postBonus(t, tt.path, key, tt.invalid), problem.Validation, "the invalid body under the used key")
+				requireProblem(t, b.postBonus(t, tt.path, key, tt.other), problem.KeyMismatch, "another valid body under the used key")
+			})
+		})
+	}
+}

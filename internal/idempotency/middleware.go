@@ -73,6 +73,14 @@ type Config struct {
 	// key taken, so it must have no effect outside the unit of work.
 	// Default: none.
 	Deferrable func(operation string) bool
+	// Refuse, if set, is asked about a request whose key holds the outcome
+	// of a different request, before that request is answered 409: it may
+	// refuse it with an answer of its own (writing it and returning true).
+	// The contract gate checks a body's schema only when the operation is
+	// about to run, since a replay's body passed that check when it ran;
+	// asked here as well, it gives a body against the schema the same 400
+	// whether or not its key was used before.
+	Refuse func(w http.ResponseWriter, r *http.Request) bool
 }
 
 // Observer receives what the protocol did, for metrics. operation is the
@@ -185,7 +193,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if !ok {
-		m.answer(ctx, w, op, fp, nil, ErrInFlight, time.Since(claimStart))
+		m.answer(w, r, op, fp, nil, ErrInFlight, time.Since(claimStart), body)
 		return
 	}
 	defer leave()
@@ -216,14 +224,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				rec, err = taken.Record, nil
 			}
 		}
-		m.answer(ctx, w, op, fp, rec, err, time.Since(claimStart))
+		m.answer(w, r, op, fp, rec, err, time.Since(claimStart), body)
 		return
 	}
 }
 
 // answer responds to a request that did not run the operation: its key holds
-// rec, or the claim failed with err.
-func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, op string, fp Fingerprint, rec *Record, err error, waited time.Duration) {
+// rec, or the claim failed with err. body is the request's (canonical) body.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, op string, fp Fingerprint, rec *Record, err error, waited time.Duration, body []byte) {
+	ctx := r.Context()
 	switch {
 	case errors.Is(err, ErrInFlight):
 		m.duplicate(ctx, op, OutcomeInFlight, waited)
@@ -233,6 +242,7 @@ func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, op strin
 		m.fail(ctx, w, op, fmt.Errorf("claim idempotency key: %w", err))
 	case rec == nil:
 		m.fail(ctx, w, op, errors.New("claim returned neither a lease, a record nor an error"))
+	case rec.Fingerprint != fp && m.refused(w, r, op, body):
 	case rec.Fingerprint != fp:
 		m.duplicate(ctx, op, OutcomeConflict, waited)
 		problem.Write(w, problem.KeyMismatch, "this Idempotency-Key was already used with a different request (method, path, query or body); use a new key for a new operation")
@@ -240,6 +250,20 @@ func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, op strin
 		m.duplicate(ctx, op, OutcomeReplayed, waited)
 		m.replay(w, rec.Response)
 	}
+}
+
+// refused asks Config.Refuse about a request about to be answered 409.
+func (m *Middleware) refused(w http.ResponseWriter, r *http.Request, op string, body []byte) bool {
+	if m.cfg.Refuse == nil {
+		return false
+	}
+	asked := r.WithContext(r.Context())
+	asked.Body = io.NopCloser(bytes.NewReader(body))
+	if !m.cfg.Refuse(w, asked) {
+		return false
+	}
+	m.outcome(r.Context(), op, OutcomeRejected)
+	return true
 }
 
 // run executes the operation inside lease and answers only after the outcome
