@@ -134,5 +134,6 @@ bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on 
 fuzz: ## run the fuzz targets (canonical JSON, fingerprint, the whole handler) for a while each (FUZZTIME=30s)
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
+	$(GO) test -run='^$$' -fuzz=FuzzCheckFast -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzFingerprint -fuzztime=$(or $(FUZZTIME),30s) ./internal/idempotency/
 	$(GO) test -run='^$$' -fuzz=FuzzHandler -fuzztime=$(or $(FUZZTIME),30s) ./internal/httpapi/

@@ -109,10 +109,15 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease, batch *pg
 			return translate(fmt.Errorf("commit: %w", ctx.Err()))
 		}
 		g.mu.Unlock()
-		// On its way: the pipeline may still commit this member's writes,
-		// as a single one could after its request was cancelled; a retry
-		// with the same key then replays them.
-		return translate(fmt.Errorf("commit: %w", ctx.Err()))
+		// On its way: wait for what became of it, so that the answer is
+		// true (a commit that happened is a success) and no statement of
+		// this request outlives it. Not for long: a pipeline of this
+		// member alone runs under ctx, which pgx cancels in PostgreSQL,
+		// and a merged one ends by the latest deadline of its members.
+		<-m.done
+		if errors.Is(m.err, errSendAlone) {
+			return translate(fmt.Errorf("commit: %w", ctx.Err()))
+		}
 	}
 	if errors.Is(m.err, errSendAlone) {
 		return l.send(ctx, batch)
