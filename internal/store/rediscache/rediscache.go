@@ -156,14 +156,18 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	redisFailed := res == resultError
 
 	token := newToken()
-	held, err := s.rdb.SetNX(ctx, markerKey, token, s.cfg.Marker).Result()
-	// After a failed SET NX the marker may still have been set (the answer
+	rec, held, err := s.takeMarker(ctx, recKey, markerKey, token)
+	// After a failed attempt the marker may still have been set (the answer
 	// was lost): release it by token at the end, which is harmless if not.
 	ours := held || err != nil
 	switch {
 	case err != nil:
 		s.cfg.Observer.Redis(resultError)
 		redisFailed = true
+	case rec != nil:
+		// The previous holder committed (cached, then released its
+		// marker) between our look-up and our attempt at the marker.
+		return nil, rec, nil
 	case !held:
 		// Another request (on any replica) is running this key: wait for
 		// its outcome on Redis, holding no database connection.
@@ -174,15 +178,6 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
-		}
-	default:
-		// The previous holder may have committed (cached, then released
-		// its marker) between our look-up and our SET NX.
-		if rec, res := s.cached(ctx, recKey); rec != nil {
-			s.release(ctx, markerKey, token)
-			return nil, rec, nil
-		} else if res == resultError {
-			redisFailed = true
 		}
 	}
 	if redisFailed {
@@ -200,12 +195,8 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	case lease != nil:
 		return &cachedLease{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
 			fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil
-	case rec != nil:
-		s.store(ctx, recKey, rec) // read-through
 	}
-	if ours {
-		s.release(ctx, markerKey, token)
-	}
+	s.settle(ctx, recKey, markerKey, token, ours, rec) // read-through
 	return nil, rec, err
 }
 
@@ -272,6 +263,11 @@ func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record,
 	case err != nil:
 		return nil, resultError
 	}
+	return decodeCached(raw)
+}
+
+// decodeCached reads a cached record, and what the look-up found.
+func decodeCached(raw []byte) (*idempotency.Record, string) {
 	rec, err := decodeRecord(raw)
 	switch {
 	case errors.Is(err, errRecordFormat):
@@ -288,8 +284,8 @@ func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record,
 // provisional record (a long operation's 202) is not cached: it is replaced
 // by the operation's final response later, and only PostgreSQL sees that.
 func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Record) {
-	ttl := time.Until(rec.ExpiresAt)
-	if ttl <= 0 || idempotency.Provisional(rec.Response.Status) {
+	ttl := cacheTTL(rec)
+	if ttl <= 0 {
 		return
 	}
 	if err := s.rdb.Set(context.WithoutCancel(ctx), recKey, encodeRecord(rec), ttl).Err(); err != nil {
@@ -297,16 +293,80 @@ func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Recor
 	}
 }
 
-// releaseScript deletes the marker only if it is still ours: after our
-// lease ran out another request may hold it.
-var releaseScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
+// takeMarkerScript looks the record up again and, if it is still absent,
+// takes the in-flight marker, atomically: one round trip where a SET NX and
+// a second GET (for a holder that cached and released between our first
+// look-up and the SET NX) were two, and no gap between them.
+// KEYS: record, marker. ARGV: token, lease in milliseconds. Returns
+// {record, 0} when the record is there, {false, 1} when the marker was
+// taken, {false, 0} when another request holds it.
+var takeMarkerScript = redis.NewScript(`
+local rec = redis.call("GET", KEYS[1])
+if rec then return {rec, 0} end
+if redis.call("SET", KEYS[2], ARGV[1], "NX", "PX", ARGV[2]) then return {false, 1} end
+return {false, 0}`)
 
-// release runs even when the request was cancelled: a marker left behind
-// would make duplicates wait for nothing until its lease ran out.
-func (s *Store) release(ctx context.Context, markerKey, token string) {
-	if err := releaseScript.Run(context.WithoutCancel(ctx), s.rdb, []string{markerKey}, token).Err(); err != nil && !errors.Is(err, redis.Nil) {
+// takeMarker runs takeMarkerScript: the record if it appeared meanwhile
+// (nil if it is absent or unreadable), or whether the marker is now ours.
+func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string) (*idempotency.Record, bool, error) {
+	res, err := takeMarkerScript.Run(ctx, s.rdb, []string{recKey, markerKey}, token, s.cfg.Marker.Milliseconds()).Slice()
+	if err != nil {
+		return nil, false, err
+	}
+	if len(res) != 2 {
+		return nil, false, fmt.Errorf("rediscache: take marker answered %d values", len(res))
+	}
+	if raw, ok := res[0].(string); ok {
+		rec, result := decodeCached([]byte(raw))
+		if result == resultError {
+			return nil, false, errRecordFormat
+		}
+		return rec, false, nil
+	}
+	held, _ := res[1].(int64)
+	return nil, held == 1, nil
+}
+
+// settleScript caches a committed record and gives up the in-flight marker
+// if it is still ours, in one round trip.
+// KEYS: record, marker. ARGV: the encoded record, its TTL in milliseconds
+// (0: cache nothing), token.
+var settleScript = redis.NewScript(`
+if ARGV[2] ~= "0" then redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2]) end
+if redis.call("GET", KEYS[2]) == ARGV[3] then return redis.call("DEL", KEYS[2]) end
+return 0`)
+
+// settle caches rec, if there is one that may be cached, and gives up the
+// in-flight marker if it may be ours: one round trip either way. It runs
+// even when the request was cancelled: a marker left behind would make
+// duplicates wait for nothing until its lease ran out.
+func (s *Store) settle(ctx context.Context, recKey, markerKey, token string, ours bool, rec *idempotency.Record) {
+	if !ours {
+		if rec != nil {
+			s.store(ctx, recKey, rec)
+		}
+		return
+	}
+	var raw []byte
+	var ttl int64
+	if rec != nil {
+		if ttl = cacheTTL(rec).Milliseconds(); ttl > 0 {
+			raw = encodeRecord(rec)
+		}
+	}
+	err := settleScript.Run(context.WithoutCancel(ctx), s.rdb, []string{recKey, markerKey}, raw, ttl, token).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
 		s.cfg.Observer.Redis(resultError)
 	}
+}
+
+// cacheTTL is how long rec may be cached: until it expires, and not at all
+// if it is provisional (0).
+func cacheTTL(rec *idempotency.Record) time.Duration {
+	if idempotency.Provisional(rec.Response.Status) {
+		return 0
+	}
+	return max(time.Until(rec.ExpiresAt), 0)
 }
 
 // cachedLease caches the outcome once the durable store has committed it,
@@ -326,31 +386,30 @@ type cachedLease struct {
 func (l *cachedLease) Commit(ctx context.Context, resp idempotency.Response) error {
 	if err := l.Lease.Commit(ctx, resp); err != nil {
 		// A deferred commit that found the key completed: read-through.
-		if taken := (*idempotency.TakenError)(nil); errors.As(err, &taken) && taken.Record != nil {
-			l.s.store(ctx, l.recKey, taken.Record)
+		var taken *idempotency.TakenError
+		if errors.As(err, &taken) {
+			l.settle(ctx, taken.Record)
+		} else {
+			l.settle(ctx, nil)
 		}
-		l.done(ctx)
 		return err
 	}
 	// The durable commit happened; caching it is only an optimisation.
-	l.s.store(ctx, l.recKey, &idempotency.Record{
+	l.settle(ctx, &idempotency.Record{
 		Fingerprint: l.fingerprint, Response: resp, CreatedAt: l.createdAt, ExpiresAt: l.expiresAt,
 	})
-	l.done(ctx)
 	return nil
 }
 
 func (l *cachedLease) Rollback(ctx context.Context) error {
 	err := l.Lease.Rollback(ctx)
-	l.done(ctx)
+	l.settle(ctx, nil)
 	return err
 }
 
-func (l *cachedLease) done(ctx context.Context) {
-	if l.ours {
-		l.ours = false
-		l.s.release(ctx, l.markerKey, l.token)
-	}
+func (l *cachedLease) settle(ctx context.Context, rec *idempotency.Record) {
+	l.s.settle(ctx, l.recKey, l.markerKey, l.token, l.ours, rec)
+	l.ours = false
 }
 
 func newToken() string {

@@ -290,3 +290,55 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	})
 	require.EqualValues(t, keys, executed.Load(), "each key's operation ran exactly once")
 }
+
+// commandCounter counts the commands a client sends, alone or pipelined.
+type commandCounter struct{ n atomic.Int64 }
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisCommandsPerRequest pins what the fast path costs in Redis: a
+// first request looks its record up, takes the marker (a script that looks
+// again in the same step) and, once committed, caches the record and gives
+// the marker up (another script); a replay is one look-up.
+func TestRedisCommandsPerRequest(t *testing.T) {
+	t.Parallel()
+	rdb := sharedRedis(t)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	fast := rediscache.New(postgres.New(testdb.Pool(t)), rdb, rediscache.Config{})
+	account := uuid.New()
+	ctx := context.Background()
+	first := func(key string) {
+		t.Helper()
+		lease, rec, err := fast.Claim(ctx, claimReq(account, key))
+		require.NoError(t, err, "claim %s", key)
+		require.Nil(t, rec, "claim %s: a record for a new key", key)
+		require.NoError(t, lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)), "commit %s", key)
+	}
+	first("warm-up") // Redis may not know the scripts yet (EVALSHA, then EVAL)
+
+	counter.n.Store(0)
+	first("k")
+	require.EqualValues(t, 3, counter.n.Load(), "Redis commands of a first request")
+
+	counter.n.Store(0)
+	_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+	require.NoError(t, err, "replay")
+	require.NotNil(t, rec, "the replay's record")
+	require.Equal(t, `{"key":"k"}`, string(rec.Response.Body), "the replayed body")
+	require.EqualValues(t, 1, counter.n.Load(), "Redis commands of a replay")
+}
