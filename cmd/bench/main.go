@@ -27,9 +27,9 @@ import (
 
 func main() {
 	var opts options
-	flag.DurationVar(&opts.duration, "duration", 3*time.Second, "how long each measurement runs")
+	flag.DurationVar(&opts.duration, "duration", 2*time.Second, "how long each measurement runs")
 	clients := flag.String("clients", "1,8,32,64", "the concurrencies to measure, comma-separated")
-	flag.IntVar(&opts.rounds, "rounds", 3, "how many times every mode is measured at every concurrency, interleaved; figures are medians")
+	flag.IntVar(&opts.rounds, "rounds", 5, "how many times every mode is measured at every concurrency, interleaved; figures are medians")
 	flag.IntVar(&opts.scaleKeys, "scale-keys", 10_000_000, "keys put in the table for the scale phase (0: leave the phase out)")
 	flag.IntVar(&opts.expiredKeys, "expired-keys", 1_000_000, "expired keys cleanup deletes under load (0: leave the phase out)")
 	flag.DurationVar(&opts.soak, "soak", 5*time.Minute, "how long the memory phase runs a separate server under load (0: leave it out)")
