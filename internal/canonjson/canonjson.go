@@ -77,8 +77,8 @@ func Canonicalize(doc []byte) ([]byte, error) {
 // syntax (one value, no trailing data), then one pass over the bytes
 // applies check's rules. It answers false, leaving the verdict and its
 // message to check, for anything invalid and for what it does not decide
-// itself: a key with an escape (its meaning needs decoding) and nesting
-// beyond MaxDepth. FuzzCheckFast holds it to check's verdicts.
+// itself: a key with an escape (its meaning needs decoding), an object of
+// more than maxFastKeys keys, and nesting beyond MaxDepth. FuzzCheckFast holds it to check's verdicts.
 func checkFast(doc []byte) bool {
 	if !json.Valid(doc) {
 		return false
@@ -116,7 +116,14 @@ func checkFast(doc []byte) bool {
 					return false
 				}
 				key := doc[i+1 : end-1]
-				for _, seen := range keys[opened[len(opened)-1]:] {
+				siblings := keys[opened[len(opened)-1]:]
+				if len(siblings) == maxFastKeys {
+					// Comparing each key with all before it is quadratic: a
+					// hostile object of 100 000 keys would cost seconds.
+					// check's map decides large objects.
+					return false
+				}
+				for _, seen := range siblings {
 					if bytes.Equal(seen, key) {
 						return false
 					}
@@ -137,6 +144,10 @@ func checkFast(doc []byte) bool {
 	}
 	return true
 }
+
+// maxFastKeys is the most keys an object may have for checkFast to decide
+// it; request objects have a handful.
+const maxFastKeys = 32
 
 // stringEnd returns the index just past the closing quote of the string
 // that opens at doc[i], and whether it contains an escape.

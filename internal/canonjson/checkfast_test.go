@@ -1,6 +1,7 @@
 package canonjson
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -66,6 +67,8 @@ func TestCheckFastDecidesCommonBodies(t *testing.T) {
 		{name: "integer beyond 2^53", doc: `[9007199254740993]`},
 		{name: "too deep", doc: checkSeeds[13]},
 		{name: "two values", doc: `[] []`},
+		{name: "an object of as many keys as decided fast", doc: object(maxFastKeys), fast: true},
+		{name: "an object of more keys: check's map decides", doc: object(maxFastKeys + 1)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,4 +89,18 @@ func TestCheckFastAllocatesLittle(t *testing.T) {
 	fast := testing.AllocsPerRun(100, func() { checkFast(doc) })
 	full := testing.AllocsPerRun(100, func() { _ = check(doc) })
 	require.LessOrEqual(t, fast*10, full, "allocations of checkFast (%v) against check (%v) on an order body", fast, full)
+}
+
+// object is a JSON object of n distinct keys.
+func object(n int) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"k%d":%d`, i, i)
+	}
+	b.WriteByte('}')
+	return b.String()
 }

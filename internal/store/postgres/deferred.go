@@ -181,12 +181,8 @@ func (l *deferredLease) send(ctx context.Context, batch *pgx.Batch) error {
 	br := l.s.pool.SendBatch(ctx, batch)
 	res, err := l.read(br)
 	closeErr := br.Close()
-	var claimErr *claimStepError
-	switch {
-	case errors.As(err, &claimErr):
-		return claimError(ctx, claimErr.step, claimErr.err)
-	case err != nil:
-		return translate(err)
+	if err != nil {
+		return readError(ctx, err)
 	}
 	if closeErr != nil {
 		return translate(fmt.Errorf("commit: %w", closeErr))
@@ -224,6 +220,16 @@ func (l *deferredLease) read(br pgx.BatchResults) (deferredResults, error) {
 		}
 	}
 	return res, nil
+}
+
+// readError translates an error of read: a claim statement's lock wait or
+// statement timeout that ran out means the key is in flight (claimError).
+func readError(ctx context.Context, err error) error {
+	var claimErr *claimStepError
+	if errors.As(err, &claimErr) {
+		return claimError(ctx, claimErr.step, claimErr.err)
+	}
+	return translate(err)
 }
 
 // claimStepError is a failure of one of the claim's own statements, where

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -35,9 +36,11 @@ import (
 // The price is shared fate, paid only on failure: if any statement of a
 // merged pipeline fails (a lock wait that ran out, a constraint), or its
 // commit does, the transaction is rolled back, or its outcome unknown, for
-// all its members, and each sends its pipeline again on its own. That is
-// always safe: a member whose first attempt did commit finds its own key
-// row and replays it, and one whose attempt was rolled back claims again.
+// all its members. The member whose statement failed for a reason of its
+// own (its values, its lock wait) gets the answer it would have got alone;
+// every other member sends its pipeline again on its own. That is always
+// safe: a member whose first attempt did commit finds its own key row and
+// replays it, and one whose attempt was rolled back claims again.
 
 // errSendAlone tells a member of a merged pipeline that failed to send its
 // own pipeline again, on its own.
@@ -120,14 +123,18 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease, batch *pg
 		}
 	}
 	if errors.Is(m.err, errSendAlone) {
+		if g.sent != nil {
+			g.sent(1)
+		}
 		return l.send(ctx, batch)
 	}
 	return m.err
 }
 
 // takeLocked takes the next pipeline's members off the queue: in queue
-// order, at most maxMembers, and no two of one key (a second request for a
-// key must see what the first did, so it waits for the next pipeline).
+// order, at most maxMembers, and no two of one key (in one transaction the
+// second would see the first's key row as its own and write too; from a
+// later pipeline it waits for that row and finds it taken).
 // Members are sorted by key, so that pipelines in flight at once, here or on
 // other replicas, take key-row locks in one order and cannot deadlock.
 func (g *groupCommitter) takeLocked() []*member {
@@ -209,23 +216,54 @@ func (g *groupCommitter) sendMerged(members []*member) {
 	}
 	br := g.pool.SendBatch(ctx, &batch)
 	results := make([]deferredResults, len(members))
-	var failed bool
+	failed, failure := -1, error(nil)
 	for i, m := range members {
 		var err error
 		if results[i], err = m.lease.read(br); err != nil {
-			failed = true
+			failed, failure = i, err
 			break
 		}
 	}
-	if err := br.Close(); err != nil || failed {
+	closeErr := br.Close()
+	switch {
+	case failed >= 0 && ownFailure(ctx, failure):
+		// The first statement that failed was this member's, for a reason
+		// of its own: it gets the answer it would have got alone, at once
+		// (a lock wait that ran out is not waited for twice); the others
+		// were rolled back with it and go again on their own.
+		for i, m := range members {
+			m.err = errSendAlone
+			if i == failed {
+				m.err = readError(m.ctx, failure)
+			}
+		}
+	case failed >= 0 || closeErr != nil:
 		for _, m := range members {
 			m.err = errSendAlone
 		}
-		return
+	default:
+		for i, m := range members {
+			m.err = m.lease.outcome(results[i])
+		}
 	}
-	for i, m := range members {
-		m.err = m.lease.outcome(results[i])
+}
+
+// ownFailure reports whether err, the first failure in a merged pipeline,
+// belongs to the member whose statement it failed rather than to the
+// pipeline: a data or integrity error of its own values, or its lock wait or
+// statement running out of time (not the pipeline's context).
+func ownFailure(ctx context.Context, err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
 	}
+	switch {
+	case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23", pgErr.Code == "55P03":
+		return true
+	case pgErr.Code == "57014":
+		return ctx.Err() == nil
+	}
+	return false
 }
 
 // mergedContext is the context a pipeline is sent under: no member's
@@ -236,8 +274,7 @@ func mergedContext(members []*member) (context.Context, context.CancelFunc) {
 	for _, m := range members {
 		d, ok := m.ctx.Deadline()
 		if !ok {
-			latest = time.Now().Add(mergedTimeout)
-			break
+			d = time.Now().Add(mergedTimeout)
 		}
 		if d.After(latest) {
 			latest = d

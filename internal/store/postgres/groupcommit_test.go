@@ -132,6 +132,20 @@ func (b *groupBundle) run(t *testing.T, members []member) []memberResult {
 	return results
 }
 
+// resent is how many pipelines were sent after the merged one: the members
+// that sent theirs again alone.
+func (b *groupBundle) resent() int {
+	n := 0
+	for {
+		select {
+		case <-b.sizes:
+			n++
+		default:
+			return n
+		}
+	}
+}
+
 func newOrder(account uuid.UUID, amount int64) orders.Order {
 	return orders.Order{AccountID: account, ID: uuid.New(), Status: orders.StatusCreated, Amount: amount, Currency: "EUR",
 		Items: []orders.Item{{SKU: "sku-1", Qty: 1}}, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
@@ -157,6 +171,9 @@ func TestGroupCommit(t *testing.T) {
 		check func(t *testing.T, b *groupBundle, res memberResult)
 		// oddOrders is how many orders the odd member leaves.
 		oddOrders int
+		// resent is how many members send their pipeline again alone: all
+		// but the odd one when its own statement failed the merged one.
+		resent int
 	}{
 		{
 			name:      "first requests",
@@ -184,6 +201,7 @@ func TestGroupCommit(t *testing.T) {
 				require.Equal(t, "23514", pgErr.Code, "the failing member's error")
 			},
 			oddOrders: 0,
+			resent:    good,
 		},
 		{
 			name: "a key held elsewhere is in flight, the others commit",
@@ -192,6 +210,7 @@ func TestGroupCommit(t *testing.T) {
 				require.ErrorIs(t, res.err, idempotency.ErrInFlight, "a key held by an open transaction")
 			},
 			oddOrders: 0,
+			resent:    good, // and the odd one does not wait for the holder a second time
 		},
 	}
 	for _, tt := range tests {
@@ -220,6 +239,7 @@ func TestGroupCommit(t *testing.T) {
 				require.NoError(t, res.err, "ordinary member %d beside the odd one", i)
 			}
 			require.Equal(t, postgres.MaxMergedCommits+good+tt.oddOrders, b.orders(t), "orders")
+			require.Equal(t, tt.resent, b.resent(), "pipelines sent again alone")
 		})
 	}
 }

@@ -159,8 +159,13 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	rec, held, err := s.takeMarker(ctx, recKey, markerKey, token)
 	// After a failed attempt the marker may still have been set (the answer
 	// was lost): release it by token at the end, which is harmless if not.
-	ours := held || err != nil
+	ours := held || (err != nil && !errors.Is(err, errUnusableRecord))
 	switch {
+	case errors.Is(err, errUnusableRecord):
+		// A record is there that this replica cannot use (another
+		// version's format, or expired by this replica's clock): nobody
+		// holds the key on its account, so the database answers, and its
+		// read-through replaces the record.
 	case err != nil:
 		s.cfg.Observer.Redis(resultError)
 		redisFailed = true
@@ -306,8 +311,13 @@ if rec then return {rec, 0} end
 if redis.call("SET", KEYS[2], ARGV[1], "NX", "PX", ARGV[2]) then return {false, 1} end
 return {false, 0}`)
 
-// takeMarker runs takeMarkerScript: the record if it appeared meanwhile
-// (nil if it is absent or unreadable), or whether the marker is now ours.
+// errUnusableRecord is takeMarker finding a record it cannot use; the
+// script then takes no marker.
+var errUnusableRecord = errors.New("rediscache: cached record unusable here")
+
+// takeMarker runs takeMarkerScript: the record if it appeared meanwhile, or
+// whether the marker is now ours; errUnusableRecord if a record is there
+// that this replica cannot read or that has expired by its clock.
 func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string) (*idempotency.Record, bool, error) {
 	res, err := takeMarkerScript.Run(ctx, s.rdb, []string{recKey, markerKey}, token, s.cfg.Marker.Milliseconds()).Slice()
 	if err != nil {
@@ -317,11 +327,10 @@ func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string)
 		return nil, false, fmt.Errorf("rediscache: take marker answered %d values", len(res))
 	}
 	if raw, ok := res[0].(string); ok {
-		rec, result := decodeCached([]byte(raw))
-		if result == resultError {
-			return nil, false, errRecordFormat
+		if rec, _ := decodeCached([]byte(raw)); rec != nil {
+			return rec, false, nil
 		}
-		return rec, false, nil
+		return nil, false, errUnusableRecord
 	}
 	held, _ := res[1].(int64)
 	return nil, held == 1, nil

@@ -342,3 +342,37 @@ func TestRedisCommandsPerRequest(t *testing.T) {
 	require.Equal(t, `{"key":"k"}`, string(rec.Response.Body), "the replayed body")
 	require.EqualValues(t, 1, counter.n.Load(), "Redis commands of a replay")
 }
+
+// TestUnusableCachedRecordIsReplaced: a record this replica cannot read
+// (here another version's JSON) is neither served nor mistaken for a
+// request in flight: the database answers at once and its read-through
+// replaces the record.
+func TestUnusableCachedRecordIsReplaced(t *testing.T) {
+	t.Parallel()
+	rdb := sharedRedis(t)
+	inner := &counting{Store: postgres.New(testdb.Pool(t))}
+	obs := &observed{}
+	fast := rediscache.New(inner, rdb, rediscache.Config{Observer: obs, Poll: time.Second})
+	account := uuid.New()
+	ctx := context.Background()
+
+	lease, _, err := inner.Store.Claim(ctx, claimReq(account, "k"))
+	require.NoError(t, err, "claim through PostgreSQL alone")
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)), "commit")
+	recKey, _ := rediscache.KeyNames(account, "k")
+	require.NoError(t, rdb.Set(ctx, recKey, `{"fp":"AAAA","status":201}`, time.Minute).Err(), "an old replica's record")
+
+	start := time.Now()
+	_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+	require.NoError(t, err, "claim over an unusable record")
+	require.NotNil(t, rec, "the record, from PostgreSQL")
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replayed body")
+	require.Less(t, time.Since(start), 500*time.Millisecond, "answered without waiting for a holder that does not exist")
+	require.EqualValues(t, 1, inner.claims.Load(), "PostgreSQL answered")
+	require.Zero(t, obs.fallbacks.Load(), "an unusable record is no Redis failure")
+
+	_, rec, err = fast.Claim(ctx, claimReq(account, "k"))
+	require.NoError(t, err, "claim after the read-through")
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replayed body")
+	require.EqualValues(t, 1, inner.claims.Load(), "the read-through replaced the record: Redis answered")
+}
