@@ -69,7 +69,8 @@ func summarize(mode string, n int, latencies [][]time.Duration, elapsed time.Dur
 }
 
 // firstRequests runs n closed-loop clients sending first requests to target
-// until done is closed (and for at least min), as one result.
+// for at least least and, if done is not nil, until done is closed, as one
+// result.
 func firstRequests(ctx context.Context, client *http.Client, target, apiKey string, n int, least time.Duration, done <-chan struct{}) (result, error) {
 	keys := make([]string, n)
 	var all [][]time.Duration
@@ -80,13 +81,22 @@ func firstRequests(ctx context.Context, client *http.Client, target, apiKey stri
 			return result{}, err
 		}
 		all, elapsed = append(all, latencies...), elapsed+took
-		select {
-		case <-done:
-			if time.Since(began) >= least {
-				return summarize(modeFirst, n, all, elapsed)
-			}
-		default:
+		if time.Since(began) >= least && closedOrNil(done) {
+			return summarize(modeFirst, n, all, elapsed)
 		}
+	}
+}
+
+// closedOrNil reports whether done is nil or closed.
+func closedOrNil(done <-chan struct{}) bool {
+	if done == nil {
+		return true
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
 	}
 }
 

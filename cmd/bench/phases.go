@@ -74,9 +74,7 @@ func (b *bench) scalePhase(ctx context.Context) (*scaleResult, error) {
 const scaleWarmup = 30 * time.Second
 
 func (b *bench) scaleRounds(ctx context.Context) ([]result, error) {
-	closed := make(chan struct{})
-	close(closed)
-	if _, err := firstRequests(ctx, b.client, b.targets[modeFirst], b.creds.APIKey, targetClients, scaleWarmup, closed); err != nil {
+	if _, err := firstRequests(ctx, b.client, b.targets[modeFirst], b.creds.APIKey, targetClients, scaleWarmup, nil); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	var modes []string
@@ -152,10 +150,8 @@ func (b *bench) cleanupPhase(ctx context.Context) (*cleanupResult, error) {
 	if err := b.settle(ctx); err != nil {
 		return nil, err
 	}
-	closed := make(chan struct{})
-	close(closed)
 	var err error
-	if res.Without, err = firstRequests(ctx, b.client, b.targets[modeFirst], b.creds.APIKey, targetClients, 3*b.opts.duration, closed); err != nil {
+	if res.Without, err = firstRequests(ctx, b.client, b.targets[modeFirst], b.creds.APIKey, targetClients, 3*b.opts.duration, nil); err != nil {
 		return nil, err
 	}
 	b.log.Info("measured", "phase", "cleanup", "cleanup", false, "rps", fmt.Sprintf("%.0f", res.Without.RPS), "p99_ms", fmt.Sprintf("%.2f", res.Without.P99Ms))

@@ -133,7 +133,7 @@ func checkFast(doc []byte) bool {
 			i = end - 1
 		case c == '-' || (c >= '0' && c <= '9'):
 			end := i + 1
-			for end < len(doc) && bytes.IndexByte([]byte("0123456789+-.eE"), doc[end]) >= 0 {
+			for end < len(doc) && strings.IndexByte("0123456789+-.eE", doc[end]) >= 0 {
 				end++
 			}
 			if !exactNumber(doc[i:end]) {
