@@ -92,30 +92,49 @@ SET response_status = @response_status,
 WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND created_at = @key_created_at
   AND status = 'completed' AND response_status = 202;
 
--- name: IdempotencyKeyPeek :one
--- The first of a deferred claim's statements (a write-only operation,
--- claimed at its commit: IdempotencyKeyPeek, IdempotencyKeyInsertCompleted,
--- then the operation's writes, each guarded by the claim (see OrderCreateClaimed)),
--- sent as one pipeline that PostgreSQL runs as one implicit transaction.
--- It returns exactly one row: what holds the key, if anything (the answer
--- to a replay, in the same round trip as the attempt to claim), and it
--- bounds the statements after it as waitBudget does: each lock wait, and
--- each statement as a whole.
+-- name: IdempotencyKeyPeekMany :many
+-- The first of a deferred commit's statements (write-only operations,
+-- claimed at their commit, several requests' commits merged into one
+-- pipeline: IdempotencyKeyPeekMany, IdempotencyKeyInsertCompletedMany, then
+-- each operation's writes, guarded by its claim (see OrderCreateClaimed)),
+-- which PostgreSQL runs as one implicit transaction. One row per key, in no
+-- particular order: what holds the key, if anything, so that a replay is answered
+-- in the same round trip as the attempt to claim. It also bounds the
+-- statements after it as waitBudget does: each lock wait, and each
+-- statement as a whole.
+-- Each key is looked up by a LATERAL subquery with LIMIT 1, which the
+-- planner cannot turn into a join: one primary-key probe per key in every
+-- plan. As a plain join, the generic plan that the prepared statement
+-- settles on while the table is small hashes the keys and scans the whole
+-- table, and it is kept as the table grows: first requests slowed down
+-- with every key stored (TestDeferredStatementsProbeTheIndex).
 SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
+       u.account_id::uuid AS account_id, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
-FROM (VALUES (true)) AS one (row)
-LEFT JOIN idempotency_keys k ON k.account_id = @account_id AND k.idempotency_key = @idempotency_key;
+FROM (SELECT unnest(@account_ids::uuid[]) AS account_id, unnest(@idempotency_keys::text[]) AS idempotency_key) AS u
+CROSS JOIN LATERAL (
+    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
+    FROM (VALUES (true)) AS one (row)
+    LEFT JOIN idempotency_keys h ON h.account_id = u.account_id AND h.idempotency_key = u.idempotency_key
+    LIMIT 1
+) k;
 
--- name: IdempotencyKeyInsertCompleted :execrows
--- Claims the key and stores the outcome at once; one row if claimed. If a
--- row holds the key it inserts nothing, and the operation's writes, guarded
--- by the claim (see OrderCreateClaimed), do nothing either. An expired row is not
--- freed here (that would take a statement more on every first request): the
--- caller claims again in the transactional way, which frees it.
+-- name: IdempotencyKeyInsertCompletedMany :many
+-- Claims the keys and stores their outcomes at once, in the order given
+-- (sorted by the caller, so that concurrent pipelines lock key rows in one
+-- order; the arrays are unnested in step); returns the keys it claimed. A
+-- key a row holds is not inserted, and its operation's writes, guarded by
+-- the claim (see OrderCreateClaimed), do nothing either. An expired row is
+-- not freed here (that would take a statement more on every first
+-- request): the caller claims again in the transactional way, which frees
+-- it.
 INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-VALUES (@account_id, @idempotency_key, @fingerprint, @request_method, @request_route, 'completed',
-        @response_status, @response_headers, @response_body, @created_at, now(), @expires_at)
-ON CONFLICT (account_id, idempotency_key) DO NOTHING;
+SELECT unnest(@account_ids::uuid[]), unnest(@idempotency_keys::text[]), unnest(@fingerprints::bytea[]),
+       unnest(@request_methods::text[]), unnest(@request_routes::text[]), 'completed',
+       unnest(@response_statuses::integer[]), unnest(@response_headers::jsonb[]), unnest(@response_bodies::bytea[]),
+       unnest(@created_ats::timestamptz[]), now(), unnest(@expires_ats::timestamptz[])
+ON CONFLICT (account_id, idempotency_key) DO NOTHING
+RETURNING account_id, idempotency_key;

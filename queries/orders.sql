@@ -3,7 +3,7 @@ INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7);
 
 -- name: OrderCreateClaimed :exec
--- OrderCreate for a deferred claim (see IdempotencyKeyPeek): the order is
+-- OrderCreate for a deferred claim (see IdempotencyKeyPeekMany): the order is
 -- written only if this very transaction inserted its key row. xmin is the
 -- inserting transaction; a pipeline has no subtransactions, and a
 -- transaction that has inserted nothing has no xid yet (NULL: no match). A

@@ -190,49 +190,72 @@ func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetPa
 	return i, err
 }
 
-const idempotencyKeyInsertCompleted = `-- name: IdempotencyKeyInsertCompleted :execrows
+const idempotencyKeyInsertCompletedMany = `-- name: IdempotencyKeyInsertCompletedMany :many
 INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, 'completed',
-        $6, $7, $8, $9, now(), $10)
+SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::bytea[]),
+       unnest($4::text[]), unnest($5::text[]), 'completed',
+       unnest($6::integer[]), unnest($7::jsonb[]), unnest($8::bytea[]),
+       unnest($9::timestamptz[]), now(), unnest($10::timestamptz[])
 ON CONFLICT (account_id, idempotency_key) DO NOTHING
+RETURNING account_id, idempotency_key
 `
 
-type IdempotencyKeyInsertCompletedParams struct {
-	AccountID       uuid.UUID
-	IdempotencyKey  string
-	Fingerprint     []byte
-	RequestMethod   string
-	RequestRoute    string
-	ResponseStatus  pgtype.Int4
-	ResponseHeaders json.RawMessage
-	ResponseBody    []byte
-	CreatedAt       time.Time
-	ExpiresAt       time.Time
+type IdempotencyKeyInsertCompletedManyParams struct {
+	AccountIds       []uuid.UUID
+	IdempotencyKeys  []string
+	Fingerprints     [][]byte
+	RequestMethods   []string
+	RequestRoutes    []string
+	ResponseStatuses []int32
+	ResponseHeaders  []json.RawMessage
+	ResponseBodies   [][]byte
+	CreatedAts       []time.Time
+	ExpiresAts       []time.Time
 }
 
-// Claims the key and stores the outcome at once; one row if claimed. If a
-// row holds the key it inserts nothing, and the operation's writes, guarded
-// by the claim (see OrderCreateClaimed), do nothing either. An expired row is not
-// freed here (that would take a statement more on every first request): the
-// caller claims again in the transactional way, which frees it.
-func (q *Queries) IdempotencyKeyInsertCompleted(ctx context.Context, arg IdempotencyKeyInsertCompletedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, idempotencyKeyInsertCompleted,
-		arg.AccountID,
-		arg.IdempotencyKey,
-		arg.Fingerprint,
-		arg.RequestMethod,
-		arg.RequestRoute,
-		arg.ResponseStatus,
+type IdempotencyKeyInsertCompletedManyRow struct {
+	AccountID      uuid.UUID
+	IdempotencyKey string
+}
+
+// Claims the keys and stores their outcomes at once, in the order given
+// (sorted by the caller, so that concurrent pipelines lock key rows in one
+// order; the arrays are unnested in step); returns the keys it claimed. A
+// key a row holds is not inserted, and its operation's writes, guarded by
+// the claim (see OrderCreateClaimed), do nothing either. An expired row is
+// not freed here (that would take a statement more on every first
+// request): the caller claims again in the transactional way, which frees
+// it.
+func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg IdempotencyKeyInsertCompletedManyParams) ([]IdempotencyKeyInsertCompletedManyRow, error) {
+	rows, err := q.db.Query(ctx, idempotencyKeyInsertCompletedMany,
+		arg.AccountIds,
+		arg.IdempotencyKeys,
+		arg.Fingerprints,
+		arg.RequestMethods,
+		arg.RequestRoutes,
+		arg.ResponseStatuses,
 		arg.ResponseHeaders,
-		arg.ResponseBody,
-		arg.CreatedAt,
-		arg.ExpiresAt,
+		arg.ResponseBodies,
+		arg.CreatedAts,
+		arg.ExpiresAts,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	items := []IdempotencyKeyInsertCompletedManyRow{}
+	for rows.Next() {
+		var i IdempotencyKeyInsertCompletedManyRow
+		if err := rows.Scan(&i.AccountID, &i.IdempotencyKey); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const idempotencyKeyListStuck = `-- name: IdempotencyKeyListStuck :many
@@ -283,25 +306,33 @@ func (q *Queries) IdempotencyKeyListStuck(ctx context.Context, arg IdempotencyKe
 	return items, nil
 }
 
-const idempotencyKeyPeek = `-- name: IdempotencyKeyPeek :one
+const idempotencyKeyPeekMany = `-- name: IdempotencyKeyPeekMany :many
 SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('statement_timeout', $2::text, true) AS statement_timeout,
+       u.account_id::uuid AS account_id, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
-FROM (VALUES (true)) AS one (row)
-LEFT JOIN idempotency_keys k ON k.account_id = $3 AND k.idempotency_key = $4
+FROM (SELECT unnest($3::uuid[]) AS account_id, unnest($4::text[]) AS idempotency_key) AS u
+CROSS JOIN LATERAL (
+    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
+    FROM (VALUES (true)) AS one (row)
+    LEFT JOIN idempotency_keys h ON h.account_id = u.account_id AND h.idempotency_key = u.idempotency_key
+    LIMIT 1
+) k
 `
 
-type IdempotencyKeyPeekParams struct {
+type IdempotencyKeyPeekManyParams struct {
+	LockTimeout      string
+	StatementTimeout string
+	AccountIds       []uuid.UUID
+	IdempotencyKeys  []string
+}
+
+type IdempotencyKeyPeekManyRow struct {
 	LockTimeout      string
 	StatementTimeout string
 	AccountID        uuid.UUID
 	IdempotencyKey   string
-}
-
-type IdempotencyKeyPeekRow struct {
-	LockTimeout      string
-	StatementTimeout string
 	Fingerprint      []byte
 	Status           pgtype.Text
 	ResponseStatus   pgtype.Int4
@@ -312,35 +343,57 @@ type IdempotencyKeyPeekRow struct {
 	Expired          bool
 }
 
-// The first of a deferred claim's statements (a write-only operation,
-// claimed at its commit: IdempotencyKeyPeek, IdempotencyKeyInsertCompleted,
-// then the operation's writes, each guarded by the claim (see OrderCreateClaimed)),
-// sent as one pipeline that PostgreSQL runs as one implicit transaction.
-// It returns exactly one row: what holds the key, if anything (the answer
-// to a replay, in the same round trip as the attempt to claim), and it
-// bounds the statements after it as waitBudget does: each lock wait, and
-// each statement as a whole.
-func (q *Queries) IdempotencyKeyPeek(ctx context.Context, arg IdempotencyKeyPeekParams) (IdempotencyKeyPeekRow, error) {
-	row := q.db.QueryRow(ctx, idempotencyKeyPeek,
+// The first of a deferred commit's statements (write-only operations,
+// claimed at their commit, several requests' commits merged into one
+// pipeline: IdempotencyKeyPeekMany, IdempotencyKeyInsertCompletedMany, then
+// each operation's writes, guarded by its claim (see OrderCreateClaimed)),
+// which PostgreSQL runs as one implicit transaction. One row per key, in no
+// particular order: what holds the key, if anything, so that a replay is answered
+// in the same round trip as the attempt to claim. It also bounds the
+// statements after it as waitBudget does: each lock wait, and each
+// statement as a whole.
+// Each key is looked up by a LATERAL subquery with LIMIT 1, which the
+// planner cannot turn into a join: one primary-key probe per key in every
+// plan. As a plain join, the generic plan that the prepared statement
+// settles on while the table is small hashes the keys and scans the whole
+// table, and it is kept as the table grows: first requests slowed down
+// with every key stored (TestDeferredStatementsProbeTheIndex).
+func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKeyPeekManyParams) ([]IdempotencyKeyPeekManyRow, error) {
+	rows, err := q.db.Query(ctx, idempotencyKeyPeekMany,
 		arg.LockTimeout,
 		arg.StatementTimeout,
-		arg.AccountID,
-		arg.IdempotencyKey,
+		arg.AccountIds,
+		arg.IdempotencyKeys,
 	)
-	var i IdempotencyKeyPeekRow
-	err := row.Scan(
-		&i.LockTimeout,
-		&i.StatementTimeout,
-		&i.Fingerprint,
-		&i.Status,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.CreatedAt,
-		&i.ExpiresAt,
-		&i.Expired,
-	)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []IdempotencyKeyPeekManyRow{}
+	for rows.Next() {
+		var i IdempotencyKeyPeekManyRow
+		if err := rows.Scan(
+			&i.LockTimeout,
+			&i.StatementTimeout,
+			&i.AccountID,
+			&i.IdempotencyKey,
+			&i.Fingerprint,
+			&i.Status,
+			&i.ResponseStatus,
+			&i.ResponseHeaders,
+			&i.ResponseBody,
+			&i.CreatedAt,
+			&i.ExpiresAt,
+			&i.Expired,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const idempotencyKeyPurgeExpired = `-- name: IdempotencyKeyPurgeExpired :execrows

@@ -73,7 +73,7 @@ type OrderCreateClaimedParams struct {
 	IdempotencyKey string
 }
 
-// OrderCreate for a deferred claim (see IdempotencyKeyPeek): the order is
+// OrderCreate for a deferred claim (see IdempotencyKeyPeekMany): the order is
 // written only if this very transaction inserted its key row. xmin is the
 // inserting transaction; a pipeline has no subtransactions, and a
 // transaction that has inserted nothing has no xid yet (NULL: no match). A

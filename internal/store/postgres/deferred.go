@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -26,9 +25,9 @@ import (
 // queued instead of run; Commit sends, as one pipeline that PostgreSQL runs
 // as one implicit transaction:
 //
-//	IdempotencyKeyPeek             the wait budget, and what holds the key
-//	IdempotencyKeyInsertCompleted  the claim and the response, together
-//	the operation's writes         each guarded by the claim (see OrderCreateClaimed)
+//	IdempotencyKeyPeekMany             the wait budget, and what holds each key
+//	IdempotencyKeyInsertCompletedMany  the claims and the responses, together
+//	each operation's writes            each guarded by its claim (see OrderCreateClaimed)
 //
 // If a row holds the key, the insert does nothing (ON CONFLICT DO NOTHING)
 // and neither do the guarded writes: nothing is written, no error is
@@ -41,7 +40,9 @@ import (
 // transactional way.
 //
 // Concurrent commits are sent together, as one pipeline and one
-// transaction (see groupCommitter): still one round trip each.
+// transaction (see groupCommitter): their claims as the two statements
+// above, each of them for all the keys, then every operation's writes.
+// Still one round trip each.
 
 // claimGuard is the heart of what every write of a deferred operation must
 // be conditional on: that this transaction inserted the key row (see
@@ -109,6 +110,9 @@ type deferredLease struct {
 	claimedAt time.Time
 	writes    pipeline
 	done      bool
+	// The response to store, encoded by Commit.
+	status        int32
+	headers, body []byte
 }
 
 func (s *Store) claimDeferred(req idempotency.ClaimRequest) *deferredLease {
@@ -132,10 +136,6 @@ func (l *deferredLease) Rollback(context.Context) error {
 	return nil
 }
 
-// claimSteps is how many of the pipeline's statements are the claim's; the
-// operation's writes follow.
-const claimSteps = 2
-
 func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) error {
 	if l.done {
 		return errors.New("lease already settled")
@@ -145,84 +145,30 @@ func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) e
 	if err != nil {
 		return err
 	}
-	req := l.req
-	claim := &pipeline{reads: true}
-	q := db.New(claim)
-	ms := max(req.Wait.Milliseconds(), 1)
-	// Queued, not run: what these return is not their result.
-	_, _ = q.IdempotencyKeyPeek(ctx, db.IdempotencyKeyPeekParams{
-		LockTimeout:      strconv.FormatInt(ms, 10),
-		StatementTimeout: strconv.FormatInt(ms+statementSlack.Milliseconds(), 10),
-		AccountID:        req.Account,
-		IdempotencyKey:   req.Key,
-	})
-	_, _ = q.IdempotencyKeyInsertCompleted(ctx, db.IdempotencyKeyInsertCompletedParams{
-		AccountID:       req.Account,
-		IdempotencyKey:  req.Key,
-		Fingerprint:     req.Fingerprint[:],
-		RequestMethod:   req.Method,
-		RequestRoute:    req.Route,
-		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
-		ResponseHeaders: headers,
-		ResponseBody:    body,
-		CreatedAt:       l.claimedAt,
-		ExpiresAt:       l.claimedAt.Add(req.TTL),
-	})
-	if n := claim.batch.Len(); n != claimSteps {
-		return fmt.Errorf("deferred claim queued %d statements, want %d", n, claimSteps)
-	}
-	claim.batch.QueuedQueries = append(claim.batch.QueuedQueries, l.writes.batch.QueuedQueries...)
-	return l.s.commits.commit(ctx, l, &claim.batch)
+	l.status, l.headers, l.body = int32(resp.Status), headers, body
+	return l.s.commits.commit(ctx, l)
 }
 
-// send sends batch, this lease's pipeline, on its own and returns its
-// outcome (see groupCommitter.commit).
-func (l *deferredLease) send(ctx context.Context, batch *pgx.Batch) error {
-	br := l.s.pool.SendBatch(ctx, batch)
-	res, err := l.read(br)
-	closeErr := br.Close()
-	if err != nil {
-		return readError(ctx, err)
-	}
-	if closeErr != nil {
-		return translate(fmt.Errorf("commit: %w", closeErr))
-	}
-	return l.outcome(res)
-}
-
-// deferredResults is what PostgreSQL answered to a deferred pipeline's
+// deferredResults is what PostgreSQL answered to a deferred commit's
 // claim: what held the key at the peek, and whether the insert claimed it.
 type deferredResults struct {
-	peeked   db.IdempotencyKeyPeekRow
+	peeked   db.IdempotencyKeyPeekManyRow
 	inserted bool
 }
 
-// read reads this lease's results off br, every one of its statements',
-// in order, so that the next lease's results follow in a merged pipeline.
-// An error means the pipeline's transaction failed.
-func (l *deferredLease) read(br pgx.BatchResults) (deferredResults, error) {
-	var res deferredResults
-	rows, err := br.Query()
-	if err == nil {
-		res.peeked, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[db.IdempotencyKeyPeekRow])
-	}
-	if err != nil {
-		return res, &claimStepError{"peek", err}
-	}
-	inserted, err := br.Exec()
-	if err != nil {
-		return res, &claimStepError{"claim", err}
-	}
-	res.inserted = inserted.RowsAffected() == 1
+// readWrites reads the results of this lease's writes off br, so that the
+// next lease's follow in a merged pipeline. An error means the pipeline's
+// transaction failed, at this lease's write.
+func (l *deferredLease) readWrites(br pgx.BatchResults) error {
 	for i := range l.writes.batch.Len() {
 		if _, err := br.Exec(); err != nil {
-			return res, fmt.Errorf("write %d of the operation: %w", i+1, err)
+			return fmt.Errorf("write %d of the operation: %w", i+1, err)
 		}
 	}
-	return res, nil
+	return nil
 }
 
-// readError translates an error of read: a claim statement's lock wait or
+// readError translates an error of a deferred pipeline: a claim statement's lock wait or
 // statement timeout that ran out means the key is in flight (claimError).
 func readError(ctx context.Context, err error) error {
 	var claimErr *claimStepError
@@ -266,7 +212,7 @@ func (l *deferredLease) outcome(res deferredResults) error {
 	return &idempotency.TakenError{Record: rec}
 }
 
-func peekedRecord(row db.IdempotencyKeyPeekRow) (*idempotency.Record, error) {
+func peekedRecord(row db.IdempotencyKeyPeekManyRow) (*idempotency.Record, error) {
 	if row.CreatedAt == nil || row.ExpiresAt == nil {
 		return nil, errors.New("peeked record without timestamps")
 	}
