@@ -39,7 +39,11 @@ WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND expire
 -- name: IdempotencyKeyPurgeExpired :execrows
 -- Deletes at most batch_size expired keys, oldest first. SKIP LOCKED lets
 -- several cleaners (or a cleaner and a claim) run without waiting on each
--- other; the caller loops until a batch comes back short.
+-- other; the caller loops until a batch comes back short. It runs
+-- unprepared (see replanned), planned for the table as it is at each run:
+-- the generic plan that a prepared statement settles on while the table is
+-- small hashes the batch and scans the whole table, and it is kept as the
+-- table grows.
 DELETE FROM idempotency_keys k
 USING (
     SELECT account_id, idempotency_key

@@ -411,7 +411,11 @@ WHERE k.account_id = expired.account_id AND k.idempotency_key = expired.idempote
 
 // Deletes at most batch_size expired keys, oldest first. SKIP LOCKED lets
 // several cleaners (or a cleaner and a claim) run without waiting on each
-// other; the caller loops until a batch comes back short.
+// other; the caller loops until a batch comes back short. It runs
+// unprepared (see replanned), planned for the table as it is at each run:
+// the generic plan that a prepared statement settles on while the table is
+// small hashes the batch and scans the whole table, and it is kept as the
+// table grows.
 func (q *Queries) IdempotencyKeyPurgeExpired(ctx context.Context, batchSize int32) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyPurgeExpired, batchSize)
 	if err != nil {

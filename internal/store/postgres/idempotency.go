@@ -252,7 +252,7 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 		}
 	}()
 
-	q := db.New(conn)
+	q := db.New(replanned{conn})
 	var total int64
 	for {
 		n, err := q.IdempotencyKeyPurgeExpired(ctx, int32(batch))
@@ -267,6 +267,18 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// replanned runs statements unprepared (one round trip still, as pgx's
+// QueryExecModeExec), so that PostgreSQL plans each run for the table as it
+// is then. Only for statements whose cached generic plan would go wrong as
+// the table grows and that run rarely enough for planning to cost nothing,
+// like the purge's batches (TestStatementsProbeTheIndex).
+type replanned struct{ db.DBTX }
+
+// Exec runs sql unprepared.
+func (r replanned) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return r.DBTX.Exec(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
 
 // KeyStats implements idempotency.StatsSource.
