@@ -58,7 +58,9 @@ WHERE k.account_id = expired.account_id AND k.idempotency_key = expired.idempote
 -- name: IdempotencyKeyStats :one
 -- Cheap enough to run on every metrics scrape: the row count is exact for
 -- small tables and PostgreSQL's estimate for large ones; the other figures
--- use the expires_at index and the partial index on processing rows.
+-- use the expires_at index and the partial index on processing rows. It
+-- runs unprepared (see replanned): a plan kept from a run on a small table
+-- would go on scanning the table for the count as it grows.
 SELECT
     (SELECT count(*) FROM idempotency_keys WHERE status = 'processing')::bigint AS processing,
     (CASE WHEN c.reltuples < 100000 THEN (SELECT count(*) FROM idempotency_keys)

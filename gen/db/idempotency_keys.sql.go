@@ -484,7 +484,9 @@ type IdempotencyKeyStatsRow struct {
 
 // Cheap enough to run on every metrics scrape: the row count is exact for
 // small tables and PostgreSQL's estimate for large ones; the other figures
-// use the expires_at index and the partial index on processing rows.
+// use the expires_at index and the partial index on processing rows. It
+// runs unprepared (see replanned): a plan kept from a run on a small table
+// would go on scanning the table for the count as it grows.
 func (q *Queries) IdempotencyKeyStats(ctx context.Context) (IdempotencyKeyStatsRow, error) {
 	row := q.db.QueryRow(ctx, idempotencyKeyStats)
 	var i IdempotencyKeyStatsRow

@@ -271,9 +271,10 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 
 // replanned runs statements unprepared (one round trip still, as pgx's
 // QueryExecModeExec), so that PostgreSQL plans each run for the table as it
-// is then. Only for statements whose cached generic plan would go wrong as
-// the table grows and that run rarely enough for planning to cost nothing,
-// like the purge's batches (TestStatementsProbeTheIndex).
+// is then. Only for statements whose cached plan would go wrong as the
+// table grows and that run rarely enough for planning to cost nothing: the
+// purge's batches, the statistics of a metrics scrape
+// (TestStatementsProbeTheIndex).
 type replanned struct{ db.DBTX }
 
 // Exec runs sql unprepared.
@@ -281,9 +282,16 @@ func (r replanned) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 	return r.DBTX.Exec(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
 
+// QueryRow runs sql unprepared.
+func (r replanned) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return r.DBTX.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
 // KeyStats implements idempotency.StatsSource.
 func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
-	row, err := db.New(s.pool).IdempotencyKeyStats(ctx)
+	// Unprepared: a statement without parameters keeps the plan of its
+	// first run on a connection, made perhaps on an empty table.
+	row, err := db.New(replanned{s.pool}).IdempotencyKeyStats(ctx)
 	if err != nil {
 		return idempotency.Stats{}, translate(fmt.Errorf("key stats: %w", err))
 	}
