@@ -15,7 +15,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/auth"
@@ -260,13 +259,7 @@ func TestGroupCommit(t *testing.T) {
 // unless the statement is never prepared.
 func TestStatementsProbeTheIndex(t *testing.T) {
 	t.Parallel()
-	dbURL, _ := testdb.Fresh(t)
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	require.NoError(t, err, "parse %s", dbURL)
-	cfg.MaxConns = 1 // every statement is prepared on the connection inspected below, which is then closed
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err, "pool")
-	t.Cleanup(pool.Close)
+	pool := oneSessionDatabase(t) // every statement is prepared on the connection inspected below
 	store := postgres.New(pool)
 	creds, err := auth.CreateAccount(t.Context(), store, "plans", "")
 	require.NoError(t, err, "create account")

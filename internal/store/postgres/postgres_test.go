@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"sync"
 	"testing"
@@ -101,5 +102,72 @@ func emptyDatabase(t *testing.T) *pgxpool.Pool {
 		_, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 		require.NoError(t, err, "drop database %s", name)
 	})
+	return pool
+}
+
+// TestKeyStatsDoNotCountALargeTable checks that the statistics a metrics
+// scrape reads do not count a large key table row by row, even when it was
+// never analyzed (autovacuum off: PostgreSQL then knows no row estimate,
+// reltuples = -1): the total comes from the statistics system's live-row
+// count instead.
+func TestKeyStatsDoNotCountALargeTable(t *testing.T) {
+	t.Parallel()
+	// Above the 100,000 below which the total is counted.
+	const rows = 120_000
+	// One session: the statistics of the one that runs KeyStats are flushed below.
+	pool := oneSessionDatabase(t)
+	ctx := t.Context()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, "%s", sql)
+	}
+	// Makes this session report its statistics now rather than within
+	// the second: at the end of the statement after this one.
+	flushStats := func() {
+		t.Helper()
+		exec("SELECT pg_stat_force_next_flush()")
+		exec("SELECT 1")
+	}
+	exec("ALTER TABLE idempotency_keys SET (autovacuum_enabled = false)")
+	exec(fmt.Sprintf(`INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route,
+		status, response_status, response_headers, response_body, completed_at, expires_at)
+		SELECT gen_random_uuid(), g::text, sha256(g::text::bytea), 'POST', '/orders',
+		       'completed', 201, '{}', '\x7b7d', now(), now() + interval '1 hour'
+		FROM generate_series(1, %d) g`, rows))
+	flushStats()
+	var reltuples float64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT reltuples FROM pg_class WHERE oid = 'idempotency_keys'::regclass").Scan(&reltuples), "reltuples")
+	require.Equal(t, float64(-1), reltuples, "the table was never analyzed")
+	tuplesRead := func() (read, live int64) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0), n_live_tup
+			FROM pg_stat_user_tables WHERE relname = 'idempotency_keys'`).Scan(&read, &live), "table statistics")
+		return read, live
+	}
+	before, live := tuplesRead()
+	require.EqualValues(t, rows, live, "live rows in the statistics system")
+
+	stats, err := postgres.New(pool).KeyStats(ctx)
+	require.NoError(t, err, "key statistics")
+	flushStats()
+	after, _ := tuplesRead()
+	require.EqualValues(t, rows, stats.Completed, "completed keys")
+	require.Less(t, after-before, int64(rows/10), "rows of the key table read to compute its statistics")
+}
+
+// oneSessionDatabase creates a migrated database of the test's own and
+// returns a pool of one connection on it, for tests that look at what a
+// session keeps (its prepared statements, its statistics), and drops it
+// when the test ends.
+func oneSessionDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	dbURL, _ := testdb.Fresh(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err, "parse %s", dbURL)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err, "pool")
+	t.Cleanup(pool.Close) // registered after the drop, so it runs before
 	return pool
 }
