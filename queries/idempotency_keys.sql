@@ -121,7 +121,7 @@ WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND create
 -- plan. As a plain join, the generic plan that the prepared statement
 -- settles on while the table is small hashes the keys and scans the whole
 -- table, and it is kept as the table grows: first requests slowed down
--- with every key stored (TestDeferredStatementsProbeTheIndex).
+-- with every key stored (TestStatementsProbeTheIndex).
 SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
        u.account_id::uuid AS account_id, u.idempotency_key::text AS idempotency_key,

@@ -357,7 +357,7 @@ type IdempotencyKeyPeekManyRow struct {
 // plan. As a plain join, the generic plan that the prepared statement
 // settles on while the table is small hashes the keys and scans the whole
 // table, and it is kept as the table grows: first requests slowed down
-// with every key stored (TestDeferredStatementsProbeTheIndex).
+// with every key stored (TestStatementsProbeTheIndex).
 func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKeyPeekManyParams) ([]IdempotencyKeyPeekManyRow, error) {
 	rows, err := q.db.Query(ctx, idempotencyKeyPeekMany,
 		arg.LockTimeout,
