@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // BenchmarkFingerprint measures ComputeFingerprint as the middleware calls

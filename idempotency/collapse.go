@@ -4,11 +4,9 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 )
 
-// collapser lets one request per (account, key) at a time go to the store
+// collapser lets one request per (scope, key) at a time go to the store
 // from this instance; concurrent duplicates wait here for it to finish,
 // holding no database connection. Without it, a thousand duplicates of one
 // slow operation would each hold a pooled connection blocked on the first
@@ -21,13 +19,13 @@ type collapser struct {
 }
 
 type flightKey struct {
-	account uuid.UUID
-	key     string
+	scope string
+	key   string
 }
 
 func newCollapser() *collapser { return &collapser{running: map[flightKey]chan struct{}{}} }
 
-// enter lets the first request for (account, key) through at once, holding
+// enter lets the first request for (scope, key) through at once, holding
 // the key on this instance until it calls leave. A concurrent duplicate
 // waits until that holder has finished and is then let through too, with
 // every other request that waited (leave is then a no-op for it): by then
@@ -35,8 +33,8 @@ func newCollapser() *collapser { return &collapser{running: map[flightKey]chan s
 // them would only make some of them time out into a false 202. It gives up
 // when wait runs out or ctx ends, and then reports false. queued reports
 // whether the request waited behind another.
-func (c *collapser) enter(ctx context.Context, account uuid.UUID, key string, wait time.Duration) (leave func(), queued, ok bool) {
-	k := flightKey{account, key}
+func (c *collapser) enter(ctx context.Context, scope, key string, wait time.Duration) (leave func(), queued, ok bool) {
+	k := flightKey{scope, key}
 	c.mu.Lock()
 	busy, held := c.running[k]
 	if !held {

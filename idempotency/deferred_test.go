@@ -9,14 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // scriptedStore answers each claim with the next step of a script: a
-// deferred lease whose Commit returns commitErr, or a record.
+// lease deferred to its commit, whose Commit returns commitErr, or a record.
 type scriptedStore struct {
 	mu     sync.Mutex
 	steps  []step
@@ -28,7 +27,7 @@ type step struct {
 	rec       *idempotency.Record // or this record
 }
 
-func (s *scriptedStore) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+func (s *scriptedStore) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.claims = append(s.claims, req)
@@ -42,10 +41,10 @@ func (s *scriptedStore) Claim(_ context.Context, req idempotency.ClaimRequest) (
 
 type scriptedLease struct{ err error }
 
-func (l scriptedLease) Context(ctx context.Context) context.Context        { return ctx }
+func (l scriptedLease) Unit() struct{}                                     { return struct{}{} }
+func (l scriptedLease) Ref() idempotency.Ref                               { return idempotency.Ref{ClaimedAt: time.Now()} }
 func (l scriptedLease) Commit(context.Context, idempotency.Response) error { return l.err }
 func (l scriptedLease) Rollback(context.Context) error                     { return nil }
-func (l scriptedLease) ClaimedAt() time.Time                               { return time.Now() }
 
 // A deferred commit that finds the key taken discards the operation's own
 // response and answers from what holds the key: a replay, a 409, a 202, or
@@ -65,29 +64,26 @@ func TestLostDeferredClaim(t *testing.T) {
 		wantStatus int
 		wantBody   string
 		replayed   bool
-		deferred   []bool // Deferred of each claim made
+		contended  []bool // Contended of each claim made
 	}{
-		{name: "committed", steps: []step{{}}, wantStatus: http.StatusCreated, wantBody: `{"id":"mine"}`, deferred: []bool{true}},
+		{name: "committed", steps: []step{{}}, wantStatus: http.StatusCreated, wantBody: `{"id":"mine"}`, contended: []bool{false}},
 		{name: "taken by a completed record", steps: []step{{commitErr: &idempotency.TakenError{Record: winner}}},
-			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, deferred: []bool{true}},
+			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, contended: []bool{false}},
 		{name: "taken by a different request", steps: []step{{commitErr: &idempotency.TakenError{Record: other}}},
-			wantStatus: http.StatusConflict, deferred: []bool{true}},
+			wantStatus: http.StatusConflict, contended: []bool{false}},
 		{name: "held in flight", steps: []step{{commitErr: idempotency.ErrInFlight}},
-			wantStatus: http.StatusAccepted, deferred: []bool{true}},
+			wantStatus: http.StatusAccepted, contended: []bool{false}},
 		{name: "changed under the commit: claimed again", steps: []step{{commitErr: &idempotency.TakenError{}}, {rec: winner}},
-			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, deferred: []bool{true, false}},
+			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, contended: []bool{false, true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			store := &scriptedStore{steps: tt.steps}
-			mw := idempotency.New(idempotency.Config{
-				Store:      store,
-				Account:    func(context.Context) (uuid.UUID, bool) { return uuid.UUID{1}, true },
-				Route:      func(r *http.Request) string { return r.URL.Path },
-				Deferrable: func(op string) bool { return op == "POST /things" },
+			engine := idempotency.New(idempotency.Config{
+				Scope: func(*http.Request) (string, error) { return "tenant", nil },
 			})
-			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			h := idempotency.NewOperation(engine, store, idempotency.OperationConfig{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusCreated)
 				_, _ = w.Write([]byte(`{"id":"mine"}`))
@@ -102,11 +98,11 @@ func TestLostDeferredClaim(t *testing.T) {
 				require.Equal(t, tt.wantBody, rec.Body.String(), "body")
 			}
 			require.Equal(t, tt.replayed, rec.Header().Get(idempotency.HeaderReplayed) == "true", "Idempotent-Replayed")
-			var deferred []bool
+			var contended []bool
 			for _, c := range store.claims {
-				deferred = append(deferred, c.Deferred)
+				contended = append(contended, c.Contended)
 			}
-			require.Equal(t, tt.deferred, deferred, "claims made, by Deferred")
+			require.Equal(t, tt.contended, contended, "claims made, by Contended")
 		})
 	}
 }

@@ -5,8 +5,14 @@ import (
 	"encoding/hex"
 	"net/url"
 
-	"github.com/oncekey/oncekey/internal/canonjson"
+	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
 )
+
+// ErrMalformedBody is what a body that cannot be fingerprinted gets (wrapped,
+// with the reason): JSON that is invalid or whose meaning is ambiguous
+// (duplicate keys, integers beyond ±2^53, invalid UTF-8, nesting deeper than
+// 64 levels). Answered 400; it consumes no key.
+var ErrMalformedBody = canonjson.ErrInvalid
 
 // Fingerprint identifies a request's meaning: two requests with the same
 // fingerprint are the same operation, so the second may be answered with the
@@ -23,7 +29,7 @@ func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 // /orders/2/cancel is a conflict, not a replay. The parts are length-prefixed
 // so that no two different tuples hash alike.
 // A body that is not canonicalisable JSON is an error wrapping
-// canonjson.ErrInvalid.
+// ErrMalformedBody.
 func ComputeFingerprint(method, route, path string, query url.Values, body []byte) (Fingerprint, error) {
 	canonical, err := canonjson.Canonicalize(body)
 	if err != nil {

@@ -8,16 +8,15 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/canonjson"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/store/memory"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
 )
 
 func TestParseKey(t *testing.T) {
@@ -139,45 +138,64 @@ func TestComputeFingerprint(t *testing.T) {
 	t.Run("ambiguous body is rejected", func(t *testing.T) {
 		t.Parallel()
 		_, err := idempotency.ComputeFingerprint("POST", "/orders", "/orders", nil, []byte(`{"amount":1,"amount":2}`))
-		require.ErrorIs(t, err, canonjson.ErrInvalid)
+		require.ErrorIs(t, err, idempotency.ErrMalformedBody)
 	})
 }
 
-func TestStored(t *testing.T) {
+func TestReplayable(t *testing.T) {
 	t.Parallel()
 	for status, want := range map[int]bool{
 		200: true, 201: true, 202: true, 404: true, 409: true, 422: true,
 		400: false, 401: false, 403: false, 408: false, 413: false, 415: false, 429: false,
 		500: false, 502: false, 503: false, 504: false,
 	} {
-		require.Equal(t, want, idempotency.Stored(status), "status %d", status)
+		require.Equal(t, want, idempotency.Replayable(status), "status %d", status)
 	}
 }
 
-// middlewareBundle is the middleware on the memory store in front of a
+// middlewareBundle is an operation on the memory store in front of a
 // handler the test controls.
 type middlewareBundle struct {
-	handler http.Handler
-	runs    *atomic.Int64
-	account uuid.UUID
+	handler  http.Handler
+	runs     *atomic.Int64
+	outcomes *outcomes
+}
+
+// outcomes records what the engine reports, for metrics.
+type outcomes struct {
+	mu   sync.Mutex
+	seen []idempotency.Outcome
+}
+
+func (o *outcomes) Outcome(_ string, out idempotency.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seen = append(o.seen, out)
+}
+
+func (o *outcomes) DuplicateWait(string, idempotency.Outcome, time.Duration) {}
+
+func (o *outcomes) last() idempotency.Outcome {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.seen[len(o.seen)-1]
 }
 
 func setupMiddleware(t *testing.T, next http.HandlerFunc) *middlewareBundle {
 	t.Helper()
-	account := uuid.New()
-	runs := &atomic.Int64{}
-	mw := idempotency.New(idempotency.Config{
-		Store:   memory.New(),
-		Account: func(context.Context) (uuid.UUID, bool) { return account, true },
-		Route:   func(r *http.Request) string { return r.URL.Path },
+	runs, seen := &atomic.Int64{}, &outcomes{}
+	engine := idempotency.New(idempotency.Config{
+		Scope:    func(*http.Request) (string, error) { return "tenant", nil },
+		Observer: seen,
 	})
+	op := idempotency.NewOperation(engine, memstore.New(), idempotency.OperationConfig{})
 	return &middlewareBundle{
-		handler: mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler: op.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			next(w, r)
 		})),
-		runs:    runs,
-		account: account,
+		runs:     runs,
+		outcomes: seen,
 	}
 }
 
@@ -262,18 +280,12 @@ func TestPanicRollsBackAndPropagates(t *testing.T) {
 	require.Equal(t, http.StatusCreated, b.do(t, http.MethodPost, "k", `{}`).Code, "the key was freed")
 }
 
-func TestOutcomeIsRecorded(t *testing.T) {
+func TestOutcomeIsReported(t *testing.T) {
 	t.Parallel()
 	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
 	outcome := func(key, body string) idempotency.Outcome {
-		var o idempotency.Outcome
-		req := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(body))
-		if key != "" {
-			req.Header.Set(idempotency.HeaderKey, key)
-		}
-		req = req.WithContext(idempotency.WithOutcome(req.Context(), &o))
-		b.handler.ServeHTTP(httptest.NewRecorder(), req)
-		return o
+		b.do(t, http.MethodPost, key, body)
+		return b.outcomes.last()
 	}
 	require.Equal(t, idempotency.OutcomeExecuted, outcome("k", `{"a":1}`))
 	require.Equal(t, idempotency.OutcomeReplayed, outcome("k", `{"a":1}`))

@@ -4,29 +4,27 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-
-	"github.com/oncekey/oncekey/internal/problem"
 )
 
-// Errors of ParseKey; both become 400 problem responses.
+// Header names of the protocol.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
+// MaxKeyLength is the longest Idempotency-Key accepted, in bytes.
+const MaxKeyLength = 255
+
+// Errors of ParseKey; both are answered 400.
 var (
 	ErrMissingKey = errors.New("the Idempotency-Key header is required on this operation")
 	ErrInvalidKey = errors.New("invalid Idempotency-Key")
 )
 
-// WriteKeyError answers a request whose Idempotency-Key ParseKey refused:
-// 400 with the problem type for a missing or an invalid key.
-func WriteKeyError(w http.ResponseWriter, err error) {
-	kind := problem.InvalidIdempotencyKey
-	if errors.Is(err, ErrMissingKey) {
-		kind = problem.MissingIdempotencyKey
-	}
-	problem.Write(w, kind, err.Error())
-}
-
-// Operation names a method on a route pattern ("POST /orders"): the
-// operation label of metrics and the name of traces, so both agree.
-func Operation(method, route string) string { return method + " " + route }
+// OperationName names a method on a route pattern ("POST /orders"): the
+// operation label of metrics and the name of traces when an operation has
+// no name of its own, so both agree.
+func OperationName(method, route string) string { return method + " " + route }
 
 // ParseKey returns the request's Idempotency-Key. Exactly one header must be
 // present, holding 1–255 printable ASCII characters (0x20–0x7E). The value is

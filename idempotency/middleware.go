@@ -11,101 +11,107 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
-
-	"github.com/oncekey/oncekey/internal/canonjson"
-	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
 )
-
-// Header names of the protocol.
-const (
-	HeaderKey      = "Idempotency-Key"
-	HeaderReplayed = "Idempotent-Replayed"
-)
-
-// MaxKeyLength is the longest Idempotency-Key accepted, in bytes.
-const MaxKeyLength = 255
 
 // Defaults for Config fields left zero.
 const (
-	DefaultTTL        = 48 * time.Hour
-	DefaultWait       = time.Second
-	DefaultRetryAfter = time.Second
+	DefaultTTL          = 48 * time.Hour
+	DefaultWait         = time.Second
+	DefaultRetryAfter   = time.Second
+	DefaultMaxBodyBytes = 1 << 20
 )
 
 // minStoreWait is the least wait a claim is given after queueing behind
-// duplicates on this instance: enough for a claim statement that blocks on
+// duplicates on this process: enough for a claim statement that blocks on
 // nothing, so a key whose holder just finished is answered from the store.
 const minStoreWait = 100 * time.Millisecond
 
 // DefaultReplayHeaders are the response headers stored with a record and
-// replayed. Anything else (Set-Cookie, Date, request ids, tracing headers) is
-// specific to one response and must not be handed to a different request.
+// replayed. Anything else (Date, request ids, tracing headers) is specific to
+// one response and must not be handed to a different request.
 var DefaultReplayHeaders = []string{"Content-Type", "Location", "Retry-After"}
 
-// Config configures the middleware. Store, Account and Route are required.
+// neverReplayed are headers no configuration can store: credentials and
+// cookies belong to one client and one exchange, and hop-by-hop headers to
+// one connection (RFC 9110 §7.6.1).
+var neverReplayed = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
+	"Proxy-Authenticate": true, "Www-Authenticate": true, "Cookie": true,
+	"Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Content-Length": true, HeaderReplayed: true, HeaderKey: true,
+}
+
+// ErrKeyMismatch answers a request whose key holds the outcome of a
+// different request (method, route, path, query or body): 409.
+var ErrKeyMismatch = errors.New("this Idempotency-Key was already used with a different request (method, path, query or body); use a new key for a new operation")
+
+// ErrBodyTooLarge answers a body over the limit (413); it consumes no key.
+var ErrBodyTooLarge = errors.New("the request body is too large")
+
+// ErrNoScope means the request has no scope to put its key in: it was not
+// authenticated. Config.Scope returns it (or an error of its own).
+var ErrNoScope = errors.New("the request carries no credentials to scope its Idempotency-Key to")
+
+// Config configures an Engine; every field is optional.
 type Config struct {
-	Store Store
-	// Account returns the authenticated caller; keys are scoped to it. The
-	// authentication layer runs first, so a request without one is a wiring
-	// bug and gets a 500.
-	Account func(ctx context.Context) (uuid.UUID, bool)
-	// Route returns the matched route pattern, e.g. "/orders/{id}".
+	// Scope returns the scope (the tenant, the account) a request's key
+	// belongs to, for Operation.Handler: keys of two scopes never meet. An
+	// error is answered through WriteError (ErrNoScope: 401). Front doors
+	// that call Operation.Serve give the scope themselves.
+	Scope func(r *http.Request) (string, error)
+	// Route returns the matched route pattern ("/orders/{id}"), which the
+	// fingerprint binds the key to. Default: the pattern net/http's
+	// ServeMux matched, without its method, or else the path.
 	Route func(r *http.Request) string
 	// TTL is how long a completed record is replayed (default 48h).
 	TTL time.Duration
 	// Wait is how long a duplicate waits for an in-flight first request
 	// before it gets 202 (default 1s).
 	Wait time.Duration
-	// RetryAfter is advertised on 202 and 503 responses (default 1s).
+	// RetryAfter is advertised on 202 and 503 answers (default 1s).
 	RetryAfter time.Duration
-	// ReplayHeaders is the allow-list of stored response headers
-	// (default DefaultReplayHeaders).
+	// MaxBodyBytes bounds the bodies Operation.Handler reads (default 1 MiB).
+	MaxBodyBytes int64
+	// ReplayHeaders is the allow-list of stored response headers (default
+	// DefaultReplayHeaders). Set-Cookie, Authorization and hop-by-hop
+	// headers are never stored, whatever it says.
 	ReplayHeaders []string
+	// Validate, if set, checks a request's body (in its canonical form)
+	// before the operation runs, and before a request whose key holds a
+	// different request's outcome is answered 409: an error refuses it,
+	// through WriteError, and consumes no key. A body's schema is checked
+	// here rather than in front of the protocol so that replays, whose
+	// bodies passed when their operation ran, do not pay for it again.
+	Validate func(r *http.Request, body []byte) error
+	// WriteError answers a request the protocol refuses or fails: err is
+	// one of this package's errors (ErrMissingKey, ErrKeyMismatch,
+	// ErrInFlight, ...), possibly wrapped, context.Canceled when the client
+	// went away, an error of Scope or Validate, or a store's failure.
+	// Retry-After is already set where it applies. Default: ProblemWriter
+	// with ProblemTypeBase.
+	WriteError func(w http.ResponseWriter, r *http.Request, err error)
+	// ProblemTypeBase prefixes the type URIs of the default WriteError's
+	// problem documents ("https://example.com/problems/"); empty means
+	// "about:blank" for every problem.
+	ProblemTypeBase string
 	// Logger receives store failures (default slog.Default()).
 	Logger *slog.Logger
 	// Observer is told every request's outcome (default: nobody).
 	Observer Observer
-	// Deferrable reports whether an operation ("POST /orders") only writes
-	// through its unit of work, so its claim may be deferred to its commit
-	// (see ClaimRequest.Deferred): one round trip for a first request. Such
-	// an operation may run and then be discarded, when its commit finds the
-	// key taken, so it must have no effect outside the unit of work.
-	// Default: none.
-	Deferrable func(operation string) bool
-	// Refuse, if set, is asked about a request whose key holds the outcome
-	// of a different request, before that request is answered 409: it may
-	// refuse it with an answer of its own (writing it and returning true).
-	// The contract gate checks a body's schema only when the operation is
-	// about to run, since a replay's body passed that check when it ran;
-	// asked here as well, it gives a body against the schema the same 400
-	// whether or not its key was used before.
-	Refuse func(w http.ResponseWriter, r *http.Request) bool
 }
 
-// Observer receives what the protocol did, for metrics. operation is the
-// method and route pattern ("POST /orders"): a bounded set of values.
-type Observer interface {
-	Outcome(operation string, o Outcome)
-	// DuplicateWait reports how long a request that did not run the
-	// operation (replayed, in_flight, conflict) spent claiming its key,
-	// which includes any wait for an in-flight first request.
-	DuplicateWait(operation string, o Outcome, d time.Duration)
-}
-
-type noObserver struct{}
-
-func (noObserver) Outcome(string, Outcome)                      {}
-func (noObserver) DuplicateWait(string, Outcome, time.Duration) {}
-
-// Middleware enforces the Idempotency-Key protocol on unsafe methods.
-type Middleware struct {
+// Engine is the protocol shared by a service's operations: its settings,
+// and the queue in which concurrent duplicates of one key wait on this
+// process.
+type Engine struct {
 	cfg      Config
+	stored   []string
 	inFlight *collapser
 }
 
-// New returns the middleware for cfg, filling in defaults.
-func New(cfg Config) *Middleware {
+// New returns an engine for cfg, filling in defaults.
+func New(cfg Config) *Engine {
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultTTL
 	}
@@ -115,8 +121,17 @@ func New(cfg Config) *Middleware {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
 	if cfg.ReplayHeaders == nil {
 		cfg.ReplayHeaders = DefaultReplayHeaders
+	}
+	if cfg.Route == nil {
+		cfg.Route = muxPattern
+	}
+	if cfg.WriteError == nil {
+		cfg.WriteError = ProblemWriter(cfg.ProblemTypeBase)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -124,222 +139,362 @@ func New(cfg Config) *Middleware {
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	return &Middleware{cfg: cfg, inFlight: newCollapser()}
+	var replay []string
+	for _, name := range cfg.ReplayHeaders {
+		if name = http.CanonicalHeaderKey(name); !neverReplayed[name] {
+			replay = append(replay, name)
+		}
+	}
+	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser()}
 }
 
-// Handler wraps next. Safe methods (GET, HEAD, OPTIONS, TRACE) pass through
-// untouched; every other request needs a valid Idempotency-Key.
-func (m *Middleware) Handler(next http.Handler) http.Handler {
+// muxPattern is the route net/http's ServeMux matched ("POST /orders/{id}"
+// without the method), or the path where there is none.
+func muxPattern(r *http.Request) string {
+	p := r.Pattern
+	if p == "" {
+		return r.URL.Path
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] == ' ' {
+			return p[i+1:]
+		}
+		if p[i] == '/' {
+			break
+		}
+	}
+	return p
+}
+
+// OperationConfig configures one operation; zero fields take the engine's.
+type OperationConfig struct {
+	// Name labels the operation in metrics (its OpenAPI operationId, say);
+	// empty names it by method and route pattern ("POST /orders").
+	Name string
+	TTL  time.Duration
+	Wait time.Duration
+}
+
+// Operation is one unsafe operation under the protocol, whose claims its
+// store makes and whose handler writes through the store's unit of work, of
+// type U. The store, and with it U, is fixed when the operation is
+// declared: a write-only operation declared on a store that defers its
+// claim to the commit gets a unit that can only queue writes, and the
+// compiler holds its handler to that.
+type Operation[U any] struct {
+	e     *Engine
+	store Store[U]
+	cfg   OperationConfig
+}
+
+// NewOperation declares an operation of e whose keys store keeps.
+func NewOperation[U any](e *Engine, store Store[U], cfg OperationConfig) *Operation[U] {
+	if cfg.TTL <= 0 {
+		cfg.TTL = e.cfg.TTL
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = e.cfg.Wait
+	}
+	return &Operation[U]{e: e, store: store, cfg: cfg}
+}
+
+// Name is the operation's label: its configured name, or "" when it is
+// named by each request's method and route.
+func (o *Operation[U]) Name() string { return o.cfg.Name }
+
+// Prepared is a request as a front door has read it: the scope it belongs
+// to, its Idempotency-Key (see ParseKey) and its whole body.
+type Prepared struct {
+	Scope string
+	Key   string
+	Body  []byte
+}
+
+// leaseKey carries an operation's lease to its handler, keyed by the
+// operation so that a handler can only ever find its own operation's unit.
+type leaseKey[U any] struct{ op *Operation[U] }
+
+// Unit returns the unit of work of the request in ctx, which runs under
+// this operation: what its handler writes through.
+func (o *Operation[U]) Unit(ctx context.Context) (U, bool) {
+	lease, ok := ctx.Value(leaseKey[U]{o}).(Lease[U])
+	if !ok {
+		var zero U
+		return zero, false
+	}
+	return lease.Unit(), true
+}
+
+// Ref returns the claim the request in ctx runs under, so that a long
+// operation can bind its background work to the key and later replace the
+// provisional response stored under it.
+func (o *Operation[U]) Ref(ctx context.Context) (Ref, bool) {
+	lease, ok := ctx.Value(leaseKey[U]{o}).(Lease[U])
+	if !ok {
+		return Ref{}, false
+	}
+	return lease.Ref(), true
+}
+
+// Handler wraps next, which finds its unit of work with Unit. Safe methods
+// (GET, HEAD, OPTIONS, TRACE) pass through untouched; every other request
+// needs a valid Idempotency-Key, a scope (Config.Scope) and a body within
+// Config.MaxBodyBytes.
+func (o *Operation[U]) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !Unsafe(r.Method) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		m.serve(w, r, next)
+		in, err := o.e.prepare(w, r)
+		if err != nil {
+			o.e.report(r.Context(), o.label(r), OutcomeRejected)
+			o.e.writeError(w, r, err)
+			return
+		}
+		o.Serve(w, r, in, next)
 	})
 }
 
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	ctx := r.Context()
-	route := m.cfg.Route(r)
-	op := Operation(r.Method, route)
-	// Everything that can reject the request happens before the claim, so a
-	// rejected request consumes no key: fixing it and retrying with the same
-	// key works.
-	key, err := ParseKey(r.Header)
-	if err != nil {
-		m.reject(ctx, w, op, err)
-		return
-	}
-	w.Header().Set(HeaderKey, key)
-
-	account, ok := m.cfg.Account(ctx)
-	if !ok {
-		m.fail(ctx, w, op, errors.New("idempotency middleware reached without an authenticated account"))
-		return
-	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			m.outcome(ctx, op, OutcomeRejected)
-			problem.Write(w, problem.PayloadTooLarge, fmt.Sprintf("the body exceeds %d bytes", tooLarge.Limit))
+// HandlerFunc serves the operation with fn, which is handed the unit of
+// work to write through. Every request to it, whatever its method, goes
+// through the protocol.
+func (o *Operation[U]) HandlerFunc(fn func(w http.ResponseWriter, r *http.Request, unit U)) http.Handler {
+	run := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		unit, _ := o.Unit(r.Context())
+		fn(w, r, unit)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in, err := o.e.prepare(w, r)
+		if err != nil {
+			o.e.report(r.Context(), o.label(r), OutcomeRejected)
+			o.e.writeError(w, r, err)
 			return
 		}
-		m.outcome(ctx, op, OutcomeRejected)
-		problem.Write(w, problem.Validation, "the request body could not be read")
-		return
-	}
-	canonical, err := canonjson.Canonicalize(body)
+		o.Serve(w, r, in, run)
+	})
+}
+
+// prepare reads what Serve needs from r: the key, the scope and the body.
+func (e *Engine) prepare(w http.ResponseWriter, r *http.Request) (Prepared, error) {
+	key, err := ParseKey(r.Header)
 	if err != nil {
-		m.outcome(ctx, op, OutcomeRejected)
-		problem.Write(w, problem.MalformedJSON, err.Error())
-		return
+		return Prepared{}, err
 	}
-	fp := fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), canonical)
+	w.Header().Set(HeaderKey, key)
+	if e.cfg.Scope == nil {
+		return Prepared{}, ErrNoScope
+	}
+	scope, err := e.cfg.Scope(r)
+	if err != nil {
+		return Prepared{}, err
+	}
+	if r.ContentLength > e.cfg.MaxBodyBytes {
+		return Prepared{}, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, r.ContentLength, e.cfg.MaxBodyBytes)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return Prepared{}, fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, tooLarge.Limit)
+	case err != nil:
+		return Prepared{}, fmt.Errorf("read the request body: %w", err)
+	}
+	return Prepared{Scope: scope, Key: key, Body: body}, nil
+}
+
+// label names the operation of r for metrics.
+func (o *Operation[U]) label(r *http.Request) string {
+	if o.cfg.Name != "" {
+		return o.cfg.Name
+	}
+	return OperationName(r.Method, o.e.cfg.Route(r))
+}
+
+// Serve runs the protocol for a prepared request: it answers a repeat from
+// the stored record, refuses a mismatch or a duplicate still in flight, or
+// runs next under a fresh claim and stores its response. It answers only
+// once the outcome is durable, and returns what it did.
+func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared, next http.Handler) Outcome {
+	ctx := r.Context()
+	route := o.e.cfg.Route(r)
+	s := &serving[U]{op: o, w: w, r: r, in: in, label: o.cfg.Name}
+	if s.label == "" {
+		s.label = OperationName(r.Method, route)
+	}
+	w.Header().Set(HeaderKey, in.Key)
+	canonical, err := canonjson.Canonicalize(in.Body)
+	if err != nil {
+		return s.refuse(err)
+	}
+	s.fp = fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), canonical)
+	s.body = in.Body
 	if len(canonical) > 0 {
 		// The operation decodes exactly the form that was fingerprinted, so
 		// two requests with one fingerprint can never be read differently
 		// ("amount":1200.0 and "amount":1200 are one request, and both run).
-		body = canonical
+		s.body = canonical
 	}
 
 	claimStart := time.Now()
-	// Concurrent duplicates on this instance queue here, one at a time to
+	// Concurrent duplicates on this process queue here, one at a time to
 	// the store, within the same wait budget.
-	leave, queued, ok := m.inFlight.enter(ctx, account, key, m.cfg.Wait)
+	leave, queued, ok := o.e.inFlight.enter(ctx, in.Scope, in.Key, o.cfg.Wait)
 	if !ok && ctx.Err() != nil {
-		m.fail(ctx, w, op, ctx.Err())
-		return
+		return s.fail(ctx.Err())
 	}
 	if !ok {
-		m.answer(w, r, op, fp, nil, ErrInFlight, time.Since(claimStart), body)
-		return
+		return s.answer(nil, ErrInFlight, time.Since(claimStart))
 	}
 	defer leave()
 	// A request that queued behind a duplicate almost surely finds the key
-	// taken: it claims in the store's usual way, which answers from the
-	// record without running the operation at all.
-	deferred := !queued && m.cfg.Deferrable != nil && m.cfg.Deferrable(op)
+	// taken: it claims in the way that answers from the record without
+	// running the operation at all.
+	contended := queued
 	for {
-		lease, rec, err := m.cfg.Store.Claim(ctx, ClaimRequest{
-			Account: account, Key: key, Fingerprint: fp,
-			Method: r.Method, Route: route, TTL: m.cfg.TTL,
-			Wait:     max(m.cfg.Wait-time.Since(claimStart), minStoreWait),
-			Deferred: deferred,
+		lease, rec, err := o.store.Claim(ctx, ClaimRequest{
+			Scope: in.Scope, Key: in.Key, Fingerprint: s.fp,
+			Method: r.Method, Route: route, TTL: o.cfg.TTL,
+			Wait:      max(o.cfg.Wait-time.Since(claimStart), minStoreWait),
+			Contended: contended,
 		})
 		if lease != nil {
-			err = m.run(w, r, op, lease, Claim{Account: account, Key: key, ClaimedAt: lease.ClaimedAt()}, body, next, deferred)
+			var outcome Outcome
+			outcome, err = s.run(lease, next)
 			var taken *TakenError
 			switch {
 			case err == nil:
-				return // answered
-			case errors.As(err, &taken) && taken.Record == nil && deferred:
-				// A concurrent first request got the key between our look
-				// and our insert: claim again, this time in the store's
-				// usual way, which waits for its outcome.
-				deferred = false
+				return outcome
+			case errors.As(err, &taken) && taken.Record == nil && !contended:
+				// A concurrent first request got the key between the look
+				// and the insert of a deferred claim: claim again,
+				// contended, which waits for its outcome.
+				contended = true
 				continue
 			case errors.As(err, &taken):
 				rec, err = taken.Record, nil
 			}
 		}
-		m.answer(w, r, op, fp, rec, err, time.Since(claimStart), body)
-		return
+		return s.answer(rec, err, time.Since(claimStart))
 	}
+}
+
+// serving is one request on its way through Serve.
+type serving[U any] struct {
+	op    *Operation[U]
+	w     http.ResponseWriter
+	r     *http.Request
+	in    Prepared
+	label string
+	fp    Fingerprint
+	body  []byte // canonical
 }
 
 // answer responds to a request that did not run the operation: its key holds
-// rec, or the claim failed with err. body is the request's (canonical) body.
-func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, op string, fp Fingerprint, rec *Record, err error, waited time.Duration, body []byte) {
-	ctx := r.Context()
+// rec, or the claim failed with err.
+func (s *serving[U]) answer(rec *Record, err error, waited time.Duration) Outcome {
+	e := s.op.e
 	switch {
 	case errors.Is(err, ErrInFlight):
-		m.duplicate(ctx, op, OutcomeInFlight, waited)
-		w.Header().Set("Retry-After", m.retryAfter())
-		problem.Write(w, problem.InProgress, "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds")
+		s.w.Header().Set("Retry-After", e.retryAfter())
+		e.writeError(s.w, s.r, ErrInFlight)
+		return s.duplicate(OutcomeInFlight, waited)
 	case err != nil:
-		m.fail(ctx, w, op, fmt.Errorf("claim idempotency key: %w", err))
+		return s.fail(fmt.Errorf("claim idempotency key: %w", err))
 	case rec == nil:
-		m.fail(ctx, w, op, errors.New("claim returned neither a lease, a record nor an error"))
-	case rec.Fingerprint != fp && m.refused(w, r, op, body):
-	case rec.Fingerprint != fp:
-		m.duplicate(ctx, op, OutcomeConflict, waited)
-		problem.Write(w, problem.KeyMismatch, "this Idempotency-Key was already used with a different request (method, path, query or body); use a new key for a new operation")
+		return s.fail(errors.New("claim returned neither a lease, a record nor an error"))
+	case rec.Fingerprint != s.fp:
+		// A body the operation would refuse is refused alike whether or
+		// not its key was used before.
+		if err := s.validate(); err != nil {
+			return s.refuse(err)
+		}
+		e.writeError(s.w, s.r, ErrKeyMismatch)
+		return s.duplicate(OutcomeConflict, waited)
 	default:
-		m.duplicate(ctx, op, OutcomeReplayed, waited)
-		m.replay(w, rec.Response)
+		e.replay(s.w, rec.Response)
+		return s.duplicate(OutcomeReplayed, waited)
 	}
 }
 
-// refused asks Config.Refuse about a request about to be answered 409.
-func (m *Middleware) refused(w http.ResponseWriter, r *http.Request, op string, body []byte) bool {
-	if m.cfg.Refuse == nil {
-		return false
+func (s *serving[U]) validate() error {
+	if s.op.e.cfg.Validate == nil {
+		return nil
 	}
-	asked := r.WithContext(r.Context())
-	asked.Body = io.NopCloser(bytes.NewReader(body))
-	if !m.cfg.Refuse(w, asked) {
-		return false
-	}
-	m.outcome(r.Context(), op, OutcomeRejected)
-	return true
+	return s.op.e.cfg.Validate(s.r, s.body)
 }
 
 // run executes the operation inside lease and answers only after the outcome
 // is durable: a client never sees a success that a crash could still undo.
-// It returns nil once it has answered, or, without answering, the error of a
-// deferred lease's Commit that found the key taken (*TakenError or
-// ErrInFlight): the operation's writes and response were discarded, and the
-// caller answers from what holds the key.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, op string, lease Lease, claim Claim, body []byte, next http.Handler, deferred bool) error {
-	ctx := r.Context()
-	settled := false
-	defer func() {
-		// Rolls back on every path that did not commit, panics included (the
-		// panic continues to the recoverer above).
-		if !settled {
-			dctx, cancel := detach(ctx)
-			defer cancel()
-			if err := lease.Rollback(dctx); err != nil {
-				m.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
-			}
-		}
-	}()
-
-	rec := newRecorder()
-	inner := r.WithContext(withClaim(lease.Context(ctx), claim))
-	inner.Body = io.NopCloser(bytes.NewReader(body))
-	next.ServeHTTP(rec, inner)
-
-	if !Stored(rec.status) {
-		// A server error or a rejection inside the operation: nothing is
-		// stored, so a retry with the same key runs the operation again.
+// It returns the outcome once it has answered, or, without answering, the
+// error of a deferred claim's Commit that found the key taken (*TakenError
+// or ErrInFlight): the operation's writes and response were discarded, and
+// the caller answers from what holds the key.
+func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
+	e, ctx := s.op.e, s.r.Context()
+	ended := false
+	rollback := func() {
+		ended = true
 		dctx, cancel := detach(ctx)
 		defer cancel()
 		if err := lease.Rollback(dctx); err != nil {
-			m.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
+			e.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
 		}
-		settled = true
-		if rec.status >= 500 {
-			m.outcome(ctx, op, OutcomeError)
-		} else {
-			m.outcome(ctx, op, OutcomeRejected)
-		}
-		rec.copyTo(w)
-		return nil
 	}
-	stored := Response{Status: rec.status, Header: rec.allowed(m.cfg.ReplayHeaders), Body: rec.body.Bytes()}
+	defer func() {
+		// Rolls back on every path that did not commit, panics included (the
+		// panic continues to the recoverer above).
+		if !ended {
+			rollback()
+		}
+	}()
+	if err := s.validate(); err != nil {
+		rollback()
+		return s.refuse(err), nil
+	}
+
+	rec := newRecorder()
+	inner := s.r.WithContext(context.WithValue(ctx, leaseKey[U]{s.op}, lease))
+	inner.Body = io.NopCloser(bytes.NewReader(s.body))
+	inner.ContentLength = int64(len(s.body))
+	next.ServeHTTP(rec, inner)
+
+	if !Replayable(rec.status) {
+		// A server error or a rejection inside the operation: nothing is
+		// stored, so a retry with the same key runs the operation again.
+		rollback()
+		rec.copyTo(s.w)
+		if rec.status >= 500 {
+			return s.report(OutcomeError), nil
+		}
+		return s.report(OutcomeRejected), nil
+	}
+	stored := Response{Status: rec.status, Header: rec.allowed(e.stored), Body: rec.body.Bytes()}
 	// The operation ran; finish storing it even if the client went away, so
-	// its retry replays instead of finding nothing. A deferred lease's
-	// commit is the operation itself (nothing was written before it), so it
-	// runs under the request's deadline like any operation's writes.
+	// its retry replays instead of finding nothing.
 	dctx, cancel := detach(ctx)
 	defer cancel()
-	if deferred {
-		dctx = ctx
-	}
 	if err := lease.Commit(dctx, stored); err != nil {
+		ended = true // a failed commit has rolled back
 		var taken *TakenError
 		if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
-			settled = true // nothing was written
-			return err
+			return OutcomeNone, err // nothing was written
 		}
-		m.fail(ctx, w, op, fmt.Errorf("commit idempotent operation: %w", err))
-		return nil
+		return s.fail(fmt.Errorf("commit idempotent operation: %w", err)), nil
 	}
-	settled = true
-	m.outcome(ctx, op, OutcomeExecuted)
-	rec.copyTo(w)
-	return nil
+	ended = true
+	rec.copyTo(s.w)
+	return s.report(OutcomeExecuted), nil
 }
 
 // replay writes a stored response: the same status and body bytes, the
 // allow-listed headers, and Idempotent-Replayed.
-func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
+func (e *Engine) replay(w http.ResponseWriter, resp Response) {
 	h := w.Header()
 	for name, values := range resp.Header {
-		h[name] = append([]string(nil), values...)
+		if !neverReplayed[http.CanonicalHeaderKey(name)] {
+			h[name] = append([]string(nil), values...)
+		}
 	}
 	h.Set(HeaderReplayed, "true")
 	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
@@ -347,62 +502,72 @@ func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
 	_, _ = w.Write(resp.Body)
 }
 
-func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, op string, err error) {
-	m.outcome(ctx, op, OutcomeRejected)
-	WriteKeyError(w, err)
+// refuse answers a request refused before its operation ran; no key is
+// consumed.
+func (s *serving[U]) refuse(err error) Outcome {
+	s.op.e.writeError(s.w, s.r, err)
+	return s.report(OutcomeRejected)
 }
 
-// fail answers a store or wiring failure. Unavailability and timeouts are
-// 503 with Retry-After (retrying with the same key is safe and right);
-// anything else is a 500 whose detail never leaks internals.
-func (m *Middleware) fail(ctx context.Context, w http.ResponseWriter, op string, err error) {
+// fail answers a store or wiring failure. Unavailability and timeouts get
+// Retry-After (retrying with the same key is safe and right).
+func (s *serving[U]) fail(err error) Outcome {
+	e, ctx := s.op.e, s.r.Context()
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		// The client went away; nothing ran to completion and nothing is
 		// stored. Not a server error.
-		m.outcome(ctx, op, OutcomeRejected)
-		m.cfg.Logger.InfoContext(ctx, "idempotency: client went away", "err", err)
-		problem.Write(w, problem.ClientClosedRequest, "the client closed the request")
-		return
+		e.cfg.Logger.InfoContext(ctx, "idempotency: client went away", "err", err)
+		e.writeError(s.w, s.r, context.Canceled)
+		return s.report(OutcomeRejected)
 	}
-	m.outcome(ctx, op, OutcomeError)
 	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-		m.cfg.Logger.WarnContext(ctx, "idempotency: store unavailable", "err", err)
-		w.Header().Set("Retry-After", m.retryAfter())
-		problem.Write(w, problem.Unavailable, "the database is unavailable; retry with the same Idempotency-Key")
-		return
+		e.cfg.Logger.WarnContext(ctx, "idempotency: store unavailable", "err", err)
+		s.w.Header().Set("Retry-After", e.retryAfter())
+		if !errors.Is(err, ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+	} else {
+		e.cfg.Logger.ErrorContext(ctx, "idempotency: store failed", "err", err)
 	}
-	m.cfg.Logger.ErrorContext(ctx, "idempotency: store failed", "err", err)
-	problem.Write(w, problem.Internal, "the operation could not be completed; retrying with the same Idempotency-Key is safe (it replays the outcome if it was stored, runs the operation if not)")
+	e.writeError(s.w, s.r, err)
+	return s.report(OutcomeError)
 }
 
-// outcome records what the protocol did with the request: in the request's
-// context (for the log line) and with the observer (for metrics).
-func (m *Middleware) outcome(ctx context.Context, op string, o Outcome) {
-	setOutcome(ctx, o)
-	m.cfg.Observer.Outcome(op, o)
+// report tells the observer what the protocol did with the request.
+func (s *serving[U]) report(o Outcome) Outcome {
+	s.op.e.report(s.r.Context(), s.label, o)
+	return o
 }
 
-// duplicate records the outcome of a request that did not run the
+// duplicate reports the outcome of a request that did not run the
 // operation, with the time its claim took.
-func (m *Middleware) duplicate(ctx context.Context, op string, o Outcome, waited time.Duration) {
-	m.outcome(ctx, op, o)
-	m.cfg.Observer.DuplicateWait(op, o, waited)
+func (s *serving[U]) duplicate(o Outcome, waited time.Duration) Outcome {
+	s.op.e.cfg.Observer.DuplicateWait(s.label, o, waited)
+	return s.report(o)
 }
 
-func (m *Middleware) retryAfter() string {
-	return strconv.Itoa(int((m.cfg.RetryAfter + time.Second - 1) / time.Second))
+func (e *Engine) report(_ context.Context, label string, o Outcome) {
+	e.cfg.Observer.Outcome(label, o)
 }
 
-// Stored reports whether a response with this status is the operation's
+func (e *Engine) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e.cfg.WriteError(w, r, err)
+}
+
+func (e *Engine) retryAfter() string {
+	return strconv.Itoa(int((e.cfg.RetryAfter + time.Second - 1) / time.Second))
+}
+
+// Replayable reports whether a response with this status is the operation's
 // outcome, to be stored and replayed. Server errors are not (a retry must be
 // able to run the operation), and neither are the statuses that mean the
 // request was refused before the operation could start.
-func Stored(status int) bool {
+func Replayable(status int) bool {
 	switch status {
 	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden,
 		http.StatusRequestTimeout, http.StatusRequestEntityTooLarge,
 		http.StatusUnsupportedMediaType, http.StatusTooManyRequests,
-		problem.ClientClosedRequest.Status:
+		StatusClientClosedRequest:
 		return false
 	}
 	return status < 500

@@ -1,6 +1,6 @@
 package idempotency
 
-import "context"
+import "time"
 
 // Outcome is what the protocol did with one request. Logs, metrics and
 // traces report it; it has a small fixed set of values so it can be a label.
@@ -17,16 +17,17 @@ const (
 	OutcomeError    Outcome = "error"     // 5xx; nothing stored
 )
 
-type outcomeKey struct{}
-
-// WithOutcome returns a context in which the middleware records the outcome
-// of the request into *o. The request logger installs it before routing.
-func WithOutcome(ctx context.Context, o *Outcome) context.Context {
-	return context.WithValue(ctx, outcomeKey{}, o)
+// Observer receives what the protocol did, for metrics. operation is the
+// operation's name (see OperationConfig.Name): a bounded set of values.
+type Observer interface {
+	Outcome(operation string, o Outcome)
+	// DuplicateWait reports how long a request that did not run the
+	// operation (replayed, in_flight, conflict) spent claiming its key,
+	// which includes any wait for an in-flight first request.
+	DuplicateWait(operation string, o Outcome, d time.Duration)
 }
 
-func setOutcome(ctx context.Context, o Outcome) {
-	if p, ok := ctx.Value(outcomeKey{}).(*Outcome); ok {
-		*p = o
-	}
-}
+type noObserver struct{}
+
+func (noObserver) Outcome(string, Outcome)                      {}
+func (noObserver) DuplicateWait(string, Outcome, time.Duration) {}

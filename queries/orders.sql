@@ -3,17 +3,14 @@ INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7);
 
 -- name: OrderCreateClaimed :exec
--- OrderCreate for a deferred claim (see IdempotencyKeyPeekMany): the order is
--- written only if this very transaction inserted its key row. xmin is the
--- inserting transaction; a pipeline has no subtransactions, and a
--- transaction that has inserted nothing has no xid yet (NULL: no match). A
--- replay, a mismatch or a lost race so writes nothing, with no error and no
--- dead row. Every write of a deferred operation carries this guard.
+-- OrderCreate for a claim deferred to its commit (a pgstore.Batch): the
+-- order is written only if this very transaction inserted the key row of
+-- its claim, as pgstore.Batch asks of every write queued in it.
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 SELECT @account_id, @id, @status, @amount, @currency, @items, @created_at
 WHERE EXISTS (
     SELECT 1 FROM idempotency_keys k
-    WHERE k.account_id = @account_id AND k.idempotency_key = @idempotency_key
+    WHERE k.scope = @claim_scope AND k.idempotency_key = @claim_key
       AND k.xmin = pg_current_xact_id_if_assigned()::xid
 );
 

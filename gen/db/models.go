@@ -42,7 +42,7 @@ type BonusEntry struct {
 }
 
 type IdempotencyKey struct {
-	AccountID       uuid.UUID
+	Scope           []byte
 	IdempotencyKey  string
 	Fingerprint     []byte
 	RequestMethod   string

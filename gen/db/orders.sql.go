@@ -57,28 +57,26 @@ INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 SELECT $1, $2, $3, $4, $5, $6, $7
 WHERE EXISTS (
     SELECT 1 FROM idempotency_keys k
-    WHERE k.account_id = $1 AND k.idempotency_key = $8
+    WHERE k.scope = $8 AND k.idempotency_key = $9
       AND k.xmin = pg_current_xact_id_if_assigned()::xid
 )
 `
 
 type OrderCreateClaimedParams struct {
-	AccountID      uuid.UUID
-	ID             uuid.UUID
-	Status         string
-	Amount         int64
-	Currency       string
-	Items          json.RawMessage
-	CreatedAt      time.Time
-	IdempotencyKey string
+	AccountID  uuid.UUID
+	ID         uuid.UUID
+	Status     string
+	Amount     int64
+	Currency   string
+	Items      json.RawMessage
+	CreatedAt  time.Time
+	ClaimScope []byte
+	ClaimKey   string
 }
 
-// OrderCreate for a deferred claim (see IdempotencyKeyPeekMany): the order is
-// written only if this very transaction inserted its key row. xmin is the
-// inserting transaction; a pipeline has no subtransactions, and a
-// transaction that has inserted nothing has no xid yet (NULL: no match). A
-// replay, a mismatch or a lost race so writes nothing, with no error and no
-// dead row. Every write of a deferred operation carries this guard.
+// OrderCreate for a claim deferred to its commit (a pgstore.Batch): the
+// order is written only if this very transaction inserted the key row of
+// its claim, as pgstore.Batch asks of every write queued in it.
 func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimedParams) error {
 	_, err := q.db.Exec(ctx, orderCreateClaimed,
 		arg.AccountID,
@@ -88,7 +86,8 @@ func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimed
 		arg.Currency,
 		arg.Items,
 		arg.CreatedAt,
-		arg.IdempotencyKey,
+		arg.ClaimScope,
+		arg.ClaimKey,
 	)
 	return err
 }

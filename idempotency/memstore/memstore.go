@@ -1,8 +1,11 @@
-// Package memory is an in-process store with the same semantics as the
-// PostgreSQL one, for trying the API without a database. It passes the same
-// conformance suite (internal/store/storetest). State lives in one process
-// and is lost on exit; it is not for production.
-package memory
+// Package memstore keeps idempotency records in process memory, with the
+// same semantics as package pgstore: for trying a service without a
+// database, and for tests. State lives in one process and is lost on exit.
+//
+// Its unit of work is a *Tx: an operation registers what undoes its writes
+// (OnRollback) and what ends them (OnCommit), and memstore runs those hooks
+// when the lease settles, before any request waiting for the key is woken.
+package memstore
 
 import (
 	"context"
@@ -12,45 +15,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/ledger"
-	"github.com/oncekey/oncekey/internal/orders"
-	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
-// Store implements idempotency.Store, orders.Repository and auth.Store.
-//
-// Domain data has a transaction model as simple as it can be while matching
-// PostgreSQL's guarantees: a lease takes the data write lock at its first
-// domain write and holds it until Commit or Rollback, undoing its writes on
-// Rollback. Readers take the read lock, so no one ever sees an uncommitted
-// write.
+// Store implements idempotency.Store[*Tx].
 type Store struct {
 	now func() time.Time
 
-	keysMu sync.Mutex
-	keys   map[scope]*entry
-
-	data          sync.RWMutex
-	orders        map[uuid.UUID]map[uuid.UUID]orders.Order
-	bonusBalances map[uuid.UUID]int64
-	bonusEntries  map[uuid.UUID][]ledger.Entry
-	payments      map[uuid.UUID]map[uuid.UUID]payments.Payment
-	charges       chargeQueue
-
-	// Accounts have their own lock: authentication must never wait for an
-	// operation that holds the data lock.
-	authMu   sync.RWMutex
-	apiKeys  map[auth.KeyHash]uuid.UUID
-	accounts map[uuid.UUID]string
+	mu   sync.Mutex
+	keys map[scopedKey]*entry
 }
 
-type scope struct {
-	account uuid.UUID
-	key     string
+type scopedKey struct {
+	scope string
+	key   string
 }
 
 // entry is a key's state: in flight (rec == nil, done open) or completed.
@@ -62,43 +40,31 @@ type entry struct {
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{
-		now:           time.Now,
-		keys:          map[scope]*entry{},
-		orders:        map[uuid.UUID]map[uuid.UUID]orders.Order{},
-		bonusBalances: map[uuid.UUID]int64{},
-		bonusEntries:  map[uuid.UUID][]ledger.Entry{},
-		payments:      map[uuid.UUID]map[uuid.UUID]payments.Payment{},
-		charges:       newChargeQueue(),
-		apiKeys:       map[auth.KeyHash]uuid.UUID{},
-		accounts:      map[uuid.UUID]string{},
-	}
+	return &Store{now: time.Now, keys: map[scopedKey]*entry{}}
 }
 
-// Ping implements the readiness check; memory is always ready.
-func (s *Store) Ping(context.Context) error { return nil }
-
-// Claim implements idempotency.Store.
-func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
-	k := scope{req.Account, req.Key}
+// Claim implements idempotency.Store. Claims are never deferred: in memory
+// there is no round trip to save.
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Tx], *idempotency.Record, error) {
+	k := scopedKey{req.Scope, req.Key}
 	timer := time.NewTimer(req.Wait)
 	defer timer.Stop()
 	for {
-		s.keysMu.Lock()
+		s.mu.Lock()
 		e := s.keys[k]
 		if e == nil || (e.rec != nil && !s.now().Before(e.rec.ExpiresAt)) {
 			e = &entry{done: make(chan struct{}), claimedAt: s.now()}
 			s.keys[k] = e
-			s.keysMu.Unlock()
-			return &lease{s: s, scope: k, entry: e, fingerprint: req.Fingerprint, ttl: req.TTL, claimedAt: e.claimedAt}, nil, nil
+			s.mu.Unlock()
+			return &lease{s: s, k: k, entry: e, fingerprint: req.Fingerprint, ttl: req.TTL, tx: &Tx{}}, nil, nil
 		}
 		if e.rec != nil {
 			rec := copyRecord(*e.rec)
-			s.keysMu.Unlock()
+			s.mu.Unlock()
 			return nil, &rec, nil
 		}
 		done := e.done
-		s.keysMu.Unlock()
+		s.mu.Unlock()
 		select {
 		case <-done: // settled: look again
 		case <-timer.C:
@@ -109,11 +75,27 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	}
 }
 
-// PurgeExpired deletes expired records. Batching is moot in memory; the
-// parameter keeps the signature of the PostgreSQL store.
-func (s *Store) PurgeExpired(_ context.Context, _ int) (int64, error) {
-	s.keysMu.Lock()
-	defer s.keysMu.Unlock()
+// ReplaceProvisional replaces the provisional response (a long operation's
+// 202) stored under ref's claim with final, and reports whether there was
+// one. A record purged or claimed again since is left alone. Call it in
+// the same critical section as the operation's own final writes, so that
+// both change together.
+func (s *Store) ReplaceProvisional(ref idempotency.Ref, final idempotency.Response) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.keys[scopedKey{ref.Scope, ref.Key}]
+	if e == nil || e.rec == nil || !e.claimedAt.Equal(ref.ClaimedAt) || !idempotency.Provisional(e.rec.Response.Status) {
+		return false
+	}
+	rec := copyRecord(idempotency.Record{Fingerprint: e.rec.Fingerprint, Response: final, CreatedAt: e.rec.CreatedAt, ExpiresAt: e.rec.ExpiresAt})
+	e.rec = &rec
+	return true
+}
+
+// PurgeExpired implements idempotency.Purger. Batching is moot in memory.
+func (s *Store) PurgeExpired(context.Context, int) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := s.now()
 	var n int64
 	for k, e := range s.keys {
@@ -125,130 +107,10 @@ func (s *Store) PurgeExpired(_ context.Context, _ int) (int64, error) {
 	return n, nil
 }
 
-type leaseKey struct{}
-
-// lease is a claimed key plus its unit of work on the domain data.
-type lease struct {
-	s           *Store
-	scope       scope
-	entry       *entry
-	fingerprint idempotency.Fingerprint
-	ttl         time.Duration
-	claimedAt   time.Time // expiry counts from the claim, as in PostgreSQL
-
-	mu      sync.Mutex
-	locked  bool     // holds s.data's write lock
-	undo    []func() // in order of the writes
-	settled bool
-}
-
-func (l *lease) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, leaseKey{}, l)
-}
-
-func (l *lease) ClaimedAt() time.Time { return l.claimedAt }
-
-// write applies a domain write inside the lease, taking the data lock on
-// the first one.
-func (l *lease) write(apply, undo func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.locked {
-		l.s.data.Lock()
-		l.locked = true
-	}
-	apply()
-	l.undo = append(l.undo, undo)
-}
-
-func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.settled {
-		return errSettled
-	}
-	l.settled = true
-	rec := copyRecord(idempotency.Record{
-		Fingerprint: l.fingerprint, Response: resp, CreatedAt: l.claimedAt, ExpiresAt: l.claimedAt.Add(l.ttl),
-	})
-	l.s.keysMu.Lock()
-	l.entry.rec = &rec
-	l.s.keysMu.Unlock()
-	l.release()
-	return nil
-}
-
-func (l *lease) Rollback(context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.settled {
-		return nil
-	}
-	l.settled = true
-	for _, undo := range slices.Backward(l.undo) {
-		undo()
-	}
-	l.s.keysMu.Lock()
-	if l.s.keys[l.scope] == l.entry {
-		delete(l.s.keys, l.scope)
-	}
-	l.s.keysMu.Unlock()
-	l.release()
-	return nil
-}
-
-// release ends the unit of work: data visible, waiters woken.
-func (l *lease) release() {
-	if l.locked {
-		l.s.data.Unlock()
-		l.locked = false
-	}
-	close(l.entry.done)
-}
-
-// write runs a domain write inside ctx's lease or, outside one, on its own.
-func (s *Store) write(ctx context.Context, apply, undo func()) {
-	if l, ok := ctx.Value(leaseKey{}).(*lease); ok && l.s == s {
-		l.write(apply, undo)
-		return
-	}
-	s.data.Lock()
-	defer s.data.Unlock()
-	apply()
-}
-
-// read runs fn under the read lock, unless ctx's lease already holds the
-// write lock (a read after a write in the same unit of work).
-func (s *Store) read(ctx context.Context, fn func()) {
-	if l, ok := ctx.Value(leaseKey{}).(*lease); ok && l.s == s {
-		l.mu.Lock()
-		held := l.locked
-		l.mu.Unlock()
-		if held {
-			fn()
-			return
-		}
-	}
-	s.data.RLock()
-	defer s.data.RUnlock()
-	fn()
-}
-
-func copyRecord(r idempotency.Record) idempotency.Record {
-	r.Response.Header = r.Response.Header.Clone()
-	if r.Response.Header == nil {
-		r.Response.Header = http.Header{}
-	}
-	r.Response.Body = slices.Clone(r.Response.Body)
-	return r
-}
-
-var errSettled = errors.New("memory: lease already settled")
-
 // KeyStats implements idempotency.StatsSource.
 func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
-	s.keysMu.Lock()
-	defer s.keysMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := s.now()
 	var st idempotency.Stats
 	for _, e := range s.keys {
@@ -263,4 +125,108 @@ func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
 		}
 	}
 	return st, nil
+}
+
+// Tx is the unit of work of a memstore lease: the hooks that end an
+// operation's writes when its lease commits or rolls back.
+type Tx struct {
+	mu         sync.Mutex
+	onCommit   []func()
+	onRollback []func()
+}
+
+// OnCommit registers f to run when the lease commits, after the record is
+// stored and before waiting duplicates are woken (releasing the lock that
+// kept the operation's writes invisible, say).
+func (t *Tx) OnCommit(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.onCommit = append(t.onCommit, f)
+}
+
+// OnRollback registers f to run if the lease rolls back (undoing a write,
+// say); such hooks run in reverse order of registration, like defers.
+func (t *Tx) OnRollback(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.onRollback = append(t.onRollback, f)
+}
+
+// lease is a claimed key plus its unit of work.
+type lease struct {
+	s           *Store
+	k           scopedKey
+	entry       *entry
+	fingerprint idempotency.Fingerprint
+	ttl         time.Duration
+	tx          *Tx
+
+	mu    sync.Mutex
+	ended bool
+}
+
+func (l *lease) Unit() *Tx { return l.tx }
+
+func (l *lease) Ref() idempotency.Ref {
+	// Expiry counts from the claim, as in PostgreSQL.
+	return idempotency.Ref{Scope: l.k.scope, Key: l.k.key, ClaimedAt: l.entry.claimedAt}
+}
+
+func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return errEnded
+	}
+	l.ended = true
+	claimed := l.entry.claimedAt
+	rec := copyRecord(idempotency.Record{
+		Fingerprint: l.fingerprint, Response: resp, CreatedAt: claimed, ExpiresAt: claimed.Add(l.ttl),
+	})
+	l.s.mu.Lock()
+	l.entry.rec = &rec
+	l.s.mu.Unlock()
+	l.tx.mu.Lock()
+	hooks := l.tx.onCommit
+	l.tx.mu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+	close(l.entry.done)
+	return nil
+}
+
+func (l *lease) Rollback(context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return nil
+	}
+	l.ended = true
+	l.tx.mu.Lock()
+	hooks := l.tx.onRollback
+	l.tx.mu.Unlock()
+	for _, f := range slices.Backward(hooks) {
+		f()
+	}
+	l.s.mu.Lock()
+	if l.s.keys[l.k] == l.entry {
+		delete(l.s.keys, l.k)
+	}
+	l.s.mu.Unlock()
+	close(l.entry.done)
+	return nil
+}
+
+var errEnded = errors.New("memstore: lease already committed or rolled back")
+
+// copyRecord copies a record in and out of the store: the committer may
+// reuse its buffers, and a replay's caller may write to what it got.
+func copyRecord(r idempotency.Record) idempotency.Record {
+	r.Response.Header = r.Response.Header.Clone()
+	if r.Response.Header == nil {
+		r.Response.Header = http.Header{}
+	}
+	r.Response.Body = slices.Clone(r.Response.Body)
+	return r
 }

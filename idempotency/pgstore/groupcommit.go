@@ -1,4 +1,4 @@
-package postgres
+package pgstore
 
 import (
 	"cmp"
@@ -11,37 +11,32 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncekey/oncekey/gen/db"
+	"github.com/oncekey/oncekey/gen/keydb"
 )
 
 // Group commit of deferred claims.
 //
 // A deferred claim's pipeline is a handful of cheap statements and one
 // durable commit, and the commit is what costs: PostgreSQL waits for the WAL
-// flush, and every waiting backend is put to sleep and woken again. Measured
-// here with pgbench at 32 clients, the same work ran 1.5 to 1.8 times faster
-// with synchronous_commit off than on. So deferred commits that arrive while
-// others are on their way are not sent one by one: the pipelines queued in
-// the meantime are sent back to back as one, which PostgreSQL runs as one
-// implicit transaction with one commit. A lone request is sent at once, so
-// merging adds no wait; under load the pipelines that queued behind the ones
-// in flight go together.
+// flush, and every waiting backend is put to sleep and woken again. So
+// deferred commits that arrive while others are on their way are not sent
+// one by one: the pipelines queued in the meantime are sent back to back as
+// one, which PostgreSQL runs as one implicit transaction with one commit. A
+// lone request is sent at once, so merging adds no wait; under load the
+// pipelines that queued behind the ones in flight go together
+// (docs/benchmarks.md has the measurements).
 //
 // Each member of a merged pipeline behaves as it would alone: its claim is
 // the insert of its own key row (one multi-row statement inserts them all,
 // after another has looked at what holds each key), and its writes are
-// guarded by that row having been inserted by this transaction
-// (claimGuard), which holds however many other key rows the transaction
+// guarded by that row having been inserted by this transaction (see
+// Batch), which holds however many other key rows the transaction
 // inserts. A member whose key is taken writes nothing and learns what holds
-// the key, as alone. Two statements for all the claims, instead of two per
-// member, took about a quarter off PostgreSQL's work per first request in
-// pgbench.
+// the key, as alone.
 //
 // The price is shared fate, paid only on failure: if any statement of a
 // merged pipeline fails (a lock wait that ran out, a constraint), or its
@@ -77,7 +72,8 @@ const (
 // It starts no goroutine while idle and needs no closing: a goroutine sends
 // pipelines while any are queued and ends when the queue is empty.
 type groupCommitter struct {
-	pool *pgxpool.Pool
+	pool  *pgxpool.Pool
+	store *Store
 	// sent, if set, is told the size of every pipeline sent (tests).
 	sent func(members int)
 
@@ -96,7 +92,7 @@ type member struct {
 }
 
 // commit sends l's claim and writes, merged with those of concurrent
-// commits, and returns l's outcome: nil when its key was claimed and its
+// commits, and returns what became of l: nil when its key was claimed and its
 // writes made, *idempotency.TakenError or ErrInFlight when the key was not
 // free, anything else translated.
 func (g *groupCommitter) commit(ctx context.Context, l *deferredLease) error {
@@ -121,7 +117,7 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease) error {
 			// Still queued: nothing was sent, nothing will be.
 			g.queue = slices.DeleteFunc(g.queue, func(q *member) bool { return q == m })
 			g.mu.Unlock()
-			return translate(fmt.Errorf("commit: %w", ctx.Err()))
+			return Translate(fmt.Errorf("commit: %w", ctx.Err()))
 		}
 		g.mu.Unlock()
 		// On its way: wait for what became of it, so that the answer is
@@ -131,7 +127,7 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease) error {
 		// and a merged one ends by the latest deadline of its members.
 		<-m.done
 		if errors.Is(m.err, errSendAlone) {
-			return translate(fmt.Errorf("commit: %w", ctx.Err()))
+			return Translate(fmt.Errorf("commit: %w", ctx.Err()))
 		}
 	}
 	if errors.Is(m.err, errSendAlone) {
@@ -155,7 +151,7 @@ func (g *groupCommitter) takeLocked() []*member {
 		seen  = map[memberKey]bool{}
 	)
 	for _, m := range g.queue {
-		k := memberKey{m.lease.req.Account, m.lease.req.Key}
+		k := memberKey{m.lease.req.Scope, m.lease.req.Key}
 		if len(taken) == maxMembers || seen[k] {
 			rest = append(rest, m)
 			continue
@@ -167,7 +163,7 @@ func (g *groupCommitter) takeLocked() []*member {
 	clear(g.queue[len(rest):])
 	g.queue = rest
 	slices.SortFunc(taken, func(a, b *member) int {
-		if c := slices.Compare(a.lease.req.Account[:], b.lease.req.Account[:]); c != 0 {
+		if c := cmp.Compare(a.lease.req.Scope, b.lease.req.Scope); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.lease.req.Key, b.lease.req.Key)
@@ -176,8 +172,8 @@ func (g *groupCommitter) takeLocked() []*member {
 }
 
 type memberKey struct {
-	account [16]byte
-	key     string
+	scope string
+	key   string
 }
 
 // send sends members as one pipeline, then the next queued ones, until the
@@ -196,8 +192,8 @@ func (g *groupCommitter) send(members []*member) {
 	}
 }
 
-// sendMerged sends members' claims and writes as one pipeline, sets each
-// member's outcome and tells it.
+// sendMerged sends members' claims and writes as one pipeline, sets what
+// became of each member and tells it.
 func (g *groupCommitter) sendMerged(members []*member) {
 	defer func() {
 		for _, m := range members {
@@ -215,14 +211,14 @@ func (g *groupCommitter) sendMerged(members []*member) {
 }
 
 // sendPipeline sends members' claims and writes as one pipeline under ctx
-// and sets each member's err: its outcome, or errSendAlone when a merged
-// pipeline failed for a reason not its own. A pipeline of one member gets
-// its outcome whatever happened.
+// and sets each member's err: what became of it, or errSendAlone when a
+// merged pipeline failed for a reason not its own. A pipeline of one member
+// gets its answer whatever happened.
 func (g *groupCommitter) sendPipeline(ctx context.Context, members []*member) {
 	if g.sent != nil {
 		g.sent(len(members))
 	}
-	br := g.pool.SendBatch(ctx, pipelineOf(ctx, members))
+	br := g.pool.SendBatch(ctx, g.pipelineOf(ctx, members))
 	results, failed, failure := readPipeline(br, members)
 	closeErr := br.Close()
 	switch {
@@ -232,9 +228,9 @@ func (g *groupCommitter) sendPipeline(ctx context.Context, members []*member) {
 		case failure != nil:
 			m.err = readError(ctx, failure)
 		case closeErr != nil:
-			m.err = translate(fmt.Errorf("commit: %w", closeErr))
+			m.err = Translate(fmt.Errorf("commit: %w", closeErr))
 		default:
-			m.err = m.lease.outcome(results[0])
+			m.err = m.lease.answer(results[0])
 		}
 	case failed >= 0 && ownFailure(ctx, failure):
 		// The first statement that failed was this member's own write,
@@ -253,18 +249,18 @@ func (g *groupCommitter) sendPipeline(ctx context.Context, members []*member) {
 		}
 	default:
 		for i, m := range members {
-			m.err = m.lease.outcome(results[i])
+			m.err = m.lease.answer(results[i])
 		}
 	}
 }
 
 // pipelineOf queues members' claims, two statements for all of them, then
 // each member's writes.
-func pipelineOf(ctx context.Context, members []*member) *pgx.Batch {
+func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx.Batch {
 	n := len(members)
-	peek := db.IdempotencyKeyPeekManyParams{AccountIds: make([]uuid.UUID, n), IdempotencyKeys: make([]string, n)}
-	claim := db.IdempotencyKeyInsertCompletedManyParams{
-		AccountIds: peek.AccountIds, IdempotencyKeys: peek.IdempotencyKeys,
+	peek := keydb.IdempotencyKeyPeekManyParams{Scopes: make([][]byte, n), IdempotencyKeys: make([]string, n)}
+	claim := keydb.IdempotencyKeyInsertCompletedManyParams{
+		Scopes: peek.Scopes, IdempotencyKeys: peek.IdempotencyKeys,
 		Fingerprints: make([][]byte, n), RequestMethods: make([]string, n), RequestRoutes: make([]string, n),
 		ResponseStatuses: make([]int32, n), ResponseHeaders: make([]json.RawMessage, n), ResponseBodies: make([][]byte, n),
 		CreatedAts: make([]time.Time, n), ExpiresAts: make([]time.Time, n),
@@ -275,22 +271,22 @@ func pipelineOf(ctx context.Context, members []*member) *pgx.Batch {
 	for i, m := range members {
 		l, req := m.lease, m.lease.req
 		wait = max(wait, req.Wait)
-		peek.AccountIds[i], peek.IdempotencyKeys[i] = req.Account, req.Key
+		peek.Scopes[i], peek.IdempotencyKeys[i] = []byte(req.Scope), req.Key
 		claim.Fingerprints[i] = req.Fingerprint[:]
 		claim.RequestMethods[i], claim.RequestRoutes[i] = req.Method, req.Route
 		claim.ResponseStatuses[i], claim.ResponseHeaders[i], claim.ResponseBodies[i] = l.status, l.headers, l.body
-		claim.CreatedAts[i], claim.ExpiresAts[i] = l.claimedAt, l.claimedAt.Add(req.TTL)
+		claim.CreatedAts[i], claim.ExpiresAts[i] = l.ref.ClaimedAt, l.ref.ClaimedAt.Add(req.TTL)
 	}
 	ms := max(wait.Milliseconds(), 1)
 	peek.LockTimeout = strconv.FormatInt(ms, 10)
 	peek.StatementTimeout = strconv.FormatInt(ms+statementSlack.Milliseconds(), 10)
-	p := &pipeline{reads: true}
-	q := db.New(p)
+	p := &queue{}
+	q := g.store.queries(p)
 	// Queued, not run: what these return is not their result.
 	_, _ = q.IdempotencyKeyPeekMany(ctx, peek)
 	_, _ = q.IdempotencyKeyInsertCompletedMany(ctx, claim)
 	for _, m := range members {
-		for _, w := range m.lease.writes.batch.QueuedQueries {
+		for _, w := range m.lease.writes.queued.QueuedQueries {
 			// A copy: pgx binds a queued query to the prepared statement
 			// of the connection it is sent on, and a member may have to
 			// send its writes again, on another connection.
@@ -301,13 +297,40 @@ func pipelineOf(ctx context.Context, members []*member) *pgx.Batch {
 	return &p.batch
 }
 
+// queue is a DBTX that queues the store's own statements into a pipeline
+// instead of running them; their results are read off the batch.
+type queue struct{ batch pgx.Batch }
+
+// errQueued is what a statement queued into a pipeline returns to its
+// sqlc method; its rows arrive from the batch.
+var errQueued = errors.New("pgstore: queued in a pipeline")
+
+func (p *queue) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	p.batch.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+func (p *queue) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	p.batch.Queue(sql, args...)
+	return nil, errQueued
+}
+
+func (p *queue) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	p.batch.Queue(sql, args...)
+	return errRow{errQueued}
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
 // readPipeline reads a pipeline's results: each member's, or, on the first
 // failure, which member's write failed (-1: the claims themselves) and why.
-func readPipeline(br pgx.BatchResults, members []*member) (results []deferredResults, failed int, failure error) {
+func readPipeline(br pgx.BatchResults, members []*member) (results []claimResult, failed int, failure error) {
 	rows, err := br.Query()
-	var peeked []db.IdempotencyKeyPeekManyRow
+	var peeked []keydb.IdempotencyKeyPeekManyRow
 	if err == nil {
-		peeked, err = pgx.CollectRows(rows, pgx.RowToStructByPos[db.IdempotencyKeyPeekManyRow])
+		peeked, err = pgx.CollectRows(rows, pgx.RowToStructByPos[keydb.IdempotencyKeyPeekManyRow])
 	}
 	if err == nil && len(peeked) != len(members) {
 		err = fmt.Errorf("%d rows for %d keys", len(peeked), len(members))
@@ -316,25 +339,25 @@ func readPipeline(br pgx.BatchResults, members []*member) (results []deferredRes
 		return nil, -1, &claimStepError{"peek", err}
 	}
 	rows, err = br.Query()
-	var claimed []db.IdempotencyKeyInsertCompletedManyRow
+	var claimed []keydb.IdempotencyKeyInsertCompletedManyRow
 	if err == nil {
-		claimed, err = pgx.CollectRows(rows, pgx.RowToStructByPos[db.IdempotencyKeyInsertCompletedManyRow])
+		claimed, err = pgx.CollectRows(rows, pgx.RowToStructByPos[keydb.IdempotencyKeyInsertCompletedManyRow])
 	}
 	if err != nil {
 		return nil, -1, &claimStepError{"claim", err}
 	}
-	held := make(map[memberKey]db.IdempotencyKeyPeekManyRow, len(peeked))
+	held := make(map[memberKey]keydb.IdempotencyKeyPeekManyRow, len(peeked))
 	for _, row := range peeked {
-		held[memberKey{row.AccountID, row.IdempotencyKey}] = row
+		held[memberKey{string(row.Scope), row.IdempotencyKey}] = row
 	}
 	inserted := make(map[memberKey]bool, len(claimed))
 	for _, c := range claimed {
-		inserted[memberKey{c.AccountID, c.IdempotencyKey}] = true
+		inserted[memberKey{string(c.Scope), c.IdempotencyKey}] = true
 	}
-	results = make([]deferredResults, len(members))
+	results = make([]claimResult, len(members))
 	for i, m := range members {
-		k := memberKey{m.lease.req.Account, m.lease.req.Key}
-		results[i] = deferredResults{peeked: held[k], inserted: inserted[k]}
+		k := memberKey{m.lease.req.Scope, m.lease.req.Key}
+		results[i] = claimResult{peeked: held[k], inserted: inserted[k]}
 		if err := m.lease.readWrites(br); err != nil {
 			return nil, i, err
 		}

@@ -1,4 +1,4 @@
-package postgres_test
+package pgstore_test
 
 import (
 	"context"
@@ -12,22 +12,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/orders"
-	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
 // member is one deferred first request of a group commit test.
 type member struct {
 	key     string
-	amount  int64 // default 1200; below 1 breaks the orders CHECK (amount > 0)
+	n       int // the row's n, default 1; below 1 breaks the CHECK (n > 0)
 	wait    time.Duration
 	replay  bool // the key already holds a completed record
 	blocked bool // the key is held by an open transaction
@@ -44,8 +42,9 @@ type memberResult struct {
 // as one merged pipeline.
 type groupBundle struct {
 	ctx     context.Context
-	store   *postgres.Store
-	account uuid.UUID
+	pool    *pgxpool.Pool
+	store   *pgstore.Store
+	scope   string
 	sizes   chan int // the size of every pipeline sent once armed
 	release chan struct{}
 	armed   atomic.Bool
@@ -53,28 +52,32 @@ type groupBundle struct {
 
 func setupGroup(t *testing.T) *groupBundle {
 	t.Helper()
-	store := postgres.New(testdb.Pool(t))
-	creds, err := auth.CreateAccount(t.Context(), store, "group commit", "")
-	require.NoError(t, err, "create account")
-	b := &groupBundle{ctx: t.Context(), store: store, account: creds.AccountID,
-		sizes: make(chan int, 1000), release: make(chan struct{})}
+	b := newGroupBundle(t, testdb.Pool(t))
 	var calls atomic.Int32
-	store.WatchCommits(func(members int) {
+	pgstore.WatchCommits(b.store, func(members int) {
 		if !b.armed.Load() {
 			return
 		}
 		b.sizes <- members
-		if calls.Add(1) <= postgres.MaxMergedCommits {
+		if calls.Add(1) <= pgstore.MaxMergedCommits {
 			<-b.release
 		}
 	})
 	return b
 }
 
+func newGroupBundle(t *testing.T, pool *pgxpool.Pool) *groupBundle {
+	t.Helper()
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err, "open the store")
+	return &groupBundle{ctx: t.Context(), pool: pool, store: store, scope: "group-" + rand.Text(),
+		sizes: make(chan int, 1000), release: make(chan struct{})}
+}
+
 func (b *groupBundle) request(key string, wait time.Duration) idempotency.ClaimRequest {
 	return idempotency.ClaimRequest{
-		Account: b.account, Key: key, Fingerprint: sha256.Sum256([]byte("POST /orders")),
-		Method: http.MethodPost, Route: "/orders", TTL: time.Hour, Wait: wait, Deferred: true,
+		Scope: b.scope, Key: key, Fingerprint: sha256.Sum256([]byte("POST /orders")),
+		Method: http.MethodPost, Route: "/orders", TTL: time.Hour, Wait: wait,
 	}
 }
 
@@ -89,16 +92,20 @@ func (b *groupBundle) attemptWith(m member, body string) memberResult {
 	if wait == 0 {
 		wait = 5 * time.Second
 	}
-	lease, rec, err := b.store.Claim(b.ctx, b.request(m.key, wait))
+	lease, rec, err := b.store.Deferred().Claim(b.ctx, b.request(m.key, wait))
 	if err != nil || lease == nil {
 		return memberResult{err: err, rec: rec}
 	}
 	defer func() { _ = lease.Rollback(context.WithoutCancel(b.ctx)) }()
-	amount := m.amount
-	if amount == 0 {
-		amount = 1200
+	n := m.n
+	if n == 0 {
+		n = 1
 	}
-	if err := b.store.CreateOrder(lease.Context(b.ctx), newOrder(b.account, amount)); err != nil {
+	ref := lease.Ref()
+	if _, err := lease.Unit().Exec(b.ctx, `INSERT INTO writes (id, scope, n)
+		SELECT $1, $2, $4 WHERE EXISTS (SELECT 1 FROM idempotency_keys k
+			WHERE k.scope = $2 AND k.idempotency_key = $3 AND k.xmin = pg_current_xact_id_if_assigned()::xid)`,
+		rand.Text(), []byte(ref.Scope), ref.Key, n); err != nil {
 		return memberResult{err: err}
 	}
 	err = lease.Commit(b.ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(body)})
@@ -115,7 +122,7 @@ func (b *groupBundle) run(t *testing.T, members []member) []memberResult {
 	t.Helper()
 	b.armed.Store(true)
 	var wg sync.WaitGroup
-	for i := range postgres.MaxMergedCommits {
+	for i := range pgstore.MaxMergedCommits {
 		wg.Go(func() {
 			res := b.attempt(member{key: "holder-" + rand.Text()})
 			require.NoError(t, res.err, "request %d holding a pipeline back", i)
@@ -126,7 +133,7 @@ func (b *groupBundle) run(t *testing.T, members []member) []memberResult {
 	for i, m := range members {
 		wg.Go(func() { results[i] = b.attempt(m) })
 	}
-	require.Eventually(t, func() bool { return b.store.QueuedCommits() == len(members) },
+	require.Eventually(t, func() bool { return pgstore.QueuedCommits(b.store) == len(members) },
 		10*time.Second, time.Millisecond, "members queued behind the held pipelines")
 	close(b.release)
 	wg.Wait()
@@ -148,16 +155,12 @@ func (b *groupBundle) resent() int {
 	}
 }
 
-func newOrder(account uuid.UUID, amount int64) orders.Order {
-	return orders.Order{AccountID: account, ID: uuid.New(), Status: orders.StatusCreated, Amount: amount, Currency: "EUR",
-		Items: []orders.Item{{SKU: "sku-1", Qty: 1}}, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
-}
-
-func (b *groupBundle) orders(t *testing.T) int {
+// writes counts the rows the bundle's requests wrote.
+func (b *groupBundle) writes(t *testing.T) int {
 	t.Helper()
-	list, err := b.store.ListOrders(b.ctx, b.account, nil, 1000)
-	require.NoError(t, err, "list orders")
-	return len(list)
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(b.scope)).Scan(&n), "count writes")
+	return n
 }
 
 // TestGroupCommit checks that concurrent deferred commits are merged into
@@ -171,8 +174,8 @@ func TestGroupCommit(t *testing.T) {
 		odd  member // one member beside good ordinary first requests
 		// check is what the odd member must have got.
 		check func(t *testing.T, b *groupBundle, res memberResult)
-		// oddOrders is how many orders the odd member leaves.
-		oddOrders int
+		// oddWrites is how many rows the odd member leaves.
+		oddWrites int
 		// resent is how many members send their pipeline again alone: all
 		// but the odd one when its own write failed the merged pipeline.
 		resent int
@@ -181,7 +184,7 @@ func TestGroupCommit(t *testing.T) {
 			name:      "first requests",
 			odd:       member{},
 			check:     func(t *testing.T, _ *groupBundle, res memberResult) { require.NoError(t, res.err, "odd member") },
-			oddOrders: 1,
+			oddWrites: 1,
 		},
 		{
 			name: "a replay writes nothing and gets its record",
@@ -192,17 +195,17 @@ func TestGroupCommit(t *testing.T) {
 				require.NotNil(t, res.rec, "the replay's record")
 				require.Equal(t, "stored", string(res.rec.Response.Body), "the replayed body")
 			},
-			oddOrders: 1, // the one stored before
+			oddWrites: 1, // the one stored before
 		},
 		{
 			name: "a failing member fails alone",
-			odd:  member{amount: -1},
+			odd:  member{n: -1},
 			check: func(t *testing.T, b *groupBundle, res memberResult) {
 				var pgErr *pgconn.PgError
-				require.ErrorAs(t, res.err, &pgErr, "an order breaking a CHECK")
+				require.ErrorAs(t, res.err, &pgErr, "a row breaking a CHECK")
 				require.Equal(t, "23514", pgErr.Code, "the failing member's error")
 			},
-			oddOrders: 0,
+			oddWrites: 0,
 			resent:    good,
 		},
 		{
@@ -211,7 +214,7 @@ func TestGroupCommit(t *testing.T) {
 			check: func(t *testing.T, _ *groupBundle, res memberResult) {
 				require.ErrorIs(t, res.err, idempotency.ErrInFlight, "a key held by an open transaction")
 			},
-			oddOrders: 0,
+			oddWrites: 0,
 			// The merged claim's lock wait ran out, and it cannot say
 			// whose key it waited for: every member goes again alone, and
 			// the odd one waits for the holder a second time.
@@ -229,8 +232,7 @@ func TestGroupCommit(t *testing.T) {
 				require.NoError(t, b.attemptWith(member{key: odd.key}, "stored").err, "store the replayed key's record")
 			case odd.blocked:
 				req := b.request(odd.key, time.Second)
-				req.Deferred = false // a transaction holding the key row
-				lease, _, err := b.store.Claim(b.ctx, req)
+				lease, _, err := b.store.Claim(b.ctx, req) // a transaction holding the key row
 				require.NoError(t, err, "claim the key transactionally")
 				t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
 			}
@@ -243,14 +245,14 @@ func TestGroupCommit(t *testing.T) {
 			for i, res := range results[1:] {
 				require.NoError(t, res.err, "ordinary member %d beside the odd one", i)
 			}
-			require.Equal(t, postgres.MaxMergedCommits+good+tt.oddOrders, b.orders(t), "orders")
+			require.Equal(t, pgstore.MaxMergedCommits+good+tt.oddWrites, b.writes(t), "rows written")
 			require.Equal(t, tt.resent, b.resent(), "pipelines sent again alone")
 		})
 	}
 }
 
 // TestStatementsProbeTheIndex checks the plans PostgreSQL keeps for the
-// statements on the key and order tables. pgx prepares them, and after a
+// statements on the key table. pgx prepares them, and after a
 // few runs a prepared statement may settle on a generic plan, chosen while
 // the table is small and kept as it grows (until an ANALYZE, which nothing
 // promises): a multi-key look-up or a batch delete planned as a hash join
@@ -260,33 +262,24 @@ func TestGroupCommit(t *testing.T) {
 func TestStatementsProbeTheIndex(t *testing.T) {
 	t.Parallel()
 	pool := oneSessionDatabase(t) // every statement is prepared on the connection inspected below
-	store := postgres.New(pool)
-	creds, err := auth.CreateAccount(t.Context(), store, "plans", "")
-	require.NoError(t, err, "create account")
 	ctx := t.Context()
 
-	// What a server runs on these tables, on connections that live as long
+	// What a server runs on the key table, on connections that live as long
 	// as it does: a deferred first request, a replay, a transactional first
-	// request, the orders' reads, the cleanup and the statistics that
-	// metrics scrapes read (which count the whole table while it is small,
-	// so they must not keep a plan). (The operators' commands
-	// run once, on a connection of their own: planned for the table as it
-	// is.)
-	b := &groupBundle{ctx: ctx, store: store, account: creds.AccountID}
+	// request, the cleanup and the statistics that metrics scrapes read
+	// (which count the whole table while it is small, so they must not keep
+	// a plan). (The operators' commands run once, on a connection of their
+	// own: planned for the table as it is.)
+	b := newGroupBundle(t, pool)
+	store := b.store
 	key := "plans-" + rand.Text()
 	require.NoError(t, b.attempt(member{key: key}).err, "a deferred first request")
-	replay := b.request(key, time.Second)
-	replay.Deferred = false
-	_, rec, err := store.Claim(ctx, replay)
+	_, rec, err := store.Claim(ctx, b.request(key, time.Second))
 	require.NoError(t, err, "replay")
 	require.NotNil(t, rec, "replay")
-	first := b.request("plans-"+rand.Text(), time.Second)
-	first.Deferred = false
-	lease, _, err := store.Claim(ctx, first)
+	lease, _, err := store.Claim(ctx, b.request("plans-"+rand.Text(), time.Second))
 	require.NoError(t, err, "transactional claim")
 	require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte("{}")}), "transactional commit")
-	_, err = store.ListOrders(ctx, creds.AccountID, nil, 10)
-	require.NoError(t, err, "list orders")
 	_, err = store.PurgeExpired(ctx, 100)
 	require.NoError(t, err, "purge")
 	_, err = store.KeyStats(ctx)
@@ -298,7 +291,7 @@ func TestStatementsProbeTheIndex(t *testing.T) {
 	_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
 	require.NoError(t, err, "force generic plans")
 	rows, err := conn.Query(ctx, `SELECT name, statement, cardinality(parameter_types)
-		FROM pg_prepared_statements WHERE statement ~ '(idempotency_keys|orders)'`)
+		FROM pg_prepared_statements WHERE statement ~ 'idempotency_keys'`)
 	require.NoError(t, err, "prepared statements")
 	type prepared struct {
 		Name, Statement string
@@ -328,7 +321,6 @@ func TestStatementsProbeTheIndex(t *testing.T) {
 		require.NoError(t, err, "explain %s", s.Statement)
 		plan := strings.Join(lines, "\n")
 		require.NotContains(t, plan, "Seq Scan on idempotency_keys", "generic plan of\n%s\n%s", s.Statement, plan)
-		require.NotContains(t, plan, "Seq Scan on orders", "generic plan of\n%s\n%s", s.Statement, plan)
 	}
 	require.Positive(t, lookUps, "a multi-key look-up among the prepared statements: %+v", statements)
 	// The purge's batches are planned anew at every run (their join's

@@ -1,20 +1,202 @@
-package postgres
+// Package pgstore keeps idempotency records in PostgreSQL (pgx/v5), in the
+// same transaction as the operation's own writes: a crash at any instant
+// leaves either nothing (the retry runs the operation) or the operation's
+// writes and its stored response (the retry replays it).
+//
+// Store implements idempotency.Store[pgx.Tx]: the claim inserts the key row
+// inside a transaction that the operation then writes through, and Commit
+// stores the response in it before committing. Store.Deferred implements
+// idempotency.Store[*Batch] for operations that only write: their writes are
+// queued, and the claim, the writes and the response go to PostgreSQL
+// together at Commit, as one pipeline, in one round trip; concurrent such
+// commits share one transaction and one WAL flush (group commit).
+//
+// Migrate creates the key table (Options.Table, default idempotency_keys)
+// from the migrations in package schema.
+package pgstore
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing/fstest"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 
-	"github.com/oncekey/oncekey/gen/db"
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/gen/keydb"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/schema/idempotency"
 )
+
+// DefaultTable is the key table's name unless Options.Table says otherwise.
+const DefaultTable = "idempotency_keys"
+
+// Options configures a Store and Migrate.
+type Options struct {
+	// Table is the key table's name (default idempotency_keys): a plain
+	// lower-case identifier, for two key tables in one schema, say. The
+	// guard of Batch writes names it too.
+	Table string
+}
+
+var tableName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
+
+func (o Options) table() (string, error) {
+	if o.Table == "" {
+		return DefaultTable, nil
+	}
+	if !tableName.MatchString(o.Table) {
+		return "", fmt.Errorf("pgstore: table name %q is not a plain lower-case identifier of at most 48 characters", o.Table)
+	}
+	return o.Table, nil
+}
+
+// Store keeps idempotency records in one table of a PostgreSQL database.
+type Store struct {
+	pool     *pgxpool.Pool
+	table    string
+	rename   func(keydb.DBTX) keydb.DBTX
+	commits  *groupCommitter
+	deferred *deferredStore
+}
+
+// New returns a store on pool. The table must exist (see Migrate).
+func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
+	table, err := opts.table()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, table: table, rename: func(d keydb.DBTX) keydb.DBTX { return d }}
+	if table != DefaultTable {
+		r := &renamer{to: table}
+		s.rename = func(d keydb.DBTX) keydb.DBTX { return renamed{d, r} }
+	}
+	s.commits = &groupCommitter{pool: pool, store: s}
+	s.deferred = &deferredStore{s: s}
+	return s, nil
+}
+
+// queries runs the key table's statements on db.
+func (s *Store) queries(db keydb.DBTX) *keydb.Queries { return keydb.New(s.rename(db)) }
+
+// Migrate creates or upgrades the key table named by opts. A PostgreSQL
+// session advisory lock serialises concurrent callers, so replicas that
+// start together migrate once and the others wait, then find nothing to
+// do. Applied versions are kept in a table of their own (the key table's
+// name and "_migrations").
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
+	table, err := opts.table()
+	if err != nil {
+		return err
+	}
+	// Probe the lock every second (for up to five minutes) rather than
+	// goose's default five, so replicas starting together wait little.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300), lock.WithLockID(lockID(table)))
+	if err != nil {
+		return fmt.Errorf("pgstore: create migration lock: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	migrations, err := renamedMigrations(table)
+	if err != nil {
+		return err
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations,
+		goose.WithSessionLocker(locker), goose.WithTableName(table+"_migrations"))
+	if err != nil {
+		return fmt.Errorf("pgstore: load migrations: %w", err)
+	}
+	if _, err := provider.Up(ctx); err != nil {
+		return fmt.Errorf("pgstore: apply migrations: %w", err)
+	}
+	return nil
+}
+
+// lockID is the advisory lock of one key table's migrations: the table's
+// name folded into 63 bits, so two tables migrate independently.
+func lockID(table string) int64 {
+	var h uint64 = 14695981039346656037 // FNV-1a
+	for i := 0; i < len(table); i++ {
+		h ^= uint64(table[i])
+		h *= 1099511628211
+	}
+	return int64(h >> 1)
+}
+
+// renamedMigrations returns the migrations with the default table name
+// (and the index names it prefixes) replaced by table. fstest.MapFS is the
+// standard library's in-memory fs.FS; nothing of package testing comes
+// with it.
+func renamedMigrations(table string) (fs.FS, error) {
+	if table == DefaultTable {
+		return schema.Migrations, nil
+	}
+	out := fstest.MapFS{}
+	err := fs.WalkDir(schema.Migrations, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(schema.Migrations, path)
+		if err != nil {
+			return err
+		}
+		out[path] = &fstest.MapFile{Data: []byte(strings.ReplaceAll(string(b), DefaultTable, table)), Mode: 0o444}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: read migrations: %w", err)
+	}
+	return out, nil
+}
+
+// renamer rewrites the key table's statements for a table of another
+// name, once per statement.
+type renamer struct {
+	to   string
+	done sync.Map // statement → rewritten statement
+}
+
+func (r *renamer) sql(sql string) string {
+	if v, ok := r.done.Load(sql); ok {
+		return v.(string)
+	}
+	out := strings.ReplaceAll(sql, DefaultTable, r.to)
+	r.done.Store(sql, out)
+	return out
+}
+
+// renamed is a DBTX whose statements name the renamed table.
+type renamed struct {
+	keydb.DBTX
+	r *renamer
+}
+
+func (d renamed) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return d.DBTX.Exec(ctx, d.r.sql(sql), args...)
+}
+
+func (d renamed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return d.DBTX.Query(ctx, d.r.sql(sql), args...)
+}
+
+func (d renamed) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return d.DBTX.QueryRow(ctx, d.r.sql(sql), args...)
+}
 
 // claimAttempts bounds the claim loop. Each extra attempt follows a race
 // that moved the row under us (a concurrent first request committed, or an
@@ -37,13 +219,16 @@ const claimAttempts = 5
 // statement as a whole (lock_timeout alone bounds each lock wait, and one
 // INSERT can wait on several holders in turn), and each retry gets only the
 // time left.
-//
-// A deferred claim (req.Deferred) is made at Commit instead; see
-// deferredLease.
-func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
-	if req.Deferred {
-		return s.claimDeferred(req), nil, nil
+func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[pgx.Tx], *idempotency.Record, error) {
+	lease, rec, err := s.claimTx(ctx, req)
+	if lease == nil {
+		return nil, rec, err
 	}
+	return lease, nil, nil
+}
+
+// claimTx claims req's key in a transaction of its own.
+func (s *Store) claimTx(ctx context.Context, req idempotency.ClaimRequest) (*txLease, *idempotency.Record, error) {
 	deadline := time.Now().Add(req.Wait)
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{
 		// One round trip: pgx sends a BeginQuery without arguments over the
@@ -51,7 +236,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		BeginQuery: "BEGIN; " + waitBudget(req.Wait),
 	})
 	if err != nil {
-		return nil, nil, translate(fmt.Errorf("begin: %w", err))
+		return nil, nil, Translate(fmt.Errorf("begin: %w", err))
 	}
 	lease, rec, err := s.claimIn(ctx, tx, req, deadline)
 	if lease == nil {
@@ -72,10 +257,10 @@ func waitBudget(d time.Duration) string {
 	return fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms+statementSlack.Milliseconds())
 }
 
-func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimRequest, deadline time.Time) (idempotency.Lease, *idempotency.Record, error) {
-	q := db.New(tx)
-	params := db.IdempotencyKeyClaimParams{
-		AccountID:      req.Account,
+func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimRequest, deadline time.Time) (*txLease, *idempotency.Record, error) {
+	q := s.queries(tx)
+	params := keydb.IdempotencyKeyClaimParams{
+		Scope:          []byte(req.Scope),
 		IdempotencyKey: req.Key,
 		Fingerprint:    req.Fingerprint[:],
 		RequestMethod:  req.Method,
@@ -108,24 +293,24 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 			// statements and lock waits (row locks in a ledger, say) must
 			// not inherit it.
 			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
-				return nil, nil, translate(fmt.Errorf("reset claim timeouts: %w", err))
+				return nil, nil, Translate(fmt.Errorf("reset claim timeouts: %w", err))
 			}
-			return &lease{tx: tx, account: req.Account, key: req.Key, claimedAt: row.CreatedAt}, nil, nil
+			return &txLease{s: s, tx: tx, ref: idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: row.CreatedAt}}, nil, nil
 		case row.Expired:
 			// An expired key is absent: free it and claim again.
-			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, db.IdempotencyKeyDeleteIfExpiredParams{
-				AccountID: req.Account, IdempotencyKey: req.Key,
+			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, keydb.IdempotencyKeyDeleteIfExpiredParams{
+				Scope: []byte(req.Scope), IdempotencyKey: req.Key,
 			}); err != nil {
 				return nil, nil, claimError(ctx, "free expired key", err)
 			}
 			continue
 		case row.Status != "completed":
-			// Unreachable for synchronous operations, whose rows are never
+			// Unreachable for the rows this package writes, which are never
 			// committed as processing; kept for multi-step operations that
 			// will hold a key processing across transactions.
 			return nil, nil, idempotency.ErrInFlight
 		default:
-			rec, err := recordFromRow(row)
+			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt)
 			return nil, rec, err
 		}
 	}
@@ -141,41 +326,45 @@ func claimError(ctx context.Context, step string, err error) error {
 	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || (pgErr.Code == "57014" && ctx.Err() == nil)) {
 		return idempotency.ErrInFlight
 	}
-	return translate(fmt.Errorf("%s: %w", step, err))
+	return Translate(fmt.Errorf("%s: %w", step, err))
 }
 
-func recordFromRow(row db.IdempotencyKeyClaimRow) (*idempotency.Record, error) {
-	return newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt)
+// txLease is a claimed key and the open transaction the operation runs in.
+type txLease struct {
+	s     *Store
+	tx    pgx.Tx
+	ref   idempotency.Ref
+	ended bool
 }
 
-// lease is a claimed key and the open transaction the operation runs in.
-type lease struct {
-	tx        pgx.Tx
-	account   uuid.UUID
-	key       string
-	claimedAt time.Time
-	done      bool
+func (l *txLease) Unit() pgx.Tx         { return l.tx }
+func (l *txLease) Ref() idempotency.Ref { return l.ref }
+
+func (l *txLease) Commit(ctx context.Context, resp idempotency.Response) error {
+	return l.commit(ctx, resp, nil)
 }
 
-func (l *lease) ClaimedAt() time.Time { return l.claimedAt }
-
-func (l *lease) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, txKey{}, l.tx)
-}
-
-func (l *lease) Commit(ctx context.Context, resp idempotency.Response) error {
-	if l.done {
-		return errors.New("lease already settled")
+// commit stores resp, sends the queued writes of a deferred operation
+// first if there are any, and commits.
+func (l *txLease) commit(ctx context.Context, resp idempotency.Response, writes *pgx.Batch) error {
+	if l.ended {
+		return errEnded
 	}
-	l.done = true
+	l.ended = true
 	headers, body, err := encodeResponse(resp)
 	if err != nil {
 		_ = l.tx.Rollback(ctx)
 		return err
 	}
-	n, err := db.New(l.tx).IdempotencyKeyComplete(ctx, db.IdempotencyKeyCompleteParams{
-		AccountID:       l.account,
-		IdempotencyKey:  l.key,
+	if writes != nil && writes.Len() > 0 {
+		if err := l.tx.SendBatch(ctx, writes).Close(); err != nil {
+			_ = l.tx.Rollback(ctx)
+			return Translate(fmt.Errorf("write: %w", err))
+		}
+	}
+	n, err := l.s.queries(l.tx).IdempotencyKeyComplete(ctx, keydb.IdempotencyKeyCompleteParams{
+		Scope:           []byte(l.ref.Scope),
+		IdempotencyKey:  l.ref.Key,
 		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
 		ResponseHeaders: headers,
 		ResponseBody:    body,
@@ -185,13 +374,26 @@ func (l *lease) Commit(ctx context.Context, resp idempotency.Response) error {
 	}
 	if err != nil {
 		_ = l.tx.Rollback(ctx)
-		return translate(fmt.Errorf("store response: %w", err))
+		return Translate(fmt.Errorf("store response: %w", err))
 	}
 	if err := l.tx.Commit(ctx); err != nil {
-		return translate(fmt.Errorf("commit: %w", err))
+		return Translate(fmt.Errorf("commit: %w", err))
 	}
 	return nil
 }
+
+func (l *txLease) Rollback(ctx context.Context) error {
+	if l.ended {
+		return nil
+	}
+	l.ended = true
+	if err := l.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return Translate(err)
+	}
+	return nil
+}
+
+var errEnded = errors.New("pgstore: lease already committed or rolled back")
 
 // encodeResponse returns a response's headers and body as the key row
 // stores them.
@@ -210,55 +412,84 @@ func encodeResponse(resp idempotency.Response) (headers, body []byte, err error)
 	return headers, body, nil
 }
 
-func (l *lease) Rollback(ctx context.Context) error {
-	if l.done {
-		return nil
+// newRecord builds a completed record from its stored columns.
+func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, createdAt, expiresAt time.Time) (*idempotency.Record, error) {
+	rec := &idempotency.Record{
+		Response:  idempotency.Response{Status: int(status.Int32), Body: body, Header: http.Header{}},
+		CreatedAt: createdAt,
+		ExpiresAt: expiresAt,
 	}
-	l.done = true
-	if err := l.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return translate(err)
+	if len(fingerprint) != len(rec.Fingerprint) {
+		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(fingerprint))
 	}
-	return nil
+	copy(rec.Fingerprint[:], fingerprint)
+	if len(headers) > 0 {
+		if err := json.Unmarshal(headers, &rec.Response.Header); err != nil {
+			return nil, fmt.Errorf("decode stored headers: %w", err)
+		}
+	}
+	return rec, nil
 }
 
-// cleanupLockID is the advisory lock that makes one replica at a time run
-// cleanup ("oncekey.cleanup" in ASCII, truncated to 8 bytes).
-const cleanupLockID int64 = 0x6f6e63656b65792e
+// ReplaceProvisional replaces the provisional response (a long operation's
+// 202) stored under ref's claim with final, in tx: the caller's own final
+// writes and the response its key replays from then on commit together.
+// It reports false, changing nothing, when the record is gone (purged, or
+// claimed again after it expired) or no longer provisional.
+func (s *Store) ReplaceProvisional(ctx context.Context, tx pgx.Tx, ref idempotency.Ref, final idempotency.Response) (bool, error) {
+	headers, body, err := encodeResponse(final)
+	if err != nil {
+		return false, err
+	}
+	n, err := s.queries(tx).IdempotencyKeyReplaceProvisional(ctx, keydb.IdempotencyKeyReplaceProvisionalParams{
+		Scope:           []byte(ref.Scope),
+		IdempotencyKey:  ref.Key,
+		KeyCreatedAt:    ref.ClaimedAt,
+		ResponseStatus:  pgtype.Int4{Int32: int32(final.Status), Valid: true},
+		ResponseHeaders: headers,
+		ResponseBody:    body,
+	})
+	if err != nil {
+		return false, Translate(fmt.Errorf("replace the provisional response: %w", err))
+	}
+	return n == 1, nil
+}
 
-// PurgeExpired deletes expired keys in batches of at most batch rows until
-// none is left, and returns how many it deleted. Each batch is its own short
-// statement, so a large backlog never becomes one huge DELETE holding locks
-// and bloating WAL. A session advisory lock, held on the connection that
-// runs the batches, lets only one replica purge at a time; the others get
-// idempotency.ErrCleanupBusy. If that connection dies, PostgreSQL releases
-// the lock with it.
+// PurgeExpired implements idempotency.Purger: it deletes expired keys in
+// batches of at most batch rows until none is left, and returns how many
+// it deleted. Each batch is its own short statement, so a large backlog
+// never becomes one huge DELETE holding locks and bloating WAL. A session
+// advisory lock, held on the connection that runs the batches, lets only
+// one replica purge at a time; the others get idempotency.ErrCleanupBusy.
+// If that connection dies, PostgreSQL releases the lock with it.
 func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return 0, translate(fmt.Errorf("purge: acquire connection: %w", err))
+		return 0, Translate(fmt.Errorf("purge: acquire connection: %w", err))
 	}
 	defer conn.Release()
+	lock := lockID(s.table + "/cleanup")
 	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", cleanupLockID).Scan(&locked); err != nil {
-		return 0, translate(fmt.Errorf("purge: take cleanup lock: %w", err))
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lock).Scan(&locked); err != nil {
+		return 0, Translate(fmt.Errorf("purge: take cleanup lock: %w", err))
 	}
 	if !locked {
 		return 0, idempotency.ErrCleanupBusy
 	}
 	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", cleanupLockID); err != nil {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lock); err != nil {
 			// The lock must not outlive this run on a pooled connection.
 			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		}
 	}()
 
-	q := db.New(replanned{conn})
+	q := s.queries(replanned{conn})
 	var total int64
 	for {
 		n, err := q.IdempotencyKeyPurgeExpired(ctx, int32(batch))
 		total += n
 		if err != nil {
-			return total, translate(fmt.Errorf("purge expired keys: %w", err))
+			return total, Translate(fmt.Errorf("purge expired keys: %w", err))
 		}
 		if n < int64(batch) {
 			return total, nil
@@ -275,14 +506,12 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 // table grows and that run rarely enough for planning to cost nothing: the
 // purge's batches, the statistics of a metrics scrape
 // (TestStatementsProbeTheIndex).
-type replanned struct{ db.DBTX }
+type replanned struct{ keydb.DBTX }
 
-// Exec runs sql unprepared.
 func (r replanned) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	return r.DBTX.Exec(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
 
-// QueryRow runs sql unprepared.
 func (r replanned) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return r.DBTX.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
@@ -291,9 +520,9 @@ func (r replanned) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 	// Unprepared: a statement without parameters keeps the plan of its
 	// first run on a connection, made perhaps on an empty table.
-	row, err := db.New(replanned{s.pool}).IdempotencyKeyStats(ctx)
+	row, err := s.queries(replanned{s.pool}).IdempotencyKeyStats(ctx)
 	if err != nil {
-		return idempotency.Stats{}, translate(fmt.Errorf("key stats: %w", err))
+		return idempotency.Stats{}, Translate(fmt.Errorf("key stats: %w", err))
 	}
 	return idempotency.Stats{
 		Processing:          row.Processing,
@@ -305,3 +534,40 @@ func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 }
 
 func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+
+// Translate maps driver errors that mean "the database is not there right
+// now" to idempotency.ErrUnavailable (503 with Retry-After, and a retry
+// with the same key), keeping the original in the chain for logs. The
+// store's own errors are translated already; an application may translate
+// its statements' errors with it too.
+func Translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if unavailable(err) {
+		return fmt.Errorf("%w: %w", idempotency.ErrUnavailable, err)
+	}
+	return err
+}
+
+func unavailable(err error) bool {
+	var netErr net.Error
+	var connectErr *pgconn.ConnectError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded),
+		// The connection died mid-statement (the server crashed or was
+		// shut down): what it was doing is rolled back or, at COMMIT,
+		// unknown; a retry with the same key settles either way.
+		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
+		errors.As(err, &netErr), errors.As(err, &connectErr),
+		pgconn.Timeout(err), pgconn.SafeToRetry(err):
+		return true
+	case errors.As(err, &pgErr):
+		// Class 08: connection exception; 57P0x: the server is shutting
+		// down or cannot accept connections; 53300: too many connections.
+		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" ||
+			pgErr.Code == "57P03" || pgErr.Code == "53300"
+	}
+	return false
+}

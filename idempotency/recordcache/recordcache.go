@@ -11,7 +11,8 @@
 // flight is always asked of the store.
 //
 // The cache is bounded in entries and each entry in size, so a server's
-// memory stays flat however many keys it serves.
+// memory stays flat however many keys it serves. One Cache serves any number
+// of stores through Wrap.
 package recordcache
 
 import (
@@ -21,10 +22,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/google/uuid"
 	lru "github.com/hashicorp/golang-lru/v2"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // Defaults for New.
@@ -41,32 +41,42 @@ type Observer interface {
 	RecordCache(result string)
 }
 
-// Store is an idempotency.Store that answers replays of records it has seen
-// from memory.
-type Store struct {
-	next     idempotency.Store
+// Cache keeps completed records of this process, for the stores it wraps.
+type Cache struct {
 	records  *lru.Cache[entryKey, *idempotency.Record]
 	observer Observer
 }
 
 type entryKey struct {
-	account uuid.UUID
-	key     string
+	scope string
+	key   string
 }
 
-// New keeps up to size completed records in front of next. observer may be
-// nil.
-func New(next idempotency.Store, size int, observer Observer) (*Store, error) {
+// New returns a cache of up to size completed records. observer may be nil.
+func New(size int, observer Observer) (*Cache, error) {
 	records, err := lru.New[entryKey, *idempotency.Record](size)
 	if err != nil {
 		return nil, err
 	}
-	return &Store{next: next, records: records, observer: observer}, nil
+	return &Cache{records: records, observer: observer}, nil
+}
+
+// Wrap puts c in front of next: replays of records c holds are answered
+// from memory, and records next commits or reads are kept.
+func Wrap[U any](c *Cache, next idempotency.Store[U]) idempotency.Store[U] {
+	return &cached[U]{c: c, next: next}
+}
+
+// cached is a store with the cache in front.
+type cached[U any] struct {
+	c    *Cache
+	next idempotency.Store[U]
 }
 
 // Claim implements idempotency.Store.
-func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
-	k := entryKey{req.Account, req.Key}
+func (w *cached[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+	s := w.c
+	k := entryKey{req.Scope, req.Key}
 	if rec, ok := s.records.Get(k); ok {
 		if time.Now().Before(rec.ExpiresAt) {
 			s.observe("hit")
@@ -78,24 +88,24 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	}
 	s.observe("miss")
 	start := time.Now()
-	lease, rec, err := s.next.Claim(ctx, req)
+	lease, rec, err := w.next.Claim(ctx, req)
 	if rec != nil {
 		s.keep(k, rec)
 	}
 	if lease == nil {
 		return nil, rec, err
 	}
-	return &keepingLease{Lease: lease, s: s, k: k, fingerprint: req.Fingerprint, claimedAt: start, ttl: req.TTL}, nil, nil
+	return &keepingLease[U]{Lease: lease, s: s, k: k, fingerprint: req.Fingerprint, claimedAt: start, ttl: req.TTL}, nil, nil
 }
 
-func (s *Store) observe(result string) {
+func (s *Cache) observe(result string) {
 	if s.observer != nil {
 		s.observer.RecordCache(result)
 	}
 }
 
 // keep remembers a copy of rec if it is final and small enough.
-func (s *Store) keep(k entryKey, rec *idempotency.Record) {
+func (s *Cache) keep(k entryKey, rec *idempotency.Record) {
 	if idempotency.Provisional(rec.Response.Status) || len(rec.Response.Body) > MaxBody || !time.Now().Before(rec.ExpiresAt) {
 		return
 	}
@@ -120,16 +130,16 @@ func clone(rec *idempotency.Record) *idempotency.Record {
 
 // keepingLease remembers the outcome it commits, or the record a deferred
 // commit found in its way.
-type keepingLease struct {
-	idempotency.Lease
-	s           *Store
+type keepingLease[U any] struct {
+	idempotency.Lease[U]
+	s           *Cache
 	k           entryKey
 	fingerprint idempotency.Fingerprint
 	claimedAt   time.Time
 	ttl         time.Duration
 }
 
-func (l *keepingLease) Commit(ctx context.Context, resp idempotency.Response) error {
+func (l *keepingLease[U]) Commit(ctx context.Context, resp idempotency.Response) error {
 	err := l.Lease.Commit(ctx, resp)
 	var taken *idempotency.TakenError
 	switch {

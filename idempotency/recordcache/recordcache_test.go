@@ -2,43 +2,70 @@ package recordcache_test
 
 import (
 	"context"
+	"crypto/rand"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/store/recordcache"
-	"github.com/oncekey/oncekey/internal/store/storetest"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/internal/testharness"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/idempotency/storetest"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	testdb.MainWith(m, func(ctx context.Context, pool *pgxpool.Pool) error { return testharness.Migrate(ctx, pool) })
+}
 
-// TestConformance: with the cache in front, both stores keep every promise
+// cached puts a fresh cache in front of a store.
+func cached[U any](t *testing.T, next idempotency.Store[U]) idempotency.Store[U] {
+	cache, err := recordcache.New(1000, nil)
+	require.NoError(t, err)
+	return recordcache.Wrap(cache, next)
+}
+
+// TestConformance: with the cache in front, the stores keep every promise
 // of the store contract.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.RunInFront(t, func(t *testing.T, inner storetest.Store) idempotency.Store {
-		cache, err := recordcache.New(inner, 1000, nil)
-		require.NoError(t, err)
-		return cache
+	t.Run("memstore", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.InFront(testharness.Memstore(), cached))
+	})
+	t.Run("pgstore", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.InFront(testharness.PostgresTx(testdb.Pool(t), pgstore.DefaultTable), cached))
+	})
+	t.Run("pgstore deferred", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.InFront(testharness.PostgresDeferred(testdb.Pool(t), pgstore.DefaultTable), cached))
 	})
 }
 
 // counting counts the claims that reach the store behind the cache.
-type counting struct {
-	idempotency.Store
+type counting[U any] struct {
+	idempotency.Store[U]
 	claims atomic.Int64
 }
 
-func (c *counting) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+func (c *counting[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
 	c.claims.Add(1)
 	return c.Store.Claim(ctx, req)
+}
+
+// pgStore is pgstore on the test database.
+func pgStore(t *testing.T) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.New(testdb.Pool(t), pgstore.Options{})
+	require.NoError(t, err)
+	return s
 }
 
 type results struct{ hit, miss atomic.Int64 }
@@ -71,21 +98,27 @@ func TestKeepsWhatIsFinal(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
-			inner := &counting{Store: postgres.New(testdb.Pool(t))}
+			pg := pgStore(t)
+			var store idempotency.Store[pgx.Tx] = pg
+			if tt.deferred {
+				store = idempotency.MapUnit(pg.Deferred(), func(*pgstore.Batch, idempotency.Ref) pgx.Tx { return nil })
+			}
+			inner := &counting[pgx.Tx]{Store: store}
 			var seen results
-			cache, err := recordcache.New(inner, 100, &seen)
+			cache, err := recordcache.New(100, &seen)
 			require.NoError(t, err)
-			req := idempotency.ClaimRequest{Account: uuid.New(), Key: "k", Fingerprint: idempotency.Fingerprint{1},
-				Method: "POST", Route: "/orders", TTL: tt.ttl, Wait: time.Second, Deferred: tt.deferred}
+			front := recordcache.Wrap(cache, idempotency.Store[pgx.Tx](inner))
+			req := idempotency.ClaimRequest{Scope: rand.Text(), Key: "k", Fingerprint: idempotency.Fingerprint{1},
+				Method: "POST", Route: "/orders", TTL: tt.ttl, Wait: time.Second}
 
-			lease, rec, err := cache.Claim(ctx, req)
+			lease, rec, err := front.Claim(ctx, req)
 			require.NoError(t, err)
 			require.Nil(t, rec)
 			require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: tt.status, Header: http.Header{}, Body: tt.body}))
 			time.Sleep(5 * time.Millisecond) // past the short TTL
 
-			req.Deferred = false
-			lease, rec, err = cache.Claim(ctx, req)
+			req.Contended = true
+			lease, rec, err = front.Claim(ctx, req)
 			require.NoError(t, err)
 			if lease != nil {
 				require.NoError(t, lease.Rollback(ctx))
@@ -108,18 +141,19 @@ func TestKeepsWhatIsFinal(t *testing.T) {
 func TestReadThrough(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pg := postgres.New(testdb.Pool(t))
-	req := idempotency.ClaimRequest{Account: uuid.New(), Key: "k", Fingerprint: idempotency.Fingerprint{2},
+	pg := pgStore(t)
+	req := idempotency.ClaimRequest{Scope: rand.Text(), Key: "k", Fingerprint: idempotency.Fingerprint{2},
 		Method: "POST", Route: "/orders", TTL: time.Hour, Wait: time.Second}
 	lease, _, err := pg.Claim(ctx, req)
 	require.NoError(t, err)
 	require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: 201, Header: http.Header{}, Body: []byte("x")}))
 
-	inner := &counting{Store: pg}
-	cache, err := recordcache.New(inner, 100, nil)
+	inner := &counting[pgx.Tx]{Store: pg}
+	cache, err := recordcache.New(100, nil)
 	require.NoError(t, err)
+	front := recordcache.Wrap(cache, idempotency.Store[pgx.Tx](inner))
 	for i := range 3 {
-		_, rec, err := cache.Claim(ctx, req)
+		_, rec, err := front.Claim(ctx, req)
 		require.NoError(t, err, "claim %d", i)
 		require.NotNil(t, rec, "claim %d", i)
 	}

@@ -1,4 +1,4 @@
-package rediscache
+package redisstore
 
 import (
 	"encoding/binary"
@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // A cached record is binary, not JSON: a replay from Redis decodes one on
@@ -26,7 +26,7 @@ import (
 const recordFormat byte = 2
 
 // errRecordFormat is a cached value this replica cannot read.
-var errRecordFormat = errors.New("rediscache: cached record in an unknown format")
+var errRecordFormat = errors.New("redisstore: cached record in an unknown format")
 
 func encodeRecord(rec *idempotency.Record) []byte {
 	n := 1 + len(rec.Fingerprint) + 2 + 8 + 8 + binary.MaxVarintLen64 + len(rec.Response.Body)
@@ -90,7 +90,7 @@ func decodeRecord(raw []byte) (*idempotency.Record, error) {
 	return rec, nil
 }
 
-var errTruncated = errors.New("rediscache: cached record truncated")
+var errTruncated = errors.New("redisstore: cached record truncated")
 
 func readUvarint(p []byte) (uint64, []byte, error) {
 	v, n := binary.Uvarint(p)

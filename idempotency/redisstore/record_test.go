@@ -1,4 +1,4 @@
-package rediscache
+package redisstore
 
 import (
 	"crypto/sha256"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 func TestRecordEncoding(t *testing.T) {

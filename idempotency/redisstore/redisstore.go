@@ -1,5 +1,5 @@
-// Package rediscache is the optional Redis fast path in front of a durable
-// idempotency store (PostgreSQL). Redis is for speed only; PostgreSQL stays
+// Package redisstore is a Redis fast path in front of a durable idempotency
+// store (pgstore, say). Redis is for speed only; the durable store stays
 // the record of truth, and every Redis failure falls back to it:
 //
 //   - Completed records are cached (SET … PX until the key expires) and
@@ -14,9 +14,10 @@
 //     lost (flush, restart, expiry) duplicates go to the database, which still
 //     runs the operation exactly once.
 //
-// Every Redis key carries the account in a hash tag ({account}), so all of
-// an account's keys live in one Redis Cluster slot.
-package rediscache
+// Every Redis key carries the scope in a hash tag ({scope}), so all of a
+// scope's keys live in one Redis Cluster slot. One Store (a client and a
+// key prefix) serves any number of durable stores through Wrap.
+package redisstore
 
 import (
 	"context"
@@ -28,10 +29,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // Observer receives what the fast path did, for metrics.
@@ -51,6 +51,9 @@ func (noObserver) Fallback()    {}
 
 // Config configures the fast path.
 type Config struct {
+	// Prefix starts every Redis key (default "idempotency:"), so that
+	// several applications can share one Redis.
+	Prefix string
 	// Marker is the in-flight marker's lease (default 5s): long enough to
 	// cover a normal operation, short enough that a crashed holder's
 	// marker goes away by itself.
@@ -61,10 +64,10 @@ type Config struct {
 	Observer Observer
 }
 
-// Store wraps a durable idempotency.Store with the Redis fast path.
+// Store is the Redis fast path: a client and its settings, put in front of
+// durable stores with Wrap.
 type Store struct {
-	next idempotency.Store
-	rdb  redis.UniversalClient
+	rdb redis.UniversalClient
 	// reads serves the record look-ups, the one command on every replay:
 	// go-redis' automatic pipelining where the client has it, so that
 	// look-ups from concurrent requests share one write and one read on one
@@ -81,8 +84,11 @@ type autoPipelined interface {
 	AutoPipeline() (*redis.AutoPipeliner, error)
 }
 
-// New returns the fast path over next.
-func New(next idempotency.Store, rdb redis.UniversalClient, cfg Config) *Store {
+// New returns the fast path on rdb: a single node, Sentinel or a Cluster.
+func New(rdb redis.UniversalClient, cfg Config) *Store {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "idempotency:"
+	}
 	if cfg.Marker <= 0 {
 		cfg.Marker = 5 * time.Second
 	}
@@ -92,7 +98,7 @@ func New(next idempotency.Store, rdb redis.UniversalClient, cfg Config) *Store {
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	s := &Store{next: next, rdb: rdb, reads: rdb, cfg: cfg}
+	s := &Store{rdb: rdb, reads: rdb, cfg: cfg}
 	if c, ok := rdb.(autoPipelined); ok {
 		// Closed with the client.
 		if ap, err := c.AutoPipeline(); err == nil {
@@ -107,12 +113,11 @@ func New(next idempotency.Store, rdb redis.UniversalClient, cfg Config) *Store {
 // make a request slower than the database alone by much.
 func NewClient(url string) (*redis.Client, error) {
 	// go-redis logs every failed dial on its own; with Redis down that is a
-	// line per request. Failures are counted in oncekey_redis_requests_total
-	// and oncekey_redis_fallbacks_total instead.
+	// line per request. The Observer counts failures instead.
 	silenceOnce.Do(func() { redis.SetLogger(silent{}) })
 	opts, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse REDIS_URL: %w", err)
+		return nil, fmt.Errorf("parse the Redis URL: %w", err)
 	}
 	opts.DialTimeout = 200 * time.Millisecond
 	opts.ReadTimeout = 100 * time.Millisecond
@@ -131,12 +136,23 @@ type silent struct{}
 func (silent) Printf(context.Context, string, ...any) {}
 
 // KeyNames returns the Redis keys of one idempotency key: the cached record
-// and the in-flight marker. The client's key is hashed, so any printable
-// key makes a short, safe Redis key; the account is the hash tag.
-func KeyNames(account uuid.UUID, key string) (record, marker string) {
+// and the in-flight marker. The scope (hex, as the hash tag) and the key
+// (hashed) make short, safe Redis keys whatever bytes they hold.
+func (s *Store) KeyNames(scope, key string) (record, marker string) {
 	sum := sha256.Sum256([]byte(key))
-	base := "oncekey:{" + account.String() + "}:" + hex.EncodeToString(sum[:16])
+	base := s.cfg.Prefix + "{" + hex.EncodeToString([]byte(scope)) + "}:" + hex.EncodeToString(sum[:16])
 	return base + ":rec", base + ":inflight"
+}
+
+// Wrap puts the fast path in front of next.
+func Wrap[U any](s *Store, next idempotency.Store[U]) idempotency.Store[U] {
+	return &fastPath[U]{s: s, next: next}
+}
+
+// fastPath is the durable store next behind the fast path s.
+type fastPath[U any] struct {
+	s    *Store
+	next idempotency.Store[U]
 }
 
 // Claim implements idempotency.Store.
@@ -145,9 +161,10 @@ func KeyNames(account uuid.UUID, key string) (record, marker string) {
 // taken off what the durable store may wait. Whatever Redis says or fails
 // to say, only the durable store hands out a lease, so Redis can make an
 // answer slower or a 202 more likely, never an operation run twice.
-func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+	s := f.s
 	start := time.Now()
-	recKey, markerKey := KeyNames(req.Account, req.Key)
+	recKey, markerKey := s.KeyNames(req.Scope, req.Key)
 	rec, res := s.cached(ctx, recKey)
 	s.cfg.Observer.Redis(res)
 	if rec != nil {
@@ -195,13 +212,12 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 	// statement needs a few milliseconds even when nothing blocks it.
 	claimReq := req
 	claimReq.Wait = max(req.Wait-time.Since(start), dbFloor)
-	lease, rec, err := s.next.Claim(ctx, claimReq)
-	switch {
-	case lease != nil:
-		return &cachedLease{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
+	lease, rec, err := f.next.Claim(ctx, claimReq)
+	if lease != nil {
+		return &cachedLease[U]{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
 			fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil
 	}
-	s.settle(ctx, recKey, markerKey, token, ours, rec) // read-through
+	s.release(ctx, recKey, markerKey, token, ours, rec) // read-through
 	return nil, rec, err
 }
 
@@ -313,7 +329,7 @@ return {false, 0}`)
 
 // errUnusableRecord is takeMarker finding a record it cannot use; the
 // script then takes no marker.
-var errUnusableRecord = errors.New("rediscache: cached record unusable here")
+var errUnusableRecord = errors.New("redisstore: cached record unusable here")
 
 // takeMarker runs takeMarkerScript: the record if it appeared meanwhile, or
 // whether the marker is now ours; errUnusableRecord if a record is there
@@ -324,7 +340,7 @@ func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string)
 		return nil, false, err
 	}
 	if len(res) != 2 {
-		return nil, false, fmt.Errorf("rediscache: take marker answered %d values", len(res))
+		return nil, false, fmt.Errorf("redisstore: take marker answered %d values", len(res))
 	}
 	if raw, ok := res[0].(string); ok {
 		if rec, _ := decodeCached([]byte(raw)); rec != nil {
@@ -336,20 +352,20 @@ func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string)
 	return nil, held == 1, nil
 }
 
-// settleScript caches a committed record and gives up the in-flight marker
+// releaseScript caches a committed record and gives up the in-flight marker
 // if it is still ours, in one round trip.
 // KEYS: record, marker. ARGV: the encoded record, its TTL in milliseconds
 // (0: cache nothing), token.
-var settleScript = redis.NewScript(`
+var releaseScript = redis.NewScript(`
 if ARGV[2] ~= "0" then redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2]) end
 if redis.call("GET", KEYS[2]) == ARGV[3] then return redis.call("DEL", KEYS[2]) end
 return 0`)
 
-// settle caches rec, if there is one that may be cached, and gives up the
+// release caches rec, if there is one that may be cached, and gives up the
 // in-flight marker if it may be ours: one round trip either way. It runs
 // even when the request was cancelled: a marker left behind would make
 // duplicates wait for nothing until its lease ran out.
-func (s *Store) settle(ctx context.Context, recKey, markerKey, token string, ours bool, rec *idempotency.Record) {
+func (s *Store) release(ctx context.Context, recKey, markerKey, token string, ours bool, rec *idempotency.Record) {
 	if !ours {
 		if rec != nil {
 			s.store(ctx, recKey, rec)
@@ -363,7 +379,7 @@ func (s *Store) settle(ctx context.Context, recKey, markerKey, token string, our
 			raw = encodeRecord(rec)
 		}
 	}
-	err := settleScript.Run(context.WithoutCancel(ctx), s.rdb, []string{recKey, markerKey}, raw, ttl, token).Err()
+	err := releaseScript.Run(context.WithoutCancel(ctx), s.rdb, []string{recKey, markerKey}, raw, ttl, token).Err()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		s.cfg.Observer.Redis(resultError)
 	}
@@ -380,8 +396,8 @@ func cacheTTL(rec *idempotency.Record) time.Duration {
 
 // cachedLease caches the outcome once the durable store has committed it,
 // and gives up the in-flight marker either way.
-type cachedLease struct {
-	idempotency.Lease
+type cachedLease[U any] struct {
+	idempotency.Lease[U]
 	s                 *Store
 	recKey, markerKey string
 	token             string
@@ -392,32 +408,32 @@ type cachedLease struct {
 	createdAt, expiresAt time.Time
 }
 
-func (l *cachedLease) Commit(ctx context.Context, resp idempotency.Response) error {
+func (l *cachedLease[U]) Commit(ctx context.Context, resp idempotency.Response) error {
 	if err := l.Lease.Commit(ctx, resp); err != nil {
 		// A deferred commit that found the key completed: read-through.
 		var taken *idempotency.TakenError
 		if errors.As(err, &taken) {
-			l.settle(ctx, taken.Record)
+			l.release(ctx, taken.Record)
 		} else {
-			l.settle(ctx, nil)
+			l.release(ctx, nil)
 		}
 		return err
 	}
 	// The durable commit happened; caching it is only an optimisation.
-	l.settle(ctx, &idempotency.Record{
+	l.release(ctx, &idempotency.Record{
 		Fingerprint: l.fingerprint, Response: resp, CreatedAt: l.createdAt, ExpiresAt: l.expiresAt,
 	})
 	return nil
 }
 
-func (l *cachedLease) Rollback(ctx context.Context) error {
+func (l *cachedLease[U]) Rollback(ctx context.Context) error {
 	err := l.Lease.Rollback(ctx)
-	l.settle(ctx, nil)
+	l.release(ctx, nil)
 	return err
 }
 
-func (l *cachedLease) settle(ctx context.Context, rec *idempotency.Record) {
-	l.s.settle(ctx, l.recKey, l.markerKey, l.token, l.ours, rec)
+func (l *cachedLease[U]) release(ctx context.Context, rec *idempotency.Record) {
+	l.s.release(ctx, l.recKey, l.markerKey, l.token, l.ours, rec)
 	l.ours = false
 }
 

@@ -1,7 +1,8 @@
-package rediscache_test
+package redisstore_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,28 +14,46 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/store/rediscache"
-	"github.com/oncekey/oncekey/internal/store/storetest"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/internal/testharness"
+	"github.com/oncekey/oncekey/idempotency/memstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/storetest"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	testdb.MainWith(m, func(ctx context.Context, pool *pgxpool.Pool) error { return testharness.Migrate(ctx, pool) })
+}
+
+// pgStore is pgstore on the test database.
+func pgStore(t *testing.T) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.New(testdb.Pool(t), pgstore.Options{})
+	require.NoError(t, err)
+	return s
+}
+
+// fastPath puts the fast path on rdb in front of next.
+func fastPath(rdb redis.UniversalClient, cfg redisstore.Config, next idempotency.Store[pgx.Tx]) idempotency.Store[pgx.Tx] {
+	return redisstore.Wrap(redisstore.New(rdb, cfg), next)
+}
 
 // sharedRedis is the machine's Redis (REDIS_URL, default 127.0.0.1:6379).
-// Tests keep apart through their own accounts, which are in every key.
+// Tests keep apart through their own scopes, which are in every key.
 func sharedRedis(t *testing.T) *redis.Client {
 	t.Helper()
 	url := os.Getenv("REDIS_URL")
 	if url == "" {
 		url = "redis://127.0.0.1:6379/0"
 	}
-	rdb, err := rediscache.NewClient(url)
+	rdb, err := redisstore.NewClient(url)
 	require.NoError(t, err)
 	t.Cleanup(func() { rdb.Close() })
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
@@ -59,30 +78,43 @@ func privateRedis(t *testing.T) (rdb *redis.Client, stop func()) {
 	var once sync.Once
 	stop = func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) }
 	t.Cleanup(stop)
-	rdb, err = rediscache.NewClient(fmt.Sprintf("redis://127.0.0.1:%d/0", port))
+	rdb, err = redisstore.NewClient(fmt.Sprintf("redis://127.0.0.1:%d/0", port))
 	require.NoError(t, err)
 	t.Cleanup(func() { rdb.Close() })
 	require.Eventually(t, func() bool { return rdb.Ping(context.Background()).Err() == nil }, 5*time.Second, 10*time.Millisecond)
 	return rdb, stop
 }
 
-// TestConformance: with the fast path in front, both stores keep every
+// TestConformance: with the fast path in front, the stores keep every
 // promise of the store contract.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	rdb := sharedRedis(t)
-	storetest.RunInFront(t, func(_ *testing.T, inner storetest.Store) idempotency.Store {
-		return rediscache.New(inner, rdb, rediscache.Config{})
+	fast := redisstore.New(sharedRedis(t), redisstore.Config{Prefix: "conformance:"})
+	t.Run("memstore", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.InFront(testharness.Memstore(), infront[*memstore.Tx](fast)))
 	})
+	t.Run("pgstore", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.InFront(testharness.PostgresTx(testdb.Pool(t), pgstore.DefaultTable), infront[pgx.Tx](fast)))
+	})
+	t.Run("pgstore deferred", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.InFront(testharness.PostgresDeferred(testdb.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
+	})
+}
+
+func infront[U any](fast *redisstore.Store) func(*testing.T, idempotency.Store[U]) idempotency.Store[U] {
+	return func(_ *testing.T, next idempotency.Store[U]) idempotency.Store[U] { return redisstore.Wrap(fast, next) }
 }
 
 // counting counts the claims that reach the durable store.
 type counting struct {
-	idempotency.Store
+	idempotency.Store[pgx.Tx]
 	claims atomic.Int64
 }
 
-func (c *counting) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+func (c *counting) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[pgx.Tx], *idempotency.Record, error) {
 	c.claims.Add(1)
 	return c.Store.Claim(ctx, req)
 }
@@ -104,8 +136,8 @@ func (o *observed) Redis(result string) {
 }
 func (o *observed) Fallback() { o.fallbacks.Add(1) }
 
-func claimReq(account uuid.UUID, key string) idempotency.ClaimRequest {
-	return idempotency.ClaimRequest{Account: account, Key: key, Fingerprint: idempotency.Fingerprint{7},
+func claimReq(scope, key string) idempotency.ClaimRequest {
+	return idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: idempotency.Fingerprint{7},
 		Method: "POST", Route: "/orders", TTL: time.Hour, Wait: 2 * time.Second}
 }
 
@@ -115,18 +147,18 @@ func resp201(body string) idempotency.Response {
 
 func TestReplaysAreServedFromRedis(t *testing.T) {
 	t.Parallel()
-	inner := &counting{Store: postgres.New(testdb.Pool(t))}
+	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := rediscache.New(inner, sharedRedis(t), rediscache.Config{Observer: obs})
-	account := uuid.New()
+	fast := fastPath(sharedRedis(t), redisstore.Config{Observer: obs}, inner)
+	scope := rand.Text()
 	ctx := context.Background()
 
-	lease, _, err := fast.Claim(ctx, claimReq(account, "k"))
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err)
 	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
 
 	for range 10 {
-		_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+		_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
 		require.NoError(t, err)
 		require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
 		require.Equal(t, 201, rec.Response.Status)
@@ -138,19 +170,19 @@ func TestReplaysAreServedFromRedis(t *testing.T) {
 
 func TestRedisDownAtStartFallsBackToPostgres(t *testing.T) {
 	t.Parallel()
-	rdb, err := rediscache.NewClient("redis://127.0.0.1:1/0") // nothing listens there
+	rdb, err := redisstore.NewClient("redis://127.0.0.1:1/0") // nothing listens there
 	require.NoError(t, err)
 	t.Cleanup(func() { rdb.Close() })
-	inner := &counting{Store: postgres.New(testdb.Pool(t))}
+	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := rediscache.New(inner, rdb, rediscache.Config{Observer: obs})
-	account := uuid.New()
+	fast := fastPath(rdb, redisstore.Config{Observer: obs}, inner)
+	scope := rand.Text()
 	ctx := context.Background()
 
-	lease, _, err := fast.Claim(ctx, claimReq(account, "k"))
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err, "a dead Redis must not fail the request")
 	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
-	_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err)
 	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replay comes from PostgreSQL")
 	require.EqualValues(t, 2, inner.claims.Load())
@@ -163,21 +195,21 @@ func TestRedisDownAtStartFallsBackToPostgres(t *testing.T) {
 func TestStaleMarkerDefersToPostgres(t *testing.T) {
 	t.Parallel()
 	rdb := sharedRedis(t)
-	store := postgres.New(testdb.Pool(t))
-	account := uuid.New()
+	store := pgStore(t)
+	scope := rand.Text()
 	ctx := context.Background()
 
 	// The operation completed through the durable store alone...
-	lease, _, err := store.Claim(ctx, claimReq(account, "k"))
+	lease, _, err := store.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err)
 	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
 	// ...and a marker of some departed holder lingers in Redis.
-	_, marker := rediscache.KeyNames(account, "k")
+	_, marker := redisstore.New(rdb, redisstore.Config{}).KeyNames(scope, "k")
 	require.NoError(t, rdb.Set(ctx, marker, "someone-else", time.Minute).Err())
 	t.Cleanup(func() { rdb.Del(context.Background(), marker) })
 
-	fast := rediscache.New(store, rdb, rediscache.Config{})
-	req := claimReq(account, "k")
+	fast := fastPath(rdb, redisstore.Config{}, store)
+	req := claimReq(scope, "k")
 	req.Wait = 300 * time.Millisecond
 	start := time.Now()
 	_, rec, err := fast.Claim(ctx, req)
@@ -189,21 +221,21 @@ func TestStaleMarkerDefersToPostgres(t *testing.T) {
 func TestFlushedRedisKeepsAnsweringCorrectly(t *testing.T) {
 	t.Parallel()
 	rdb, _ := privateRedis(t)
-	inner := &counting{Store: postgres.New(testdb.Pool(t))}
-	fast := rediscache.New(inner, rdb, rediscache.Config{})
-	account := uuid.New()
+	inner := &counting{Store: pgStore(t)}
+	fast := fastPath(rdb, redisstore.Config{}, inner)
+	scope := rand.Text()
 	ctx := context.Background()
 
-	lease, _, err := fast.Claim(ctx, claimReq(account, "k"))
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err)
 	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
 	require.NoError(t, rdb.FlushAll(ctx).Err())
 
-	_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err)
 	require.NotNil(t, rec, "after a flush the record still replays, from PostgreSQL")
 	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
-	_, rec, err = fast.Claim(ctx, claimReq(account, "k"))
+	_, rec, err = fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err)
 	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
 	require.EqualValues(t, 2, inner.claims.Load(), "the first miss refilled the cache")
@@ -213,13 +245,13 @@ func TestFlushedRedisKeepsAnsweringCorrectly(t *testing.T) {
 // duplicates wait on Redis and do not each take a database connection.
 func TestMarkerShedsDuplicates(t *testing.T) {
 	t.Parallel()
-	inner := &counting{Store: postgres.New(testdb.Pool(t))}
+	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := rediscache.New(inner, sharedRedis(t), rediscache.Config{Observer: obs})
-	account := uuid.New()
+	fast := fastPath(sharedRedis(t), redisstore.Config{Observer: obs}, inner)
+	scope := rand.Text()
 	ctx := context.Background()
 
-	lease, _, err := fast.Claim(ctx, claimReq(account, "k"))
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err)
 	const duplicates = 30
 	var wg sync.WaitGroup
@@ -227,7 +259,7 @@ func TestMarkerShedsDuplicates(t *testing.T) {
 	errs := make([]error, duplicates)
 	for i := range duplicates {
 		wg.Go(func() {
-			_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+			_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
 			errs[i] = err
 			if rec != nil {
 				bodies[i] = string(rec.Response.Body)
@@ -250,9 +282,9 @@ func TestMarkerShedsDuplicates(t *testing.T) {
 func TestRedisKilledMidLoad(t *testing.T) {
 	t.Parallel()
 	rdb, stop := privateRedis(t)
-	inner := postgres.New(testdb.Pool(t))
-	fast := rediscache.New(inner, rdb, rediscache.Config{})
-	account := uuid.New()
+	inner := pgStore(t)
+	fast := fastPath(rdb, redisstore.Config{}, inner)
+	scope := rand.Text()
 	ctx := context.Background()
 
 	const keys, perKey = 20, 10
@@ -266,7 +298,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 		for k := range keys {
 			wg.Go(func() {
 				key := fmt.Sprintf("k-%d", k)
-				req := claimReq(account, key)
+				req := claimReq(scope, key)
 				req.Wait = 5 * time.Second
 				lease, rec, err := fast.Claim(ctx, req)
 				switch {
@@ -319,12 +351,12 @@ func TestRedisCommandsPerRequest(t *testing.T) {
 	rdb := sharedRedis(t)
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
-	fast := rediscache.New(postgres.New(testdb.Pool(t)), rdb, rediscache.Config{})
-	account := uuid.New()
+	fast := fastPath(rdb, redisstore.Config{}, pgStore(t))
+	scope := rand.Text()
 	ctx := context.Background()
 	first := func(key string) {
 		t.Helper()
-		lease, rec, err := fast.Claim(ctx, claimReq(account, key))
+		lease, rec, err := fast.Claim(ctx, claimReq(scope, key))
 		require.NoError(t, err, "claim %s", key)
 		require.Nil(t, rec, "claim %s: a record for a new key", key)
 		require.NoError(t, lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)), "commit %s", key)
@@ -336,7 +368,7 @@ func TestRedisCommandsPerRequest(t *testing.T) {
 	require.EqualValues(t, 3, counter.n.Load(), "Redis commands of a first request")
 
 	counter.n.Store(0)
-	_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err, "replay")
 	require.NotNil(t, rec, "the replay's record")
 	require.Equal(t, `{"key":"k"}`, string(rec.Response.Body), "the replayed body")
@@ -350,20 +382,20 @@ func TestRedisCommandsPerRequest(t *testing.T) {
 func TestUnusableCachedRecordIsReplaced(t *testing.T) {
 	t.Parallel()
 	rdb := sharedRedis(t)
-	inner := &counting{Store: postgres.New(testdb.Pool(t))}
+	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := rediscache.New(inner, rdb, rediscache.Config{Observer: obs, Poll: time.Second})
-	account := uuid.New()
+	fast := fastPath(rdb, redisstore.Config{Observer: obs, Poll: time.Second}, inner)
+	scope := rand.Text()
 	ctx := context.Background()
 
-	lease, _, err := inner.Store.Claim(ctx, claimReq(account, "k"))
+	lease, _, err := inner.Store.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err, "claim through PostgreSQL alone")
 	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)), "commit")
-	recKey, _ := rediscache.KeyNames(account, "k")
+	recKey, _ := redisstore.New(rdb, redisstore.Config{}).KeyNames(scope, "k")
 	require.NoError(t, rdb.Set(ctx, recKey, `{"fp":"AAAA","status":201}`, time.Minute).Err(), "an old replica's record")
 
 	start := time.Now()
-	_, rec, err := fast.Claim(ctx, claimReq(account, "k"))
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err, "claim over an unusable record")
 	require.NotNil(t, rec, "the record, from PostgreSQL")
 	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replayed body")
@@ -371,7 +403,7 @@ func TestUnusableCachedRecordIsReplaced(t *testing.T) {
 	require.EqualValues(t, 1, inner.claims.Load(), "PostgreSQL answered")
 	require.Zero(t, obs.fallbacks.Load(), "an unusable record is no Redis failure")
 
-	_, rec, err = fast.Claim(ctx, claimReq(account, "k"))
+	_, rec, err = fast.Claim(ctx, claimReq(scope, "k"))
 	require.NoError(t, err, "claim after the read-through")
 	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replayed body")
 	require.EqualValues(t, 1, inner.claims.Load(), "the read-through replaced the record: Redis answered")

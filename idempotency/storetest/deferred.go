@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // deferredOutcome is how one deferred attempt ended: it committed, or it
@@ -21,13 +21,13 @@ type deferredOutcome struct {
 }
 
 // attemptDeferred plays what the middleware does for a write-only
-// operation: a deferred claim, one order written through the lease, the
-// commit, and on a lost claim the record that holds the key; when the
-// commit could not say, it claims again without deferring, and runs the
+// operation: a claim that may be deferred to its commit, one write through
+// the lease, the commit, and on a lost claim the record that holds the key;
+// when the commit could not say, it claims again, contended, and runs the
 // operation again if that claim gets the key (it held an expired record).
-func attemptDeferred(ctx context.Context, store Store, req idempotency.ClaimRequest, body string) deferredOutcome {
-	req.Deferred = true
-	out := attemptOnce(ctx, store, req, body)
+func attemptDeferred[U any](ctx context.Context, b *bundle[U], store idempotency.Store[U], req idempotency.ClaimRequest, body string) deferredOutcome {
+	req.Contended = false
+	out := attemptOnce(ctx, b, store, req, body)
 	var taken *idempotency.TakenError
 	if !errors.As(out.err, &taken) {
 		return out
@@ -35,17 +35,17 @@ func attemptDeferred(ctx context.Context, store Store, req idempotency.ClaimRequ
 	if taken.Record != nil {
 		return deferredOutcome{rec: taken.Record}
 	}
-	req.Deferred = false
-	return attemptOnce(ctx, store, req, body)
+	req.Contended = true
+	return attemptOnce(ctx, b, store, req, body)
 }
 
-func attemptOnce(ctx context.Context, store Store, req idempotency.ClaimRequest, body string) deferredOutcome {
+func attemptOnce[U any](ctx context.Context, b *bundle[U], store idempotency.Store[U], req idempotency.ClaimRequest, body string) deferredOutcome {
 	lease, rec, err := store.Claim(ctx, req)
 	if err != nil || lease == nil {
 		return deferredOutcome{rec: rec, err: err}
 	}
 	defer func() { _ = lease.Rollback(context.WithoutCancel(ctx)) }()
-	if err := store.CreateOrder(lease.Context(ctx), newOrder(req.Account, time.Now())); err != nil {
+	if err := b.Write(ctx, lease.Unit(), lease.Ref(), newKey()); err != nil {
 		return deferredOutcome{err: err}
 	}
 	if err := lease.Commit(ctx, response(body)); err != nil {
@@ -54,28 +54,22 @@ func attemptOnce(ctx context.Context, store Store, req idempotency.ClaimRequest,
 	return deferredOutcome{committed: true}
 }
 
-func orderCount(t *testing.T, store Store, b *testBundle) int {
-	t.Helper()
-	list, err := store.ListOrders(b.ctx, b.account, nil, 100)
-	require.NoError(t, err, "list orders")
-	return len(list)
-}
-
-// 12. Deferred claims (ClaimRequest.Deferred, for write-only operations)
-// keep every promise of the transactional ones: a replay or a mismatch
-// writes nothing, an expired key is free, a rollback leaves nothing, a
-// holder in flight is waited for within Wait, and concurrent first requests
-// run once. Stores that do not defer pass by claiming as usual.
-func testDeferred(t *testing.T, setup setupFunc) {
+// 12. Claims that may be deferred to their commit (not Contended, for
+// write-only operations) keep every promise of the others: a replay or a
+// mismatch writes nothing, an expired key is free, a rollback leaves
+// nothing, a holder in flight is waited for within Wait, and concurrent
+// first requests run once. Stores that do not defer pass by claiming as
+// usual.
+func testDeferred[U any](t *testing.T, b *bundle[U]) {
 	t.Run("replay and mismatch write nothing", func(t *testing.T) {
 		t.Parallel()
-		store, b := setup(t)
-		req := claimRequest(b.account, newKey(), fingerprint("POST /orders a"))
-		first := attemptDeferred(b.ctx, store, req, "first\n")
+		store, scope := b.open(t)
+		req := claimRequest(scope, newKey(), fingerprint("POST /orders a"))
+		first := attemptDeferred(b.ctx, b, store, req, "first\n")
 		require.NoError(t, first.err, "first request")
 		require.True(t, first.committed, "the first request must commit")
 
-		again := attemptDeferred(b.ctx, store, req, "again\n")
+		again := attemptDeferred(b.ctx, b, store, req, "again\n")
 		require.NoError(t, again.err, "replay")
 		require.False(t, again.committed, "a replay must not commit")
 		require.NotNil(t, again.rec, "a replay must get the record")
@@ -84,51 +78,51 @@ func testDeferred(t *testing.T, setup setupFunc) {
 
 		other := req
 		other.Fingerprint = fingerprint("POST /orders b")
-		mismatch := attemptDeferred(b.ctx, store, other, "other\n")
+		mismatch := attemptDeferred(b.ctx, b, store, other, "other\n")
 		require.NoError(t, mismatch.err, "mismatch")
 		require.False(t, mismatch.committed, "a mismatch must not commit")
 		require.NotNil(t, mismatch.rec, "a mismatch must get the original record")
 		require.Equal(t, req.Fingerprint, mismatch.rec.Fingerprint, "the record keeps the first fingerprint")
-		require.Equal(t, 1, orderCount(t, store, b), "orders after a first request, a replay and a mismatch")
+		require.Equal(t, 1, b.Count(b.ctx, t, scope), "writes after a first request, a replay and a mismatch")
 	})
 
 	t.Run("expired key is free", func(t *testing.T) {
 		t.Parallel()
-		store, b := setup(t)
-		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+		store, scope := b.open(t)
+		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
 		short := req
 		short.TTL = time.Millisecond
-		require.True(t, attemptDeferred(b.ctx, store, short, "old\n").committed, "first, short-lived request")
+		require.True(t, attemptDeferred(b.ctx, b, store, short, "old\n").committed, "first, short-lived request")
 		time.Sleep(expiryPause)
-		out := attemptDeferred(b.ctx, store, req, "new\n")
+		out := attemptDeferred(b.ctx, b, store, req, "new\n")
 		require.NoError(t, out.err, "request after expiry")
 		require.True(t, out.committed, "the expired key must be claimed again")
 		require.Equal(t, []byte("new\n"), claimRecord(t, b.ctx, store, req).Response.Body, "the record after expiry")
-		require.Equal(t, 2, orderCount(t, store, b), "one order per claim")
+		require.Equal(t, 2, b.Count(b.ctx, t, scope), "one write per claim")
 	})
 
 	t.Run("rollback leaves nothing", func(t *testing.T) {
 		t.Parallel()
-		store, b := setup(t)
-		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
-		req.Deferred = true
+		store, scope := b.open(t)
+		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+		req.Contended = false
 		lease := claimLease(t, b.ctx, store, req)
-		require.NoError(t, store.CreateOrder(lease.Context(b.ctx), newOrder(b.account, time.Now())), "queue the order")
+		require.NoError(t, b.Write(b.ctx, lease.Unit(), lease.Ref(), newKey()), "write")
 		require.NoError(t, lease.Rollback(b.ctx), "rollback")
-		require.Zero(t, orderCount(t, store, b), "orders after a rollback")
-		require.True(t, attemptDeferred(b.ctx, store, req, "after\n").committed, "the key must be free after a rollback")
+		require.Zero(t, b.Count(b.ctx, t, scope), "writes after a rollback")
+		require.True(t, attemptDeferred(b.ctx, b, store, req, "after\n").committed, "the key must be free after a rollback")
 	})
 
 	t.Run("a holder in flight is waited for", func(t *testing.T) {
 		t.Parallel()
-		store, b := setup(t)
-		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
-		holder := claimLease(t, b.ctx, store, req) // transactional, uncommitted
+		store, scope := b.open(t)
+		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+		holder := claimLease(t, b.ctx, store, req) // claimed at once, uncommitted
 
 		short := req
 		short.Wait = 200 * time.Millisecond
 		start := time.Now()
-		out := attemptDeferred(b.ctx, store, short, "waiter\n")
+		out := attemptDeferred(b.ctx, b, store, short, "waiter\n")
 		elapsed := time.Since(start)
 		require.ErrorIs(t, out.err, idempotency.ErrInFlight, "a deferred attempt behind an open holder (committed=%v)", out.committed)
 		require.GreaterOrEqual(t, elapsed, 150*time.Millisecond, "ErrInFlight came before the wait was over")
@@ -136,7 +130,7 @@ func testDeferred(t *testing.T, setup setupFunc) {
 
 		// A waiter that outlasts the holder gets its record.
 		waiter := make(chan deferredOutcome, 1)
-		go func() { waiter <- attemptDeferred(b.ctx, store, req, "waiter\n") }()
+		go func() { waiter <- attemptDeferred(b.ctx, b, store, req, "waiter\n") }()
 		time.Sleep(100 * time.Millisecond)
 		commitResponse(t, b.ctx, holder, "holder\n")
 		res := receive(t, waiter, "the deferred waiter")
@@ -144,21 +138,21 @@ func testDeferred(t *testing.T, setup setupFunc) {
 		require.False(t, res.committed, "the waiter must not commit over the holder")
 		require.NotNil(t, res.rec, "the waiter must get the holder's record")
 		require.Equal(t, []byte("holder\n"), res.rec.Response.Body, "waiter's replay")
-		require.Zero(t, orderCount(t, store, b), "the holder wrote no order; the waiters must not have either")
+		require.Zero(t, b.Count(b.ctx, t, scope), "the holder wrote nothing; the waiters must not have either")
 	})
 
 	t.Run("concurrent first requests run once", func(t *testing.T) {
 		t.Parallel()
 		const claimers = 50
-		store, b := setup(t)
-		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+		store, scope := b.open(t)
+		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
 		start := make(chan struct{})
 		results := make([]deferredOutcome, claimers)
 		var wg sync.WaitGroup
 		for i := range claimers {
 			wg.Go(func() {
 				<-start
-				results[i] = attemptDeferred(b.ctx, store, req, "the one\n")
+				results[i] = attemptDeferred(b.ctx, b, store, req, "the one\n")
 			})
 		}
 		close(start)
@@ -174,7 +168,7 @@ func testDeferred(t *testing.T, setup setupFunc) {
 			require.Equal(t, []byte("the one\n"), res.rec.Response.Body, "claimer %d's replay", i)
 		}
 		require.Equal(t, 1, committed, "commits among %d concurrent deferred first requests", claimers)
-		require.Equal(t, 1, orderCount(t, store, b), "orders created by %d concurrent identical requests", claimers)
+		require.Equal(t, 1, b.Count(b.ctx, t, scope), "writes made by %d concurrent identical requests", claimers)
 	})
 
 	t.Run("concurrent requests for many keys run once per key", func(t *testing.T) {
@@ -183,10 +177,10 @@ func testDeferred(t *testing.T, setup setupFunc) {
 		// and every other request for it gets its record.
 		t.Parallel()
 		const keys, perKey = 20, 5
-		store, b := setup(t)
+		store, scope := b.open(t)
 		reqs := make([]idempotency.ClaimRequest, keys)
 		for i := range reqs {
-			reqs[i] = claimRequest(b.account, newKey(), fingerprint("POST /orders"))
+			reqs[i] = claimRequest(scope, newKey(), fingerprint("POST /orders"))
 		}
 		start := make(chan struct{})
 		results := make([]deferredOutcome, keys*perKey)
@@ -195,7 +189,7 @@ func testDeferred(t *testing.T, setup setupFunc) {
 			wg.Go(func() {
 				<-start
 				req := reqs[i%keys]
-				results[i] = attemptDeferred(b.ctx, store, req, req.Key)
+				results[i] = attemptDeferred(b.ctx, b, store, req, req.Key)
 			})
 		}
 		close(start)
@@ -213,6 +207,6 @@ func testDeferred(t *testing.T, setup setupFunc) {
 		for k, n := range committed {
 			require.Equal(t, 1, n, "commits of key %d among %d concurrent requests", k, perKey)
 		}
-		require.Equal(t, keys, orderCount(t, store, b), "orders created by %d keys", keys)
+		require.Equal(t, keys, b.Count(b.ctx, t, scope), "writes made by %d keys", keys)
 	})
 }

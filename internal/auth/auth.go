@@ -51,6 +51,10 @@ type Store interface {
 	RevokeKey(ctx context.Context, hash KeyHash) (bool, error)
 }
 
+// Scope is the idempotency scope of an account's keys: the account id's 16
+// bytes, so that two accounts' keys never meet.
+func Scope(account uuid.UUID) string { return string(account[:]) }
+
 // Credentials are a new account and its API key, shown exactly once.
 type Credentials struct {
 	AccountID uuid.UUID `json:"account_id"`

@@ -20,7 +20,6 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/oncekey/oncekey/internal/payments"
-	"github.com/oncekey/oncekey/internal/store/postgres"
 )
 
 // QueuePayments is the River queue charges run on.
@@ -92,14 +91,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Runner, error) {
 	return r, nil
 }
 
-// EnqueueCharge implements payments.Queue: it inserts the job in the
-// transaction of the idempotency lease in ctx, and refuses to run outside
-// one (a job inserted on its own could outlive a rolled-back payment).
-func (r *Runner) EnqueueCharge(ctx context.Context, ref payments.Ref) error {
-	tx, ok := postgres.TxFrom(ctx)
-	if !ok {
-		return errors.New("jobs: a charge must be enqueued inside the transaction that creates its payment")
-	}
+// InsertCharge inserts ref's charge job in tx, the transaction that creates
+// the payment: a job inserted on its own could outlive a rolled-back
+// payment.
+func (r *Runner) InsertCharge(ctx context.Context, tx pgx.Tx, ref payments.Ref) error {
 	_, err := r.client.InsertTx(ctx, tx, chargeArgs{Ref: ref}, &river.InsertOpts{
 		Queue:       QueuePayments,
 		MaxAttempts: r.policy.Attempts + spareAttempts,

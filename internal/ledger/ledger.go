@@ -1,8 +1,9 @@
 // Package ledger is the bonus ledger: credits and debits of an account's
 // bonus balance, which must never happen twice and never take the balance
-// below zero. It knows nothing about HTTP or idempotency; inside an
-// idempotent request its repository joins the request's unit of work
-// through the context, so the entry and the stored response commit together.
+// below zero. It knows nothing about HTTP or idempotency: bookings go
+// through the Booker it is handed (inside an idempotent request, the
+// request's unit of work, so the entry and the stored response commit
+// together).
 package ledger
 
 import (
@@ -37,16 +38,20 @@ type Entry struct {
 	CreatedAt    time.Time
 }
 
-// Repository persists the ledger. Implementations must pass the conformance
-// suite in internal/store/storetest.
-type Repository interface {
+// Booker books entries. Implementations must pass the conformance suite in
+// internal/store/storetest.
+type Booker interface {
 	// Book applies e.Kind's change of e.Amount to e.AccountID's balance and
-	// records e with the resulting balance, which it returns. A debit the
-	// balance does not cover changes nothing and returns ErrInsufficientFunds
-	// (wrapped, with the balance in its message). Concurrent bookings of one
-	// account are serialised, so the balance is never negative. Inside an
-	// idempotent request it joins that request's unit of work.
+	// records e with the resulting balance, which it returns, in one unit of
+	// work. A debit the balance does not cover changes nothing and returns
+	// ErrInsufficientFunds (wrapped, with the balance in its message).
+	// Concurrent bookings of one account are serialised, so the balance is
+	// never negative.
 	Book(ctx context.Context, e Entry) (Entry, error)
+}
+
+// Repository reads the ledger.
+type Repository interface {
 	// Balance returns the account's balance (0 before its first credit).
 	Balance(ctx context.Context, account uuid.UUID) (int64, error)
 }
@@ -62,15 +67,15 @@ func NewService(repo Repository) *Service {
 	return &Service{repo: repo, now: time.Now}
 }
 
-// Credit adds amount to account's balance.
-func (s *Service) Credit(ctx context.Context, account uuid.UUID, amount int64, reason string) (Entry, error) {
-	return s.book(ctx, account, KindCredit, amount, reason)
+// Credit adds amount to account's balance, through b.
+func (s *Service) Credit(ctx context.Context, b Booker, account uuid.UUID, amount int64, reason string) (Entry, error) {
+	return s.book(ctx, b, account, KindCredit, amount, reason)
 }
 
-// Debit takes amount from account's balance, or fails with
+// Debit takes amount from account's balance through b, or fails with
 // ErrInsufficientFunds.
-func (s *Service) Debit(ctx context.Context, account uuid.UUID, amount int64, reason string) (Entry, error) {
-	return s.book(ctx, account, KindDebit, amount, reason)
+func (s *Service) Debit(ctx context.Context, b Booker, account uuid.UUID, amount int64, reason string) (Entry, error) {
+	return s.book(ctx, b, account, KindDebit, amount, reason)
 }
 
 // Balance returns account's balance.
@@ -78,7 +83,7 @@ func (s *Service) Balance(ctx context.Context, account uuid.UUID) (int64, error)
 	return s.repo.Balance(ctx, account)
 }
 
-func (s *Service) book(ctx context.Context, account uuid.UUID, kind string, amount int64, reason string) (Entry, error) {
+func (s *Service) book(ctx context.Context, b Booker, account uuid.UUID, kind string, amount int64, reason string) (Entry, error) {
 	if amount <= 0 {
 		return Entry{}, fmt.Errorf("ledger: amount %d is not positive", amount)
 	}
@@ -86,7 +91,7 @@ func (s *Service) book(ctx context.Context, account uuid.UUID, kind string, amou
 	if err != nil {
 		return Entry{}, fmt.Errorf("new entry id: %w", err)
 	}
-	e, err := s.repo.Book(ctx, Entry{
+	e, err := b.Book(ctx, Entry{
 		AccountID: account, ID: id, Kind: kind, Amount: amount, Reason: reason,
 		// PostgreSQL keeps microseconds; the response equals what is stored.
 		CreatedAt: s.now().UTC().Truncate(time.Microsecond),

@@ -1,7 +1,8 @@
 // Package orders is the order domain: validating and creating orders and
-// reading them back. It knows nothing about HTTP or idempotency; when it runs
-// inside an idempotent request, its repository joins the request's unit of
-// work through the context.
+// reading them back. It knows nothing about HTTP or idempotency: an order is
+// created through the Writer it is handed (inside an idempotent request, the
+// request's unit of work, so the order and the stored response commit
+// together).
 package orders
 
 import (
@@ -57,12 +58,17 @@ type NewOrder struct {
 	Currency string
 }
 
-// Repository persists orders. Implementations must pass the conformance
-// suite in internal/store/storetest.
-type Repository interface {
-	// CreateOrder inserts o; inside an idempotent request it joins that
-	// request's unit of work.
+// Writer creates orders. It only writes: creating an order reads nothing
+// back, so a store may queue the write and send it with the request's
+// claim, in one round trip.
+type Writer interface {
+	// CreateOrder inserts o.
 	CreateOrder(ctx context.Context, o Order) error
+}
+
+// Repository reads orders. Implementations must pass the conformance suite
+// in internal/store/storetest.
+type Repository interface {
 	// GetOrder returns the account's order or ErrNotFound.
 	GetOrder(ctx context.Context, account, id uuid.UUID) (Order, error)
 	// ListOrders returns up to limit orders of the account, newest first
@@ -87,8 +93,8 @@ func NewService(repo Repository) *Service {
 	return &Service{repo: repo, now: time.Now}
 }
 
-// Create validates and stores a new order for account.
-func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewOrder) (Order, error) {
+// Create validates a new order for account and writes it through w.
+func (s *Service) Create(ctx context.Context, w Writer, account uuid.UUID, in NewOrder) (Order, error) {
 	if err := CheckCurrency(in.Currency); err != nil {
 		return Order{}, err
 	}
@@ -107,7 +113,7 @@ func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewOrder) (O
 		// equal to what a later GET reads back.
 		CreatedAt: s.now().UTC().Truncate(time.Microsecond),
 	}
-	if err := s.repo.CreateOrder(ctx, o); err != nil {
+	if err := w.CreateOrder(ctx, o); err != nil {
 		return Order{}, fmt.Errorf("store order: %w", err)
 	}
 	return o, nil

@@ -1,7 +1,7 @@
 // Package payments is the payment domain: a long operation. Creating a
-// payment stores it pending and enqueues its charge in the unit of work of
-// the request that claimed the client's Idempotency-Key, so a payment never
-// exists without its job, nor a job without its payment. A background worker
+// payment stores it pending and enqueues its charge through the unit of
+// work of the request that claimed the client's Idempotency-Key, so a
+// payment never exists without its job, nor a job without its payment. A background worker
 // then charges the external provider with an idempotency key of its own,
 // derived from the payment id (never the client's key), and makes the payment
 // final together with the response its client key replays from then on.
@@ -18,7 +18,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/provider"
 )
@@ -49,9 +50,9 @@ var (
 	// ErrUnknownOrder: the order to pay is not in the caller's account. A
 	// business outcome (422), stored and replayed; nothing is charged.
 	ErrUnknownOrder = errors.New("unknown order")
-	// ErrNoClaim: Create ran outside an idempotent request. A wiring bug:
-	// a payment must be bound to the key it was accepted under.
-	ErrNoClaim = errors.New("payments: create outside an idempotent request")
+	// ErrNoClaim: Create ran with a claim of another account. A wiring
+	// bug: a payment must be bound to the key it was accepted under.
+	ErrNoClaim = errors.New("payments: create under another account's claim")
 )
 
 // Payment is a payment of an order.
@@ -67,7 +68,7 @@ type Payment struct {
 	// ProviderChargeID is set when Status is succeeded.
 	ProviderChargeID string
 	// Key and KeyClaimedAt name the client's key record the payment was
-	// accepted under (see idempotency.Claim); the final response replaces
+	// accepted under (see idempotency.Ref); the final response replaces
 	// that record's provisional 202 and no other.
 	Key          string
 	KeyClaimedAt time.Time
@@ -94,12 +95,22 @@ type NewPayment struct {
 	Currency string
 }
 
-// Repository persists payments. Implementations must pass the conformance
-// suite in internal/store/storetest.
-type Repository interface {
-	// CreatePayment inserts p (pending); inside an idempotent request it
-	// joins that request's unit of work.
+// Unit is what accepting a payment writes through: the unit of work of the
+// request that claimed its key, in which the order is read, the payment
+// stored and its charge enqueued, all or nothing. Implementations must pass
+// the conformance suite in internal/store/storetest.
+type Unit interface {
+	// GetOrder returns the account's order or orders.ErrNotFound.
+	GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error)
+	// CreatePayment inserts p (pending).
 	CreatePayment(ctx context.Context, p Payment) error
+	// EnqueueCharge schedules the charge of ref: it is only ever run if
+	// the unit of work commits.
+	EnqueueCharge(ctx context.Context, ref Ref) error
+}
+
+// Repository reads and settles payments.
+type Repository interface {
 	// GetPayment returns the account's payment or ErrNotFound.
 	GetPayment(ctx context.Context, account, id uuid.UUID) (Payment, error)
 	// FinishPayment makes the pending payment final as p says and, in the
@@ -109,29 +120,15 @@ type Repository interface {
 	FinishPayment(ctx context.Context, p Payment, final idempotency.Response) (bool, error)
 }
 
-// Queue runs charges in the background.
-type Queue interface {
-	// EnqueueCharge schedules the charge of ref inside ctx's unit of work:
-	// it is only ever run if that unit of work commits.
-	EnqueueCharge(ctx context.Context, ref Ref) error
-}
-
 // Provider is the external payment provider (internal/provider's client).
 type Provider interface {
 	Charge(ctx context.Context, idempotencyKey string, req provider.ChargeRequest) (provider.Charge, error)
 	Lookup(ctx context.Context, idempotencyKey string) (provider.Charge, error)
 }
 
-// Orders finds the order a payment is for.
-type Orders interface {
-	GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error)
-}
-
 // Config is what the service is built from. All fields are required.
 type Config struct {
 	Repo     Repository
-	Orders   Orders
-	Queue    Queue
 	Provider Provider
 	// Render turns a final payment into the response its client key
 	// replays from then on (the HTTP layer's 200 with the payment).
@@ -149,12 +146,11 @@ func NewService(cfg Config) *Service {
 	return &Service{cfg: cfg, now: time.Now}
 }
 
-// Create accepts a payment of one of account's orders: it stores the
-// payment pending and enqueues its charge, both in the unit of work of the
-// idempotent request in ctx.
-func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewPayment) (Payment, error) {
-	claim, ok := idempotency.ClaimFrom(ctx)
-	if !ok || claim.Account != account {
+// Create accepts a payment of one of account's orders under the key claim
+// of that account: it stores the payment pending and enqueues its charge,
+// both through u, the unit of work of the request that made the claim.
+func (s *Service) Create(ctx context.Context, u Unit, claim idempotency.Ref, account uuid.UUID, in NewPayment) (Payment, error) {
+	if claim.Scope != auth.Scope(account) {
 		return Payment{}, ErrNoClaim
 	}
 	if err := orders.CheckCurrency(in.Currency); err != nil {
@@ -164,7 +160,7 @@ func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewPayment) 
 	if err != nil {
 		return Payment{}, fmt.Errorf("%w: %q is not an order id", ErrUnknownOrder, in.OrderID)
 	}
-	if _, err := s.cfg.Orders.GetOrder(ctx, account, orderID); errors.Is(err, orders.ErrNotFound) {
+	if _, err := u.GetOrder(ctx, account, orderID); errors.Is(err, orders.ErrNotFound) {
 		return Payment{}, fmt.Errorf("%w: order %s does not exist in this account", ErrUnknownOrder, orderID)
 	} else if err != nil {
 		return Payment{}, fmt.Errorf("read order: %w", err)
@@ -179,10 +175,10 @@ func (s *Service) Create(ctx context.Context, account uuid.UUID, in NewPayment) 
 		// PostgreSQL keeps microseconds; the response equals what a GET reads.
 		CreatedAt: s.now().UTC().Truncate(time.Microsecond),
 	}
-	if err := s.cfg.Repo.CreatePayment(ctx, p); err != nil {
+	if err := u.CreatePayment(ctx, p); err != nil {
 		return Payment{}, fmt.Errorf("store payment: %w", err)
 	}
-	if err := s.cfg.Queue.EnqueueCharge(ctx, Ref{AccountID: account, PaymentID: id}); err != nil {
+	if err := u.EnqueueCharge(ctx, Ref{AccountID: account, PaymentID: id}); err != nil {
 		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
 	}
 	return p, nil

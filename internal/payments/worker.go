@@ -65,7 +65,6 @@ func (p RetryPolicy) NextRetry(attempt int, now time.Time) time.Time {
 
 // LocalQueue is an in-process job queue (the in-memory store's).
 type LocalQueue interface {
-	Queue
 	// NextCharge blocks until a committed charge is due, and returns it
 	// with the number of the attempt to make.
 	NextCharge(ctx context.Context) (ref Ref, attempt int, err error)

@@ -45,9 +45,20 @@ func AdminURL() string {
 	return DefaultAdminURL
 }
 
+// migrateDB is how this test binary's databases are migrated.
+var migrateDB = postgres.Migrate
+
 // Main runs the package's tests and drops the package's database, if one was
 // created, afterwards. Call it from TestMain.
 func Main(m *testing.M) {
+	MainWith(m, postgres.Migrate)
+}
+
+// MainWith is Main for a package whose databases are migrated by fn
+// instead of with Oncekey's schema: the idempotency engine's own tests,
+// whose database holds nothing else.
+func MainWith(m *testing.M, fn func(context.Context, *pgxpool.Pool) error) {
+	migrateDB = fn
 	code := m.Run()
 	if dbName != "" {
 		if pool != nil {
@@ -134,7 +145,7 @@ func createDatabase(migrate bool) (name, dbURL string, pool *pgxpool.Pool, err e
 	if !migrate {
 		return name, dbURL, pool, nil
 	}
-	if err := postgres.Migrate(ctx, pool); err != nil {
+	if err := migrateDB(ctx, pool); err != nil {
 		return name, dbURL, pool, fmt.Errorf("migrate %s: %w", name, err)
 	}
 	return name, dbURL, pool, nil

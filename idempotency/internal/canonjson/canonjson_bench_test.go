@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oncekey/oncekey/internal/canonjson"
+	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
 )
 
 // respelledOrderBody is orderBody as another client might send it: other

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oncekey/oncekey/internal/canonjson"
+	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
 )
 
 // fuzzSeeds are representative documents for both fuzz targets. More

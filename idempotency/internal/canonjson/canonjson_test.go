@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oncekey/oncekey/internal/canonjson"
+	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
 )
 
 // orderBody is the shape of a real request body; the fuzz seeds and the

@@ -12,7 +12,18 @@ import (
 	"github.com/oncekey/oncekey/internal/ledger"
 )
 
-// Book implements ledger.Repository.
+// Book implements ledger.Booker, as a unit of work of its own: outside a
+// lease, the entry and the balance change together.
+func (s *Store) Book(ctx context.Context, e ledger.Entry) (ledger.Entry, error) {
+	var (
+		out ledger.Entry
+		err error
+	)
+	s.write(func() { out, err = s.book(e, func(apply, _ func()) { apply() }) })
+	return out, err
+}
+
+// Book implements ledger.Booker inside the unit's lease.
 //
 // The check that the balance covers a debit and the change it guards
 // happen in one apply, under the data write lock, so concurrent debits
@@ -20,14 +31,20 @@ import (
 // from its guarded UPDATE). A refused debit still takes the lock inside a
 // lease, as a refused UPDATE waits for the row in PostgreSQL: it must see
 // the balance other leases leave, not one they are about to change.
-func (s *Store) Book(ctx context.Context, e ledger.Entry) (ledger.Entry, error) {
+func (u *unit) Book(_ context.Context, e ledger.Entry) (ledger.Entry, error) {
+	return u.s.book(e, u.write)
+}
+
+// book applies e through write, which runs apply and keeps undo for a
+// rollback.
+func (s *Store) book(e ledger.Entry, write func(apply, undo func())) (ledger.Entry, error) {
 	var (
 		err        error
 		booked     bool
 		before     int64
 		hadBalance bool
 	)
-	s.write(ctx, func() {
+	write(func() {
 		before, hadBalance = s.bonusBalances[e.AccountID]
 		var after int64
 		after, err = balanceAfter(before, e)
@@ -86,17 +103,17 @@ func balanceAfter(balance int64, e ledger.Entry) (int64, error) {
 }
 
 // Balance implements ledger.Repository.
-func (s *Store) Balance(ctx context.Context, account uuid.UUID) (int64, error) {
+func (s *Store) Balance(_ context.Context, account uuid.UUID) (int64, error) {
 	var balance int64
-	s.read(ctx, func() { balance = s.bonusBalances[account] })
+	s.read(func() { balance = s.bonusBalances[account] })
 	return balance, nil
 }
 
 // CountBonusEntries returns how many entries the account's ledger holds.
 // No API lists entries yet; tests count them to prove that a key booked
 // exactly once, whatever the retries.
-func (s *Store) CountBonusEntries(ctx context.Context, account uuid.UUID) (int, error) {
+func (s *Store) CountBonusEntries(_ context.Context, account uuid.UUID) (int, error) {
 	var n int
-	s.read(ctx, func() { n = len(s.bonusEntries[account]) })
+	s.read(func() { n = len(s.bonusEntries[account]) })
 	return n, nil
 }

@@ -11,29 +11,33 @@ import (
 	"github.com/oncekey/oncekey/internal/orders"
 )
 
-// CreateOrder implements orders.Repository.
-func (s *Store) CreateOrder(ctx context.Context, o orders.Order) error {
+// CreateOrder implements orders.Writer.
+func (u *unit) CreateOrder(_ context.Context, o orders.Order) error {
+	s := u.s
 	o.Items = slices.Clone(o.Items)
-	s.write(ctx, func() {
-		byID := s.orders[o.AccountID]
-		if byID == nil {
-			byID = map[uuid.UUID]orders.Order{}
-			s.orders[o.AccountID] = byID
-		}
-		byID[o.ID] = o
-	}, func() {
+	u.write(func() { s.putOrder(o) }, func() {
 		delete(s.orders[o.AccountID], o.ID)
 	})
 	return nil
 }
 
 // GetOrder implements orders.Repository.
-func (s *Store) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
+func (s *Store) GetOrder(_ context.Context, account, id uuid.UUID) (orders.Order, error) {
+	return s.getOrder(s.read, account, id)
+}
+
+// GetOrder implements payments.Unit: inside the unit, it sees the unit's
+// own writes.
+func (u *unit) GetOrder(_ context.Context, account, id uuid.UUID) (orders.Order, error) {
+	return u.s.getOrder(u.read, account, id)
+}
+
+func (s *Store) getOrder(read func(func()), account, id uuid.UUID) (orders.Order, error) {
 	var (
 		o  orders.Order
 		ok bool
 	)
-	s.read(ctx, func() { o, ok = s.orders[account][id] })
+	read(func() { o, ok = s.orders[account][id] })
 	if !ok {
 		return orders.Order{}, orders.ErrNotFound
 	}
@@ -43,9 +47,9 @@ func (s *Store) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Ord
 
 // ListOrders implements orders.Repository. It sorts the account's orders on
 // every call: fine for a store meant for trying the API.
-func (s *Store) ListOrders(ctx context.Context, account uuid.UUID, after *orders.Cursor, limit int) ([]orders.Order, error) {
+func (s *Store) ListOrders(_ context.Context, account uuid.UUID, after *orders.Cursor, limit int) ([]orders.Order, error) {
 	var list []orders.Order
-	s.read(ctx, func() {
+	s.read(func() {
 		for _, o := range s.orders[account] {
 			if after == nil || before(o, *after) {
 				o.Items = slices.Clone(o.Items)
@@ -101,4 +105,22 @@ func (s *Store) RevokeKey(_ context.Context, hash auth.KeyHash) (bool, error) {
 	_, ok := s.apiKeys[hash]
 	delete(s.apiKeys, hash)
 	return ok, nil
+}
+
+// CreateOrder creates o on its own, outside any idempotent operation (the
+// benchmark's baseline, and tests).
+func (s *Store) CreateOrder(_ context.Context, o orders.Order) error {
+	o.Items = slices.Clone(o.Items)
+	s.write(func() { s.putOrder(o) })
+	return nil
+}
+
+// putOrder stores o; the caller holds the data write lock.
+func (s *Store) putOrder(o orders.Order) {
+	byID := s.orders[o.AccountID]
+	if byID == nil {
+		byID = map[uuid.UUID]orders.Order{}
+		s.orders[o.AccountID] = byID
+	}
+	byID[o.ID] = o
 }

@@ -8,16 +8,18 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
 )
 
-// CreatePayment implements payments.Repository. Like PostgreSQL's foreign
-// key, it refuses a payment of an order that does not exist.
-func (s *Store) CreatePayment(ctx context.Context, p payments.Payment) error {
+// CreatePayment implements payments.Unit. Like PostgreSQL's foreign key, it
+// refuses a payment of an order that does not exist.
+func (u *unit) CreatePayment(_ context.Context, p payments.Payment) error {
+	s := u.s
 	var err error
-	s.write(ctx, func() {
+	u.write(func() {
 		if _, ok := s.orders[p.AccountID][p.OrderID]; !ok {
 			err = orders.ErrNotFound
 			return
@@ -35,12 +37,12 @@ func (s *Store) CreatePayment(ctx context.Context, p payments.Payment) error {
 }
 
 // GetPayment implements payments.Repository.
-func (s *Store) GetPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
+func (s *Store) GetPayment(_ context.Context, account, id uuid.UUID) (payments.Payment, error) {
 	var (
 		p  payments.Payment
 		ok bool
 	)
-	s.read(ctx, func() { p, ok = s.payments[account][id] })
+	s.read(func() { p, ok = s.payments[account][id] })
 	if !ok {
 		return payments.Payment{}, payments.ErrNotFound
 	}
@@ -49,40 +51,19 @@ func (s *Store) GetPayment(ctx context.Context, account, id uuid.UUID) (payments
 
 // FinishPayment implements payments.Repository. The payment and its key's
 // record change under the data lock together, as in one transaction.
-func (s *Store) FinishPayment(ctx context.Context, p payments.Payment, final idempotency.Response) (bool, error) {
+func (s *Store) FinishPayment(_ context.Context, p payments.Payment, final idempotency.Response) (bool, error) {
 	var changed bool
-	var before payments.Payment
-	s.write(ctx, func() {
+	s.write(func() {
 		cur, ok := s.payments[p.AccountID][p.ID]
 		if !ok || cur.Final() {
 			return
 		}
-		before = cur
 		cur.Status, cur.FailureReason, cur.ProviderChargeID, cur.CompletedAt = p.Status, p.FailureReason, p.ProviderChargeID, p.CompletedAt
 		s.payments[p.AccountID][p.ID] = cur
-		s.replaceProvisional(cur.AccountID, cur.Key, cur.KeyClaimedAt, final)
+		s.keys.ReplaceProvisional(idempotency.Ref{Scope: auth.Scope(cur.AccountID), Key: cur.Key, ClaimedAt: cur.KeyClaimedAt}, final)
 		changed = true
-	}, func() {
-		// Only inside a lease, which the worker never uses; kept exact.
-		if changed {
-			s.payments[p.AccountID][p.ID] = before
-		}
 	})
 	return changed, nil
-}
-
-// replaceProvisional swaps the provisional response stored under the key
-// record claimed at claimedAt for final. A record that expired and was
-// claimed again, or was never provisional, is left alone.
-func (s *Store) replaceProvisional(account uuid.UUID, key string, claimedAt time.Time, final idempotency.Response) {
-	s.keysMu.Lock()
-	defer s.keysMu.Unlock()
-	e := s.keys[scope{account, key}]
-	if e == nil || e.rec == nil || !e.rec.CreatedAt.Equal(claimedAt) || !idempotency.Provisional(e.rec.Response.Status) {
-		return
-	}
-	rec := copyRecord(idempotency.Record{Fingerprint: e.rec.Fingerprint, Response: final, CreatedAt: e.rec.CreatedAt, ExpiresAt: e.rec.ExpiresAt})
-	e.rec = &rec
 }
 
 // chargeQueue is the in-process stand-in for River's job table: charges
@@ -112,10 +93,11 @@ func (q *chargeQueue) push(j chargeJob) {
 	}
 }
 
-// EnqueueCharge implements payments.Queue: the job is written inside ctx's
-// lease and undone if it rolls back.
-func (s *Store) EnqueueCharge(ctx context.Context, ref payments.Ref) error {
-	s.write(ctx, func() {
+// EnqueueCharge implements payments.Unit: the job is written inside the
+// unit's lease and undone if it rolls back.
+func (u *unit) EnqueueCharge(_ context.Context, ref payments.Ref) error {
+	s := u.s
+	u.write(func() {
 		s.charges.push(chargeJob{ref: ref, due: s.now()})
 	}, func() {
 		q := &s.charges
@@ -167,8 +149,8 @@ func (s *Store) RetryCharge(ref payments.Ref, attempt int, due time.Time) {
 }
 
 // CountPayments returns how many payments the account has.
-func (s *Store) CountPayments(ctx context.Context, account uuid.UUID) (int, error) {
+func (s *Store) CountPayments(_ context.Context, account uuid.UUID) (int, error) {
 	var n int
-	s.read(ctx, func() { n = len(s.payments[account]) })
+	s.read(func() { n = len(s.payments[account]) })
 	return n, nil
 }

@@ -11,10 +11,25 @@ import (
 	"github.com/oncekey/oncekey/internal/ledger"
 )
 
-// Book implements ledger.Repository. The balance change and the entry are
-// one unit of work, so a balance never moves without its entry: inside an
-// idempotency lease they join its transaction and commit with the stored
-// response or not at all; outside one they get a transaction of their own.
+// Book implements ledger.Booker in the unit's transaction, so that the
+// balance change, the entry and the stored response commit together or not
+// at all.
+func (u *txUnit) Book(ctx context.Context, e ledger.Entry) (ledger.Entry, error) {
+	return book(ctx, u.q, e)
+}
+
+// Book implements ledger.Booker in a transaction of its own: a balance
+// never moves without its entry.
+func (s *Store) Book(ctx context.Context, e ledger.Entry) (out ledger.Entry, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		out, err = book(ctx, db.New(tx), e)
+		return err
+	})
+	return out, translate(err)
+}
+
+// book changes the balance and writes the entry through q, which must be a
+// transaction's.
 //
 // Concurrent bookings of an account serialise on its bonus_balances row,
 // which BonusCredit and BonusDebit lock until the transaction ends. A debit
@@ -23,28 +38,22 @@ import (
 // Any other error aborts the PostgreSQL transaction, so nothing half-done
 // can commit (the middleware rolls back on a 5xx; a bigint overflow of the
 // balance, SQLSTATE 22003, is such an error).
-func (s *Store) Book(ctx context.Context, e ledger.Entry) (ledger.Entry, error) {
-	err := s.inUnitOfWork(ctx, func(q *db.Queries) error {
-		balance, err := applyBooking(ctx, q, e)
-		if err != nil {
-			return err
-		}
-		e.BalanceAfter = balance
-		if err := q.BonusEntryCreate(ctx, db.BonusEntryCreateParams{
-			AccountID:    e.AccountID,
-			ID:           e.ID,
-			Kind:         e.Kind,
-			Amount:       e.Amount,
-			Reason:       e.Reason,
-			BalanceAfter: e.BalanceAfter,
-			CreatedAt:    e.CreatedAt,
-		}); err != nil {
-			return fmt.Errorf("insert bonus entry: %w", err)
-		}
-		return nil
-	})
+func book(ctx context.Context, q *db.Queries, e ledger.Entry) (ledger.Entry, error) {
+	balance, err := applyBooking(ctx, q, e)
 	if err != nil {
 		return ledger.Entry{}, translate(err)
+	}
+	e.BalanceAfter = balance
+	if err := q.BonusEntryCreate(ctx, db.BonusEntryCreateParams{
+		AccountID:    e.AccountID,
+		ID:           e.ID,
+		Kind:         e.Kind,
+		Amount:       e.Amount,
+		Reason:       e.Reason,
+		BalanceAfter: e.BalanceAfter,
+		CreatedAt:    e.CreatedAt,
+	}); err != nil {
+		return ledger.Entry{}, translate(fmt.Errorf("insert bonus entry: %w", err))
 	}
 	return e, nil
 }
@@ -81,10 +90,9 @@ func applyBooking(ctx context.Context, q *db.Queries, e ledger.Entry) (int64, er
 	}
 }
 
-// Balance implements ledger.Repository. Inside a lease it reads through the
-// lease's transaction, so it sees the lease's own bookings.
+// Balance implements ledger.Repository.
 func (s *Store) Balance(ctx context.Context, account uuid.UUID) (int64, error) {
-	balance, err := s.queries(ctx).BonusBalanceGet(ctx, account)
+	balance, err := db.New(s.pool).BonusBalanceGet(ctx, account)
 	if err != nil {
 		return 0, translate(fmt.Errorf("read the bonus balance: %w", err))
 	}
@@ -95,21 +103,9 @@ func (s *Store) Balance(ctx context.Context, account uuid.UUID) (int64, error) {
 // No API lists entries yet; tests count them to prove that a key booked
 // exactly once, whatever the retries.
 func (s *Store) CountBonusEntries(ctx context.Context, account uuid.UUID) (int, error) {
-	n, err := s.queries(ctx).BonusEntryCount(ctx, account)
+	n, err := db.New(s.pool).BonusEntryCount(ctx, account)
 	if err != nil {
 		return 0, translate(fmt.Errorf("count bonus entries: %w", err))
 	}
 	return int(n), nil
-}
-
-// inUnitOfWork runs fn on the transaction of the idempotency lease in ctx
-// or, outside a lease, in a transaction of its own that commits when fn
-// returns nil. Writes that must land together (a balance and its entry) go
-// through it rather than through s.queries, which outside a lease would run
-// each statement on its own.
-func (s *Store) inUnitOfWork(ctx context.Context, fn func(q *db.Queries) error) error {
-	if tx, ok := TxFrom(ctx); ok {
-		return fn(db.New(tx))
-	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(db.New(tx)) })
 }

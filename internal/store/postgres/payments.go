@@ -10,13 +10,14 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/oncekey/oncekey/gen/db"
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/payments"
 )
 
-// CreatePayment implements payments.Repository.
-func (s *Store) CreatePayment(ctx context.Context, p payments.Payment) error {
-	return translate(s.queries(ctx).PaymentCreate(ctx, db.PaymentCreateParams{
+// CreatePayment implements payments.Unit.
+func (u *txUnit) CreatePayment(ctx context.Context, p payments.Payment) error {
+	return translate(u.q.PaymentCreate(ctx, db.PaymentCreateParams{
 		AccountID:      p.AccountID,
 		ID:             p.ID,
 		OrderID:        p.OrderID,
@@ -28,9 +29,18 @@ func (s *Store) CreatePayment(ctx context.Context, p payments.Payment) error {
 	}))
 }
 
+// EnqueueCharge implements payments.Unit: the job is inserted in the
+// transaction that creates the payment.
+func (u *txUnit) EnqueueCharge(ctx context.Context, ref payments.Ref) error {
+	if u.s.charges == nil {
+		return errors.New("postgres: no charge queue to enqueue a payment's charge in")
+	}
+	return translate(u.s.charges.InsertCharge(ctx, u.tx, ref))
+}
+
 // GetPayment implements payments.Repository.
 func (s *Store) GetPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
-	row, err := s.queries(ctx).PaymentGet(ctx, db.PaymentGetParams{AccountID: account, ID: id})
+	row, err := db.New(s.pool).PaymentGet(ctx, db.PaymentGetParams{AccountID: account, ID: id})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return payments.Payment{}, payments.ErrNotFound
 	}
@@ -43,12 +53,8 @@ func (s *Store) GetPayment(ctx context.Context, account, id uuid.UUID) (payments
 // FinishPayment implements payments.Repository: the payment's final state
 // and the response its key replays from now on commit in one transaction.
 func (s *Store) FinishPayment(ctx context.Context, p payments.Payment, final idempotency.Response) (bool, error) {
-	headers, body, err := encodeResponse(final)
-	if err != nil {
-		return false, err
-	}
 	changed := false
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		row, err := q.PaymentFinish(ctx, db.PaymentFinishParams{
 			AccountID:        p.AccountID,
@@ -67,14 +73,8 @@ func (s *Store) FinishPayment(ctx context.Context, p payments.Payment, final ide
 		// The key row is named by the payment's own binding, not by p, so
 		// a caller cannot point the outcome at another key. No row: the key
 		// expired and was purged (or reused); the payment is final anyway.
-		if _, err := q.IdempotencyKeyReplaceProvisional(ctx, db.IdempotencyKeyReplaceProvisionalParams{
-			AccountID:       row.AccountID,
-			IdempotencyKey:  row.IdempotencyKey,
-			KeyCreatedAt:    row.KeyCreatedAt,
-			ResponseStatus:  pgtype.Int4{Int32: int32(final.Status), Valid: true},
-			ResponseHeaders: headers,
-			ResponseBody:    body,
-		}); err != nil {
+		claim := idempotency.Ref{Scope: auth.Scope(row.AccountID), Key: row.IdempotencyKey, ClaimedAt: row.KeyCreatedAt}
+		if _, err := s.keys.ReplaceProvisional(ctx, tx, claim, final); err != nil {
 			return fmt.Errorf("replace the key's provisional response: %w", err)
 		}
 		changed = true

@@ -1,21 +1,20 @@
-// Package postgres is the durable store: idempotency records, orders and
-// accounts in PostgreSQL through pgx/v5 and the sqlc queries in gen/db.
-// pgx errors are translated here, once, into the domain packages' errors, so
-// no caller imports pgx to check one.
+// Package postgres is the durable backend: accounts, orders, payments and
+// the bonus ledger in PostgreSQL through pgx/v5 and the sqlc queries in
+// gen/db, beside the idempotency engine's key table (package pgstore),
+// whose transactions the domain writes join. pgx errors are translated
+// here, once, into the domain packages' errors, so no caller imports pgx to
+// check one.
 package postgres
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"net"
 	"strings"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -27,7 +26,10 @@ import (
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/db"
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/store"
 )
 
 // DefaultMaxConns is the pool size when DATABASE_URL sets no pool_max_conns.
@@ -84,10 +86,11 @@ func Open(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error
 	return pool, nil
 }
 
-// Migrate applies the embedded migrations in schema/, then River's (the
-// background jobs' tables). A PostgreSQL session
-// advisory lock serialises concurrent callers, so replicas that start
-// together migrate once and the rest wait, then find nothing to do.
+// Migrate applies the embedded migrations in schema/, then the idempotency
+// engine's (which find its key table there already) and River's (the
+// background jobs' tables). A PostgreSQL session advisory lock serialises
+// concurrent callers, so replicas that start together migrate once and the
+// rest wait, then find nothing to do.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	fsys, err := fs.Sub(oncekey.Migrations, "schema")
 	if err != nil {
@@ -108,6 +111,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := provider.Up(ctx); err != nil {
 		return fmt.Errorf("apply migrations: %w", err)
 	}
+	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
+		return err
+	}
 	return migrateRiver(ctx, pool)
 }
 
@@ -127,11 +133,11 @@ func migrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return translate(fmt.Errorf("River migrations: acquire connection: %w", err))
+		return pgstore.Translate(fmt.Errorf("River migrations: acquire connection: %w", err))
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", riverMigrateLockID); err != nil {
-		return translate(fmt.Errorf("take River migration lock: %w", err))
+		return pgstore.Translate(fmt.Errorf("take River migration lock: %w", err))
 	}
 	defer func() {
 		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", riverMigrateLockID); err != nil {
@@ -145,16 +151,58 @@ func migrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Store implements idempotency.Store, orders.Repository and auth.Store on
-// one pool, so an order written inside a claim joins the claim's transaction.
-type Store struct {
-	pool    *pgxpool.Pool
-	commits *groupCommitter
+// Charges inserts a payment's charge job in the transaction that creates
+// the payment (River's InsertTx; package jobs).
+type Charges interface {
+	InsertCharge(ctx context.Context, tx pgx.Tx, ref payments.Ref) error
 }
 
-// New returns a store on pool. The schema must be migrated.
-func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, commits: &groupCommitter{pool: pool}}
+// Store implements store.Backend on one pool: the domain writes of an
+// idempotent operation join the key's transaction.
+type Store struct {
+	pool    *pgxpool.Pool
+	keys    *pgstore.Store
+	charges Charges
+	tx      idempotency.Store[store.Tx]
+	w       idempotency.Store[store.Writes]
+}
+
+var _ store.Backend = (*Store)(nil)
+
+// New returns a store on pool. The schema must be migrated (Migrate).
+// Without charges, a payment cannot be accepted.
+func New(pool *pgxpool.Pool, charges Charges) *Store {
+	keys, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		panic(err) // the default options are valid
+	}
+	s := &Store{pool: pool, keys: keys, charges: charges}
+	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, _ idempotency.Ref) store.Tx { return &txUnit{s: s, tx: tx, q: db.New(tx)} })
+	s.w = idempotency.MapUnit(keys.Deferred(), func(b *pgstore.Batch, ref idempotency.Ref) store.Writes {
+		return &queuedWrites{q: db.New(writeOnly{b}), claim: ref}
+	})
+	return s
+}
+
+// Keys implements store.Backend: the operation runs in the transaction
+// that claimed its key.
+func (s *Store) Keys() idempotency.Store[store.Tx] { return s.tx }
+
+// WriteKeys implements store.Backend: the operation's writes are queued and
+// go with its claim at commit, in one round trip.
+func (s *Store) WriteKeys() idempotency.Store[store.Writes] { return s.w }
+
+// KeyStore is the engine's key store, for operators' commands.
+func (s *Store) KeyStore() *pgstore.Store { return s.keys }
+
+// PurgeExpired implements idempotency.Purger.
+func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
+	return s.keys.PurgeExpired(ctx, batch)
+}
+
+// KeyStats implements idempotency.StatsSource.
+func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
+	return s.keys.KeyStats(ctx)
 }
 
 // Ping reports whether the database answers; it backs /readyz.
@@ -162,57 +210,35 @@ func (s *Store) Ping(ctx context.Context) error {
 	return translate(s.pool.Ping(ctx))
 }
 
-type txKey struct{}
-
-// queries returns queries bound to the unit of work in ctx (an idempotency
-// lease's transaction, or a deferred lease's pipeline) or, outside one, to
-// the pool.
-func (s *Store) queries(ctx context.Context) *db.Queries {
-	if unit, ok := ctx.Value(txKey{}).(db.DBTX); ok {
-		return db.New(unit)
-	}
-	return db.New(s.pool)
+// txUnit is store.Tx: the domain's reads and writes in the transaction that
+// claimed the key.
+type txUnit struct {
+	s  *Store
+	tx pgx.Tx
+	q  *db.Queries
 }
 
-// TxFrom returns the transaction of the idempotency lease in ctx, for code
-// outside this package that must write in it: River inserts a payment's job
-// in the transaction that creates the payment.
-func TxFrom(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok
+// queuedWrites is store.Writes: the domain's writes queued in the claim's
+// Batch, each guarded by the claim.
+type queuedWrites struct {
+	q     *db.Queries
+	claim idempotency.Ref
 }
+
+// writeOnly lets sqlc's :exec queries queue into a Batch. Reads fail: a
+// write-only unit of work has nothing to answer them with before its
+// commit, and store.Writes offers none.
+type writeOnly struct{ *pgstore.Batch }
+
+var errRead = errors.New("postgres: a write-only unit of work cannot read")
+
+func (writeOnly) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errRead }
+func (writeOnly) QueryRow(context.Context, string, ...any) pgx.Row        { return errRow{errRead} }
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
 
 // translate maps driver errors that mean "the database is not there right
-// now" to idempotency.ErrUnavailable (503 with Retry-After), keeping the
-// original in the chain for logs.
-func translate(err error) error {
-	if err == nil {
-		return nil
-	}
-	if isUnavailable(err) {
-		return fmt.Errorf("%w: %w", idempotency.ErrUnavailable, err)
-	}
-	return err
-}
-
-func isUnavailable(err error) bool {
-	var netErr net.Error
-	var connectErr *pgconn.ConnectError
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.Is(err, context.DeadlineExceeded),
-		// The connection died mid-statement (the server crashed or was
-		// shut down): what it was doing is rolled back or, at COMMIT,
-		// unknown; a retry with the same key settles either way.
-		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
-		errors.As(err, &netErr), errors.As(err, &connectErr),
-		pgconn.Timeout(err), pgconn.SafeToRetry(err):
-		return true
-	case errors.As(err, &pgErr):
-		// Class 08: connection exception; 57P0x: the server is shutting
-		// down or cannot accept connections; 53300: too many connections.
-		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" ||
-			pgErr.Code == "57P03" || pgErr.Code == "53300"
-	}
-	return false
-}
+// now" to idempotency.ErrUnavailable (503 with Retry-After).
+func translate(err error) error { return pgstore.Translate(err) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net/url"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/store/storetest"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -21,13 +21,10 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// TestConformance runs the store suite on the real database. Its
-// "ConcurrentClaimWaitsForHolder/holder does not settle within the wait"
-// case is the check that a claim's wait on an open holder transaction is
-// bounded by lock_timeout.
+// TestConformance runs the backend suite on the real database.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) storetest.Store { return postgres.New(testdb.Pool(t)) })
+	storetest.Run(t, func(t *testing.T) storetest.Store { return postgres.New(testdb.Pool(t), nil) })
 }
 
 // TestMigrate checks that replicas starting together may all migrate: the
@@ -105,55 +102,35 @@ func emptyDatabase(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-// TestKeyStatsDoNotCountALargeTable checks that the statistics a metrics
-// scrape reads do not count a large key table row by row, even when it was
-// never analyzed (autovacuum off: PostgreSQL then knows no row estimate,
-// reltuples = -1): the total comes from the statistics system's live-row
-// count instead.
-func TestKeyStatsDoNotCountALargeTable(t *testing.T) {
+// TestKeyTableIsTheEngines checks that the key table Oncekey's migrations
+// leave (created in 00001, converted in 00004) is the one the idempotency
+// engine's own migrations create: the same columns, constraints and
+// indexes, so the engine's statements and Oncekey's claim guards meet the
+// table they were written for.
+func TestKeyTableIsTheEngines(t *testing.T) {
 	t.Parallel()
-	// Above the 100,000 below which the total is counted.
-	const rows = 120_000
-	// One session: the statistics of the one that runs KeyStats are flushed below.
-	pool := oneSessionDatabase(t)
-	ctx := t.Context()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := pool.Exec(ctx, sql)
-		require.NoError(t, err, "%s", sql)
-	}
-	// Makes this session report its statistics now rather than within
-	// the second: at the end of the statement after this one.
-	flushStats := func() {
-		t.Helper()
-		exec("SELECT pg_stat_force_next_flush()")
-		exec("SELECT 1")
-	}
-	exec("ALTER TABLE idempotency_keys SET (autovacuum_enabled = false)")
-	exec(fmt.Sprintf(`INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route,
-		status, response_status, response_headers, response_body, completed_at, expires_at)
-		SELECT gen_random_uuid(), g::text, sha256(g::text::bytea), 'POST', '/orders',
-		       'completed', 201, '{}', '\x7b7d', now(), now() + interval '1 hour'
-		FROM generate_series(1, %d) g`, rows))
-	flushStats()
-	var reltuples float64
-	require.NoError(t, pool.QueryRow(ctx, "SELECT reltuples FROM pg_class WHERE oid = 'idempotency_keys'::regclass").Scan(&reltuples), "reltuples")
-	require.Equal(t, float64(-1), reltuples, "the table was never analyzed")
-	tuplesRead := func() (read, live int64) {
-		t.Helper()
-		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0), n_live_tup
-			FROM pg_stat_user_tables WHERE relname = 'idempotency_keys'`).Scan(&read, &live), "table statistics")
-		return read, live
-	}
-	before, live := tuplesRead()
-	require.EqualValues(t, rows, live, "live rows in the statistics system")
+	oncekeys := testdb.Pool(t)
+	_, engines := testdb.Empty(t)
+	require.NoError(t, pgstore.Migrate(t.Context(), engines, pgstore.Options{}), "the engine's migrations alone")
+	require.Equal(t, tableLayout(t, engines), tableLayout(t, oncekeys), "the key table after Oncekey's migrations")
+}
 
-	stats, err := postgres.New(pool).KeyStats(ctx)
-	require.NoError(t, err, "key statistics")
-	flushStats()
-	after, _ := tuplesRead()
-	require.EqualValues(t, rows, stats.Completed, "completed keys")
-	require.Less(t, after-before, int64(rows/10), "rows of the key table read to compute its statistics")
+// tableLayout describes the key table's columns, constraints and indexes.
+func tableLayout(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `
+		SELECT format('column %s %s %s %s', column_name, data_type, is_nullable, coalesce(column_default, ''))
+		FROM information_schema.columns WHERE table_name = 'idempotency_keys'
+		UNION ALL
+		SELECT format('constraint %s %s', conname, pg_get_constraintdef(oid))
+		FROM pg_constraint WHERE conrelid = 'idempotency_keys'::regclass
+		UNION ALL
+		SELECT format('index %s', indexdef) FROM pg_indexes WHERE tablename = 'idempotency_keys'
+		ORDER BY 1`)
+	require.NoError(t, err, "describe the key table")
+	layout, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err, "describe the key table")
+	return layout
 }
 
 // oneSessionDatabase creates a migrated database of the test's own and

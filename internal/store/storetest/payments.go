@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/payments"
 )
 
@@ -19,13 +19,13 @@ func acceptPayment(t *testing.T, store Store, bundle *testBundle, req idempotenc
 	t.Helper()
 	order := newOrder(bundle.account, time.Now())
 	require.NoError(t, store.CreateOrder(bundle.ctx, order), "create the order to pay")
-	lease := claimLease(t, bundle.ctx, store, req)
+	lease := claimTx(t, bundle.ctx, store, req)
 	p := payments.Payment{
 		AccountID: bundle.account, ID: uuid.New(), OrderID: order.ID, Amount: 1999, Currency: "EUR",
-		Status: payments.StatusPending, Key: req.Key, KeyClaimedAt: lease.ClaimedAt(),
+		Status: payments.StatusPending, Key: req.Key, KeyClaimedAt: lease.Ref().ClaimedAt,
 		CreatedAt: time.Now().UTC().Truncate(time.Microsecond),
 	}
-	require.NoError(t, store.CreatePayment(lease.Context(bundle.ctx), p), "create payment inside the lease")
+	require.NoError(t, lease.Unit().CreatePayment(bundle.ctx, p), "create payment inside the lease")
 	require.NoError(t, lease.Commit(bundle.ctx, idempotency.Response{
 		Status: http.StatusAccepted, Header: http.Header{"Location": {"/payments/" + p.ID.String()}}, Body: []byte(`{"status":"pending"}`),
 	}), "commit the provisional 202")
@@ -58,14 +58,16 @@ func testPayments(t *testing.T, setup setupFunc) {
 	_, err = store.GetPayment(bundle.ctx, newAccount(t, bundle.ctx, store), p.ID)
 	require.ErrorIs(t, err, payments.ErrNotFound, "another account's payment is not found")
 
+	orphanLease := claimTx(t, bundle.ctx, store, claimRequest(bundle.account, newKey(), fingerprint("POST /payments o")))
 	orphan := p
 	orphan.ID, orphan.OrderID = uuid.New(), uuid.New()
-	require.Error(t, store.CreatePayment(bundle.ctx, orphan), "a payment of a missing order must be refused")
+	require.Error(t, orphanLease.Unit().CreatePayment(bundle.ctx, orphan), "a payment of a missing order must be refused")
+	require.NoError(t, orphanLease.Rollback(bundle.ctx))
 
-	lease := claimLease(t, bundle.ctx, store, claimRequest(bundle.account, newKey(), fingerprint("POST /payments b")))
+	lease := claimTx(t, bundle.ctx, store, claimRequest(bundle.account, newKey(), fingerprint("POST /payments b")))
 	rolledBack := p
 	rolledBack.ID = uuid.New()
-	require.NoError(t, store.CreatePayment(lease.Context(bundle.ctx), rolledBack))
+	require.NoError(t, lease.Unit().CreatePayment(bundle.ctx, rolledBack))
 	require.NoError(t, lease.Rollback(bundle.ctx))
 	_, err = store.GetPayment(bundle.ctx, bundle.account, rolledBack.ID)
 	require.ErrorIs(t, err, payments.ErrNotFound, "a rolled-back payment must not exist")
@@ -115,7 +117,7 @@ func testPaymentFinishReplacesProvisional(t *testing.T, setup setupFunc) {
 	old := acceptPayment(t, store, bundle, short)
 	time.Sleep(expiryPause)
 	short.TTL = time.Hour
-	lease := claimLease(t, bundle.ctx, store, short)
+	lease := claimTx(t, bundle.ctx, store, short)
 	require.NoError(t, lease.Commit(bundle.ctx, idempotency.Response{Status: http.StatusAccepted, Header: http.Header{}, Body: []byte("new")}))
 	_, err = store.FinishPayment(bundle.ctx, settled(old, payments.StatusFailed, payments.ReasonCardDeclined, ""), finalResponse("old"))
 	require.NoError(t, err, "finish the old payment")

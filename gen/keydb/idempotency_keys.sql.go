@@ -3,23 +3,22 @@
 //   sqlc v1.31.1
 // source: idempotency_keys.sql
 
-package db
+package keydb
 
 import (
 	"context"
 	"encoding/json"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const idempotencyKeyClaim = `-- name: IdempotencyKeyClaim :many
 WITH claimed AS (
-    INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
+    INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
     VALUES ($1, $2, $3, $4, $5, 'processing',
             now() + make_interval(secs => $6::float8))
-    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
 )
 SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at
@@ -27,12 +26,12 @@ FROM claimed c
 UNION ALL
 SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at
 FROM idempotency_keys k
-WHERE k.account_id = $1 AND k.idempotency_key = $2
+WHERE k.scope = $1 AND k.idempotency_key = $2
   AND NOT EXISTS (SELECT 1 FROM claimed)
 `
 
 type IdempotencyKeyClaimParams struct {
-	AccountID      uuid.UUID
+	Scope          []byte
 	IdempotencyKey string
 	Fingerprint    []byte
 	RequestMethod  string
@@ -62,7 +61,7 @@ type IdempotencyKeyClaimRow struct {
 // caller reads again.
 func (q *Queries) IdempotencyKeyClaim(ctx context.Context, arg IdempotencyKeyClaimParams) ([]IdempotencyKeyClaimRow, error) {
 	rows, err := q.db.Query(ctx, idempotencyKeyClaim,
-		arg.AccountID,
+		arg.Scope,
 		arg.IdempotencyKey,
 		arg.Fingerprint,
 		arg.RequestMethod,
@@ -105,14 +104,14 @@ SET status = 'completed',
     response_headers = $2,
     response_body = $3,
     completed_at = now()
-WHERE account_id = $4 AND idempotency_key = $5 AND status = 'processing'
+WHERE scope = $4 AND idempotency_key = $5 AND status = 'processing'
 `
 
 type IdempotencyKeyCompleteParams struct {
 	ResponseStatus  pgtype.Int4
 	ResponseHeaders json.RawMessage
 	ResponseBody    []byte
-	AccountID       uuid.UUID
+	Scope           []byte
 	IdempotencyKey  string
 }
 
@@ -121,7 +120,7 @@ func (q *Queries) IdempotencyKeyComplete(ctx context.Context, arg IdempotencyKey
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
-		arg.AccountID,
+		arg.Scope,
 		arg.IdempotencyKey,
 	)
 	if err != nil {
@@ -143,18 +142,18 @@ func (q *Queries) IdempotencyKeyCountExpired(ctx context.Context) (int64, error)
 
 const idempotencyKeyDeleteIfExpired = `-- name: IdempotencyKeyDeleteIfExpired :execrows
 DELETE FROM idempotency_keys
-WHERE account_id = $1 AND idempotency_key = $2 AND expires_at <= now()
+WHERE scope = $1 AND idempotency_key = $2 AND expires_at <= now()
 `
 
 type IdempotencyKeyDeleteIfExpiredParams struct {
-	AccountID      uuid.UUID
+	Scope          []byte
 	IdempotencyKey string
 }
 
 // Frees one expired key so it can be claimed again at once, before cleanup
 // reaches it: an expired key is treated as absent.
 func (q *Queries) IdempotencyKeyDeleteIfExpired(ctx context.Context, arg IdempotencyKeyDeleteIfExpiredParams) (int64, error) {
-	result, err := q.db.Exec(ctx, idempotencyKeyDeleteIfExpired, arg.AccountID, arg.IdempotencyKey)
+	result, err := q.db.Exec(ctx, idempotencyKeyDeleteIfExpired, arg.Scope, arg.IdempotencyKey)
 	if err != nil {
 		return 0, err
 	}
@@ -162,19 +161,19 @@ func (q *Queries) IdempotencyKeyDeleteIfExpired(ctx context.Context, arg Idempot
 }
 
 const idempotencyKeyGet = `-- name: IdempotencyKeyGet :one
-SELECT account_id, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_headers, response_body, created_at, completed_at, expires_at FROM idempotency_keys WHERE account_id = $1 AND idempotency_key = $2
+SELECT scope, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_headers, response_body, created_at, completed_at, expires_at FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2
 `
 
 type IdempotencyKeyGetParams struct {
-	AccountID      uuid.UUID
+	Scope          []byte
 	IdempotencyKey string
 }
 
 func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetParams) (IdempotencyKey, error) {
-	row := q.db.QueryRow(ctx, idempotencyKeyGet, arg.AccountID, arg.IdempotencyKey)
+	row := q.db.QueryRow(ctx, idempotencyKeyGet, arg.Scope, arg.IdempotencyKey)
 	var i IdempotencyKey
 	err := row.Scan(
-		&i.AccountID,
+		&i.Scope,
 		&i.IdempotencyKey,
 		&i.Fingerprint,
 		&i.RequestMethod,
@@ -191,18 +190,18 @@ func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetPa
 }
 
 const idempotencyKeyInsertCompletedMany = `-- name: IdempotencyKeyInsertCompletedMany :many
-INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status,
+INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::bytea[]),
+SELECT unnest($1::bytea[]), unnest($2::text[]), unnest($3::bytea[]),
        unnest($4::text[]), unnest($5::text[]), 'completed',
        unnest($6::integer[]), unnest($7::jsonb[]), unnest($8::bytea[]),
        unnest($9::timestamptz[]), now(), unnest($10::timestamptz[])
-ON CONFLICT (account_id, idempotency_key) DO NOTHING
-RETURNING account_id, idempotency_key
+ON CONFLICT (scope, idempotency_key) DO NOTHING
+RETURNING scope, idempotency_key
 `
 
 type IdempotencyKeyInsertCompletedManyParams struct {
-	AccountIds       []uuid.UUID
+	Scopes           [][]byte
 	IdempotencyKeys  []string
 	Fingerprints     [][]byte
 	RequestMethods   []string
@@ -215,7 +214,7 @@ type IdempotencyKeyInsertCompletedManyParams struct {
 }
 
 type IdempotencyKeyInsertCompletedManyRow struct {
-	AccountID      uuid.UUID
+	Scope          []byte
 	IdempotencyKey string
 }
 
@@ -223,13 +222,13 @@ type IdempotencyKeyInsertCompletedManyRow struct {
 // (sorted by the caller, so that concurrent pipelines lock key rows in one
 // order; the arrays are unnested in step); returns the keys it claimed. A
 // key a row holds is not inserted, and its operation's writes, guarded by
-// the claim (see OrderCreateClaimed), do nothing either. An expired row is
+// the claim (see pgstore.Batch), do nothing either. An expired row is
 // not freed here (that would take a statement more on every first
 // request): the caller claims again in the transactional way, which frees
 // it.
 func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg IdempotencyKeyInsertCompletedManyParams) ([]IdempotencyKeyInsertCompletedManyRow, error) {
 	rows, err := q.db.Query(ctx, idempotencyKeyInsertCompletedMany,
-		arg.AccountIds,
+		arg.Scopes,
 		arg.IdempotencyKeys,
 		arg.Fingerprints,
 		arg.RequestMethods,
@@ -247,7 +246,7 @@ func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg Ide
 	items := []IdempotencyKeyInsertCompletedManyRow{}
 	for rows.Next() {
 		var i IdempotencyKeyInsertCompletedManyRow
-		if err := rows.Scan(&i.AccountID, &i.IdempotencyKey); err != nil {
+		if err := rows.Scan(&i.Scope, &i.IdempotencyKey); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -259,7 +258,7 @@ func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg Ide
 }
 
 const idempotencyKeyListStuck = `-- name: IdempotencyKeyListStuck :many
-SELECT account_id, idempotency_key, request_method, request_route, created_at
+SELECT scope, idempotency_key, request_method, request_route, created_at
 FROM idempotency_keys
 WHERE status = 'processing' AND created_at < now() - make_interval(secs => $1::float8)
 ORDER BY created_at
@@ -272,7 +271,7 @@ type IdempotencyKeyListStuckParams struct {
 }
 
 type IdempotencyKeyListStuckRow struct {
-	AccountID      uuid.UUID
+	Scope          []byte
 	IdempotencyKey string
 	RequestMethod  string
 	RequestRoute   string
@@ -290,7 +289,7 @@ func (q *Queries) IdempotencyKeyListStuck(ctx context.Context, arg IdempotencyKe
 	for rows.Next() {
 		var i IdempotencyKeyListStuckRow
 		if err := rows.Scan(
-			&i.AccountID,
+			&i.Scope,
 			&i.IdempotencyKey,
 			&i.RequestMethod,
 			&i.RequestRoute,
@@ -309,14 +308,14 @@ func (q *Queries) IdempotencyKeyListStuck(ctx context.Context, arg IdempotencyKe
 const idempotencyKeyPeekMany = `-- name: IdempotencyKeyPeekMany :many
 SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('statement_timeout', $2::text, true) AS statement_timeout,
-       u.account_id::uuid AS account_id, u.idempotency_key::text AS idempotency_key,
+       u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
-FROM (SELECT unnest($3::uuid[]) AS account_id, unnest($4::text[]) AS idempotency_key) AS u
+FROM (SELECT unnest($3::bytea[]) AS scope, unnest($4::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
-    LEFT JOIN idempotency_keys h ON h.account_id = u.account_id AND h.idempotency_key = u.idempotency_key
+    LEFT JOIN idempotency_keys h ON h.scope = u.scope AND h.idempotency_key = u.idempotency_key
     LIMIT 1
 ) k
 `
@@ -324,14 +323,14 @@ CROSS JOIN LATERAL (
 type IdempotencyKeyPeekManyParams struct {
 	LockTimeout      string
 	StatementTimeout string
-	AccountIds       []uuid.UUID
+	Scopes           [][]byte
 	IdempotencyKeys  []string
 }
 
 type IdempotencyKeyPeekManyRow struct {
 	LockTimeout      string
 	StatementTimeout string
-	AccountID        uuid.UUID
+	Scope            []byte
 	IdempotencyKey   string
 	Fingerprint      []byte
 	Status           pgtype.Text
@@ -346,7 +345,7 @@ type IdempotencyKeyPeekManyRow struct {
 // The first of a deferred commit's statements (write-only operations,
 // claimed at their commit, several requests' commits merged into one
 // pipeline: IdempotencyKeyPeekMany, IdempotencyKeyInsertCompletedMany, then
-// each operation's writes, guarded by its claim (see OrderCreateClaimed)),
+// each operation's writes, guarded by its claim (see pgstore.Batch)),
 // which PostgreSQL runs as one implicit transaction. One row per key, in no
 // particular order: what holds the key, if anything, so that a replay is answered
 // in the same round trip as the attempt to claim. It also bounds the
@@ -362,7 +361,7 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 	rows, err := q.db.Query(ctx, idempotencyKeyPeekMany,
 		arg.LockTimeout,
 		arg.StatementTimeout,
-		arg.AccountIds,
+		arg.Scopes,
 		arg.IdempotencyKeys,
 	)
 	if err != nil {
@@ -375,7 +374,7 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 		if err := rows.Scan(
 			&i.LockTimeout,
 			&i.StatementTimeout,
-			&i.AccountID,
+			&i.Scope,
 			&i.IdempotencyKey,
 			&i.Fingerprint,
 			&i.Status,
@@ -399,14 +398,14 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 const idempotencyKeyPurgeExpired = `-- name: IdempotencyKeyPurgeExpired :execrows
 DELETE FROM idempotency_keys k
 USING (
-    SELECT account_id, idempotency_key
+    SELECT scope, idempotency_key
     FROM idempotency_keys
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ) expired
-WHERE k.account_id = expired.account_id AND k.idempotency_key = expired.idempotency_key
+WHERE k.scope = expired.scope AND k.idempotency_key = expired.idempotency_key
 `
 
 // Deletes at most batch_size expired keys, oldest first. SKIP LOCKED lets
@@ -430,7 +429,7 @@ SET response_status = $1,
     response_headers = $2,
     response_body = $3,
     completed_at = now()
-WHERE account_id = $4 AND idempotency_key = $5 AND created_at = $6
+WHERE scope = $4 AND idempotency_key = $5 AND created_at = $6
   AND status = 'completed' AND response_status = 202
 `
 
@@ -438,21 +437,21 @@ type IdempotencyKeyReplaceProvisionalParams struct {
 	ResponseStatus  pgtype.Int4
 	ResponseHeaders json.RawMessage
 	ResponseBody    []byte
-	AccountID       uuid.UUID
+	Scope           []byte
 	IdempotencyKey  string
 	KeyCreatedAt    time.Time
 }
 
 // Replaces the provisional 202 stored for a long operation with its final
 // response, once the operation finished. created_at pins the very key row
-// the operation was accepted under (see payments.key_created_at); a row
-// that was purged, or reused after it expired, is left alone.
+// the operation was accepted under (its claim's Ref); a row that was purged,
+// or reused after it expired, is left alone.
 func (q *Queries) IdempotencyKeyReplaceProvisional(ctx context.Context, arg IdempotencyKeyReplaceProvisionalParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyReplaceProvisional,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
-		arg.AccountID,
+		arg.Scope,
 		arg.IdempotencyKey,
 		arg.KeyCreatedAt,
 	)

@@ -7,10 +7,10 @@
 -- statement start, cannot see it and the statement returns no rows: the
 -- caller reads again.
 WITH claimed AS (
-    INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
-    VALUES (@account_id, @idempotency_key, @fingerprint, @request_method, @request_route, 'processing',
+    INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
+    VALUES (@scope, @idempotency_key, @fingerprint, @request_method, @request_route, 'processing',
             now() + make_interval(secs => @ttl_seconds::float8))
-    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
 )
 SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at
@@ -18,7 +18,7 @@ FROM claimed c
 UNION ALL
 SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at
 FROM idempotency_keys k
-WHERE k.account_id = @account_id AND k.idempotency_key = @idempotency_key
+WHERE k.scope = @scope AND k.idempotency_key = @idempotency_key
   AND NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: IdempotencyKeyComplete :execrows
@@ -28,13 +28,13 @@ SET status = 'completed',
     response_headers = @response_headers,
     response_body = @response_body,
     completed_at = now()
-WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND status = 'processing';
+WHERE scope = @scope AND idempotency_key = @idempotency_key AND status = 'processing';
 
 -- name: IdempotencyKeyDeleteIfExpired :execrows
 -- Frees one expired key so it can be claimed again at once, before cleanup
 -- reaches it: an expired key is treated as absent.
 DELETE FROM idempotency_keys
-WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND expires_at <= now();
+WHERE scope = @scope AND idempotency_key = @idempotency_key AND expires_at <= now();
 
 -- name: IdempotencyKeyPurgeExpired :execrows
 -- Deletes at most batch_size expired keys, oldest first. SKIP LOCKED lets
@@ -46,14 +46,14 @@ WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND expire
 -- table grows.
 DELETE FROM idempotency_keys k
 USING (
-    SELECT account_id, idempotency_key
+    SELECT scope, idempotency_key
     FROM idempotency_keys
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 ) expired
-WHERE k.account_id = expired.account_id AND k.idempotency_key = expired.idempotency_key;
+WHERE k.scope = expired.scope AND k.idempotency_key = expired.idempotency_key;
 
 -- name: IdempotencyKeyStats :one
 -- Cheap enough to run on every metrics scrape: the row count is exact for
@@ -80,11 +80,11 @@ CROSS JOIN LATERAL (
 WHERE c.oid = 'idempotency_keys'::regclass;
 
 -- name: IdempotencyKeyGet :one
-SELECT * FROM idempotency_keys WHERE account_id = $1 AND idempotency_key = $2;
+SELECT * FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2;
 
 -- name: IdempotencyKeyListStuck :many
 -- Keys in 'processing' for longer than the given age, oldest first.
-SELECT account_id, idempotency_key, request_method, request_route, created_at
+SELECT scope, idempotency_key, request_method, request_route, created_at
 FROM idempotency_keys
 WHERE status = 'processing' AND created_at < now() - make_interval(secs => @older_than_seconds::float8)
 ORDER BY created_at
@@ -96,21 +96,21 @@ SELECT count(*) FROM idempotency_keys WHERE expires_at <= now();
 -- name: IdempotencyKeyReplaceProvisional :execrows
 -- Replaces the provisional 202 stored for a long operation with its final
 -- response, once the operation finished. created_at pins the very key row
--- the operation was accepted under (see payments.key_created_at); a row
--- that was purged, or reused after it expired, is left alone.
+-- the operation was accepted under (its claim's Ref); a row that was purged,
+-- or reused after it expired, is left alone.
 UPDATE idempotency_keys
 SET response_status = @response_status,
     response_headers = @response_headers,
     response_body = @response_body,
     completed_at = now()
-WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND created_at = @key_created_at
+WHERE scope = @scope AND idempotency_key = @idempotency_key AND created_at = @key_created_at
   AND status = 'completed' AND response_status = 202;
 
 -- name: IdempotencyKeyPeekMany :many
 -- The first of a deferred commit's statements (write-only operations,
 -- claimed at their commit, several requests' commits merged into one
 -- pipeline: IdempotencyKeyPeekMany, IdempotencyKeyInsertCompletedMany, then
--- each operation's writes, guarded by its claim (see OrderCreateClaimed)),
+-- each operation's writes, guarded by its claim (see pgstore.Batch)),
 -- which PostgreSQL runs as one implicit transaction. One row per key, in no
 -- particular order: what holds the key, if anything, so that a replay is answered
 -- in the same round trip as the attempt to claim. It also bounds the
@@ -124,14 +124,14 @@ WHERE account_id = @account_id AND idempotency_key = @idempotency_key AND create
 -- with every key stored (TestStatementsProbeTheIndex).
 SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
-       u.account_id::uuid AS account_id, u.idempotency_key::text AS idempotency_key,
+       u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
-FROM (SELECT unnest(@account_ids::uuid[]) AS account_id, unnest(@idempotency_keys::text[]) AS idempotency_key) AS u
+FROM (SELECT unnest(@scopes::bytea[]) AS scope, unnest(@idempotency_keys::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
-    LEFT JOIN idempotency_keys h ON h.account_id = u.account_id AND h.idempotency_key = u.idempotency_key
+    LEFT JOIN idempotency_keys h ON h.scope = u.scope AND h.idempotency_key = u.idempotency_key
     LIMIT 1
 ) k;
 
@@ -140,15 +140,15 @@ CROSS JOIN LATERAL (
 -- (sorted by the caller, so that concurrent pipelines lock key rows in one
 -- order; the arrays are unnested in step); returns the keys it claimed. A
 -- key a row holds is not inserted, and its operation's writes, guarded by
--- the claim (see OrderCreateClaimed), do nothing either. An expired row is
+-- the claim (see pgstore.Batch), do nothing either. An expired row is
 -- not freed here (that would take a statement more on every first
 -- request): the caller claims again in the transactional way, which frees
 -- it.
-INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status,
+INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-SELECT unnest(@account_ids::uuid[]), unnest(@idempotency_keys::text[]), unnest(@fingerprints::bytea[]),
+SELECT unnest(@scopes::bytea[]), unnest(@idempotency_keys::text[]), unnest(@fingerprints::bytea[]),
        unnest(@request_methods::text[]), unnest(@request_routes::text[]), 'completed',
        unnest(@response_statuses::integer[]), unnest(@response_headers::jsonb[]), unnest(@response_bodies::bytea[]),
        unnest(@created_ats::timestamptz[]), now(), unnest(@expires_ats::timestamptz[])
-ON CONFLICT (account_id, idempotency_key) DO NOTHING
-RETURNING account_id, idempotency_key;
+ON CONFLICT (scope, idempotency_key) DO NOTHING
+RETURNING scope, idempotency_key;

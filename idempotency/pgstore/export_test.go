@@ -1,0 +1,16 @@
+package pgstore
+
+// WatchCommits makes s call sent with the number of members of every
+// pipeline its group committer sends, just before sending it. sent may
+// block, to hold pipelines back while others queue behind them.
+func WatchCommits(s *Store, sent func(members int)) { s.commits.sent = sent }
+
+// QueuedCommits is how many deferred commits of s wait for a pipeline.
+func QueuedCommits(s *Store) int {
+	s.commits.mu.Lock()
+	defer s.commits.mu.Unlock()
+	return len(s.commits.queue)
+}
+
+// MaxMergedCommits is how many pipelines may be in flight at once.
+const MaxMergedCommits = maxMergedCommits

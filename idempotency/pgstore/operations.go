@@ -1,0 +1,89 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekey/oncekey/gen/keydb"
+)
+
+// ErrKeyNotFound means no record under that scope and key.
+var ErrKeyNotFound = errors.New("pgstore: no such key")
+
+// KeyInfo is what operators see of one key. It never includes the stored
+// response body, which may hold customer data; only its size.
+type KeyInfo struct {
+	Scope          string     `json:"scope"`
+	Key            string     `json:"idempotency_key"`
+	Status         string     `json:"status"`
+	Fingerprint    string     `json:"fingerprint"`
+	Method         string     `json:"method"`
+	Route          string     `json:"route"`
+	ResponseStatus int        `json:"response_status,omitempty"`
+	ResponseBytes  int        `json:"response_bytes"`
+	CreatedAt      time.Time  `json:"created_at"`
+	CompletedAt    *time.Time `json:"completed_at,omitempty"`
+	ExpiresAt      time.Time  `json:"expires_at"`
+	Expired        bool       `json:"expired"`
+}
+
+// Inspect returns one key's record for operators.
+func (s *Store) Inspect(ctx context.Context, scope, key string) (KeyInfo, error) {
+	row, err := s.queries(s.pool).IdempotencyKeyGet(ctx, keydb.IdempotencyKeyGetParams{Scope: []byte(scope), IdempotencyKey: key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return KeyInfo{}, ErrKeyNotFound
+	}
+	if err != nil {
+		return KeyInfo{}, Translate(err)
+	}
+	return KeyInfo{
+		Scope:          string(row.Scope),
+		Key:            row.IdempotencyKey,
+		Status:         row.Status,
+		Fingerprint:    hex.EncodeToString(row.Fingerprint),
+		Method:         row.RequestMethod,
+		Route:          row.RequestRoute,
+		ResponseStatus: int(row.ResponseStatus.Int32),
+		ResponseBytes:  len(row.ResponseBody),
+		CreatedAt:      row.CreatedAt,
+		CompletedAt:    row.CompletedAt,
+		ExpiresAt:      row.ExpiresAt,
+		Expired:        !row.ExpiresAt.After(time.Now()),
+	}, nil
+}
+
+// StuckKey is a key processing for longer than it should.
+type StuckKey struct {
+	Scope     string    `json:"scope"`
+	Key       string    `json:"idempotency_key"`
+	Method    string    `json:"method"`
+	Route     string    `json:"route"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Stuck returns up to limit keys processing for longer than olderThan,
+// oldest first.
+func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) ([]StuckKey, error) {
+	rows, err := s.queries(s.pool).IdempotencyKeyListStuck(ctx, keydb.IdempotencyKeyListStuckParams{
+		OlderThanSeconds: olderThan.Seconds(), MaxRows: int32(limit),
+	})
+	if err != nil {
+		return nil, Translate(fmt.Errorf("list stuck keys: %w", err))
+	}
+	out := make([]StuckKey, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, StuckKey{Scope: string(r.Scope), Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, CreatedAt: r.CreatedAt})
+	}
+	return out, nil
+}
+
+// CountExpired returns how many expired keys a purge would delete now.
+func (s *Store) CountExpired(ctx context.Context) (int64, error) {
+	n, err := s.queries(s.pool).IdempotencyKeyCountExpired(ctx)
+	return n, Translate(err)
+}

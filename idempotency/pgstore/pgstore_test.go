@@ -1,0 +1,169 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/idempotency/internal/testharness"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/storetest"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// The database of these tests holds two key tables and what the suite
+// writes through leases, nothing of any application's.
+func TestMain(m *testing.M) {
+	testdb.MainWith(m, func(ctx context.Context, pool *pgxpool.Pool) error {
+		return testharness.Migrate(ctx, pool, pgstore.Options{}, pgstore.Options{Table: renamedTable})
+	})
+}
+
+// renamedTable is a key table of another name, beside the default one.
+const renamedTable = "other_keys"
+
+// TestConformance runs the store suite on the real database: the
+// transactional store and the deferring one, on the default key table and
+// on one of another name. The transactional store's
+// "ConcurrentClaimWaitsForHolder/holder does not end within the wait"
+// case is the check that a claim's wait on an open holder transaction is
+// bounded by lock_timeout.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	for _, table := range []string{pgstore.DefaultTable, renamedTable} {
+		t.Run(table, func(t *testing.T) {
+			t.Parallel()
+			t.Run("transactional", func(t *testing.T) {
+				t.Parallel()
+				storetest.Run(t, testharness.PostgresTx(testdb.Pool(t), table))
+			})
+			t.Run("deferred", func(t *testing.T) {
+				t.Parallel()
+				storetest.Run(t, testharness.PostgresDeferred(testdb.Pool(t), table))
+			})
+		})
+	}
+}
+
+// TestMigrate checks that replicas starting together may all migrate: the
+// advisory lock makes one apply the schema and the others find it done,
+// and that a table of another name gets the same layout.
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	_, pool := testdb.Empty(t)
+	ctx := t.Context()
+	const replicas = 3
+	for _, table := range []string{"", "widget_keys"} {
+		errs := make([]error, replicas)
+		var wg sync.WaitGroup
+		for i := range replicas {
+			wg.Go(func() { errs[i] = pgstore.Migrate(ctx, pool, pgstore.Options{Table: table}) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "migration %d of %d concurrent ones of table %q", i+1, replicas, table)
+		}
+	}
+	var applied int
+	require.NoError(t, pool.QueryRow(ctx,
+		"SELECT count(*) FROM idempotency_keys_migrations WHERE version_id = 1 AND is_applied").Scan(&applied),
+		"read the migrations table")
+	require.Equal(t, 1, applied, "times the first migration was applied")
+	require.Equal(t, tableLayout(t, pool, "idempotency_keys"), tableLayout(t, pool, "widget_keys"), "layout of the renamed table")
+
+	_, err := pgstore.New(pool, pgstore.Options{Table: "Robert'); DROP TABLE students;--"})
+	require.Error(t, err, "a table name that is no plain identifier")
+}
+
+// tableLayout describes a table's columns, constraints and indexes with its
+// own name taken out.
+func tableLayout(t *testing.T, pool *pgxpool.Pool, table string) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `
+		SELECT format('column %s %s %s %s', column_name, data_type, is_nullable, coalesce(column_default, ''))
+		FROM information_schema.columns WHERE table_name = $1
+		UNION ALL
+		SELECT format('constraint %s %s', replace(conname, $1, 'T'), pg_get_constraintdef(oid))
+		FROM pg_constraint WHERE conrelid = $1::regclass
+		UNION ALL
+		SELECT format('index %s', replace(indexdef, $1, 'T')) FROM pg_indexes WHERE tablename = $1
+		ORDER BY 1`, table)
+	require.NoError(t, err, "describe %s", table)
+	layout, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err, "describe %s", table)
+	return layout
+}
+
+// TestKeyStatsDoNotCountALargeTable checks that the statistics a metrics
+// scrape reads do not count a large key table row by row, even when it was
+// never analyzed (autovacuum off: PostgreSQL then knows no row estimate,
+// reltuples = -1): the total comes from the statistics system's live-row
+// count instead.
+func TestKeyStatsDoNotCountALargeTable(t *testing.T) {
+	t.Parallel()
+	// Above the 100,000 below which the total is counted.
+	const rows = 120_000
+	// One session: the statistics of the one that runs KeyStats are flushed below.
+	pool := oneSessionDatabase(t)
+	ctx := t.Context()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, "%s", sql)
+	}
+	// Makes this session report its statistics now rather than within
+	// the second: at the end of the statement after this one.
+	flushStats := func() {
+		t.Helper()
+		exec("SELECT pg_stat_force_next_flush()")
+		exec("SELECT 1")
+	}
+	exec("ALTER TABLE idempotency_keys SET (autovacuum_enabled = false)")
+	exec(fmt.Sprintf(`INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route,
+		status, response_status, response_headers, response_body, completed_at, expires_at)
+		SELECT uuid_send(gen_random_uuid()), g::text, sha256(g::text::bytea), 'POST', '/orders',
+		       'completed', 201, '{}', '\x7b7d', now(), now() + interval '1 hour'
+		FROM generate_series(1, %d) g`, rows))
+	flushStats()
+	var reltuples float64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT reltuples FROM pg_class WHERE oid = 'idempotency_keys'::regclass").Scan(&reltuples), "reltuples")
+	require.Equal(t, float64(-1), reltuples, "the table was never analyzed")
+	tuplesRead := func() (read, live int64) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0), n_live_tup
+			FROM pg_stat_user_tables WHERE relname = 'idempotency_keys'`).Scan(&read, &live), "table statistics")
+		return read, live
+	}
+	before, live := tuplesRead()
+	require.EqualValues(t, rows, live, "live rows in the statistics system")
+
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err, "open the store")
+	stats, err := store.KeyStats(ctx)
+	require.NoError(t, err, "key statistics")
+	flushStats()
+	after, _ := tuplesRead()
+	require.EqualValues(t, rows, stats.Completed, "completed keys")
+	require.Less(t, after-before, int64(rows/10), "rows of the key table read to compute its statistics")
+}
+
+// oneSessionDatabase creates a migrated database of the test's own and
+// returns a pool of one connection on it, for tests that look at what a
+// session keeps (its prepared statements, its statistics), and drops it
+// when the test ends.
+func oneSessionDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	dbURL, _ := testdb.Fresh(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err, "parse %s", dbURL)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err, "pool")
+	t.Cleanup(pool.Close) // registered after the drop, so it runs before
+	return pool
+}

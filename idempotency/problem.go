@@ -1,0 +1,89 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+)
+
+// StatusClientClosedRequest is what a request whose client went away before
+// its answer was ready is logged with (nginx's 499). Nobody reads it; the
+// status keeps a client's disconnect out of the server-error figures.
+const StatusClientClosedRequest = 499
+
+// Problem is how the default error writer describes one of the protocol's
+// errors: its status and an RFC 9457 type slug and title.
+type Problem struct {
+	Status int
+	Slug   string
+	Title  string
+}
+
+// problems describe the protocol's errors, in the order Describe looks for
+// them.
+var problems = []struct {
+	Err     error
+	Problem Problem
+}{
+	{ErrMissingKey, Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}},
+	{ErrInvalidKey, Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}},
+	{ErrMalformedBody, Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}},
+	{ErrBodyTooLarge, Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}},
+	{ErrNoScope, Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}},
+	{ErrKeyMismatch, Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}},
+	{ErrInFlight, Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}},
+	{ErrUnavailable, Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}},
+	{context.Canceled, Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}},
+}
+
+// internalProblem is an error the table does not know: a failure whose
+// details stay in the log.
+var internalProblem = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
+
+// Describe returns how the default writer answers err, and whether err is
+// one of the protocol's errors (otherwise it is a 500), for writers of
+// their own that keep its statuses.
+func Describe(err error) (Problem, bool) {
+	for _, p := range problems {
+		if errors.Is(err, p.Err) {
+			return p.Problem, true
+		}
+	}
+	return internalProblem, false
+}
+
+// ProblemWriter returns a Config.WriteError that answers with RFC 9457
+// problem+json documents whose type is typeBase followed by the problem's
+// slug ("about:blank" when typeBase is empty). Client errors carry err's
+// message as their detail; server errors carry a fixed one, so that no
+// internal detail leaks.
+func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request, err error) {
+	return func(w http.ResponseWriter, _ *http.Request, err error) {
+		p, _ := Describe(err)
+		detail := err.Error()
+		switch {
+		case p.Status == StatusClientClosedRequest:
+			detail = "the client closed the request"
+		case p.Status >= 500:
+			detail = "the request could not be completed; retrying with the same Idempotency-Key is safe"
+		}
+		typ := "about:blank"
+		if typeBase != "" {
+			typ = typeBase + p.Slug
+		}
+		body, _ := json.Marshal(struct {
+			Type   string `json:"type"`
+			Title  string `json:"title"`
+			Status int    `json:"status"`
+			Detail string `json:"detail,omitempty"`
+		}{typ, p.Title, p.Status, detail})
+		h := w.Header()
+		h.Set("Content-Type", "application/problem+json")
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		h.Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(p.Status)
+		_, _ = w.Write(body)
+	}
+}

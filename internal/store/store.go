@@ -1,0 +1,48 @@
+// Package store declares, once, what Oncekey runs on: the idempotency
+// engine's key stores, handing out Oncekey's units of work, and the domain
+// repositories beside them. The PostgreSQL store (package postgres) and the
+// in-memory one (package memory) both provide it, and the suite in package
+// storetest holds them to one behaviour.
+package store
+
+import (
+	"context"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/ledger"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
+)
+
+// Tx is the unit of work of an operation that reads as it writes (a
+// payment, a bonus booking): its reads and writes run in the transaction
+// that claimed the key, and commit with the stored response.
+type Tx interface {
+	payments.Unit
+	ledger.Booker
+}
+
+// Writes is the unit of work of an operation that only writes (creating an
+// order): its writes may wait for the commit and go with the claim, in one
+// round trip, and it can read nothing back.
+type Writes interface {
+	orders.Writer
+}
+
+// Backend is everything Oncekey's service runs on.
+type Backend interface {
+	// Keys claims the keys of operations that read as they write.
+	Keys() idempotency.Store[Tx]
+	// WriteKeys claims the keys of operations that only write.
+	WriteKeys() idempotency.Store[Writes]
+
+	orders.Repository
+	payments.Repository
+	ledger.Repository
+	auth.Store
+	idempotency.Purger
+	idempotency.StatsSource
+	// Ping reports whether the backend answers (GET /readyz).
+	Ping(ctx context.Context) error
+}
