@@ -12,10 +12,9 @@ import (
 
 	"github.com/oncekey/oncekey/client"
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -84,8 +83,8 @@ type testBundle struct {
 
 func setup(t *testing.T, script ...fault) *testBundle {
 	t.Helper()
-	store := postgres.New(testdb.Pool(t))
-	handler, err := httpapi.New(httpapi.Config{Orders: orders.NewService(store), Auth: store, Idempotency: store})
+	store := postgres.New(testdb.Pool(t), nil)
+	handler, err := httpapi.New(httpapi.Config{Backend: store})
 	require.NoError(t, err)
 	inj := &injector{next: handler, script: script}
 	srv := httptest.NewServer(inj)

@@ -573,10 +573,16 @@ func Replayable(status int) bool {
 	return status < 500
 }
 
-// detach keeps ctx's values but not its cancellation, with a bound: once the
-// operation has run, its outcome is stored even if the client disconnected.
+// detach keeps ctx's values but not its cancellation: once the operation
+// has run, its outcome is stored even if the client disconnected. It keeps
+// ctx's deadline, so that a store that stops answering turns a request into
+// an error at its deadline rather than later, and bounds the rest to 10s.
 func detach(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
 // Unsafe reports whether method changes state (RFC 9110 §9.2.1), and so

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // scaleResult compares the modes on an empty key table and on one holding

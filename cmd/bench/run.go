@@ -13,20 +13,21 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/ledger"
-	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/store/recordcache"
-	"github.com/oncekey/oncekey/internal/store/rediscache"
 )
 
 type options struct {
@@ -81,7 +82,7 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		return 0, err
 	}
-	store := postgres.New(pool)
+	store := postgres.New(pool, nil)
 	creds, err := auth.CreateAccount(ctx, store, "bench", "")
 	if err != nil {
 		return 0, err
@@ -131,13 +132,13 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 		}
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	serve := func(keys idempotency.Store, without bool) (string, error) {
+	serve := func(keys keyStores, opts ...httpapi.Option) (string, error) {
 		h, err := httpapi.New(httpapi.Config{
-			Orders: orders.NewService(b.store), Ledger: ledger.NewService(b.store),
+			Backend: b.store, Keys: keys.tx, WriteKeys: keys.writes,
 			// As serve wires it.
-			Auth:        auth.NewCache(b.store, auth.DefaultCacheSize, auth.DefaultCacheTTL),
-			Idempotency: keys, WithoutIdempotency: without, Logger: quiet,
-		})
+			Auth:   auth.NewCache(b.store, auth.DefaultCacheSize, auth.DefaultCacheTTL),
+			Logger: quiet,
+		}, opts...)
 		if err != nil {
 			return "", err
 		}
@@ -150,30 +151,31 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 		stops = append(stops, func() { _ = srv.Close() })
 		return "http://" + ln.Addr().String(), nil
 	}
-	withCache := func(keys idempotency.Store) idempotency.Store {
-		cached, err := recordcache.New(keys, recordcache.DefaultSize, nil)
+	withCache := func(keys keyStores) keyStores {
+		cache, err := recordcache.New(recordcache.DefaultSize, nil)
 		if err != nil {
 			panic(err) // only for a size below 1
 		}
-		return cached
+		return keyStores{recordcache.Wrap(cache, keys.tx), recordcache.Wrap(cache, keys.writes)}
 	}
+	backend := keyStores{b.store.Keys(), b.store.WriteKeys()}
 	var err error
-	if b.targets[modeBaseline], err = serve(b.store, true); err != nil {
+	if b.targets[modeBaseline], err = serve(backend, httpapi.WithoutIdempotency(b.store)); err != nil {
 		return stopAll, err
 	}
 	// As serve wires it: the in-process record cache in front.
-	if b.targets[modeFirst], err = serve(withCache(b.store), false); err != nil {
+	if b.targets[modeFirst], err = serve(withCache(backend)); err != nil {
 		return stopAll, err
 	}
 	b.targets[modeReplay] = b.targets[modeFirst]
 	// A replica that has not seen the key: no record cache, so every replay
 	// is answered by PostgreSQL.
-	if b.targets[modeReplayDB], err = serve(b.store, false); err != nil {
+	if b.targets[modeReplayDB], err = serve(backend); err != nil {
 		return stopAll, err
 	}
 	b.modes = []string{modeBaseline, modeFirst, modeReplay, modeReplayDB}
 	if b.opts.redisURL != "" {
-		rdb, err := rediscache.NewClient(b.opts.redisURL)
+		rdb, err := redisstore.NewClient(b.opts.redisURL)
 		if err != nil {
 			return stopAll, err
 		}
@@ -181,15 +183,16 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			return stopAll, fmt.Errorf("Redis at %s: %w (pass -redis-url= to leave the Redis modes out)", b.opts.redisURL, err)
 		}
-		stops = append(stops, func() { flushBench(ctx, rdb, b.creds.AccountID.String()) })
+		fastPath := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey:"})
+		stops = append(stops, func() { flushBench(ctx, rdb, fastPath, b.creds.AccountID) })
 		// First requests as serve wires it (the record cache in front of
 		// Redis); replays on a replica that has not seen the key, so Redis
 		// answers them.
-		fast := rediscache.New(b.store, rdb, rediscache.Config{})
-		if b.targets[modeFirstRedis], err = serve(withCache(fast), false); err != nil {
+		fast := keyStores{redisstore.Wrap(fastPath, backend.tx), redisstore.Wrap(fastPath, backend.writes)}
+		if b.targets[modeFirstRedis], err = serve(withCache(fast)); err != nil {
 			return stopAll, err
 		}
-		if b.targets[modeReplayRedis], err = serve(fast, false); err != nil {
+		if b.targets[modeReplayRedis], err = serve(fast); err != nil {
 			return stopAll, err
 		}
 		b.modes = append(b.modes, modeFirstRedis, modeReplayRedis)
@@ -272,10 +275,18 @@ func createDatabase(ctx context.Context, adminURL string) (string, func(), error
 	}, nil
 }
 
+// keyStores are the key stores a server is built with.
+type keyStores struct {
+	tx     idempotency.Store[store.Tx]
+	writes idempotency.Store[store.Writes]
+}
+
 // flushBench removes what the Redis modes cached: the keys of the
-// benchmark's account, which carry it in their hash tag.
-func flushBench(ctx context.Context, rdb *redis.Client, account string) {
-	iter := rdb.Scan(ctx, 0, "oncekey:{"+account+"}:*", 1000).Iterator()
+// benchmark's account, which carry its scope in their hash tag.
+func flushBench(ctx context.Context, rdb *redis.Client, fast *redisstore.Store, account uuid.UUID) {
+	record, _ := fast.KeyNames(auth.Scope(account), "")
+	prefix := record[:strings.Index(record, "}")+1]
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	for iter.Next(ctx) {
 		_ = rdb.Del(ctx, iter.Val()).Err()
 	}

@@ -31,9 +31,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
@@ -110,12 +110,10 @@ func startService(ctx context.Context) (baseURL, apiKey string, store *memory.St
 	m := metrics.New()
 	m.RegisterStore(store)
 	handler, err := httpapi.New(httpapi.Config{
-		Orders:      orders.NewService(slowRepository{store}),
-		Auth:        store,
-		Idempotency: store,
-		Ready:       store.Ping,
-		Logger:      slog.New(slog.DiscardHandler),
-		Metrics:     m,
+		Backend: store,
+		Orders:  func(w orders.Writer) orders.Writer { return slowWriter{w} },
+		Logger:  slog.New(slog.DiscardHandler),
+		Metrics: m,
 	})
 	if err != nil {
 		return "", "", nil, nil, err
@@ -163,12 +161,12 @@ const keysFamily = "oncekey_idempotency_keys"
 // slow payment provider, so duplicates arrive while it still runs.
 const slowSKU = "SLOW"
 
-// slowRepository delays creating orders that contain slowSKU. The delay
-// comes before the write, so it holds no store lock: only that key's
-// duplicates wait, as with a slow downstream call in production.
-type slowRepository struct{ orders.Repository }
+// slowWriter delays creating orders that contain slowSKU. The delay comes
+// before the write, so it holds no store lock: only that key's duplicates
+// wait, as with a slow downstream call in production.
+type slowWriter struct{ orders.Writer }
 
-func (r slowRepository) CreateOrder(ctx context.Context, o orders.Order) error {
+func (r slowWriter) CreateOrder(ctx context.Context, o orders.Order) error {
 	for _, it := range o.Items {
 		if it.SKU == slowSKU {
 			select {
@@ -178,5 +176,5 @@ func (r slowRepository) CreateOrder(ctx context.Context, o orders.Order) error {
 			}
 		}
 	}
-	return r.Repository.CreateOrder(ctx, o)
+	return r.Writer.CreateOrder(ctx, o)
 }

@@ -5,12 +5,12 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
-	"github.com/oncekey/oncekey/internal/store/recordcache"
 )
 
 // config is everything serve reads from the environment. docs/operations.md

@@ -137,7 +137,7 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL, pool := testdb.Fresh(t)
-	creds, err := auth.CreateAccount(ctx, postgres.New(pool), "crash", "")
+	creds, err := auth.CreateAccount(ctx, postgres.New(pool, nil), "crash", "")
 	require.NoError(t, err)
 
 	loser := &answerLoser{held: map[string]bool{}, next: provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler))}

@@ -35,20 +35,20 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/jobs"
-	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/metrics"
-	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/store/recordcache"
-	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/tracing"
 )
 
@@ -106,7 +106,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
 			if *dryRun {
-				n, err := s.CountExpired(ctx)
+				n, err := s.KeyStore().CountExpired(ctx)
 				if err != nil {
 					return err
 				}
@@ -183,11 +183,11 @@ func keysCommand(ctx context.Context, cfg config, args []string, stdout, stderr 
 			return fmt.Errorf("ACCOUNT %q is not an account id", args[1])
 		}
 		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			info, err := s.InspectKey(ctx, account, args[2])
+			info, err := s.KeyStore().Inspect(ctx, auth.Scope(account), args[2])
 			if err != nil {
 				return err
 			}
-			return enc.Encode(info)
+			return enc.Encode(keyInfo{Account: account.String(), KeyInfo: info})
 		})
 	case "stats":
 		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
@@ -212,15 +212,43 @@ func keysCommand(ctx context.Context, cfg config, args []string, stdout, stderr 
 			return err
 		}
 		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			stuck, err := s.ListStuck(ctx, *olderThan, *limit)
+			stuck, err := s.KeyStore().Stuck(ctx, *olderThan, *limit)
 			if err != nil {
 				return err
 			}
-			return enc.Encode(stuck)
+			out := make([]stuckKey, 0, len(stuck))
+			for _, k := range stuck {
+				out = append(out, stuckKey{Account: accountOf(k.Scope), StuckKey: k})
+			}
+			return enc.Encode(out)
 		})
 	default:
 		return fmt.Errorf("unknown keys command %q", args[0])
 	}
+}
+
+// keyInfo is `keys inspect`'s output: the engine's view of a key, with the
+// account its scope is.
+type keyInfo struct {
+	Account string `json:"account_id"`
+	pgstore.KeyInfo
+	Scope struct{} `json:"scope,omitzero"` // the account, above
+}
+
+// stuckKey is one line of `keys stuck`.
+type stuckKey struct {
+	Account string `json:"account_id"`
+	pgstore.StuckKey
+	Scope struct{} `json:"scope,omitzero"` // the account, above
+}
+
+// accountOf is the account id whose keys' scope is scope.
+func accountOf(scope string) string {
+	id, err := uuid.FromBytes([]byte(scope))
+	if err != nil {
+		return fmt.Sprintf("%x", scope)
+	}
+	return id.String()
 }
 
 // contractTest runs internal/contracttest against --url and prints one line
@@ -263,7 +291,7 @@ func withDatabase(ctx context.Context, cfg config, fn func(*postgres.Store) erro
 		return err
 	}
 	defer pool.Close()
-	return fn(postgres.New(pool))
+	return fn(postgres.New(pool, nil))
 }
 
 // openDatabase connects and migrates, so every command works on a fresh
@@ -280,18 +308,6 @@ func openDatabase(ctx context.Context, url string, opts ...postgres.Option) (*pg
 	return pool, nil
 }
 
-// backend is what serve needs from a store.
-type backend interface {
-	idempotency.Store
-	idempotency.Purger
-	idempotency.StatsSource
-	orders.Repository
-	payments.Repository
-	ledger.Repository
-	auth.Store
-	Ping(context.Context) error
-}
-
 func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) error {
 	shutdownTracing, err := tracing.Setup(cfg.Tracing, stdout)
 	if err != nil {
@@ -304,63 +320,51 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	}
 
 	m := metrics.New()
-	var store backend
-	var pool *pgxpool.Pool // nil in memory
-	if cfg.DatabaseURL != "" {
-		pool, err = openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		store = postgres.New(pool)
-		m.RegisterPool(pool)
-		log.Info("store: PostgreSQL")
-	} else {
-		mem := memory.New()
-		creds, err := auth.CreateAccount(ctx, mem, "demo", cfg.DemoAPIKey)
-		if err != nil {
-			return err
-		}
-		store = mem
-		log.Warn("store: in memory (set DATABASE_URL for PostgreSQL); data is lost on exit")
-		fmt.Fprintf(stdout, "demo account %s, API key: %s\n", creds.AccountID, creds.APIKey)
+	be, err := openBackend(ctx, cfg, log, stdout, dbOpts)
+	if err != nil {
+		return err
 	}
-
-	m.RegisterStore(store)
-	var keys idempotency.Store = store
+	defer be.close()
+	if be.pool != nil {
+		m.RegisterPool(be.pool)
+	}
+	m.RegisterStore(be.Backend)
+	keys, writeKeys := be.Keys(), be.WriteKeys()
 	if cfg.RedisURL != "" {
-		rdb, err := rediscache.NewClient(cfg.RedisURL)
+		rdb, err := redisstore.NewClient(cfg.RedisURL)
 		if err != nil {
 			return err
 		}
 		defer rdb.Close()
 		// No ping: Redis being down at start only costs speed, and the
 		// client reconnects by itself when it comes back.
-		keys = rediscache.New(store, rdb, rediscache.Config{Observer: m})
+		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey:", Observer: m})
+		keys, writeKeys = redisstore.Wrap(fast, keys), redisstore.Wrap(fast, writeKeys)
 		log.Info("idempotency fast path: Redis")
 	}
 	if cfg.RecordCacheSize > 0 {
 		// In front of Redis too: a replay of a key this replica has seen
 		// costs no round trip at all.
-		if keys, err = recordcache.New(keys, cfg.RecordCacheSize, m); err != nil {
+		cache, err := recordcache.New(cfg.RecordCacheSize, m)
+		if err != nil {
 			return err
 		}
+		keys, writeKeys = recordcache.Wrap(cache, keys), recordcache.Wrap(cache, writeKeys)
 	}
-	pay, err := startPayments(ctx, cfg, store, pool, log)
+	pay, err := startPayments(ctx, cfg, be, log)
 	if err != nil {
 		return err
 	}
 	defer pay.stop()
 	handler, err := httpapi.New(httpapi.Config{
-		Orders:   orders.NewService(store),
-		Payments: pay.svc,
-		Ledger:   ledger.NewService(store),
+		Backend:   be.Backend,
+		Keys:      keys,
+		WriteKeys: writeKeys,
+		Payments:  pay.svc,
 		// Looked-up keys are trusted for ONCEKEY_API_KEY_CACHE_TTL: a round
 		// trip saved on every request, at the price of that revocation delay
 		// on other replicas.
-		Auth:           auth.NewCache(store, auth.DefaultCacheSize, cfg.APIKeyCacheTTL),
-		Idempotency:    keys,
-		Ready:          store.Ping,
+		Auth:           auth.NewCache(be.Backend, auth.DefaultCacheSize, cfg.APIKeyCacheTTL),
 		TTL:            cfg.TTL,
 		Wait:           cfg.Wait,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
@@ -391,7 +395,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go idempotency.Cleanup{Purger: store, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observer: m}.Run(cleanupCtx)
+	go idempotency.Cleanup{Purger: be.Backend, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observer: m}.Run(cleanupCtx)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -413,6 +417,41 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	return nil
 }
 
+// backend is the store serve runs on, with what it holds open.
+type backend struct {
+	store.Backend
+	pool    *pgxpool.Pool // nil in memory
+	local   *memory.Store // nil on PostgreSQL
+	charges *jobs.Runner  // nil in memory
+	close   func()
+}
+
+// openBackend opens PostgreSQL when DATABASE_URL is set (migrating first),
+// and the in-memory store with a demo account otherwise.
+func openBackend(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer, dbOpts []postgres.Option) (backend, error) {
+	if cfg.DatabaseURL == "" {
+		mem := memory.New()
+		creds, err := auth.CreateAccount(ctx, mem, "demo", cfg.DemoAPIKey)
+		if err != nil {
+			return backend{}, err
+		}
+		log.Warn("store: in memory (set DATABASE_URL for PostgreSQL); data is lost on exit")
+		fmt.Fprintf(stdout, "demo account %s, API key: %s\n", creds.AccountID, creds.APIKey)
+		return backend{Backend: mem, local: mem, close: func() {}}, nil
+	}
+	pool, err := openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
+	if err != nil {
+		return backend{}, err
+	}
+	runner, err := jobs.New(pool, jobs.Config{Policy: cfg.PaymentPolicy, Workers: cfg.PaymentWorkers, Logger: log.With("component", "river")})
+	if err != nil {
+		pool.Close()
+		return backend{}, err
+	}
+	log.Info("store: PostgreSQL")
+	return backend{Backend: postgres.New(pool, runner), pool: pool, charges: runner, close: pool.Close}, nil
+}
+
 // paymentsRuntime is the payment service with its worker and provider.
 type paymentsRuntime struct {
 	svc  *payments.Service
@@ -424,7 +463,7 @@ type paymentsRuntime struct {
 // ONCEKEY_PROVIDER_URL or, without one, the sandbox provider in-process (so
 // the in-memory default works end to end). stop lets attempts under way
 // finish, for up to ONCEKEY_SHUTDOWN_TIMEOUT.
-func startPayments(ctx context.Context, cfg config, store backend, pool *pgxpool.Pool, log *slog.Logger) (paymentsRuntime, error) {
+func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger) (paymentsRuntime, error) {
 	var stops []func(context.Context)
 	stopAll := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
@@ -445,14 +484,9 @@ func startPayments(ctx context.Context, cfg config, store backend, pool *pgxpool
 		log.Warn("payments: sandbox provider in-process (set ONCEKEY_PROVIDER_URL for a real one)", "url", url)
 	}
 	client := provider.NewClient(providerURL, &http.Client{Timeout: cfg.ProviderTimeout})
-	pcfg := payments.Config{Repo: store, Orders: store, Provider: client, Render: httpapi.PaymentOutcome}
+	pcfg := payments.Config{Repo: be.Backend, Provider: client, Render: httpapi.PaymentOutcome}
 
-	if pool == nil {
-		mem, ok := store.(payments.LocalQueue)
-		if !ok {
-			return paymentsRuntime{}, errors.New("payments: the in-memory store has no local queue")
-		}
-		pcfg.Queue = mem
+	if mem := be.local; mem != nil {
 		svc := payments.NewService(pcfg)
 		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
@@ -470,12 +504,7 @@ func startPayments(ctx context.Context, cfg config, store backend, pool *pgxpool
 		return paymentsRuntime{svc: svc, stop: stopAll}, nil
 	}
 
-	runner, err := jobs.New(pool, jobs.Config{Policy: cfg.PaymentPolicy, Workers: cfg.PaymentWorkers, Logger: log.With("component", "river")})
-	if err != nil {
-		stopAll()
-		return paymentsRuntime{}, err
-	}
-	pcfg.Queue = runner
+	runner := be.charges
 	svc := payments.NewService(pcfg)
 	if err := runner.Start(context.WithoutCancel(ctx), svc); err != nil {
 		stopAll()

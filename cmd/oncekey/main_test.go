@@ -15,8 +15,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
@@ -143,7 +144,7 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 func TestShutdownStoresInFlightResponses(t *testing.T) {
 	t.Parallel()
 	dbURL, pool := testdb.Fresh(t)
-	creds, err := auth.CreateAccount(context.Background(), postgres.New(pool), "drain", "")
+	creds, err := auth.CreateAccount(context.Background(), postgres.New(pool, nil), "drain", "")
 	require.NoError(t, err)
 	env := map[string]string{"DATABASE_URL": dbURL}
 	status, body := drainInFlight(t, env, creds.APIKey)
@@ -223,30 +224,32 @@ func TestOperatorCommands(t *testing.T) {
 	ctx := context.Background()
 	dbURL, pool := testdb.Fresh(t) // purge must see only this test's keys
 	env := map[string]string{"DATABASE_URL": dbURL}
-	store := postgres.New(pool)
+	store := postgres.New(pool, nil)
 	creds, err := auth.CreateAccount(ctx, store, "ops", "")
 	require.NoError(t, err)
 
 	// A completed key, through the store as the middleware would.
 	fp := idempotency.Fingerprint{1, 2, 3}
-	lease, _, err := store.Claim(ctx, idempotency.ClaimRequest{Account: creds.AccountID, Key: "done", Fingerprint: fp,
+	lease, _, err := store.Keys().Claim(ctx, idempotency.ClaimRequest{Scope: auth.Scope(creds.AccountID), Key: "done", Fingerprint: fp,
 		Method: "POST", Route: "/orders", TTL: time.Hour, Wait: time.Second})
 	require.NoError(t, err)
 	require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: 201, Header: http.Header{}, Body: []byte(`{"id":"x"}`)}))
 	// A key stuck in processing for 20 minutes and one expired an hour ago.
 	for _, q := range []string{
-		`INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
-		 VALUES ($1, 'stuck', $2, 'POST', '/orders', 'processing', now() - interval '20 minutes', now() + interval '1 hour')`,
-		`INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_body, completed_at, created_at, expires_at)
-		 VALUES ($1, 'old', $2, 'POST', '/orders', 'completed', 201, '{}', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour')`,
+		`INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
+		 VALUES (uuid_send($1), 'stuck', $2, 'POST', '/orders', 'processing', now() - interval '20 minutes', now() + interval '1 hour')`,
+		`INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_body, completed_at, created_at, expires_at)
+		 VALUES (uuid_send($1), 'old', $2, 'POST', '/orders', 'completed', 201, '{}', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour')`,
 	} {
 		_, err := pool.Exec(ctx, q, creds.AccountID, fp[:])
 		require.NoError(t, err)
 	}
 	out, err := runCommand(t, env, "keys", "inspect", creds.AccountID.String(), "done")
 	require.NoError(t, err)
-	var info idempotency.KeyInfo
+	var info pgstore.KeyInfo
 	require.NoError(t, json.Unmarshal([]byte(out), &info), out)
+	require.Contains(t, out, `"account_id": "`+creds.AccountID.String()+`"`, "the key's account")
+	require.NotContains(t, out, `"scope"`, "the scope is shown as the account")
 	require.Equal(t, "completed", info.Status)
 	require.Equal(t, 201, info.ResponseStatus)
 	require.Equal(t, fp.String(), info.Fingerprint)
@@ -254,7 +257,7 @@ func TestOperatorCommands(t *testing.T) {
 	require.NotContains(t, out, `{"id":"x"}`, "the stored body is not shown")
 
 	_, err = runCommand(t, env, "keys", "inspect", creds.AccountID.String(), "nope")
-	require.ErrorIs(t, err, idempotency.ErrKeyNotFound)
+	require.ErrorIs(t, err, pgstore.ErrKeyNotFound)
 
 	out, err = runCommand(t, env, "keys", "stats")
 	require.NoError(t, err)
@@ -273,13 +276,13 @@ func TestOperatorCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, `"dry_run":true`)
 	var count int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE account_id = $1 AND idempotency_key = 'old'", creds.AccountID).Scan(&count))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = uuid_send($1) AND idempotency_key = 'old'", creds.AccountID).Scan(&count))
 	require.Equal(t, 1, count, "a dry run deletes nothing")
 
 	out, err = runCommand(t, env, "purge")
 	require.NoError(t, err)
 	require.JSONEq(t, `{"deleted":1}`, out)
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE account_id = $1", creds.AccountID).Scan(&count))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = uuid_send($1)", creds.AccountID).Scan(&count))
 	require.Equal(t, 2, count, "only the expired key is gone")
 }
 

@@ -37,7 +37,7 @@ func TestOrdersSurviveKilledServe(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL, pool := testdb.Fresh(t)
-	creds, err := auth.CreateAccount(ctx, postgres.New(pool), "kill", "")
+	creds, err := auth.CreateAccount(ctx, postgres.New(pool, nil), "kill", "")
 	require.NoError(t, err)
 	env := map[string]string{"DATABASE_URL": dbURL}
 	first := startServeProcess(t, env)
@@ -86,7 +86,7 @@ func TestOrdersSurviveKilledServe(t *testing.T) {
 	require.True(t, time.Now().Before(deadline), "every retry should succeed promptly")
 	var rows, distinctKeys int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM orders WHERE account_id = $1", creds.AccountID).Scan(&rows))
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE account_id = $1", creds.AccountID).Scan(&distinctKeys))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = uuid_send($1)", creds.AccountID).Scan(&distinctKeys))
 	require.Equal(t, len(keys), rows, "exactly one order per key: %d keys sent", len(keys))
 	require.Equal(t, len(keys), distinctKeys, "one completed key record per key")
 	t.Logf("%d keys, %d confirmed before the kill, %d unconfirmed", len(keys), len(confirmed), len(keys)-len(confirmed))
@@ -110,7 +110,7 @@ func TestReplicasBehaveAsOne(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_migration`).Scan(&river))
 	require.Positive(t, river, "River's migrations were applied")
 
-	creds, err := auth.CreateAccount(ctx, postgres.New(pool), "replicas", "")
+	creds, err := auth.CreateAccount(ctx, postgres.New(pool, nil), "replicas", "")
 	require.NoError(t, err)
 	const n = 150
 	key := uuid.NewString()

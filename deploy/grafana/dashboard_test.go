@@ -24,11 +24,11 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/oncekey/oncekey/deploy/grafana"
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
-	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -189,14 +189,14 @@ func TestDashboardMetricsExported(t *testing.T) {
 
 	for _, be := range []struct {
 		name     string
-		open     func(t *testing.T, m *metrics.Metrics) backend
+		open     func(t *testing.T, m *metrics.Metrics) store.Backend
 		excusing string // families with this prefix may be missing
 	}{
-		{"memory", func(*testing.T, *metrics.Metrics) backend { return memory.New() }, "oncekey_db_pool_"},
-		{"postgres", func(t *testing.T, m *metrics.Metrics) backend {
+		{"memory", func(*testing.T, *metrics.Metrics) store.Backend { return memory.New() }, "oncekey_db_pool_"},
+		{"postgres", func(t *testing.T, m *metrics.Metrics) store.Backend {
 			pool := testdb.Pool(t)
 			m.RegisterPool(pool)
-			return postgres.New(pool)
+			return postgres.New(pool, nil)
 		}, ""},
 	} {
 		t.Run(be.name, func(t *testing.T) {
@@ -443,14 +443,6 @@ func labelValues(fam *dto.MetricFamily, name string) map[string][]string {
 	return ls
 }
 
-// backend is what the service needs from a store, as `oncekey serve` uses it.
-type backend interface {
-	idempotency.Store
-	idempotency.StatsSource
-	orders.Repository
-	auth.Store
-}
-
 // testBundle is the running service and an account on it.
 type testBundle struct {
 	url    string
@@ -460,20 +452,18 @@ type testBundle struct {
 
 // setup wires the service like `oncekey serve`: store statistics and HTTP
 // metrics on m, served at GET /metrics.
-func setup(t *testing.T, store backend, m *metrics.Metrics) *testBundle {
+func setup(t *testing.T, backend store.Backend, m *metrics.Metrics) *testBundle {
 	t.Helper()
-	m.RegisterStore(store)
+	m.RegisterStore(backend)
 	handler, err := httpapi.New(httpapi.Config{
-		Orders:      orders.NewService(store),
-		Auth:        store,
-		Idempotency: store,
-		Logger:      slog.New(slog.DiscardHandler),
-		Metrics:     m,
+		Backend: backend,
+		Logger:  slog.New(slog.DiscardHandler),
+		Metrics: m,
 	})
 	require.NoError(t, err, "build the service")
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
-	creds, err := auth.CreateAccount(context.Background(), store, "dashboard-"+t.Name(), "")
+	creds, err := auth.CreateAccount(context.Background(), backend, "dashboard-"+t.Name(), "")
 	require.NoError(t, err, "create account")
 	return &testBundle{url: srv.URL, apiKey: creds.APIKey, client: &http.Client{Timeout: 30 * time.Second}}
 }

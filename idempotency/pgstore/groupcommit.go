@@ -265,12 +265,13 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 		ResponseStatuses: make([]int32, n), ResponseHeaders: make([]json.RawMessage, n), ResponseBodies: make([][]byte, n),
 		CreatedAts: make([]time.Time, n), ExpiresAts: make([]time.Time, n),
 	}
-	// Members wait alike (IDEMPOTENCY_WAIT less what they spent before
-	// their commit): the pipeline's lock waits are bounded by the longest.
-	var wait time.Duration
+	// The pipeline's lock waits are bounded by the shortest member's wait,
+	// so that no member waits beyond its own; should the claims' lock wait
+	// run out, every member sends its pipeline again alone, with its own.
+	wait := members[0].lease.req.Wait
 	for i, m := range members {
 		l, req := m.lease, m.lease.req
-		wait = max(wait, req.Wait)
+		wait = min(wait, req.Wait)
 		peek.Scopes[i], peek.IdempotencyKeys[i] = []byte(req.Scope), req.Key
 		claim.Fingerprints[i] = req.Fingerprint[:]
 		claim.RequestMethods[i], claim.RequestRoutes[i] = req.Method, req.Route

@@ -40,7 +40,7 @@ import (
 
 	"github.com/oncekey/oncekey/gen/keydb"
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/schema/idempotency"
+	schema "github.com/oncekey/oncekey/schema/idempotency"
 )
 
 // DefaultTable is the key table's name unless Options.Table says otherwise.
@@ -127,8 +127,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	return nil
 }
 
-// lockID is the advisory lock of one key table's migrations: the table's
-// name folded into 63 bits, so two tables migrate independently.
+// CleanupLock is the session advisory lock that PurgeExpired holds while it
+// purges table, so that one process at a time does; another process that
+// holds it (an operator pausing cleanup, say) makes PurgeExpired return
+// idempotency.ErrCleanupBusy.
+func CleanupLock(table string) int64 { return lockID(table + "/cleanup") }
+
+// lockID is an advisory lock named by s: s folded into 63 bits, so that
+// two key tables migrate and purge independently.
 func lockID(table string) int64 {
 	var h uint64 = 14695981039346656037 // FNV-1a
 	for i := 0; i < len(table); i++ {
@@ -468,7 +474,7 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 		return 0, Translate(fmt.Errorf("purge: acquire connection: %w", err))
 	}
 	defer conn.Release()
-	lock := lockID(s.table + "/cleanup")
+	lock := CleanupLock(s.table)
 	var locked bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lock).Scan(&locked); err != nil {
 		return 0, Translate(fmt.Errorf("purge: take cleanup lock: %w", err))

@@ -8,54 +8,44 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-type store interface {
-	idempotency.Store
-	orders.Repository
-	auth.Store
-}
-
-// serve starts the service on s, with wrap around its handler, and returns
-// its URL and an API key.
-func serve(t *testing.T, s store, wrap func(http.Handler) http.Handler) (string, string) {
+// serve starts the service on cfg, with wrap around its handler, and
+// returns its URL and an API key.
+func serve(t *testing.T, cfg httpapi.Config, wrap func(http.Handler) http.Handler) (string, string) {
 	t.Helper()
-	var keys idempotency.Store = s
-	if r, ok := s.(withRedis); ok {
-		keys = r.fast
-	}
-	h, err := httpapi.New(httpapi.Config{Orders: orders.NewService(s), Auth: s, Idempotency: keys})
+	h, err := httpapi.New(cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(wrap(h))
 	t.Cleanup(srv.Close)
-	creds, err := auth.CreateAccount(context.Background(), s, "contract", "")
+	creds, err := auth.CreateAccount(context.Background(), cfg.Backend, "contract", "")
 	require.NoError(t, err)
 	return srv.URL, creds.APIKey
 }
 
 func TestServicePassesTheContract(t *testing.T) {
 	t.Parallel()
-	for name, open := range map[string]func(t *testing.T) store{
-		"memory":   func(*testing.T) store { return memory.New() },
-		"postgres": func(t *testing.T) store { return postgres.New(testdb.Pool(t)) },
-		"postgres with the Redis fast path": func(t *testing.T) store {
-			pg := postgres.New(testdb.Pool(t))
-			rdb, err := rediscache.NewClient("redis://127.0.0.1:6379/0")
+	for name, open := range map[string]func(t *testing.T) httpapi.Config{
+		"memory":   func(*testing.T) httpapi.Config { return httpapi.Config{Backend: memory.New()} },
+		"postgres": func(t *testing.T) httpapi.Config { return httpapi.Config{Backend: postgres.New(testdb.Pool(t), nil)} },
+		"postgres with the Redis fast path": func(t *testing.T) httpapi.Config {
+			pg := postgres.New(testdb.Pool(t), nil)
+			rdb, err := redisstore.NewClient("redis://127.0.0.1:6379/0")
 			require.NoError(t, err)
 			t.Cleanup(func() { rdb.Close() })
 			require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis at 127.0.0.1:6379")
-			return withRedis{store: pg, fast: rediscache.New(pg, rdb, rediscache.Config{})}
+			fast := redisstore.New(rdb, redisstore.Config{Prefix: "contracttest:"})
+			return httpapi.Config{Backend: pg, Keys: redisstore.Wrap(fast, pg.Keys()), WriteKeys: redisstore.Wrap(fast, pg.WriteKeys())}
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -98,7 +88,7 @@ func TestSuiteCatchesABrokenService(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			url, key := serve(t, memory.New(), tt.wrap)
+			url, key := serve(t, httpapi.Config{Backend: memory.New()}, tt.wrap)
 			results, err := contracttest.Run(context.Background(), contracttest.Config{BaseURL: url, APIKey: key})
 			require.NoError(t, err)
 			var failed []string
@@ -110,12 +100,6 @@ func TestSuiteCatchesABrokenService(t *testing.T) {
 			require.Contains(t, failed, tt.failed)
 		})
 	}
-}
-
-// withRedis is a store whose idempotency keys go through the fast path.
-type withRedis struct {
-	store
-	fast *rediscache.Store
 }
 
 type dropHeader struct {

@@ -10,11 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/ledger"
-	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
@@ -27,11 +25,8 @@ import (
 func BenchmarkMiddlewareOverhead(b *testing.B) {
 	store := memory.New()
 	handler, err := httpapi.New(httpapi.Config{
-		Orders:      orders.NewService(store),
-		Ledger:      ledger.NewService(store),
-		Auth:        store,
-		Idempotency: store,
-		Logger:      slog.New(slog.DiscardHandler),
+		Backend: store,
+		Logger:  slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		b.Fatalf("build the service: %v", err)

@@ -12,7 +12,11 @@ func (h *handlers) CreateBonusCredit(ctx context.Context, req api.CreateBonusCre
 	if err != nil {
 		return nil, err
 	}
-	e, err := h.ledger.Credit(ctx, acct, req.Body.Amount, req.Body.Reason)
+	unit, _, err := h.tx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := h.ledger.Credit(ctx, unit, acct, req.Body.Amount, req.Body.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -24,7 +28,11 @@ func (h *handlers) CreateBonusDebit(ctx context.Context, req api.CreateBonusDebi
 	if err != nil {
 		return nil, err
 	}
-	e, err := h.ledger.Debit(ctx, acct, req.Body.Amount, req.Body.Reason)
+	unit, _, err := h.tx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := h.ledger.Debit(ctx, unit, acct, req.Body.Amount, req.Body.Reason)
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,6 @@ import (
 // anything (so the in-memory store's data lock is not taken while a test
 // looks on); it then fails it if failFirst is set. Later calls pass through.
 type blockingRepo struct {
-	orders.Repository
 	failFirst bool
 
 	calls   atomic.Int32
@@ -42,12 +41,12 @@ func newBlockingRepo(failFirst bool) *blockingRepo {
 
 func (r *blockingRepo) unblock() { r.once.Do(func() { close(r.release) }) }
 
-func (r *blockingRepo) wrap(inner orders.Repository) orders.Repository {
-	r.Repository = inner
-	return r
+// wrap makes the writes of one request go through r.
+func (r *blockingRepo) wrap(inner orders.Writer) orders.Writer {
+	return writerFunc(func(ctx context.Context, o orders.Order) error { return r.create(ctx, inner, o) })
 }
 
-func (r *blockingRepo) CreateOrder(ctx context.Context, o orders.Order) error {
+func (r *blockingRepo) create(ctx context.Context, inner orders.Writer, o orders.Order) error {
 	if r.calls.Add(1) == 1 {
 		close(r.entered)
 		select {
@@ -59,8 +58,13 @@ func (r *blockingRepo) CreateOrder(ctx context.Context, o orders.Order) error {
 			return errFirstFails
 		}
 	}
-	return r.Repository.CreateOrder(ctx, o)
+	return inner.CreateOrder(ctx, o)
 }
+
+// writerFunc is an orders.Writer made of a function.
+type writerFunc func(ctx context.Context, o orders.Order) error
+
+func (f writerFunc) CreateOrder(ctx context.Context, o orders.Order) error { return f(ctx, o) }
 
 // sendAsync sends the seed under key from a goroutine.
 func sendAsync(t *testing.T, b *testBundle, key string) <-chan reply {
@@ -154,13 +158,12 @@ func TestInFlightDuplicate(t *testing.T) {
 }
 
 // twin starts a second server on b's store with its own handler, its
-// orders going through repo; requests to it carry b's API key, so both
+// orders going through wrap; requests to it carry b's API key, so both
 // servers act for one account.
-func twin(t *testing.T, b *testBundle, repo orders.Repository, cfg httpapi.Config) *testBundle {
+func twin(t *testing.T, b *testBundle, wrap func(orders.Writer) orders.Writer, cfg httpapi.Config) *testBundle {
 	t.Helper()
-	cfg.Orders = orders.NewService(repo)
-	cfg.Auth = b.store
-	cfg.Idempotency = b.store
+	cfg.Backend = b.store
+	cfg.Orders = wrap
 	handler, err := httpapi.New(cfg)
 	require.NoError(t, err, "build second handler")
 	srv := httptest.NewServer(handler)
@@ -176,7 +179,7 @@ func twin(t *testing.T, b *testBundle, repo orders.Repository, cfg httpapi.Confi
 // slowRepo makes CreateOrder take a while, so that duplicates arrive while
 // the first request is still running instead of after it.
 type slowRepo struct {
-	orders.Repository
+	orders.Writer
 	delay time.Duration
 }
 
@@ -186,7 +189,7 @@ func (r slowRepo) CreateOrder(ctx context.Context, o orders.Order) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return r.Repository.CreateOrder(ctx, o)
+	return r.Writer.CreateOrder(ctx, o)
 }
 
 func TestConcurrentDuplicatesMakeOneOrder(t *testing.T) {
@@ -200,8 +203,8 @@ func TestConcurrentDuplicatesMakeOneOrder(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
 				store := be.open(t)
-				slow := slowRepo{Repository: store, delay: 50 * time.Millisecond}
-				b := setup(t, store, options{repo: func(orders.Repository) orders.Repository { return slow }})
+				slow := func(w orders.Writer) orders.Writer { return slowRepo{Writer: w, delay: 50 * time.Millisecond} }
+				b := setup(t, store, options{repo: slow})
 				servers := []*testBundle{b}
 				if c.servers == 2 {
 					servers = append(servers, twin(t, b, slow, httpapi.Config{}))

@@ -12,10 +12,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
@@ -34,7 +33,7 @@ func FuzzHandler(f *testing.F) {
 	sandbox := httptest.NewServer(provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler)))
 	f.Cleanup(sandbox.Close)
 	svc := payments.NewService(payments.Config{
-		Repo: store, Orders: store, Queue: store, Render: httpapi.PaymentOutcome,
+		Repo: store, Render: httpapi.PaymentOutcome,
 		Provider: provider.NewClient(sandbox.URL, nil),
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -45,8 +44,7 @@ func FuzzHandler(f *testing.F) {
 	}()
 	f.Cleanup(func() { cancel(); <-done })
 	handler, err := httpapi.New(httpapi.Config{
-		Orders: orders.NewService(store), Payments: svc, Ledger: ledger.NewService(store),
-		Auth: store, Idempotency: store, Wait: 50 * time.Millisecond,
+		Backend: store, Payments: svc, Wait: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -58,7 +56,7 @@ func FuzzHandler(f *testing.F) {
 			f.Fatal(err)
 		}
 	}
-	order, err := orders.NewService(store).Create(ctx, accounts[0].AccountID, orders.NewOrder{Items: []orders.Item{{SKU: "s", Qty: 1}}, Amount: 1, Currency: "RUB"})
+	order, err := orders.NewService(store).Create(ctx, store, accounts[0].AccountID, orders.NewOrder{Items: []orders.Item{{SKU: "s", Qty: 1}}, Amount: 1, Currency: "RUB"})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -10,42 +10,99 @@ import (
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/api"
-	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/oapi"
 	"github.com/oncekey/oncekey/internal/docspage"
 	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/store"
 )
 
 // handlers implements the generated strict server. Each method takes the
-// caller from the context, calls the domain and maps the result; errors go
-// to errorResponder.response, the one place that turns them into problems.
+// caller (and, for an idempotent operation, its unit of work) from the
+// request, calls the domain and maps the result; errors go to the one
+// table that turns them into problems (problemWriter).
 type handlers struct {
 	orders   *orders.Service
 	payments *payments.Service
 	ledger   *ledger.Service
 	ready    func(context.Context) error
+
+	// How each idempotent operation commits, declared in bind.
+	createOrder *idempotency.Operation[store.Writes]
+	txOps       map[string]*idempotency.Operation[store.Tx]
+	// wrapOrders wraps createOrder's writes (fault injection).
+	wrapOrders func(orders.Writer) orders.Writer
+	// baseline creates orders when the protocol is off (WithoutIdempotency).
+	baseline orders.Writer
 }
 
 var _ api.StrictServerInterface = (*handlers)(nil)
 
-// errNotReady makes /readyz answer 503.
-var errNotReady = errors.New("not ready")
+// bind declares how each operation of openapi.yaml that takes an
+// Idempotency-Key commits. Creating an order only writes: its claim waits
+// for its commit, with its writes, in one round trip. Every other one
+// reads as it writes (a payment reads its order, a debit the balance), in
+// the transaction that claims its key.
+func (h *handlers) bind(ops *oapi.Operations, keys idempotency.Store[store.Tx], writeKeys idempotency.Store[store.Writes]) error {
+	var err error
+	if h.createOrder, err = oapi.Bind(ops, "createOrder", writeKeys); err != nil {
+		return err
+	}
+	h.txOps = oapi.BindRest(ops, keys)
+	return nil
+}
 
-// errNoAccount means a protected operation ran without an authenticated
-// caller: a wiring bug, answered with 500.
-var errNoAccount = errors.New("operation reached without an authenticated account")
-
+// account is the authenticated caller of the request in ctx.
 func account(ctx context.Context) (uuid.UUID, error) {
-	id, ok := auth.AccountFrom(ctx)
-	if !ok {
+	req := requestFrom(ctx)
+	if req.account == (uuid.UUID{}) {
 		return uuid.UUID{}, errNoAccount
 	}
-	return id, nil
+	return req.account, nil
 }
+
+// writes is the unit of work the request in ctx creates orders through.
+func (h *handlers) writes(ctx context.Context) (orders.Writer, error) {
+	if h.baseline != nil {
+		return h.baseline, nil
+	}
+	w, ok := h.createOrder.Unit(ctx)
+	if !ok {
+		return nil, errNoUnit
+	}
+	if h.wrapOrders != nil {
+		return h.wrapOrders(w), nil
+	}
+	return w, nil
+}
+
+// tx is the unit of work of the request in ctx, which runs an operation
+// that reads as it writes, and the claim it runs under.
+func (h *handlers) tx(ctx context.Context) (store.Tx, idempotency.Ref, error) {
+	op := h.txOps[requestFrom(ctx).op.ID]
+	if op == nil {
+		return nil, idempotency.Ref{}, errNoUnit
+	}
+	unit, ok := op.Unit(ctx)
+	ref, _ := op.Ref(ctx)
+	if !ok {
+		return nil, idempotency.Ref{}, errNoUnit
+	}
+	return unit, ref, nil
+}
+
+// errNoUnit means an idempotent operation ran outside the protocol: a
+// wiring bug, answered with 500.
+var errNoUnit = errors.New("operation reached without the unit of work of its claim")
 
 func (h *handlers) CreateOrder(ctx context.Context, req api.CreateOrderRequestObject) (api.CreateOrderResponseObject, error) {
 	acct, err := account(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w, err := h.writes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +110,7 @@ func (h *handlers) CreateOrder(ctx context.Context, req api.CreateOrderRequestOb
 	for _, it := range req.Body.Items {
 		in.Items = append(in.Items, orders.Item{SKU: it.Sku, Qty: it.Qty})
 	}
-	o, err := h.orders.Create(ctx, acct, in)
+	o, err := h.orders.Create(ctx, w, acct, in)
 	if err != nil {
 		return nil, err
 	}

@@ -12,11 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -24,9 +25,11 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// backend is a store the HTTP layer runs on.
+// backend is a store the HTTP layer runs on, with what tests count.
 type backend interface {
-	servicetest.Store
+	store.Backend
+	CountBonusEntries(ctx context.Context, account uuid.UUID) (int, error)
+	CountPayments(ctx context.Context, account uuid.UUID) (int, error)
 }
 
 // backendCase is one store the tests run on.
@@ -51,7 +54,7 @@ func forEachBackend(t *testing.T, test func(t *testing.T, be backendCase)) {
 // must behave the same on both.
 var backends = []backendCase{
 	{"memory", func(t *testing.T) backend { return memory.New() }},
-	{"postgres", func(t *testing.T) backend { return postgres.New(testdb.Pool(t)) }},
+	{"postgres", func(t *testing.T) backend { return postgres.New(testdb.Pool(t), nil) }},
 }
 
 // testBundle is what a component test works with.
@@ -66,8 +69,8 @@ type testBundle struct {
 
 // options adjust the server a test runs; zero values mean the defaults.
 type options struct {
-	cfg  httpapi.Config                            // fields copied over the defaults when set
-	repo func(orders.Repository) orders.Repository // wraps the order repository (fault injection)
+	cfg  httpapi.Config                    // fields copied over the defaults when set
+	repo func(orders.Writer) orders.Writer // wraps the order writes (fault injection)
 }
 
 // setup starts the full service on store and creates an account on it.

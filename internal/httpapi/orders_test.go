@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
@@ -113,7 +113,7 @@ func (unreachableAuth) AccountByKeyHash(context.Context, auth.KeyHash) (uuid.UUI
 func TestAuthLookupFailureIs503(t *testing.T) {
 	t.Parallel()
 	store := unreachableAuth{memory.New()}
-	handler, err := httpapi.New(httpapi.Config{Orders: orders.NewService(store), Auth: store, Idempotency: store})
+	handler, err := httpapi.New(httpapi.Config{Backend: store})
 	require.NoError(t, err)
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
@@ -134,16 +134,18 @@ func TestAuthLookupFailureIs503(t *testing.T) {
 // blockUntilCancelled holds the first CreateOrder until its request is
 // cancelled, as a slow database would; later calls pass through.
 type blockUntilCancelled struct {
-	orders.Repository
 	first atomic.Bool
 }
 
-func (b *blockUntilCancelled) CreateOrder(ctx context.Context, o orders.Order) error {
-	if b.first.CompareAndSwap(false, true) {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	return b.Repository.CreateOrder(ctx, o)
+// wrap makes the writes of one request go through b.
+func (b *blockUntilCancelled) wrap(inner orders.Writer) orders.Writer {
+	return writerFunc(func(ctx context.Context, o orders.Order) error {
+		if b.first.CompareAndSwap(false, true) {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return inner.CreateOrder(ctx, o)
+	})
 }
 
 // TestClientDisconnectIsNotAServerError: a client that gives up mid-operation
@@ -154,7 +156,7 @@ func TestClientDisconnectIsNotAServerError(t *testing.T) {
 	m := metrics.New()
 	b := setup(t, memory.New(), options{
 		cfg:  httpapi.Config{Metrics: m},
-		repo: func(r orders.Repository) orders.Repository { return &blockUntilCancelled{Repository: r} },
+		repo: (&blockUntilCancelled{}).wrap,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

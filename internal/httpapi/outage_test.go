@@ -40,8 +40,8 @@ func TestDatabaseOutage(t *testing.T) {
 	t.Cleanup(pool.Close)
 	require.NoError(t, postgres.Migrate(ctx, pool))
 	const requestTimeout = 2 * time.Second
-	b := setup(t, postgres.New(pool), options{cfg: httpapi.Config{
-		RequestTimeout: requestTimeout, Wait: 500 * time.Millisecond, Ready: postgres.New(pool).Ping,
+	b := setup(t, postgres.New(pool, nil), options{cfg: httpapi.Config{
+		RequestTimeout: requestTimeout, Wait: 500 * time.Millisecond, Ready: postgres.New(pool, nil).Ping,
 		Logger: slog.New(slog.DiscardHandler), // hundreds of expected warnings
 	}})
 	ready := func() int { // runs inside Eventually's goroutine: no require here
@@ -120,7 +120,7 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	var rows, keys int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM orders WHERE account_id = $1", b.account).Scan(&rows))
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE account_id = $1", b.account).Scan(&keys))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = uuid_send($1)", b.account).Scan(&keys))
 	require.Equal(t, len(outcomes), rows, "exactly one order per key sent (%d refused during the outage)", len(refused))
 	require.Equal(t, len(outcomes), keys)
 	t.Logf("%d requests, %d refused with 503 during the outage", len(outcomes), len(refused))
@@ -135,7 +135,7 @@ func TestRequestTimeoutCancelsDatabaseWork(t *testing.T) {
 	ctx := context.Background()
 	_, pool := testdb.Fresh(t)
 	const requestTimeout = 300 * time.Millisecond
-	b := setup(t, postgres.New(pool), options{cfg: httpapi.Config{RequestTimeout: requestTimeout, Wait: 100 * time.Millisecond}})
+	b := setup(t, postgres.New(pool, nil), options{cfg: httpapi.Config{RequestTimeout: requestTimeout, Wait: 100 * time.Millisecond}})
 
 	locker, err := pool.Begin(ctx)
 	require.NoError(t, err)

@@ -2,12 +2,13 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 
 	"github.com/oncekey/oncekey/gen/api"
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/payments"
 )
 
@@ -20,7 +21,14 @@ func (h *handlers) CreatePayment(ctx context.Context, req api.CreatePaymentReque
 	if err != nil {
 		return nil, err
 	}
-	p, err := h.payments.Create(ctx, acct, payments.NewPayment{OrderID: req.Body.OrderId, Amount: req.Body.Amount, Currency: req.Body.Currency})
+	unit, claim, err := h.tx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if h.payments == nil {
+		return nil, errNoPayments
+	}
+	p, err := h.payments.Create(ctx, unit, claim, acct, payments.NewPayment{OrderID: req.Body.OrderId, Amount: req.Body.Amount, Currency: req.Body.Currency})
 	if err != nil {
 		return nil, err
 	}
@@ -31,10 +39,17 @@ func (h *handlers) CreatePayment(ctx context.Context, req api.CreatePaymentReque
 	}, nil
 }
 
+// errNoPayments means the service was built without a payment service: a
+// wiring bug, answered with 500.
+var errNoPayments = errors.New("the service has no payment service")
+
 func (h *handlers) GetPayment(ctx context.Context, req api.GetPaymentRequestObject) (api.GetPaymentResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if h.payments == nil {
+		return nil, errNoPayments
 	}
 	p, err := h.payments.Get(ctx, acct, req.Id)
 	if err != nil {

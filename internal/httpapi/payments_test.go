@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/jobs"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
@@ -57,9 +57,7 @@ var payBackends = []struct {
 }{
 	{"memory", func(t *testing.T, opts payOptions) *payBundle {
 		store := memory.New()
-		b := startPayments(t, store, opts, func(svc *payments.Service, policy payments.RetryPolicy) payments.Queue {
-			return store
-		})
+		b := startPayments(t, store, opts)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
@@ -71,13 +69,9 @@ var payBackends = []struct {
 	}},
 	{"postgres", func(t *testing.T, opts payOptions) *payBundle {
 		_, pool := testdb.Fresh(t)
-		var runner *jobs.Runner
-		b := startPayments(t, postgres.New(pool), opts, func(svc *payments.Service, policy payments.RetryPolicy) payments.Queue {
-			var err error
-			runner, err = jobs.New(pool, jobs.Config{Policy: policy, Workers: 4, PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-			require.NoError(t, err, "River runner")
-			return runner
-		})
+		runner, err := jobs.New(pool, jobs.Config{Policy: opts.retryPolicy(), Workers: 4, PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err, "River runner")
+		b := startPayments(t, postgres.New(pool, runner), opts)
 		require.NoError(t, runner.Start(context.Background(), b.svc), "start River")
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -94,16 +88,15 @@ type started struct {
 	policy payments.RetryPolicy
 }
 
-// deferredQueue lets the queue be built after the service it feeds.
-type deferredQueue struct{ payments.Queue }
-
-// payStore is a backend that also keeps payments.
-type payStore interface {
-	backend
-	payments.Repository
+// retryPolicy is the worker's policy: fastPolicy unless the test set one.
+func (o payOptions) retryPolicy() payments.RetryPolicy {
+	if o.policy.Attempts == 0 {
+		return fastPolicy
+	}
+	return o.policy
 }
 
-func startPayments(t *testing.T, store payStore, opts payOptions, queue func(*payments.Service, payments.RetryPolicy) payments.Queue) started {
+func startPayments(t *testing.T, store backend, opts payOptions) started {
 	t.Helper()
 	sandbox := provider.NewServer(provider.NewMemoryStore(), opts.faults, slog.New(slog.DiscardHandler))
 	psrv := httptest.NewServer(sandbox)
@@ -117,16 +110,11 @@ func startPayments(t *testing.T, store payStore, opts payOptions, queue func(*pa
 	if opts.timeout == 0 {
 		opts.timeout = 5 * time.Second
 	}
-	policy := opts.policy
-	if policy.Attempts == 0 {
-		policy = fastPolicy
-	}
-	q := &deferredQueue{}
+	policy := opts.retryPolicy()
 	svc := payments.NewService(payments.Config{
-		Repo: store, Orders: store, Queue: q, Render: httpapi.PaymentOutcome,
+		Repo: store, Render: httpapi.PaymentOutcome,
 		Provider: provider.NewClient(workerURL, &http.Client{Timeout: opts.timeout}),
 	})
-	q.Queue = queue(svc, policy)
 	tb := setup(t, store, options{cfg: httpapi.Config{Payments: svc}})
 	return started{payBundle: &payBundle{testBundle: tb, provider: provider.NewClient(psrv.URL, nil)}, svc: svc, policy: policy}
 }

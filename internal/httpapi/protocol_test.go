@@ -111,15 +111,19 @@ func TestBusinessOutcomeIsStoredAndReplayed(t *testing.T) {
 // faultyRepo makes the first CreateOrder write the order and then fail,
 // either by returning an error or by panicking; later calls pass through.
 type faultyRepo struct {
-	orders.Repository
 	panics bool
 	calls  atomic.Int32
 }
 
 var errInjected = errors.New("injected failure after the write")
 
-func (r *faultyRepo) CreateOrder(ctx context.Context, o orders.Order) error {
-	if err := r.Repository.CreateOrder(ctx, o); err != nil {
+// wrap makes the writes of one request go through r.
+func (r *faultyRepo) wrap(inner orders.Writer) orders.Writer {
+	return writerFunc(func(ctx context.Context, o orders.Order) error { return r.create(ctx, inner, o) })
+}
+
+func (r *faultyRepo) create(ctx context.Context, inner orders.Writer, o orders.Order) error {
+	if err := inner.CreateOrder(ctx, o); err != nil {
 		return err
 	}
 	if r.calls.Add(1) == 1 {
@@ -141,10 +145,7 @@ func TestServerErrorStoresNothingAndRollsBack(t *testing.T) {
 			t.Run(fault.name, func(t *testing.T) {
 				t.Parallel()
 				repo := &faultyRepo{panics: fault.panics}
-				b := setup(t, be.open(t), options{repo: func(r orders.Repository) orders.Repository {
-					repo.Repository = r
-					return repo
-				}})
+				b := setup(t, be.open(t), options{repo: repo.wrap})
 				const key = "fails-first"
 
 				failed := b.postOrder(t, key, seedBody)

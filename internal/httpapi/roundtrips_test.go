@@ -11,12 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/store/recordcache"
-	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
@@ -58,9 +57,9 @@ func TestRoundTrips(t *testing.T) {
 	pool, err := postgres.Open(context.Background(), url, postgres.WithQueryTracer(counter))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	store := postgres.New(pool)
+	store := postgres.New(pool, nil)
 
-	rdb, err := rediscache.NewClient("redis://127.0.0.1:6379/0")
+	rdb, err := redisstore.NewClient("redis://127.0.0.1:6379/0")
 	require.NoError(t, err)
 	t.Cleanup(func() { rdb.Close() })
 	require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis at 127.0.0.1:6379")
@@ -89,15 +88,16 @@ func TestRoundTrips(t *testing.T) {
 		// Not parallel: the cases share the counter.
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := httpapi.Config{}
-			var keys idempotency.Store = store
+			keys := store.WriteKeys()
 			if tt.redis {
-				keys = rediscache.New(keys, rdb, rediscache.Config{})
+				keys = redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Prefix: "roundtrips:"}), keys)
 			}
 			if tt.recordCache {
-				keys, err = recordcache.New(keys, recordcache.DefaultSize, nil)
+				cache, err := recordcache.New(recordcache.DefaultSize, nil)
 				require.NoError(t, err)
+				keys = recordcache.Wrap(cache, keys)
 			}
-			cfg.Idempotency = keys
+			cfg.WriteKeys = keys
 			if tt.cachedKeys {
 				cfg.Auth = auth.NewCache(store, auth.DefaultCacheSize, time.Minute)
 			}

@@ -1,7 +1,7 @@
 // Package httpapi is the HTTP face of the service: the chi router generated
-// from openapi.yaml, the gate that enforces the contract before handlers
-// run, the idempotency middleware on unsafe operations, thin handlers, and
-// the one mapping from errors to problem responses.
+// from openapi.yaml, the front door that enforces the contract and runs the
+// idempotency protocol on the operations that declare an Idempotency-Key,
+// thin handlers, and the one table from errors to problem responses.
 package httpapi
 
 import (
@@ -23,14 +23,15 @@ import (
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/oapi"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/docspage"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
-	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/tracing"
 )
 
@@ -40,16 +41,27 @@ const (
 	DefaultRequestTimeout = 10 * time.Second
 )
 
-// Config is what the HTTP layer is built from.
+// Config is what the HTTP layer is built from. Backend is required.
 type Config struct {
-	Orders      *orders.Service
-	Payments    *payments.Service
-	Ledger      *ledger.Service
-	Auth        auth.Store
-	Idempotency idempotency.Store
-	// Ready reports whether dependencies answer (GET /readyz).
+	Backend store.Backend
+	// Keys and WriteKeys claim the keys of the operations that read as they
+	// write and of those that only write (default: the backend's), so that
+	// a record cache or the Redis fast path can go in front.
+	Keys      idempotency.Store[store.Tx]
+	WriteKeys idempotency.Store[store.Writes]
+	// Auth finds the caller by API key (default: the backend).
+	Auth auth.Store
+	// Payments is the payment service (default: none; POST /payments then
+	// fails with a 500).
+	Payments *payments.Service
+	// Orders wraps the order writes of POST /orders (fault injection in
+	// tests; default: none).
+	Orders func(orders.Writer) orders.Writer
+	// Ready reports whether dependencies answer (GET /readyz; default: the
+	// backend's Ping).
 	Ready func(context.Context) error
-	// TTL and Wait configure the idempotency protocol (see idempotency.Config).
+	// TTL and Wait configure the idempotency protocol (see
+	// idempotency.Config).
 	TTL  time.Duration
 	Wait time.Duration
 	// MaxBodyBytes bounds request bodies (default 1 MiB); larger ones get 413.
@@ -64,15 +76,44 @@ type Config struct {
 	// Tracing wraps the handler in OpenTelemetry spans (exported by the
 	// global tracer provider; see internal/tracing).
 	Tracing bool
-	// WithoutIdempotency leaves the idempotency middleware out, so unsafe
-	// operations run on every request. It exists only for the benchmark's
-	// baseline (cmd/bench), which measures the protocol's cost against the
-	// same handler without it; serve never sets it.
-	WithoutIdempotency bool
+}
+
+// Option changes how New builds the handler in ways a production service
+// never wants.
+type Option func(*options)
+
+type options struct {
+	baseline orders.Writer
+}
+
+// WithoutIdempotency serves every operation without the idempotency
+// protocol, creating orders through w on their own: the same service with
+// the protocol's cost taken out, which cmd/bench measures it against.
+func WithoutIdempotency(w orders.Writer) Option {
+	return func(o *options) { o.baseline = w }
 }
 
 // New builds the service's http.Handler.
-func New(cfg Config) (http.Handler, error) {
+func New(cfg Config, opts ...Option) (http.Handler, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if cfg.Backend == nil {
+		return nil, errors.New("httpapi: no backend")
+	}
+	if cfg.Keys == nil {
+		cfg.Keys = cfg.Backend.Keys()
+	}
+	if cfg.WriteKeys == nil {
+		cfg.WriteKeys = cfg.Backend.WriteKeys()
+	}
+	if cfg.Auth == nil {
+		cfg.Auth = cfg.Backend
+	}
+	if cfg.Ready == nil {
+		cfg.Ready = cfg.Backend.Ping
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -82,9 +123,6 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Ready == nil {
-		cfg.Ready = func(context.Context) error { return nil }
-	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New()
 	}
@@ -92,32 +130,35 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	g, err := newGate(doc, cfg.Auth, cfg.MaxBodyBytes, cfg.Logger)
+	problems := problemWriter{log: cfg.Logger}
+	engine := idempotency.New(idempotency.Config{
+		Route:      routePattern,
+		TTL:        cfg.TTL,
+		Wait:       cfg.Wait,
+		Validate:   validateBody,
+		WriteError: problems.write,
+		Logger:     cfg.Logger,
+		Observer:   cfg.Metrics,
+	})
+	ops, err := oapi.New(doc, engine)
 	if err != nil {
 		return nil, err
 	}
-	idem := idempotency.New(idempotency.Config{
-		Store:    cfg.Idempotency,
-		Account:  auth.AccountFrom,
-		Route:    func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
-		TTL:      cfg.TTL,
-		Wait:     cfg.Wait,
-		Logger:   cfg.Logger,
-		Observer: cfg.Metrics,
-		// Creating an order only inserts it: its claim can wait for its
-		// commit, one round trip in all. Payments (which enqueue a job) and
-		// bonus debits (which read the balance) claim first.
-		Deferrable: func(op string) bool { return op == "POST /orders" },
-		Refuse:     refuseBody,
-	})
-	errs := errorResponder{log: cfg.Logger}
+	h := &handlers{
+		orders: orders.NewService(cfg.Backend), payments: cfg.Payments, ledger: ledger.NewService(cfg.Backend),
+		ready: cfg.Ready, wrapOrders: cfg.Orders, baseline: o.baseline,
+	}
+	if err := h.bind(ops, cfg.Keys, cfg.WriteKeys); err != nil {
+		return nil, err
+	}
+	front := &frontDoor{ops: ops, doc: doc, auth: cfg.Auth, maxBody: cfg.MaxBodyBytes, log: cfg.Logger,
+		problems: problems, protocol: o.baseline == nil}
 
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger), timeout(cfg.RequestTimeout), g.handler)
-	notFound := func(w http.ResponseWriter, r *http.Request) {
-		problem.Write(w, problem.NotFound, "no such endpoint: "+r.URL.Path)
-	}
-	r.NotFound(notFound)
+	r.Use(middleware.RequestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		problems.write(w, req, fmt.Errorf("%w: %s", errNoEndpoint, req.URL.Path))
+	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// RFC 9110 §15.5.6: a 405 lists the methods the resource has.
 		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
@@ -125,33 +166,31 @@ func New(cfg Config) (http.Handler, error) {
 				w.Header().Add("Allow", m)
 			}
 		}
-		problem.Write(w, problem.MethodNotAllowed, req.Method+" is not allowed on "+req.URL.Path)
+		problems.write(w, req, fmt.Errorf("%w: %s is not allowed on %s", errMethodNotAllowed, req.Method, req.URL.Path))
 	})
 	// The docs page's static files are not API operations and stay out of
 	// the contract.
-	assets := docspage.Assets(notFound)
+	assets := docspage.Assets(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		problems.write(w, req, fmt.Errorf("%w: %s", errNoEndpoint, req.URL.Path))
+	}))
 	r.Get("/docs/assets/*", assets.ServeHTTP)
 	r.Head("/docs/assets/*", assets.ServeHTTP)
 	// Operational, not part of the API contract: scrape it from inside the
 	// network (docs/operations.md).
 	r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
-	// The last is the outermost: the body's schema is checked inside the
-	// idempotency layer, only when the operation is about to run (see gate).
-	middlewares := []api.MiddlewareFunc{validateBody, idem.Handler}
-	if cfg.WithoutIdempotency {
-		middlewares = middlewares[:1]
-	}
-	strict := api.NewStrictHandlerWithOptions(&handlers{orders: cfg.Orders, payments: cfg.Payments, ledger: cfg.Ledger, ready: cfg.Ready}, nil, api.StrictHTTPServerOptions{
-		RequestErrorHandlerFunc:  errs.request,
-		ResponseErrorHandlerFunc: errs.response,
+
+	strict := api.NewStrictHandlerWithOptions(h, nil, api.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  problems.request,
+		ResponseErrorHandlerFunc: problems.write,
 	})
-	handler := api.HandlerWithOptions(strict, api.ChiServerOptions{
-		BaseRouter: r,
-		// Registered per operation, after routing, so it sees the route
-		// pattern and the raw body bytes.
-		Middlewares:      middlewares,
-		ErrorHandlerFunc: errs.request,
+	api.HandlerWithOptions(strict, api.ChiServerOptions{
+		// An inline group of the router: its middleware, the front door,
+		// runs once chi has routed the request (so it knows the route)
+		// and before the generated code parses parameters and the body.
+		BaseRouter:       r.With(front.handler),
+		ErrorHandlerFunc: problems.request,
 	})
+	var handler http.Handler = r
 	if cfg.Tracing {
 		// The span is named "HTTP" here and renamed to method and route
 		// once routing has matched (in observe).
@@ -173,63 +212,57 @@ func LoadSpec() (*openapi3.T, error) {
 	return doc, nil
 }
 
-// requestInfo is filled in as a request travels down the stack and read
-// by observe when it comes back: the route (from the contract gate, or
-// chi's pattern once routed) and the idempotency outcome.
-type requestInfo struct {
-	route   string
-	outcome idempotency.Outcome
-}
-
-type requestInfoKey struct{}
-
-func setRoute(ctx context.Context, route string) {
-	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
-		info.route = route
+// routePattern is the route chi matched ("/orders/{id}"), empty before
+// routing.
+func routePattern(r *http.Request) string {
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		return rc.RoutePattern()
 	}
+	return ""
 }
 
 // observe writes one structured log line per request and records its
-// metrics. It never logs the API key or the body.
+// metrics. It never logs the API key or the body. It puts the request's
+// one per-request value in its context, which the front door fills in.
 func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
-			info := &requestInfo{}
-			ctx := context.WithValue(r.Context(), requestInfoKey{}, info)
-			r = r.WithContext(idempotency.WithOutcome(ctx, &info.outcome))
+			req := &request{}
+			r = r.WithContext(context.WithValue(r.Context(), requestKey{}, req))
 			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 			next.ServeHTTP(ww, r)
-			if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" && rc.RoutePattern() != "/*" {
-				info.route = rc.RoutePattern()
+			route := req.route
+			if p := routePattern(r); route == "" && p != "" && p != "/*" {
+				route = p
 			}
 			elapsed := time.Since(start)
-			m.ObserveHTTP(info.route, r.Method, ww.Status(), elapsed)
-			if info.outcome == idempotency.OutcomeNone && info.route != "" && idempotency.Unsafe(r.Method) {
-				// Refused by the gate (auth, contract, size) before the
-				// idempotency layer saw it: no key was consumed.
-				info.outcome = idempotency.OutcomeRejected
+			m.ObserveHTTP(route, r.Method, ww.Status(), elapsed)
+			if req.outcome == idempotency.OutcomeNone && req.op != nil && req.op.Idempotent {
+				// Refused by the front door (auth, contract, size) before
+				// the protocol saw it: no key was consumed.
+				req.outcome = idempotency.OutcomeRejected
 				if ww.Status() >= 500 {
-					info.outcome = idempotency.OutcomeError
+					req.outcome = idempotency.OutcomeError
 				}
-				m.Outcome(idempotency.Operation(r.Method, info.route), info.outcome)
+				m.Outcome(idempotency.OperationName(r.Method, route), req.outcome)
 			}
 			attrs := []any{
 				"request_id", middleware.GetReqID(r.Context()),
 				"method", r.Method,
-				"route", info.route,
+				"route", route,
 				"status", ww.Status(),
 				"bytes", ww.BytesWritten(),
 				"duration_ms", float64(elapsed.Microseconds()) / 1000,
 			}
 			span := trace.SpanFromContext(r.Context())
-			if info.route != "" {
-				span.SetName(idempotency.Operation(r.Method, info.route))
-				span.SetAttributes(semconv.HTTPRoute(info.route))
+			if route != "" {
+				span.SetName(idempotency.OperationName(r.Method, route))
+				span.SetAttributes(semconv.HTTPRoute(route))
 			}
-			if info.outcome != idempotency.OutcomeNone {
-				attrs = append(attrs, "idempotency", string(info.outcome))
-				tracing.SetOutcome(r.Context(), string(info.outcome))
+			if req.outcome != idempotency.OutcomeNone {
+				attrs = append(attrs, "idempotency", string(req.outcome))
+				tracing.SetOutcome(r.Context(), string(req.outcome))
 			}
 			log.InfoContext(r.Context(), "request", attrs...)
 		})
@@ -239,7 +272,7 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 // recoverer turns a panic into a 500 problem. The idempotency layer has
 // already rolled back by then (its deferred rollback runs during the panic),
 // so nothing was stored and a retry runs the operation.
-func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
+func recoverer(log *slog.Logger, problems problemWriter) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			defer func() {
@@ -251,7 +284,7 @@ func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
 					panic(v) // the server's own signal to drop the connection
 				}
 				log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				problem.Write(w, problem.Internal, "the request could not be completed; if it carried an Idempotency-Key, retrying with the same key is safe")
+				problems.write(w, r, fmt.Errorf("panic: %v", v))
 			}()
 			next.ServeHTTP(w, r)
 		})

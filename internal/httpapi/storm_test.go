@@ -13,10 +13,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -32,22 +33,22 @@ const (
 	stormBound  = 3 * time.Second
 )
 
-// slowKeyRepo makes the order of one Idempotency-Key slow.
-type slowKeyRepo struct {
-	orders.Repository
-	key   string
+// slowSKURepo makes the orders of one SKU slow.
+type slowSKURepo struct {
+	orders.Writer
+	sku   string
 	delay time.Duration
 }
 
-func (r slowKeyRepo) CreateOrder(ctx context.Context, o orders.Order) error {
-	if c, ok := idempotency.ClaimFrom(ctx); ok && c.Key == r.key {
+func (r slowSKURepo) CreateOrder(ctx context.Context, o orders.Order) error {
+	if len(o.Items) > 0 && o.Items[0].SKU == r.sku {
 		select {
 		case <-time.After(r.delay):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	return r.Repository.CreateOrder(ctx, o)
+	return r.Writer.CreateOrder(ctx, o)
 }
 
 // A storm of 300 concurrent duplicates of one key does not starve requests
@@ -58,11 +59,11 @@ func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
 	pool, err := postgres.Open(context.Background(), testdb.URL(t)+"&pool_max_conns=10")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	store := postgres.New(pool)
+	store := postgres.New(pool, nil)
 	stormKey := uuid.NewString()
-	slow := slowKeyRepo{Repository: store, key: stormKey, delay: stormLeader}
+	const stormBody = `{"items":[{"sku":"STORM","qty":1}],"amount":1200,"currency":"RUB"}`
 	b := setup(t, store, options{
-		repo: func(orders.Repository) orders.Repository { return slow },
+		repo: func(w orders.Writer) orders.Writer { return slowSKURepo{Writer: w, sku: "STORM", delay: stormLeader} },
 		cfg:  httpapi.Config{Wait: time.Second},
 	})
 
@@ -74,7 +75,7 @@ func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
 	start := make(chan struct{})
 	stormStatuses := make([]int, storm)
 	for i := range storm {
-		req := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", stormKey)
+		req := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(stormBody), "Idempotency-Key", stormKey)
 		wg.Go(func() {
 			<-start
 			r, err := servicetest.Exchange(client, req)
@@ -115,12 +116,12 @@ func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
 }
 
 // slowClaims makes every claim take a while, as a loaded database would.
-type slowClaims struct {
-	idempotency.Store
+type slowClaims[U any] struct {
+	idempotency.Store[U]
 	delay time.Duration
 }
 
-func (s slowClaims) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease, *idempotency.Record, error) {
+func (s slowClaims[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
 	time.Sleep(s.delay)
 	return s.Store.Claim(ctx, req)
 }
@@ -131,9 +132,9 @@ func (s slowClaims) Claim(ctx context.Context, req idempotency.ClaimRequest) (id
 // reproduction of a first version of the queue: 49 replays, 51 of 202).
 func TestConcurrentRetriesOfAFinishedKeyAllReplay(t *testing.T) {
 	t.Parallel()
-	store := memory.New()
-	b := setup(t, store, options{cfg: httpapi.Config{
-		Idempotency: slowClaims{Store: store, delay: 20 * time.Millisecond}, Wait: time.Second,
+	mem := memory.New()
+	b := setup(t, mem, options{cfg: httpapi.Config{
+		WriteKeys: slowClaims[store.Writes]{Store: mem.WriteKeys(), delay: 20 * time.Millisecond}, Wait: time.Second,
 	}})
 	key := uuid.NewString()
 	first := b.postOrder(t, key, seedBody)

@@ -60,7 +60,7 @@ func setup(t *testing.T) (*Service, *testBundle) {
 }
 
 // book is a use case of the service that books an entry.
-type book func(s *Service, ctx context.Context, account uuid.UUID, amount int64, reason string) (Entry, error)
+type book func(s *Service, ctx context.Context, b Booker, account uuid.UUID, amount int64, reason string) (Entry, error)
 
 var bookings = []struct {
 	kind string
@@ -76,7 +76,7 @@ func TestLedgerBookPassesTheEntryToTheRepository(t *testing.T) {
 		t.Run(tt.kind, func(t *testing.T) {
 			t.Parallel()
 			s, b := setup(t)
-			got, err := tt.book(s, t.Context(), b.account, 40, "order 1")
+			got, err := tt.book(s, t.Context(), b.repo, b.account, 40, "order 1")
 			require.NoError(t, err, "%s of 40", tt.kind)
 
 			require.Len(t, b.repo.booked, 1, "entries booked by one %s", tt.kind)
@@ -102,7 +102,7 @@ func TestLedgerBookGivesEachEntryItsOwnID(t *testing.T) {
 	t.Parallel()
 	s, b := setup(t)
 	for range 3 {
-		_, err := s.Credit(t.Context(), b.account, 1, "welcome")
+		_, err := s.Credit(t.Context(), b.repo, b.account, 1, "welcome")
 		require.NoError(t, err, "credit")
 	}
 	ids := map[uuid.UUID]bool{}
@@ -119,7 +119,7 @@ func TestLedgerBookRejectsAnAmountThatIsNotPositive(t *testing.T) {
 			t.Run(fmt.Sprintf("%s of %d", tt.kind, amount), func(t *testing.T) {
 				t.Parallel()
 				s, b := setup(t)
-				_, err := tt.book(s, t.Context(), b.account, amount, "x")
+				_, err := tt.book(s, t.Context(), b.repo, b.account, amount, "x")
 				require.ErrorContains(t, err, "is not positive", "%s of %d", tt.kind, amount)
 				require.Empty(t, b.repo.booked, "nothing may reach the repository")
 			})
@@ -141,7 +141,7 @@ func TestLedgerBookKeepsTheRepositorysError(t *testing.T) {
 			t.Parallel()
 			s, b := setup(t)
 			b.repo.err = tt.err
-			got, err := s.Debit(t.Context(), b.account, 40, "order 1")
+			got, err := s.Debit(t.Context(), b.repo, b.account, 40, "order 1")
 			// The HTTP layer maps ErrInsufficientFunds to a 422 through
 			// errors.Is, and shows the message: both must survive.
 			require.ErrorIs(t, err, tt.err, "the repository's error stays in the chain")

@@ -11,8 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -165,7 +165,7 @@ func TestLabelCardinality(t *testing.T) {
 func TestExportedFamilies(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
-	store := postgres.New(pool)
+	store := postgres.New(pool, nil)
 	m := metrics.New()
 	m.RegisterStore(store)
 	m.RegisterPool(pool)

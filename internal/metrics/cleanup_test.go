@@ -11,23 +11,23 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/idempotency"
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
-// cleanupLockID is the advisory lock PurgeExpired takes: a copy of the
-// unexported constant in internal/store/postgres/idempotency.go.
-const cleanupLockID int64 = 0x6f6e63656b65792e
+// cleanupLockID is the advisory lock PurgeExpired takes.
+var cleanupLockID = pgstore.CleanupLock(pgstore.DefaultTable)
 
 // insertExpired inserts n completed keys that expired an hour ago.
 func insertExpired(t *testing.T, pool *pgxpool.Pool, prefix string, n int) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `INSERT INTO idempotency_keys
-		(account_id, idempotency_key, fingerprint, request_method, request_route, status,
+		(scope, idempotency_key, fingerprint, request_method, request_route, status,
 		 response_status, response_headers, response_body, created_at, completed_at, expires_at)
-		SELECT gen_random_uuid(), $1 || i, decode(repeat('ef', 32), 'hex'), 'POST', '/orders', 'completed',
+		SELECT uuid_send(gen_random_uuid()), $1 || i, decode(repeat('ef', 32), 'hex'), 'POST', '/orders', 'completed',
 		 201, '{}', '\x7b7d'::bytea, now() - interval '49 hours', now() - interval '49 hours', now() - interval '1 hour'
 		FROM generate_series(1, $2::int) AS i`, prefix, n)
 	require.NoError(t, err, "insert %d expired keys", n)
@@ -52,7 +52,7 @@ func TestCleanupMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, pool := testdb.Fresh(t) // whole-table figures need a table of the test's own
-	store := postgres.New(pool)
+	store := postgres.New(pool, nil)
 	m := metrics.New()
 	quiet := slog.New(slog.DiscardHandler)
 	cleanup := idempotency.Cleanup{Purger: store, Batch: 10, Observer: m, Logger: quiet}

@@ -10,8 +10,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -43,7 +43,7 @@ func TestStoreCollectorPostgres(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, pool := testdb.Fresh(t) // whole-table figures need a table of the test's own
-	store := postgres.New(pool)
+	store := postgres.New(pool, nil)
 	m := metrics.New()
 	m.RegisterStore(store)
 	b := setup(t, store, options{cfg: httpapi.Config{Metrics: m}})
@@ -68,12 +68,12 @@ func TestStoreCollectorPostgres(t *testing.T) {
 	// that somehow committed its claim would leave it.
 	stuckAccount := uuid.New()
 	_, err := pool.Exec(ctx, `INSERT INTO idempotency_keys
-		(account_id, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
-		VALUES ($1, 'stuck', decode(repeat('ab', 32), 'hex'), 'POST', '/orders', 'processing', now() - interval '10 minutes', now() + interval '48 hours')`,
+		(scope, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
+		VALUES (uuid_send($1), 'stuck', decode(repeat('ab', 32), 'hex'), 'POST', '/orders', 'processing', now() - interval '10 minutes', now() + interval '48 hours')`,
 		stuckAccount)
 	require.NoError(t, err, "insert a stuck processing key")
 	t.Cleanup(func() {
-		_, err := pool.Exec(context.Background(), "DELETE FROM idempotency_keys WHERE account_id = $1", stuckAccount)
+		_, err := pool.Exec(context.Background(), "DELETE FROM idempotency_keys WHERE scope = uuid_send($1)", stuckAccount)
 		require.NoError(t, err, "delete the stuck key")
 	})
 
@@ -90,14 +90,14 @@ func TestStoreCollectorPostgres(t *testing.T) {
 	// A completed key that expired an hour ago and was not purged yet.
 	expiredAccount := uuid.New()
 	_, err = pool.Exec(ctx, `INSERT INTO idempotency_keys
-		(account_id, idempotency_key, fingerprint, request_method, request_route, status,
+		(scope, idempotency_key, fingerprint, request_method, request_route, status,
 		 response_status, response_headers, response_body, created_at, completed_at, expires_at)
-		VALUES ($1, 'expired', decode(repeat('cd', 32), 'hex'), 'POST', '/orders', 'completed',
+		VALUES (uuid_send($1), 'expired', decode(repeat('cd', 32), 'hex'), 'POST', '/orders', 'completed',
 		 201, '{}', '\x7b7d'::bytea, now() - interval '49 hours', now() - interval '49 hours', now() - interval '1 hour')`,
 		expiredAccount)
 	require.NoError(t, err, "insert an expired key")
 	t.Cleanup(func() {
-		_, err := pool.Exec(context.Background(), "DELETE FROM idempotency_keys WHERE account_id = $1", expiredAccount)
+		_, err := pool.Exec(context.Background(), "DELETE FROM idempotency_keys WHERE scope = uuid_send($1)", expiredAccount)
 		require.NoError(t, err, "delete the expired key")
 	})
 
@@ -174,13 +174,13 @@ func TestDBUp(t *testing.T) {
 		pool, err := postgres.Open(context.Background(), testdb.URL(t))
 		require.NoError(t, err, "open a pool of its own")
 		pool.Close()
-		f := freshStoreScrape(t, postgres.New(pool))
+		f := freshStoreScrape(t, postgres.New(pool, nil))
 		require.Equal(t, 0.0, f.value(t, "oncekey_db_up"), "a store whose pool is closed is down")
 	})
 
 	t.Run("1 on a working PostgreSQL store", func(t *testing.T) {
 		t.Parallel()
-		f := freshStoreScrape(t, postgres.New(testdb.Pool(t)))
+		f := freshStoreScrape(t, postgres.New(testdb.Pool(t), nil))
 		require.Equal(t, 1.0, f.value(t, "oncekey_db_up"), "the database answers")
 		for _, name := range storeFamilies {
 			require.NotNil(t, f[name], "%s is exported while the store answers", name)
@@ -196,7 +196,7 @@ func TestPoolCollector(t *testing.T) {
 	t.Cleanup(pool.Close)
 	m := metrics.New()
 	m.RegisterPool(pool)
-	b := setup(t, postgres.New(pool), options{cfg: httpapi.Config{Metrics: m}})
+	b := setup(t, postgres.New(pool, nil), options{cfg: httpapi.Config{Metrics: m}})
 
 	before := scrape(t, b.url)
 	const n = 5

@@ -21,12 +21,13 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -34,13 +35,8 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// backend is a store the service runs on, with everything the metrics read
-// from it.
-type backend interface {
-	servicetest.Store
-	idempotency.StatsSource
-	idempotency.Purger
-}
+// backend is a store the service runs on.
+type backend = store.Backend
 
 // backends are the stores the request-driven metrics are proved on: the
 // metrics must not depend on which one the service uses.
@@ -49,7 +45,7 @@ var backends = []struct {
 	open func(t *testing.T) backend
 }{
 	{"memory", func(*testing.T) backend { return memory.New() }},
-	{"postgres", func(t *testing.T) backend { return postgres.New(testdb.Pool(t)) }},
+	{"postgres", func(t *testing.T) backend { return postgres.New(testdb.Pool(t), nil) }},
 }
 
 // seedBody is a valid order request.
@@ -68,8 +64,8 @@ type testBundle struct {
 
 // options adjust the service a test runs; zero values mean the defaults.
 type options struct {
-	cfg  httpapi.Config                            // fields copied over the defaults when set
-	repo func(orders.Repository) orders.Repository // wraps the order repository (fault injection)
+	cfg  httpapi.Config                    // fields copied over the defaults when set
+	repo func(orders.Writer) orders.Writer // wraps the order writes (fault injection)
 }
 
 // setup starts the full service (httpapi.New with metrics.New() unless
@@ -261,7 +257,6 @@ func sameLabels(got []*dto.LabelPair, want []string) bool {
 // anything is written, until release is closed, so a first request stays
 // in flight while a test sends its duplicate.
 type faultyRepo struct {
-	orders.Repository
 	held    chan struct{} // receives once per held order, when it is held
 	release chan struct{}
 	once    sync.Once
@@ -285,12 +280,17 @@ func newFaultyRepo() *faultyRepo {
 
 func (r *faultyRepo) unblock() { r.once.Do(func() { close(r.release) }) }
 
-func (r *faultyRepo) wrap(inner orders.Repository) orders.Repository {
-	r.Repository = inner
-	return r
+// wrap makes the writes of one request go through r.
+func (r *faultyRepo) wrap(inner orders.Writer) orders.Writer {
+	return writerFunc(func(ctx context.Context, o orders.Order) error { return r.create(ctx, inner, o) })
 }
 
-func (r *faultyRepo) CreateOrder(ctx context.Context, o orders.Order) error {
+// writerFunc is an orders.Writer made of a function.
+type writerFunc func(ctx context.Context, o orders.Order) error
+
+func (f writerFunc) CreateOrder(ctx context.Context, o orders.Order) error { return f(ctx, o) }
+
+func (r *faultyRepo) create(ctx context.Context, inner orders.Writer, o orders.Order) error {
 	switch o.Amount {
 	case failAmount:
 		return errInjected
@@ -308,7 +308,7 @@ func (r *faultyRepo) CreateOrder(ctx context.Context, o orders.Order) error {
 			return ctx.Err()
 		}
 	}
-	return r.Repository.CreateOrder(ctx, o)
+	return inner.CreateOrder(ctx, o)
 }
 
 // startHeld sends an order of holdAmount under key from a goroutine and

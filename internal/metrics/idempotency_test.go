@@ -8,8 +8,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 )
 
 // operation is the only idempotent operation, as its metrics label it.

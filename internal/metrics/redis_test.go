@@ -7,11 +7,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/store/rediscache"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
@@ -37,7 +37,7 @@ func TestRedisMetrics(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rdb, err := rediscache.NewClient(tt.url)
+			rdb, err := redisstore.NewClient(tt.url)
 			require.NoError(t, err)
 			t.Cleanup(func() { rdb.Close() })
 			if tt.up {
@@ -49,9 +49,9 @@ func TestRedisMetrics(t *testing.T) {
 				}
 			}
 			m := metrics.New()
-			store := postgres.New(testdb.Pool(t))
-			fast := rediscache.New(store, rdb, rediscache.Config{Observer: m})
-			b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, Idempotency: fast}})
+			store := postgres.New(testdb.Pool(t), nil)
+			fast := redisstore.New(rdb, redisstore.Config{Prefix: "metrics-test:", Observer: m})
+			b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, WriteKeys: redisstore.Wrap(fast, store.WriteKeys())}})
 
 			b.createOrder(t, "redis-metrics", seedBody)                                                               // miss
 			b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-metrics") // hit

@@ -12,9 +12,10 @@ import (
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
-func setup(t *testing.T) (*orders.Service, uuid.UUID) {
+func setup(t *testing.T) (*orders.Service, *memory.Store, uuid.UUID) {
 	t.Helper()
-	return orders.NewService(memory.New()), uuid.New()
+	store := memory.New()
+	return orders.NewService(store), store, uuid.New()
 }
 
 func TestCreateValidatesCurrency(t *testing.T) {
@@ -33,8 +34,8 @@ func TestCreateValidatesCurrency(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.currency, func(t *testing.T) {
 			t.Parallel()
-			svc, account := setup(t)
-			o, err := svc.Create(context.Background(), account, orders.NewOrder{
+			svc, store, account := setup(t)
+			o, err := svc.Create(context.Background(), store, account, orders.NewOrder{
 				Items: []orders.Item{{SKU: "SKU-1", Qty: 2}}, Amount: 1200, Currency: tt.currency,
 			})
 			if tt.wantErr != nil {
@@ -53,7 +54,7 @@ func TestCreateValidatesCurrency(t *testing.T) {
 
 func TestGetUnknownOrMalformedIDIsNotFound(t *testing.T) {
 	t.Parallel()
-	svc, account := setup(t)
+	svc, _, account := setup(t)
 	for _, id := range []string{uuid.NewString(), "not-a-uuid", ""} {
 		_, err := svc.Get(context.Background(), account, id)
 		require.ErrorIs(t, err, orders.ErrNotFound, "id %q", id)
@@ -62,10 +63,10 @@ func TestGetUnknownOrMalformedIDIsNotFound(t *testing.T) {
 
 func TestListPagesThroughEveryOrderOnce(t *testing.T) {
 	t.Parallel()
-	svc, account := setup(t)
+	svc, store, account := setup(t)
 	created := map[uuid.UUID]bool{}
 	for range 7 {
-		o, err := svc.Create(context.Background(), account, orders.NewOrder{
+		o, err := svc.Create(context.Background(), store, account, orders.NewOrder{
 			Items: []orders.Item{{SKU: "S", Qty: 1}}, Amount: 1, Currency: "RUB",
 		})
 		require.NoError(t, err)
@@ -97,7 +98,7 @@ func TestListPagesThroughEveryOrderOnce(t *testing.T) {
 
 func TestListRejectsForeignCursors(t *testing.T) {
 	t.Parallel()
-	svc, account := setup(t)
+	svc, _, account := setup(t)
 	for _, c := range []string{"garbage!", "bm90LWEtY3Vyc29y", "MTIzYWJjLnh5eg"} {
 		_, err := svc.List(context.Background(), account, c, 10)
 		require.ErrorIs(t, err, orders.ErrInvalidCursor, "cursor %q", c)

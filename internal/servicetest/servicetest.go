@@ -19,9 +19,8 @@ import (
 
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/idempotency"
-	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/store"
 )
 
 // Reply is a whole response, read at once so bodies can be compared byte
@@ -76,40 +75,21 @@ func Exchange(client *http.Client, req *http.Request) (Reply, error) {
 	return Reply{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }
 
-// Store is what the service runs on.
-type Store interface {
-	idempotency.Store
-	orders.Repository
-	ledger.Repository
-	auth.Store
-}
-
-// Start runs the whole service on store with cfg — Orders filled in, Auth
-// and Idempotency too unless the test set them (to put the API-key cache or
-// the Redis fast path in front, say) — on an httptest server closed when the test ends, and
-// creates an account to act as. Orders go through wrap(store) when wrap is
-// not nil, for fault injection.
-func Start(t testing.TB, store Store, wrap func(orders.Repository) orders.Repository, cfg httpapi.Config) (url string, creds auth.Credentials) {
+// Start runs the whole service on backend with cfg (what the test set:
+// the API-key cache or the Redis fast path in front, say) on an httptest
+// server closed when the test ends, and creates an account to act as.
+// Orders are created through wrap when it is not nil, for fault injection.
+func Start(t testing.TB, backend store.Backend, wrap func(orders.Writer) orders.Writer, cfg httpapi.Config) (url string, creds auth.Credentials) {
 	t.Helper()
-	var repo orders.Repository = store
+	cfg.Backend = backend
 	if wrap != nil {
-		repo = wrap(store)
-	}
-	cfg.Orders = orders.NewService(repo)
-	if cfg.Ledger == nil {
-		cfg.Ledger = ledger.NewService(store)
-	}
-	if cfg.Auth == nil {
-		cfg.Auth = store
-	}
-	if cfg.Idempotency == nil {
-		cfg.Idempotency = store
+		cfg.Orders = wrap
 	}
 	handler, err := httpapi.New(cfg)
 	require.NoError(t, err, "build the service")
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
-	creds, err = auth.CreateAccount(context.Background(), store, "test-"+t.Name(), "")
+	creds, err = auth.CreateAccount(context.Background(), backend, "test-"+t.Name(), "")
 	require.NoError(t, err, "create an account")
 	return srv.URL, creds
 }

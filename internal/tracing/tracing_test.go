@@ -13,7 +13,6 @@ import (
 
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 	"github.com/oncekey/oncekey/internal/tracing"
@@ -32,8 +31,8 @@ func TestRequestSpansCarryOutcomeAndQueries(t *testing.T) {
 	pool, err := postgres.Open(ctx, testdb.URL(t), postgres.WithTracing())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	store := postgres.New(pool)
-	handler, err := httpapi.New(httpapi.Config{Orders: orders.NewService(store), Auth: store, Idempotency: store, Tracing: true})
+	store := postgres.New(pool, nil)
+	handler, err := httpapi.New(httpapi.Config{Backend: store, Tracing: true})
 	require.NoError(t, err)
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)

@@ -1,0 +1,273 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/oapi"
+	"github.com/oncekey/oncekey/internal/auth"
+)
+
+// request is what the service knows of one request, kept in its context:
+// observe puts it there, the front door fills it in, handlers read the
+// caller from it, and observe logs it when the request comes back.
+type request struct {
+	route   string          // the route pattern ("/orders/{id}")
+	op      *oapi.Operation // the operation in openapi.yaml
+	account uuid.UUID       // the caller, once authenticated
+	outcome idempotency.Outcome
+	// contract checks the body against the operation's schema.
+	contract *openapi3filter.RequestValidationInput
+}
+
+type requestKey struct{}
+
+// requestFrom returns the request in ctx; a context without one (a
+// handler called outside the stack) gets an empty one.
+func requestFrom(ctx context.Context) *request {
+	if req, ok := ctx.Value(requestKey{}).(*request); ok {
+		return req
+	}
+	return &request{}
+}
+
+// frontDoor checks every request to an operation of openapi.yaml before its
+// handler runs, in the order a client would want to hear about problems:
+// body size (413), authentication (401, or 503 when the key cannot be
+// checked), the Idempotency-Key header (400), then the contract (415 for the
+// media type, 400 for everything else). It reads the body once, and runs
+// the idempotency protocol on the operations that declare the key. A
+// request it refuses consumes no key.
+//
+// The body's schema is the one part of the contract checked later, by the
+// protocol, only when the operation is about to run (validateBody): a
+// replay's body is the very body (the same canonical bytes, or its
+// fingerprint would differ) that passed the check when its operation ran,
+// so checking it again would only cost time. A body that fails it still
+// consumes no key.
+type frontDoor struct {
+	ops      *oapi.Operations
+	doc      *openapi3.T
+	auth     auth.Store
+	maxBody  int64
+	log      *slog.Logger
+	problems problemWriter
+	// protocol is false in the benchmark's baseline (WithoutIdempotency).
+	protocol bool
+}
+
+func (f *frontDoor) handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := requestFrom(r.Context())
+		req.route = routePattern(r)
+		req.op = f.ops.Find(r.Method, req.route)
+		if req.op == nil {
+			f.problems.write(w, r, fmt.Errorf("%w: %s", errNoEndpoint, r.URL.Path))
+			return
+		}
+		body, err := f.readBody(w, r)
+		if err != nil {
+			f.problems.write(w, r, err)
+			return
+		}
+		if err := f.admit(r, req); err != nil {
+			f.problems.write(w, r, err)
+			return
+		}
+		var key string
+		if req.op.Idempotent {
+			if key, err = idempotency.ParseKey(r.Header); err != nil {
+				f.problems.write(w, r, err)
+				return
+			}
+		}
+		if err := f.checkContract(r, req, body); err != nil {
+			f.problems.write(w, r, err)
+			return
+		}
+		if req.op.Idempotent && f.protocol {
+			req.outcome = req.op.Serve(w, r, idempotency.Prepared{Scope: auth.Scope(req.account), Key: key, Body: body}, next)
+			return
+		}
+		if err := validateBody(r, body); err != nil {
+			f.problems.write(w, r, err)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// admit authenticates the caller of an operation that requires it.
+// Every client-side failure (no header, another scheme, an unknown or
+// revoked key) is errUnauthorized and gets the same answer, so the response
+// tells an attacker nothing about which keys exist. A lookup that itself
+// failed is a 503: the key may well be valid, and a 401 would make clients
+// give up on an operation they should retry.
+func (f *frontDoor) admit(r *http.Request, req *request) error {
+	if !requiresAuth(f.doc, req.op.Spec) {
+		return nil
+	}
+	token, ok := auth.BearerToken(r.Header.Get("Authorization"))
+	if !ok {
+		return errUnauthorized
+	}
+	account, err := f.auth.AccountByKeyHash(r.Context(), auth.HashKey(token))
+	switch {
+	case errors.Is(err, auth.ErrUnknownKey):
+		return errUnauthorized
+	case err != nil:
+		f.log.WarnContext(r.Context(), "api key lookup failed", "err", err)
+		return fmt.Errorf("%w: the API key could not be checked right now: %w", errAuthUnavailable, err)
+	}
+	req.account = account
+	return nil
+}
+
+// readBody reads the whole body, up to the limit, without reading more
+// than the limit of an oversized one.
+func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	// The size is known from the header before anything is read.
+	if r.ContentLength > f.maxBody {
+		return nil, fmt.Errorf("%w: the body is %d bytes; the limit is %d", idempotency.ErrBodyTooLarge, r.ContentLength, f.maxBody)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, f.maxBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, fmt.Errorf("%w: the body exceeds the limit of %d bytes", idempotency.ErrBodyTooLarge, f.maxBody)
+	case err != nil:
+		return nil, fmt.Errorf("%w: the request body could not be read", errBadRequest)
+	}
+	r.ContentLength = int64(len(body)) // known now, chunked or not
+	return body, nil
+}
+
+// checkContract validates the request's parameters and media type against
+// openapi.yaml, and keeps what validateBody needs to check the body later.
+func (f *frontDoor) checkContract(r *http.Request, req *request, body []byte) error {
+	params := map[string]string{}
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		for i, name := range rc.URLParams.Keys {
+			params[name] = rc.URLParams.Values[i]
+		}
+	}
+	path := f.doc.Paths.Value(req.route)
+	input := &openapi3filter.RequestValidationInput{
+		Request:    r,
+		PathParams: params,
+		Route:      &routers.Route{Spec: f.doc, Path: req.route, PathItem: path, Method: r.Method, Operation: req.op.Spec},
+		Options: &openapi3filter.Options{
+			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc, // admit did it
+			ExcludeRequestBody: true,                                  // validateBody
+			MultiError:         false,
+		},
+	}
+	r.Body = http.NoBody
+	if err := openapi3filter.ValidateRequest(r.Context(), input); err != nil {
+		return describe(err)
+	}
+	if !acceptsMediaType(req.op.Spec, r, len(body)) {
+		return errUnsupportedMediaType
+	}
+	req.contract = input
+	return nil
+}
+
+// acceptsMediaType reports whether the operation takes a body of the
+// request's Content-Type, or the request has no body to type.
+func acceptsMediaType(op *openapi3.Operation, r *http.Request, size int) bool {
+	body := op.RequestBody
+	if body == nil || body.Value == nil || len(body.Value.Content) == 0 || size == 0 {
+		return true
+	}
+	return body.Value.Content.Get(r.Header.Get("Content-Type")) != nil
+}
+
+// validateBody checks a body against its operation's schema. It is the
+// idempotency protocol's Validate: called only when the operation is about
+// to run, and before a request whose key holds another request's outcome
+// is answered 409, so that a body against the schema gets the same 400
+// whether or not its key was used before.
+func validateBody(r *http.Request, body []byte) error {
+	input := requestFrom(r.Context()).contract
+	if input == nil || input.Route.Operation.RequestBody == nil || input.Route.Operation.RequestBody.Value == nil {
+		return nil
+	}
+	req := *r
+	req.Body, req.GetBody = io.NopCloser(bytes.NewReader(body)), nil
+	in := *input
+	in.Request = &req
+	if err := openapi3filter.ValidateRequestBody(r.Context(), &in, input.Route.Operation.RequestBody.Value); err != nil {
+		return describe(err)
+	}
+	return nil
+}
+
+func requiresAuth(doc *openapi3.T, op *openapi3.Operation) bool {
+	security := doc.Security
+	if op.Security != nil {
+		security = *op.Security
+	}
+	return len(security) > 0
+}
+
+// describe turns a validation error into a problem: where the problem is
+// and what is wrong, never a dump of the schema.
+func describe(err error) error {
+	var reqErr *openapi3filter.RequestError
+	if !errors.As(err, &reqErr) {
+		return &contractError{kind: errBadRequest, detail: "the request does not match the API contract"}
+	}
+	if reqErr.RequestBody != nil && strings.HasPrefix(reqErr.Reason, "header Content-Type has unexpected value") {
+		return errUnsupportedMediaType
+	}
+	// Parameters fail to parse with the same error type ("limit=abc"); only
+	// a body that does not parse is malformed JSON.
+	var parseErr *openapi3filter.ParseError
+	if reqErr.RequestBody != nil && errors.As(err, &parseErr) {
+		return &contractError{kind: idempotency.ErrMalformedBody, detail: "the request body is not valid JSON"}
+	}
+	where := "request body"
+	if p := reqErr.Parameter; p != nil {
+		where = fmt.Sprintf("%s parameter %q", p.In, p.Name)
+	}
+	var schemaErr *openapi3.SchemaError
+	if errors.As(err, &schemaErr) {
+		if ptr := schemaErr.JSONPointer(); len(ptr) > 0 {
+			where += " at /" + strings.Join(ptr, "/")
+		}
+		return &contractError{kind: errBadRequest, detail: where + ": " + schemaErr.Reason}
+	}
+	if errors.Is(err, openapi3filter.ErrInvalidRequired) {
+		return &contractError{kind: errBadRequest, detail: where + " is required"}
+	}
+	reason := reqErr.Reason
+	if reason == "" && reqErr.Err != nil {
+		reason = reqErr.Err.Error()
+	}
+	return &contractError{kind: errBadRequest, detail: where + ": " + reason}
+}
+
+// contractError is a request that breaks openapi.yaml: which kind of
+// problem it is, and a detail for the client.
+type contractError struct {
+	kind   error
+	detail string
+}
+
+func (e *contractError) Error() string { return e.detail }
+func (e *contractError) Unwrap() error { return e.kind }
