@@ -11,6 +11,7 @@ export interface Seen {
   method: string;
   url: string;
   key: string | undefined;
+  authorization: string | undefined;
   body: string;
 }
 
@@ -49,6 +50,7 @@ export async function scripted(...steps: Step[]): Promise<{ url: string; seen: S
         method: req.method ?? "",
         url: req.url ?? "",
         key: Array.isArray(key) ? key.join(",") : key,
+        authorization: req.headers.authorization,
         body: Buffer.concat(chunks).toString(),
       });
       const step = steps[Math.min(seen.length, steps.length) - 1];
