@@ -1,10 +1,7 @@
-// Unit tests of the retry helper against a scripted in-process HTTP server:
-// each request gets the next scripted answer, and every request is recorded,
-// so the tests can see exactly how many attempts went out and with which key.
-import { after, describe, test } from "node:test";
+// Unit tests of the retry helper against a scripted in-process HTTP server
+// (./scripted-server.ts), which records every request it gets.
+import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import http from "node:http";
-import type { AddressInfo } from "node:net";
 import {
   createClient,
   idempotent,
@@ -12,6 +9,7 @@ import {
   retryDelayMs,
   type NewOrder,
 } from "../dist/index.js";
+import { drop, problem, reply, scripted, type Seen } from "./scripted-server.js";
 
 const SEED: NewOrder = { items: [{ sku: "SKU-1", qty: 2 }], amount: 1200, currency: "RUB" };
 const ORDER = {
@@ -23,62 +21,6 @@ const ORDER = {
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 // Small delays so the suite stays fast; the logic is the same at any scale.
 const FAST = { maxAttempts: 5, baseDelayMs: 1, maxDelayMs: 20 };
-
-type Step = (req: http.IncomingMessage, res: http.ServerResponse) => void;
-interface Seen {
-  method: string;
-  url: string;
-  key: string | undefined;
-  body: string;
-}
-
-function reply(status: number, body: unknown, headers: Record<string, string> = {}): Step {
-  return (_req, res) => {
-    const type = status < 300 && status !== 202 ? "application/json" : "application/problem+json";
-    res.writeHead(status, { "Content-Type": type, ...headers });
-    res.end(JSON.stringify(body));
-  };
-}
-
-function problem(status: number, type: string, headers: Record<string, string> = {}): Step {
-  return reply(status, { type: `https://oncekey.dev/problems/${type}`, title: type, status }, headers);
-}
-
-/** Kills the connection after reading the request: the client never learns the outcome. */
-const drop: Step = (req) => req.socket.destroy();
-
-const servers: http.Server[] = [];
-after(() => {
-  for (const s of servers) {
-    s.closeAllConnections();
-    s.close();
-  }
-});
-
-/** Serves the steps in order (the last one repeats) on 127.0.0.1 at a free port. */
-async function scripted(...steps: Step[]): Promise<{ url: string; seen: Seen[] }> {
-  const seen: Seen[] = [];
-  const server = http.createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c));
-    req.on("end", () => {
-      const key = req.headers["idempotency-key"];
-      seen.push({
-        method: req.method ?? "",
-        url: req.url ?? "",
-        key: Array.isArray(key) ? key.join(",") : key,
-        body: Buffer.concat(chunks).toString(),
-      });
-      const step = steps[Math.min(seen.length, steps.length) - 1];
-      assert.ok(step);
-      step(req, res);
-    });
-  });
-  servers.push(server);
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as AddressInfo;
-  return { url: `http://127.0.0.1:${port}`, seen };
-}
 
 function client(url: string, retry = FAST) {
   return createClient({ baseUrl: url, apiKey: "ok_unit", retry });
