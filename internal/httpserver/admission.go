@@ -1,0 +1,92 @@
+package httpserver
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+)
+
+// admission wraps the application's handler: it reads the request body in
+// full, under the body deadline, and calls the handler only then.
+type admission struct {
+	cfg Config
+}
+
+func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody {
+		if err := a.readBody(w, r); err != nil {
+			// Stalled, too slow, or gone: close the connection without an
+			// answer. ErrAbortHandler is net/http's way to do so silently.
+			a.cfg.Logger.Debug("closed a connection whose request body did not arrive in time",
+				"remote", r.RemoteAddr, "error", err.Error())
+			panic(http.ErrAbortHandler)
+		}
+	}
+	a.cfg.Handler.ServeHTTP(w, r)
+}
+
+// readBody replaces r.Body with the body read in full. A body over the limit
+// is read only up to it; the handler then gets those bytes followed by the
+// *http.MaxBytesError, and answers 413 as it would have on its own.
+func (a *admission) readBody(w http.ResponseWriter, r *http.Request) error {
+	rc := http.NewResponseController(w)
+	body, err := io.ReadAll(&pacedReader{
+		// MaxBytesReader, given w, also marks the response Connection:
+		// close once the limit is hit, so net/http does not try to drain
+		// the rest of an oversized body (with no deadline) after the reply.
+		body:  http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes),
+		rc:    rc,
+		start: time.Now(),
+		grace: a.cfg.BodyTimeout,
+		rate:  float64(a.cfg.MinBodyRate),
+	})
+	if err != nil {
+		// Stalled, too slow, gone, or too large: either way the connection
+		// closes after this request, and the deadline is left passed. On its
+		// way out net/http drains up to 256 KiB of an unread body, which
+		// would otherwise wait on a stalled client with no deadline at all.
+		_ = rc.SetReadDeadline(time.Unix(1, 0))
+		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
+			r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
+			return nil
+		}
+		return err
+	}
+	// No deadline while the handler runs: it would end net/http's
+	// background read (which watches for the client going away) and so
+	// cancel the running request's context. net/http clears it too when it
+	// starts that read at the body's end; this does not rely on it.
+	_ = rc.SetReadDeadline(time.Time{})
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body)) // known now, chunked or not
+	return nil
+}
+
+// pacedReader moves the connection's read deadline along with the body:
+// after n bytes, the next ones are due grace + n/rate after start. A client
+// sending at least rate bytes a second keeps ahead of it by grace; one that
+// stalls is cut off grace after its last burst was due.
+type pacedReader struct {
+	body  io.Reader
+	rc    *http.ResponseController
+	start time.Time
+	grace time.Duration
+	rate  float64 // bytes per second
+	n     int64
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	due := p.start.Add(p.grace + time.Duration(float64(p.n)/p.rate*float64(time.Second)))
+	if err := p.rc.SetReadDeadline(due); err != nil {
+		return 0, err
+	}
+	n, err := p.body.Read(b)
+	p.n += int64(n)
+	return n, err
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }

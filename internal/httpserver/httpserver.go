@@ -1,0 +1,151 @@
+// Package httpserver serves an http.Handler to untrusted clients: every
+// connection is bounded in time.
+//
+// net/http alone bounds only what it is told to. With just a
+// ReadHeaderTimeout, a client that sends its headers and then stalls in its
+// body, or idles on a keep-alive connection, holds a connection (and a file
+// descriptor) for ever, and http.Server.Shutdown waits for every such
+// connection until its deadline runs out. Serve adds:
+//
+//   - a body deadline that follows a minimum transfer rate: a request's
+//     first n body bytes must arrive within BodyTimeout + n/MinBodyRate of
+//     the headers, so a client that stalls is cut off after BodyTimeout and
+//     one that trickles below the rate soon after, while a slow but steady
+//     upload of a large body is never cut;
+//   - IdleTimeout for keep-alive connections;
+//   - graceful shutdown on ctx's end, within ShutdownTimeout.
+//
+// Serve wraps the handler so that the request body is read in full, up to
+// MaxBodyBytes and under the body deadline, before the wrapped handler is
+// called.
+//
+// Reading the body first has a price: the handler never streams its body,
+// and up to MaxBodyBytes is buffered per request being read. It suits an
+// API of small JSON bodies, which is what this package is for.
+//
+// Serve speaks HTTP/1.1 only.
+package httpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Config configures Serve. Only Handler is required; every zero field takes
+// the default its comment gives.
+type Config struct {
+	// Handler serves every request, after its body has been read.
+	Handler http.Handler
+
+	// MaxBodyBytes bounds a request body (default 1 MiB). A larger body is
+	// not read past the limit: the handler gets the first MaxBodyBytes and
+	// then an *http.MaxBytesError from r.Body, so it answers 413 in its own
+	// words, and the connection is closed after the reply.
+	MaxBodyBytes int64
+
+	// ReadHeaderTimeout bounds the time to read a request's headers
+	// (default 10 s).
+	ReadHeaderTimeout time.Duration
+
+	// BodyTimeout and MinBodyRate bound the time to read a body: its first
+	// n bytes must have arrived BodyTimeout + n/MinBodyRate after the
+	// headers, or the connection is closed without an answer (as net/http
+	// does on a header timeout: a client that stopped sending is gone or
+	// hostile, and need not be waited on to read a reply). The defaults,
+	// 5 s and 32 KiB/s, give a 1 MiB body 37 s.
+	BodyTimeout time.Duration
+	// MinBodyRate is in bytes per second; see BodyTimeout.
+	MinBodyRate int64
+
+	// IdleTimeout closes a keep-alive connection that has sent no new
+	// request for that long (default 60 s).
+	IdleTimeout time.Duration
+
+	// ShutdownTimeout is how long requests that are running when ctx ends
+	// may take to finish (default 30 s).
+	ShutdownTimeout time.Duration
+
+	// Logger receives the shutdown's progress and net/http's own errors
+	// (default slog.Default()).
+	Logger *slog.Logger
+}
+
+const (
+	defaultMaxBodyBytes      = 1 << 20
+	defaultReadHeaderTimeout = 10 * time.Second
+	defaultBodyTimeout       = 5 * time.Second
+	defaultMinBodyRate       = 32 << 10
+	defaultIdleTimeout       = 60 * time.Second
+	defaultShutdownTimeout   = 30 * time.Second
+)
+
+func (c Config) withDefaults() Config {
+	setDefault(&c.MaxBodyBytes, defaultMaxBodyBytes)
+	setDefault(&c.ReadHeaderTimeout, defaultReadHeaderTimeout)
+	setDefault(&c.BodyTimeout, defaultBodyTimeout)
+	setDefault(&c.MinBodyRate, defaultMinBodyRate)
+	setDefault(&c.IdleTimeout, defaultIdleTimeout)
+	setDefault(&c.ShutdownTimeout, defaultShutdownTimeout)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// setDefault replaces a zero or negative setting: none of them has a
+// meaning at or below zero (net/http would read zero as "no timeout").
+func setDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+// Serve serves cfg.Handler on ln until ctx ends, then shuts down: it stops
+// accepting and waits up to cfg.ShutdownTimeout for the requests under way.
+// It returns nil when they all finished in time, and an error if they did
+// not (they are then cut off) or if ln failed.
+//
+// Request contexts are not cancelled when ctx ends, only when their
+// connection closes, so a running request is not cut short by the shutdown
+// that waits for it.
+func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
+	if cfg.Handler == nil {
+		return errors.New("httpserver: Config.Handler is nil")
+	}
+	cfg = cfg.withDefaults()
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	srv := &http.Server{
+		Handler:           &admission{cfg: cfg},
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		Protocols:         &protocols,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		_ = srv.Close()
+		return fmt.Errorf("httpserver: %w", err)
+	case <-ctx.Done():
+	}
+
+	cfg.Logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	<-served // http.ErrServerClosed, now that the listener is closed
+	if err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("httpserver: requests still running after %s: %w", cfg.ShutdownTimeout, err)
+	}
+	return nil
+}
