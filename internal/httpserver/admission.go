@@ -11,7 +11,8 @@ import (
 // admission wraps the application's handler: it reads the request body in
 // full, under the body deadline, and calls the handler only then.
 type admission struct {
-	cfg Config
+	cfg   Config
+	conns *conns
 }
 
 func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -23,6 +24,11 @@ func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				"remote", r.RemoteAddr, "error", err.Error())
 			panic(http.ErrAbortHandler)
 		}
+	}
+	if !a.conns.run(connOf(r)) {
+		// Shutdown started (and closed this connection) before the request
+		// could run: nothing of it reached the application.
+		panic(http.ErrAbortHandler)
 	}
 	a.cfg.Handler.ServeHTTP(w, r)
 }

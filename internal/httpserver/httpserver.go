@@ -1,5 +1,6 @@
 // Package httpserver serves an http.Handler to untrusted clients: every
-// connection is bounded in time.
+// connection is bounded in time, and shutdown waits only for requests that
+// are really running.
 //
 // net/http alone bounds only what it is told to. With just a
 // ReadHeaderTimeout, a client that sends its headers and then stalls in its
@@ -13,17 +14,36 @@
 //     one that trickles below the rate soon after, while a slow but steady
 //     upload of a large body is never cut;
 //   - IdleTimeout for keep-alive connections;
-//   - graceful shutdown on ctx's end, within ShutdownTimeout.
+//   - graceful shutdown that closes at once every connection with no request
+//     running, and waits up to ShutdownTimeout for the rest.
 //
-// Serve wraps the handler so that the request body is read in full, up to
-// MaxBodyBytes and under the body deadline, before the wrapped handler is
-// called.
+// # Running and stalled requests
+//
+// Shutdown must tell a request that is running (its handler may be writing
+// to a database; cutting it off would lose work) from a connection that
+// merely holds a socket: idle, sending headers, or sending a body that does
+// not come. Serve wraps the handler so that the request body is read in
+// full, up to MaxBodyBytes and under the body deadline, before the wrapped
+// handler is called, and only then marks the request running. A connection
+// whose request is not marked running has not reached the application at
+// all, so closing it loses nothing and a retry is safe, whatever the
+// method. The other phases come from http.Server.ConnState (new, active,
+// idle, closed); the mark and the shutdown flag share one lock, so a
+// request is either marked running before shutdown starts, and finishes,
+// or never reaches the handler.
+//
+// Why not the other ways: http.Server.Shutdown alone waits for every
+// connection that is not idle, stalled ones included, until its deadline.
+// A ConnState of "active" alone cannot tell a handler blocked on a stalled
+// body from one doing work. A per-request timer cannot tell a slow upload
+// from a long operation.
 //
 // Reading the body first has a price: the handler never streams its body,
 // and up to MaxBodyBytes is buffered per request being read. It suits an
 // API of small JSON bodies, which is what this package is for.
 //
-// Serve speaks HTTP/1.1 only.
+// Serve speaks HTTP/1.1 only: one request at a time per connection is what
+// lets a connection's phase stand for its request's.
 package httpserver
 
 import (
@@ -67,7 +87,8 @@ type Config struct {
 	IdleTimeout time.Duration
 
 	// ShutdownTimeout is how long requests that are running when ctx ends
-	// may take to finish (default 30 s).
+	// may take to finish (default 30 s). Connections with no request running
+	// are closed at once.
 	ShutdownTimeout time.Duration
 
 	// Logger receives the shutdown's progress and net/http's own errors
@@ -106,9 +127,10 @@ func setDefault[T int | int64 | time.Duration](v *T, def T) {
 }
 
 // Serve serves cfg.Handler on ln until ctx ends, then shuts down: it stops
-// accepting and waits up to cfg.ShutdownTimeout for the requests under way.
-// It returns nil when they all finished in time, and an error if they did
-// not (they are then cut off) or if ln failed.
+// accepting, closes every connection with no request running, and waits up
+// to cfg.ShutdownTimeout for the requests that are. It returns nil when
+// they all finished in time, and an error if they did not (they are then
+// cut off) or if ln failed.
 //
 // Request contexts are not cancelled when ctx ends, only when their
 // connection closes, so a running request is not cut short by the shutdown
@@ -120,10 +142,13 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
 	cfg = cfg.withDefaults()
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
+	conns := newConns()
 	srv := &http.Server{
-		Handler:           &admission{cfg: cfg},
+		Handler:           &admission{cfg: cfg, conns: conns},
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		ConnState:         conns.observe,
+		ConnContext:       withConn,
 		Protocols:         &protocols,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
@@ -138,7 +163,15 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
 	case <-ctx.Done():
 	}
 
-	cfg.Logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	// http.Server.Shutdown alone would wait for every connection that is
+	// not idle, a stalled one included, until its deadline; drain first
+	// closes all but those with a request running. Connections accepted
+	// between the drain and Shutdown's closing the listener are closed as
+	// they come (observe, StateNew).
+	start := time.Now()
+	closed, left := conns.drain()
+	cfg.Logger.Info("shutting down: closed the connections with no request running; waiting for the rest",
+		"closed", closed, "running", left, "timeout", cfg.ShutdownTimeout.String())
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(shutdownCtx)
@@ -147,5 +180,6 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
 		_ = srv.Close()
 		return fmt.Errorf("httpserver: requests still running after %s: %w", cfg.ShutdownTimeout, err)
 	}
+	cfg.Logger.Info("shut down", "took", time.Since(start).String())
 	return nil
 }

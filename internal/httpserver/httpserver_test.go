@@ -162,3 +162,18 @@ func TestServeReportsListenerFailure(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, strings.HasPrefix(err.Error(), "httpserver: "), err.Error())
 }
+
+// stallInBody makes c a request stalled in its body, known to be past its
+// headers: it asks for 100 Continue, which the server sends only when the
+// body is first read, then sends part of the body and no more.
+func stallInBody(t *testing.T, c net.Conn) {
+	t.Helper()
+	write(t, c, "POST / HTTP/1.1\r\nHost: test\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n")
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	want := "HTTP/1.1 100 Continue\r\n\r\n"
+	got := make([]byte, len(want))
+	_, err := io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.Equal(t, want, string(got))
+	write(t, c, `{"items":`)
+}
