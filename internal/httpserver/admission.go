@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
+
+	"github.com/oncekey/oncekey/internal/problem"
 )
 
 // admission wraps the application's handler: it reads the request body in
@@ -13,6 +17,19 @@ import (
 type admission struct {
 	cfg   Config
 	conns *conns
+	// slots holds one token per running request, up to MaxInFlight.
+	slots      chan struct{}
+	retryAfter string
+	overloaded throttle
+}
+
+func newAdmission(cfg Config, conns *conns) *admission {
+	return &admission{
+		cfg:        cfg,
+		conns:      conns,
+		slots:      make(chan struct{}, cfg.MaxInFlight),
+		retryAfter: strconv.Itoa(int(math.Ceil(cfg.RetryAfter.Seconds()))),
+	}
 }
 
 func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -30,7 +47,21 @@ func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// could run: nothing of it reached the application.
 		panic(http.ErrAbortHandler)
 	}
+	select {
+	case a.slots <- struct{}{}:
+		defer func() { <-a.slots }()
+	default:
+		a.overloaded.warn(a.cfg.Logger, "requests refused: MaxInFlight requests are running", "max_in_flight", a.cfg.MaxInFlight)
+		w.Header().Set("Retry-After", a.retryAfter)
+		a.cfg.Overloaded(w, r)
+		return
+	}
 	a.cfg.Handler.ServeHTTP(w, r)
+}
+
+// writeUnavailable is Config.Overloaded's default.
+func writeUnavailable(w http.ResponseWriter, _ *http.Request) {
+	problem.Write(w, problem.Unavailable, "the server is running as many requests as it can; retry after the delay in Retry-After")
 }
 
 // readBody replaces r.Body with the body read in full. A body over the limit

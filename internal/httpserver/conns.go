@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -32,14 +33,28 @@ type connInfo struct {
 // and from admission marking a request running. One mutex covers the
 // phases and the draining flag, so a request is marked running either
 // before shutdown starts (and is waited for) or not at all.
+//
+// It also caps the number of open connections. golang.org/x/net/netutil's
+// LimitListener would do that by not calling Accept at the cap, which
+// leaves new clients in the kernel's accept queue until they time out: the
+// very failure this package was written for. Here a connection over the cap
+// is accepted and closed at once (its client sees a reset and can go
+// elsewhere), after first trying to make room by closing the connection
+// idle longest: an idle keep-alive connection costs its client only a
+// reconnect, and otherwise idle connections could lock out every new
+// client until IdleTimeout.
 type conns struct {
+	max    int
+	logger *slog.Logger
+
 	mu       sync.Mutex
 	open     map[net.Conn]*connInfo
 	draining bool
+	refused  throttle
 }
 
-func newConns() *conns {
-	return &conns{open: map[net.Conn]*connInfo{}}
+func newConns(maxConns int, logger *slog.Logger) *conns {
+	return &conns{max: maxConns, logger: logger, open: map[net.Conn]*connInfo{}}
 }
 
 // observe is the http.Server.ConnState hook. Every call for one connection
@@ -55,6 +70,11 @@ func (cs *conns) observe(c net.Conn, state http.ConnState) {
 			_ = c.Close()
 			return
 		}
+		if len(cs.open) >= cs.max && !cs.evictIdle() {
+			_ = c.Close()
+			cs.refused.warn(cs.logger, "connections refused: MaxConns connections are open and none is idle", "max_conns", cs.max)
+			return
+		}
 		cs.open[c] = &connInfo{phase: waiting}
 	case http.StateActive:
 		// A connection already closed (drained) is not brought back.
@@ -68,6 +88,26 @@ func (cs *conns) observe(c net.Conn, state http.ConnState) {
 	case http.StateHijacked, http.StateClosed:
 		delete(cs.open, c)
 	}
+}
+
+// evictIdle closes the connection idle longest, if any is idle. A client
+// that sends its next request on it just then sees the connection closed
+// before any answer, as with IdleTimeout; net/http's client retries such a
+// request by itself when it is idempotent or carries an Idempotency-Key.
+func (cs *conns) evictIdle() bool {
+	var victim net.Conn
+	var since time.Time
+	for c, info := range cs.open {
+		if !info.idleSince.IsZero() && (victim == nil || info.idleSince.Before(since)) {
+			victim, since = c, info.idleSince
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	_ = victim.Close()
+	delete(cs.open, victim)
+	return true
 }
 
 // run marks c's request running and reports whether it may run: not once
@@ -113,4 +153,25 @@ func withConn(ctx context.Context, c net.Conn) context.Context {
 func connOf(r *http.Request) net.Conn {
 	c, _ := r.Context().Value(connKey{}).(net.Conn)
 	return c
+}
+
+// throttle lets a warning through at most once a minute, so that a flood
+// is reported without flooding the log.
+type throttle struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (t *throttle) warn(logger *slog.Logger, msg string, args ...any) {
+	t.mu.Lock()
+	if now := time.Now(); now.Sub(t.last) >= time.Minute {
+		args = append(args, "suppressed_since_last", t.suppressed)
+		t.last, t.suppressed = now, 0
+		t.mu.Unlock()
+		logger.Warn(msg, args...)
+		return
+	}
+	t.suppressed++
+	t.mu.Unlock()
 }

@@ -14,6 +14,10 @@
 //     one that trickles below the rate soon after, while a slow but steady
 //     upload of a large body is never cut;
 //   - IdleTimeout for keep-alive connections;
+//   - a cap on requests running at once, beyond which a request is
+//     answered at once with 503 and Retry-After, and a cap on open
+//     connections, beyond which a new one replaces the connection idle
+//     longest or is closed at once;
 //   - graceful shutdown that closes at once every connection with no request
 //     running, and waits up to ShutdownTimeout for the rest.
 //
@@ -91,7 +95,32 @@ type Config struct {
 	// are closed at once.
 	ShutdownTimeout time.Duration
 
-	// Logger receives the shutdown's progress and net/http's own errors
+	// MaxConns caps open connections (default three quarters of the
+	// process's open-file limit, at most 10,000, leaving the rest to the
+	// database pool, logs and the like; 1,000 where the limit is unknown).
+	// At the cap a new connection takes the place of the one idle longest
+	// or, with none idle, is closed at once: its client sees the connection
+	// reset instead of waiting in the accept queue until it times out. It
+	// guards file descriptors; overload should meet MaxInFlight first.
+	MaxConns int
+
+	// MaxInFlight caps requests running at once (default 256). A request
+	// beyond it is answered at once by Overloaded, after its body is read
+	// (so the connection stays usable), rather than queueing for the
+	// database until its own timeout.
+	MaxInFlight int
+
+	// RetryAfter is the Retry-After sent with Overloaded's answer, in whole
+	// seconds rounded up (default 1 s).
+	RetryAfter time.Duration
+
+	// Overloaded answers a request beyond MaxInFlight; Retry-After is
+	// already set on w. The default is a 503 RFC 9457 problem of type
+	// https://oncekey.dev/problems/unavailable.
+	Overloaded func(w http.ResponseWriter, r *http.Request)
+
+	// Logger receives the shutdown's progress, warnings (at most once a
+	// minute each) when a cap turns clients away, and net/http's own errors
 	// (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -103,7 +132,19 @@ const (
 	defaultMinBodyRate       = 32 << 10
 	defaultIdleTimeout       = 60 * time.Second
 	defaultShutdownTimeout   = 30 * time.Second
+	defaultMaxInFlight       = 256
+	defaultRetryAfter        = time.Second
 )
+
+// defaultMaxConns leaves a quarter of the open-file limit to everything
+// else the process opens.
+func defaultMaxConns() int {
+	limit := openFileLimit()
+	if limit <= 0 {
+		return 1000
+	}
+	return max(1, min(limit*3/4, 10_000))
+}
 
 func (c Config) withDefaults() Config {
 	setDefault(&c.MaxBodyBytes, defaultMaxBodyBytes)
@@ -112,6 +153,12 @@ func (c Config) withDefaults() Config {
 	setDefault(&c.MinBodyRate, defaultMinBodyRate)
 	setDefault(&c.IdleTimeout, defaultIdleTimeout)
 	setDefault(&c.ShutdownTimeout, defaultShutdownTimeout)
+	setDefault(&c.MaxConns, defaultMaxConns())
+	setDefault(&c.MaxInFlight, defaultMaxInFlight)
+	setDefault(&c.RetryAfter, defaultRetryAfter)
+	if c.Overloaded == nil {
+		c.Overloaded = writeUnavailable
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -142,9 +189,9 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
 	cfg = cfg.withDefaults()
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	conns := newConns()
+	conns := newConns(cfg.MaxConns, cfg.Logger)
 	srv := &http.Server{
-		Handler:           &admission{cfg: cfg, conns: conns},
+		Handler:           newAdmission(cfg, conns),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ConnState:         conns.observe,
