@@ -25,8 +25,9 @@ const (
 )
 
 type connInfo struct {
-	phase     phase
-	idleSince time.Time // zero unless idle after a request
+	phase phase
+	idle  bool      // waiting after a request, as a keep-alive connection
+	since time.Time // when it entered its phase
 }
 
 // conns tracks every open connection's phase, from http.Server.ConnState
@@ -37,12 +38,10 @@ type connInfo struct {
 // It also caps the number of open connections. golang.org/x/net/netutil's
 // LimitListener would do that by not calling Accept at the cap, which
 // leaves new clients in the kernel's accept queue until they time out: the
-// very failure this package was written for. Here a connection over the cap
-// is accepted and closed at once (its client sees a reset and can go
-// elsewhere), after first trying to make room by closing the connection
-// idle longest: an idle keep-alive connection costs its client only a
-// reconnect, and otherwise idle connections could lock out every new
-// client until IdleTimeout.
+// very failure this package was written for. Here a new connection at the
+// cap is accepted and makes room by closing another with no request
+// running (see evict); only when every connection has one running is the
+// new one closed at once, and its client sees a reset rather than a hang.
 type conns struct {
 	max    int
 	logger *slog.Logger
@@ -70,36 +69,45 @@ func (cs *conns) observe(c net.Conn, state http.ConnState) {
 			_ = c.Close()
 			return
 		}
-		if len(cs.open) >= cs.max && !cs.evictIdle() {
+		if len(cs.open) >= cs.max && !cs.evict() {
 			_ = c.Close()
-			cs.refused.warn(cs.logger, "connections refused: MaxConns connections are open and none is idle", "max_conns", cs.max)
+			cs.refused.warn(cs.logger, "connections refused: MaxConns connections are open, each with a request running", "max_conns", cs.max)
 			return
 		}
-		cs.open[c] = &connInfo{phase: waiting}
+		cs.open[c] = &connInfo{phase: waiting, since: time.Now()}
 	case http.StateActive:
-		// A connection already closed (drained) is not brought back.
+		// A connection already closed (drained, evicted) is not brought back.
 		if info, ok := cs.open[c]; ok {
-			info.phase, info.idleSince = reading, time.Time{}
+			*info = connInfo{phase: reading, since: time.Now()}
 		}
 	case http.StateIdle:
 		if info, ok := cs.open[c]; ok {
-			info.phase, info.idleSince = waiting, time.Now()
+			*info = connInfo{phase: waiting, idle: true, since: time.Now()}
 		}
 	case http.StateHijacked, http.StateClosed:
 		delete(cs.open, c)
 	}
 }
 
-// evictIdle closes the connection idle longest, if any is idle. A client
-// that sends its next request on it just then sees the connection closed
-// before any answer, as with IdleTimeout; net/http's client retries such a
-// request by itself when it is idempotent or carries an Idempotency-Key.
-func (cs *conns) evictIdle() bool {
+// evict closes the connection whose loss costs least, if one has no request
+// running: the one idle longest, since an idle client loses only a
+// reconnect; or else the one that has spent longest sending its request
+// (or sending nothing), which a flood of stalled clients is made of, while
+// a well-behaved newcomer's request is read in a moment and so is the last
+// to go. Nothing of an evicted request has reached the handler, so a retry
+// is safe; a client that sends its next request on an idle connection just
+// as it is closed sees what IdleTimeout would show it, and net/http's
+// client retries such a request by itself when it is idempotent or carries
+// an Idempotency-Key.
+func (cs *conns) evict() bool {
 	var victim net.Conn
-	var since time.Time
+	var worst *connInfo
 	for c, info := range cs.open {
-		if !info.idleSince.IsZero() && (victim == nil || info.idleSince.Before(since)) {
-			victim, since = c, info.idleSince
+		if info.phase == running {
+			continue
+		}
+		if worst == nil || info.idle && !worst.idle || info.idle == worst.idle && info.since.Before(worst.since) {
+			victim, worst = c, info
 		}
 	}
 	if victim == nil {

@@ -16,8 +16,8 @@
 //   - IdleTimeout for keep-alive connections;
 //   - a cap on requests running at once, beyond which a request is
 //     answered at once with 503 and Retry-After, and a cap on open
-//     connections, beyond which a new one replaces the connection idle
-//     longest or is closed at once;
+//     connections, at which a new one replaces one with no request running
+//     (idle, or stalled longest) or, with none, is closed at once;
 //   - graceful shutdown that closes at once every connection with no request
 //     running, and waits up to ShutdownTimeout for the rest.
 //
@@ -43,7 +43,8 @@
 // from a long operation.
 //
 // Reading the body first has a price: the handler never streams its body,
-// and up to MaxBodyBytes is buffered per request being read. It suits an
+// and up to MaxBodyBytes is buffered per request being read (so at most
+// MaxConns × MaxBodyBytes, of bytes that clients really sent). It suits an
 // API of small JSON bodies, which is what this package is for.
 //
 // Serve speaks HTTP/1.1 only: one request at a time per connection is what
@@ -98,10 +99,13 @@ type Config struct {
 	// MaxConns caps open connections (default three quarters of the
 	// process's open-file limit, at most 10,000, leaving the rest to the
 	// database pool, logs and the like; 1,000 where the limit is unknown).
-	// At the cap a new connection takes the place of the one idle longest
-	// or, with none idle, is closed at once: its client sees the connection
-	// reset instead of waiting in the accept queue until it times out. It
-	// guards file descriptors; overload should meet MaxInFlight first.
+	// At the cap a new connection takes the place of the one idle longest,
+	// or with none idle of the one that has spent longest sending its
+	// request, so neither idle nor stalled clients can lock new ones out.
+	// Only when every connection has a request running is a new one closed
+	// at once: its client sees a reset instead of waiting in the accept
+	// queue until it times out. It guards file descriptors; overload should
+	// meet MaxInFlight first.
 	MaxConns int
 
 	// MaxInFlight caps requests running at once (default 256). A request

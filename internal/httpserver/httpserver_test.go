@@ -32,14 +32,20 @@ type testBundle struct {
 // "ok"; a nil Logger discards.
 func setup(t *testing.T, cfg httpserver.Config) *testBundle {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	return setupOn(t, ln, cfg)
+}
+
+// setupOn is setup on a listener of the test's own.
+func setupOn(t *testing.T, ln net.Listener, cfg httpserver.Config) *testBundle {
+	t.Helper()
 	if cfg.Handler == nil {
 		cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &testBundle{addr: ln.Addr().String(), url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -93,15 +99,23 @@ func write(t *testing.T, c net.Conn, s string) {
 // after limit.
 func heldFor(t *testing.T, c net.Conn, limit time.Duration) (time.Duration, string) {
 	t.Helper()
-	start := time.Now()
-	require.NoError(t, c.SetReadDeadline(start.Add(limit)))
-	var got strings.Builder
-	_, err := io.Copy(&got, c)
-	held := time.Since(start)
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	held, reply, closed := waitClosed(c, limit)
+	if !closed {
 		t.Fatalf("the server still held the connection after %s", limit)
 	}
-	return held, got.String()
+	return held, reply
+}
+
+// waitClosed is heldFor for goroutines other than the test's: it reports
+// whether c was closed within limit instead of failing the test.
+func waitClosed(c net.Conn, limit time.Duration) (held time.Duration, reply string, closed bool) {
+	start := time.Now()
+	if err := c.SetReadDeadline(start.Add(limit)); err != nil {
+		return 0, "", false
+	}
+	var got strings.Builder
+	_, err := io.Copy(&got, c)
+	return time.Since(start), got.String(), !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // stillOpen reports whether the server has left c open for another wait.

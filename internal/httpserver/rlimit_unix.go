@@ -8,8 +8,10 @@ import "syscall"
 // (The Go runtime raises the soft limit to the hard one at start-up.)
 func openFileLimit() int {
 	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<30 {
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return 0
 	}
-	return int(lim.Cur)
+	// RLIM_INFINITY, or any limit past a 32-bit int, is as good as none:
+	// defaultMaxConns caps it anyway.
+	return int(min(lim.Cur, 1<<30))
 }
