@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/oncekey/oncekey/internal/problem"
@@ -43,8 +44,8 @@ func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !a.conns.run(connOf(r)) {
-		// Shutdown started (and closed this connection) before the request
-		// could run: nothing of it reached the application.
+		// Closed by the drain, or to make room, before the request could
+		// run: nothing of it reached the application.
 		panic(http.ErrAbortHandler)
 	}
 	select {
@@ -73,11 +74,12 @@ func (a *admission) readBody(w http.ResponseWriter, r *http.Request) error {
 		// MaxBytesReader, given w, also marks the response Connection:
 		// close once the limit is hit, so net/http does not try to drain
 		// the rest of an oversized body (with no deadline) after the reply.
-		body:  http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes),
-		rc:    rc,
-		start: time.Now(),
-		grace: a.cfg.BodyTimeout,
-		rate:  float64(a.cfg.MinBodyRate),
+		body:     http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes),
+		rc:       rc,
+		start:    time.Now(),
+		grace:    a.cfg.BodyTimeout,
+		rate:     float64(a.cfg.MinBodyRate),
+		draining: &a.conns.draining,
 	})
 	if err != nil {
 		// Stalled, too slow, gone, or too large: either way the connection
@@ -104,20 +106,32 @@ func (a *admission) readBody(w http.ResponseWriter, r *http.Request) error {
 // pacedReader moves the connection's read deadline along with the body:
 // after n bytes, the next ones are due grace + n/rate after start. A client
 // sending at least rate bytes a second keeps ahead of it by grace; one that
-// stalls is cut off grace after its last burst was due.
+// stalls is cut off grace after its last burst was due. Once shutdown has
+// started, the next bytes are also due within drainStall.
 type pacedReader struct {
-	body  io.Reader
-	rc    *http.ResponseController
-	start time.Time
-	grace time.Duration
-	rate  float64 // bytes per second
-	n     int64
+	body     io.Reader
+	rc       *http.ResponseController
+	start    time.Time
+	grace    time.Duration
+	rate     float64 // bytes per second
+	draining *atomic.Bool
+	n        int64
 }
 
 func (p *pacedReader) Read(b []byte) (int, error) {
 	due := p.start.Add(p.grace + time.Duration(float64(p.n)/p.rate*float64(time.Second)))
 	if err := p.rc.SetReadDeadline(due); err != nil {
 		return 0, err
+	}
+	// Checked after setting the deadline: if the drain came in between, it
+	// has set its own, which the line above may have undone; this sets it
+	// again. (The drain stores the flag before it sets deadlines.)
+	if p.draining.Load() {
+		if stall := time.Now().Add(drainStall); stall.Before(due) {
+			if err := p.rc.SetReadDeadline(stall); err != nil {
+				return 0, err
+			}
+		}
 	}
 	n, err := p.body.Read(b)
 	p.n += int64(n)

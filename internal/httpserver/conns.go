@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,16 +14,23 @@ import (
 type phase uint8
 
 const (
-	// waiting: accepted, idle between requests, or reading headers. net/http
+	// phaseWaiting: accepted, idle between requests, or reading headers. net/http
 	// reports a connection active only once it has read a request's
 	// headers, so headers still coming count as waiting.
-	waiting phase = iota
-	// reading: the headers are read; the body is being read.
-	reading
-	// running: the handler runs past its body read, or its response is
-	// being written. Only this phase is waited for at shutdown.
-	running
+	phaseWaiting phase = iota
+	// phaseReading: the headers are read; the body is being read. At shutdown
+	// such a request may finish if its body keeps coming (drainStall).
+	phaseReading
+	// phaseRunning: the handler runs past its body read, or its response is
+	// being written. Shutdown waits for it.
+	phaseRunning
 )
+
+// drainStall is how long, once shutdown has started, a body being read may
+// go without bringing a byte before its connection is closed. A client
+// uploading when SIGTERM comes is let finish, as plain net/http would; one
+// that has stopped sending does not hold the shutdown for its BodyTimeout.
+const drainStall = 250 * time.Millisecond
 
 type connInfo struct {
 	phase phase
@@ -32,8 +40,8 @@ type connInfo struct {
 
 // conns tracks every open connection's phase, from http.Server.ConnState
 // and from admission marking a request running. One mutex covers the
-// phases and the draining flag, so a request is marked running either
-// before shutdown starts (and is waited for) or not at all.
+// phases and the drain, so a connection is either closed by the drain or
+// kept, and then its request may run.
 //
 // It also caps the number of open connections. golang.org/x/net/netutil's
 // LimitListener would do that by not calling Accept at the cap, which
@@ -46,10 +54,12 @@ type conns struct {
 	max    int
 	logger *slog.Logger
 
-	mu       sync.Mutex
-	open     map[net.Conn]*connInfo
-	draining bool
-	refused  throttle
+	mu      sync.Mutex
+	open    map[net.Conn]*connInfo
+	refused throttle
+	// draining is set once, under mu, when shutdown starts; pacedReader
+	// reads it without the lock.
+	draining atomic.Bool
 }
 
 func newConns(maxConns int, logger *slog.Logger) *conns {
@@ -64,7 +74,7 @@ func (cs *conns) observe(c net.Conn, state http.ConnState) {
 	defer cs.mu.Unlock()
 	switch state {
 	case http.StateNew:
-		if cs.draining {
+		if cs.draining.Load() {
 			// Accepted between the drain and the listener's close.
 			_ = c.Close()
 			return
@@ -74,15 +84,15 @@ func (cs *conns) observe(c net.Conn, state http.ConnState) {
 			cs.refused.warn(cs.logger, "connections refused: MaxConns connections are open, each with a request running", "max_conns", cs.max)
 			return
 		}
-		cs.open[c] = &connInfo{phase: waiting, since: time.Now()}
+		cs.open[c] = &connInfo{phase: phaseWaiting, since: time.Now()}
 	case http.StateActive:
 		// A connection already closed (drained, evicted) is not brought back.
 		if info, ok := cs.open[c]; ok {
-			*info = connInfo{phase: reading, since: time.Now()}
+			*info = connInfo{phase: phaseReading, since: time.Now()}
 		}
 	case http.StateIdle:
 		if info, ok := cs.open[c]; ok {
-			*info = connInfo{phase: waiting, idle: true, since: time.Now()}
+			*info = connInfo{phase: phaseWaiting, idle: true, since: time.Now()}
 		}
 	case http.StateHijacked, http.StateClosed:
 		delete(cs.open, c)
@@ -103,7 +113,7 @@ func (cs *conns) evict() bool {
 	var victim net.Conn
 	var worst *connInfo
 	for c, info := range cs.open {
-		if info.phase == running {
+		if info.phase == phaseRunning {
 			continue
 		}
 		if worst == nil || info.idle && !worst.idle || info.idle == worst.idle && info.since.Before(worst.since) {
@@ -118,36 +128,42 @@ func (cs *conns) evict() bool {
 	return true
 }
 
-// run marks c's request running and reports whether it may run: not once
-// shutdown has started, and not on a connection already closed.
+// run marks c's request running and reports whether it may run: not on a
+// connection already closed (by the drain, or to make room).
 func (cs *conns) run(c net.Conn) bool {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	info, ok := cs.open[c]
-	if !ok || cs.draining {
+	if !ok {
 		return false
 	}
-	info.phase = running
+	info.phase = phaseRunning
 	return true
 }
 
-// drain starts the shutdown: from now on no request starts running, and
-// every connection whose request is not running is closed. It returns how
-// many were closed and how many are left running.
-func (cs *conns) drain() (closed, left int) {
+// drain starts the shutdown. Every connection with no request under way
+// (idle, sending headers, or new) is closed; one whose body is being read
+// gets drainStall to bring its next bytes (pacedReader keeps that up to
+// the end of the body); one running is left to finish. It returns how many
+// of each there were.
+func (cs *conns) drain() (closed, reading, running int) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	cs.draining = true
+	cs.draining.Store(true)
 	for c, info := range cs.open {
-		if info.phase == running {
-			left++
-			continue
+		switch info.phase {
+		case phaseRunning:
+			running++
+		case phaseReading:
+			_ = c.SetReadDeadline(time.Now().Add(drainStall))
+			reading++
+		default:
+			_ = c.Close()
+			delete(cs.open, c)
+			closed++
 		}
-		_ = c.Close()
-		delete(cs.open, c)
-		closed++
 	}
-	return closed, left
+	return closed, reading, running
 }
 
 type connKey struct{}

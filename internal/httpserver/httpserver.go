@@ -19,7 +19,8 @@
 //     connections, at which a new one replaces one with no request running
 //     (idle, or stalled longest) or, with none, is closed at once;
 //   - graceful shutdown that closes at once every connection with no request
-//     running, and waits up to ShutdownTimeout for the rest.
+//     under way, and lets the requests that are finish within
+//     ShutdownTimeout, but not wait on a client that has stopped sending.
 //
 // # Running and stalled requests
 //
@@ -28,13 +29,20 @@
 // merely holds a socket: idle, sending headers, or sending a body that does
 // not come. Serve wraps the handler so that the request body is read in
 // full, up to MaxBodyBytes and under the body deadline, before the wrapped
-// handler is called, and only then marks the request running. A connection
-// whose request is not marked running has not reached the application at
-// all, so closing it loses nothing and a retry is safe, whatever the
-// method. The other phases come from http.Server.ConnState (new, active,
-// idle, closed); the mark and the shutdown flag share one lock, so a
-// request is either marked running before shutdown starts, and finishes,
-// or never reaches the handler.
+// handler is called, and only then marks the request running. The other
+// phases come from http.Server.ConnState (new, active, idle, closed). At
+// shutdown:
+//
+//   - a connection idle, new, or still sending headers is closed at once;
+//   - one whose body is being read is given 250 ms to bring its next bytes,
+//     and so on until the body is in: a client uploading when SIGTERM
+//     comes is served, one that has stopped sending is closed;
+//   - a running request is waited for, up to ShutdownTimeout.
+//
+// A connection closed before its request was marked running has not
+// reached the application at all, so closing it loses nothing and a retry
+// is safe, whatever the method. Marking and closing share one lock, so a
+// request is either closed before it runs or runs to its end.
 //
 // Why not the other ways: http.Server.Shutdown alone waits for every
 // connection that is not idle, stalled ones included, until its deadline.
@@ -91,9 +99,10 @@ type Config struct {
 	// request for that long (default 60 s).
 	IdleTimeout time.Duration
 
-	// ShutdownTimeout is how long requests that are running when ctx ends
-	// may take to finish (default 30 s). Connections with no request running
-	// are closed at once.
+	// ShutdownTimeout is how long requests under way when ctx ends may take
+	// to finish (default 30 s). Connections with none (idle, or sending
+	// headers) are closed at once; a request whose body is being read may
+	// finish as long as no 250 ms pass without a byte of it.
 	ShutdownTimeout time.Duration
 
 	// MaxConns caps open connections (default three quarters of the
@@ -216,13 +225,14 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
 
 	// http.Server.Shutdown alone would wait for every connection that is
 	// not idle, a stalled one included, until its deadline; drain first
-	// closes all but those with a request running. Connections accepted
-	// between the drain and Shutdown's closing the listener are closed as
-	// they come (observe, StateNew).
+	// closes those with no request under way and gives a body being read
+	// drainStall to keep coming. Connections accepted between the drain and
+	// Shutdown's closing the listener are closed as they come (observe,
+	// StateNew).
 	start := time.Now()
-	closed, left := conns.drain()
-	cfg.Logger.Info("shutting down: closed the connections with no request running; waiting for the rest",
-		"closed", closed, "running", left, "timeout", cfg.ShutdownTimeout.String())
+	closed, reading, running := conns.drain()
+	cfg.Logger.Info("shutting down: closed the connections with no request under way; waiting for the rest",
+		"closed", closed, "reading_body", reading, "running", running, "timeout", cfg.ShutdownTimeout.String())
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(shutdownCtx)

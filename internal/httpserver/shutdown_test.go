@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -25,10 +26,11 @@ var patient = httpserver.Config{
 	ShutdownTimeout:   3 * time.Second,
 }
 
-// Connections with no request running are closed at once: shutdown does not
-// wait for a stalled client. (http.Server.Shutdown alone waits for the
-// stalled body and the stalled headers until its timeout.)
-func TestShutdownClosesConnectionsWithNothingRunning(t *testing.T) {
+// Shutdown does not wait for clients that are not sending: idle
+// connections and stalled headers are closed at once, a stalled body as
+// soon as it has brought nothing for 250 ms. (http.Server.Shutdown alone
+// waits for the stalled body and the stalled headers until its timeout.)
+func TestShutdownClosesIdleAndStalledConnections(t *testing.T) {
 	t.Parallel()
 	b := setup(t, patient)
 	stalledHeaders := b.dial(t)
@@ -42,9 +44,78 @@ func TestShutdownClosesConnectionsWithNothingRunning(t *testing.T) {
 	t.Logf("shutdown took %s", took)
 	require.NoError(t, err)
 	require.Less(t, took, 500*time.Millisecond)
-	for name, c := range map[string]net.Conn{"stalled in its headers": stalledHeaders, "stalled in its body": stalledBody, "idle": idle} {
-		held, _ := heldFor(t, c, time.Second)
-		require.Less(t, held, 100*time.Millisecond, "%s: still open after the shutdown", name)
+	for _, c := range []struct {
+		name string
+		conn net.Conn
+	}{{"stalled in its headers", stalledHeaders}, {"stalled in its body", stalledBody}, {"idle", idle}} {
+		// Serve has returned: each is closed already.
+		held, _ := heldFor(t, c.conn, time.Second)
+		require.Less(t, held, 50*time.Millisecond, "%s: still open after the shutdown", c.name)
+	}
+}
+
+// A body still arriving when shutdown starts is read to its end and its
+// request runs; a client that stops sending midway is cut off 250 ms after
+// its last bytes.
+func TestShutdownWithABodyArriving(t *testing.T) {
+	t.Parallel()
+	const body = "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghij"
+	for _, tc := range []struct {
+		name   string
+		pieces int // of ten bytes, 100 ms apart, after shutdown starts
+	}{
+		// Half a second of upload, twice what a stalled body gets, with no
+		// pause as long: served.
+		{name: "sends it to the end", pieces: 5},
+		{name: "stops midway", pieces: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := patient
+			cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got, _ := io.ReadAll(r.Body)
+				_, _ = io.WriteString(w, strings.ToUpper(string(got)))
+			})
+			b := setup(t, cfg)
+			c := b.dial(t)
+			write(t, c, fmt.Sprintf("POST / HTTP/1.1\r\nHost: test\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body)))
+			br := bufio.NewReader(c)
+			require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+			cont, err := http.ReadResponse(br, nil)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusContinue, cont.StatusCode)
+
+			type shutdownResult struct {
+				took time.Duration
+				err  error
+			}
+			shutDown := make(chan shutdownResult, 1)
+			go func() {
+				took, err := b.shutdown(t)
+				shutDown <- shutdownResult{took, err}
+			}()
+			for i := range tc.pieces {
+				time.Sleep(100 * time.Millisecond)
+				write(t, c, body[i*10:(i+1)*10])
+			}
+
+			if tc.pieces*10 == len(body) {
+				resp, err := http.ReadResponse(br, nil)
+				require.NoError(t, err)
+				got, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				require.Equal(t, strings.ToUpper(body), string(got))
+			} else {
+				held, reply := heldFor(t, c, 2*time.Second)
+				t.Logf("closed %s after its last bytes", held.Round(time.Millisecond))
+				require.Empty(t, reply)
+				require.InDelta(t, 250*time.Millisecond, held, float64(150*time.Millisecond))
+			}
+			s := <-shutDown
+			t.Logf("shutdown took %s", s.took.Round(time.Millisecond))
+			require.NoError(t, s.err)
+		})
 	}
 }
 
@@ -99,7 +170,7 @@ func TestShutdownLetsRunningRequestsFinish(t *testing.T) {
 	}()
 
 	held, _ := heldFor(t, stalled, time.Second)
-	require.Less(t, held, 100*time.Millisecond, "the stalled connection is closed at once")
+	require.Less(t, held, 500*time.Millisecond, "the stalled connection is closed, the running request still going")
 	// The listener closes a moment after the drain; until then a new
 	// connection is accepted and closed at once.
 	if c, err := net.DialTimeout("tcp", b.addr, time.Second); err == nil {
