@@ -34,8 +34,11 @@ func newAdmission(cfg Config, conns *conns) *admission {
 }
 
 func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	whole := true
 	if r.Body != nil && r.Body != http.NoBody {
-		if err := a.readBody(w, r); err != nil {
+		var err error
+		if whole, err = a.readBody(w, rc, r); err != nil {
 			// Stalled, too slow, or gone: close the connection without an
 			// answer. ErrAbortHandler is net/http's way to do so silently.
 			a.cfg.Logger.Debug("closed a connection whose request body did not arrive in time",
@@ -47,6 +50,13 @@ func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Closed by the drain, or to make room, before the request could
 		// run: nothing of it reached the application.
 		panic(http.ErrAbortHandler)
+	}
+	if whole {
+		// No read deadline while the handler runs: it would end net/http's
+		// background read (which watches for the client going away) and so
+		// cancel the running request's context. Cleared only now that the
+		// request is marked running: until then the drain may set one.
+		_ = rc.SetReadDeadline(time.Time{})
 	}
 	select {
 	case a.slots <- struct{}{}:
@@ -65,11 +75,11 @@ func writeUnavailable(w http.ResponseWriter, _ *http.Request) {
 	problem.Write(w, problem.Unavailable, "the server is running as many requests as it can; retry after the delay in Retry-After")
 }
 
-// readBody replaces r.Body with the body read in full. A body over the limit
-// is read only up to it; the handler then gets those bytes followed by the
-// *http.MaxBytesError, and answers 413 as it would have on its own.
-func (a *admission) readBody(w http.ResponseWriter, r *http.Request) error {
-	rc := http.NewResponseController(w)
+// readBody replaces r.Body with the body read in full, and reports whether
+// it was. A body over the limit is read only up to it; the handler then
+// gets those bytes followed by the *http.MaxBytesError, and answers 413 as
+// it would have on its own.
+func (a *admission) readBody(w http.ResponseWriter, rc *http.ResponseController, r *http.Request) (whole bool, err error) {
 	body, err := io.ReadAll(&pacedReader{
 		// MaxBytesReader, given w, also marks the response Connection:
 		// close once the limit is hit, so net/http does not try to drain
@@ -89,18 +99,13 @@ func (a *admission) readBody(w http.ResponseWriter, r *http.Request) error {
 		_ = rc.SetReadDeadline(time.Unix(1, 0))
 		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
 			r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
-			return nil
+			return false, nil
 		}
-		return err
+		return false, err
 	}
-	// No deadline while the handler runs: it would end net/http's
-	// background read (which watches for the client going away) and so
-	// cancel the running request's context. net/http clears it too when it
-	// starts that read at the body's end; this does not rely on it.
-	_ = rc.SetReadDeadline(time.Time{})
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body)) // known now, chunked or not
-	return nil
+	return true, nil
 }
 
 // pacedReader moves the connection's read deadline along with the body:

@@ -14,12 +14,13 @@ import (
 type phase uint8
 
 const (
-	// phaseWaiting: accepted, idle between requests, or reading headers. net/http
-	// reports a connection active only once it has read a request's
-	// headers, so headers still coming count as waiting.
+	// phaseWaiting: accepted, idle between requests, or reading headers.
+	// net/http reports a connection active only once it has read a
+	// request's headers, so headers still coming count as waiting.
 	phaseWaiting phase = iota
-	// phaseReading: the headers are read; the body is being read. At shutdown
-	// such a request may finish if its body keeps coming (drainStall).
+	// phaseReading: the headers are read; the body is being read. At
+	// shutdown such a request may finish if its body keeps coming
+	// (drainStall).
 	phaseReading
 	// phaseRunning: the handler runs past its body read, or its response is
 	// being written. Shutdown waits for it.
@@ -28,8 +29,8 @@ const (
 
 // drainStall is how long, once shutdown has started, a body being read may
 // go without bringing a byte before its connection is closed. A client
-// uploading when SIGTERM comes is let finish, as plain net/http would; one
-// that has stopped sending does not hold the shutdown for its BodyTimeout.
+// uploading when SIGTERM comes is let finish; one that has stopped sending
+// does not hold the shutdown for its BodyTimeout.
 const drainStall = 250 * time.Millisecond
 
 type connInfo struct {

@@ -42,7 +42,8 @@
 // A connection closed before its request was marked running has not
 // reached the application at all, so closing it loses nothing and a retry
 // is safe, whatever the method. Marking and closing share one lock, so a
-// request is either closed before it runs or runs to its end.
+// request is either closed before it runs or runs to its end (within
+// ShutdownTimeout).
 //
 // Why not the other ways: http.Server.Shutdown alone waits for every
 // connection that is not idle, stalled ones included, until its deadline.
