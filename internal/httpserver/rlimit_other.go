@@ -1,0 +1,5 @@
+//go:build !unix
+
+package httpserver
+
+func openFileLimit() int { return 0 }
