@@ -128,12 +128,12 @@ bench: ## load benchmark: idempotent POST /orders against the baseline, side by 
 
 .PHONY: bench/micro
 bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on the in-memory store), benchstat-comparable
-	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/canonjson/ ./internal/idempotency/ ./internal/httpapi/
+	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./idempotency/internal/canonjson/ ./idempotency/ ./internal/httpapi/
 
 .PHONY: fuzz
 fuzz: ## run the fuzz targets (canonical JSON, fingerprint, the whole handler) for a while each (FUZZTIME=30s)
-	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
-	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
-	$(GO) test -run='^$$' -fuzz=FuzzCheckFast -fuzztime=$(or $(FUZZTIME),30s) ./internal/canonjson/
-	$(GO) test -run='^$$' -fuzz=FuzzFingerprint -fuzztime=$(or $(FUZZTIME),30s) ./internal/idempotency/
+	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
+	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
+	$(GO) test -run='^$$' -fuzz=FuzzCheckFast -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
+	$(GO) test -run='^$$' -fuzz=FuzzFingerprint -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/
 	$(GO) test -run='^$$' -fuzz=FuzzHandler -fuzztime=$(or $(FUZZTIME),30s) ./internal/httpapi/

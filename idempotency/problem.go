@@ -64,6 +64,8 @@ func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request,
 		p, _ := Describe(err)
 		detail := err.Error()
 		switch {
+		case errors.Is(err, ErrInFlight):
+			detail = "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"
 		case p.Status == StatusClientClosedRequest:
 			detail = "the client closed the request"
 		case p.Status >= 500:

@@ -37,15 +37,15 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	t.Run("memstore", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.InFront(testharness.Memstore(), cached))
+		storetest.Run(t, testharness.Wrapped(testharness.Memstore(), cached))
 	})
 	t.Run("pgstore", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.InFront(testharness.PostgresTx(testdb.Pool(t), pgstore.DefaultTable), cached))
+		storetest.Run(t, testharness.Wrapped(testharness.PostgresTx(testdb.Pool(t), pgstore.DefaultTable), cached))
 	})
 	t.Run("pgstore deferred", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.InFront(testharness.PostgresDeferred(testdb.Pool(t), pgstore.DefaultTable), cached))
+		storetest.Run(t, testharness.Wrapped(testharness.PostgresDeferred(testdb.Pool(t), pgstore.DefaultTable), cached))
 	})
 }
 

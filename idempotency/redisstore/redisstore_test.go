@@ -92,15 +92,15 @@ func TestConformance(t *testing.T) {
 	fast := redisstore.New(sharedRedis(t), redisstore.Config{Prefix: "conformance:"})
 	t.Run("memstore", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.InFront(testharness.Memstore(), infront[*memstore.Tx](fast)))
+		storetest.Run(t, testharness.Wrapped(testharness.Memstore(), infront[*memstore.Tx](fast)))
 	})
 	t.Run("pgstore", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.InFront(testharness.PostgresTx(testdb.Pool(t), pgstore.DefaultTable), infront[pgx.Tx](fast)))
+		storetest.Run(t, testharness.Wrapped(testharness.PostgresTx(testdb.Pool(t), pgstore.DefaultTable), infront[pgx.Tx](fast)))
 	})
 	t.Run("pgstore deferred", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.InFront(testharness.PostgresDeferred(testdb.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
+		storetest.Run(t, testharness.Wrapped(testharness.PostgresDeferred(testdb.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
 	})
 }
 

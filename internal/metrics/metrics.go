@@ -132,13 +132,13 @@ func (m *Metrics) DuplicateWait(operation string, o idempotency.Outcome, d time.
 	m.idemWait.WithLabelValues(operation, string(o)).Observe(d.Seconds())
 }
 
-// Redis implements rediscache.Observer.
+// Redis implements redisstore.Observer.
 func (m *Metrics) Redis(result string) { m.redisRequests.WithLabelValues(result).Inc() }
 
 // RecordCache implements recordcache.Observer.
 func (m *Metrics) RecordCache(result string) { m.recordCache.WithLabelValues(result).Inc() }
 
-// Fallback implements rediscache.Observer.
+// Fallback implements redisstore.Observer.
 func (m *Metrics) Fallback() { m.redisFallbacks.Inc() }
 
 // CleanupRun implements idempotency.CleanupObserver.

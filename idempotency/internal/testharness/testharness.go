@@ -194,9 +194,9 @@ func pgHarness[U any](pool *pgxpool.Pool, store *pgstore.Store, open func(t *tes
 	}
 }
 
-// InFront returns h with wrap put in front of each store it opens (a
-// cache, a fast path), which must keep every promise the store keeps.
-func InFront[U any](h storetest.Harness[U], wrap func(t *testing.T, next idempotency.Store[U]) idempotency.Store[U]) storetest.Harness[U] {
+// Wrapped returns h with each store it opens wrapped by wrap (a cache, a
+// fast path in front of it), which must keep every promise the store keeps.
+func Wrapped[U any](h storetest.Harness[U], wrap func(t *testing.T, next idempotency.Store[U]) idempotency.Store[U]) storetest.Harness[U] {
 	open := h.Open
 	h.Open = func(t *testing.T) idempotency.Store[U] { return wrap(t, open(t)) }
 	return h

@@ -1,0 +1,38 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
+)
+
+// The fast path in front of a durable store (pgstore in production): the
+// committed record is cached in Redis, and a replay on any process is
+// answered from there. Redis failing only costs speed: the durable store
+// still decides. (This example needs a Redis at 127.0.0.1:6379.)
+func Example() {
+	ctx := context.Background()
+	rdb, err := redisstore.NewClient("redis://127.0.0.1:6379/0")
+	if err != nil {
+		panic(err)
+	}
+	defer rdb.Close()
+	fast := redisstore.New(rdb, redisstore.Config{Prefix: "example:"})
+	keys := redisstore.Wrap(fast, idempotency.Store[*memstore.Tx](memstore.New()))
+
+	req := idempotency.ClaimRequest{Scope: "acme-" + rand.Text(), Key: "k1", TTL: time.Minute, Wait: time.Second}
+	lease, _, _ := keys.Claim(ctx, req)
+	_ = lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Body: []byte(`{"id":1}`)})
+
+	record, _ := fast.KeyNames(req.Scope, req.Key)
+	cached, _ := rdb.Exists(ctx, record).Result()
+	_, rec, _ := keys.Claim(ctx, req)
+	fmt.Println("cached:", cached, "replay:", rec.Response.Status, string(rec.Response.Body))
+	// Output: cached: 1 replay: 201 {"id":1}
+}
