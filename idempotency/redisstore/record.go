@@ -10,8 +10,8 @@ import (
 )
 
 // A cached record is binary, not JSON: a replay from Redis decodes one on
-// every request, and JSON (base64 body, RFC 3339 times, a header map) cost
-// more CPU than the Redis round trip itself in the profile. The layout:
+// every request, and JSON (base64 body, RFC 3339 times, a header map) is
+// dear to decode (docs/benchmarks.md). The layout:
 //
 //	format      1 byte, recordFormat
 //	fingerprint 32 bytes
