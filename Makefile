@@ -31,7 +31,7 @@ generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.ya
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: generate/check sdk/check docs/check lint lint/spec api/breaking vulncheck ## fail if anything generated or vendored is stale, the contract breaks clients or fails its linter, or the code is not vetted, formatted and tidy
+verify: generate/check verify/example sdk/check docs/check lint lint/spec api/breaking vulncheck ## fail if anything generated or vendored is stale, the contract breaks clients or fails its linter, or the code is not vetted, formatted and tidy
 
 .PHONY: sdk
 sdk: generate ## regenerate both SDKs: the Go client (gen/api) and the TypeScript types (sdk/typescript/src/schema.d.ts)
@@ -99,9 +99,20 @@ lint: ## go vet, gofmt and a tidy go.mod
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: ## run the whole test suite with the race detector (needs PostgreSQL at 127.0.0.1:5432), and the alert rule tests
+test: ## run the whole test suite with the race detector (needs PostgreSQL at 127.0.0.1:5432 and Redis), the example service's, and the alert rule tests
 	$(GO) test -race -count=1 -timeout 15m ./...
+	@$(MAKE) --no-print-directory test/example
 	@$(MAKE) --no-print-directory test/alerts
+
+.PHONY: test/example
+test/example: ## build examples/widgets (a module of its own, on the public engine alone) and run its test against PostgreSQL
+	cd examples/widgets && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+.PHONY: verify/example
+verify/example: ## fail if examples/widgets' go.mod is untidy or its generated server is stale
+	cd examples/widgets && $(GO) mod tidy -diff && $(GO) generate ./...
+	@if [ -n "$$(git status --porcelain -- examples/widgets/api)" ]; then \
+		echo "examples/widgets/api is stale; run 'cd examples/widgets && go generate ./...' and commit"; exit 1; fi
 
 .PHONY: test/alerts
 test/alerts: ## unit-test deploy/prometheus/alerts.yml with promtool (Debian package prometheus; required when CI is set)

@@ -55,13 +55,30 @@ type deferredStore struct{ s *Store }
 //	                AND k.xmin = pg_current_xact_id_if_assigned()::xid)
 //
 // with the scope and key of the lease's Ref (and the table of
-// Options.Table). xmin is the inserting transaction; a pipeline has no
+// Options.Table): Guard writes it. xmin is the inserting transaction; a pipeline has no
 // subtransactions, and a transaction that has inserted nothing has no xid
 // yet (NULL: no match). A replay, a mismatch or a lost race so writes
 // nothing, with no error and no dead row. The operation reads nothing back:
 // its writes report no rows affected, as they have not run yet.
 type Batch struct {
 	queued pgx.Batch
+	table  string
+	ref    idempotency.Ref
+}
+
+// Ref is the claim the queued writes are guarded by.
+func (b *Batch) Ref() idempotency.Ref { return b.ref }
+
+// Guard returns the condition a queued write must carry, with its
+// parameters numbered from first (two of them), and their values: append
+// the values to the statement's own arguments.
+//
+//	cond, args := batch.Guard(3)
+//	batch.Exec(ctx, "INSERT INTO widgets (id, name) SELECT $1, $2 WHERE "+cond, append([]any{id, name}, args...)...)
+func (b *Batch) Guard(first int) (cond string, args []any) {
+	cond = fmt.Sprintf(`EXISTS (SELECT 1 FROM %s k WHERE k.scope = $%d AND k.idempotency_key = $%d
+		AND k.xmin = pg_current_xact_id_if_assigned()::xid)`, b.table, first, first+1)
+	return cond, []any{[]byte(b.ref.Scope), b.ref.Key}
 }
 
 // Exec queues a guarded write. Its signature is a DBTX's, so that the
@@ -80,15 +97,12 @@ func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest)
 		if lease == nil {
 			return nil, rec, err
 		}
-		return &contendedLease{txLease: lease, writes: &Batch{}}, nil, nil
+		return &contendedLease{txLease: lease, writes: &Batch{table: d.s.table, ref: lease.ref}}, nil, nil
 	}
 	// The row's created_at is this time, so Ref names the claim before it
 	// is made; microseconds, as PostgreSQL stores it.
-	return &deferredLease{
-		s: d.s, req: req,
-		ref:    idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: time.Now().Truncate(time.Microsecond)},
-		writes: &Batch{},
-	}, nil, nil
+	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: time.Now().Truncate(time.Microsecond)}
+	return &deferredLease{s: d.s, req: req, ref: ref, writes: &Batch{table: d.s.table, ref: ref}}, nil, nil
 }
 
 // contendedLease is a deferred operation's lease claimed at once: its

@@ -149,19 +149,20 @@ func PostgresTx(pool *pgxpool.Pool, table string) storetest.Harness[pgx.Tx] {
 // its rows are queued with the guard pgstore.Batch asks for.
 func PostgresDeferred(pool *pgxpool.Pool, table string) storetest.Harness[*pgstore.Batch] {
 	store := open(pool, table)
-	h := pgHarness(pool, store, func(*testing.T) idempotency.Store[*pgstore.Batch] { return store.Deferred() }, GuardedWrite(table))
+	h := pgHarness(pool, store, func(*testing.T) idempotency.Store[*pgstore.Batch] { return store.Deferred() }, GuardedWrite())
 	h.Queued = true
 	return h
 }
 
 // GuardedWrite writes a row of the writes table through a Batch: only if
-// this very transaction inserted the key row of ref.
-func GuardedWrite(table string) func(ctx context.Context, b *pgstore.Batch, ref idempotency.Ref, id string) error {
-	sql := fmt.Sprintf(`INSERT INTO writes (id, scope)
-		SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM %s k
-			WHERE k.scope = $2 AND k.idempotency_key = $3 AND k.xmin = pg_current_xact_id_if_assigned()::xid)`, table)
+// this very transaction inserted the key row of the Batch's claim.
+func GuardedWrite() func(ctx context.Context, b *pgstore.Batch, ref idempotency.Ref, id string) error {
 	return func(ctx context.Context, b *pgstore.Batch, ref idempotency.Ref, id string) error {
-		_, err := b.Exec(ctx, sql, id, []byte(ref.Scope), ref.Key)
+		if b.Ref() != ref {
+			return fmt.Errorf("the batch's claim is %+v, the lease's %+v", b.Ref(), ref)
+		}
+		cond, args := b.Guard(3)
+		_, err := b.Exec(ctx, "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond, append([]any{id, []byte(ref.Scope)}, args...)...)
 		return err
 	}
 }
