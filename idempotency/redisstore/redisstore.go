@@ -13,6 +13,10 @@
 //     blocked on the first request's row. The marker is only a hint: if it is
 //     lost (flush, restart, expiry) duplicates go to the database, which still
 //     runs the operation exactly once.
+//   - A Redis that fails TripAfter commands in a row is left alone (a
+//     circuit breaker) until a probe in the background finds it answering:
+//     while it is down or paused, requests cost what the durable store
+//     alone costs, not a timeout each.
 //
 // Every Redis key carries the scope in a hash tag ({scope}), so all of a
 // scope's keys live in one Redis Cluster slot. One Store (a client and a
@@ -36,18 +40,24 @@ import (
 
 // Observer receives what the fast path did, for metrics.
 type Observer interface {
-	// Redis reports a look-up: "hit", "miss" or "error". A request that
-	// waits on another's marker reports one result for its whole wait.
+	// Redis reports a look-up: "hit", "miss", "error", or "skipped" while
+	// the breaker keeps requests off Redis. A request that waits on
+	// another's marker reports one result for its whole wait.
 	Redis(result string)
 	// Fallback reports a request that went to the durable store because
-	// Redis failed somewhere on its way; once per request.
+	// Redis failed (or was left alone) somewhere on its way; once per
+	// request.
 	Fallback()
+	// Breaker reports that the breaker opened (Redis is left alone) or
+	// closed again.
+	Breaker(open bool)
 }
 
 type noObserver struct{}
 
 func (noObserver) Redis(string) {}
 func (noObserver) Fallback()    {}
+func (noObserver) Breaker(bool) {}
 
 // Config configures the fast path.
 type Config struct {
@@ -60,7 +70,13 @@ type Config struct {
 	Marker time.Duration
 	// Poll is how often a duplicate looks for the first request's outcome
 	// while the marker is held (default 10ms).
-	Poll     time.Duration
+	Poll time.Duration
+	// TripAfter is how many commands in a row must fail for Redis to be
+	// left alone (default 3).
+	TripAfter int
+	// Cooldown is how long Redis is left alone before a probe, and between
+	// probes while it does not answer (default 500ms).
+	Cooldown time.Duration
 	Observer Observer
 }
 
@@ -73,8 +89,9 @@ type Store struct {
 	// look-ups from concurrent requests share one write and one read on one
 	// connection instead of a round trip each (docs/benchmarks.md has what
 	// it saves). A lone look-up is sent at once.
-	reads redis.Cmdable
-	cfg   Config
+	reads   redis.Cmdable
+	cfg     Config
+	breaker *breaker
 }
 
 // autoPipelined is a client that can pipeline concurrent commands by itself
@@ -94,10 +111,16 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	if cfg.Poll <= 0 {
 		cfg.Poll = 10 * time.Millisecond
 	}
+	if cfg.TripAfter <= 0 {
+		cfg.TripAfter = 3
+	}
+	if cfg.Cooldown <= 0 {
+		cfg.Cooldown = 500 * time.Millisecond
+	}
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	s := &Store{rdb: rdb, reads: rdb, cfg: cfg}
+	s := &Store{rdb: rdb, reads: rdb, cfg: cfg, breaker: newBreaker(rdb, cfg)}
 	if c, ok := rdb.(autoPipelined); ok {
 		// Closed with the client.
 		if ap, err := c.AutoPipeline(); err == nil {
@@ -122,6 +145,9 @@ func NewClient(url string) (*redis.Client, error) {
 	opts.ReadTimeout = 100 * time.Millisecond
 	opts.WriteTimeout = 100 * time.Millisecond
 	opts.MaxRetries = -1 // no retries: the database is the retry
+	// One dial per attempt: go-redis would otherwise dial a Redis that
+	// refuses connections five times, 100ms apart, per command.
+	opts.DialerRetries = 1
 	// Waiting for a pooled connection counts too (go-redis' default is
 	// ReadTimeout + 1s).
 	opts.PoolTimeout = 200 * time.Millisecond
@@ -163,13 +189,20 @@ type fastPath[U any] struct {
 func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
 	s := f.s
 	start := time.Now()
+	if !s.breaker.closed() {
+		// Redis is left alone: the durable store answers, as fast as it
+		// does without Redis.
+		s.cfg.Observer.Redis(resultSkipped)
+		s.cfg.Observer.Fallback()
+		return f.next.Claim(ctx, req)
+	}
 	recKey, markerKey := s.KeyNames(req.Scope, req.Key)
 	rec, res := s.cached(ctx, recKey)
 	s.cfg.Observer.Redis(res)
 	if rec != nil {
 		return nil, rec, nil
 	}
-	redisFailed := res == resultError
+	redisFailed := res == resultError || res == resultSkipped
 
 	token := newToken()
 	rec, held, err := s.takeMarker(ctx, recKey, markerKey, token)
@@ -182,6 +215,9 @@ func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (
 		// version's format, or expired by this replica's clock): nobody
 		// holds the key on its account, so the database answers, and its
 		// read-through replaces the record.
+	case errors.Is(err, errBreakerOpen):
+		s.cfg.Observer.Redis(resultSkipped)
+		redisFailed = true
 	case err != nil:
 		s.cfg.Observer.Redis(resultError)
 		redisFailed = true
@@ -239,11 +275,15 @@ func (s *Store) await(ctx context.Context, recKey, markerKey string, wait time.D
 			s.cfg.Observer.Redis(resultHit)
 			return rec, false
 		}
-		if res == resultError {
-			s.cfg.Observer.Redis(resultError)
+		if res == resultError || res == resultSkipped {
+			s.cfg.Observer.Redis(res)
 			return nil, true
 		}
-		n, err := s.rdb.Exists(ctx, markerKey).Result()
+		var n int64
+		err := s.breaker.do(ctx, func() (err error) {
+			n, err = s.rdb.Exists(ctx, markerKey).Result()
+			return err
+		})
 		if err != nil {
 			s.cfg.Observer.Redis(resultError)
 			return nil, true
@@ -267,17 +307,24 @@ const dbFloor = 100 * time.Millisecond
 
 // Results of a Redis look-up, as reported to the Observer.
 const (
-	resultHit   = "hit"
-	resultMiss  = "miss"
-	resultError = "error"
+	resultHit     = "hit"
+	resultMiss    = "miss"
+	resultError   = "error"
+	resultSkipped = "skipped"
 )
 
 // cached returns the record cached under recKey, if any and not expired,
 // and the look-up's result. It reports nothing itself: polling callers
 // count one result per wait, not one per poll.
 func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record, string) {
-	raw, err := s.reads.Get(ctx, recKey).Bytes()
+	var raw []byte
+	err := s.breaker.do(ctx, func() (err error) {
+		raw, err = s.reads.Get(ctx, recKey).Bytes()
+		return err
+	})
 	switch {
+	case errors.Is(err, errBreakerOpen):
+		return nil, resultSkipped
 	case errors.Is(err, redis.Nil):
 		return nil, resultMiss
 	case err != nil:
@@ -308,7 +355,9 @@ func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Recor
 	if ttl <= 0 {
 		return
 	}
-	if err := s.rdb.Set(context.WithoutCancel(ctx), recKey, encodeRecord(rec), ttl).Err(); err != nil {
+	ctx = context.WithoutCancel(ctx)
+	err := s.breaker.do(ctx, func() error { return s.rdb.Set(ctx, recKey, encodeRecord(rec), ttl).Err() })
+	if err != nil && !errors.Is(err, errBreakerOpen) {
 		s.cfg.Observer.Redis(resultError)
 	}
 }
@@ -334,7 +383,11 @@ var errUnusableRecord = errors.New("redisstore: cached record unusable here")
 // whether the marker is now ours; errUnusableRecord if a record is there
 // that this replica cannot read or that has expired by its clock.
 func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string) (*idempotency.Record, bool, error) {
-	res, err := takeMarkerScript.Run(ctx, s.rdb, []string{recKey, markerKey}, token, s.cfg.Marker.Milliseconds()).Slice()
+	var res []any
+	err := s.breaker.do(ctx, func() (err error) {
+		res, err = takeMarkerScript.Run(ctx, s.rdb, []string{recKey, markerKey}, token, s.cfg.Marker.Milliseconds()).Slice()
+		return err
+	})
 	if err != nil {
 		return nil, false, err
 	}
@@ -378,8 +431,11 @@ func (s *Store) release(ctx context.Context, recKey, markerKey, token string, ou
 			raw = encodeRecord(rec)
 		}
 	}
-	err := releaseScript.Run(context.WithoutCancel(ctx), s.rdb, []string{recKey, markerKey}, raw, ttl, token).Err()
-	if err != nil && !errors.Is(err, redis.Nil) {
+	ctx = context.WithoutCancel(ctx)
+	err := s.breaker.do(ctx, func() error {
+		return releaseScript.Run(ctx, s.rdb, []string{recKey, markerKey}, raw, ttl, token).Err()
+	})
+	if err != nil && !errors.Is(err, redis.Nil) && !errors.Is(err, errBreakerOpen) {
 		s.cfg.Observer.Redis(resultError)
 	}
 }

@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +23,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/idempotency/storetest"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
@@ -69,16 +68,9 @@ func sharedRedis(t *testing.T) *redis.Client {
 // test can flush or kill it. stop kills it.
 func privateRedis(t *testing.T) (rdb *redis.Client, stop func()) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	require.NoError(t, cmd.Start(), "redis-server must be installed")
-	var once sync.Once
-	stop = func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) }
-	t.Cleanup(stop)
-	rdb, err = redisstore.NewClient(fmt.Sprintf("redis://127.0.0.1:%d/0", port))
+	server := servicetest.StartRedis(t)
+	stop = func() { _ = server.Process.Kill() }
+	rdb, err := redisstore.NewClient(server.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { rdb.Close() })
 	require.Eventually(t, func() bool { return rdb.Ping(context.Background()).Err() == nil }, 5*time.Second, 10*time.Millisecond)
@@ -121,7 +113,7 @@ func (c *counting) Claim(ctx context.Context, req idempotency.ClaimRequest) (ide
 
 // observed counts what the fast path reports.
 type observed struct {
-	hit, miss, errs, fallbacks atomic.Int64
+	hit, miss, errs, fallbacks, trips atomic.Int64
 }
 
 func (o *observed) Redis(result string) {
@@ -135,6 +127,12 @@ func (o *observed) Redis(result string) {
 	}
 }
 func (o *observed) Fallback() { o.fallbacks.Add(1) }
+
+func (o *observed) Breaker(open bool) {
+	if open {
+		o.trips.Add(1)
+	}
+}
 
 func claimReq(scope, key string) idempotency.ClaimRequest {
 	return idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: idempotency.Fingerprint{7},

@@ -177,6 +177,13 @@ func TestClientDisconnectIsNotAServerError(t *testing.T) {
 // counter reads one outcome's value of a counter vector from m.
 func counter(t *testing.T, m *metrics.Metrics, name, outcome string) float64 {
 	t.Helper()
+	return metricValue(t, m, name, "outcome", outcome)
+}
+
+// metricValue reads a counter's or a gauge's value from m: the series with
+// the label pair given, or the only one when none is.
+func metricValue(t *testing.T, m *metrics.Metrics, name string, label ...string) float64 {
+	t.Helper()
 	families, err := m.Registry.Gather()
 	require.NoError(t, err)
 	for _, f := range families {
@@ -184,10 +191,12 @@ func counter(t *testing.T, m *metrics.Metrics, name, outcome string) float64 {
 			continue
 		}
 		for _, metric := range f.GetMetric() {
+			match := len(label) < 2
 			for _, l := range metric.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
-					return metric.GetCounter().GetValue()
-				}
+				match = match || (l.GetName() == label[0] && l.GetValue() == label[1])
+			}
+			if match {
+				return metric.GetCounter().GetValue() + metric.GetGauge().GetValue()
 			}
 		}
 	}

@@ -30,6 +30,8 @@ type Metrics struct {
 
 	redisRequests  *prometheus.CounterVec
 	redisFallbacks prometheus.Counter
+	redisBreaker   prometheus.Gauge
+	redisTrips     prometheus.Counter
 	recordCache    *prometheus.CounterVec
 
 	cleanupRuns        *prometheus.CounterVec
@@ -60,11 +62,15 @@ func New() *Metrics {
 		[]float64{.001, .005, .01, .025, .05, .1, .25, .5, .75, 1, 1.05, 1.5, 2, 5}, "operation", "outcome")
 
 	m.redisRequests = f.counterVec("oncekey_redis_requests_total",
-		"Redis fast-path look-ups by result: hit, miss, error (0 when REDIS_URL is not set).", "result")
+		"Redis fast-path look-ups by result: hit, miss, error, or skipped while the breaker leaves Redis alone (0 when REDIS_URL is not set).", "result")
 	m.recordCache = f.counterVec("oncekey_record_cache_requests_total",
 		"Look-ups in the in-process cache of completed idempotency records by result: hit (a replay answered without a round trip) or miss.", "result")
 	m.redisFallbacks = f.counter("oncekey_redis_fallbacks_total",
-		"Requests the Redis fast path could not serve because Redis failed, answered from PostgreSQL instead.")
+		"Requests the Redis fast path could not serve because Redis failed (or was left alone), answered from PostgreSQL instead.")
+	m.redisBreaker = f.gauge("oncekey_redis_breaker_open",
+		"1 while Redis is left alone after failing (requests go to PostgreSQL directly and a probe checks Redis in the background), else 0.")
+	m.redisTrips = f.counter("oncekey_redis_breaker_trips_total",
+		"Times the Redis breaker opened: Redis failed several commands in a row.")
 
 	m.cleanupRuns = f.counterVec("oncekey_cleanup_runs_total",
 		"Cleanup runs by result: ok, error, or skipped (another replica held the cleanup lock).", "result")
@@ -85,7 +91,7 @@ func New() *Metrics {
 	for _, r := range []string{"ok", "error", "skipped"} {
 		m.cleanupRuns.WithLabelValues(r)
 	}
-	for _, r := range []string{"hit", "miss", "error"} {
+	for _, r := range []string{"hit", "miss", "error", "skipped"} {
 		m.redisRequests.WithLabelValues(r)
 	}
 	for _, r := range []string{"hit", "miss"} {
@@ -140,6 +146,16 @@ func (m *Metrics) RecordCache(result string) { m.recordCache.WithLabelValues(res
 
 // Fallback implements redisstore.Observer.
 func (m *Metrics) Fallback() { m.redisFallbacks.Inc() }
+
+// Breaker implements redisstore.Observer.
+func (m *Metrics) Breaker(open bool) {
+	if open {
+		m.redisBreaker.Set(1)
+		m.redisTrips.Inc()
+		return
+	}
+	m.redisBreaker.Set(0)
+}
 
 // CleanupRun implements idempotency.CleanupObserver.
 func (m *Metrics) CleanupRun(result idempotency.CleanupResult, deleted int64, d time.Duration) {
