@@ -45,6 +45,8 @@ var exported = []string{
 	"oncekey_idempotency_oldest_processing_age_seconds",
 	"oncekey_idempotency_requests_total",
 	"oncekey_record_cache_requests_total",
+	"oncekey_redis_breaker_open",
+	"oncekey_redis_breaker_trips_total",
 	"oncekey_redis_fallbacks_total",
 	"oncekey_redis_requests_total",
 }
