@@ -121,6 +121,11 @@ func (f *frontDoor) admit(r *http.Request, req *request) error {
 	if !requiresAuth(f.doc, req.op.Spec) {
 		return nil
 	}
+	if n := len(r.Header.Values("Authorization")); n > 1 {
+		// Which one would win differs between proxies and servers: an
+		// account must never be chosen by the order of two headers.
+		return &contractError{kind: errBadRequest, detail: fmt.Sprintf("send exactly one Authorization header, got %d", n)}
+	}
 	token, ok := auth.BearerToken(r.Header.Get("Authorization"))
 	if !ok {
 		return errUnauthorized
@@ -203,6 +208,11 @@ func acceptsMediaType(op *openapi3.Operation, r *http.Request, size int) bool {
 // is answered 409, so that a body against the schema gets the same 400
 // whether or not its key was used before.
 func validateBody(r *http.Request, body []byte) error {
+	if holdsNUL(body) {
+		// PostgreSQL stores no NUL in text or jsonb (SQLSTATE 22P05): the
+		// operation would fail with a 500 on every retry.
+		return &contractError{kind: errBadRequest, detail: "request body: a string holds the NUL character (\\u0000), which cannot be stored"}
+	}
 	input := requestFrom(r.Context()).contract
 	if input == nil || input.Route.Operation.RequestBody == nil || input.Route.Operation.RequestBody.Value == nil {
 		return nil
@@ -215,6 +225,28 @@ func validateBody(r *http.Request, body []byte) error {
 		return describe(err)
 	}
 	return nil
+}
+
+// holdsNUL reports whether a JSON document has a string with the NUL
+// character in it: JSON can only spell it \u0000, an escape that is not
+// itself escaped (preceded by an odd number of backslashes, its own
+// included).
+func holdsNUL(doc []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(doc[i:], []byte(`\u0000`))
+		if j < 0 {
+			return false
+		}
+		at := i + j
+		slashes := 1
+		for k := at - 1; k >= 0 && doc[k] == '\\'; k-- {
+			slashes++
+		}
+		if slashes%2 == 1 {
+			return true
+		}
+		i = at + 1
+	}
 }
 
 func requiresAuth(doc *openapi3.T, op *openapi3.Operation) bool {

@@ -1,14 +1,19 @@
 package httpapi_test
 
 import (
+	"bufio"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
 // Every kind of malformed body gets a clear 4xx problem, runs nothing and
