@@ -1,9 +1,13 @@
--- name: BonusCredit :one
+-- name: BonusCredit :many
 -- Adds amount to the balance, creating it on the first credit; the row lock
--- it takes serialises the account's credits and debits.
+-- it takes serialises the account's credits and debits. A credit that
+-- would take the balance beyond max_balance writes nothing and returns no
+-- row; the comparisons subtract, so that no amount can overflow bigint.
+WITH credit AS (SELECT @account_id::uuid AS account_id, @amount::bigint AS amount, @max_balance::bigint AS max_balance)
 INSERT INTO bonus_balances (account_id, balance, updated_at)
-VALUES (@account_id, @amount, now())
+SELECT account_id, amount, now() FROM credit WHERE amount <= max_balance
 ON CONFLICT (account_id) DO UPDATE SET balance = bonus_balances.balance + EXCLUDED.balance, updated_at = now()
+WHERE (SELECT amount FROM credit) <= (SELECT max_balance FROM credit) - bonus_balances.balance
 RETURNING balance;
 
 -- name: BonusDebit :many

@@ -98,6 +98,7 @@ func (e PaymentStatus) Valid() bool {
 
 // BonusBalance defines model for BonusBalance.
 type BonusBalance struct {
+	// Balance At most 10^18 (credits beyond are refused).
 	Balance int64 `json:"balance"`
 }
 
@@ -238,6 +239,9 @@ type IdempotencyKey = string
 
 // BadRequest An RFC 9457 problem details object.
 type BadRequest = Problem
+
+// BalanceLimitExceeded An RFC 9457 problem details object.
+type BalanceLimitExceeded = Problem
 
 // BonusEntryCreated defines model for BonusEntryCreated.
 type BonusEntryCreated = BonusEntryResult
@@ -413,12 +417,20 @@ type ClientInterface interface {
 
 	// CreateBonusCreditWithBody Credit bonuses to the caller's balance, exactly once per Idempotency-Key
 	//
+	// A balance never exceeds 10^18: a credit that would take it beyond is
+	// refused with `422` `balance-limit-exceeded`, stored under the key
+	// like a success. Use a new key for a new attempt.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /bonus/credits (the `CreateBonusCredit` operationId).
 	CreateBonusCreditWithBody(ctx context.Context, params *CreateBonusCreditParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateBonusCredit Credit bonuses to the caller's balance, exactly once per Idempotency-Key
+	//
+	// A balance never exceeds 10^18: a credit that would take it beyond is
+	// refused with `422` `balance-limit-exceeded`, stored under the key
+	// like a success. Use a new key for a new attempt.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -544,6 +556,10 @@ func (c *Client) GetBonusBalance(ctx context.Context, reqEditors ...RequestEdito
 
 // CreateBonusCreditWithBody Credit bonuses to the caller's balance, exactly once per Idempotency-Key
 //
+// A balance never exceeds 10^18: a credit that would take it beyond is
+// refused with `422` `balance-limit-exceeded`, stored under the key
+// like a success. Use a new key for a new attempt.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /bonus/credits (the `CreateBonusCredit` operationId).
@@ -560,6 +576,10 @@ func (c *Client) CreateBonusCreditWithBody(ctx context.Context, params *CreateBo
 }
 
 // CreateBonusCredit Credit bonuses to the caller's balance, exactly once per Idempotency-Key
+//
+// A balance never exceeds 10^18: a credit that would take it beyond is
+// refused with `422` `balance-limit-exceeded`, stored under the key
+// like a success. Use a new key for a new attempt.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1341,12 +1361,20 @@ type ClientWithResponsesInterface interface {
 
 	// CreateBonusCreditWithBodyWithResponse Credit bonuses to the caller's balance, exactly once per Idempotency-Key
 	//
+	// A balance never exceeds 10^18: a credit that would take it beyond is
+	// refused with `422` `balance-limit-exceeded`, stored under the key
+	// like a success. Use a new key for a new attempt.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /bonus/credits (the `CreateBonusCredit` operationId).
 	CreateBonusCreditWithBodyWithResponse(ctx context.Context, params *CreateBonusCreditParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateBonusCreditResponse, error)
 
 	// CreateBonusCreditWithResponse Credit bonuses to the caller's balance, exactly once per Idempotency-Key
+	//
+	// A balance never exceeds 10^18: a credit that would take it beyond is
+	// refused with `422` `balance-limit-exceeded`, stored under the key
+	// like a success. Use a new key for a new attempt.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1567,6 +1595,12 @@ type CreateBonusCreditResponse409Headers struct {
 	IdempotencyKey *string
 }
 
+// CreateBonusCreditResponse422Headers the declared response headers of an HTTP 422 response for CreateBonusCredit
+type CreateBonusCreditResponse422Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
 // CreateBonusCreditResponse503Headers the declared response headers of an HTTP 503 response for CreateBonusCredit
 type CreateBonusCreditResponse503Headers struct {
 	RetryAfter *int
@@ -1589,6 +1623,8 @@ type CreateBonusCreditResponse struct {
 	ApplicationproblemJSON413 *PayloadTooLarge
 	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *BalanceLimitExceeded
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -1601,6 +1637,8 @@ type CreateBonusCreditResponse struct {
 	Headers401 *CreateBonusCreditResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateBonusCreditResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateBonusCreditResponse422Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreateBonusCreditResponse503Headers
 }
@@ -1638,6 +1676,11 @@ func (r CreateBonusCreditResponse) GetApplicationproblemJSON413() *PayloadTooLar
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r CreateBonusCreditResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateBonusCreditResponse) GetApplicationproblemJSON422() *BalanceLimitExceeded {
+	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -2600,6 +2643,10 @@ func (c *ClientWithResponses) GetBonusBalanceWithResponse(ctx context.Context, r
 
 // CreateBonusCreditWithBodyWithResponse Credit bonuses to the caller's balance, exactly once per Idempotency-Key
 //
+// A balance never exceeds 10^18: a credit that would take it beyond is
+// refused with `422` `balance-limit-exceeded`, stored under the key
+// like a success. Use a new key for a new attempt.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /bonus/credits (the `CreateBonusCredit` operationId).
@@ -2612,6 +2659,10 @@ func (c *ClientWithResponses) CreateBonusCreditWithBodyWithResponse(ctx context.
 }
 
 // CreateBonusCreditWithResponse Credit bonuses to the caller's balance, exactly once per Idempotency-Key
+//
+// A balance never exceeds 10^18: a credit that would take it beyond is
+// refused with `422` `balance-limit-exceeded`, stored under the key
+// like a success. Use a new key for a new attempt.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2950,6 +3001,13 @@ func ParseCreateBonusCreditResponse(rsp *http.Response) (*CreateBonusCreditRespo
 		}
 		response.ApplicationproblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest BalanceLimitExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3021,6 +3079,23 @@ func ParseCreateBonusCreditResponse(rsp *http.Response) (*CreateBonusCreditRespo
 			headers.IdempotencyKey = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateBonusCreditResponse422Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateBonusCreditResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -4600,6 +4675,16 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 
 type BadRequestApplicationProblemPlusJSONResponse Problem
 
+type BalanceLimitExceededResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type BalanceLimitExceededApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers BalanceLimitExceededResponseHeaders
+}
+
 type BonusEntryCreatedResponseHeaders struct {
 	IdempotencyKey     *string
 	IdempotentReplayed *string
@@ -4893,6 +4978,28 @@ func (response CreateBonusCredit415ApplicationProblemPlusJSONResponse) VisitCrea
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateBonusCredit422ApplicationProblemPlusJSONResponse struct {
+	BalanceLimitExceededApplicationProblemPlusJSONResponse
+}
+
+func (response CreateBonusCredit422ApplicationProblemPlusJSONResponse) VisitCreateBonusCreditResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }

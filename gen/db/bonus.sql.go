@@ -23,25 +23,43 @@ func (q *Queries) BonusBalanceGet(ctx context.Context, accountID uuid.UUID) (int
 	return balance, err
 }
 
-const bonusCredit = `-- name: BonusCredit :one
+const bonusCredit = `-- name: BonusCredit :many
+WITH credit AS (SELECT $1::uuid AS account_id, $2::bigint AS amount, $3::bigint AS max_balance)
 INSERT INTO bonus_balances (account_id, balance, updated_at)
-VALUES ($1, $2, now())
+SELECT account_id, amount, now() FROM credit WHERE amount <= max_balance
 ON CONFLICT (account_id) DO UPDATE SET balance = bonus_balances.balance + EXCLUDED.balance, updated_at = now()
+WHERE (SELECT amount FROM credit) <= (SELECT max_balance FROM credit) - bonus_balances.balance
 RETURNING balance
 `
 
 type BonusCreditParams struct {
-	AccountID uuid.UUID
-	Amount    int64
+	AccountID  uuid.UUID
+	Amount     int64
+	MaxBalance int64
 }
 
 // Adds amount to the balance, creating it on the first credit; the row lock
-// it takes serialises the account's credits and debits.
-func (q *Queries) BonusCredit(ctx context.Context, arg BonusCreditParams) (int64, error) {
-	row := q.db.QueryRow(ctx, bonusCredit, arg.AccountID, arg.Amount)
-	var balance int64
-	err := row.Scan(&balance)
-	return balance, err
+// it takes serialises the account's credits and debits. A credit that
+// would take the balance beyond max_balance writes nothing and returns no
+// row; the comparisons subtract, so that no amount can overflow bigint.
+func (q *Queries) BonusCredit(ctx context.Context, arg BonusCreditParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, bonusCredit, arg.AccountID, arg.Amount, arg.MaxBalance)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var balance int64
+		if err := rows.Scan(&balance); err != nil {
+			return nil, err
+		}
+		items = append(items, balance)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const bonusDebit = `-- name: BonusDebit :many

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/problem"
 )
 
@@ -145,6 +146,28 @@ func TestBonusInsufficientDebitIsStored(t *testing.T) {
 		require.EqualValues(t, 10, fresh.Entry.BalanceAfter, "balance_after of the new debit")
 		require.EqualValues(t, 10, b.bonusBalance(t), "balance after the new debit")
 		require.Equal(t, 2, b.bonusEntries(t), "entries: the credit and the new debit")
+	})
+}
+
+// TestBonusCreditBeyondTheLimitIsStored: a credit that would take the
+// balance beyond the limit is a 422 outcome, stored and replayed (it was a
+// 500 on every retry once the balance overflowed bigint).
+func TestBonusCreditBeyondTheLimitIsStored(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		store := be.open(t)
+		b := setup(t, store, options{})
+		_, err := store.(ledger.Booker).Book(context.Background(), ledger.Entry{AccountID: b.account, ID: uuid.New(),
+			Kind: ledger.KindCredit, Amount: ledger.MaxBalance - 50, Reason: "almost all", CreatedAt: time.Now().UTC()})
+		require.NoError(t, err, "credit up to 50 below the limit")
+
+		const key = "bonus-credit-beyond"
+		refused := b.postBonus(t, "/bonus/credits", key, bonusBody(100, "one too many"))
+		d := requireProblem(t, refused, problem.BalanceLimitExceeded, "a credit beyond the limit")
+		require.Contains(t, d.Detail, "beyond 1000000000000000000", "the detail names the limit")
+		requireReplayOf(t, refused, b.postBonus(t, "/bonus/credits", key, bonusBody(100, "one too many")), "the refused credit retried")
+		requireBooked(t, b.postBonus(t, "/bonus/credits", "bonus-credit-to-the-limit", bonusBody(50, "the rest")), "a credit to the limit")
+		require.EqualValues(t, ledger.MaxBalance, b.bonusBalance(t), "the balance at the limit")
 	})
 }
 

@@ -54,6 +54,7 @@ var problems = []struct {
 	{payments.ErrNotFound, problem.NotFound, ""},
 	{payments.ErrUnknownOrder, problem.UnknownOrder, ""},
 	{ledger.ErrInsufficientFunds, problem.InsufficientFunds, ""},
+	{ledger.ErrBalanceLimit, problem.BalanceLimitExceeded, ""},
 	{errAuthUnavailable, problem.Unavailable, ""},
 	{errNotReady, problem.Unavailable, ""},
 	{idempotency.ErrUnavailable, problem.Unavailable, ""},

@@ -26,6 +26,14 @@ const (
 // never succeeds later because credits arrived in between.
 var ErrInsufficientFunds = errors.New("insufficient bonus balance")
 
+// MaxBalance is the largest balance: far beyond any real one, and far
+// enough below the int64 (and bigint) limit that no credit can overflow it.
+const MaxBalance int64 = 1_000_000_000_000_000_000
+
+// ErrBalanceLimit: the credit would take the balance beyond MaxBalance. A
+// business outcome (422), stored and replayed under the key.
+var ErrBalanceLimit = errors.New("bonus balance limit exceeded")
+
 // Entry is one booked credit or debit.
 type Entry struct {
 	AccountID uuid.UUID
@@ -44,7 +52,8 @@ type Booker interface {
 	// Book applies e.Kind's change of e.Amount to e.AccountID's balance and
 	// records e with the resulting balance, which it returns, in one unit of
 	// work. A debit the balance does not cover changes nothing and returns
-	// ErrInsufficientFunds (wrapped, with the balance in its message).
+	// ErrInsufficientFunds (wrapped, with the balance in its message); a
+	// credit beyond MaxBalance changes nothing and returns ErrBalanceLimit.
 	// Concurrent bookings of one account are serialised, so the balance is
 	// never negative.
 	Book(ctx context.Context, e Entry) (Entry, error)
@@ -96,7 +105,7 @@ func (s *Service) book(ctx context.Context, b Booker, account uuid.UUID, kind st
 		// PostgreSQL keeps microseconds; the response equals what is stored.
 		CreatedAt: s.now().UTC().Truncate(time.Microsecond),
 	})
-	if errors.Is(err, ErrInsufficientFunds) {
+	if errors.Is(err, ErrInsufficientFunds) || errors.Is(err, ErrBalanceLimit) {
 		return Entry{}, err // its message is the client's problem detail
 	}
 	if err != nil {

@@ -43,6 +43,7 @@ var (
 	UnknownCurrency       = Kind{"unknown-currency", http.StatusUnprocessableEntity, "Unknown currency"}
 	UnknownOrder          = Kind{"unknown-order", http.StatusUnprocessableEntity, "No such order"}
 	InsufficientFunds     = Kind{"insufficient-funds", http.StatusUnprocessableEntity, "Insufficient bonus balance"}
+	BalanceLimitExceeded  = Kind{"balance-limit-exceeded", http.StatusUnprocessableEntity, "Bonus balance limit exceeded"}
 	InProgress            = Kind{"request-in-progress", http.StatusAccepted, "A request with this Idempotency-Key is still in progress"}
 	Internal              = Kind{"internal-error", http.StatusInternalServerError, "Internal server error"}
 	// ClientClosedRequest is written when the client went away before the
@@ -56,7 +57,7 @@ var (
 var Kinds = []Kind{
 	Validation, MalformedJSON, MissingIdempotencyKey, InvalidIdempotencyKey,
 	Unauthorized, NotFound, MethodNotAllowed, KeyMismatch, PayloadTooLarge,
-	UnsupportedMediaType, UnknownCurrency, UnknownOrder, InsufficientFunds, InProgress, Internal, Unavailable,
+	UnsupportedMediaType, UnknownCurrency, UnknownOrder, InsufficientFunds, BalanceLimitExceeded, InProgress, Internal, Unavailable,
 	ClientClosedRequest,
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/google/uuid"
@@ -76,9 +75,8 @@ func (s *Store) book(e ledger.Entry, write func(apply, undo func())) (ledger.Ent
 
 // balanceAfter returns the balance e leaves, or why e cannot be booked on
 // balance. It refuses what PostgreSQL's constraints refuse (an amount that
-// is not positive, an empty reason), and a credit that would overflow int64
-// fails like PostgreSQL's bigint (SQLSTATE 22003) rather than wrapping to a
-// negative balance.
+// is not positive, an empty reason), and what PostgreSQL's guarded UPDATEs
+// refuse: a debit beyond the balance, a credit beyond ledger.MaxBalance.
 func balanceAfter(balance int64, e ledger.Entry) (int64, error) {
 	switch {
 	case e.Amount <= 0:
@@ -88,8 +86,8 @@ func balanceAfter(balance int64, e ledger.Entry) (int64, error) {
 	}
 	switch e.Kind {
 	case ledger.KindCredit:
-		if e.Amount > math.MaxInt64-balance {
-			return 0, fmt.Errorf("memory: the credit of %d overflows the balance of %d", e.Amount, balance)
+		if e.Amount > ledger.MaxBalance-balance {
+			return 0, fmt.Errorf("%w: the credit of %d would take the balance of %d beyond %d", ledger.ErrBalanceLimit, e.Amount, balance, ledger.MaxBalance)
 		}
 		return balance + e.Amount, nil
 	case ledger.KindDebit:

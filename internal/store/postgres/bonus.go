@@ -62,11 +62,18 @@ func book(ctx context.Context, q *db.Queries, e ledger.Entry) (ledger.Entry, err
 func applyBooking(ctx context.Context, q *db.Queries, e ledger.Entry) (int64, error) {
 	switch e.Kind {
 	case ledger.KindCredit:
-		balance, err := q.BonusCredit(ctx, db.BonusCreditParams{AccountID: e.AccountID, Amount: e.Amount})
+		rows, err := q.BonusCredit(ctx, db.BonusCreditParams{AccountID: e.AccountID, Amount: e.Amount, MaxBalance: ledger.MaxBalance})
 		if err != nil {
 			return 0, fmt.Errorf("credit the bonus balance: %w", err)
 		}
-		return balance, nil
+		if len(rows) == 0 {
+			balance, err := q.BonusBalanceGet(ctx, e.AccountID)
+			if err != nil {
+				return 0, fmt.Errorf("read the bonus balance: %w", err)
+			}
+			return 0, fmt.Errorf("%w: the credit of %d would take the balance of %d beyond %d", ledger.ErrBalanceLimit, e.Amount, balance, ledger.MaxBalance)
+		}
+		return rows[0], nil
 	case ledger.KindDebit:
 		// The guard is in the UPDATE itself (balance >= amount), re-checked
 		// by PostgreSQL after any wait for a concurrent booking's row lock;

@@ -90,7 +90,12 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Credit bonuses to the caller's balance, exactly once per Idempotency-Key */
+        /**
+         * Credit bonuses to the caller's balance, exactly once per Idempotency-Key
+         * @description A balance never exceeds 10^18: a credit that would take it beyond is
+         *     refused with `422` `balance-limit-exceeded`, stored under the key
+         *     like a success. Use a new key for a new attempt.
+         */
         post: operations["createBonusCredit"];
         delete?: never;
         options?: never;
@@ -314,7 +319,10 @@ export interface components {
             balance: number;
         };
         BonusBalance: {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description At most 10^18 (credits beyond are refused).
+             */
             balance: number;
         };
         Health: {
@@ -435,6 +443,20 @@ export interface components {
          *     replayed: this key never succeeds later.
          */
         InsufficientFunds: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The credit would take the balance beyond 10^18. Stored under the key
+         *     and replayed: this key never succeeds later.
+         */
+        BalanceLimitExceeded: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
@@ -748,6 +770,7 @@ export interface operations {
             409: components["responses"]["KeyMismatch"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["BalanceLimitExceeded"];
             500: components["responses"]["InternalError"];
             503: components["responses"]["Unavailable"];
         };
