@@ -67,6 +67,37 @@ func TestUnauthenticatedRequestsAreIndistinguishable(t *testing.T) {
 	})
 }
 
+// TestTwoAuthorizationHeadersAreRefused: two Authorization headers are a
+// 400 problem, whichever comes first, never the account of either.
+func TestTwoAuthorizationHeadersAreRefused(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{})
+		other, err := auth.CreateAccount(t.Context(), b.store, "other", "")
+		require.NoError(t, err)
+		for name, pair := range map[string][2]string{
+			"valid then bogus": {"Bearer " + b.apiKey, "Bearer ok_bogus"},
+			"bogus then valid": {"Bearer ok_bogus", "Bearer " + b.apiKey},
+			"two accounts":     {"Bearer " + other.APIKey, "Bearer " + b.apiKey},
+		} {
+			for _, send := range []func() reply{
+				func() reply {
+					return b.do(t, b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody),
+						"Idempotency-Key", "two-authorizations", "Authorization", pair[0], "Authorization", pair[1]))
+				},
+				func() reply {
+					return b.do(t, b.newRequest(t, http.MethodGet, "/orders", nil, "Authorization", pair[0], "Authorization", pair[1]))
+				},
+			} {
+				d := requireProblem(t, send(), problem.Validation, name)
+				require.Contains(t, d.Detail, "exactly one Authorization header", name)
+			}
+		}
+		require.Zero(t, b.orderCount(t), "no order under either account")
+		requireFresh(t, b.postOrder(t, "two-authorizations", seedBody), "the key is free: nothing was claimed")
+	})
+}
+
 func TestOperationsEndpointsNeedNoAuth(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backendCase) {
