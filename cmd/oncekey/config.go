@@ -39,6 +39,8 @@ type config struct {
 	APIKeyCacheTTL  time.Duration        // ONCEKEY_API_KEY_CACHE_TTL
 	RecordCacheSize int                  // ONCEKEY_RECORD_CACHE_SIZE; 0: no in-process record cache
 	PprofAddr       string               // ONCEKEY_PPROF_ADDR; empty: no profiling endpoints
+	MaxConns        int                  // ONCEKEY_MAX_CONNS; 0: httpserver's default (from the open-file limit)
+	MaxInFlight     int                  // ONCEKEY_MAX_IN_FLIGHT; 0: httpserver's default
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -108,6 +110,15 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return config{}, err
 	}
 	c.PaymentWorkers = int(min(workers, 1000))
+	conns, err := integer(getenv, "ONCEKEY_MAX_CONNS", 0)
+	if err != nil {
+		return config{}, err
+	}
+	inFlight, err := integer(getenv, "ONCEKEY_MAX_IN_FLIGHT", 0)
+	if err != nil {
+		return config{}, err
+	}
+	c.MaxConns, c.MaxInFlight = int(min(conns, 1_000_000)), int(min(inFlight, 1_000_000))
 	if c.PaymentPolicy.Timeout <= c.ProviderTimeout {
 		return config{}, fmt.Errorf("ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT=%s must be longer than ONCEKEY_PROVIDER_TIMEOUT=%s: an attempt needs time to record the provider's answer", c.PaymentPolicy.Timeout, c.ProviderTimeout)
 	}

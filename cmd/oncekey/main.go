@@ -42,6 +42,7 @@ import (
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/httpserver"
 	"github.com/oncekey/oncekey/internal/jobs"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/payments"
@@ -387,34 +388,22 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: be.Backend, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observer: m}.Run(cleanupCtx)
 
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
 	log.Info("listening", "addr", ln.Addr().String())
-
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	// SIGTERM: stop accepting, let in-flight requests finish (and store
-	// their responses) within the deadline.
-	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
-	return nil
+	// SIGTERM: stop accepting, close idle and stalled connections at once,
+	// let running requests finish (and store their responses) within the
+	// deadline.
+	return httpserver.Serve(ctx, ln, httpserver.Config{
+		Handler:         handler,
+		MaxBodyBytes:    cfg.MaxBodyBytes, // httpapi's limit too, so httpapi answers 413
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		MaxConns:        cfg.MaxConns,
+		MaxInFlight:     cfg.MaxInFlight,
+		Logger:          log,
+	})
 }
 
 // backend is the store serve runs on, with what it holds open.
