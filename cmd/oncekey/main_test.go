@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -326,4 +328,36 @@ func TestPprofOnItsOwnAddress(t *testing.T) {
 	require.NoError(t, err)
 	api.Body.Close()
 	require.Equal(t, http.StatusNotFound, api.StatusCode, "no profiling on the API's address")
+}
+
+// TestShutdownDoesNotWaitForStalledClients: a connection that sent headers
+// and half a body and then stalled, and an idle keep-alive one, do not hold
+// serve's shutdown (they held it for all of ONCEKEY_SHUTDOWN_TIMEOUT, and
+// serve then exited with an error).
+func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_stalled", "ONCEKEY_SHUTDOWN_TIMEOUT": "20s"}
+	addr, shutdown := startServe(t, env)
+
+	stalled, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { stalled.Close() })
+	_, err = fmt.Fprintf(stalled, "POST /orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ok_stalled\r\nIdempotency-Key: stalled\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(testOrder), testOrder[:10])
+	require.NoError(t, err, "headers and half a body")
+	idle, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { idle.Close() })
+	_, err = fmt.Fprint(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
+	require.NoError(t, err, "the idle connection's one request")
+	resp.Body.Close()
+	time.Sleep(100 * time.Millisecond) // both connections settle: one reading a body, one idle
+
+	start := time.Now()
+	require.NoError(t, shutdown(), "serve exits cleanly")
+	took := time.Since(start)
+	t.Logf("shutdown with a stalled and an idle connection took %s", took.Round(time.Millisecond))
+	require.Less(t, took, 3*time.Second, "shutdown waited for stalled clients")
 }
