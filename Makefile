@@ -31,7 +31,7 @@ generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.ya
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: generate/check verify/example sdk/check docs/check lint lint/spec api/breaking vulncheck ## fail if anything generated or vendored is stale, the contract breaks clients or fails its linter, or the code is not vetted, formatted and tidy
+verify: generate/check verify/example sdk/check docs/check docs/images/check lint lint/spec api/breaking vulncheck ## fail if anything generated or vendored or a picture in docs/img is stale, the contract breaks clients or fails its linter, or the code is not vetted, formatted and tidy
 
 .PHONY: sdk
 sdk: generate ## regenerate both SDKs: the Go client (gen/api) and the TypeScript types (sdk/typescript/src/schema.d.ts)
@@ -125,17 +125,30 @@ test/alerts: ## unit-test deploy/prometheus/alerts.yml with promtool (Debian pac
 test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium
 	.ci/live-test
 
+.PHONY: docs/images
+docs/images: ## regenerate every picture in docs/img (the /docs screenshot, the dashboard snapshot, the benchmark chart) and record their sources in docs/img/SOURCES.sha256
+	GO="$(GO)" tools/docs-images.sh render
+
+.PHONY: docs/images/check
+docs/images/check: ## fail if a picture in docs/img is stale: a file it is drawn from differs from docs/img/SOURCES.sha256
+	@GO="$(GO)" tools/docs-images.sh check
+
 .PHONY: docs/screenshot
-docs/screenshot: ## refresh docs/img/api-docs.png from the live /docs page (runs test/live)
-	DOCS_SCREENSHOT=$(CURDIR)/docs/img/api-docs.png .ci/live-test
+docs/screenshot: ## refresh docs/img/api-docs.png: the /docs page of a live 'oncekey serve', every tag rendered
+	GO="$(GO)" tools/docs-images.sh render api-docs
 
 .PHONY: dashboard-snapshot
 dashboard-snapshot: ## render docs/img/dashboard.png: the dashboard's main panels from a short local run
-	$(GO) run ./cmd/dashboard-snapshot -out docs/img/dashboard.png
+	GO="$(GO)" tools/docs-images.sh render dashboard
+
+.PHONY: bench/chart
+bench/chart: ## redraw docs/img/benchmarks.png from docs/benchmarks.json, measuring nothing
+	GO="$(GO)" tools/docs-images.sh render benchmarks
 
 .PHONY: bench
 bench: ## load benchmark: idempotent POST /orders against the baseline, side by side; writes docs/benchmarks.{md,json} and docs/img/benchmarks.png, fails when a target is missed
 	$(GO) run ./cmd/bench $(BENCHFLAGS)
+	@tools/docs-images.sh record benchmarks
 
 .PHONY: bench/micro
 bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on the in-memory store), benchstat-comparable

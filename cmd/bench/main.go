@@ -40,7 +40,15 @@ func main() {
 	flag.StringVar(&opts.chart, "chart", "docs/img/benchmarks.png", "the chart")
 	modes := flag.String("modes", "", "measure only these modes, comma-separated (default: all); a target needs baseline and the mode it judges")
 	flag.StringVar(&opts.cpuProfile, "cpuprofile", "", "write a CPU profile of the main rounds (server and load generator together) to this file")
+	chartOnly := flag.Bool("chart-only", false, "measure nothing: redraw -chart from the numbers in -json (make docs/images does)")
 	flag.Parse()
+	if *chartOnly {
+		if err := chartFromJSON(opts.json, opts.chart); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	if *modes != "" {
 		opts.modes = strings.Split(*modes, ",")
 	}

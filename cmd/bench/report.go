@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"image/color"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,12 +11,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // targetClients is the concurrency the targets are judged at.
@@ -70,16 +63,21 @@ func newReport(rounds [][]result, opts options) *report {
 // ratio is the median over rounds of a mode's figure over the baseline's
 // of the same round, at targetClients.
 func ratio(all []result, mode string, p99 bool) (float64, bool) {
+	return ratioAt(all, mode, targetClients, p99)
+}
+
+// ratioAt is ratio at any concurrency.
+func ratioAt(all []result, mode string, clients int, p99 bool) (float64, bool) {
 	base := map[int]result{}
 	for _, x := range all {
-		if x.Mode == modeBaseline && x.Clients == targetClients {
+		if x.Mode == modeBaseline && x.Clients == clients {
 			base[x.Round] = x
 		}
 	}
 	var ratios []float64
 	for _, x := range all {
 		b, ok := base[x.Round]
-		if x.Mode != mode || x.Clients != targetClients || !ok {
+		if x.Mode != mode || x.Clients != clients || !ok {
 			continue
 		}
 		if p99 {
@@ -212,7 +210,7 @@ func (r *report) write(opts options) error {
 	if err := os.WriteFile(opts.json, append(raw, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := r.drawChart(opts.chart); err != nil {
+	if err := r.drawChart(opts.chart, opts.rounds, opts.duration); err != nil {
 		return err
 	}
 	kept, err := keptSection(opts.markdown)
@@ -268,7 +266,7 @@ func (r *report) markdown(opts options, kept string) string {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f |\n", x.Mode, x.Clients, x.RPS, x.P50Ms, x.P99Ms)
 	}
 	rel, _ := filepath.Rel(filepath.Dir(opts.markdown), opts.chart)
-	fmt.Fprintf(&b, "\n![Throughput and p99 per mode](%s)\n", filepath.ToSlash(rel))
+	fmt.Fprintf(&b, "\n![Throughput, p99 latency and throughput over the baseline per mode and client count, with the targets](%s)\n", filepath.ToSlash(rel))
 	if s := r.scale; s != nil {
 		fmt.Fprintf(&b, "\n## Scale: %d keys in the table\n\nThe modes that touch the key table, at %d clients, on an empty table and then with %d completed keys in it (half of them the benchmark account's, hex digests in no order; filled in %.0f s, then vacuumed and checkpointed), each half after %.0f s of unmeasured first requests (so that neither is measured in the burst of whole-page WAL writes that follows a checkpoint) and interleaved with the baseline, which never touches the key table.\n\n| Mode | Requests/s, empty | Requests/s, full | Ratio to baseline, empty | Ratio to baseline, full |\n| --- | ---: | ---: | ---: | ---: |\n",
 			s.Keys, targetClients, s.Keys, s.FillSeconds, scaleWarmup.Seconds())
@@ -312,62 +310,4 @@ func medianRPS(rs []result, mode string) float64 {
 		return 0
 	}
 	return median(xs)
-}
-
-var modeColors = map[string]color.Color{
-	modeBaseline:    color.RGBA{0x55, 0x55, 0x55, 0xff},
-	modeFirst:       color.RGBA{0x56, 0xa6, 0x4b, 0xff},
-	modeReplay:      color.RGBA{0x32, 0x74, 0xd9, 0xff},
-	modeReplayDB:    color.RGBA{0x8e, 0x5b, 0xc9, 0xff},
-	modeFirstRedis:  color.RGBA{0xe0, 0xb4, 0x00, 0xff},
-	modeReplayRedis: color.RGBA{0xe0, 0x2f, 0x44, 0xff},
-}
-
-// drawChart draws throughput and p99 against clients, one line per mode.
-func (r *report) drawChart(path string) error {
-	panels := []struct {
-		title, y string
-		value    func(result) float64
-	}{
-		{"Throughput", "requests/s", func(x result) float64 { return x.RPS }},
-		{"p99 latency", "ms", func(x result) float64 { return x.P99Ms }},
-	}
-	img := vgimg.New(vg.Points(1100), vg.Points(420))
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: vg.Points(20), PadTop: vg.Points(10), PadBottom: vg.Points(10), PadLeft: vg.Points(10), PadRight: vg.Points(10)}
-	for i, panel := range panels {
-		p := plot.New()
-		p.Title.Text = panel.title
-		p.X.Label.Text = "clients"
-		p.Y.Label.Text = panel.y
-		p.Legend.Top = true
-		for _, mode := range []string{modeBaseline, modeFirst, modeReplay, modeReplayDB, modeFirstRedis, modeReplayRedis} {
-			var xys plotter.XYs
-			for _, x := range r.results {
-				if x.Mode == mode {
-					xys = append(xys, plotter.XY{X: float64(x.Clients), Y: panel.value(x)})
-				}
-			}
-			if len(xys) == 0 {
-				continue
-			}
-			line, points, err := plotter.NewLinePoints(xys)
-			if err != nil {
-				return err
-			}
-			line.Color, points.Color = modeColors[mode], modeColors[mode]
-			p.Add(line, points)
-			p.Legend.Add(mode, line)
-		}
-		p.Draw(tiles.At(dc, i, 0))
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		return err
-	}
-	return f.Close()
 }
