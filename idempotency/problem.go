@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -75,12 +76,16 @@ func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request,
 		if typeBase != "" {
 			typ = typeBase + p.Slug
 		}
-		body, _ := json.Marshal(struct {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false) // a detail reads as written; the body is never HTML
+		_ = enc.Encode(struct {
 			Type   string `json:"type"`
 			Title  string `json:"title"`
 			Status int    `json:"status"`
 			Detail string `json:"detail,omitempty"`
 		}{typ, p.Title, p.Status, detail})
+		body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 		h := w.Header()
 		h.Set("Content-Type", "application/problem+json")
 		h.Set("Content-Length", strconv.Itoa(len(body)))

@@ -58,6 +58,9 @@ func TestUnauthenticatedRequestsAreIndistinguishable(t *testing.T) {
 			requireProblem(t, r, problem.Unauthorized, c.name)
 			require.NotEmpty(t, r.Header.Get("WWW-Authenticate"), "%s: 401 without WWW-Authenticate", c.name)
 			if i == 0 {
+				// The detail reads as written, not JSON-escaped HTML
+				// (it was "Bearer \u003ckey\u003e").
+				require.Contains(t, string(r.Body), `'Authorization: Bearer <key>'`, "%s: raw body", c.name)
 				first = r
 				continue
 			}

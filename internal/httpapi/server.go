@@ -73,6 +73,9 @@ type Config struct {
 	// Metrics receives request and idempotency metrics and is served at
 	// GET /metrics (default: a fresh set).
 	Metrics *metrics.Metrics
+	// HideMetrics leaves GET /metrics off the API's router, for a service
+	// that serves it on an internal listener instead.
+	HideMetrics bool
 	// Tracing wraps the handler in OpenTelemetry spans (exported by the
 	// global tracer provider; see internal/tracing).
 	Tracing bool
@@ -155,7 +158,7 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		problems: problems, protocol: o.baseline == nil}
 
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
+	r.Use(secure, middleware.RequestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
 		problems.write(w, req, fmt.Errorf("%w: %s", errNoEndpoint, req.URL.Path))
 	})
@@ -177,7 +180,9 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 	r.Head("/docs/assets/*", assets.ServeHTTP)
 	// Operational, not part of the API contract: scrape it from inside the
 	// network (docs/operations.md).
-	r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
+	if !cfg.HideMetrics {
+		r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
+	}
 
 	strict := api.NewStrictHandlerWithOptions(h, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  problems.request,
@@ -267,6 +272,24 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 			log.InfoContext(r.Context(), "request", attrs...)
 		})
 	}
+}
+
+// SecurityHeaders are set on every answer, whatever produced it: a handler,
+// a problem, or a replay (whose stored headers do not include them).
+var SecurityHeaders = map[string]string{
+	// Browsers must not guess a JSON body's type into something they run.
+	"X-Content-Type-Options": "nosniff",
+}
+
+// secure sets SecurityHeaders before anything else can answer.
+func secure(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		for name, value := range SecurityHeaders {
+			h.Set(name, value)
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // recoverer turns a panic into a 500 problem. The idempotency layer has

@@ -4,6 +4,7 @@
 package problem
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -89,7 +90,7 @@ func Write(w http.ResponseWriter, kind Kind, detail string) {
 
 // WriteDetails sends d as the whole response.
 func WriteDetails(w http.ResponseWriter, d Details) {
-	body, err := json.Marshal(d)
+	body, err := marshal(d)
 	if err != nil { // cannot happen: Details has only strings and an int
 		body = []byte(`{"type":"` + Internal.Type() + `","title":"Internal server error","status":500}`)
 	}
@@ -99,4 +100,16 @@ func WriteDetails(w http.ResponseWriter, d Details) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(d.Status)
 	_, _ = w.Write(body)
+}
+
+// marshal encodes v without escaping <, > and &: a detail such as
+// "Bearer <key>" reads as written, and the body is never HTML.
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
