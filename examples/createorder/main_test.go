@@ -1,0 +1,32 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store/memory"
+)
+
+func TestCreateOrder(t *testing.T) {
+	t.Parallel()
+	url, creds := servicetest.Start(t, memory.New(), nil, httpapi.Config{})
+	env := map[string]string{"ONCEKEY_URL": url, "ONCEKEY_API_KEY": creds.APIKey}
+	var out bytes.Buffer
+	require.NoError(t, run(t.Context(), func(k string) string { return env[k] }, &out))
+	require.Regexp(t, `^created order [0-9a-f-]{36} created\n$`, out.String())
+}
+
+// Without its variables the example says which ones to set.
+func TestCreateOrderNamesItsVariables(t *testing.T) {
+	t.Parallel()
+	for _, env := range []map[string]string{{}, {"ONCEKEY_URL": "http://127.0.0.1:1"}, {"ONCEKEY_API_KEY": "ok_local_demo"}} {
+		err := run(t.Context(), func(k string) string { return env[k] }, &bytes.Buffer{})
+		require.ErrorIs(t, err, errNoServer, "env %v", env)
+		require.ErrorContains(t, err, "ONCEKEY_URL")
+		require.ErrorContains(t, err, "ONCEKEY_API_KEY")
+	}
+}
