@@ -18,13 +18,15 @@ go-version: ## print the Go toolchain the targets build with
 	@$(GO) version
 
 .PHONY: run
-run: ## serve the API (in memory unless DATABASE_URL is set; honours ONCEKEY_ADDR etc.)
-	$(GO) run ./cmd/oncekey serve
+run: ## serve the API on 127.0.0.1:8080 with the demo key ok_local_demo (in memory unless DATABASE_URL is set; honours every ONCEKEY_* variable); Ctrl-C stops it
+	@$(GO) build -buildvcs=auto -o bin/oncekey ./cmd/oncekey
+	@# Not go run: Ctrl-C then ends serve cleanly instead of failing make.
+	@bin/oncekey serve
 
 .PHONY: build
 build: ## build bin/oncekey and bin/fakeprovider (the sandbox payment provider)
-	$(GO) build -o bin/oncekey ./cmd/oncekey
-	$(GO) build -o bin/fakeprovider ./cmd/fakeprovider
+	$(GO) build -buildvcs=auto -o bin/oncekey ./cmd/oncekey
+	$(GO) build -buildvcs=auto -o bin/fakeprovider ./cmd/fakeprovider
 
 .PHONY: generate
 generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/
@@ -99,7 +101,7 @@ lint: ## go vet, gofmt and a tidy go.mod
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: ## run the whole test suite with the race detector (needs PostgreSQL at 127.0.0.1:5432 and Redis), the example service's, and the alert rule tests
+test: ## run the whole test suite with the race detector, the example service's and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server and curl)
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory test/example
 	@$(MAKE) --no-print-directory test/alerts
@@ -124,6 +126,10 @@ test/alerts: ## unit-test deploy/prometheus/alerts.yml with promtool (Debian pac
 .PHONY: test/live
 test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium
 	.ci/live-test
+
+.PHONY: docs/cli
+docs/cli: ## regenerate docs/cli.md from every command's --help (make test fails when it is stale)
+	$(GO) test ./cmd/oncekey -run '^TestCLIReference$$' -count=1 -update
 
 .PHONY: docs/images
 docs/images: ## regenerate every picture in docs/img (the /docs screenshot, the dashboard snapshot, the benchmark chart) and record their sources in docs/img/SOURCES.sha256

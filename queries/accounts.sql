@@ -9,3 +9,6 @@ SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL;
 
 -- name: APIKeyRevoke :execrows
 UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL;
+
+-- name: AccountIDsByName :many
+SELECT id FROM accounts WHERE name = $1 ORDER BY created_at LIMIT 10;

@@ -1,160 +1,135 @@
 package main
 
 import (
+	"errors"
 	"fmt"
-	"strconv"
+	"net"
+	"strings"
 	"time"
 
-	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/idempotency/recordcache"
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/tracing"
 )
 
-// config is everything serve reads from the environment. docs/operations.md
-// and the README list the variables; a malformed value stops the process at
-// start rather than running with a surprise default.
+// DemoAPIKey is the demo account's key on the in-memory store unless
+// --demo-api-key says otherwise: fixed, so that the README's examples work
+// as printed right after `make run`, and named so that nobody mistakes it
+// for a real key.
+const DemoAPIKey = "ok_local_demo"
+
+// config is everything serve runs with, read from flags and their
+// environment variables (serveCmd) and checked before anything listens.
 type config struct {
-	DatabaseURL     string        // DATABASE_URL; empty: the in-memory store
-	RedisURL        string        // REDIS_URL; empty: no Redis fast path
-	Addr            string        // ONCEKEY_ADDR
-	TTL             time.Duration // IDEMPOTENCY_TTL
-	Wait            time.Duration // IDEMPOTENCY_WAIT
-	MaxBodyBytes    int64         // ONCEKEY_MAX_BODY_BYTES
-	RequestTimeout  time.Duration // ONCEKEY_REQUEST_TIMEOUT
-	ShutdownTimeout time.Duration // ONCEKEY_SHUTDOWN_TIMEOUT
-	CleanupInterval time.Duration // ONCEKEY_CLEANUP_INTERVAL
-	CleanupBatch    int           // ONCEKEY_CLEANUP_BATCH
-	DemoAPIKey      string        // ONCEKEY_DEMO_API_KEY (memory store only)
-	Tracing         string        // ONCEKEY_TRACING: empty (off) or "stdout"
-	// ProviderURL is ONCEKEY_PROVIDER_URL; empty: the sandbox provider runs
-	// in-process (with the FAKEPROVIDER_* fault variables).
+	DatabaseURL     string
+	RedisURL        string
+	Addr            string
+	MetricsAddr     string
+	TTL             time.Duration
+	Wait            time.Duration
+	MaxBodyBytes    int64
+	RequestTimeout  time.Duration
+	ShutdownTimeout time.Duration
+	CleanupInterval time.Duration
+	CleanupBatch    int
+	DemoAPIKey      string
+	Tracing         string
 	ProviderURL     string
-	ProviderFaults  provider.Faults      // FAKEPROVIDER_* (the in-process sandbox only)
-	ProviderTimeout time.Duration        // ONCEKEY_PROVIDER_TIMEOUT
-	PaymentPolicy   payments.RetryPolicy // ONCEKEY_PAYMENT_ATTEMPTS, _RETRY_BASE, _RETRY_MAX, _ATTEMPT_TIMEOUT
-	PaymentWorkers  int                  // ONCEKEY_PAYMENT_WORKERS
-	APIKeyCacheTTL  time.Duration        // ONCEKEY_API_KEY_CACHE_TTL
-	RecordCacheSize int                  // ONCEKEY_RECORD_CACHE_SIZE; 0: no in-process record cache
-	PprofAddr       string               // ONCEKEY_PPROF_ADDR; empty: no profiling endpoints
-	MaxConns        int                  // ONCEKEY_MAX_CONNS; 0: httpserver's default (from the open-file limit)
-	MaxInFlight     int                  // ONCEKEY_MAX_IN_FLIGHT; 0: httpserver's default
+	ProviderFaults  provider.Faults
+	ProviderTimeout time.Duration
+	PaymentPolicy   payments.RetryPolicy
+	PaymentWorkers  int
+	APIKeyCacheTTL  time.Duration
+	RecordCacheSize int
+	PprofAddr       string
+	MaxConns        int
+	MaxInFlight     int
 }
 
-func loadConfig(getenv func(string) string) (config, error) {
-	c := config{
-		DatabaseURL: getenv("DATABASE_URL"),
-		RedisURL:    getenv("REDIS_URL"),
-		Addr:        orDefault(getenv("ONCEKEY_ADDR"), ":8080"),
-		DemoAPIKey:  getenv("ONCEKEY_DEMO_API_KEY"),
-		Tracing:     getenv("ONCEKEY_TRACING"),
-		ProviderURL: getenv("ONCEKEY_PROVIDER_URL"),
-		PprofAddr:   getenv("ONCEKEY_PPROF_ADDR"),
-	}
-	var err error
-	durations := []struct {
-		name string
-		dst  *time.Duration
-		def  time.Duration
-	}{
-		{"IDEMPOTENCY_TTL", &c.TTL, idempotency.DefaultTTL},
-		{"IDEMPOTENCY_WAIT", &c.Wait, idempotency.DefaultWait},
-		{"ONCEKEY_REQUEST_TIMEOUT", &c.RequestTimeout, httpapi.DefaultRequestTimeout},
-		{"ONCEKEY_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 30 * time.Second},
-		{"ONCEKEY_CLEANUP_INTERVAL", &c.CleanupInterval, time.Minute},
-		{"ONCEKEY_PROVIDER_TIMEOUT", &c.ProviderTimeout, 10 * time.Second},
-		{"ONCEKEY_API_KEY_CACHE_TTL", &c.APIKeyCacheTTL, auth.DefaultCacheTTL},
-		{"ONCEKEY_PAYMENT_RETRY_BASE", &c.PaymentPolicy.Base, payments.DefaultBase},
-		{"ONCEKEY_PAYMENT_RETRY_MAX", &c.PaymentPolicy.Limit, payments.DefaultLimit},
-		{"ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT", &c.PaymentPolicy.Timeout, payments.DefaultTimeout},
-	}
-	for _, d := range durations {
-		if *d.dst, err = duration(getenv, d.name, d.def); err != nil {
-			return config{}, err
+// config checks the flags and returns what serve runs with. Every problem
+// is reported, one line each, so that a broken deployment is fixed in one
+// go rather than one restart per mistake.
+func (s *serveCmd) config(getenv func(string) string) (config, error) {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	positive := func(flag, env string, d time.Duration) {
+		if d <= 0 {
+			bad("--%s (%s) is %s: want a positive duration such as 1s", flag, env, d)
 		}
 	}
-	if c.MaxBodyBytes, err = integer(getenv, "ONCEKEY_MAX_BODY_BYTES", httpapi.DefaultMaxBodyBytes); err != nil {
-		return config{}, err
+	positive("ttl", "IDEMPOTENCY_TTL", s.TTL)
+	positive("wait", "IDEMPOTENCY_WAIT", s.Wait)
+	positive("request-timeout", "ONCEKEY_REQUEST_TIMEOUT", s.RequestTimeout)
+	positive("shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", s.ShutdownTimeout)
+	positive("cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", s.CleanupInterval)
+	positive("provider-timeout", "ONCEKEY_PROVIDER_TIMEOUT", s.ProviderTimeout)
+	positive("api-key-cache-ttl", "ONCEKEY_API_KEY_CACHE_TTL", s.APIKeyCacheTTL)
+	positive("payment-retry-base", "ONCEKEY_PAYMENT_RETRY_BASE", s.PaymentRetryBase)
+	positive("payment-retry-max", "ONCEKEY_PAYMENT_RETRY_MAX", s.PaymentRetryMax)
+	positive("payment-attempt-timeout", "ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT", s.PaymentAttemptTimeout)
+	within := func(flag, env string, v, lo, hi int64, why string) {
+		if v < lo || v > hi {
+			bad("--%s (%s) is %d: want %d to %d%s", flag, env, v, lo, hi, why)
+		}
 	}
-	batch, err := integer(getenv, "ONCEKEY_CLEANUP_BATCH", 1000)
+	within("max-body-bytes", "ONCEKEY_MAX_BODY_BYTES", s.MaxBodyBytes, 1, 1<<30, "")
+	within("cleanup-batch", "ONCEKEY_CLEANUP_BATCH", int64(s.CleanupBatch), 1, 100_000, ", to keep each delete short")
+	within("record-cache-size", "ONCEKEY_RECORD_CACHE_SIZE", int64(s.RecordCacheSize), 0, 10_000_000, " (0: no cache)")
+	within("payment-attempts", "ONCEKEY_PAYMENT_ATTEMPTS", int64(s.PaymentAttempts), 1, 100, ", so that a payment settles long before its key expires")
+	within("payment-workers", "ONCEKEY_PAYMENT_WORKERS", int64(s.PaymentWorkers), 1, 1000, "")
+	within("max-conns", "ONCEKEY_MAX_CONNS", int64(s.MaxConns), 0, 1_000_000, " (0: from the open-file limit)")
+	within("max-in-flight", "ONCEKEY_MAX_IN_FLIGHT", int64(s.MaxInFlight), 0, 1_000_000, " (0: the default)")
+	if s.PaymentAttemptTimeout <= s.ProviderTimeout {
+		bad("--payment-attempt-timeout (ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT) %s must be longer than --provider-timeout (ONCEKEY_PROVIDER_TIMEOUT) %s: an attempt needs time to record the provider's answer",
+			s.PaymentAttemptTimeout, s.ProviderTimeout)
+	}
+	if s.Wait >= s.RequestTimeout {
+		bad("--wait (IDEMPOTENCY_WAIT) %s must be shorter than --request-timeout (ONCEKEY_REQUEST_TIMEOUT) %s: a waiting duplicate would time out with 503 instead of getting 202",
+			s.Wait, s.RequestTimeout)
+	}
+	for _, a := range []struct{ flag, env, addr string }{
+		{"addr", "ONCEKEY_ADDR", s.Addr}, {"metrics-addr", "ONCEKEY_METRICS_ADDR", s.MetricsAddr}, {"pprof-addr", "ONCEKEY_PPROF_ADDR", s.PprofAddr},
+	} {
+		if _, _, err := net.SplitHostPort(a.addr); a.addr != "" && err != nil {
+			bad("--%s (%s) %q: want host:port, such as 127.0.0.1:8080", a.flag, a.env, a.addr)
+		}
+	}
+	if s.MetricsAddr != "" && s.MetricsAddr == s.Addr {
+		bad("--metrics-addr (ONCEKEY_METRICS_ADDR) is the API's address: give the internal listener an address of its own")
+	}
+	tracingMode := s.Tracing
+	switch tracingMode {
+	case "off", "":
+		tracingMode = tracing.Off
+	case tracing.Stdout:
+	default:
+		bad("--tracing (ONCEKEY_TRACING) %q: want off or stdout", s.Tracing)
+	}
+	faults, err := provider.FaultsFromEnv(getenv)
 	if err != nil {
-		return config{}, err
+		bad("%s", err)
 	}
-	if batch > 100_000 {
-		return config{}, fmt.Errorf("ONCEKEY_CLEANUP_BATCH=%d: at most 100000 rows per statement, to keep each delete short", batch)
+	if len(problems) > 0 {
+		return config{}, fmt.Errorf("invalid configuration:\n  - %s", strings.Join(problems, "\n  - "))
 	}
-	c.CleanupBatch = int(batch)
-	c.RecordCacheSize = recordcache.DefaultSize
-	if v := getenv("ONCEKEY_RECORD_CACHE_SIZE"); v == "0" {
-		c.RecordCacheSize = 0
-	} else if size, err := integer(getenv, "ONCEKEY_RECORD_CACHE_SIZE", recordcache.DefaultSize); err != nil {
-		return config{}, fmt.Errorf("%w (or 0 for no cache)", err)
-	} else {
-		c.RecordCacheSize = int(size)
+	demo := s.DemoAPIKey
+	if demo == "" && s.DatabaseURL == "" {
+		demo = DemoAPIKey
 	}
-	if c.ProviderFaults, err = provider.FaultsFromEnv(getenv); err != nil {
-		return config{}, err
-	}
-	attempts, err := integer(getenv, "ONCEKEY_PAYMENT_ATTEMPTS", payments.DefaultAttempts)
-	if err != nil {
-		return config{}, err
-	}
-	if attempts > 100 {
-		return config{}, fmt.Errorf("ONCEKEY_PAYMENT_ATTEMPTS=%d: at most 100, so that a payment settles long before its key expires", attempts)
-	}
-	c.PaymentPolicy.Attempts = int(attempts)
-	workers, err := integer(getenv, "ONCEKEY_PAYMENT_WORKERS", 10)
-	if err != nil {
-		return config{}, err
-	}
-	c.PaymentWorkers = int(min(workers, 1000))
-	conns, err := integer(getenv, "ONCEKEY_MAX_CONNS", 0)
-	if err != nil {
-		return config{}, err
-	}
-	inFlight, err := integer(getenv, "ONCEKEY_MAX_IN_FLIGHT", 0)
-	if err != nil {
-		return config{}, err
-	}
-	c.MaxConns, c.MaxInFlight = int(min(conns, 1_000_000)), int(min(inFlight, 1_000_000))
-	if c.PaymentPolicy.Timeout <= c.ProviderTimeout {
-		return config{}, fmt.Errorf("ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT=%s must be longer than ONCEKEY_PROVIDER_TIMEOUT=%s: an attempt needs time to record the provider's answer", c.PaymentPolicy.Timeout, c.ProviderTimeout)
-	}
-	if c.Wait >= c.RequestTimeout {
-		return config{}, fmt.Errorf("IDEMPOTENCY_WAIT=%s must be shorter than ONCEKEY_REQUEST_TIMEOUT=%s: a waiting duplicate would time out with 503 instead of getting 202", c.Wait, c.RequestTimeout)
-	}
-	return c, nil
+	return config{
+		DatabaseURL: s.DatabaseURL, RedisURL: s.RedisURL, Addr: s.Addr, MetricsAddr: s.MetricsAddr,
+		TTL: s.TTL, Wait: s.Wait, MaxBodyBytes: s.MaxBodyBytes,
+		RequestTimeout: s.RequestTimeout, ShutdownTimeout: s.ShutdownTimeout,
+		CleanupInterval: s.CleanupInterval, CleanupBatch: s.CleanupBatch,
+		DemoAPIKey: demo, Tracing: tracingMode,
+		ProviderURL: s.ProviderURL, ProviderFaults: faults, ProviderTimeout: s.ProviderTimeout,
+		PaymentPolicy: payments.RetryPolicy{
+			Attempts: s.PaymentAttempts, Base: s.PaymentRetryBase, Limit: s.PaymentRetryMax, Timeout: s.PaymentAttemptTimeout,
+		},
+		PaymentWorkers: s.PaymentWorkers, APIKeyCacheTTL: s.APIKeyCacheTTL, RecordCacheSize: s.RecordCacheSize,
+		PprofAddr: s.PprofAddr, MaxConns: s.MaxConns, MaxInFlight: s.MaxInFlight,
+	}, nil
 }
 
-func orDefault(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
-func duration(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
-	v := getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%s=%q: want a positive Go duration such as 48h or 1s", name, v)
-	}
-	return d, nil
-}
-
-func integer(getenv func(string) string, name string, def int64) (int64, error) {
-	v := getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
-	}
-	return n, nil
-}
+// errNoDatabase is what a command that needs PostgreSQL says without it.
+var errNoDatabase = errors.New("this command needs PostgreSQL: set --database-url or DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/postgres")

@@ -4,16 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,18 +25,16 @@ import (
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
-// subprocessEnv makes the test binary run `oncekey serve` instead of the
-// tests (see TestMain), so a test can kill -9 a real serve process.
+// subprocessEnv makes the test binary run oncekey instead of the tests (see
+// TestMain): "serve" runs `oncekey serve`, so a test can kill -9 a real
+// serve process; "cli" runs the arguments after "--".
 const subprocessEnv = "ONCEKEY_TEST_SUBPROCESS"
 
-func runSubprocess() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, []string{"serve"}, os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "oncekey:", err)
-		return 1
+func runSubprocess(mode string) int {
+	if mode == "cli" {
+		return runMain(os.Args[slices.Index(os.Args, "--")+1:])
 	}
-	return 0
+	return runMain([]string{"serve"})
 }
 
 // serveProcess is `oncekey serve` in a process of its own.
@@ -60,10 +56,7 @@ func startServeProcess(t *testing.T, env map[string]string) *serveProcess {
 // waiting for it.
 func spawnServe(t *testing.T, env map[string]string) *serveProcess {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	addr := freeAddr(t)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), subprocessEnv+"=serve", "ONCEKEY_ADDR="+addr)

@@ -1,16 +1,8 @@
-// Command oncekey serves the Oncekey API and runs its maintenance tasks.
+// Command oncekey serves the Oncekey API and runs its maintenance tasks;
+// `oncekey --help` lists them, and docs/cli.md has every command's help.
 //
-//	oncekey serve                  serve the API (PostgreSQL with DATABASE_URL, else in memory)
-//	oncekey migrate                apply database migrations
-//	oncekey purge [--dry-run]      delete expired idempotency keys in batches
-//	oncekey keys inspect ACCOUNT KEY | keys stats | keys stuck [--older-than 10m]
-//	oncekey accounts create NAME   create an account; prints its API key once
-//	oncekey accounts revoke-key    revoke the API key read from standard input
-//	oncekey contract-test --url URL --api-key KEY
-//	                               check a deployment against the protocol and openapi.yaml
-//
-// This package holds only wiring: configuration from the environment,
-// building the pieces, and signals. Everything testable is in internal/.
+// This package holds only wiring: the command line (cli.go), building the
+// pieces, and signals. Everything testable is in internal/.
 package main
 
 import (
@@ -18,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,102 +44,75 @@ import (
 	"github.com/oncekey/oncekey/internal/tracing"
 )
 
-const usage = `usage: oncekey <command>
-
-commands:
-  serve                  serve the API (PostgreSQL when DATABASE_URL is set, else in memory)
-  migrate                apply database migrations (needs DATABASE_URL)
-  purge [--dry-run]      delete expired idempotency keys in batches, or count them (needs DATABASE_URL)
-  keys inspect ACCOUNT KEY
-                         show one key's record (status, fingerprint, timestamps, stored status)
-  keys stats             rows by status, table size, oldest processing key, cleanup lag
-  keys stuck [--older-than 10m]
-                         list keys processing for longer than that (needs DATABASE_URL)
-  accounts create NAME   create an account and print its API key once (needs DATABASE_URL)
-  accounts revoke-key    revoke the API key read from standard input, from the next request on
-  contract-test --url URL --api-key KEY
-                         run the black-box conformance suite against a deployment
-                         (creates a few orders in that key's account)
-`
-
 func main() {
+	os.Exit(runMain(os.Args[1:]))
+}
+
+// runMain runs the command of args in this process, stopped by SIGINT and
+// SIGTERM, and returns its exit code.
+func runMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, args, os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "oncekey:", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
-	log := slog.New(slog.NewJSONHandler(stderr, nil))
-	cfg, err := loadConfig(getenv)
-	if err != nil {
+func (p *purgeCmd) Run(e env) error {
+	if err := p.require(); err != nil {
 		return err
 	}
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errors.New("no command given")
+	if p.Batch < 1 || p.Batch > 100_000 {
+		return fmt.Errorf("--cleanup-batch (ONCEKEY_CLEANUP_BATCH) is %d: want 1 to 100000", p.Batch)
 	}
-	switch args[0] {
-	case "serve":
-		return serve(ctx, cfg, log, stdout)
-	case "migrate":
-		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			log.Info("migrations applied")
-			return nil
-		})
-	case "purge":
-		fs := flag.NewFlagSet("purge", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		dryRun := fs.Bool("dry-run", false, "count the expired keys without deleting them")
-		if err := fs.Parse(args[1:]); err != nil {
+	return withDatabase(e.ctx, p.DatabaseURL, func(s *postgres.Store) error {
+		if p.DryRun {
+			n, err := s.KeyStore().CountExpired(e.ctx)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(e.stdout).Encode(map[string]any{"dry_run": true, "would_delete": n})
+		}
+		n, err := s.PurgeExpired(e.ctx, p.Batch)
+		if err != nil {
 			return err
 		}
-		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			if *dryRun {
-				n, err := s.KeyStore().CountExpired(ctx)
-				if err != nil {
-					return err
-				}
-				return json.NewEncoder(stdout).Encode(map[string]any{"dry_run": true, "would_delete": n})
-			}
-			n, err := s.PurgeExpired(ctx, cfg.CleanupBatch)
-			if err != nil {
-				return err
-			}
-			return json.NewEncoder(stdout).Encode(map[string]int64{"deleted": n})
-		})
-	case "keys":
-		return keysCommand(ctx, cfg, args[1:], stdout, stderr)
-	case "accounts":
-		if len(args) == 2 && args[1] == "revoke-key" {
-			return revokeKey(ctx, cfg, stdin, stdout)
-		}
-		if len(args) != 3 || args[1] != "create" {
-			fmt.Fprint(stderr, usage)
-			return errors.New("usage: oncekey accounts create NAME | oncekey accounts revoke-key < KEY")
-		}
-		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			creds, err := auth.CreateAccount(ctx, s, args[2], "")
-			if err != nil {
-				return err
-			}
-			return json.NewEncoder(stdout).Encode(creds)
-		})
-	case "contract-test":
-		return contractTest(ctx, args[1:], stdout, stderr)
-	default:
-		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("unknown command %q", args[0])
-	}
+		return json.NewEncoder(e.stdout).Encode(map[string]int64{"deleted": n})
+	})
 }
 
-// revokeKey is `oncekey accounts revoke-key`: the key comes on standard
-// input, never as an argument, so it does not show in process lists or
-// shell history.
-func revokeKey(ctx context.Context, cfg config, stdin io.Reader, stdout io.Writer) error {
-	line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+func (a *accountsCreateCmd) Run(e env) error {
+	if err := a.require(); err != nil {
+		return err
+	}
+	return withDatabase(e.ctx, a.DatabaseURL, func(s *postgres.Store) error {
+		if !a.AllowDuplicateName {
+			ids, err := s.AccountsNamed(e.ctx, a.Name)
+			if err != nil {
+				return err
+			}
+			if len(ids) > 0 {
+				return fmt.Errorf("an account named %q exists already (account_id %s); pass --allow-duplicate-name to create another", a.Name, ids[0])
+			}
+		}
+		creds, err := auth.CreateAccount(e.ctx, s, a.Name, "")
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(e.stdout).Encode(creds)
+	})
+}
+
+// Run is `oncekey accounts revoke-key`: the key comes on standard input,
+// never as an argument, so it does not show in process lists or shell
+// history.
+func (a *accountsRevokeCmd) Run(e env) error {
+	if err := a.require(); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(io.LimitReader(e.stdin, 4096)).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("read the API key from standard input: %w", err)
 	}
@@ -156,76 +120,73 @@ func revokeKey(ctx context.Context, cfg config, stdin io.Reader, stdout io.Write
 	if key == "" {
 		return errors.New("accounts revoke-key: give the API key on standard input")
 	}
-	return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-		revoked, err := s.RevokeKey(ctx, auth.HashKey(key))
+	return withDatabase(e.ctx, a.DatabaseURL, func(s *postgres.Store) error {
+		revoked, err := s.RevokeKey(e.ctx, auth.HashKey(key))
 		if err != nil {
 			return err
 		}
-		return json.NewEncoder(stdout).Encode(map[string]bool{"revoked": revoked})
+		return json.NewEncoder(e.stdout).Encode(map[string]bool{"revoked": revoked})
 	})
 }
 
-// keysCommand is `oncekey keys …`: read-only views of the keys table for
-// operators. Output is JSON, one document per command.
-func keysCommand(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errors.New("usage: oncekey keys inspect ACCOUNT KEY | stats | stuck [--older-than 10m]")
-	}
-	enc := json.NewEncoder(stdout)
+// indented writes JSON for operators to read.
+func indented(w io.Writer) *json.Encoder {
+	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	switch args[0] {
-	case "inspect":
-		if len(args) != 3 {
-			return errors.New("usage: oncekey keys inspect ACCOUNT KEY")
-		}
-		account, err := uuid.Parse(args[1])
+	return enc
+}
+
+func (k *keysInspectCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
+	}
+	account, err := uuid.Parse(k.Account)
+	if err != nil {
+		return fmt.Errorf("ACCOUNT %q is not an account id", k.Account)
+	}
+	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
+		info, err := s.KeyStore().Inspect(e.ctx, auth.Scope(account), k.Key)
 		if err != nil {
-			return fmt.Errorf("ACCOUNT %q is not an account id", args[1])
-		}
-		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			info, err := s.KeyStore().Inspect(ctx, auth.Scope(account), args[2])
-			if err != nil {
-				return err
-			}
-			return enc.Encode(keyInfo{Account: account.String(), KeyInfo: info})
-		})
-	case "stats":
-		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			st, err := s.KeyStats(ctx)
-			if err != nil {
-				return err
-			}
-			return enc.Encode(map[string]any{
-				"processing":                    st.Processing,
-				"completed":                     st.Completed,
-				"table_bytes":                   st.TableBytes,
-				"oldest_processing_age_seconds": st.OldestProcessingAge.Seconds(),
-				"cleanup_lag_seconds":           st.CleanupLag.Seconds(),
-			})
-		})
-	case "stuck":
-		fs := flag.NewFlagSet("keys stuck", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		olderThan := fs.Duration("older-than", 10*time.Minute, "list keys processing for longer than this")
-		limit := fs.Int("limit", 100, "list at most this many")
-		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		return withDatabase(ctx, cfg, func(s *postgres.Store) error {
-			stuck, err := s.KeyStore().Stuck(ctx, *olderThan, *limit)
-			if err != nil {
-				return err
-			}
-			out := make([]stuckKey, 0, len(stuck))
-			for _, k := range stuck {
-				out = append(out, stuckKey{Account: accountOf(k.Scope), StuckKey: k})
-			}
-			return enc.Encode(out)
-		})
-	default:
-		return fmt.Errorf("unknown keys command %q", args[0])
+		return indented(e.stdout).Encode(keyInfo{Account: account.String(), KeyInfo: info})
+	})
+}
+
+func (k *keysStatsCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
 	}
+	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
+		st, err := s.KeyStats(e.ctx)
+		if err != nil {
+			return err
+		}
+		return indented(e.stdout).Encode(map[string]any{
+			"processing":                    st.Processing,
+			"completed":                     st.Completed,
+			"table_bytes":                   st.TableBytes,
+			"oldest_processing_age_seconds": st.OldestProcessingAge.Seconds(),
+			"cleanup_lag_seconds":           st.CleanupLag.Seconds(),
+		})
+	})
+}
+
+func (k *keysStuckCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
+	}
+	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
+		stuck, err := s.KeyStore().Stuck(e.ctx, k.OlderThan, k.Limit)
+		if err != nil {
+			return err
+		}
+		out := make([]stuckKey, 0, len(stuck))
+		for _, key := range stuck {
+			out = append(out, stuckKey{Account: accountOf(key.Scope), StuckKey: key})
+		}
+		return indented(e.stdout).Encode(out)
+	})
 }
 
 // keyInfo is `keys inspect`'s output: the engine's view of a key, with the
@@ -252,17 +213,10 @@ func accountOf(scope string) string {
 	return id.String()
 }
 
-// contractTest runs internal/contracttest against --url and prints one line
-// per check and a closing "N passed, M failed" line.
-func contractTest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("contract-test", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	url := fs.String("url", "", "base URL of the deployment, e.g. http://localhost:8080")
-	apiKey := fs.String("api-key", "", "API key of a test account")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	results, err := contracttest.Run(ctx, contracttest.Config{BaseURL: *url, APIKey: *apiKey})
+// Run checks the deployment at --url and prints one line per check and a
+// closing "N passed, M failed" line.
+func (c *contractTestCmd) Run(e env) error {
+	results, err := contracttest.Run(e.ctx, contracttest.Config{BaseURL: c.URL, APIKey: c.APIKey})
 	if err != nil {
 		return err
 	}
@@ -270,24 +224,21 @@ func contractTest(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, r := range results {
 		if r.Err != nil {
 			failed++
-			fmt.Fprintf(stdout, "FAIL %s\n     %s\n", r.Name, strings.ReplaceAll(r.Err.Error(), "\n", "\n     "))
+			fmt.Fprintf(e.stdout, "FAIL %s\n     %s\n", r.Name, strings.ReplaceAll(r.Err.Error(), "\n", "\n     "))
 			continue
 		}
-		fmt.Fprintf(stdout, "ok   %s\n", r.Name)
+		fmt.Fprintf(e.stdout, "ok   %s\n", r.Name)
 	}
-	fmt.Fprintf(stdout, "contract: %d passed, %d failed\n", len(results)-failed, failed)
+	fmt.Fprintf(e.stdout, "contract: %d passed, %d failed\n", len(results)-failed, failed)
 	if failed > 0 {
 		return fmt.Errorf("%d contract checks failed", failed)
 	}
 	return nil
 }
 
-// withDatabase opens the migrated database of DATABASE_URL and runs fn.
-func withDatabase(ctx context.Context, cfg config, fn func(*postgres.Store) error) error {
-	if cfg.DatabaseURL == "" {
-		return errors.New("DATABASE_URL is not set")
-	}
-	pool, err := openDatabase(ctx, cfg.DatabaseURL)
+// withDatabase opens the migrated database of url and runs fn.
+func withDatabase(ctx context.Context, url string, fn func(*postgres.Store) error) error {
+	pool, err := openDatabase(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -372,27 +323,39 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         log,
 		Metrics:        m,
+		HideMetrics:    cfg.MetricsAddr != "",
 		Tracing:        cfg.Tracing != tracing.Off,
 	})
 	if err != nil {
 		return err
 	}
 	if cfg.PprofAddr != "" {
-		stopPprof, err := servePprof(cfg.PprofAddr, log)
+		stop, err := serveInternal(cfg.PprofAddr, nil, log)
 		if err != nil {
-			return err
+			return fmt.Errorf("--pprof-addr: %w", err)
 		}
-		defer stopPprof()
+		defer stop()
+	}
+	if cfg.MetricsAddr != "" {
+		stop, err := serveInternal(cfg.MetricsAddr, m.Handler(), log)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer stop()
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("--addr: %w", err)
 	}
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: be.Backend, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observer: m}.Run(cleanupCtx)
 
 	log.Info("listening", "addr", ln.Addr().String())
+	if be.demoKey != "" {
+		fmt.Fprintf(stdout, "Oncekey serves http://%s (%s). Try it (twice: the second answer is the first, replayed):\n\n%s\n\n",
+			ln.Addr(), be.kind, tryIt(ln.Addr().String(), be.demoKey))
+	}
 	// SIGTERM: stop accepting, close idle and stalled connections at once,
 	// let running requests finish (and store their responses) within the
 	// deadline.
@@ -406,9 +369,19 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	})
 }
 
+// tryIt is a curl command that creates an order on the server at addr with
+// apiKey, under a key new for each start.
+func tryIt(addr, apiKey string) string {
+	return fmt.Sprintf("  curl -si http://%s/orders -H 'Authorization: Bearer %s' -H 'Idempotency-Key: %s' \\\n"+
+		"    -H 'Content-Type: application/json' -d '{\"items\":[{\"sku\":\"SKU-1\",\"qty\":2}],\"amount\":1200,\"currency\":\"RUB\"}'",
+		addr, apiKey, uuid.NewString())
+}
+
 // backend is the store serve runs on, with what it holds open.
 type backend struct {
 	store.Backend
+	kind    string        // what it is, for people
+	demoKey string        // the demo account's API key, if there is one
 	pool    *pgxpool.Pool // nil in memory
 	local   *memory.Store // nil on PostgreSQL
 	charges *jobs.Runner  // nil in memory
@@ -420,13 +393,11 @@ type backend struct {
 func openBackend(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer, dbOpts []postgres.Option) (backend, error) {
 	if cfg.DatabaseURL == "" {
 		mem := memory.New()
-		creds, err := auth.CreateAccount(ctx, mem, "demo", cfg.DemoAPIKey)
-		if err != nil {
+		if _, err := auth.CreateAccount(ctx, mem, "demo", cfg.DemoAPIKey); err != nil {
 			return backend{}, err
 		}
 		log.Warn("store: in memory (set DATABASE_URL for PostgreSQL); data is lost on exit")
-		fmt.Fprintf(stdout, "demo account %s, API key: %s\n", creds.AccountID, creds.APIKey)
-		return backend{Backend: mem, local: mem, close: func() {}}, nil
+		return backend{Backend: mem, kind: "in memory: data is lost on exit", demoKey: cfg.DemoAPIKey, local: mem, close: func() {}}, nil
 	}
 	pool, err := openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
 	if err != nil {
@@ -438,7 +409,33 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger, stdout io.Wr
 		return backend{}, err
 	}
 	log.Info("store: PostgreSQL")
-	return backend{Backend: postgres.New(pool, runner), pool: pool, charges: runner, close: pool.Close}, nil
+	pg := postgres.New(pool, runner)
+	if cfg.DemoAPIKey != "" {
+		if err := ensureDemoAccount(ctx, pg, cfg.DemoAPIKey, log); err != nil {
+			pool.Close()
+			return backend{}, err
+		}
+	}
+	return backend{Backend: pg, kind: "on PostgreSQL", demoKey: cfg.DemoAPIKey, pool: pool, charges: runner, close: pool.Close}, nil
+}
+
+// ensureDemoAccount makes --demo-api-key work on PostgreSQL: the account is
+// created the first time, and found by its key afterwards.
+func ensureDemoAccount(ctx context.Context, s *postgres.Store, key string, log *slog.Logger) error {
+	account, err := s.AccountByKeyHash(ctx, auth.HashKey(key))
+	switch {
+	case err == nil:
+		log.Info("demo account", "account_id", account)
+		return nil
+	case !errors.Is(err, auth.ErrUnknownKey):
+		return err
+	}
+	creds, err := auth.CreateAccount(ctx, s, "demo", key)
+	if err != nil {
+		return fmt.Errorf("create the demo account of --demo-api-key: %w", err)
+	}
+	log.Info("demo account created", "account_id", creds.AccountID)
+	return nil
 }
 
 // paymentsRuntime is the payment service with its worker and provider.
@@ -507,15 +504,19 @@ func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger
 	return paymentsRuntime{svc: svc, stop: stopAll}, nil
 }
 
-// servePprof serves Go's profiling endpoints (/debug/pprof/) on addr, a
-// listener of their own: they reveal internals and cost CPU while they
-// profile, so they are off by default and never on the API's address.
-func servePprof(addr string, log *slog.Logger) (stop func(), err error) {
+// serveInternal serves Go's profiling endpoints (/debug/pprof/), and
+// metrics at /metrics when there are any, on addr, a listener of their
+// own: they reveal internals and cost CPU while they profile, so they are
+// off by default and never on the API's address.
+func serveInternal(addr string, metrics http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("ONCEKEY_PPROF_ADDR: %w", err)
+		return nil, err
 	}
 	mux := http.NewServeMux()
+	if metrics != nil {
+		mux.Handle("GET /metrics", metrics)
+	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -523,6 +524,6 @@ func servePprof(addr string, log *slog.Logger) (stop func(), err error) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	log.Warn("profiling endpoints on", "addr", ln.Addr().String())
+	log.Warn("internal endpoints on", "addr", ln.Addr().String(), "metrics", metrics != nil)
 	return func() { _ = srv.Close() }, nil
 }

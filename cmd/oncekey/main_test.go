@@ -11,10 +11,12 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
@@ -25,8 +27,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(subprocessEnv) == "serve" {
-		os.Exit(runSubprocess())
+	if mode := os.Getenv(subprocessEnv); mode != "" {
+		os.Exit(runSubprocess(mode))
 	}
 	testdb.Main(m)
 }
@@ -102,15 +104,24 @@ func TestCommandErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no command", nil, nil, "no command"},
-		{"unknown command", nil, []string{"frobnicate"}, "unknown command"},
-		{"accounts without name", map[string]string{"DATABASE_URL": "postgres://x"}, []string{"accounts", "create"}, "usage"},
-		{"migrate without database", nil, []string{"migrate"}, "DATABASE_URL is not set"},
-		{"bad ttl", map[string]string{"IDEMPOTENCY_TTL": "two days"}, []string{"serve"}, "IDEMPOTENCY_TTL"},
-		{"negative wait", map[string]string{"IDEMPOTENCY_WAIT": "-1s"}, []string{"serve"}, "IDEMPOTENCY_WAIT"},
+		{"unknown command", nil, []string{"frobnicate"}, "unexpected argument frobnicate\n(see 'oncekey --help')"},
+		{"a group without its command", nil, []string{"keys"}, `expected one of "inspect", "stats", "stuck"`},
+		{"unknown flag", nil, []string{"serve", "--frobnicate"}, "unknown flag --frobnicate\n(see 'oncekey serve --help')"},
+		{"extra argument", nil, []string{"serve", "--addr", "127.0.0.1:0", "extra"}, "unexpected argument extra"},
+		{"accounts without name", map[string]string{"DATABASE_URL": "postgres://x"}, []string{"accounts", "create"}, `expected "<name>"`},
+		{"migrate without database", nil, []string{"migrate"}, "needs PostgreSQL: set --database-url or DATABASE_URL"},
+		{"keys stats without database", nil, []string{"keys", "stats"}, "needs PostgreSQL"},
+		{"bad ttl", map[string]string{"IDEMPOTENCY_TTL": "two days"}, []string{"serve"}, `--ttl: IDEMPOTENCY_TTL="two days": expected duration`},
+		{"bad ttl flag", nil, []string{"serve", "--ttl", "two days"}, `--ttl: expected duration`},
+		{"negative wait", map[string]string{"IDEMPOTENCY_WAIT": "-1s"}, []string{"serve"}, "--wait (IDEMPOTENCY_WAIT) is -1s"},
 		{"bad body limit", map[string]string{"ONCEKEY_MAX_BODY_BYTES": "lots"}, []string{"serve"}, "ONCEKEY_MAX_BODY_BYTES"},
-		{"huge cleanup batch", map[string]string{"ONCEKEY_CLEANUP_BATCH": "5000000000"}, []string{"serve"}, "ONCEKEY_CLEANUP_BATCH"},
+		{"huge cleanup batch", map[string]string{"ONCEKEY_CLEANUP_BATCH": "5000000000"}, []string{"serve"}, "--cleanup-batch (ONCEKEY_CLEANUP_BATCH) is 5000000000"},
 		{"wait not below the request timeout", map[string]string{"IDEMPOTENCY_WAIT": "10s"}, []string{"serve"}, "must be shorter"},
+		{"bad address", nil, []string{"serve", "--addr", "8080"}, `--addr (ONCEKEY_ADDR) "8080": want host:port`},
+		{"metrics on the API's address", nil, []string{"serve", "--metrics-addr", "127.0.0.1:8080"}, "give the internal listener an address of its own"},
+		{"bad tracing", map[string]string{"ONCEKEY_TRACING": "jaeger"}, []string{"serve"}, `--tracing (ONCEKEY_TRACING) "jaeger": want off or stdout`},
+		{"revoke without a key", map[string]string{"DATABASE_URL": "postgres://x"}, []string{"accounts", "revoke-key"}, "give the API key on standard input"},
+		{"contract-test without a key", nil, []string{"contract-test", "--url", "http://127.0.0.1:1"}, "missing flags: --api-key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,14 +133,65 @@ func TestCommandErrors(t *testing.T) {
 	}
 }
 
+// parseServe parses `oncekey serve args...` with env and returns the
+// configuration serve would run with.
+func parseServe(t *testing.T, env map[string]string, args ...string) (config, error) {
+	t.Helper()
+	getenv := func(k string) string { return env[k] }
+	var c cli
+	k, err := parser(&c, getenv, io.Discard, io.Discard)
+	require.NoError(t, err)
+	_, err = k.Parse(append([]string{"serve"}, args...))
+	require.NoError(t, err, "parse serve %v", args)
+	return c.Serve.config(getenv)
+}
+
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
-	cfg, err := loadConfig(func(string) string { return "" })
+	cfg, err := parseServe(t, nil)
 	require.NoError(t, err)
-	require.Equal(t, ":8080", cfg.Addr)
-	require.Equal(t, "48h0m0s", cfg.TTL.String())
-	require.Equal(t, "1s", cfg.Wait.String())
+	require.Equal(t, "127.0.0.1:8080", cfg.Addr, "loopback unless told otherwise: the demo key is public")
+	require.Equal(t, DemoAPIKey, cfg.DemoAPIKey, "the README's examples work as printed")
+	require.Empty(t, cfg.MetricsAddr, "metrics on the API's address by default")
+	require.Equal(t, 48*time.Hour, cfg.TTL)
+	require.Equal(t, time.Second, cfg.Wait)
 	require.EqualValues(t, 1<<20, cfg.MaxBodyBytes)
+	require.Empty(t, cfg.Tracing, "tracing off")
+
+	onPostgres, err := parseServe(t, map[string]string{"DATABASE_URL": "postgres://x"})
+	require.NoError(t, err)
+	require.Empty(t, onPostgres.DemoAPIKey, "no demo account on PostgreSQL unless asked for")
+}
+
+// A flag beats its environment variable; the variable beats the default.
+func TestFlagsBeatVariables(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"ONCEKEY_ADDR": "127.0.0.1:9001", "IDEMPOTENCY_TTL": "2h", "ONCEKEY_DEMO_API_KEY": "ok_from_env"}
+	cfg, err := parseServe(t, env)
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:9001", cfg.Addr)
+	require.Equal(t, 2*time.Hour, cfg.TTL)
+	require.Equal(t, "ok_from_env", cfg.DemoAPIKey)
+
+	cfg, err = parseServe(t, env, "--addr", "127.0.0.1:9002", "--ttl=3h", "--demo-api-key", "ok_from_flag")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:9002", cfg.Addr)
+	require.Equal(t, 3*time.Hour, cfg.TTL)
+	require.Equal(t, "ok_from_flag", cfg.DemoAPIKey)
+}
+
+// Every problem with the configuration is reported at once, one line each,
+// before anything listens.
+func TestConfigProblemsAreReportedTogether(t *testing.T) {
+	t.Parallel()
+	_, err := parseServe(t, map[string]string{"IDEMPOTENCY_TTL": "-1s"}, "--wait=20s", "--tracing=x", "--addr=nowhere")
+	require.Error(t, err)
+	lines := strings.Split(err.Error(), "\n")
+	require.Equal(t, "invalid configuration:", lines[0])
+	require.Len(t, lines, 5, "one line per problem:\n%s", err)
+	for i, want := range []string{"--ttl (IDEMPOTENCY_TTL)", "--wait (IDEMPOTENCY_WAIT)", "--addr (ONCEKEY_ADDR)", "--tracing (ONCEKEY_TRACING)"} {
+		require.Contains(t, lines[i+1], want)
+	}
 }
 
 // TestShutdownDrainsInFlightRequests sends SIGTERM's equivalent while a
@@ -289,19 +351,33 @@ func TestOperatorCommands(t *testing.T) {
 }
 
 // TestEveryVariableIsDocumented keeps the configuration reference true:
-// every environment variable config.go reads is in docs/operations.md and
-// the README.
+// every environment variable a flag reads is in docs/operations.md and the
+// README, and every one documented there is read.
 func TestEveryVariableIsDocumented(t *testing.T) {
 	t.Parallel()
-	src, err := os.ReadFile("config.go")
+	src, err := os.ReadFile("cli.go")
 	require.NoError(t, err)
-	names := regexp.MustCompile(`"((?:ONCEKEY|IDEMPOTENCY|DATABASE)_[A-Z_]+)"`).FindAllStringSubmatch(string(src), -1)
-	require.NotEmpty(t, names)
+	var names []string
+	for _, m := range regexp.MustCompile(`envvar:"([A-Z_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		if !slices.Contains(names, m[1]) {
+			names = append(names, m[1])
+		}
+	}
+	require.Len(t, names, 25, "the variables in cli.go")
+	documented := regexp.MustCompile("`((?:ONCEKEY|IDEMPOTENCY)_[A-Z_]+|DATABASE_URL|REDIS_URL)`")
 	for _, doc := range []string{"../../docs/operations.md", "../../README.md"} {
 		text, err := os.ReadFile(doc)
 		require.NoError(t, err)
 		for _, n := range names {
-			require.True(t, strings.Contains(string(text), "`"+n[1]+"`"), "%s does not document %s", doc, n[1])
+			require.True(t, strings.Contains(string(text), "`"+n+"`"), "%s does not document %s", doc, n)
+		}
+		if strings.HasSuffix(doc, "README.md") {
+			for _, n := range names {
+				require.Contains(t, string(text), "| `"+n+"` | `--"+flagOf(n)+"` |", "the README's configuration table names %s's flag", n)
+			}
+		}
+		for _, m := range documented.FindAllStringSubmatch(string(text), -1) {
+			require.Contains(t, names, m[1], "%s documents %s, which no flag reads", doc, m[1])
 		}
 	}
 }
@@ -310,10 +386,7 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 // the API's address never has them.
 func TestPprofOnItsOwnAddress(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	pprofAddr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	pprofAddr := freeAddr(t)
 	addr, _ := startServe(t, map[string]string{"ONCEKEY_PPROF_ADDR": pprofAddr})
 
 	resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/goroutine?debug=1")
@@ -360,4 +433,65 @@ func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
 	took := time.Since(start)
 	t.Logf("shutdown with a stalled and an idle connection took %s", took.Round(time.Millisecond))
 	require.Less(t, took, 3*time.Second, "shutdown waited for stalled clients")
+}
+
+// A demo key given on PostgreSQL works: its account is created on the first
+// start and found by the key on the next, never created twice.
+func TestDemoKeyOnPostgres(t *testing.T) {
+	t.Parallel()
+	dbURL, pool := testdb.Fresh(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_DEMO_API_KEY": "ok_demo_on_pg"}
+	for i, key := range []string{"demo-pg-1", "demo-pg-2"} {
+		addr, shutdown := startServe(t, env)
+		resp, err := postOrder(http.DefaultClient, addr, "ok_demo_on_pg", key)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, resp.Status, "start %d: %s", i+1, resp)
+		require.NoError(t, shutdown())
+	}
+	var accounts int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM accounts WHERE name = 'demo'").Scan(&accounts))
+	require.Equal(t, 1, accounts, "the demo account is created once")
+}
+
+// `accounts create NAME` refuses a name in use unless told otherwise.
+func TestAccountNamesAreUniqueUnlessAllowed(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": testdb.URL(t)}
+	name := "acme-" + uuid.NewString()
+	out, err := runCommand(t, env, "accounts", "create", name)
+	require.NoError(t, err)
+	var first auth.Credentials
+	require.NoError(t, json.Unmarshal([]byte(out), &first))
+
+	_, err = runCommand(t, env, "accounts", "create", name)
+	require.ErrorContains(t, err, fmt.Sprintf("an account named %q exists already (account_id %s); pass --allow-duplicate-name", name, first.AccountID))
+
+	out, err = runCommand(t, env, "accounts", "create", "--allow-duplicate-name", name)
+	require.NoError(t, err)
+	var second auth.Credentials
+	require.NoError(t, json.Unmarshal([]byte(out), &second))
+	require.NotEqual(t, first.AccountID, second.AccountID)
+}
+
+// --metrics-addr moves /metrics and the profiling endpoints to an internal
+// listener: the API's address has neither.
+func TestMetricsOnAnInternalAddress(t *testing.T) {
+	t.Parallel()
+	internal := freeAddr(t)
+	addr, _ := startServe(t, map[string]string{"ONCEKEY_METRICS_ADDR": internal})
+
+	for path, want := range map[string]string{"/metrics": "oncekey_http_requests_total", "/debug/pprof/goroutine?debug=1": "goroutine profile:"} {
+		resp, err := http.Get("http://" + internal + path)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		require.Contains(t, string(body), want, path)
+
+		api, err := http.Get("http://" + addr + path)
+		require.NoError(t, err)
+		api.Body.Close()
+		require.Equal(t, http.StatusNotFound, api.StatusCode, "%s on the API's address", path)
+	}
 }

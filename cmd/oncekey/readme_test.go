@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -28,6 +29,10 @@ type readmeExample struct {
 
 var exampleRe = regexp.MustCompile("(?s)<!-- readme-test: example -->\\s*```sh\\n(.*?)```\\s*```http\\n(.*?)```")
 
+// readmeURL is where the README's examples send their requests: where
+// `make run` serves.
+const readmeURL = "http://127.0.0.1:8080"
+
 // TestReadmeExamples runs the README's curl examples against `oncekey serve`
 // on the in-memory store, as `make run` starts it, and checks that each
 // answer matches what the README prints: the status line, every printed
@@ -46,11 +51,11 @@ func TestReadmeExamples(t *testing.T) {
 	}
 	require.Len(t, examples, 3, "README.md should have three marked curl examples")
 
-	addr, _ := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_try_me"})
+	addr, _ := startServe(t, map[string]string{}) // the demo key as make run has it
 
 	var firstID string
 	for i, ex := range examples {
-		cmd := strings.ReplaceAll(ex.command, "http://localhost:8080", "http://"+addr)
+		cmd := strings.ReplaceAll(ex.command, readmeURL, "http://"+addr)
 		out, err := exec.Command("bash", "-c", cmd).Output()
 		require.NoError(t, err, "example %d: %s", i+1, cmd)
 		got := parseHTTP(t, string(out))
@@ -105,16 +110,24 @@ func parseHTTP(t *testing.T, s string) httpMessage {
 	return m
 }
 
+// freeAddr is a loopback address with a port free a moment ago, for a
+// server of a test to listen on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
 // startServe runs `oncekey serve` in-process on a free loopback port with
 // env and returns its address once it answers /healthz, and a function that
 // sends the shutdown signal and returns serve's result. Cleanup shuts it down
 // if the test did not.
 func startServe(t *testing.T, env map[string]string) (addr string, shutdown func() error) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr = ln.Addr().String()
-	require.NoError(t, ln.Close())
+	addr = freeAddr(t)
 
 	env["ONCEKEY_ADDR"] = addr
 	getenv := func(k string) string { return env[k] }
@@ -163,40 +176,73 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 	}
 }
 
-var paymentFlowRe = regexp.MustCompile("(?s)<!-- readme-test: payment-flow -->\\s*```sh\\n(.*?)```")
+var scriptRe = regexp.MustCompile("(?s)<!-- readme-test: script -->\\s*```sh\\n(.*?)```\\s*prints[^\\n]*\\n\\s*```text\\n(.*?)```")
 
-// TestReadmePaymentFlow runs the README's payment walk-through as printed
-// against `oncekey serve` on the in-memory default (the sandbox provider
-// in-process) and checks what each step prints: 202 with the pending
-// payment, the final payment from polling, 200 with it on the retry.
-func TestReadmePaymentFlow(t *testing.T) {
+// TestReadmeScripts runs each of the README's marked scripts (the payment
+// flow, the bonus ledger) as printed against `oncekey serve` on the
+// in-memory default, as `make run` starts it (the sandbox provider
+// in-process), and compares what it prints with the output the README
+// shows under it. Only ids, times, Date and Content-Length may differ, and
+// an id or time repeated in the README must be repeated in the output: the
+// retry's payment is the polled one.
+func TestReadmeScripts(t *testing.T) {
 	t.Parallel()
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
-	m := paymentFlowRe.FindStringSubmatch(string(readme))
-	require.NotNil(t, m, "README.md should have the marked payment flow")
+	scripts := scriptRe.FindAllStringSubmatch(string(readme), -1)
+	require.Len(t, scripts, 2, "README.md should have two marked scripts with their output: payments and the bonus ledger")
+	for i, m := range scripts {
+		t.Run(fmt.Sprint(i+1), func(t *testing.T) {
+			t.Parallel()
+			addr, _ := startServe(t, map[string]string{})
+			script := strings.ReplaceAll(m[1], readmeURL, "http://"+addr)
+			out, err := exec.Command("bash", "-c", "set -eo pipefail\n"+script).CombinedOutput()
+			require.NoError(t, err, "the script failed:\n%s", out)
+			require.Equal(t, normalize(m[2]), normalize(string(out)), "what script %d prints, against the README (ids and times numbered by first appearance)", i+1)
+		})
+	}
+}
 
-	addr, _ := startServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_try_me"})
-	script := strings.ReplaceAll(m[1], "http://localhost:8080", "http://"+addr)
-	cmd := exec.Command("bash", "-c", "set -eo pipefail\n"+script)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the payment flow failed:\n%s", out)
-	text := strings.ReplaceAll(string(out), "\r\n", "\n")
+var (
+	uuidRe = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	timeRe = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+	dateRe = regexp.MustCompile(`(?m)^(Date|Content-Length): .*$`)
+)
 
-	accepted, rest, ok := strings.Cut(text, "\n\n")
-	require.True(t, ok, "no response head in:\n%s", text)
-	require.True(t, strings.HasPrefix(accepted, "HTTP/1.1 202 Accepted"), "step 1 answers 202:\n%s", text)
-	require.Regexp(t, `(?m)^Location: /payments/[0-9a-f-]{36}$`, accepted)
-	require.Regexp(t, `(?m)^Retry-After: 1$`, accepted)
-	require.Contains(t, rest, `"status":"pending"`, "step 1's body is the pending payment")
+// normalize makes output comparable across runs: line endings, Date and
+// Content-Length values, and every id and time replaced by its number of
+// first appearance, so that the text keeps which of them are the same.
+func normalize(s string) string {
+	s = strings.ReplaceAll(s, "\r\n", "\n")
+	s = dateRe.ReplaceAllString(s, "$1: …")
+	for _, re := range []*regexp.Regexp{uuidRe, timeRe} {
+		seen := map[string]int{}
+		s = re.ReplaceAllStringFunc(s, func(v string) string {
+			if _, ok := seen[v]; !ok {
+				seen[v] = len(seen) + 1
+			}
+			return fmt.Sprintf("<%d>", seen[v])
+		})
+	}
+	return strings.TrimSpace(s)
+}
 
-	before, retry, ok := strings.Cut(rest, "HTTP/1.1 200 OK")
-	require.True(t, ok, "step 3 answers 200:\n%s", text)
-	retry = "HTTP/1.1 200 OK" + retry
-	lines := strings.Split(strings.TrimSpace(before), "\n")
-	polled := strings.TrimSpace(lines[len(lines)-1])
-	require.Contains(t, polled, `"status":"succeeded"`, "step 2 ends with the final payment:\n%s", text)
-	require.Regexp(t, `(?m)^Idempotent-Replayed: true$`, retry)
-	_, retryBody, _ := strings.Cut(retry, "\n\n")
-	require.Equal(t, polled, strings.TrimSpace(retryBody), "the retry answers with the final payment, as GET shows it")
+// The README's quick start and `make help` say the same about what `make
+// test` needs.
+func TestReadmeAndMakeHelpAgreeOnWhatTestNeeds(t *testing.T) {
+	t.Parallel()
+	needs := regexp.MustCompile(`\(needs ([^)]*)\)`)
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	quick := quickStartRe.FindStringSubmatch(string(readme))
+	require.NotNil(t, quick)
+	inReadme := needs.FindStringSubmatch(quick[1])
+	require.NotNil(t, inReadme, "the quick start says what make test needs")
+	makefile, err := os.ReadFile("../../Makefile")
+	require.NoError(t, err)
+	target := regexp.MustCompile(`(?m)^test: ## .*$`).Find(makefile)
+	require.NotNil(t, target)
+	inMakefile := needs.FindStringSubmatch(string(target))
+	require.NotNil(t, inMakefile, "make help says what make test needs")
+	require.Equal(t, inReadme[1], inMakefile[1])
 }

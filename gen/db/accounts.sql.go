@@ -61,3 +61,27 @@ func (q *Queries) AccountCreate(ctx context.Context, arg AccountCreateParams) er
 	_, err := q.db.Exec(ctx, accountCreate, arg.ID, arg.Name)
 	return err
 }
+
+const accountIDsByName = `-- name: AccountIDsByName :many
+SELECT id FROM accounts WHERE name = $1 ORDER BY created_at LIMIT 10
+`
+
+func (q *Queries) AccountIDsByName(ctx context.Context, name string) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, accountIDsByName, name)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -46,8 +46,8 @@ type Store interface {
 	AccountByKeyHash(ctx context.Context, hash KeyHash) (uuid.UUID, error)
 	// CreateAccount stores a new account with one API key.
 	CreateAccount(ctx context.Context, id uuid.UUID, name string, hash KeyHash) error
-	// RevokeKey makes an active key unknown from the next request on, and
-	// reports whether there was one to revoke.
+	// RevokeKey makes an active key unknown (to the store: caches keep it
+	// for their TTL), and reports whether there was one to revoke.
 	RevokeKey(ctx context.Context, hash KeyHash) (bool, error)
 }
 

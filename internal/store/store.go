@@ -8,6 +8,8 @@ package store
 import (
 	"context"
 
+	"github.com/google/uuid"
+
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/ledger"
@@ -43,6 +45,10 @@ type Backend interface {
 	auth.Store
 	idempotency.Purger
 	idempotency.StatsSource
+	// AccountsNamed returns up to ten accounts of that name: names need not
+	// be unique, but `oncekey accounts create` refuses a second one unless
+	// told.
+	AccountsNamed(ctx context.Context, name string) ([]uuid.UUID, error)
 	// Ping reports whether the backend answers (GET /readyz).
 	Ping(ctx context.Context) error
 }

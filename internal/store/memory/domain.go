@@ -98,6 +98,19 @@ func (s *Store) CreateAccount(_ context.Context, id uuid.UUID, name string, hash
 	return nil
 }
 
+// AccountsNamed implements store.Backend.
+func (s *Store) AccountsNamed(_ context.Context, name string) ([]uuid.UUID, error) {
+	s.authMu.RLock()
+	defer s.authMu.RUnlock()
+	var ids []uuid.UUID
+	for id, n := range s.accounts {
+		if n == name && len(ids) < 10 {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
 // RevokeKey implements auth.Store.
 func (s *Store) RevokeKey(_ context.Context, hash auth.KeyHash) (bool, error) {
 	s.authMu.Lock()

@@ -35,6 +35,12 @@ func (s *Store) CreateAccount(ctx context.Context, id uuid.UUID, name string, ha
 	}))
 }
 
+// AccountsNamed implements store.Backend.
+func (s *Store) AccountsNamed(ctx context.Context, name string) ([]uuid.UUID, error) {
+	ids, err := db.New(s.pool).AccountIDsByName(ctx, name)
+	return ids, translate(err)
+}
+
 // RevokeKey implements auth.Store. The row stays (revoked_at is set), so
 // the key's history is kept and it can never be issued again.
 func (s *Store) RevokeKey(ctx context.Context, hash auth.KeyHash) (bool, error) {

@@ -311,11 +311,18 @@ func testOrdersManyKeys(t *testing.T, setup setupFunc) {
 	require.Equal(t, keys, orderCount(t, store, b), "orders created by %d keys", keys)
 }
 
-// 4. Accounts are found by the hash of their API key.
+// 4. Accounts are found by the hash of their API key, and by name.
 func testAccounts(t *testing.T, setup setupFunc) {
 	store, bundle := setup(t)
-	creds, err := auth.CreateAccount(bundle.ctx, store, "storetest "+rand.Text(), "")
+	name := "storetest " + rand.Text()
+	creds, err := auth.CreateAccount(bundle.ctx, store, name, "")
 	require.NoError(t, err, "create account")
+	named, err := store.AccountsNamed(bundle.ctx, name)
+	require.NoError(t, err, "accounts named")
+	require.Equal(t, []uuid.UUID{creds.AccountID}, named, "accounts named %q", name)
+	named, err = store.AccountsNamed(bundle.ctx, "storetest "+rand.Text())
+	require.NoError(t, err, "accounts named")
+	require.Empty(t, named, "no account has a new name")
 	tests := []struct {
 		name    string
 		key     string

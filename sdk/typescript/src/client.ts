@@ -36,7 +36,7 @@ export class OncekeyProblemError extends Error {
 }
 
 export interface ClientOptions {
-  /** E.g. "http://localhost:8080" (no trailing path needed). */
+  /** E.g. "http://127.0.0.1:8080" (no trailing path needed). */
   baseUrl: string;
   /** The account's API key; sent as `Authorization: Bearer …`. */
   apiKey: string;

@@ -144,7 +144,7 @@ console.log(JSON.stringify({
       path.join(app, "consumer.ts"),
       `import { createClient, OncekeyProblemError, type NewOrder, type Order } from "@oncekey/sdk";
 
-const oncekey = createClient({ baseUrl: "http://localhost:8080", apiKey: "ok_try_me" });
+const oncekey = createClient({ baseUrl: "http://127.0.0.1:8080", apiKey: "ok_local_demo" });
 const body: NewOrder = { items: [{ sku: "SKU-1", qty: 2 }], amount: 1200, currency: "RUB" };
 
 export async function create(): Promise<string> {

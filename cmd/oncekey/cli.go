@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/oncekey/oncekey/internal/store/postgres"
+)
+
+// cli is the command line. Every setting is a flag and an environment
+// variable (the flag wins), and the help of each command names both.
+type cli struct {
+	Serve        serveCmd        `cmd:"" help:"Serve the API: on PostgreSQL with --database-url, else in memory with a demo account."`
+	Migrate      migrateCmd      `cmd:"" help:"Apply the database migrations (Oncekey's, the idempotency engine's, River's)."`
+	Purge        purgeCmd        `cmd:"" help:"Delete expired idempotency keys in batches, or count them with --dry-run."`
+	Keys         keysCmd         `cmd:"" help:"Read-only views of the idempotency keys, for operators."`
+	Accounts     accountsCmd     `cmd:"" help:"Create accounts and revoke API keys."`
+	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Check a deployment against the protocol and openapi.yaml (creates a few orders in the key's account)."`
+	Version      versionCmd      `cmd:"" help:"Print the version and the VCS revision this binary was built from."`
+}
+
+// env is what a command needs besides its flags: the process's context,
+// standard streams and environment (a map in tests), and a logger.
+type env struct {
+	ctx    context.Context
+	getenv func(string) string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	log    *slog.Logger
+}
+
+type databaseFlags struct {
+	DatabaseURL string `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL; pgxpool settings such as pool_max_conns may be given in it."`
+}
+
+func (d databaseFlags) require() error {
+	if d.DatabaseURL == "" {
+		return errNoDatabase
+	}
+	return nil
+}
+
+type serveCmd struct {
+	DatabaseURL     string        `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL (pgxpool settings such as pool_max_conns may be given in it); empty: in memory, lost on exit."`
+	RedisURL        string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0); any Redis failure falls back to PostgreSQL."`
+	Addr            string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the API (:8080 for every interface)."`
+	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics and the profiling endpoints on this internal address instead of /metrics on the API's."`
+	TTL             time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
+	Wait            time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
+	MaxBodyBytes    int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413."`
+	RequestTimeout  time.Duration `name:"request-timeout" envvar:"ONCEKEY_REQUEST_TIMEOUT" default:"10s" help:"Bound on each request's work, database calls included; past it, 503."`
+	ShutdownTimeout time.Duration `name:"shutdown-timeout" envvar:"ONCEKEY_SHUTDOWN_TIMEOUT" default:"30s" help:"How long SIGTERM waits for requests that are running."`
+	CleanupInterval time.Duration `name:"cleanup-interval" envvar:"ONCEKEY_CLEANUP_INTERVAL" default:"1m" help:"How often expired keys are purged."`
+	CleanupBatch    int           `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per purge statement."`
+	DemoAPIKey      string        `name:"demo-api-key" envvar:"ONCEKEY_DEMO_API_KEY" placeholder:"KEY" help:"The demo account's API key: in memory, ${demo_key} unless given; on PostgreSQL, only if given (the account is created once)."`
+	Tracing         string        `name:"tracing" envvar:"ONCEKEY_TRACING" default:"off" help:"off, or stdout: print OpenTelemetry spans as JSON."`
+	APIKeyCacheTTL  time.Duration `name:"api-key-cache-ttl" envvar:"ONCEKEY_API_KEY_CACHE_TTL" default:"10s" help:"How long a looked-up API key is trusted in process; a revoked key may keep working this long on each replica."`
+	RecordCacheSize int           `name:"record-cache-size" envvar:"ONCEKEY_RECORD_CACHE_SIZE" default:"10000" help:"Completed records kept in process (0: none)."`
+	PprofAddr       string        `name:"pprof-addr" envvar:"ONCEKEY_PPROF_ADDR" placeholder:"HOST:PORT" help:"Serve only the profiling endpoints on this address."`
+	MaxConns        int           `name:"max-conns" envvar:"ONCEKEY_MAX_CONNS" default:"0" help:"Connections held at once (0: three quarters of the open-file limit, at most 10000)."`
+	MaxInFlight     int           `name:"max-in-flight" envvar:"ONCEKEY_MAX_IN_FLIGHT" default:"0" help:"Requests running at once; beyond it 503 with Retry-After (0: 256)."`
+
+	ProviderURL           string        `name:"provider-url" envvar:"ONCEKEY_PROVIDER_URL" placeholder:"URL" help:"The payment provider's base URL (empty: the sandbox provider in process, with the FAKEPROVIDER_* faults)."`
+	ProviderTimeout       time.Duration `name:"provider-timeout" envvar:"ONCEKEY_PROVIDER_TIMEOUT" default:"10s" help:"How long one call to the provider may take."`
+	PaymentAttempts       int           `name:"payment-attempts" envvar:"ONCEKEY_PAYMENT_ATTEMPTS" default:"8" help:"Charge attempts before a payment is settled from what the provider holds."`
+	PaymentRetryBase      time.Duration `name:"payment-retry-base" envvar:"ONCEKEY_PAYMENT_RETRY_BASE" default:"1s" help:"Wait after the first failed attempt; doubles per attempt."`
+	PaymentRetryMax       time.Duration `name:"payment-retry-max" envvar:"ONCEKEY_PAYMENT_RETRY_MAX" default:"2m" help:"The longest wait between attempts."`
+	PaymentAttemptTimeout time.Duration `name:"payment-attempt-timeout" envvar:"ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT" default:"30s" help:"Bound on one attempt (longer than --provider-timeout)."`
+	PaymentWorkers        int           `name:"payment-workers" envvar:"ONCEKEY_PAYMENT_WORKERS" default:"10" help:"Charges worked at once per process."`
+}
+
+func (s *serveCmd) Run(e env) error {
+	cfg, err := s.config(e.getenv)
+	if err != nil {
+		return err
+	}
+	return serve(e.ctx, cfg, e.log, e.stdout)
+}
+
+type migrateCmd struct {
+	databaseFlags
+}
+
+func (m *migrateCmd) Run(e env) error {
+	if err := m.require(); err != nil {
+		return err
+	}
+	return withDatabase(e.ctx, m.DatabaseURL, func(*postgres.Store) error {
+		e.log.Info("migrations applied")
+		return nil
+	})
+}
+
+type purgeCmd struct {
+	databaseFlags
+	DryRun bool `name:"dry-run" help:"Count the expired keys without deleting them."`
+	Batch  int  `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per delete statement (1 to 100000)."`
+}
+
+type keysCmd struct {
+	Inspect keysInspectCmd `cmd:"" help:"Show one key's record: status, fingerprint, timestamps, stored status code (never the body)."`
+	Stats   keysStatsCmd   `cmd:"" help:"Keys by status, table size, oldest processing key, cleanup lag."`
+	Stuck   keysStuckCmd   `cmd:"" help:"List keys processing for longer than --older-than."`
+}
+
+type keysInspectCmd struct {
+	databaseFlags
+	Account string `arg:"" help:"The account id the key belongs to."`
+	Key     string `arg:"" help:"The Idempotency-Key."`
+}
+
+type keysStatsCmd struct {
+	databaseFlags
+}
+
+type keysStuckCmd struct {
+	databaseFlags
+	OlderThan time.Duration `name:"older-than" default:"10m" help:"List keys processing for longer than this."`
+	Limit     int           `name:"limit" default:"100" help:"List at most this many."`
+}
+
+type accountsCmd struct {
+	Create    accountsCreateCmd `cmd:"" help:"Create an account and print its API key once; a name in use already is refused unless --allow-duplicate-name."`
+	RevokeKey accountsRevokeCmd `cmd:"" name:"revoke-key" help:"Revoke the API key read from standard input (never an argument, so it stays out of process lists). Replicas refuse it within their --api-key-cache-ttl (ONCEKEY_API_KEY_CACHE_TTL, 10s by default)."`
+}
+
+type accountsCreateCmd struct {
+	databaseFlags
+	Name               string `arg:"" help:"The account's name."`
+	AllowDuplicateName bool   `name:"allow-duplicate-name" help:"Create it even if an account of that name exists."`
+}
+
+type accountsRevokeCmd struct {
+	databaseFlags
+}
+
+type contractTestCmd struct {
+	URL    string `name:"url" required:"" placeholder:"URL" help:"Base URL of the deployment, e.g. http://127.0.0.1:8080."`
+	APIKey string `name:"api-key" required:"" placeholder:"KEY" help:"API key of a test account."`
+}
+
+type versionCmd struct{}
+
+func (versionCmd) Run(e env) error {
+	_, err := fmt.Fprintln(e.stdout, version())
+	return err
+}
+
+// version is the module version and the VCS revision the binary was built
+// from, as the Go toolchain recorded them.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "oncekey (no build information)"
+	}
+	v := "oncekey " + info.Main.Version
+	settings := map[string]string{}
+	for _, s := range info.Settings {
+		settings[s.Key] = s.Value
+	}
+	if rev := settings["vcs.revision"]; rev != "" {
+		v += " revision " + rev
+		if settings["vcs.modified"] == "true" {
+			v += " (modified)"
+		}
+		if at := settings["vcs.time"]; at != "" {
+			v += " of " + at
+		}
+	} else {
+		v += " (no VCS revision: built by go run, or outside the repository)"
+	}
+	return v + ", " + info.GoVersion
+}
+
+// exited is how kong's exit (after --help) unwinds to run.
+type exited struct{ code int }
+
+// parser builds the command line's parser, writing to stdout and stderr
+// and reading environment variables through getenv.
+func parser(c *cli, getenv func(string) string, stdout, stderr io.Writer) (*kong.Kong, error) {
+	return kong.New(c,
+		kong.Name("oncekey"),
+		kong.Description("Oncekey makes unsafe API operations happen exactly once, however often clients retry."),
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { panic(exited{code}) }),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true, WrapUpperBound: 80}),
+		kong.ValueFormatter(helpWithVariable),
+		kong.Vars{"demo_key": DemoAPIKey},
+		kong.Resolvers(envResolver(getenv)),
+	)
+}
+
+// run parses args and runs the command they name. `oncekey help [command]`
+// is `oncekey [command] --help`, and so is plain `oncekey`.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
+	switch {
+	case len(args) == 0:
+		args = []string{"--help"}
+	case args[0] == "help":
+		args = append(append([]string(nil), args[1:]...), "--help")
+	}
+	var c cli
+	k, err := parser(&c, getenv, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			x, ok := v.(exited)
+			if !ok {
+				panic(v)
+			}
+			if x.code != 0 {
+				err = fmt.Errorf("exit status %d", x.code)
+			}
+		}
+	}()
+	kctx, err := k.Parse(args)
+	if err != nil {
+		var perr *kong.ParseError
+		if errors.As(err, &perr) {
+			return fmt.Errorf("%w\n(see '%s --help')", err, commandOf(perr.Context))
+		}
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	return kctx.Run(env{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr, log: log})
+}
+
+// commandOf is the command a parse error is about, as typed.
+func commandOf(kctx *kong.Context) string {
+	if kctx == nil || kctx.Selected() == nil {
+		return "oncekey"
+	}
+	return kctx.Selected().FullPath()
+}
+
+// envResolver gives every flag with an environment variable (its envvar
+// tag) the value the variable has in getenv: the process's environment, or
+// a map in tests. A flag given on the command line wins. (kong's own env
+// tag would read the process's environment whatever getenv is.)
+type envResolver func(string) string
+
+func (envResolver) Validate(*kong.Application) error { return nil }
+
+func (r envResolver) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
+	name := flag.Tag.Get("envvar")
+	v := ""
+	if name != "" {
+		v = r(name)
+	}
+	if v == "" {
+		return nil, nil
+	}
+	// Parsed here too, so that a bad value names its variable.
+	scratch := reflect.New(flag.Target.Type()).Elem()
+	if err := flag.Parse(kong.ScanFromTokens(kong.Token{Type: kong.FlagValueToken, Value: v}), scratch); err != nil {
+		// kong prefixes the flag's name to this error and to its own.
+		return nil, fmt.Errorf("%s=%q: %s", name, v, strings.TrimPrefix(err.Error(), "--"+flag.Name+": "))
+	}
+	return v, nil
+}
+
+// helpWithVariable is each flag's help, followed by its environment
+// variable.
+func helpWithVariable(value *kong.Value) string {
+	name := value.Tag.Get("envvar")
+	if name == "" {
+		return value.Help
+	}
+	return strings.TrimSuffix(value.Help, ".") + " ($" + name + ")."
+}
