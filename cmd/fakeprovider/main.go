@@ -1,6 +1,8 @@
 // Command fakeprovider runs the sandbox payment provider (internal/provider)
 // on its own port, for trying Oncekey against a provider in another process
-// and for chaos runs with injected faults.
+// and for chaos runs with injected faults. It serves POST and GET
+// /v1/charges, POST and GET /v1/refunds, GET /v1/stats and GET /healthz;
+// the faults apply to both POST endpoints alike.
 //
 //	fakeprovider [-addr 127.0.0.1:8090] [-database-url URL]
 //	             [-fail-rate 0] [-timeout-rate 0] [-timeout-hold 30s]
@@ -8,7 +10,7 @@
 //
 // Every flag falls back to an environment variable (FAKEPROVIDER_ADDR,
 // FAKEPROVIDER_DATABASE_URL, FAKEPROVIDER_FAIL_RATE, …); a flag given wins.
-// Without a database URL the charges are kept in memory.
+// Without a database URL the charges and refunds are kept in memory.
 //
 // This package holds only wiring: flags, building the pieces, and signals.
 package main
@@ -58,12 +60,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs := flag.NewFlagSet("fakeprovider", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", envOr(getenv, "FAKEPROVIDER_ADDR", "127.0.0.1:8090"), "listen address; port 0 picks a free one (env FAKEPROVIDER_ADDR)")
-	dbURL := fs.String("database-url", getenv("FAKEPROVIDER_DATABASE_URL"), "PostgreSQL URL; empty keeps charges in memory (env FAKEPROVIDER_DATABASE_URL)")
-	fs.Float64Var(&faults.FailRate, "fail-rate", faults.FailRate, "share of charge requests answered 500 before charging (env "+provider.EnvFailRate+")")
-	fs.Float64Var(&faults.TimeoutRate, "timeout-rate", faults.TimeoutRate, "share of charge requests charged whose answer is then lost (env "+provider.EnvTimeoutRate+")")
+	dbURL := fs.String("database-url", getenv("FAKEPROVIDER_DATABASE_URL"), "PostgreSQL URL; empty keeps charges and refunds in memory (env FAKEPROVIDER_DATABASE_URL)")
+	fs.Float64Var(&faults.FailRate, "fail-rate", faults.FailRate, "share of charge and refund requests answered 500 before anything is stored (env "+provider.EnvFailRate+")")
+	fs.Float64Var(&faults.TimeoutRate, "timeout-rate", faults.TimeoutRate, "share of charge and refund requests stored whose answer is then lost (env "+provider.EnvTimeoutRate+")")
 	fs.DurationVar(&faults.TimeoutHold, "timeout-hold", faults.TimeoutHold, "longest a lost answer is held before the connection drops; 0 means 30s (env "+provider.EnvTimeoutHold+")")
-	fs.DurationVar(&faults.Latency, "latency", faults.Latency, "delay before each charge request (env "+provider.EnvLatency+")")
-	fs.Float64Var(&faults.DeclineRate, "decline-rate", faults.DeclineRate, "share of new charges declined (env "+provider.EnvDeclineRate+")")
+	fs.DurationVar(&faults.Latency, "latency", faults.Latency, "delay before each charge and refund request (env "+provider.EnvLatency+")")
+	fs.Float64Var(&faults.DeclineRate, "decline-rate", faults.DeclineRate, "share of new charges and refunds declined (env "+provider.EnvDeclineRate+")")
 	fs.Int64Var(&faults.Seed, "seed", faults.Seed, "seed of the fault dice; 0 seeds from the clock (env "+provider.EnvSeed+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

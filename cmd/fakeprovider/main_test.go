@@ -81,7 +81,7 @@ func TestBinary(t *testing.T) {
 		return cmd, waitListening(t, stdout), &stderr
 	}
 
-	chargeThenTerminate := func(t *testing.T, env []string) {
+	chargeRefundThenTerminate := func(t *testing.T, env []string) {
 		t.Helper()
 		cmd, url, stderr := start(t, env, "-addr", "127.0.0.1:0")
 		client := provider.NewClient(url, nil)
@@ -92,20 +92,28 @@ func TestBinary(t *testing.T) {
 		list, err := client.ChargesByReference(t.Context(), ref)
 		require.NoError(t, err)
 		require.Contains(t, list, ch)
+		re, err := client.Refund(t.Context(), key, provider.RefundRequest{ChargeID: ch.ID, Amount: 1200, Reference: ref})
+		require.NoError(t, err, "refund through the command")
+		require.Equal(t, provider.StatusSucceeded, re.Status)
+		_, err = client.Refund(t.Context(), key+"-again", provider.RefundRequest{ChargeID: ch.ID, Amount: 1, Reference: ref})
+		require.ErrorIs(t, err, provider.ErrRefundExceedsCharge, "the charge is refunded in full")
+		refunds, err := client.RefundsByReference(t.Context(), ref)
+		require.NoError(t, err)
+		require.Contains(t, refunds, re)
 
 		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, cmd.Wait(), "SIGTERM is a clean exit; stderr: %s", stderr)
 		require.Contains(t, stderr.String(), "fakeprovider shutting down")
 	}
 
-	t.Run("memory store, charge, SIGTERM", func(t *testing.T) {
+	t.Run("memory store, charge, refund, SIGTERM", func(t *testing.T) {
 		t.Parallel()
-		chargeThenTerminate(t, nil)
+		chargeRefundThenTerminate(t, nil)
 	})
 
 	t.Run("PostgreSQL store from the environment", func(t *testing.T) {
 		t.Parallel()
-		chargeThenTerminate(t, []string{"FAKEPROVIDER_DATABASE_URL=" + testdb.URL(t)})
+		chargeRefundThenTerminate(t, []string{"FAKEPROVIDER_DATABASE_URL=" + testdb.URL(t)})
 	})
 
 	t.Run("a bad rate exits non-zero with a message", func(t *testing.T) {
@@ -214,4 +222,5 @@ func TestHelpIsNoError(t *testing.T) {
 	for _, name := range []string{"-addr", "-database-url", "-fail-rate", "-timeout-rate", "-timeout-hold", "-latency", "-decline-rate", "-seed", "FAKEPROVIDER_ADDR"} {
 		require.Contains(t, stderr.String(), name, "the usage documents %s", name)
 	}
+	require.Contains(t, stderr.String(), "new charges and refunds declined", "the usage says the faults apply to refunds too")
 }

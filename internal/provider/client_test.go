@@ -2,6 +2,7 @@ package provider_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -81,6 +82,64 @@ func TestClientErrors(t *testing.T) {
 	})
 }
 
+// TestClientRefundErrors puts Refund and LookupRefund in front of canned
+// answers: a refusal is known by its problem type, so a refund's 404 for
+// its charge is ErrChargeNotFound while a lookup's 404 is ErrNotFound, and
+// a 5xx is transient whatever its body says.
+func TestClientRefundErrors(t *testing.T) {
+	t.Parallel()
+	problemOf := func(slug string, status int) string {
+		return fmt.Sprintf(`{"type":"https://oncekey.dev/problems/fakeprovider/%s","title":"t","status":%d,"detail":"about ch_1"}`, slug, status)
+	}
+	tests := []struct {
+		name    string
+		status  int
+		body    string
+		want    []error
+		notWant []error
+	}{
+		{"charge not found", 404, problemOf("charge-not-found", 404),
+			[]error{provider.ErrRejected, provider.ErrChargeNotFound}, []error{provider.ErrNotFound, provider.ErrUnavailable}},
+		{"charge not refundable", 409, problemOf("charge-not-refundable", 409),
+			[]error{provider.ErrRejected, provider.ErrChargeNotRefundable}, []error{provider.ErrChargeNotFound, provider.ErrRefundExceedsCharge}},
+		{"refund exceeds charge", 422, problemOf("refund-exceeds-charge", 422),
+			[]error{provider.ErrRejected, provider.ErrRefundExceedsCharge}, []error{provider.ErrChargeNotRefundable}},
+		{"key mismatch is rejected and nothing more", 409, problemOf("idempotency-key-mismatch", 409),
+			[]error{provider.ErrRejected}, []error{provider.ErrChargeNotRefundable, provider.ErrChargeNotFound, provider.ErrRefundExceedsCharge}},
+		{"a plain 404 is not found", 404, problemOf("not-found", 404),
+			[]error{provider.ErrNotFound}, []error{provider.ErrRejected, provider.ErrChargeNotFound}},
+		{"a 5xx is transient whatever its type", 503, problemOf("refund-exceeds-charge", 503),
+			[]error{provider.ErrUnavailable}, []error{provider.ErrRejected, provider.ErrRefundExceedsCharge}},
+		{"another provider's type of the same name", 404, `{"type":"https://elsewhere.example/charge-not-found","status":404}`,
+			[]error{provider.ErrNotFound}, []error{provider.ErrChargeNotFound}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(tt.status)
+				_, _ = w.Write([]byte(tt.body))
+			}))
+			t.Cleanup(hs.Close)
+			_, err := provider.NewClient(hs.URL, hs.Client()).Refund(t.Context(), "key", provider.RefundRequest{ChargeID: "ch_1", Amount: 1, Reference: "r"})
+			for _, want := range tt.want {
+				require.ErrorIs(t, err, want)
+			}
+			for _, notWant := range tt.notWant {
+				require.NotErrorIs(t, err, notWant)
+			}
+		})
+	}
+
+	t.Run("a refusal reads as one line with its type and detail", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, provider.Faults{})
+		_, err := b.client.Refund(t.Context(), "key", provider.RefundRequest{ChargeID: "ch_nothing", Amount: 1, Reference: "r"})
+		require.EqualError(t, err, "provider rejected the request: POST /v1/refunds: 404 Not Found charge-not-found: no such charge: ch_nothing")
+	})
+}
+
 func TestClientTrimsBaseURL(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil, provider.Faults{})
@@ -93,4 +152,13 @@ func TestClientTrimsBaseURL(t *testing.T) {
 	got, err := c.ChargesByReference(t.Context(), "pay")
 	require.NoError(t, err)
 	require.Equal(t, []provider.Charge{ch}, got)
+
+	re, err := c.Refund(t.Context(), "refund-key", provider.RefundRequest{ChargeID: ch.ID, Amount: ch.Amount, Reference: "pay"})
+	require.NoError(t, err)
+	refunds, err := c.RefundsByReference(t.Context(), "pay")
+	require.NoError(t, err)
+	require.Equal(t, []provider.Refund{re}, refunds)
+	looked, err := c.LookupRefund(t.Context(), "refund-key")
+	require.NoError(t, err)
+	require.Equal(t, re, looked)
 }

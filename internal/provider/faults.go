@@ -15,23 +15,26 @@ import (
 // client is the one that gives up, as it would with a hung provider.
 const DefaultTimeoutHold = 30 * time.Second
 
-// Faults are the failures the sandbox injects into POST /v1/charges (never
-// into the GET endpoints, which tests use to observe what happened). Each
-// rate is a probability in [0, 1], rolled independently per request.
+// Faults are the failures the sandbox injects into POST /v1/charges and
+// POST /v1/refunds alike, at the same steps (never into the GET endpoints,
+// which tests use to observe what happened). Each rate is a probability in
+// [0, 1], rolled independently per request.
 type Faults struct {
-	// FailRate answers 500 before anything is charged: the safe failure.
+	// FailRate answers 500 before anything is charged or refunded: the safe
+	// failure.
 	FailRate float64
-	// TimeoutRate stores the charge (or finds the replay), then loses the
-	// answer: the handler holds it until the client gives up or TimeoutHold
-	// passes, then drops the connection. The dangerous case for a caller:
-	// charged, but told nothing.
+	// TimeoutRate stores the charge or refund (or finds the replay), then
+	// loses the answer: the handler holds it until the client gives up or
+	// TimeoutHold passes, then drops the connection. The dangerous case for
+	// a caller: charged or refunded, but told nothing.
 	TimeoutRate float64
 	// TimeoutHold bounds a timeout fault's hold; zero means DefaultTimeoutHold.
 	TimeoutHold time.Duration
 	// Latency is added before each POST is processed.
 	Latency time.Duration
-	// DeclineRate declines new charges. A declined charge is stored like any
-	// other, so its replays are declined too.
+	// DeclineRate declines new charges and refunds. A declined one is stored
+	// like any other, so its replays are declined too; a declined refund
+	// does not count against its charge's amount.
 	DeclineRate float64
 	// Seed seeds the dice so a run's faults can be reproduced; zero seeds
 	// from the clock.

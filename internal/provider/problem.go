@@ -2,6 +2,7 @@ package provider
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 )
 
@@ -20,6 +21,43 @@ type problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
+}
+
+// refusal is a problem type that a well-formed request can still get
+// because of what is stored, tied to the sentinel error that stands for it:
+// the server answers err with it, and the client turns its slug back into
+// err. Only refunds are refused this way; a charge never is.
+type refusal struct {
+	err    error
+	status int
+	slug   string
+	title  string
+}
+
+// refusals lists every refusal, the one place its status and slug are set:
+//
+//   - charge-not-found (404): the refund's charge_id names no charge.
+//   - charge-not-refundable (409): the charge was declined.
+//   - refund-exceeds-charge (422): the amount is more than is left of the
+//     charge after its succeeded refunds.
+//
+// The detail is the store's error, which says which charge and how much.
+var refusals = []refusal{
+	{ErrChargeNotFound, http.StatusNotFound, "charge-not-found", "Charge not found"},
+	{ErrChargeNotRefundable, http.StatusConflict, "charge-not-refundable", "The charge cannot be refunded"},
+	{ErrRefundExceedsCharge, http.StatusUnprocessableEntity, "refund-exceeds-charge", "The refund exceeds what is left of the charge"},
+}
+
+// writeRefusal answers err with its refusal's problem and reports whether
+// err was one.
+func writeRefusal(w http.ResponseWriter, err error) bool {
+	for _, r := range refusals {
+		if errors.Is(err, r.err) {
+			writeProblem(w, r.status, r.slug, r.title, err.Error())
+			return true
+		}
+	}
+	return false
 }
 
 func writeProblem(w http.ResponseWriter, status int, slug, title, detail string) {

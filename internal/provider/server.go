@@ -16,12 +16,13 @@ import (
 	"github.com/google/uuid"
 )
 
-// maxBodyBytes bounds a charge request; a real one is under 200 bytes.
+// maxBodyBytes bounds a charge or refund request; a real one is under 200
+// bytes.
 const maxBodyBytes = 64 << 10
 
-// ReplayedHeader marks an answer that replays a stored charge, as Stripe's
-// Idempotent-Replayed does: the caller can tell a replay from a new charge
-// without comparing ids.
+// ReplayedHeader marks an answer that replays a stored charge or refund, as
+// Stripe's Idempotent-Replayed does: the caller can tell a replay from a new
+// one without comparing ids.
 const ReplayedHeader = "Idempotent-Replayed"
 
 // Server is the sandbox's HTTP API. It implements http.Handler.
@@ -32,7 +33,7 @@ type Server struct {
 	log    *slog.Logger
 	mux    *http.ServeMux
 
-	requests, charges, replays               atomic.Int64
+	charges, refunds                         postCounters
 	failFaults, timeoutFaults, declineFaults atomic.Int64
 
 	// released is closed when the server shuts down (Listen's stop), so
@@ -40,6 +41,12 @@ type Server struct {
 	// holding up a graceful shutdown for TimeoutHold.
 	released    chan struct{}
 	releaseOnce sync.Once
+}
+
+// postCounters are one POST endpoint's counters in Stats: requests
+// received, new objects stored and replays answered.
+type postCounters struct {
+	requests, stored, replays atomic.Int64
 }
 
 // NewServer returns the API over store with faults injected. logger may be
@@ -65,6 +72,8 @@ func NewServer(store Store, faults Faults, logger *slog.Logger) *Server {
 	}
 	s.mux.HandleFunc("POST /v1/charges", s.createCharge)
 	s.mux.HandleFunc("GET /v1/charges", s.getCharges)
+	s.mux.HandleFunc("POST /v1/refunds", s.createRefund)
+	s.mux.HandleFunc("GET /v1/refunds", s.getRefunds)
 	s.mux.HandleFunc("GET /v1/stats", s.getStats)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -72,6 +81,7 @@ func NewServer(store Store, faults Faults, logger *slog.Logger) *Server {
 	// The patterns without a method catch the other methods, so that a 405
 	// is a problem document like every other error (ServeMux's own is text).
 	s.mux.HandleFunc("/v1/charges", methodNotAllowed("GET, HEAD, POST"))
+	s.mux.HandleFunc("/v1/refunds", methodNotAllowed("GET, HEAD, POST"))
 	s.mux.HandleFunc("/v1/stats", methodNotAllowed("GET, HEAD"))
 	s.mux.HandleFunc("/healthz", methodNotAllowed("GET, HEAD"))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -86,9 +96,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // Stats returns the counters since the server was made.
 func (s *Server) Stats() Stats {
 	return Stats{
-		Requests: s.requests.Load(),
-		Charges:  s.charges.Load(),
-		Replays:  s.replays.Load(),
+		Requests:       s.charges.requests.Load(),
+		Charges:        s.charges.stored.Load(),
+		Replays:        s.charges.replays.Load(),
+		RefundRequests: s.refunds.requests.Load(),
+		Refunds:        s.refunds.stored.Load(),
+		RefundReplays:  s.refunds.replays.Load(),
 		Faults: FaultStats{
 			Fail:    s.failFaults.Load(),
 			Timeout: s.timeoutFaults.Load(),
@@ -100,12 +113,112 @@ func (s *Server) Stats() Stats {
 // releaseHeld drops every answer a timeout fault is holding, now and later.
 func (s *Server) releaseHeld() { s.releaseOnce.Do(func() { close(s.released) }) }
 
-// createCharge is POST /v1/charges. The order of steps is the contract:
-// read the body, latency, validation (a malformed request is refused the
-// same way however the faults are set), the fail fault (nothing charged),
-// the atomic insert, then the timeout fault (already charged).
+// createCharge is POST /v1/charges; servePost does the work.
 func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
-	s.requests.Add(1)
+	servePost(s, w, r, endpoint[ChargeRequest]{
+		noun:     "charge",
+		verb:     "charged",
+		shape:    `{"amount": integer, "currency": string, "reference": string}`,
+		mismatch: "this Idempotency-Key already charged a different amount, currency or reference",
+		counts:   &s.charges,
+		insert:   s.insertCharge,
+	})
+}
+
+// insertCharge stores a new charge for req under key, unless key holds one.
+func (s *Server) insertCharge(ctx context.Context, key, fp string, req ChargeRequest, declined bool) (stored, error) {
+	rec := Record{Key: key, Fingerprint: fp, Charge: Charge{
+		ID:        "ch_" + uuid.NewString(),
+		Amount:    req.Amount,
+		Currency:  req.Currency,
+		Reference: req.Reference,
+		CreatedAt: createdNow(),
+	}}
+	rec.Charge.Status, rec.Charge.DeclineReason = decide(declined, DeclineCardDeclined)
+	got, inserted, err := s.store.Insert(ctx, rec)
+	c := got.Charge
+	return stored{inserted: inserted, fingerprint: got.Fingerprint, id: c.ID, object: c,
+		logAttrs: []any{"id", c.ID, "status", c.Status, "reference", c.Reference}}, err
+}
+
+// createRefund is POST /v1/refunds; servePost does the work. Unlike a
+// charge, a refund can be refused for what is stored (see refusals).
+func (s *Server) createRefund(w http.ResponseWriter, r *http.Request) {
+	servePost(s, w, r, endpoint[RefundRequest]{
+		noun:     "refund",
+		verb:     "refunded",
+		shape:    `{"charge_id": string, "amount": integer, "reference": string}`,
+		mismatch: "this Idempotency-Key already refunded a different charge, amount or reference",
+		counts:   &s.refunds,
+		insert:   s.insertRefund,
+	})
+}
+
+// insertRefund stores a new refund for req under key, unless key holds one
+// or the store refuses it.
+func (s *Server) insertRefund(ctx context.Context, key, fp string, req RefundRequest, declined bool) (stored, error) {
+	rec := RefundRecord{Key: key, Fingerprint: fp, Refund: Refund{
+		ID:        "re_" + uuid.NewString(),
+		ChargeID:  req.ChargeID,
+		Amount:    req.Amount,
+		Reference: req.Reference,
+		CreatedAt: createdNow(),
+	}}
+	rec.Refund.Status, rec.Refund.DeclineReason = decide(declined, DeclineRefundDeclined)
+	got, inserted, err := s.store.InsertRefund(ctx, rec)
+	re := got.Refund
+	return stored{inserted: inserted, fingerprint: got.Fingerprint, id: re.ID, object: re,
+		logAttrs: []any{"id", re.ID, "status", re.Status, "charge_id", re.ChargeID, "reference", re.Reference}}, err
+}
+
+// decide is the status and decline reason of a new charge or refund.
+func decide(declined bool, reason string) (status, declineReason string) {
+	if declined {
+		return StatusDeclined, reason
+	}
+	return StatusSucceeded, ""
+}
+
+// createdNow is a new object's CreatedAt: UTC, to PostgreSQL's microsecond.
+func createdNow() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// request is what servePost needs of a request body.
+type request interface {
+	Validate() error
+	Fingerprint() string
+}
+
+// endpoint is what sets one idempotent POST endpoint apart from the other;
+// servePost does everything else, the same way for both, so that charges
+// and refunds keep the same guarantees and the same faults.
+type endpoint[Req request] struct {
+	noun     string // "charge" or "refund", in logs and problem details
+	verb     string // "charged" or "refunded": what a fail fault did not do
+	shape    string // the JSON object wanted, for a malformed body's 400
+	mismatch string // the detail of the 409 for a key reused with another body
+	counts   *postCounters
+	// insert stores a new object for req under key (fingerprint fp),
+	// declined if the decline fault fired, unless key holds one already,
+	// and returns what the key holds. Its error may be a refusal.
+	insert func(ctx context.Context, key, fp string, req Req, declined bool) (stored, error)
+}
+
+// stored is what a key holds after an insert, in the terms servePost needs.
+type stored struct {
+	inserted    bool
+	fingerprint string
+	id          string
+	object      any   // the Charge or Refund the answer carries
+	logAttrs    []any // what the log says of a new one
+}
+
+// servePost is an idempotent POST. The order of steps is the contract:
+// read the body, latency, validation (a malformed request is refused the
+// same way however the faults are set), the fail fault (nothing stored),
+// the atomic insert (which may refuse a refund), then the timeout fault
+// (already stored).
+func servePost[Req request](s *Server, w http.ResponseWriter, r *http.Request, ep endpoint[Req]) {
+	ep.counts.requests.Add(1)
 	ctx := r.Context()
 	// Reading the body to its end first is what lets net/http notice a
 	// client hanging up (it cancels ctx then); before that, a sleeping or
@@ -128,66 +241,58 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid", err.Error())
 		return
 	}
-	req, ok := parseChargeRequest(w, body, readErr)
+	req, ok := parseRequest[Req](w, body, readErr, ep.shape)
 	if !ok {
 		return
 	}
 
 	if s.dice.roll(s.faults.FailRate) {
 		s.failFaults.Add(1)
-		s.log.InfoContext(ctx, "fault: fail", "idempotency_key", key)
-		writeProblem(w, http.StatusInternalServerError, "injected-failure", "Internal server error", "injected fault: nothing was charged")
+		s.log.InfoContext(ctx, "fault: fail", "kind", ep.noun, "idempotency_key", key)
+		writeProblem(w, http.StatusInternalServerError, "injected-failure", "Internal server error", "injected fault: nothing was "+ep.verb)
 		return
 	}
 
-	candidate := Record{Key: key, Fingerprint: req.Fingerprint(), Charge: Charge{
-		ID:        "ch_" + uuid.NewString(),
-		Status:    StatusSucceeded,
-		Amount:    req.Amount,
-		Currency:  req.Currency,
-		Reference: req.Reference,
-		CreatedAt: time.Now().UTC().Truncate(time.Microsecond),
-	}}
 	// Rolled before the insert, as a real processor decides before it
-	// records; counted only if this request's charge is the one stored.
+	// records; counted only if this request's object is the one stored.
 	declined := s.dice.roll(s.faults.DeclineRate)
-	if declined {
-		candidate.Charge.Status = StatusDeclined
-		candidate.Charge.DeclineReason = DeclineCardDeclined
-	}
-	stored, inserted, err := s.store.Insert(ctx, candidate)
+	fp := req.Fingerprint()
+	got, err := ep.insert(ctx, key, fp, req, declined)
 	if err != nil {
-		s.log.ErrorContext(ctx, "store charge", "idempotency_key", key, "error", err)
-		writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the charge could not be stored")
+		if writeRefusal(w, err) {
+			s.log.InfoContext(ctx, "refused", "kind", ep.noun, "idempotency_key", key, "reason", err.Error())
+			return
+		}
+		s.log.ErrorContext(ctx, "store "+ep.noun, "idempotency_key", key, "error", err)
+		writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the "+ep.noun+" could not be stored")
 		return
 	}
-	if !inserted && stored.Fingerprint != candidate.Fingerprint {
-		writeProblem(w, http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request",
-			"this Idempotency-Key already charged a different amount, currency or reference")
+	if !got.inserted && got.fingerprint != fp {
+		writeProblem(w, http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request", ep.mismatch)
 		return
 	}
 	status := http.StatusOK
-	if inserted {
+	if got.inserted {
 		status = http.StatusCreated
-		s.charges.Add(1)
+		ep.counts.stored.Add(1)
 		if declined {
 			s.declineFaults.Add(1)
 		}
-		s.log.InfoContext(ctx, "charge", "idempotency_key", key, "id", stored.Charge.ID, "status", stored.Charge.Status, "reference", stored.Charge.Reference)
+		s.log.InfoContext(ctx, ep.noun, append([]any{"idempotency_key", key}, got.logAttrs...)...)
 	} else {
-		s.replays.Add(1)
-		s.log.InfoContext(ctx, "replay", "idempotency_key", key, "id", stored.Charge.ID)
+		ep.counts.replays.Add(1)
+		s.log.InfoContext(ctx, "replay", "kind", ep.noun, "idempotency_key", key, "id", got.id)
 	}
 
 	if s.dice.roll(s.faults.TimeoutRate) {
 		s.timeoutFaults.Add(1)
-		s.log.InfoContext(ctx, "fault: timeout", "idempotency_key", key, "id", stored.Charge.ID)
+		s.log.InfoContext(ctx, "fault: timeout", "kind", ep.noun, "idempotency_key", key, "id", got.id)
 		s.holdThenAbort(ctx)
 	}
-	if !inserted {
+	if !got.inserted {
 		w.Header().Set(ReplayedHeader, "true")
 	}
-	writeJSON(w, status, stored.Charge)
+	writeJSON(w, status, got.object)
 }
 
 // holdThenAbort withholds the answer until the client gives up, the hold
@@ -204,9 +309,10 @@ func (s *Server) holdThenAbort(ctx context.Context) {
 	panic(http.ErrAbortHandler)
 }
 
-// parseChargeRequest decodes and validates the body read (or readErr),
-// answering 400 or 413 itself when it cannot.
-func parseChargeRequest(w http.ResponseWriter, body []byte, readErr error) (ChargeRequest, bool) {
+// parseRequest decodes and validates the body read (or readErr) as a Req
+// whose JSON is shape, answering 400 or 413 itself when it cannot.
+func parseRequest[Req request](w http.ResponseWriter, body []byte, readErr error, shape string) (Req, bool) {
+	var req Req
 	if readErr != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(readErr, &tooLarge) {
@@ -215,28 +321,27 @@ func parseChargeRequest(w http.ResponseWriter, body []byte, readErr error) (Char
 		} else {
 			writeProblem(w, http.StatusBadRequest, "malformed-json", "The request body is not valid JSON", "the body could not be read")
 		}
-		return ChargeRequest{}, false
+		return req, false
 	}
-	var req ChargeRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeStrict(body, &req, shape); err != nil {
 		writeProblem(w, http.StatusBadRequest, "malformed-json", "The request body is not valid JSON", err.Error())
-		return ChargeRequest{}, false
+		return req, false
 	}
 	if err := req.Validate(); err != nil {
 		writeProblem(w, http.StatusBadRequest, "validation-error", "The request is invalid", err.Error())
-		return ChargeRequest{}, false
+		return req, false
 	}
 	return req, true
 }
 
 // decodeStrict refuses unknown fields and trailing data: a test double that
 // ignored a misspelt "ammount" would let a caller's bug through to
-// production.
-func decodeStrict(body []byte, v any) error {
+// production. shape, the object wanted, goes into the error.
+func decodeStrict(body []byte, v any, shape string) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("want {\"amount\": integer, \"currency\": string, \"reference\": string}: %w", err)
+		return fmt.Errorf("want %s: %w", shape, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("unexpected data after the JSON object")
@@ -246,8 +351,41 @@ func decodeStrict(body []byte, v any) error {
 
 // getCharges is GET /v1/charges?idempotency_key=K (one charge, for
 // reconciling after a lost answer) or ?reference=R (all charges of one
-// payment, for tests counting charges). Exactly one of the two is accepted.
+// payment, for tests counting charges); serveGet does the work.
 func (s *Server) getCharges(w http.ResponseWriter, r *http.Request) {
+	serveGet(s, w, r, "charge", "charges",
+		func(ctx context.Context, key string) (any, error) {
+			rec, err := s.store.Get(ctx, key)
+			return rec.Charge, err
+		},
+		func(ctx context.Context, ref string) (any, error) {
+			list, err := s.store.ListByReference(ctx, ref)
+			return chargeList{Charges: list}, err
+		})
+}
+
+// getRefunds is GET /v1/refunds?idempotency_key=K or ?reference=R, as
+// getCharges is for charges.
+func (s *Server) getRefunds(w http.ResponseWriter, r *http.Request) {
+	serveGet(s, w, r, "refund", "refunds",
+		func(ctx context.Context, key string) (any, error) {
+			rec, err := s.store.GetRefund(ctx, key)
+			return rec.Refund, err
+		},
+		func(ctx context.Context, ref string) (any, error) {
+			list, err := s.store.ListRefundsByReference(ctx, ref)
+			return refundList{Refunds: list}, err
+		})
+}
+
+// serveGet answers ?idempotency_key=K with get (404 on ErrNotFound) or
+// ?reference=R with list; exactly one of the two is accepted. noun and
+// plural name what is read, in problem details and logs.
+func serveGet(s *Server, w http.ResponseWriter, r *http.Request, noun, plural string,
+	get func(ctx context.Context, key string) (any, error),
+	list func(ctx context.Context, reference string) (any, error),
+) {
+	ctx := r.Context()
 	q := r.URL.Query()
 	hasKey, hasRef := q.Has("idempotency_key"), q.Has("reference")
 	if hasKey == hasRef {
@@ -260,17 +398,17 @@ func (s *Server) getCharges(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid", err.Error())
 			return
 		}
-		rec, err := s.store.Get(r.Context(), key)
+		v, err := get(ctx, key)
 		if errors.Is(err, ErrNotFound) {
-			writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no charge under this idempotency key")
+			writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no "+noun+" under this idempotency key")
 			return
 		}
 		if err != nil {
-			s.log.ErrorContext(r.Context(), "get charge", "idempotency_key", key, "error", err)
-			writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the charge could not be read")
+			s.log.ErrorContext(ctx, "get "+noun, "idempotency_key", key, "error", err)
+			writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the "+noun+" could not be read")
 			return
 		}
-		writeJSON(w, http.StatusOK, rec.Charge)
+		writeJSON(w, http.StatusOK, v)
 		return
 	}
 	ref := q.Get("reference")
@@ -278,18 +416,23 @@ func (s *Server) getCharges(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "validation-error", "The request is invalid", "reference must not be empty")
 		return
 	}
-	list, err := s.store.ListByReference(r.Context(), ref)
+	v, err := list(ctx, ref)
 	if err != nil {
-		s.log.ErrorContext(r.Context(), "list charges", "reference", ref, "error", err)
-		writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the charges could not be read")
+		s.log.ErrorContext(ctx, "list "+plural, "reference", ref, "error", err)
+		writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the "+plural+" could not be read")
 		return
 	}
-	writeJSON(w, http.StatusOK, chargeList{Charges: list})
+	writeJSON(w, http.StatusOK, v)
 }
 
 // chargeList is the body of GET /v1/charges?reference=R.
 type chargeList struct {
 	Charges []Charge `json:"charges"`
+}
+
+// refundList is the body of GET /v1/refunds?reference=R.
+type refundList struct {
+	Refunds []Refund `json:"refunds"`
 }
 
 func (s *Server) getStats(w http.ResponseWriter, r *http.Request) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +21,7 @@ func TestNewChargeThenReplay(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil, provider.Faults{})
 	key, ref := unique("key"), unique("pay")
-	body := chargeBody(t, rub(ref))
+	body := jsonBody(t, rub(ref))
 
 	before := time.Now().Add(-time.Second)
 	first := postCharge(t, b.url, key, body)
@@ -68,7 +67,7 @@ func TestKeyReusedWithAnotherBody(t *testing.T) {
 
 			other := req
 			tt.change(&other)
-			a := postCharge(t, b.url, key, chargeBody(t, other))
+			a := postCharge(t, b.url, key, jsonBody(t, other))
 			require.Equal(t, http.StatusConflict, a.status, "another %s under a used key: %s", tt.name, a.body)
 			require.Contains(t, a.problem(t).Type, "idempotency-key-mismatch")
 
@@ -121,15 +120,7 @@ func TestInvalidChargeRequests(t *testing.T) {
 			// whatever the faults, before any is rolled.
 			b := setup(t, nil, provider.Faults{FailRate: 1})
 			headers := append([]string{"Content-Type", "application/json"}, tt.headers...)
-			a := send(t, http.MethodPost, b.url+"/v1/charges", tt.body, headers...)
-			wantStatus := http.StatusBadRequest
-			if tt.wantType == "payload-too-large" {
-				wantStatus = http.StatusRequestEntityTooLarge
-			}
-			require.Equal(t, wantStatus, a.status, "body %s", a.body)
-			p := a.problem(t)
-			require.Equal(t, "https://oncekey.dev/problems/fakeprovider/"+tt.wantType, p.Type, "detail %q", p.Detail)
-			require.NotEmpty(t, p.Detail, "a 400 says what is wrong")
+			requireInvalid(t, send(t, http.MethodPost, b.url+"/v1/charges", tt.body, headers...), tt.wantType)
 			st := b.srv.Stats()
 			require.Equal(t, provider.Stats{Requests: 1}, st, "nothing charged, no fault rolled")
 		})
@@ -205,8 +196,14 @@ func TestReadEndpoints(t *testing.T) {
 		{"list with both filters", http.MethodGet, "/v1/charges?idempotency_key=k&reference=r", http.StatusBadRequest, "validation-error"},
 		{"empty reference", http.MethodGet, "/v1/charges?reference=", http.StatusBadRequest, "validation-error"},
 		{"invalid key", http.MethodGet, "/v1/charges?idempotency_key=", http.StatusBadRequest, "invalid-idempotency-key"},
-		{"unknown path", http.MethodGet, "/v1/refunds", http.StatusNotFound, "not-found"},
+		{"refunds without a filter", http.MethodGet, "/v1/refunds", http.StatusBadRequest, "validation-error"},
+		{"refunds with both filters", http.MethodGet, "/v1/refunds?idempotency_key=k&reference=r", http.StatusBadRequest, "validation-error"},
+		{"refunds by an empty reference", http.MethodGet, "/v1/refunds?reference=", http.StatusBadRequest, "validation-error"},
+		{"refund under an invalid key", http.MethodGet, "/v1/refunds?idempotency_key=", http.StatusBadRequest, "invalid-idempotency-key"},
+		{"refund under an unknown key", http.MethodGet, "/v1/refunds?idempotency_key=nobody", http.StatusNotFound, "not-found"},
+		{"unknown path", http.MethodGet, "/v1/payouts", http.StatusNotFound, "not-found"},
 		{"wrong method", http.MethodDelete, "/v1/charges", http.StatusMethodNotAllowed, "method-not-allowed"},
+		{"wrong method on refunds", http.MethodPut, "/v1/refunds", http.StatusMethodNotAllowed, "method-not-allowed"},
 		{"post to stats", http.MethodPost, "/v1/stats", http.StatusMethodNotAllowed, "method-not-allowed"},
 	}
 	for _, tt := range tests {
@@ -228,48 +225,19 @@ func TestReadEndpoints(t *testing.T) {
 // requests with one key at once make exactly one charge, on either store.
 func TestConcurrentRequestsWithOneKey(t *testing.T) {
 	t.Parallel()
-	for _, sf := range storeFactories {
-		t.Run(sf.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, sf.new(t), provider.Faults{})
-			key, ref := unique("key"), unique("pay")
-			body := chargeBody(t, rub(ref))
-			const n = 50
-			answers := make([]answer, n)
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() {
-					<-start
-					answers[i] = postCharge(t, b.url, key, body)
-				})
-			}
-			close(start)
-			wg.Wait()
+	eachStore(t, func(t *testing.T, store provider.Store) {
+		b := setup(t, store, provider.Faults{})
+		key, ref := unique("key"), unique("pay")
+		body := jsonBody(t, rub(ref))
+		const n = 50
+		answers := together(n, func() answer { return postCharge(t, b.url, key, body) })
+		requireOneCreated(t, answers, func(a answer) string { return a.charge(t).ID })
 
-			created, replayed, ids := 0, 0, map[string]bool{}
-			for _, a := range answers {
-				switch a.status {
-				case http.StatusCreated:
-					created++
-				case http.StatusOK:
-					require.Equal(t, "true", a.header.Get(provider.ReplayedHeader))
-					replayed++
-				default:
-					require.Failf(t, "unexpected answer", "%d %s", a.status, a.body)
-				}
-				ids[a.charge(t).ID] = true
-			}
-			require.Equal(t, 1, created, "exactly one request charges")
-			require.Equal(t, n-1, replayed, "the rest replay it")
-			require.Len(t, ids, 1, "everyone is told the same charge")
-
-			list, err := b.client.ChargesByReference(t.Context(), ref)
-			require.NoError(t, err)
-			require.Len(t, list, 1, "one charge stored")
-			require.Equal(t, provider.Stats{Requests: n, Charges: 1, Replays: n - 1}, b.srv.Stats())
-		})
-	}
+		list, err := b.client.ChargesByReference(t.Context(), ref)
+		require.NoError(t, err)
+		require.Len(t, list, 1, "one charge stored")
+		require.Equal(t, provider.Stats{Requests: n, Charges: 1, Replays: n - 1}, b.srv.Stats())
+	})
 }
 
 func TestFailFault(t *testing.T) {
@@ -277,7 +245,7 @@ func TestFailFault(t *testing.T) {
 	b := setup(t, nil, provider.Faults{FailRate: 1})
 	key, ref := unique("key"), unique("pay")
 
-	a := postCharge(t, b.url, key, chargeBody(t, rub(ref)))
+	a := postCharge(t, b.url, key, jsonBody(t, rub(ref)))
 	require.Equal(t, http.StatusInternalServerError, a.status)
 	a.problem(t)
 	_, err := b.client.Charge(t.Context(), key, rub(ref))
@@ -315,7 +283,7 @@ func TestTimeoutFault(t *testing.T) {
 	require.ErrorIs(t, err, provider.ErrUnavailable, "a replay can time out too")
 	require.Equal(t, provider.Stats{Requests: 2, Charges: 1, Replays: 1, Faults: provider.FaultStats{Timeout: 2}}, hung.srv.Stats())
 
-	a := postCharge(t, healthy.url, key, chargeBody(t, rub(ref)))
+	a := postCharge(t, healthy.url, key, jsonBody(t, rub(ref)))
 	require.Equal(t, http.StatusOK, a.status, "the retry once the provider recovers replays: %s", a.body)
 	require.Equal(t, charged.ID, a.charge(t).ID, "the same charge, not a second one")
 	list, err := healthy.client.ChargesByReference(t.Context(), ref)
@@ -341,7 +309,7 @@ func TestDeclineFault(t *testing.T) {
 	b := setup(t, nil, provider.Faults{DeclineRate: 1})
 	key, ref := unique("key"), unique("pay")
 
-	a := postCharge(t, b.url, key, chargeBody(t, rub(ref)))
+	a := postCharge(t, b.url, key, jsonBody(t, rub(ref)))
 	require.Equal(t, http.StatusCreated, a.status, "a decline is an answer, not an error: %s", a.body)
 	declined := a.charge(t)
 	require.Equal(t, provider.StatusDeclined, declined.Status)
