@@ -32,3 +32,20 @@ LIMIT @page_size;
 
 -- name: OrderCount :one
 SELECT count(*) FROM orders WHERE account_id = $1;
+
+-- name: OrderGetForUpdate :one
+-- The order, locked until the transaction ends: changing, cancelling and
+-- paying an order each take this lock before they decide, so they happen
+-- one at a time and each sees what the one before it did.
+SELECT * FROM orders WHERE account_id = $1 AND id = $2 FOR UPDATE;
+
+-- name: OrderHasActivePayment :one
+SELECT EXISTS (
+    SELECT 1 FROM payments
+    WHERE account_id = $1 AND order_id = $2 AND status IN ('pending', 'succeeded')
+);
+
+-- name: OrderUpdate :execrows
+UPDATE orders
+SET status = @status, amount = @amount, currency = @currency, items = @items, cancelled_at = @cancelled_at
+WHERE account_id = @account_id AND id = @id;

@@ -16,3 +16,8 @@ RETURNING *;
 
 -- name: PaymentCount :one
 SELECT count(*) FROM payments WHERE account_id = $1;
+
+-- name: PaymentGetForUpdate :one
+-- The payment, locked until the transaction ends: refunds of one payment are
+-- created one at a time, each after summing the others.
+SELECT * FROM payments WHERE account_id = $1 AND id = $2 FOR UPDATE;

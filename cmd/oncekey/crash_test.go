@@ -93,14 +93,14 @@ func (p *serveProcess) kill() {
 }
 
 // answerLoser stands between the worker and the provider. While losing, it
-// lets the provider make the charge and then withholds the answer until the
-// caller gives up or dies: the dangerous moment for exactly-once, when the
-// money moved but nobody on our side knows.
+// lets the provider make the charge (or refund) and then withholds the
+// answer until the caller gives up or dies: the dangerous moment for
+// exactly-once, when the money moved but nobody on our side knows.
 type answerLoser struct {
 	next   http.Handler
 	losing atomic.Bool
 	mu     sync.Mutex
-	held   map[string]bool // the charge keys whose answers were withheld
+	held   map[string]bool // the keys whose answers were withheld
 }
 
 func (a *answerLoser) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -115,17 +115,26 @@ func (a *answerLoser) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	<-r.Context().Done()
 }
 
-// charged counts the distinct payments charged with their answers withheld.
-func (a *answerLoser) charged() int {
+// withheld counts the distinct calls (by key prefix: the worker's charge
+// or refund keys) made with their answers withheld.
+func (a *answerLoser) withheld(prefix string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.held)
+	n := 0
+	for key := range a.held {
+		if strings.HasPrefix(key, prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 // The whole serve process is killed while its worker waits for the
 // provider's answer to charges the provider has made. After a restart every
 // payment ends succeeded, each charged exactly once (counted by the
 // provider), and every client retry with its key gets the final payment.
+// Then the same for refunds of those payments: killed while the provider has
+// refunded but not answered, restarted, each refunded exactly once.
 func TestPaymentsSurviveKilledServe(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -170,20 +179,28 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 		require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
 		ids[i] = strings.TrimPrefix(r.Header.Get("Location"), "/payments/")
 	}
-	require.Eventually(t, func() bool { return loser.charged() == n }, 20*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return loser.withheld("oncekey-payment-") == n }, 20*time.Second, 5*time.Millisecond,
 		"the worker should have charged every payment; serve's output:\n%s", first.logs)
 	first.kill()
 	loser.losing.Store(false)
 
 	second := startServeProcess(t, env)
+	// settle retries each client's POST on p until it answers 200 with the
+	// final, succeeded operation.
+	settle := func(p *serveProcess, what string, path func(i int) string, keys, bodies, ids []string) {
+		t.Helper()
+		for i := range n {
+			var last servicetest.Reply
+			require.Eventually(t, func() bool {
+				last = post(p.addr, path(i), keys[i], bodies[i])
+				return last.Status == http.StatusOK
+			}, 60*time.Second, 50*time.Millisecond, "%s %s never settled after the restart; last reply %s; serve's output:\n%s", what, ids[i], last, p.logs)
+			require.Contains(t, string(last.Body), `"status":"succeeded"`, "%s %s", what, ids[i])
+			require.Contains(t, string(last.Body), `"id":"`+ids[i]+`"`, "the retry names the same %s", what)
+		}
+	}
+	settle(second, "payment", func(int) string { return "/payments" }, keys, bodies, ids)
 	for i := range n {
-		var last servicetest.Reply
-		require.Eventually(t, func() bool {
-			last = post(second.addr, "/payments", keys[i], bodies[i])
-			return last.Status == http.StatusOK
-		}, 60*time.Second, 50*time.Millisecond, "payment %s never settled after the restart; last reply %s; serve's output:\n%s", ids[i], last, second.logs)
-		require.Contains(t, string(last.Body), `"status":"succeeded"`, "payment %s", ids[i])
-		require.Contains(t, string(last.Body), `"id":"`+ids[i]+`"`, "the retry names the same payment")
 		charges, err := providerClient.ChargesByReference(ctx, ids[i])
 		require.NoError(t, err)
 		require.Len(t, charges, 1, "payment %s must be charged exactly once", ids[i])
@@ -195,4 +212,29 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, n, stats.Charges, "charges made in all")
 	require.GreaterOrEqual(t, stats.Replays, int64(n), "after the restart each charge was asked for again and replayed")
+
+	// Refunds: the second serve is killed while the provider has refunded
+	// and its answers are withheld.
+	loser.losing.Store(true)
+	refundKeys, refundBodies, refundIDs := make([]string, n), make([]string, n), make([]string, n)
+	for i := range n {
+		refundKeys[i], refundBodies[i] = uuid.NewString(), `{"amount":200,"reason":"returned"}`
+		r := post(second.addr, "/payments/"+ids[i]+"/refunds", refundKeys[i], refundBodies[i])
+		require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
+		refundIDs[i] = strings.TrimPrefix(r.Header.Get("Location"), "/refunds/")
+	}
+	require.Eventually(t, func() bool { return loser.withheld("oncekey-refund-") == n }, 20*time.Second, 5*time.Millisecond,
+		"the worker should have asked for every refund; serve's output:\n%s", second.logs)
+	second.kill()
+	loser.losing.Store(false)
+
+	third := startServeProcess(t, env)
+	settle(third, "refund", func(i int) string { return "/payments/" + ids[i] + "/refunds" }, refundKeys, refundBodies, refundIDs)
+	for i := range n {
+		refunds, err := providerClient.RefundsByReference(ctx, refundIDs[i])
+		require.NoError(t, err)
+		require.Len(t, refunds, 1, "refund %s must be made exactly once", refundIDs[i])
+	}
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM refunds WHERE account_id = $1", creds.AccountID).Scan(&rows))
+	require.Equal(t, n, rows, "one refund per key")
 }

@@ -470,7 +470,7 @@ func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger
 		log.Warn("payments: sandbox provider in-process (set ONCEKEY_PROVIDER_URL for a real one)", "url", url)
 	}
 	client := provider.NewClient(providerURL, &http.Client{Timeout: cfg.ProviderTimeout})
-	pcfg := payments.Config{Repo: be.Backend, Provider: client, Render: httpapi.PaymentOutcome}
+	pcfg := payments.Config{Repo: be.Backend, Provider: client, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome}
 
 	if mem := be.local; mem != nil {
 		svc := payments.NewService(pcfg)

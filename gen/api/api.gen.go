@@ -41,12 +41,15 @@ func (e BonusEntryKind) Valid() bool {
 
 // Defines values for OrderStatus.
 const (
-	Created OrderStatus = "created"
+	Cancelled OrderStatus = "cancelled"
+	Created   OrderStatus = "created"
 )
 
 // Valid indicates whether the value is a known member of the OrderStatus enum.
 func (e OrderStatus) Valid() bool {
 	switch e {
+	case Cancelled:
+		return true
 	case Created:
 		return true
 	default:
@@ -56,19 +59,19 @@ func (e OrderStatus) Valid() bool {
 
 // Defines values for PaymentFailureReason.
 const (
-	CardDeclined        PaymentFailureReason = "card_declined"
-	ProviderRejected    PaymentFailureReason = "provider_rejected"
-	ProviderUnavailable PaymentFailureReason = "provider_unavailable"
+	PaymentFailureReasonCardDeclined        PaymentFailureReason = "card_declined"
+	PaymentFailureReasonProviderRejected    PaymentFailureReason = "provider_rejected"
+	PaymentFailureReasonProviderUnavailable PaymentFailureReason = "provider_unavailable"
 )
 
 // Valid indicates whether the value is a known member of the PaymentFailureReason enum.
 func (e PaymentFailureReason) Valid() bool {
 	switch e {
-	case CardDeclined:
+	case PaymentFailureReasonCardDeclined:
 		return true
-	case ProviderRejected:
+	case PaymentFailureReasonProviderRejected:
 		return true
-	case ProviderUnavailable:
+	case PaymentFailureReasonProviderUnavailable:
 		return true
 	default:
 		return false
@@ -77,19 +80,61 @@ func (e PaymentFailureReason) Valid() bool {
 
 // Defines values for PaymentStatus.
 const (
-	Failed    PaymentStatus = "failed"
-	Pending   PaymentStatus = "pending"
-	Succeeded PaymentStatus = "succeeded"
+	PaymentStatusFailed    PaymentStatus = "failed"
+	PaymentStatusPending   PaymentStatus = "pending"
+	PaymentStatusSucceeded PaymentStatus = "succeeded"
 )
 
 // Valid indicates whether the value is a known member of the PaymentStatus enum.
 func (e PaymentStatus) Valid() bool {
 	switch e {
-	case Failed:
+	case PaymentStatusFailed:
 		return true
-	case Pending:
+	case PaymentStatusPending:
 		return true
-	case Succeeded:
+	case PaymentStatusSucceeded:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for RefundFailureReason.
+const (
+	RefundFailureReasonProviderRejected    RefundFailureReason = "provider_rejected"
+	RefundFailureReasonProviderUnavailable RefundFailureReason = "provider_unavailable"
+	RefundFailureReasonRefundDeclined      RefundFailureReason = "refund_declined"
+)
+
+// Valid indicates whether the value is a known member of the RefundFailureReason enum.
+func (e RefundFailureReason) Valid() bool {
+	switch e {
+	case RefundFailureReasonProviderRejected:
+		return true
+	case RefundFailureReasonProviderUnavailable:
+		return true
+	case RefundFailureReasonRefundDeclined:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for RefundStatus.
+const (
+	RefundStatusFailed    RefundStatus = "failed"
+	RefundStatusPending   RefundStatus = "pending"
+	RefundStatusSucceeded RefundStatus = "succeeded"
+)
+
+// Valid indicates whether the value is a known member of the RefundStatus enum.
+func (e RefundStatus) Valid() bool {
+	switch e {
+	case RefundStatusFailed:
+		return true
+	case RefundStatusPending:
+		return true
+	case RefundStatusSucceeded:
 		return true
 	default:
 		return false
@@ -159,19 +204,31 @@ type NewPayment struct {
 	OrderId string `json:"order_id"`
 }
 
+// NewRefund defines model for NewRefund.
+type NewRefund struct {
+	// Amount Amount to refund in integer minor units; at most what is left of the payment.
+	Amount int64  `json:"amount"`
+	Reason string `json:"reason"`
+}
+
 // Order defines model for Order.
 type Order struct {
-	Amount    int64     `json:"amount"`
-	CreatedAt time.Time `json:"created_at"`
-	Currency  string    `json:"currency"`
+	Amount int64 `json:"amount"`
+
+	// CancelledAt When the order was cancelled.
+	CancelledAt *time.Time `json:"cancelled_at,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	Currency    string     `json:"currency"`
 
 	// Id Example: 0193a6f2-5c1e-7cc4-9a5e-3f2b1d7e8a90
-	Id     string      `json:"id"`
-	Items  []OrderItem `json:"items"`
+	Id    string      `json:"id"`
+	Items []OrderItem `json:"items"`
+
+	// Status `created`, or `cancelled` for good.
 	Status OrderStatus `json:"status"`
 }
 
-// OrderStatus defines model for Order.Status.
+// OrderStatus `created`, or `cancelled` for good.
 type OrderStatus string
 
 // OrderItem defines model for OrderItem.
@@ -186,6 +243,18 @@ type OrderPage struct {
 
 	// NextCursor Pass as `cursor` for the next page; absent on the last page.
 	NextCursor *string `json:"next_cursor,omitempty"`
+}
+
+// OrderPatch A JSON Merge Patch of an order; at least one member.
+type OrderPatch struct {
+	// Amount The new total in integer minor units.
+	Amount *int64 `json:"amount,omitempty"`
+
+	// Currency ISO 4217 alphabetic code.
+	Currency *string `json:"currency,omitempty"`
+
+	// Items The order's new items, replacing the old ones.
+	Items *[]OrderItem `json:"items,omitempty"`
 }
 
 // Payment defines model for Payment.
@@ -234,8 +303,55 @@ type Problem struct {
 	Type string `json:"type"`
 }
 
+// Refund defines model for Refund.
+type Refund struct {
+	Amount int64 `json:"amount"`
+
+	// CompletedAt When the refund became final.
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	Currency    string     `json:"currency"`
+
+	// FailureReason Why a `failed` refund failed: `refund_declined` (the provider
+	// declined it), `provider_unavailable` (the provider did not answer
+	// within the attempt limit and never recorded a refund),
+	// `provider_rejected` (the provider refused the request). A failed
+	// refund does not count against the payment's amount.
+	FailureReason *RefundFailureReason `json:"failure_reason,omitempty"`
+	Id            string               `json:"id"`
+	PaymentId     string               `json:"payment_id"`
+
+	// ProviderRefundId The provider's refund, once `succeeded`.
+	ProviderRefundId *string `json:"provider_refund_id,omitempty"`
+	Reason           string  `json:"reason"`
+
+	// Status `pending` until the provider answered; then `succeeded` or `failed` for good.
+	Status RefundStatus `json:"status"`
+}
+
+// RefundFailureReason Why a `failed` refund failed: `refund_declined` (the provider
+// declined it), `provider_unavailable` (the provider did not answer
+// within the attempt limit and never recorded a refund),
+// `provider_rejected` (the provider refused the request). A failed
+// refund does not count against the payment's amount.
+type RefundFailureReason string
+
+// RefundStatus `pending` until the provider answered; then `succeeded` or `failed` for good.
+type RefundStatus string
+
+// RefundList defines model for RefundList.
+type RefundList struct {
+	Items []Refund `json:"items"`
+}
+
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
+
+// OrderID defines model for OrderID.
+type OrderID = string
+
+// PaymentID defines model for PaymentID.
+type PaymentID = string
 
 // BadRequest An RFC 9457 problem details object.
 type BadRequest = Problem
@@ -261,11 +377,29 @@ type KeyMismatch = Problem
 // NotFound An RFC 9457 problem details object.
 type NotFound = Problem
 
+// NotFoundStored An RFC 9457 problem details object.
+type NotFoundStored = Problem
+
+// OrderCancelled An RFC 9457 problem details object.
+type OrderCancelled = Problem
+
+// OrderNotCancellable An RFC 9457 problem details object.
+type OrderNotCancellable = Problem
+
+// OrderNotModifiable An RFC 9457 problem details object.
+type OrderNotModifiable = Problem
+
 // PayloadTooLarge An RFC 9457 problem details object.
 type PayloadTooLarge = Problem
 
+// PaymentNotRefundable An RFC 9457 problem details object.
+type PaymentNotRefundable = Problem
+
 // PaymentRefused An RFC 9457 problem details object.
 type PaymentRefused = Problem
+
+// RefundRefused An RFC 9457 problem details object.
+type RefundRefused = Problem
 
 // Unauthorized An RFC 9457 problem details object.
 type Unauthorized = Problem
@@ -315,8 +449,35 @@ type CreateOrderParams struct {
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
+// CancelOrderParams defines parameters for CancelOrder.
+type CancelOrderParams struct {
+	// IdempotencyKey Names this logical operation within the caller's account. Send the same
+	// value on every retry of the same operation. 1–255 printable ASCII
+	// characters; a UUID v4 is recommended. The value is used exactly as sent
+	// (quotes, if any, are part of the key). Exactly one such header.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
+// UpdateOrderParams defines parameters for UpdateOrder.
+type UpdateOrderParams struct {
+	// IdempotencyKey Names this logical operation within the caller's account. Send the same
+	// value on every retry of the same operation. 1–255 printable ASCII
+	// characters; a UUID v4 is recommended. The value is used exactly as sent
+	// (quotes, if any, are part of the key). Exactly one such header.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
 // CreatePaymentParams defines parameters for CreatePayment.
 type CreatePaymentParams struct {
+	// IdempotencyKey Names this logical operation within the caller's account. Send the same
+	// value on every retry of the same operation. 1–255 printable ASCII
+	// characters; a UUID v4 is recommended. The value is used exactly as sent
+	// (quotes, if any, are part of the key). Exactly one such header.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
+// CreateRefundParams defines parameters for CreateRefund.
+type CreateRefundParams struct {
 	// IdempotencyKey Names this logical operation within the caller's account. Send the same
 	// value on every retry of the same operation. 1–255 printable ASCII
 	// characters; a UUID v4 is recommended. The value is used exactly as sent
@@ -333,8 +494,14 @@ type CreateBonusDebitJSONRequestBody = NewBonusEntry
 // CreateOrderJSONRequestBody defines body for CreateOrder for application/json ContentType.
 type CreateOrderJSONRequestBody = NewOrder
 
+// UpdateOrderApplicationMergePatchPlusJSONRequestBody defines body for UpdateOrder for application/merge-patch+json ContentType.
+type UpdateOrderApplicationMergePatchPlusJSONRequestBody = OrderPatch
+
 // CreatePaymentJSONRequestBody defines body for CreatePayment for application/json ContentType.
 type CreatePaymentJSONRequestBody = NewPayment
+
+// CreateRefundJSONRequestBody defines body for CreateRefund for application/json ContentType.
+type CreateRefundJSONRequestBody = NewRefund
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -495,10 +662,56 @@ type ClientInterface interface {
 	// Corresponds with POST /orders (the `CreateOrder` operationId).
 	CreateOrder(ctx context.Context, params *CreateOrderParams, body CreateOrderJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// CancelOrder Cancel an unpaid order, exactly once per Idempotency-Key
+	//
+	// Answers `200` with the cancelled order; every repeat with the key
+	// replays that `200` (never a `404`). Cancelling an order cancelled
+	// before, under another key, answers the cancelled order too. An order
+	// with a pending or succeeded payment is `409` `order-not-cancellable`,
+	// stored under the key. Cancelling races safely with paying: of a
+	// cancel and a payment of one order sent together, exactly one
+	// succeeds, and a payment of a cancelled order is `409`
+	// `order-cancelled`.
+	//
+	// Corresponds with DELETE /orders/{id} (the `CancelOrder` operationId).
+	CancelOrder(ctx context.Context, id OrderID, params *CancelOrderParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetOrder Get one of the caller's orders
 	//
 	// Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-	GetOrder(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetOrder(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateOrderWithBody Change an unpaid order, exactly once per Idempotency-Key
+	//
+	// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+	// `currency`; members left out keep their value, `items` is replaced
+	// as a whole. Only an order that is not cancelled and has no pending
+	// or succeeded payment can change: otherwise `409`
+	// `order-not-modifiable`, stored under the key like a success. Changes
+	// of one order with different keys are applied one at a time, each to
+	// the order as the one before left it, and each answer is the order
+	// right after its own change.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrderWithBody(ctx context.Context, id OrderID, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateOrderWithApplicationMergePatchPlusJSONBody Change an unpaid order, exactly once per Idempotency-Key
+	//
+	// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+	// `currency`; members left out keep their value, `items` is replaced
+	// as a whole. Only an order that is not cancelled and has no pending
+	// or succeeded payment can change: otherwise `409`
+	// `order-not-modifiable`, stored under the key like a success. Changes
+	// of one order with different keys are applied one at a time, each to
+	// the order as the one before left it, and each answer is the order
+	// right after its own change.
+	//
+	// Takes a body of the `application/merge-patch+json` content type.
+	//
+	// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrderWithApplicationMergePatchPlusJSONBody(ctx context.Context, id OrderID, params *UpdateOrderParams, body UpdateOrderApplicationMergePatchPlusJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreatePaymentWithBody Pay for an order, exactly once per Idempotency-Key (a long operation)
 	//
@@ -531,12 +744,64 @@ type ClientInterface interface {
 	// GetPayment Get one of the caller's payments (poll until it is final)
 	//
 	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-	GetPayment(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetPayment(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListRefunds The refunds of one of the caller's payments, oldest first
+	//
+	// Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
+	ListRefunds(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateRefundWithBody Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+	//
+	// Answers `202` at once with the pending refund; poll `Location` (or
+	// retry this request with the same key) until it is `succeeded` or
+	// `failed`. While the refund is pending a retry with the same key
+	// answers `202` with the same refund; once it is final, the retry
+	// answers `200` with the final refund. The provider refunds at most
+	// once per refund, however often either side retries.
+	//
+	// Only a `succeeded` payment can be refunded (`409`
+	// `payment-not-refundable`). The refunds of a payment that have not
+	// failed never add up to more than its amount, however many are sent
+	// at once: a refund larger than what is left is `422`
+	// `refund-exceeds-payment`; a payment takes at most 100 refunds
+	// (`422` `too-many-refunds`). Both are stored under the key.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefundWithBody(ctx context.Context, id PaymentID, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateRefund Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+	//
+	// Answers `202` at once with the pending refund; poll `Location` (or
+	// retry this request with the same key) until it is `succeeded` or
+	// `failed`. While the refund is pending a retry with the same key
+	// answers `202` with the same refund; once it is final, the retry
+	// answers `200` with the final refund. The provider refunds at most
+	// once per refund, however often either side retries.
+	//
+	// Only a `succeeded` payment can be refunded (`409`
+	// `payment-not-refundable`). The refunds of a payment that have not
+	// failed never add up to more than its amount, however many are sent
+	// at once: a refund larger than what is left is `422`
+	// `refund-exceeds-payment`; a payment takes at most 100 refunds
+	// (`422` `too-many-refunds`). Both are stored under the key.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefund(ctx context.Context, id PaymentID, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetReadiness Readiness; the database is reachable
 	//
 	// Corresponds with GET /readyz (the `GetReadiness` operationId).
 	GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetRefund Get one of the caller's refunds (poll until it is final)
+	//
+	// Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
+	GetRefund(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetBonusBalance The caller's bonus balance
@@ -734,11 +999,87 @@ func (c *Client) CreateOrder(ctx context.Context, params *CreateOrderParams, bod
 	return c.Client.Do(req)
 }
 
+// CancelOrder Cancel an unpaid order, exactly once per Idempotency-Key
+//
+// Answers `200` with the cancelled order; every repeat with the key
+// replays that `200` (never a `404`). Cancelling an order cancelled
+// before, under another key, answers the cancelled order too. An order
+// with a pending or succeeded payment is `409` `order-not-cancellable`,
+// stored under the key. Cancelling races safely with paying: of a
+// cancel and a payment of one order sent together, exactly one
+// succeeds, and a payment of a cancelled order is `409`
+// `order-cancelled`.
+//
+// Corresponds with DELETE /orders/{id} (the `CancelOrder` operationId).
+func (c *Client) CancelOrder(ctx context.Context, id OrderID, params *CancelOrderParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCancelOrderRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetOrder Get one of the caller's orders
 //
 // Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-func (c *Client) GetOrder(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *Client) GetOrder(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetOrderRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateOrderWithBody Change an unpaid order, exactly once per Idempotency-Key
+//
+// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+// `currency`; members left out keep their value, `items` is replaced
+// as a whole. Only an order that is not cancelled and has no pending
+// or succeeded payment can change: otherwise `409`
+// `order-not-modifiable`, stored under the key like a success. Changes
+// of one order with different keys are applied one at a time, each to
+// the order as the one before left it, and each answer is the order
+// right after its own change.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+func (c *Client) UpdateOrderWithBody(ctx context.Context, id OrderID, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateOrderRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateOrderWithApplicationMergePatchPlusJSONBody Change an unpaid order, exactly once per Idempotency-Key
+//
+// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+// `currency`; members left out keep their value, `items` is replaced
+// as a whole. Only an order that is not cancelled and has no pending
+// or succeeded payment can change: otherwise `409`
+// `order-not-modifiable`, stored under the key like a success. Changes
+// of one order with different keys are applied one at a time, each to
+// the order as the one before left it, and each answer is the order
+// right after its own change.
+//
+// Takes a body of the `application/merge-patch+json` content type.
+//
+// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+func (c *Client) UpdateOrderWithApplicationMergePatchPlusJSONBody(ctx context.Context, id OrderID, params *UpdateOrderParams, body UpdateOrderApplicationMergePatchPlusJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateOrderRequestWithApplicationMergePatchPlusJSONBody(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -800,8 +1141,85 @@ func (c *Client) CreatePayment(ctx context.Context, params *CreatePaymentParams,
 // GetPayment Get one of the caller's payments (poll until it is final)
 //
 // Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-func (c *Client) GetPayment(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *Client) GetPayment(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetPaymentRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListRefunds The refunds of one of the caller's payments, oldest first
+//
+// Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
+func (c *Client) ListRefunds(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListRefundsRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateRefundWithBody Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+//
+// Answers `202` at once with the pending refund; poll `Location` (or
+// retry this request with the same key) until it is `succeeded` or
+// `failed`. While the refund is pending a retry with the same key
+// answers `202` with the same refund; once it is final, the retry
+// answers `200` with the final refund. The provider refunds at most
+// once per refund, however often either side retries.
+//
+// Only a `succeeded` payment can be refunded (`409`
+// `payment-not-refundable`). The refunds of a payment that have not
+// failed never add up to more than its amount, however many are sent
+// at once: a refund larger than what is left is `422`
+// `refund-exceeds-payment`; a payment takes at most 100 refunds
+// (`422` `too-many-refunds`). Both are stored under the key.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+func (c *Client) CreateRefundWithBody(ctx context.Context, id PaymentID, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateRefundRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateRefund Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+//
+// Answers `202` at once with the pending refund; poll `Location` (or
+// retry this request with the same key) until it is `succeeded` or
+// `failed`. While the refund is pending a retry with the same key
+// answers `202` with the same refund; once it is final, the retry
+// answers `200` with the final refund. The provider refunds at most
+// once per refund, however often either side retries.
+//
+// Only a `succeeded` payment can be refunded (`409`
+// `payment-not-refundable`). The refunds of a payment that have not
+// failed never add up to more than its amount, however many are sent
+// at once: a refund larger than what is left is `422`
+// `refund-exceeds-payment`; a payment takes at most 100 refunds
+// (`422` `too-many-refunds`). Both are stored under the key.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+func (c *Client) CreateRefund(ctx context.Context, id PaymentID, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateRefundRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -817,6 +1235,21 @@ func (c *Client) GetPayment(ctx context.Context, id string, reqEditors ...Reques
 // Corresponds with GET /readyz (the `GetReadiness` operationId).
 func (c *Client) GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetReadinessRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetRefund Get one of the caller's refunds (poll until it is final)
+//
+// Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
+func (c *Client) GetRefund(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetRefundRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1160,8 +1593,55 @@ func NewCreateOrderRequestWithBody(server string, params *CreateOrderParams, con
 	return req, nil
 }
 
+// NewCancelOrderRequest constructs an http.Request for the CancelOrder method
+func NewCancelOrderRequest(server string, id OrderID, params *CancelOrderParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/orders/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
+	}
+
+	return req, nil
+}
+
 // NewGetOrderRequest constructs an http.Request for the GetOrder method
-func NewGetOrderRequest(server string, id string) (*http.Request, error) {
+func NewGetOrderRequest(server string, id OrderID) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -1189,6 +1669,66 @@ func NewGetOrderRequest(server string, id string) (*http.Request, error) {
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewUpdateOrderRequestWithApplicationMergePatchPlusJSONBody calls the generic UpdateOrder builder with application/merge-patch+json body
+func NewUpdateOrderRequestWithApplicationMergePatchPlusJSONBody(server string, id OrderID, params *UpdateOrderParams, body UpdateOrderApplicationMergePatchPlusJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateOrderRequestWithBody(server, id, params, "application/merge-patch+json", bodyReader)
+}
+
+// NewUpdateOrderRequestWithBody constructs an http.Request for the UpdateOrder method, with any body, and a specified content type
+func NewUpdateOrderRequestWithBody(server string, id OrderID, params *UpdateOrderParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/orders/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
 	}
 
 	return req, nil
@@ -1248,7 +1788,7 @@ func NewCreatePaymentRequestWithBody(server string, params *CreatePaymentParams,
 }
 
 // NewGetPaymentRequest constructs an http.Request for the GetPayment method
-func NewGetPaymentRequest(server string, id string) (*http.Request, error) {
+func NewGetPaymentRequest(server string, id PaymentID) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -1281,6 +1821,100 @@ func NewGetPaymentRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewListRefundsRequest constructs an http.Request for the ListRefunds method
+func NewListRefundsRequest(server string, id PaymentID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/payments/%s/refunds", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateRefundRequest calls the generic CreateRefund builder with application/json body
+func NewCreateRefundRequest(server string, id PaymentID, params *CreateRefundParams, body CreateRefundJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateRefundRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewCreateRefundRequestWithBody constructs an http.Request for the CreateRefund method, with any body, and a specified content type
+func NewCreateRefundRequestWithBody(server string, id PaymentID, params *CreateRefundParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/payments/%s/refunds", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
+	}
+
+	return req, nil
+}
+
 // NewGetReadinessRequest constructs an http.Request for the GetReadiness method
 func NewGetReadinessRequest(server string) (*http.Request, error) {
 	var err error
@@ -1291,6 +1925,40 @@ func NewGetReadinessRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/readyz")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetRefundRequest constructs an http.Request for the GetRefund method
+func NewGetRefundRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/refunds/%s", pathParam0)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -1447,12 +2115,60 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /orders (the `CreateOrder` operationId).
 	CreateOrderWithResponse(ctx context.Context, params *CreateOrderParams, body CreateOrderJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateOrderResponse, error)
 
+	// CancelOrderWithResponse Cancel an unpaid order, exactly once per Idempotency-Key
+	//
+	// Answers `200` with the cancelled order; every repeat with the key
+	// replays that `200` (never a `404`). Cancelling an order cancelled
+	// before, under another key, answers the cancelled order too. An order
+	// with a pending or succeeded payment is `409` `order-not-cancellable`,
+	// stored under the key. Cancelling races safely with paying: of a
+	// cancel and a payment of one order sent together, exactly one
+	// succeeds, and a payment of a cancelled order is `409`
+	// `order-cancelled`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /orders/{id} (the `CancelOrder` operationId).
+	CancelOrderWithResponse(ctx context.Context, id OrderID, params *CancelOrderParams, reqEditors ...RequestEditorFn) (*CancelOrderResponse, error)
+
 	// GetOrderWithResponse Get one of the caller's orders
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-	GetOrderWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetOrderResponse, error)
+	GetOrderWithResponse(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*GetOrderResponse, error)
+
+	// UpdateOrderWithBodyWithResponse Change an unpaid order, exactly once per Idempotency-Key
+	//
+	// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+	// `currency`; members left out keep their value, `items` is replaced
+	// as a whole. Only an order that is not cancelled and has no pending
+	// or succeeded payment can change: otherwise `409`
+	// `order-not-modifiable`, stored under the key like a success. Changes
+	// of one order with different keys are applied one at a time, each to
+	// the order as the one before left it, and each answer is the order
+	// right after its own change.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrderWithBodyWithResponse(ctx context.Context, id OrderID, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error)
+
+	// UpdateOrderWithApplicationMergePatchPlusJSONBodyWithResponse Change an unpaid order, exactly once per Idempotency-Key
+	//
+	// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+	// `currency`; members left out keep their value, `items` is replaced
+	// as a whole. Only an order that is not cancelled and has no pending
+	// or succeeded payment can change: otherwise `409`
+	// `order-not-modifiable`, stored under the key like a success. Changes
+	// of one order with different keys are applied one at a time, each to
+	// the order as the one before left it, and each answer is the order
+	// right after its own change.
+	//
+	// Takes a body of the `application/merge-patch+json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrderWithApplicationMergePatchPlusJSONBodyWithResponse(ctx context.Context, id OrderID, params *UpdateOrderParams, body UpdateOrderApplicationMergePatchPlusJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error)
 
 	// CreatePaymentWithBodyWithResponse Pay for an order, exactly once per Idempotency-Key (a long operation)
 	//
@@ -1487,7 +2203,56 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-	GetPaymentWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error)
+	GetPaymentWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error)
+
+	// ListRefundsWithResponse The refunds of one of the caller's payments, oldest first
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
+	ListRefundsWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error)
+
+	// CreateRefundWithBodyWithResponse Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+	//
+	// Answers `202` at once with the pending refund; poll `Location` (or
+	// retry this request with the same key) until it is `succeeded` or
+	// `failed`. While the refund is pending a retry with the same key
+	// answers `202` with the same refund; once it is final, the retry
+	// answers `200` with the final refund. The provider refunds at most
+	// once per refund, however often either side retries.
+	//
+	// Only a `succeeded` payment can be refunded (`409`
+	// `payment-not-refundable`). The refunds of a payment that have not
+	// failed never add up to more than its amount, however many are sent
+	// at once: a refund larger than what is left is `422`
+	// `refund-exceeds-payment`; a payment takes at most 100 refunds
+	// (`422` `too-many-refunds`). Both are stored under the key.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefundWithBodyWithResponse(ctx context.Context, id PaymentID, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error)
+
+	// CreateRefundWithResponse Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+	//
+	// Answers `202` at once with the pending refund; poll `Location` (or
+	// retry this request with the same key) until it is `succeeded` or
+	// `failed`. While the refund is pending a retry with the same key
+	// answers `202` with the same refund; once it is final, the retry
+	// answers `200` with the final refund. The provider refunds at most
+	// once per refund, however often either side retries.
+	//
+	// Only a `succeeded` payment can be refunded (`409`
+	// `payment-not-refundable`). The refunds of a payment that have not
+	// failed never add up to more than its amount, however many are sent
+	// at once: a refund larger than what is left is `422`
+	// `refund-exceeds-payment`; a payment takes at most 100 refunds
+	// (`422` `too-many-refunds`). Both are stored under the key.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefundWithResponse(ctx context.Context, id PaymentID, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error)
 
 	// GetReadinessWithResponse Readiness; the database is reachable
 	//
@@ -1495,6 +2260,13 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /readyz (the `GetReadiness` operationId).
 	GetReadinessWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadinessResponse, error)
+
+	// GetRefundWithResponse Get one of the caller's refunds (poll until it is final)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
+	GetRefundWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetRefundResponse, error)
 }
 
 // GetBonusBalanceResponse401Headers the declared response headers of an HTTP 401 response for GetBonusBalance
@@ -2227,6 +2999,142 @@ func (r CreateOrderResponse) ContentType() string {
 	return ""
 }
 
+// CancelOrderResponse200Headers the declared response headers of an HTTP 200 response for CancelOrder
+type CancelOrderResponse200Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// CancelOrderResponse202Headers the declared response headers of an HTTP 202 response for CancelOrder
+type CancelOrderResponse202Headers struct {
+	IdempotencyKey *string
+	RetryAfter     *int
+}
+
+// CancelOrderResponse401Headers the declared response headers of an HTTP 401 response for CancelOrder
+type CancelOrderResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// CancelOrderResponse404Headers the declared response headers of an HTTP 404 response for CancelOrder
+type CancelOrderResponse404Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// CancelOrderResponse409Headers the declared response headers of an HTTP 409 response for CancelOrder
+type CancelOrderResponse409Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// CancelOrderResponse503Headers the declared response headers of an HTTP 503 response for CancelOrder
+type CancelOrderResponse503Headers struct {
+	RetryAfter *int
+}
+
+type CancelOrderResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Order
+	// ApplicationproblemJSON202 the response for an HTTP 202 `application/problem+json` response
+	ApplicationproblemJSON202 *InProgress
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFoundStored
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *OrderNotCancellable
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *CancelOrderResponse200Headers
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *CancelOrderResponse202Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CancelOrderResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CancelOrderResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CancelOrderResponse409Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CancelOrderResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CancelOrderResponse) GetJSON200() *Order {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON202 returns the response for an HTTP 202 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON202() *InProgress {
+	return r.ApplicationproblemJSON202
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON404() *NotFoundStored {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON409() *OrderNotCancellable {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CancelOrderResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CancelOrderResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CancelOrderResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CancelOrderResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetOrderResponse401Headers the declared response headers of an HTTP 401 response for GetOrder
 type GetOrderResponse401Headers struct {
 	WWWAuthenticate *string
@@ -2317,6 +3225,171 @@ func (r GetOrderResponse) ContentType() string {
 	return ""
 }
 
+// UpdateOrderResponse200Headers the declared response headers of an HTTP 200 response for UpdateOrder
+type UpdateOrderResponse200Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// UpdateOrderResponse202Headers the declared response headers of an HTTP 202 response for UpdateOrder
+type UpdateOrderResponse202Headers struct {
+	IdempotencyKey *string
+	RetryAfter     *int
+}
+
+// UpdateOrderResponse401Headers the declared response headers of an HTTP 401 response for UpdateOrder
+type UpdateOrderResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// UpdateOrderResponse404Headers the declared response headers of an HTTP 404 response for UpdateOrder
+type UpdateOrderResponse404Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// UpdateOrderResponse409Headers the declared response headers of an HTTP 409 response for UpdateOrder
+type UpdateOrderResponse409Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// UpdateOrderResponse422Headers the declared response headers of an HTTP 422 response for UpdateOrder
+type UpdateOrderResponse422Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// UpdateOrderResponse503Headers the declared response headers of an HTTP 503 response for UpdateOrder
+type UpdateOrderResponse503Headers struct {
+	RetryAfter *int
+}
+
+type UpdateOrderResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Order
+	// ApplicationproblemJSON202 the response for an HTTP 202 `application/problem+json` response
+	ApplicationproblemJSON202 *InProgress
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFoundStored
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *OrderNotModifiable
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *PayloadTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *UnprocessableStored
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UpdateOrderResponse200Headers
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *UpdateOrderResponse202Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UpdateOrderResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UpdateOrderResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *UpdateOrderResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *UpdateOrderResponse422Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateOrderResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateOrderResponse) GetJSON200() *Order {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON202 returns the response for an HTTP 202 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON202() *InProgress {
+	return r.ApplicationproblemJSON202
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON404() *NotFoundStored {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON409() *OrderNotModifiable {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON413() *PayloadTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON422() *UnprocessableStored {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateOrderResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateOrderResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateOrderResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateOrderResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // CreatePaymentResponse200Headers the declared response headers of an HTTP 200 response for CreatePayment
 type CreatePaymentResponse200Headers struct {
 	IdempotencyKey     *string
@@ -2339,7 +3412,8 @@ type CreatePaymentResponse401Headers struct {
 
 // CreatePaymentResponse409Headers the declared response headers of an HTTP 409 response for CreatePayment
 type CreatePaymentResponse409Headers struct {
-	IdempotencyKey *string
+	IdempotencyKey     *string
+	IdempotentReplayed *string
 }
 
 // CreatePaymentResponse422Headers the declared response headers of an HTTP 422 response for CreatePayment
@@ -2367,7 +3441,7 @@ type CreatePaymentResponse struct {
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *KeyMismatch
+	ApplicationproblemJSON409 *OrderCancelled
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationproblemJSON413 *PayloadTooLarge
 	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
@@ -2418,7 +3492,7 @@ func (r CreatePaymentResponse) GetApplicationproblemJSON401() *Unauthorized {
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r CreatePaymentResponse) GetApplicationproblemJSON409() *KeyMismatch {
+func (r CreatePaymentResponse) GetApplicationproblemJSON409() *OrderCancelled {
 	return r.ApplicationproblemJSON409
 }
 
@@ -2573,6 +3647,271 @@ func (r GetPaymentResponse) ContentType() string {
 	return ""
 }
 
+// ListRefundsResponse401Headers the declared response headers of an HTTP 401 response for ListRefunds
+type ListRefundsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ListRefundsResponse503Headers the declared response headers of an HTTP 503 response for ListRefunds
+type ListRefundsResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ListRefundsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RefundList
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListRefundsResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListRefundsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListRefundsResponse) GetJSON200() *RefundList {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListRefundsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListRefundsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListRefundsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListRefundsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateRefundResponse200Headers the declared response headers of an HTTP 200 response for CreateRefund
+type CreateRefundResponse200Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+	Location           *string
+}
+
+// CreateRefundResponse202Headers the declared response headers of an HTTP 202 response for CreateRefund
+type CreateRefundResponse202Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+	Location           *string
+	RetryAfter         *int
+}
+
+// CreateRefundResponse401Headers the declared response headers of an HTTP 401 response for CreateRefund
+type CreateRefundResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// CreateRefundResponse404Headers the declared response headers of an HTTP 404 response for CreateRefund
+type CreateRefundResponse404Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// CreateRefundResponse409Headers the declared response headers of an HTTP 409 response for CreateRefund
+type CreateRefundResponse409Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// CreateRefundResponse422Headers the declared response headers of an HTTP 422 response for CreateRefund
+type CreateRefundResponse422Headers struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+// CreateRefundResponse503Headers the declared response headers of an HTTP 503 response for CreateRefund
+type CreateRefundResponse503Headers struct {
+	RetryAfter *int
+}
+
+type CreateRefundResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Refund
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Refund
+	// ApplicationproblemJSON202 the response for an HTTP 202 `application/problem+json` response
+	ApplicationproblemJSON202 *Problem
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFoundStored
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *PaymentNotRefundable
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *PayloadTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *RefundRefused
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *CreateRefundResponse200Headers
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *CreateRefundResponse202Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateRefundResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CreateRefundResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateRefundResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateRefundResponse422Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateRefundResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CreateRefundResponse) GetJSON200() *Refund {
+	return r.JSON200
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r CreateRefundResponse) GetJSON202() *Refund {
+	return r.JSON202
+}
+
+// GetApplicationproblemJSON202 returns the response for an HTTP 202 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON202() *Problem {
+	return r.ApplicationproblemJSON202
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON404() *NotFoundStored {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON409() *PaymentNotRefundable {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON413() *PayloadTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON422() *RefundRefused {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateRefundResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateRefundResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateRefundResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateRefundResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetReadinessResponse503Headers the declared response headers of an HTTP 503 response for GetReadiness
 type GetReadinessResponse503Headers struct {
 	RetryAfter *int
@@ -2622,6 +3961,103 @@ func (r GetReadinessResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetReadinessResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetRefundResponse200Headers the declared response headers of an HTTP 200 response for GetRefund
+type GetRefundResponse200Headers struct {
+	RetryAfter *int
+}
+
+// GetRefundResponse401Headers the declared response headers of an HTTP 401 response for GetRefund
+type GetRefundResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// GetRefundResponse503Headers the declared response headers of an HTTP 503 response for GetRefund
+type GetRefundResponse503Headers struct {
+	RetryAfter *int
+}
+
+type GetRefundResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Refund
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetRefundResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetRefundResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetRefundResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetRefundResponse) GetJSON200() *Refund {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetRefundResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetRefundResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetRefundResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetRefundResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetRefundResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetRefundResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetRefundResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetRefundResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetRefundResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2789,17 +4225,83 @@ func (c *ClientWithResponses) CreateOrderWithResponse(ctx context.Context, param
 	return ParseCreateOrderResponse(rsp)
 }
 
+// CancelOrderWithResponse Cancel an unpaid order, exactly once per Idempotency-Key
+//
+// Answers `200` with the cancelled order; every repeat with the key
+// replays that `200` (never a `404`). Cancelling an order cancelled
+// before, under another key, answers the cancelled order too. An order
+// with a pending or succeeded payment is `409` `order-not-cancellable`,
+// stored under the key. Cancelling races safely with paying: of a
+// cancel and a payment of one order sent together, exactly one
+// succeeds, and a payment of a cancelled order is `409`
+// `order-cancelled`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /orders/{id} (the `CancelOrder` operationId).
+func (c *ClientWithResponses) CancelOrderWithResponse(ctx context.Context, id OrderID, params *CancelOrderParams, reqEditors ...RequestEditorFn) (*CancelOrderResponse, error) {
+	rsp, err := c.CancelOrder(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCancelOrderResponse(rsp)
+}
+
 // GetOrderWithResponse Get one of the caller's orders
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-func (c *ClientWithResponses) GetOrderWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetOrderResponse, error) {
+func (c *ClientWithResponses) GetOrderWithResponse(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*GetOrderResponse, error) {
 	rsp, err := c.GetOrder(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParseGetOrderResponse(rsp)
+}
+
+// UpdateOrderWithBodyWithResponse Change an unpaid order, exactly once per Idempotency-Key
+//
+// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+// `currency`; members left out keep their value, `items` is replaced
+// as a whole. Only an order that is not cancelled and has no pending
+// or succeeded payment can change: otherwise `409`
+// `order-not-modifiable`, stored under the key like a success. Changes
+// of one order with different keys are applied one at a time, each to
+// the order as the one before left it, and each answer is the order
+// right after its own change.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+func (c *ClientWithResponses) UpdateOrderWithBodyWithResponse(ctx context.Context, id OrderID, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error) {
+	rsp, err := c.UpdateOrderWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateOrderResponse(rsp)
+}
+
+// UpdateOrderWithApplicationMergePatchPlusJSONBodyWithResponse Change an unpaid order, exactly once per Idempotency-Key
+//
+// A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+// `currency`; members left out keep their value, `items` is replaced
+// as a whole. Only an order that is not cancelled and has no pending
+// or succeeded payment can change: otherwise `409`
+// `order-not-modifiable`, stored under the key like a success. Changes
+// of one order with different keys are applied one at a time, each to
+// the order as the one before left it, and each answer is the order
+// right after its own change.
+//
+// Takes a body of the `application/merge-patch+json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /orders/{id} (the `UpdateOrder` operationId).
+func (c *ClientWithResponses) UpdateOrderWithApplicationMergePatchPlusJSONBodyWithResponse(ctx context.Context, id OrderID, params *UpdateOrderParams, body UpdateOrderApplicationMergePatchPlusJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error) {
+	rsp, err := c.UpdateOrderWithApplicationMergePatchPlusJSONBody(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateOrderResponse(rsp)
 }
 
 // CreatePaymentWithBodyWithResponse Pay for an order, exactly once per Idempotency-Key (a long operation)
@@ -2847,12 +4349,79 @@ func (c *ClientWithResponses) CreatePaymentWithResponse(ctx context.Context, par
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error) {
+func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error) {
 	rsp, err := c.GetPayment(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParseGetPaymentResponse(rsp)
+}
+
+// ListRefundsWithResponse The refunds of one of the caller's payments, oldest first
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
+func (c *ClientWithResponses) ListRefundsWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error) {
+	rsp, err := c.ListRefunds(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListRefundsResponse(rsp)
+}
+
+// CreateRefundWithBodyWithResponse Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+//
+// Answers `202` at once with the pending refund; poll `Location` (or
+// retry this request with the same key) until it is `succeeded` or
+// `failed`. While the refund is pending a retry with the same key
+// answers `202` with the same refund; once it is final, the retry
+// answers `200` with the final refund. The provider refunds at most
+// once per refund, however often either side retries.
+//
+// Only a `succeeded` payment can be refunded (`409`
+// `payment-not-refundable`). The refunds of a payment that have not
+// failed never add up to more than its amount, however many are sent
+// at once: a refund larger than what is left is `422`
+// `refund-exceeds-payment`; a payment takes at most 100 refunds
+// (`422` `too-many-refunds`). Both are stored under the key.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Context, id PaymentID, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error) {
+	rsp, err := c.CreateRefundWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateRefundResponse(rsp)
+}
+
+// CreateRefundWithResponse Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+//
+// Answers `202` at once with the pending refund; poll `Location` (or
+// retry this request with the same key) until it is `succeeded` or
+// `failed`. While the refund is pending a retry with the same key
+// answers `202` with the same refund; once it is final, the retry
+// answers `200` with the final refund. The provider refunds at most
+// once per refund, however often either side retries.
+//
+// Only a `succeeded` payment can be refunded (`409`
+// `payment-not-refundable`). The refunds of a payment that have not
+// failed never add up to more than its amount, however many are sent
+// at once: a refund larger than what is left is `422`
+// `refund-exceeds-payment`; a payment takes at most 100 refunds
+// (`422` `too-many-refunds`). Both are stored under the key.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /payments/{id}/refunds (the `CreateRefund` operationId).
+func (c *ClientWithResponses) CreateRefundWithResponse(ctx context.Context, id PaymentID, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error) {
+	rsp, err := c.CreateRefund(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateRefundResponse(rsp)
 }
 
 // GetReadinessWithResponse Readiness; the database is reachable
@@ -2866,6 +4435,19 @@ func (c *ClientWithResponses) GetReadinessWithResponse(ctx context.Context, reqE
 		return nil, err
 	}
 	return ParseGetReadinessResponse(rsp)
+}
+
+// GetRefundWithResponse Get one of the caller's refunds (poll until it is final)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
+func (c *ClientWithResponses) GetRefundWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetRefundResponse, error) {
+	rsp, err := c.GetRefund(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetRefundResponse(rsp)
 }
 
 // ParseGetBonusBalanceResponse parses an HTTP response from a GetBonusBalanceWithResponse call
@@ -3622,6 +5204,172 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 	return response, nil
 }
 
+// ParseCancelOrderResponse parses an HTTP response from a CancelOrderWithResponse call
+func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CancelOrderResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Order
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest InProgress
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFoundStored
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest OrderNotCancellable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers CancelOrderResponse200Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 202:
+		var headers CancelOrderResponse202Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 401:
+		var headers CancelOrderResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers CancelOrderResponse404Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CancelOrderResponse409Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 503:
+		var headers CancelOrderResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetOrderResponse parses an HTTP response from a GetOrderWithResponse call
 func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3706,6 +5454,210 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 	return response, nil
 }
 
+// ParseUpdateOrderResponse parses an HTTP response from a UpdateOrderWithResponse call
+func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateOrderResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Order
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest InProgress
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFoundStored
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest OrderNotModifiable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableStored
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UpdateOrderResponse200Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 202:
+		var headers UpdateOrderResponse202Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 401:
+		var headers UpdateOrderResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers UpdateOrderResponse404Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers UpdateOrderResponse409Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers UpdateOrderResponse422Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateOrderResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseCreatePaymentResponse parses an HTTP response from a CreatePaymentWithResponse call
 func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3756,7 +5708,7 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 		response.ApplicationproblemJSON401 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest KeyMismatch
+		var dest OrderCancelled
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -3873,6 +5825,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 422:
@@ -4001,6 +5960,322 @@ func ParseGetPaymentResponse(rsp *http.Response) (*GetPaymentResponse, error) {
 	return response, nil
 }
 
+// ParseListRefundsResponse parses an HTTP response from a ListRefundsWithResponse call
+func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListRefundsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RefundList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListRefundsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListRefundsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateRefundResponse parses an HTTP response from a CreateRefundWithResponse call
+func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateRefundResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Refund
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case rsp.Header.Get("Content-Type") == "application/json" && rsp.StatusCode == 202:
+		var dest Refund
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case rsp.Header.Get("Content-Type") == "application/problem+json" && rsp.StatusCode == 202:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFoundStored
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest PaymentNotRefundable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest RefundRefused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers CreateRefundResponse200Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 202:
+		var headers CreateRefundResponse202Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateRefundResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers CreateRefundResponse404Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateRefundResponse409Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateRefundResponse422Headers
+		if values := rsp.Header.Values("Idempotency-Key"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateRefundResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetReadinessResponse parses an HTTP response from a GetReadinessWithResponse call
 func ParseGetReadinessResponse(rsp *http.Response) (*GetReadinessResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -4047,6 +6322,100 @@ func ParseGetReadinessResponse(rsp *http.Response) (*GetReadinessResponse, error
 	return response, nil
 }
 
+// ParseGetRefundResponse parses an HTTP response from a GetRefundWithResponse call
+func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetRefundResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Refund
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetRefundResponse200Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetRefundResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetRefundResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// GetBonusBalance The caller's bonus balance
@@ -4073,18 +6442,33 @@ type ServerInterface interface {
 	// CreateOrder Create an order, exactly once per Idempotency-Key
 	// (POST /orders)
 	CreateOrder(w http.ResponseWriter, r *http.Request, params CreateOrderParams)
+	// CancelOrder Cancel an unpaid order, exactly once per Idempotency-Key
+	// (DELETE /orders/{id})
+	CancelOrder(w http.ResponseWriter, r *http.Request, id OrderID, params CancelOrderParams)
 	// GetOrder Get one of the caller's orders
 	// (GET /orders/{id})
-	GetOrder(w http.ResponseWriter, r *http.Request, id string)
+	GetOrder(w http.ResponseWriter, r *http.Request, id OrderID)
+	// UpdateOrder Change an unpaid order, exactly once per Idempotency-Key
+	// (PATCH /orders/{id})
+	UpdateOrder(w http.ResponseWriter, r *http.Request, id OrderID, params UpdateOrderParams)
 	// CreatePayment Pay for an order, exactly once per Idempotency-Key (a long operation)
 	// (POST /payments)
 	CreatePayment(w http.ResponseWriter, r *http.Request, params CreatePaymentParams)
 	// GetPayment Get one of the caller's payments (poll until it is final)
 	// (GET /payments/{id})
-	GetPayment(w http.ResponseWriter, r *http.Request, id string)
+	GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID)
+	// ListRefunds The refunds of one of the caller's payments, oldest first
+	// (GET /payments/{id}/refunds)
+	ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID)
+	// CreateRefund Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+	// (POST /payments/{id}/refunds)
+	CreateRefund(w http.ResponseWriter, r *http.Request, id PaymentID, params CreateRefundParams)
 	// GetReadiness Readiness; the database is reachable
 	// (GET /readyz)
 	GetReadiness(w http.ResponseWriter, r *http.Request)
+	// GetRefund Get one of the caller's refunds (poll until it is final)
+	// (GET /refunds/{id})
+	GetRefund(w http.ResponseWriter, r *http.Request, id string)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -4139,9 +6523,21 @@ func (_ Unimplemented) CreateOrder(w http.ResponseWriter, r *http.Request, param
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// CancelOrder Cancel an unpaid order, exactly once per Idempotency-Key
+// (DELETE /orders/{id})
+func (_ Unimplemented) CancelOrder(w http.ResponseWriter, r *http.Request, id OrderID, params CancelOrderParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // GetOrder Get one of the caller's orders
 // (GET /orders/{id})
-func (_ Unimplemented) GetOrder(w http.ResponseWriter, r *http.Request, id string) {
+func (_ Unimplemented) GetOrder(w http.ResponseWriter, r *http.Request, id OrderID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// UpdateOrder Change an unpaid order, exactly once per Idempotency-Key
+// (PATCH /orders/{id})
+func (_ Unimplemented) UpdateOrder(w http.ResponseWriter, r *http.Request, id OrderID, params UpdateOrderParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -4153,13 +6549,31 @@ func (_ Unimplemented) CreatePayment(w http.ResponseWriter, r *http.Request, par
 
 // GetPayment Get one of the caller's payments (poll until it is final)
 // (GET /payments/{id})
-func (_ Unimplemented) GetPayment(w http.ResponseWriter, r *http.Request, id string) {
+func (_ Unimplemented) GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListRefunds The refunds of one of the caller's payments, oldest first
+// (GET /payments/{id}/refunds)
+func (_ Unimplemented) ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateRefund Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+// (POST /payments/{id}/refunds)
+func (_ Unimplemented) CreateRefund(w http.ResponseWriter, r *http.Request, id PaymentID, params CreateRefundParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
 // GetReadiness Readiness; the database is reachable
 // (GET /readyz)
 func (_ Unimplemented) GetReadiness(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetRefund Get one of the caller's refunds (poll until it is final)
+// (GET /refunds/{id})
+func (_ Unimplemented) GetRefund(w http.ResponseWriter, r *http.Request, id string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -4409,6 +6823,60 @@ func (siw *ServerInterfaceWrapper) CreateOrder(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// CancelOrder operation middleware
+func (siw *ServerInterfaceWrapper) CancelOrder(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id OrderID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CancelOrderParams
+
+	headers := r.Header
+
+	// ------------- Required header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = IdempotencyKey
+
+	} else {
+		err := fmt.Errorf("Header parameter Idempotency-Key is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Idempotency-Key", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CancelOrder(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetOrder operation middleware
 func (siw *ServerInterfaceWrapper) GetOrder(w http.ResponseWriter, r *http.Request) {
 
@@ -4416,7 +6884,7 @@ func (siw *ServerInterfaceWrapper) GetOrder(w http.ResponseWriter, r *http.Reque
 	_ = err
 
 	// ------------- Path parameter "id" -------------
-	var id string
+	var id OrderID
 
 	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
@@ -4426,6 +6894,60 @@ func (siw *ServerInterfaceWrapper) GetOrder(w http.ResponseWriter, r *http.Reque
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetOrder(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateOrder operation middleware
+func (siw *ServerInterfaceWrapper) UpdateOrder(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id OrderID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UpdateOrderParams
+
+	headers := r.Header
+
+	// ------------- Required header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = IdempotencyKey
+
+	} else {
+		err := fmt.Errorf("Header parameter Idempotency-Key is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Idempotency-Key", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateOrder(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4487,7 +7009,7 @@ func (siw *ServerInterfaceWrapper) GetPayment(w http.ResponseWriter, r *http.Req
 	_ = err
 
 	// ------------- Path parameter "id" -------------
-	var id string
+	var id PaymentID
 
 	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
@@ -4506,11 +7028,117 @@ func (siw *ServerInterfaceWrapper) GetPayment(w http.ResponseWriter, r *http.Req
 	handler.ServeHTTP(w, r)
 }
 
+// ListRefunds operation middleware
+func (siw *ServerInterfaceWrapper) ListRefunds(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PaymentID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListRefunds(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateRefund operation middleware
+func (siw *ServerInterfaceWrapper) CreateRefund(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PaymentID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateRefundParams
+
+	headers := r.Header
+
+	// ------------- Required header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = IdempotencyKey
+
+	} else {
+		err := fmt.Errorf("Header parameter Idempotency-Key is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Idempotency-Key", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateRefund(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetReadiness operation middleware
 func (siw *ServerInterfaceWrapper) GetReadiness(w http.ResponseWriter, r *http.Request) {
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetReadiness(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetRefund operation middleware
+func (siw *ServerInterfaceWrapper) GetRefund(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetRefund(w, r, id)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4640,13 +7268,28 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/orders", wrapper.CreateOrder)
 	})
 	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/orders/{id}", wrapper.CancelOrder)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/orders/{id}", wrapper.GetOrder)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/orders/{id}", wrapper.UpdateOrder)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/payments", wrapper.CreatePayment)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/payments/{id}", wrapper.GetPayment)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/payments/{id}/refunds", wrapper.ListRefunds)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/payments/{id}/refunds", wrapper.CreateRefund)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/refunds/{id}", wrapper.GetRefund)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/bonus/credits", wrapper.CreateBonusCredit)
@@ -4728,7 +7371,57 @@ type KeyMismatchApplicationProblemPlusJSONResponse struct {
 
 type NotFoundApplicationProblemPlusJSONResponse Problem
 
+type NotFoundStoredResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type NotFoundStoredApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers NotFoundStoredResponseHeaders
+}
+
+type OrderCancelledResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type OrderCancelledApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers OrderCancelledResponseHeaders
+}
+
+type OrderNotCancellableResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type OrderNotCancellableApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers OrderNotCancellableResponseHeaders
+}
+
+type OrderNotModifiableResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type OrderNotModifiableApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers OrderNotModifiableResponseHeaders
+}
+
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
+
+type PaymentNotRefundableResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type PaymentNotRefundableApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers PaymentNotRefundableResponseHeaders
+}
 
 type PaymentRefusedResponseHeaders struct {
 	IdempotencyKey     *string
@@ -4738,6 +7431,16 @@ type PaymentRefusedApplicationProblemPlusJSONResponse struct {
 	Body Problem
 
 	Headers PaymentRefusedResponseHeaders
+}
+
+type RefundRefusedResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type RefundRefusedApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers RefundRefusedResponseHeaders
 }
 
 type UnauthorizedResponseHeaders struct {
@@ -5614,8 +8317,181 @@ func (response CreateOrder503ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	return err
 }
 
+type CancelOrderRequestObject struct {
+	Id     OrderID `json:"id"`
+	Params CancelOrderParams
+}
+
+type CancelOrderResponseObject interface {
+	VisitCancelOrderResponse(w http.ResponseWriter) error
+}
+
+type CancelOrder200ResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+type CancelOrder200JSONResponse struct {
+	Body    Order
+	Headers CancelOrder200ResponseHeaders
+}
+
+func (response CancelOrder200JSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder202ApplicationProblemPlusJSONResponse struct {
+	InProgressApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder202ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(202)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder400ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder401ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder404ApplicationProblemPlusJSONResponse struct {
+	NotFoundStoredApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder404ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder409ApplicationProblemPlusJSONResponse struct {
+	OrderNotCancellableApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder409ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder500ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder503ApplicationProblemPlusJSONResponse struct {
+	UnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder503ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetOrderRequestObject struct {
-	Id string `json:"id"`
+	Id OrderID `json:"id"`
 }
 
 type GetOrderResponseObject interface {
@@ -5708,6 +8584,234 @@ type GetOrder503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response GetOrder503ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrderRequestObject struct {
+	Id     OrderID `json:"id"`
+	Params UpdateOrderParams
+	Body   *UpdateOrderApplicationMergePatchPlusJSONRequestBody
+}
+
+type UpdateOrderResponseObject interface {
+	VisitUpdateOrderResponse(w http.ResponseWriter) error
+}
+
+type UpdateOrder200ResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+
+type UpdateOrder200JSONResponse struct {
+	Body    Order
+	Headers UpdateOrder200ResponseHeaders
+}
+
+func (response UpdateOrder200JSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder202ApplicationProblemPlusJSONResponse struct {
+	InProgressApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder202ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(202)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder400ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder401ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder404ApplicationProblemPlusJSONResponse struct {
+	NotFoundStoredApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder404ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder409ApplicationProblemPlusJSONResponse struct {
+	OrderNotModifiableApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder409ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder413ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder415ApplicationProblemPlusJSONResponse struct {
+	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder415ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableStoredApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder422ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder500ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOrder503ApplicationProblemPlusJSONResponse struct {
+	UnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response UpdateOrder503ApplicationProblemPlusJSONResponse) VisitUpdateOrderResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -5864,7 +8968,7 @@ func (response CreatePayment401ApplicationProblemPlusJSONResponse) VisitCreatePa
 }
 
 type CreatePayment409ApplicationProblemPlusJSONResponse struct {
-	KeyMismatchApplicationProblemPlusJSONResponse
+	OrderCancelledApplicationProblemPlusJSONResponse
 }
 
 func (response CreatePayment409ApplicationProblemPlusJSONResponse) VisitCreatePaymentResponse(w http.ResponseWriter) error {
@@ -5876,6 +8980,9 @@ func (response CreatePayment409ApplicationProblemPlusJSONResponse) VisitCreatePa
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
 	w.WriteHeader(409)
 	_, err := buf.WriteTo(w)
@@ -5972,7 +9079,7 @@ func (response CreatePayment503ApplicationProblemPlusJSONResponse) VisitCreatePa
 }
 
 type GetPaymentRequestObject struct {
-	Id string `json:"id"`
+	Id PaymentID `json:"id"`
 }
 
 type GetPaymentResponseObject interface {
@@ -6089,6 +9196,389 @@ func (response GetPayment503ApplicationProblemPlusJSONResponse) VisitGetPaymentR
 	return err
 }
 
+type ListRefundsRequestObject struct {
+	Id PaymentID `json:"id"`
+}
+
+type ListRefundsResponseObject interface {
+	VisitListRefundsResponse(w http.ResponseWriter) error
+}
+
+type ListRefunds200JSONResponse RefundList
+
+func (response ListRefunds200JSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds400ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds401ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds404ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds500ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds503ApplicationProblemPlusJSONResponse struct {
+	UnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds503ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefundRequestObject struct {
+	Id     PaymentID `json:"id"`
+	Params CreateRefundParams
+	Body   *CreateRefundJSONRequestBody
+}
+
+type CreateRefundResponseObject interface {
+	VisitCreateRefundResponse(w http.ResponseWriter) error
+}
+
+type CreateRefund200ResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+	Location           *string
+}
+
+type CreateRefund200JSONResponse struct {
+	Body    Refund
+	Headers CreateRefund200ResponseHeaders
+}
+
+func (response CreateRefund200JSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	if response.Headers.Location != nil {
+		w.Header().Set("Location", fmt.Sprint(*response.Headers.Location))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund202ResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+	Location           *string
+	RetryAfter         *int
+}
+
+type CreateRefund202JSONResponse struct {
+	Body    Refund
+	Headers CreateRefund202ResponseHeaders
+}
+
+func (response CreateRefund202JSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	if response.Headers.Location != nil {
+		w.Header().Set("Location", fmt.Sprint(*response.Headers.Location))
+	}
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(202)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund202ApplicationProblemPlusJSONResponse struct {
+	Body    Problem
+	Headers CreateRefund202ResponseHeaders
+}
+
+func (response CreateRefund202ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	if response.Headers.Location != nil {
+		w.Header().Set("Location", fmt.Sprint(*response.Headers.Location))
+	}
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(202)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund400ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund401ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund404ApplicationProblemPlusJSONResponse struct {
+	NotFoundStoredApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund404ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund409ApplicationProblemPlusJSONResponse struct {
+	PaymentNotRefundableApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund409ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund413ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund415ApplicationProblemPlusJSONResponse struct {
+	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund415ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund422ApplicationProblemPlusJSONResponse struct {
+	RefundRefusedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund422ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyKey != nil {
+		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund500ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund503ApplicationProblemPlusJSONResponse struct {
+	UnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund503ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetReadinessRequestObject struct {
 }
 
@@ -6129,6 +9619,124 @@ func (response GetReadiness503ApplicationProblemPlusJSONResponse) VisitGetReadin
 	return err
 }
 
+type GetRefundRequestObject struct {
+	Id string `json:"id"`
+}
+
+type GetRefundResponseObject interface {
+	VisitGetRefundResponse(w http.ResponseWriter) error
+}
+
+type GetRefund200ResponseHeaders struct {
+	RetryAfter *int
+}
+
+type GetRefund200JSONResponse struct {
+	Body    Refund
+	Headers GetRefund200ResponseHeaders
+}
+
+func (response GetRefund200JSONResponse) VisitGetRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetRefund400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetRefund400ApplicationProblemPlusJSONResponse) VisitGetRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetRefund401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetRefund401ApplicationProblemPlusJSONResponse) VisitGetRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetRefund404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetRefund404ApplicationProblemPlusJSONResponse) VisitGetRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetRefund500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetRefund500ApplicationProblemPlusJSONResponse) VisitGetRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetRefund503ApplicationProblemPlusJSONResponse struct {
+	UnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetRefund503ApplicationProblemPlusJSONResponse) VisitGetRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// GetBonusBalance The caller's bonus balance
@@ -6155,18 +9763,33 @@ type StrictServerInterface interface {
 	// CreateOrder Create an order, exactly once per Idempotency-Key
 	// (POST /orders)
 	CreateOrder(ctx context.Context, request CreateOrderRequestObject) (CreateOrderResponseObject, error)
+	// CancelOrder Cancel an unpaid order, exactly once per Idempotency-Key
+	// (DELETE /orders/{id})
+	CancelOrder(ctx context.Context, request CancelOrderRequestObject) (CancelOrderResponseObject, error)
 	// GetOrder Get one of the caller's orders
 	// (GET /orders/{id})
 	GetOrder(ctx context.Context, request GetOrderRequestObject) (GetOrderResponseObject, error)
+	// UpdateOrder Change an unpaid order, exactly once per Idempotency-Key
+	// (PATCH /orders/{id})
+	UpdateOrder(ctx context.Context, request UpdateOrderRequestObject) (UpdateOrderResponseObject, error)
 	// CreatePayment Pay for an order, exactly once per Idempotency-Key (a long operation)
 	// (POST /payments)
 	CreatePayment(ctx context.Context, request CreatePaymentRequestObject) (CreatePaymentResponseObject, error)
 	// GetPayment Get one of the caller's payments (poll until it is final)
 	// (GET /payments/{id})
 	GetPayment(ctx context.Context, request GetPaymentRequestObject) (GetPaymentResponseObject, error)
+	// ListRefunds The refunds of one of the caller's payments, oldest first
+	// (GET /payments/{id}/refunds)
+	ListRefunds(ctx context.Context, request ListRefundsRequestObject) (ListRefundsResponseObject, error)
+	// CreateRefund Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+	// (POST /payments/{id}/refunds)
+	CreateRefund(ctx context.Context, request CreateRefundRequestObject) (CreateRefundResponseObject, error)
 	// GetReadiness Readiness; the database is reachable
 	// (GET /readyz)
 	GetReadiness(ctx context.Context, request GetReadinessRequestObject) (GetReadinessResponseObject, error)
+	// GetRefund Get one of the caller's refunds (poll until it is final)
+	// (GET /refunds/{id})
+	GetRefund(ctx context.Context, request GetRefundRequestObject) (GetRefundResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -6429,8 +10052,35 @@ func (sh *strictHandler) CreateOrder(w http.ResponseWriter, r *http.Request, par
 	}
 }
 
+// CancelOrder operation middleware
+func (sh *strictHandler) CancelOrder(w http.ResponseWriter, r *http.Request, id OrderID, params CancelOrderParams) {
+	var request CancelOrderRequestObject
+
+	request.Id = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CancelOrder(ctx, request.(CancelOrderRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CancelOrder")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CancelOrderResponseObject); ok {
+		if err := validResponse.VisitCancelOrderResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetOrder operation middleware
-func (sh *strictHandler) GetOrder(w http.ResponseWriter, r *http.Request, id string) {
+func (sh *strictHandler) GetOrder(w http.ResponseWriter, r *http.Request, id OrderID) {
 	var request GetOrderRequestObject
 
 	request.Id = id
@@ -6448,6 +10098,40 @@ func (sh *strictHandler) GetOrder(w http.ResponseWriter, r *http.Request, id str
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetOrderResponseObject); ok {
 		if err := validResponse.VisitGetOrderResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// UpdateOrder operation middleware
+func (sh *strictHandler) UpdateOrder(w http.ResponseWriter, r *http.Request, id OrderID, params UpdateOrderParams) {
+	var request UpdateOrderRequestObject
+
+	request.Id = id
+	request.Params = params
+
+	var body UpdateOrderApplicationMergePatchPlusJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.UpdateOrder(ctx, request.(UpdateOrderRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "UpdateOrder")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(UpdateOrderResponseObject); ok {
+		if err := validResponse.VisitUpdateOrderResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -6489,7 +10173,7 @@ func (sh *strictHandler) CreatePayment(w http.ResponseWriter, r *http.Request, p
 }
 
 // GetPayment operation middleware
-func (sh *strictHandler) GetPayment(w http.ResponseWriter, r *http.Request, id string) {
+func (sh *strictHandler) GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID) {
 	var request GetPaymentRequestObject
 
 	request.Id = id
@@ -6514,6 +10198,66 @@ func (sh *strictHandler) GetPayment(w http.ResponseWriter, r *http.Request, id s
 	}
 }
 
+// ListRefunds operation middleware
+func (sh *strictHandler) ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID) {
+	var request ListRefundsRequestObject
+
+	request.Id = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListRefunds(ctx, request.(ListRefundsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListRefunds")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListRefundsResponseObject); ok {
+		if err := validResponse.VisitListRefundsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateRefund operation middleware
+func (sh *strictHandler) CreateRefund(w http.ResponseWriter, r *http.Request, id PaymentID, params CreateRefundParams) {
+	var request CreateRefundRequestObject
+
+	request.Id = id
+	request.Params = params
+
+	var body CreateRefundJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateRefund(ctx, request.(CreateRefundRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateRefund")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateRefundResponseObject); ok {
+		if err := validResponse.VisitCreateRefundResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetReadiness operation middleware
 func (sh *strictHandler) GetReadiness(w http.ResponseWriter, r *http.Request) {
 	var request GetReadinessRequestObject
@@ -6531,6 +10275,32 @@ func (sh *strictHandler) GetReadiness(w http.ResponseWriter, r *http.Request) {
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetReadinessResponseObject); ok {
 		if err := validResponse.VisitGetReadinessResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetRefund operation middleware
+func (sh *strictHandler) GetRefund(w http.ResponseWriter, r *http.Request, id string) {
+	var request GetRefundRequestObject
+
+	request.Id = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetRefund(ctx, request.(GetRefundRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetRefund")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetRefundResponseObject); ok {
+		if err := validResponse.VisitGetRefundResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -57,13 +57,14 @@ type IdempotencyKey struct {
 }
 
 type Order struct {
-	AccountID uuid.UUID
-	ID        uuid.UUID
-	Status    string
-	Amount    int64
-	Currency  string
-	Items     json.RawMessage
-	CreatedAt time.Time
+	AccountID   uuid.UUID
+	ID          uuid.UUID
+	Status      string
+	Amount      int64
+	Currency    string
+	Items       json.RawMessage
+	CreatedAt   time.Time
+	CancelledAt *time.Time
 }
 
 type Payment struct {
@@ -75,6 +76,22 @@ type Payment struct {
 	Status           string
 	FailureReason    pgtype.Text
 	ProviderChargeID pgtype.Text
+	IdempotencyKey   string
+	KeyCreatedAt     time.Time
+	CreatedAt        time.Time
+	CompletedAt      *time.Time
+}
+
+type Refund struct {
+	AccountID        uuid.UUID
+	ID               uuid.UUID
+	PaymentID        uuid.UUID
+	Amount           int64
+	Currency         string
+	Reason           string
+	Status           string
+	FailureReason    pgtype.Text
+	ProviderRefundID pgtype.Text
 	IdempotencyKey   string
 	KeyCreatedAt     time.Time
 	CreatedAt        time.Time

@@ -93,7 +93,7 @@ func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimed
 }
 
 const orderGet = `-- name: OrderGet :one
-SELECT account_id, id, status, amount, currency, items, created_at FROM orders WHERE account_id = $1 AND id = $2
+SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders WHERE account_id = $1 AND id = $2
 `
 
 type OrderGetParams struct {
@@ -112,12 +112,60 @@ func (q *Queries) OrderGet(ctx context.Context, arg OrderGetParams) (Order, erro
 		&i.Currency,
 		&i.Items,
 		&i.CreatedAt,
+		&i.CancelledAt,
 	)
 	return i, err
 }
 
+const orderGetForUpdate = `-- name: OrderGetForUpdate :one
+SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders WHERE account_id = $1 AND id = $2 FOR UPDATE
+`
+
+type OrderGetForUpdateParams struct {
+	AccountID uuid.UUID
+	ID        uuid.UUID
+}
+
+// The order, locked until the transaction ends: changing, cancelling and
+// paying an order each take this lock before they decide, so they happen
+// one at a time and each sees what the one before it did.
+func (q *Queries) OrderGetForUpdate(ctx context.Context, arg OrderGetForUpdateParams) (Order, error) {
+	row := q.db.QueryRow(ctx, orderGetForUpdate, arg.AccountID, arg.ID)
+	var i Order
+	err := row.Scan(
+		&i.AccountID,
+		&i.ID,
+		&i.Status,
+		&i.Amount,
+		&i.Currency,
+		&i.Items,
+		&i.CreatedAt,
+		&i.CancelledAt,
+	)
+	return i, err
+}
+
+const orderHasActivePayment = `-- name: OrderHasActivePayment :one
+SELECT EXISTS (
+    SELECT 1 FROM payments
+    WHERE account_id = $1 AND order_id = $2 AND status IN ('pending', 'succeeded')
+)
+`
+
+type OrderHasActivePaymentParams struct {
+	AccountID uuid.UUID
+	OrderID   uuid.UUID
+}
+
+func (q *Queries) OrderHasActivePayment(ctx context.Context, arg OrderHasActivePaymentParams) (bool, error) {
+	row := q.db.QueryRow(ctx, orderHasActivePayment, arg.AccountID, arg.OrderID)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
 const orderListAfter = `-- name: OrderListAfter :many
-SELECT account_id, id, status, amount, currency, items, created_at FROM orders
+SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders
 WHERE account_id = $1 AND (created_at, id) < ($2::timestamptz, $3::uuid)
 ORDER BY created_at DESC, id DESC
 LIMIT $4
@@ -153,6 +201,7 @@ func (q *Queries) OrderListAfter(ctx context.Context, arg OrderListAfterParams) 
 			&i.Currency,
 			&i.Items,
 			&i.CreatedAt,
+			&i.CancelledAt,
 		); err != nil {
 			return nil, err
 		}
@@ -165,7 +214,7 @@ func (q *Queries) OrderListAfter(ctx context.Context, arg OrderListAfterParams) 
 }
 
 const orderListFirst = `-- name: OrderListFirst :many
-SELECT account_id, id, status, amount, currency, items, created_at FROM orders
+SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders
 WHERE account_id = $1
 ORDER BY created_at DESC, id DESC
 LIMIT $2
@@ -193,6 +242,7 @@ func (q *Queries) OrderListFirst(ctx context.Context, arg OrderListFirstParams) 
 			&i.Currency,
 			&i.Items,
 			&i.CreatedAt,
+			&i.CancelledAt,
 		); err != nil {
 			return nil, err
 		}
@@ -202,4 +252,36 @@ func (q *Queries) OrderListFirst(ctx context.Context, arg OrderListFirstParams) 
 		return nil, err
 	}
 	return items, nil
+}
+
+const orderUpdate = `-- name: OrderUpdate :execrows
+UPDATE orders
+SET status = $1, amount = $2, currency = $3, items = $4, cancelled_at = $5
+WHERE account_id = $6 AND id = $7
+`
+
+type OrderUpdateParams struct {
+	Status      string
+	Amount      int64
+	Currency    string
+	Items       json.RawMessage
+	CancelledAt *time.Time
+	AccountID   uuid.UUID
+	ID          uuid.UUID
+}
+
+func (q *Queries) OrderUpdate(ctx context.Context, arg OrderUpdateParams) (int64, error) {
+	result, err := q.db.Exec(ctx, orderUpdate,
+		arg.Status,
+		arg.Amount,
+		arg.Currency,
+		arg.Items,
+		arg.CancelledAt,
+		arg.AccountID,
+		arg.ID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

@@ -128,3 +128,34 @@ func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment
 	)
 	return i, err
 }
+
+const paymentGetForUpdate = `-- name: PaymentGetForUpdate :one
+SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments WHERE account_id = $1 AND id = $2 FOR UPDATE
+`
+
+type PaymentGetForUpdateParams struct {
+	AccountID uuid.UUID
+	ID        uuid.UUID
+}
+
+// The payment, locked until the transaction ends: refunds of one payment are
+// created one at a time, each after summing the others.
+func (q *Queries) PaymentGetForUpdate(ctx context.Context, arg PaymentGetForUpdateParams) (Payment, error) {
+	row := q.db.QueryRow(ctx, paymentGetForUpdate, arg.AccountID, arg.ID)
+	var i Payment
+	err := row.Scan(
+		&i.AccountID,
+		&i.ID,
+		&i.OrderID,
+		&i.Amount,
+		&i.Currency,
+		&i.Status,
+		&i.FailureReason,
+		&i.ProviderChargeID,
+		&i.IdempotencyKey,
+		&i.KeyCreatedAt,
+		&i.CreatedAt,
+		&i.CompletedAt,
+	)
+	return i, err
+}

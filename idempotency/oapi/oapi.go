@@ -188,6 +188,19 @@ func BindRest[U any](ops *Operations, store idempotency.Store[U]) map[string]*id
 	return out
 }
 
+// Covered lists the operations the protocol covers, sorted by ID: what a
+// service's metrics and documentation have one entry each for.
+func (ops *Operations) Covered() []*Operation {
+	var out []*Operation
+	for _, op := range ops.byID {
+		if op.Idempotent {
+			out = append(out, op)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Operation) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
 // Unbound lists the covered operations without a store, sorted.
 func (ops *Operations) Unbound() []string {
 	var ids []string

@@ -8,11 +8,7 @@ import (
 )
 
 func (h *handlers) CreateBonusCredit(ctx context.Context, req api.CreateBonusCreditRequestObject) (api.CreateBonusCreditResponseObject, error) {
-	acct, err := account(ctx)
-	if err != nil {
-		return nil, err
-	}
-	unit, _, err := h.tx(ctx)
+	acct, unit, _, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -24,11 +20,7 @@ func (h *handlers) CreateBonusCredit(ctx context.Context, req api.CreateBonusCre
 }
 
 func (h *handlers) CreateBonusDebit(ctx context.Context, req api.CreateBonusDebitRequestObject) (api.CreateBonusDebitResponseObject, error) {
-	acct, err := account(ctx)
-	if err != nil {
-		return nil, err
-	}
-	unit, _, err := h.tx(ctx)
+	acct, unit, _, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ var (
 	errUnauthorized         = errors.New("send an API key as 'Authorization: Bearer <key>'")
 	errAuthUnavailable      = errors.New("the API key could not be checked")
 	errBadRequest           = errors.New("the request is invalid")
-	errUnsupportedMediaType = errors.New("send the body as application/json")
+	errUnsupportedMediaType = errors.New("send the body as the operation's media type: application/json (application/merge-patch+json for a PATCH)")
 	// errNotReady makes /readyz answer 503.
 	errNotReady = errors.New("not ready")
 	// errNoAccount means a protected operation ran without an authenticated
@@ -51,8 +51,15 @@ var problems = []struct {
 	{orders.ErrNotFound, problem.NotFound, ""},
 	{orders.ErrUnknownCurrency, problem.UnknownCurrency, ""},
 	{orders.ErrInvalidCursor, problem.Validation, ""},
+	{orders.ErrNotModifiable, problem.OrderNotModifiable, ""},
+	{orders.ErrNotCancellable, problem.OrderNotCancellable, ""},
 	{payments.ErrNotFound, problem.NotFound, ""},
 	{payments.ErrUnknownOrder, problem.UnknownOrder, ""},
+	{payments.ErrOrderCancelled, problem.OrderCancelled, ""},
+	{payments.ErrRefundNotFound, problem.NotFound, ""},
+	{payments.ErrNotRefundable, problem.PaymentNotRefundable, ""},
+	{payments.ErrRefundExceedsPayment, problem.RefundExceedsPayment, ""},
+	{payments.ErrTooManyRefunds, problem.TooManyRefunds, ""},
 	{ledger.ErrInsufficientFunds, problem.InsufficientFunds, ""},
 	{ledger.ErrBalanceLimit, problem.BalanceLimitExceeded, ""},
 	{errAuthUnavailable, problem.Unavailable, ""},

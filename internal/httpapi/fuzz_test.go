@@ -36,7 +36,7 @@ func FuzzHandler(f *testing.F) {
 	sandbox := httptest.NewServer(provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler)))
 	f.Cleanup(sandbox.Close)
 	svc := payments.NewService(payments.Config{
-		Repo: store, Render: httpapi.PaymentOutcome,
+		Repo: store, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
 		Provider: provider.NewClient(sandbox.URL, nil),
 	})
 	ctx, cancel := context.WithCancel(context.Background())

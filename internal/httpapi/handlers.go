@@ -93,6 +93,17 @@ func (h *handlers) tx(ctx context.Context) (store.Tx, idempotency.Ref, error) {
 	return unit, ref, nil
 }
 
+// txCaller is the caller of the request in ctx, with the unit of work of
+// the operation it runs (one that reads as it writes) and its claim.
+func (h *handlers) txCaller(ctx context.Context) (uuid.UUID, store.Tx, idempotency.Ref, error) {
+	acct, err := account(ctx)
+	if err != nil {
+		return uuid.UUID{}, nil, idempotency.Ref{}, err
+	}
+	unit, claim, err := h.tx(ctx)
+	return acct, unit, claim, err
+}
+
 // errNoUnit means an idempotent operation ran outside the protocol: a
 // wiring bug, answered with 500.
 var errNoUnit = errors.New("operation reached without the unit of work of its claim")
@@ -106,10 +117,7 @@ func (h *handlers) CreateOrder(ctx context.Context, req api.CreateOrderRequestOb
 	if err != nil {
 		return nil, err
 	}
-	in := orders.NewOrder{Amount: req.Body.Amount, Currency: req.Body.Currency}
-	for _, it := range req.Body.Items {
-		in.Items = append(in.Items, orders.Item{SKU: it.Sku, Qty: it.Qty})
-	}
+	in := orders.NewOrder{Amount: req.Body.Amount, Currency: req.Body.Currency, Items: fromAPIItems(req.Body.Items)}
 	o, err := h.orders.Create(ctx, w, acct, in)
 	if err != nil {
 		return nil, err
@@ -131,6 +139,35 @@ func (h *handlers) GetOrder(ctx context.Context, req api.GetOrderRequestObject) 
 		return nil, err
 	}
 	return api.GetOrder200JSONResponse(toAPIOrder(o)), nil
+}
+
+func (h *handlers) UpdateOrder(ctx context.Context, req api.UpdateOrderRequestObject) (api.UpdateOrderResponseObject, error) {
+	acct, unit, _, err := h.txCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	patch := orders.Patch{Amount: req.Body.Amount, Currency: req.Body.Currency}
+	if req.Body.Items != nil {
+		items := fromAPIItems(*req.Body.Items)
+		patch.Items = &items
+	}
+	o, err := h.orders.Update(ctx, unit, acct, req.Id, patch)
+	if err != nil {
+		return nil, err
+	}
+	return api.UpdateOrder200JSONResponse{Body: toAPIOrder(o)}, nil
+}
+
+func (h *handlers) CancelOrder(ctx context.Context, req api.CancelOrderRequestObject) (api.CancelOrderResponseObject, error) {
+	acct, unit, _, err := h.txCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o, err := h.orders.Cancel(ctx, unit, acct, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return api.CancelOrder200JSONResponse{Body: toAPIOrder(o)}, nil
 }
 
 // DefaultPageSize matches the default in openapi.yaml.
@@ -191,17 +228,26 @@ func (h *handlers) GetSpec(context.Context, api.GetSpecRequestObject) (api.GetSp
 	}, nil
 }
 
+func fromAPIItems(items []api.OrderItem) []orders.Item {
+	out := make([]orders.Item, 0, len(items))
+	for _, it := range items {
+		out = append(out, orders.Item{SKU: it.Sku, Qty: it.Qty})
+	}
+	return out
+}
+
 func toAPIOrder(o orders.Order) api.Order {
 	items := make([]api.OrderItem, 0, len(o.Items))
 	for _, it := range o.Items {
 		items = append(items, api.OrderItem{Sku: it.SKU, Qty: it.Qty})
 	}
 	return api.Order{
-		Id:        o.ID.String(),
-		Status:    api.OrderStatus(o.Status),
-		Amount:    o.Amount,
-		Currency:  o.Currency,
-		Items:     items,
-		CreatedAt: o.CreatedAt,
+		Id:          o.ID.String(),
+		Status:      api.OrderStatus(o.Status),
+		Amount:      o.Amount,
+		Currency:    o.Currency,
+		Items:       items,
+		CreatedAt:   o.CreatedAt,
+		CancelledAt: o.CancelledAt,
 	}
 }

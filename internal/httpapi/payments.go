@@ -17,11 +17,7 @@ import (
 const PaymentRetryAfter = 1
 
 func (h *handlers) CreatePayment(ctx context.Context, req api.CreatePaymentRequestObject) (api.CreatePaymentResponseObject, error) {
-	acct, err := account(ctx)
-	if err != nil {
-		return nil, err
-	}
-	unit, claim, err := h.tx(ctx)
+	acct, unit, claim, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -71,13 +67,34 @@ func PaymentOutcome(p payments.Payment) (idempotency.Response, error) {
 		return idempotency.Response{}, fmt.Errorf("payment %s is still pending", p.ID)
 	}
 	location := paymentLocation(p)
+	return recorded(func(w http.ResponseWriter) error {
+		return api.CreatePayment200JSONResponse{
+			Body:    toAPIPayment(p),
+			Headers: api.CreatePayment200ResponseHeaders{Location: &location},
+		}.VisitCreatePaymentResponse(w)
+	})
+}
+
+// RefundOutcome is PaymentOutcome for a refund: payments.Config.RenderRefund.
+func RefundOutcome(r payments.Refund) (idempotency.Response, error) {
+	if !r.Final() {
+		return idempotency.Response{}, fmt.Errorf("refund %s is still pending", r.ID)
+	}
+	location := refundLocation(r)
+	return recorded(func(w http.ResponseWriter) error {
+		return api.CreateRefund200JSONResponse{
+			Body:    toAPIRefund(r),
+			Headers: api.CreateRefund200ResponseHeaders{Location: &location},
+		}.VisitCreateRefundResponse(w)
+	})
+}
+
+// recorded is the response visit writes, as the key stores it: status,
+// the replayed headers and the body.
+func recorded(visit func(http.ResponseWriter) error) (idempotency.Response, error) {
 	rec := httptest.NewRecorder()
-	err := api.CreatePayment200JSONResponse{
-		Body:    toAPIPayment(p),
-		Headers: api.CreatePayment200ResponseHeaders{Location: &location},
-	}.VisitCreatePaymentResponse(rec)
-	if err != nil {
-		return idempotency.Response{}, fmt.Errorf("render payment %s: %w", p.ID, err)
+	if err := visit(rec); err != nil {
+		return idempotency.Response{}, fmt.Errorf("render the final response: %w", err)
 	}
 	header := http.Header{}
 	for _, name := range idempotency.DefaultReplayHeaders {
@@ -106,6 +123,87 @@ func toAPIPayment(p payments.Payment) api.Payment {
 	}
 	if p.ProviderChargeID != "" {
 		out.ProviderChargeId = &p.ProviderChargeID
+	}
+	return out
+}
+
+func (h *handlers) CreateRefund(ctx context.Context, req api.CreateRefundRequestObject) (api.CreateRefundResponseObject, error) {
+	acct, unit, claim, err := h.txCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if h.payments == nil {
+		return nil, errNoPayments
+	}
+	r, err := h.payments.CreateRefund(ctx, unit, claim, acct, req.Id, payments.NewRefund{Amount: req.Body.Amount, Reason: req.Body.Reason})
+	if err != nil {
+		return nil, err
+	}
+	location, retryAfter := refundLocation(r), PaymentRetryAfter
+	return api.CreateRefund202JSONResponse{
+		Body:    toAPIRefund(r),
+		Headers: api.CreateRefund202ResponseHeaders{Location: &location, RetryAfter: &retryAfter},
+	}, nil
+}
+
+func (h *handlers) GetRefund(ctx context.Context, req api.GetRefundRequestObject) (api.GetRefundResponseObject, error) {
+	acct, err := account(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if h.payments == nil {
+		return nil, errNoPayments
+	}
+	r, err := h.payments.GetRefund(ctx, acct, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	resp := api.GetRefund200JSONResponse{Body: toAPIRefund(r)}
+	if !r.Final() {
+		retryAfter := PaymentRetryAfter
+		resp.Headers.RetryAfter = &retryAfter
+	}
+	return resp, nil
+}
+
+func (h *handlers) ListRefunds(ctx context.Context, req api.ListRefundsRequestObject) (api.ListRefundsResponseObject, error) {
+	acct, err := account(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if h.payments == nil {
+		return nil, errNoPayments
+	}
+	list, err := h.payments.ListRefunds(ctx, acct, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	out := api.ListRefunds200JSONResponse{Items: make([]api.Refund, 0, len(list))}
+	for _, r := range list {
+		out.Items = append(out.Items, toAPIRefund(r))
+	}
+	return out, nil
+}
+
+func refundLocation(r payments.Refund) string { return "/refunds/" + r.ID.String() }
+
+func toAPIRefund(r payments.Refund) api.Refund {
+	out := api.Refund{
+		Id:          r.ID.String(),
+		PaymentId:   r.PaymentID.String(),
+		Status:      api.RefundStatus(r.Status),
+		Amount:      r.Amount,
+		Currency:    r.Currency,
+		Reason:      r.Reason,
+		CreatedAt:   r.CreatedAt,
+		CompletedAt: r.CompletedAt,
+	}
+	if r.FailureReason != "" {
+		reason := api.RefundFailureReason(r.FailureReason)
+		out.FailureReason = &reason
+	}
+	if r.ProviderRefundID != "" {
+		out.ProviderRefundId = &r.ProviderRefundID
 	}
 	return out
 }

@@ -112,7 +112,7 @@ func startPayments(t *testing.T, store backend, opts payOptions) started {
 	}
 	policy := opts.retryPolicy()
 	svc := payments.NewService(payments.Config{
-		Repo: store, Render: httpapi.PaymentOutcome,
+		Repo: store, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
 		Provider: provider.NewClient(workerURL, &http.Client{Timeout: opts.timeout}),
 	})
 	tb := setup(t, store, options{cfg: httpapi.Config{Payments: svc}})

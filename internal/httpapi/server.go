@@ -147,6 +147,9 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, op := range ops.Covered() {
+		cfg.Metrics.Operations(idempotency.OperationName(op.Method, op.Path))
+	}
 	h := &handlers{
 		orders: orders.NewService(cfg.Backend), payments: cfg.Payments, ledger: ledger.NewService(cfg.Backend),
 		ready: cfg.Ready, wrapOrders: cfg.Orders, baseline: o.baseline,

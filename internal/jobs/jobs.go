@@ -1,8 +1,8 @@
 // Package jobs runs the service's background work on River, PostgreSQL's
-// job queue: a payment's charge is inserted as a River job in the very
-// transaction that creates the payment and claims the client's key
-// (transactional enqueue), so a crash can never leave a payment without its
-// job or a job without its payment. River retries failed attempts with
+// job queue: a payment's charge (or a refund) is inserted as a River job in
+// the very transaction that creates the payment (or refund) and claims the
+// client's key (transactional enqueue), so a crash can never leave a
+// payment without its job or a job without its payment. River retries failed attempts with
 // backoff and rescues the jobs of a worker that died mid-attempt.
 package jobs
 
@@ -22,7 +22,7 @@ import (
 	"github.com/oncekey/oncekey/internal/payments"
 )
 
-// QueuePayments is the River queue charges run on.
+// QueuePayments is the River queue charges and refunds run on.
 const QueuePayments = "payments"
 
 // Config configures the runner.
@@ -36,7 +36,7 @@ type Config struct {
 	Logger       *slog.Logger
 }
 
-// Runner inserts and works charge jobs.
+// Runner inserts and works charge and refund jobs.
 type Runner struct {
 	client *river.Client[pgx.Tx]
 	log    *slog.Logger
@@ -50,6 +50,13 @@ type chargeArgs struct {
 }
 
 func (chargeArgs) Kind() string { return "charge_payment" }
+
+// refundArgs is a refund job: the refund to make.
+type refundArgs struct {
+	payments.RefundRef
+}
+
+func (refundArgs) Kind() string { return "refund_payment" }
 
 // New builds a runner on pool. Its River tables must exist (postgres.Migrate
 // applies them). It works nothing until Start.
@@ -66,8 +73,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Runner, error) {
 	}
 	r := &Runner{policy: cfg.Policy, log: cfg.Logger}
 	workers := river.NewWorkers()
-	if err := river.AddWorkerSafely(workers, &chargeWorker{r: r}); err != nil {
+	if err := river.AddWorkerSafely(workers, &taskWorker[chargeArgs]{r: r, task: func(a chargeArgs) payments.Task { return payments.ChargeTask(a.Ref) }}); err != nil {
 		return nil, fmt.Errorf("register charge worker: %w", err)
+	}
+	if err := river.AddWorkerSafely(workers, &taskWorker[refundArgs]{r: r, task: func(a refundArgs) payments.Task { return payments.RefundTask(a.RefundRef) }}); err != nil {
+		return nil, fmt.Errorf("register refund worker: %w", err)
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Queues:            map[string]river.QueueConfig{QueuePayments: {MaxWorkers: cfg.Workers}},
@@ -95,12 +105,22 @@ func New(pool *pgxpool.Pool, cfg Config) (*Runner, error) {
 // the payment: a job inserted on its own could outlive a rolled-back
 // payment.
 func (r *Runner) InsertCharge(ctx context.Context, tx pgx.Tx, ref payments.Ref) error {
-	_, err := r.client.InsertTx(ctx, tx, chargeArgs{Ref: ref}, &river.InsertOpts{
+	return r.insert(ctx, tx, chargeArgs{Ref: ref})
+}
+
+// InsertRefund inserts ref's refund job in tx, the transaction that creates
+// the refund.
+func (r *Runner) InsertRefund(ctx context.Context, tx pgx.Tx, ref payments.RefundRef) error {
+	return r.insert(ctx, tx, refundArgs{RefundRef: ref})
+}
+
+func (r *Runner) insert(ctx context.Context, tx pgx.Tx, args river.JobArgs) error {
+	_, err := r.client.InsertTx(ctx, tx, args, &river.InsertOpts{
 		Queue:       QueuePayments,
 		MaxAttempts: r.policy.Attempts + spareAttempts,
 	})
 	if err != nil {
-		return fmt.Errorf("insert charge job: %w", err)
+		return fmt.Errorf("insert %s job: %w", args.Kind(), err)
 	}
 	return nil
 }
@@ -128,17 +148,20 @@ func (r *Runner) Stop(ctx context.Context) error {
 // does not count, so a payment is never discarded pending.
 const spareAttempts = 1 + 10
 
-type chargeWorker struct {
-	river.WorkerDefaults[chargeArgs]
-	r *Runner
+// taskWorker works one kind of job: each is a payments.Task.
+type taskWorker[A river.JobArgs] struct {
+	river.WorkerDefaults[A]
+	r    *Runner
+	task func(A) payments.Task
 }
 
-func (w *chargeWorker) Work(ctx context.Context, job *river.Job[chargeArgs]) error {
+func (w *taskWorker[A]) Work(ctx context.Context, job *river.Job[A]) error {
 	svc := w.r.svc.Load()
 	if svc == nil {
 		return errors.New("jobs: runner started without a payment service")
 	}
-	err := svc.Process(ctx, job.Args.Ref, job.Attempt, w.r.policy.Attempts)
+	task := w.task(job.Args)
+	err := svc.Run(ctx, task, job.Attempt, w.r.policy.Attempts)
 	switch {
 	case err == nil:
 		return nil
@@ -147,14 +170,14 @@ func (w *chargeWorker) Work(ctx context.Context, job *river.Job[chargeArgs]) err
 	case job.Attempt > w.r.policy.Attempts:
 		// Reconciling failed (the provider cannot say, or the attempt was
 		// cut short): ask again later, without using up an attempt.
-		w.r.log.Warn("payments: the payment stays pending until the provider says whether it charged", "payment_id", job.Args.PaymentID, "err", err)
+		w.r.log.Warn("payments: pending until the provider says whether it acted", "task", task.String(), "err", err)
 		return river.JobSnooze(w.r.policy.Limit)
 	}
 	return err
 }
 
-func (w *chargeWorker) NextRetry(job *river.Job[chargeArgs]) time.Time {
+func (w *taskWorker[A]) NextRetry(job *river.Job[A]) time.Time {
 	return w.r.policy.NextRetry(job.Attempt, time.Now())
 }
 
-func (w *chargeWorker) Timeout(*river.Job[chargeArgs]) time.Duration { return w.r.policy.Timeout }
+func (w *taskWorker[A]) Timeout(*river.Job[A]) time.Duration { return w.r.policy.Timeout }

@@ -127,7 +127,7 @@ func TestLabelCardinality(t *testing.T) {
 				"code": func(v string) bool {
 					return len(v) == 3 && v[0] >= '1' && v[0] <= '5'
 				},
-				"operation": func(v string) bool { return v == operation },
+				"operation": func(v string) bool { return slices.Contains(idempotentOperations, v) },
 				"outcome": func(v string) bool {
 					return slices.ContainsFunc(allOutcomes, func(o idempotency.Outcome) bool { return string(o) == v })
 				},

@@ -10,10 +10,20 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
-// operation is the only idempotent operation, as its metrics label it.
+// operation is the idempotent operation the outcome test drives, as its
+// metrics label it.
 const operation = "POST /orders"
+
+// idempotentOperations are openapi.yaml's operations that take an
+// Idempotency-Key, as the metrics label them: the fixed set of the
+// operation label.
+var idempotentOperations = []string{
+	"POST /orders", "PATCH /orders/{id}", "DELETE /orders/{id}", "POST /payments",
+	"POST /payments/{id}/refunds", "POST /bonus/credits", "POST /bonus/debits",
+}
 
 var allOutcomes = []idempotency.Outcome{
 	idempotency.OutcomeExecuted, idempotency.OutcomeReplayed, idempotency.OutcomeConflict,
@@ -29,6 +39,20 @@ func outcomeCounts(t *testing.T, f families) map[idempotency.Outcome]float64 {
 		counts[o] = f.value(t, "oncekey_idempotency_requests_total", "operation", operation, "outcome", string(o))
 	}
 	return counts
+}
+
+// Every idempotent operation of openapi.yaml has all its outcome series
+// from the start, at zero: a dashboard or an alert on a new operation sees
+// a zero before its first request, not a missing series.
+func TestEveryIdempotentOperationHasItsSeries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, memory.New(), options{})
+	f := scrape(t, b.url)
+	for _, op := range idempotentOperations {
+		for _, o := range allOutcomes {
+			require.Zero(t, f.value(t, "oncekey_idempotency_requests_total", "operation", op, "outcome", string(o)), "%s %s", op, o)
+		}
+	}
 }
 
 func TestIdempotencyOutcomeMetrics(t *testing.T) {

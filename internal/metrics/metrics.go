@@ -82,12 +82,6 @@ func New() *Metrics {
 	m.cleanupLastSuccess = f.gauge("oncekey_cleanup_last_success_timestamp_seconds",
 		"Unix time of the last successful cleanup run in this process (0: none yet).")
 
-	// Every route/outcome series exists from the start at zero, so rates
-	// and alerts see a zero, not an absent series.
-	for _, o := range []idempotency.Outcome{idempotency.OutcomeExecuted, idempotency.OutcomeReplayed,
-		idempotency.OutcomeConflict, idempotency.OutcomeInFlight, idempotency.OutcomeRejected, idempotency.OutcomeError} {
-		m.idemRequests.WithLabelValues("POST /orders", string(o))
-	}
 	for _, r := range []string{"ok", "error", "skipped"} {
 		m.cleanupRuns.WithLabelValues(r)
 	}
@@ -127,6 +121,21 @@ func methodLabel(method string) string {
 	}
 	return "other"
 }
+
+// Operations makes every outcome series of each idempotent operation exist
+// from the start at zero, so rates and alerts see a zero, not an absent
+// series.
+func (m *Metrics) Operations(names ...string) {
+	for _, name := range names {
+		for _, o := range outcomes {
+			m.idemRequests.WithLabelValues(name, string(o))
+		}
+	}
+}
+
+// outcomes are the idempotency outcomes an operation's request can have.
+var outcomes = []idempotency.Outcome{idempotency.OutcomeExecuted, idempotency.OutcomeReplayed,
+	idempotency.OutcomeConflict, idempotency.OutcomeInFlight, idempotency.OutcomeRejected, idempotency.OutcomeError}
 
 // Outcome implements idempotency.Observer.
 func (m *Metrics) Outcome(operation string, o idempotency.Outcome) {

@@ -1,8 +1,8 @@
-// Package orders is the order domain: validating and creating orders and
-// reading them back. It knows nothing about HTTP or idempotency: an order is
-// created through the Writer it is handed (inside an idempotent request, the
-// request's unit of work, so the order and the stored response commit
-// together).
+// Package orders is the order domain: validating, creating, changing and
+// cancelling orders and reading them back. It knows nothing about HTTP or
+// idempotency: an order is written through the Writer or Changer it is
+// handed (inside an idempotent request, the request's unit of work, so the
+// order and the stored response commit together).
 package orders
 
 import (
@@ -18,8 +18,11 @@ import (
 	"golang.org/x/text/currency"
 )
 
-// StatusCreated is the status of a new order.
-const StatusCreated = "created"
+// Statuses of an order. Cancelled is final.
+const (
+	StatusCreated   = "created"
+	StatusCancelled = "cancelled"
+)
 
 // Errors the service returns; the HTTP layer maps each to one problem type.
 var (
@@ -31,6 +34,12 @@ var (
 	ErrUnknownCurrency = errors.New("unknown currency")
 	// ErrInvalidCursor: the pagination cursor was not issued by this service.
 	ErrInvalidCursor = errors.New("invalid cursor")
+	// ErrNotModifiable: the order is cancelled, or has a pending or
+	// succeeded payment. A business outcome (409), stored and replayed.
+	ErrNotModifiable = errors.New("the order cannot be changed")
+	// ErrNotCancellable: the order has a pending or succeeded payment. A
+	// business outcome (409), stored and replayed.
+	ErrNotCancellable = errors.New("the order cannot be cancelled")
 )
 
 // Item is one order line.
@@ -48,6 +57,8 @@ type Order struct {
 	Currency  string
 	Items     []Item
 	CreatedAt time.Time
+	// CancelledAt is set once the order is cancelled.
+	CancelledAt *time.Time
 }
 
 // NewOrder is a request to create an order; the HTTP layer has already
@@ -64,6 +75,31 @@ type NewOrder struct {
 type Writer interface {
 	// CreateOrder inserts o.
 	CreateOrder(ctx context.Context, o Order) error
+}
+
+// Patch is a change of an order (a JSON Merge Patch of it): nil fields keep
+// their value, Items replaces the items as a whole.
+type Patch struct {
+	Items    *[]Item
+	Amount   *int64
+	Currency *string
+}
+
+// Changer is what changing or cancelling an order runs through: the unit of
+// work of the request that claimed its key, so the change and the stored
+// response commit together. Implementations must pass the conformance suite
+// in internal/store/storetest.
+type Changer interface {
+	// LockOrder returns the account's order (or ErrNotFound) and holds it
+	// until the unit of work ends: changes, cancellations and payments of
+	// one order happen one at a time, each seeing what the last one did.
+	LockOrder(ctx context.Context, account, id uuid.UUID) (Order, error)
+	// HasActivePayment reports whether the order has a pending or
+	// succeeded payment.
+	HasActivePayment(ctx context.Context, account, id uuid.UUID) (bool, error)
+	// UpdateOrder stores o's status, amount, currency, items and
+	// cancellation time.
+	UpdateOrder(ctx context.Context, o Order) error
 }
 
 // Repository reads orders. Implementations must pass the conformance suite
@@ -114,6 +150,78 @@ func (s *Service) Create(ctx context.Context, w Writer, account uuid.UUID, in Ne
 		CreatedAt: s.now().UTC().Truncate(time.Microsecond),
 	}
 	if err := w.CreateOrder(ctx, o); err != nil {
+		return Order{}, fmt.Errorf("store order: %w", err)
+	}
+	return o, nil
+}
+
+// Update applies p to one of account's orders through c, unless the order
+// can no longer change (ErrNotModifiable).
+func (s *Service) Update(ctx context.Context, c Changer, account uuid.UUID, id string, p Patch) (Order, error) {
+	if p.Currency != nil {
+		if err := CheckCurrency(*p.Currency); err != nil {
+			return Order{}, err
+		}
+	}
+	o, err := s.change(ctx, c, account, id, ErrNotModifiable, func(o *Order) {
+		if p.Items != nil {
+			o.Items = append([]Item(nil), (*p.Items)...)
+		}
+		if p.Amount != nil {
+			o.Amount = *p.Amount
+		}
+		if p.Currency != nil {
+			o.Currency = *p.Currency
+		}
+	})
+	if errors.Is(err, errCancelled) {
+		return Order{}, fmt.Errorf("%w: order %s is cancelled", ErrNotModifiable, o.ID)
+	}
+	return o, err
+}
+
+// Cancel cancels one of account's orders through c, unless it has a pending
+// or succeeded payment (ErrNotCancellable). An order cancelled before is
+// returned as it is: the cancellation the caller asked for holds.
+func (s *Service) Cancel(ctx context.Context, c Changer, account uuid.UUID, id string) (Order, error) {
+	o, err := s.change(ctx, c, account, id, ErrNotCancellable, func(o *Order) {
+		now := s.now().UTC().Truncate(time.Microsecond)
+		o.Status, o.CancelledAt = StatusCancelled, &now
+	})
+	if errors.Is(err, errCancelled) {
+		return o, nil
+	}
+	return o, err
+}
+
+// errCancelled is change's answer for an order cancelled before, which it
+// returns as well.
+var errCancelled = errors.New("the order is cancelled")
+
+// change locks the order; refuses it with errCancelled if it is cancelled,
+// or with paid if it has a pending or succeeded payment; and otherwise
+// applies apply and stores the result.
+func (s *Service) change(ctx context.Context, c Changer, account uuid.UUID, id string, paid error, apply func(*Order)) (Order, error) {
+	oid, err := uuid.Parse(id)
+	if err != nil {
+		return Order{}, ErrNotFound // not an id we could have issued
+	}
+	o, err := c.LockOrder(ctx, account, oid)
+	if err != nil {
+		return Order{}, err
+	}
+	if o.Status == StatusCancelled {
+		return o, errCancelled
+	}
+	active, err := c.HasActivePayment(ctx, account, oid)
+	if err != nil {
+		return Order{}, fmt.Errorf("read the order's payments: %w", err)
+	}
+	if active {
+		return Order{}, fmt.Errorf("%w: order %s has a pending or succeeded payment", paid, o.ID)
+	}
+	apply(&o)
+	if err := c.UpdateOrder(ctx, o); err != nil {
 		return Order{}, fmt.Errorf("store order: %w", err)
 	}
 	return o, nil

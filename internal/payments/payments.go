@@ -50,8 +50,12 @@ var (
 	// ErrUnknownOrder: the order to pay is not in the caller's account. A
 	// business outcome (422), stored and replayed; nothing is charged.
 	ErrUnknownOrder = errors.New("unknown order")
+	// ErrOrderCancelled: the order to pay is cancelled. A business outcome
+	// (409), stored and replayed; nothing is charged.
+	ErrOrderCancelled = errors.New("order cancelled")
 	// ErrNoClaim: Create ran with a claim of another account. A wiring
-	// bug: a payment must be bound to the key it was accepted under.
+	// bug: a payment or refund must be bound to the key it was accepted
+	// under.
 	ErrNoClaim = errors.New("payments: create under another account's claim")
 )
 
@@ -96,12 +100,14 @@ type NewPayment struct {
 }
 
 // Unit is what accepting a payment writes through: the unit of work of the
-// request that claimed its key, in which the order is read, the payment
+// request that claimed its key, in which the order is locked, the payment
 // stored and its charge enqueued, all or nothing. Implementations must pass
 // the conformance suite in internal/store/storetest.
 type Unit interface {
-	// GetOrder returns the account's order or orders.ErrNotFound.
-	GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error)
+	// LockOrder returns the account's order (or orders.ErrNotFound) and
+	// holds it until the unit of work ends, as orders.Changer's does: a
+	// payment and a cancellation of its order happen one at a time.
+	LockOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error)
 	// CreatePayment inserts p (pending).
 	CreatePayment(ctx context.Context, p Payment) error
 	// EnqueueCharge schedules the charge of ref: it is only ever run if
@@ -118,12 +124,21 @@ type Repository interface {
 	// key record with final. It reports false, changing nothing, if the
 	// payment was already final (a concurrent worker settled it first).
 	FinishPayment(ctx context.Context, p Payment, final idempotency.Response) (bool, error)
+	// GetRefund returns the account's refund or ErrRefundNotFound.
+	GetRefund(ctx context.Context, account, id uuid.UUID) (Refund, error)
+	// ListRefunds returns the refunds of one of the account's payments,
+	// oldest first.
+	ListRefunds(ctx context.Context, account, paymentID uuid.UUID) ([]Refund, error)
+	// FinishRefund is FinishPayment for a refund.
+	FinishRefund(ctx context.Context, r Refund, final idempotency.Response) (bool, error)
 }
 
 // Provider is the external payment provider (internal/provider's client).
 type Provider interface {
 	Charge(ctx context.Context, idempotencyKey string, req provider.ChargeRequest) (provider.Charge, error)
 	Lookup(ctx context.Context, idempotencyKey string) (provider.Charge, error)
+	Refund(ctx context.Context, idempotencyKey string, req provider.RefundRequest) (provider.Refund, error)
+	LookupRefund(ctx context.Context, idempotencyKey string) (provider.Refund, error)
 }
 
 // Config is what the service is built from. All fields are required.
@@ -133,6 +148,8 @@ type Config struct {
 	// Render turns a final payment into the response its client key
 	// replays from then on (the HTTP layer's 200 with the payment).
 	Render func(Payment) (idempotency.Response, error)
+	// RenderRefund does the same for a final refund.
+	RenderRefund func(Refund) (idempotency.Response, error)
 }
 
 // Service is the payment use cases.
@@ -160,10 +177,14 @@ func (s *Service) Create(ctx context.Context, u Unit, claim idempotency.Ref, acc
 	if err != nil {
 		return Payment{}, fmt.Errorf("%w: %q is not an order id", ErrUnknownOrder, in.OrderID)
 	}
-	if _, err := u.GetOrder(ctx, account, orderID); errors.Is(err, orders.ErrNotFound) {
+	order, err := u.LockOrder(ctx, account, orderID)
+	switch {
+	case errors.Is(err, orders.ErrNotFound):
 		return Payment{}, fmt.Errorf("%w: order %s does not exist in this account", ErrUnknownOrder, orderID)
-	} else if err != nil {
+	case err != nil:
 		return Payment{}, fmt.Errorf("read order: %w", err)
+	case order.Status == orders.StatusCancelled:
+		return Payment{}, fmt.Errorf("%w: order %s was cancelled; a cancelled order cannot be paid", ErrOrderCancelled, orderID)
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -207,7 +228,7 @@ func ChargeKey(paymentID uuid.UUID) string { return "oncekey-payment-" + payment
 var ErrGone = errors.New("payments: the job's payment does not exist")
 
 // ErrUnsettled: after the attempts ran out, the provider could not say
-// whether it holds a charge for the payment. The payment stays pending and
+// whether it holds a charge for the payment (or the refund). The payment stays pending and
 // the worker asks again later, for as long as it takes: settling it failed
 // without knowing could hide money that moved.
 var ErrUnsettled = errors.New("payments: the provider could not say whether it charged")
@@ -235,42 +256,63 @@ func (s *Service) Process(ctx context.Context, ref Ref, attempt, maxAttempts int
 		return nil
 	}
 	key := ChargeKey(p.ID)
+	return call[provider.Charge]{
+		ask: func(ctx context.Context) (provider.Charge, error) {
+			return s.cfg.Provider.Charge(ctx, key, provider.ChargeRequest{Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
+		},
+		lookup: func(ctx context.Context) (provider.Charge, error) { return s.cfg.Provider.Lookup(ctx, key) },
+		settle: func(ctx context.Context, c provider.Charge) error {
+			if c.Status == provider.StatusSucceeded {
+				return s.finish(ctx, p, StatusSucceeded, "", c.ID)
+			}
+			return s.finish(ctx, p, StatusFailed, ReasonCardDeclined, "")
+		},
+		fail: func(ctx context.Context, reason string) error { return s.finish(ctx, p, StatusFailed, reason, "") },
+	}.attempt(ctx, attempt, maxAttempts)
+}
+
+// call is one provider call the worker makes with a key of its own (a
+// charge, a refund): asking for it, looking up what the provider holds
+// under the key, and settling from the provider's answer or failing for
+// lack of one.
+type call[A any] struct {
+	ask    func(context.Context) (A, error)
+	lookup func(context.Context) (A, error)
+	settle func(context.Context, A) error
+	fail   func(ctx context.Context, reason string) error
+}
+
+// attempt makes attempt number attempt (from 1) of maxAttempts: asking while
+// attempts last, reconciling after (see Service.Process).
+func (c call[A]) attempt(ctx context.Context, attempt, maxAttempts int) error {
 	if attempt > maxAttempts {
-		return s.reconcile(ctx, p, key, ReasonProviderUnavailable)
+		return c.reconcile(ctx, ReasonProviderUnavailable)
 	}
-	charge, err := s.cfg.Provider.Charge(ctx, key, provider.ChargeRequest{Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
+	answer, err := c.ask(ctx)
 	switch {
 	case err == nil:
-		return s.settle(ctx, p, charge)
+		return c.settle(ctx, answer)
 	case errors.Is(err, provider.ErrRejected):
 		// Some providers refuse a repeat while the first request with the
-		// key is still being processed (409): the charge may exist.
-		return s.reconcile(ctx, p, key, ReasonProviderRejected)
+		// key is still being processed (409): the call may have happened.
+		return c.reconcile(ctx, ReasonProviderRejected)
 	default:
-		return fmt.Errorf("charge attempt %d of %d: %w", attempt, maxAttempts, err)
+		return fmt.Errorf("attempt %d of %d: %w", attempt, maxAttempts, err)
 	}
 }
 
-// reconcile settles p from what the provider holds under key: its charge if
-// there is one, failed with reason if there is none.
-func (s *Service) reconcile(ctx context.Context, p Payment, key, reason string) error {
-	charge, err := s.cfg.Provider.Lookup(ctx, key)
+// reconcile settles from what the provider holds under the call's key, or
+// fails with reason if it holds nothing.
+func (c call[A]) reconcile(ctx context.Context, reason string) error {
+	answer, err := c.lookup(ctx)
 	switch {
 	case err == nil:
-		return s.settle(ctx, p, charge)
+		return c.settle(ctx, answer)
 	case errors.Is(err, provider.ErrNotFound):
-		return s.finish(ctx, p, StatusFailed, reason, "")
+		return c.fail(ctx, reason)
 	default:
 		return fmt.Errorf("%w: %w", ErrUnsettled, err)
 	}
-}
-
-// settle makes p final as the provider's charge says.
-func (s *Service) settle(ctx context.Context, p Payment, c provider.Charge) error {
-	if c.Status == provider.StatusSucceeded {
-		return s.finish(ctx, p, StatusSucceeded, "", c.ID)
-	}
-	return s.finish(ctx, p, StatusFailed, ReasonCardDeclined, "")
 }
 
 func (s *Service) finish(ctx context.Context, p Payment, status, reason, chargeID string) error {

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // RetryPolicy says how often and how patiently a charge is attempted. Both
@@ -63,16 +65,43 @@ func (p RetryPolicy) NextRetry(attempt int, now time.Time) time.Time {
 	return now.Add(Backoff(attempt, p.Base, p.Limit, rand.Int64N))
 }
 
-// LocalQueue is an in-process job queue (the in-memory store's).
-type LocalQueue interface {
-	// NextCharge blocks until a committed charge is due, and returns it
-	// with the number of the attempt to make.
-	NextCharge(ctx context.Context) (ref Ref, attempt int, err error)
-	// RetryCharge puts back a charge whose attempt failed, due at due.
-	RetryCharge(ref Ref, attempt int, due time.Time)
+// Task is one provider call the worker makes: the charge of a payment, or
+// a refund. Exactly one of the two is set.
+type Task struct {
+	Charge Ref
+	Refund RefundRef
 }
 
-// RunLocal works q's charges with at most workers at a time until ctx ends,
+// ChargeTask and RefundTask name the two kinds of task.
+func ChargeTask(ref Ref) Task       { return Task{Charge: ref} }
+func RefundTask(ref RefundRef) Task { return Task{Refund: ref} }
+
+// String names the task in logs.
+func (t Task) String() string {
+	if t.Refund.RefundID != uuid.Nil {
+		return "refund " + t.Refund.RefundID.String()
+	}
+	return "charge of payment " + t.Charge.PaymentID.String()
+}
+
+// Run runs attempt number attempt of t (Process or ProcessRefund).
+func (s *Service) Run(ctx context.Context, t Task, attempt, maxAttempts int) error {
+	if t.Refund.RefundID != uuid.Nil {
+		return s.ProcessRefund(ctx, t.Refund, attempt, maxAttempts)
+	}
+	return s.Process(ctx, t.Charge, attempt, maxAttempts)
+}
+
+// LocalQueue is an in-process job queue (the in-memory store's).
+type LocalQueue interface {
+	// NextTask blocks until a committed task is due, and returns it with
+	// the number of the attempt to make.
+	NextTask(ctx context.Context) (t Task, attempt int, err error)
+	// RetryTask puts back a task whose attempt failed, due at due.
+	RetryTask(t Task, attempt int, due time.Time)
+}
+
+// RunLocal works q's tasks with at most workers at a time until ctx ends,
 // then waits for the attempts under way. It is the in-memory mode's worker,
 // with River's observable behaviour: the same attempts, backoff and final
 // outcomes, but no durability (memory dies with the process anyway).
@@ -85,14 +114,14 @@ func RunLocal(ctx context.Context, q LocalQueue, svc *Service, policy RetryPolic
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		ref, attempt, err := q.NextCharge(ctx)
+		task, attempt, err := q.NextTask(ctx)
 		if err != nil {
 			return
 		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
-			q.RetryCharge(ref, attempt-1, time.Now())
+			q.RetryTask(task, attempt-1, time.Now())
 			return
 		}
 		wg.Add(1)
@@ -101,14 +130,14 @@ func RunLocal(ctx context.Context, q LocalQueue, svc *Service, policy RetryPolic
 			defer func() { <-slots }()
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), policy.Timeout)
 			defer cancel()
-			err := svc.Process(actx, ref, attempt, policy.Attempts)
+			err := svc.Run(actx, task, attempt, policy.Attempts)
 			switch {
 			case err == nil:
 			case errors.Is(err, ErrGone):
-				log.Error("payments: dropping charge", "payment_id", ref.PaymentID, "err", err)
+				log.Error("payments: dropping task", "task", task.String(), "err", err)
 			default:
-				log.Warn("payments: charge attempt failed; retrying", "payment_id", ref.PaymentID, "attempt", attempt, "err", err)
-				q.RetryCharge(ref, attempt, policy.NextRetry(attempt, time.Now()))
+				log.Warn("payments: attempt failed; retrying", "task", task.String(), "attempt", attempt, "err", err)
+				q.RetryTask(task, attempt, policy.NextRetry(attempt, time.Now()))
 			}
 		}()
 	}

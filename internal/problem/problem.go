@@ -45,6 +45,12 @@ var (
 	UnknownOrder          = Kind{"unknown-order", http.StatusUnprocessableEntity, "No such order"}
 	InsufficientFunds     = Kind{"insufficient-funds", http.StatusUnprocessableEntity, "Insufficient bonus balance"}
 	BalanceLimitExceeded  = Kind{"balance-limit-exceeded", http.StatusUnprocessableEntity, "Bonus balance limit exceeded"}
+	OrderNotModifiable    = Kind{"order-not-modifiable", http.StatusConflict, "The order cannot be changed"}
+	OrderNotCancellable   = Kind{"order-not-cancellable", http.StatusConflict, "The order cannot be cancelled"}
+	OrderCancelled        = Kind{"order-cancelled", http.StatusConflict, "The order is cancelled"}
+	PaymentNotRefundable  = Kind{"payment-not-refundable", http.StatusConflict, "The payment cannot be refunded"}
+	RefundExceedsPayment  = Kind{"refund-exceeds-payment", http.StatusUnprocessableEntity, "The refund exceeds what is left of the payment"}
+	TooManyRefunds        = Kind{"too-many-refunds", http.StatusUnprocessableEntity, "The payment has all the refunds it can take"}
 	InProgress            = Kind{"request-in-progress", http.StatusAccepted, "A request with this Idempotency-Key is still in progress"}
 	Internal              = Kind{"internal-error", http.StatusInternalServerError, "Internal server error"}
 	// ClientClosedRequest is written when the client went away before the
@@ -58,8 +64,9 @@ var (
 var Kinds = []Kind{
 	Validation, MalformedJSON, MissingIdempotencyKey, InvalidIdempotencyKey,
 	Unauthorized, NotFound, MethodNotAllowed, KeyMismatch, PayloadTooLarge,
-	UnsupportedMediaType, UnknownCurrency, UnknownOrder, InsufficientFunds, BalanceLimitExceeded, InProgress, Internal, Unavailable,
-	ClientClosedRequest,
+	UnsupportedMediaType, UnknownCurrency, UnknownOrder, InsufficientFunds, BalanceLimitExceeded,
+	OrderNotModifiable, OrderNotCancellable, OrderCancelled, PaymentNotRefundable, RefundExceedsPayment, TooManyRefunds,
+	InProgress, Internal, Unavailable, ClientClosedRequest,
 }
 
 // Type returns the kind's full type URI.

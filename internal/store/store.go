@@ -18,10 +18,13 @@ import (
 )
 
 // Tx is the unit of work of an operation that reads as it writes (a
-// payment, a bonus booking): its reads and writes run in the transaction
-// that claimed the key, and commit with the stored response.
+// payment, a refund, a change of an order, a bonus booking): its reads and
+// writes run in the transaction that claimed the key, and commit with the
+// stored response.
 type Tx interface {
 	payments.Unit
+	payments.RefundUnit
+	orders.Changer
 	ledger.Booker
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
 )
 
 // CreateOrder implements orders.Writer.
@@ -26,10 +27,48 @@ func (s *Store) GetOrder(_ context.Context, account, id uuid.UUID) (orders.Order
 	return s.getOrder(s.read, account, id)
 }
 
-// GetOrder implements payments.Unit: inside the unit, it sees the unit's
-// own writes.
-func (u *unit) GetOrder(_ context.Context, account, id uuid.UUID) (orders.Order, error) {
+// LockOrder implements orders.Changer and payments.Unit: the unit takes
+// the data lock (as a first write would), so no other unit of work changes
+// anything until it ends.
+func (u *unit) LockOrder(_ context.Context, account, id uuid.UUID) (orders.Order, error) {
+	u.lock()
 	return u.s.getOrder(u.read, account, id)
+}
+
+// HasActivePayment implements orders.Changer.
+func (u *unit) HasActivePayment(_ context.Context, account, id uuid.UUID) (bool, error) {
+	active := false
+	u.read(func() {
+		for _, p := range u.s.payments[account] {
+			if p.OrderID == id && p.Status != payments.StatusFailed {
+				active = true
+			}
+		}
+	})
+	return active, nil
+}
+
+// UpdateOrder implements orders.Changer.
+func (u *unit) UpdateOrder(_ context.Context, o orders.Order) error {
+	s := u.s
+	var (
+		old orders.Order
+		ok  bool
+	)
+	o.Items = slices.Clone(o.Items)
+	u.write(func() {
+		if old, ok = s.orders[o.AccountID][o.ID]; ok {
+			s.putOrder(o)
+		}
+	}, func() {
+		if ok {
+			s.putOrder(old)
+		}
+	})
+	if !ok {
+		return orders.ErrNotFound
+	}
+	return nil
 }
 
 func (s *Store) getOrder(read func(func()), account, id uuid.UUID) (orders.Order, error) {

@@ -39,7 +39,8 @@ type Store struct {
 	bonusBalances map[uuid.UUID]int64
 	bonusEntries  map[uuid.UUID][]ledger.Entry
 	payments      map[uuid.UUID]map[uuid.UUID]payments.Payment
-	charges       chargeQueue
+	refunds       map[uuid.UUID]map[uuid.UUID]payments.Refund
+	tasks         taskQueue
 
 	// Accounts have their own lock: authentication must never wait for an
 	// operation that holds the data lock.
@@ -59,7 +60,8 @@ func New() *Store {
 		bonusBalances: map[uuid.UUID]int64{},
 		bonusEntries:  map[uuid.UUID][]ledger.Entry{},
 		payments:      map[uuid.UUID]map[uuid.UUID]payments.Payment{},
-		charges:       newChargeQueue(),
+		refunds:       map[uuid.UUID]map[uuid.UUID]payments.Refund{},
+		tasks:         newTaskQueue(),
 		apiKeys:       map[auth.KeyHash]uuid.UUID{},
 		accounts:      map[uuid.UUID]string{},
 	}
@@ -120,6 +122,10 @@ func (u *unit) write(apply, undo func()) {
 	apply()
 	u.undo = append(u.undo, undo)
 }
+
+// lock takes the data write lock for the rest of the unit of work, as a
+// write would: what the unit reads next cannot change under it.
+func (u *unit) lock() { u.write(func() {}, func() {}) }
 
 // read runs fn under the read lock, unless the unit already holds the write
 // lock (a read after a write in the same unit of work).

@@ -66,24 +66,38 @@ func (s *Store) FinishPayment(_ context.Context, p payments.Payment, final idemp
 	return changed, nil
 }
 
-// chargeQueue is the in-process stand-in for River's job table: charges
-// enqueued by committed payments, each with its attempt count and the time
-// it is due.
-type chargeQueue struct {
+// LockPayment implements payments.RefundUnit (see LockOrder).
+func (u *unit) LockPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
+	u.lock()
+	var (
+		p  payments.Payment
+		ok bool
+	)
+	u.read(func() { p, ok = u.s.payments[account][id] })
+	if !ok {
+		return payments.Payment{}, payments.ErrNotFound
+	}
+	return p, nil
+}
+
+// taskQueue is the in-process stand-in for River's job table: charges and
+// refunds enqueued by committed units of work, each with its attempt count
+// and the time it is due.
+type taskQueue struct {
 	mu   sync.Mutex
-	jobs []chargeJob
+	jobs []taskJob
 	wake chan struct{} // signalled (without blocking) when a job is added
 }
 
-type chargeJob struct {
-	ref     payments.Ref
+type taskJob struct {
+	task    payments.Task
 	attempt int // attempts made so far
 	due     time.Time
 }
 
-func newChargeQueue() chargeQueue { return chargeQueue{wake: make(chan struct{}, 1)} }
+func newTaskQueue() taskQueue { return taskQueue{wake: make(chan struct{}, 1)} }
 
-func (q *chargeQueue) push(j chargeJob) {
+func (q *taskQueue) push(j taskJob) {
 	q.mu.Lock()
 	q.jobs = append(q.jobs, j)
 	q.mu.Unlock()
@@ -93,30 +107,40 @@ func (q *chargeQueue) push(j chargeJob) {
 	}
 }
 
-// EnqueueCharge implements payments.Unit: the job is written inside the
-// unit's lease and undone if it rolls back.
-func (u *unit) EnqueueCharge(_ context.Context, ref payments.Ref) error {
+// enqueue writes t's job inside the unit's lease, undone if it rolls back.
+func (u *unit) enqueue(t payments.Task) {
 	s := u.s
 	u.write(func() {
-		s.charges.push(chargeJob{ref: ref, due: s.now()})
+		s.tasks.push(taskJob{task: t, due: s.now()})
 	}, func() {
-		q := &s.charges
+		q := &s.tasks
 		q.mu.Lock()
 		defer q.mu.Unlock()
-		q.jobs = slices.DeleteFunc(q.jobs, func(j chargeJob) bool { return j.ref == ref })
+		q.jobs = slices.DeleteFunc(q.jobs, func(j taskJob) bool { return j.task == t })
 	})
+}
+
+// EnqueueCharge implements payments.Unit.
+func (u *unit) EnqueueCharge(_ context.Context, ref payments.Ref) error {
+	u.enqueue(payments.ChargeTask(ref))
 	return nil
 }
 
-// NextCharge implements payments.LocalQueue: it blocks until a committed
-// charge is due or ctx ends, and hands it out with its attempt number.
-func (s *Store) NextCharge(ctx context.Context) (payments.Ref, int, error) {
+// EnqueueRefund implements payments.RefundUnit.
+func (u *unit) EnqueueRefund(_ context.Context, ref payments.RefundRef) error {
+	u.enqueue(payments.RefundTask(ref))
+	return nil
+}
+
+// NextTask implements payments.LocalQueue: it blocks until a committed task
+// is due or ctx ends, and hands it out with its attempt number.
+func (s *Store) NextTask(ctx context.Context) (payments.Task, int, error) {
 	for {
 		wait := time.Hour
 		// The data lock keeps out jobs of leases that have not committed:
 		// a lease holds it from its first write until it settles.
 		s.data.RLock()
-		q := &s.charges
+		q := &s.tasks
 		q.mu.Lock()
 		now := s.now()
 		for i, j := range q.jobs {
@@ -124,7 +148,7 @@ func (s *Store) NextCharge(ctx context.Context) (payments.Ref, int, error) {
 				q.jobs = slices.Delete(q.jobs, i, i+1)
 				q.mu.Unlock()
 				s.data.RUnlock()
-				return j.ref, j.attempt + 1, nil
+				return j.task, j.attempt + 1, nil
 			}
 			wait = min(wait, j.due.Sub(now))
 		}
@@ -134,7 +158,7 @@ func (s *Store) NextCharge(ctx context.Context) (payments.Ref, int, error) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return payments.Ref{}, 0, ctx.Err()
+			return payments.Task{}, 0, ctx.Err()
 		case <-q.wake:
 		case <-timer.C:
 		}
@@ -142,10 +166,10 @@ func (s *Store) NextCharge(ctx context.Context) (payments.Ref, int, error) {
 	}
 }
 
-// RetryCharge implements payments.LocalQueue: attempt failed, run the next
+// RetryTask implements payments.LocalQueue: attempt failed, run the next
 // one at due.
-func (s *Store) RetryCharge(ref payments.Ref, attempt int, due time.Time) {
-	s.charges.push(chargeJob{ref: ref, attempt: attempt, due: due})
+func (s *Store) RetryTask(t payments.Task, attempt int, due time.Time) {
+	s.tasks.push(taskJob{task: t, attempt: attempt, due: due})
 }
 
 // CountPayments returns how many payments the account has.

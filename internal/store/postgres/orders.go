@@ -55,13 +55,18 @@ func (s *Store) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Ord
 	return getOrder(ctx, db.New(s.pool), account, id)
 }
 
-// GetOrder implements payments.Unit, in the unit's transaction.
-func (u *txUnit) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
-	return getOrder(ctx, u.q, account, id)
+func getOrder(ctx context.Context, q *db.Queries, account, id uuid.UUID) (orders.Order, error) {
+	return foundOrder(q.OrderGet(ctx, db.OrderGetParams{AccountID: account, ID: id}))
 }
 
-func getOrder(ctx context.Context, q *db.Queries, account, id uuid.UUID) (orders.Order, error) {
-	row, err := q.OrderGet(ctx, db.OrderGetParams{AccountID: account, ID: id})
+// LockOrder implements orders.Changer and payments.Unit: SELECT … FOR
+// UPDATE in the unit's transaction.
+func (u *txUnit) LockOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
+	return foundOrder(u.q.OrderGetForUpdate(ctx, db.OrderGetForUpdateParams{AccountID: account, ID: id}))
+}
+
+// foundOrder is the order a query found, or orders.ErrNotFound.
+func foundOrder(row db.Order, err error) (orders.Order, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return orders.Order{}, orders.ErrNotFound
 	}
@@ -69,6 +74,28 @@ func getOrder(ctx context.Context, q *db.Queries, account, id uuid.UUID) (orders
 		return orders.Order{}, translate(err)
 	}
 	return orderFromRow(row)
+}
+
+// HasActivePayment implements orders.Changer.
+func (u *txUnit) HasActivePayment(ctx context.Context, account, id uuid.UUID) (bool, error) {
+	active, err := u.q.OrderHasActivePayment(ctx, db.OrderHasActivePaymentParams{AccountID: account, OrderID: id})
+	return active, translate(err)
+}
+
+// UpdateOrder implements orders.Changer.
+func (u *txUnit) UpdateOrder(ctx context.Context, o orders.Order) error {
+	items, err := json.Marshal(o.Items)
+	if err != nil {
+		return fmt.Errorf("encode items: %w", err)
+	}
+	n, err := u.q.OrderUpdate(ctx, db.OrderUpdateParams{
+		AccountID: o.AccountID, ID: o.ID, Status: o.Status, Amount: o.Amount, Currency: o.Currency,
+		Items: items, CancelledAt: o.CancelledAt,
+	})
+	if err == nil && n == 0 {
+		return orders.ErrNotFound
+	}
+	return translate(err)
 }
 
 // ListOrders implements orders.Repository.
@@ -100,12 +127,13 @@ func (s *Store) ListOrders(ctx context.Context, account uuid.UUID, after *orders
 
 func orderFromRow(row db.Order) (orders.Order, error) {
 	o := orders.Order{
-		AccountID: row.AccountID,
-		ID:        row.ID,
-		Status:    row.Status,
-		Amount:    row.Amount,
-		Currency:  row.Currency,
-		CreatedAt: row.CreatedAt.UTC(),
+		AccountID:   row.AccountID,
+		ID:          row.ID,
+		Status:      row.Status,
+		Amount:      row.Amount,
+		Currency:    row.Currency,
+		CreatedAt:   row.CreatedAt.UTC(),
+		CancelledAt: utc(row.CancelledAt),
 	}
 	if err := json.Unmarshal(row.Items, &o.Items); err != nil {
 		return orders.Order{}, fmt.Errorf("decode items of order %s: %w", row.ID, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -32,10 +33,25 @@ func (u *txUnit) CreatePayment(ctx context.Context, p payments.Payment) error {
 // EnqueueCharge implements payments.Unit: the job is inserted in the
 // transaction that creates the payment.
 func (u *txUnit) EnqueueCharge(ctx context.Context, ref payments.Ref) error {
-	if u.s.charges == nil {
-		return errors.New("postgres: no charge queue to enqueue a payment's charge in")
+	if u.s.jobs == nil {
+		return errNoJobs
 	}
-	return translate(u.s.charges.InsertCharge(ctx, u.tx, ref))
+	return translate(u.s.jobs.InsertCharge(ctx, u.tx, ref))
+}
+
+// errNoJobs: the store was made without a job queue (postgres.New's jobs).
+var errNoJobs = errors.New("postgres: no job queue to enqueue a payment's charge or a refund in")
+
+// LockPayment implements payments.RefundUnit.
+func (u *txUnit) LockPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
+	row, err := u.q.PaymentGetForUpdate(ctx, db.PaymentGetForUpdateParams{AccountID: account, ID: id})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return payments.Payment{}, payments.ErrNotFound
+	}
+	if err != nil {
+		return payments.Payment{}, translate(err)
+	}
+	return paymentFromRow(row), nil
 }
 
 // GetPayment implements payments.Repository.
@@ -53,27 +69,37 @@ func (s *Store) GetPayment(ctx context.Context, account, id uuid.UUID) (payments
 // FinishPayment implements payments.Repository: the payment's final state
 // and the response its key replays from now on commit in one transaction.
 func (s *Store) FinishPayment(ctx context.Context, p payments.Payment, final idempotency.Response) (bool, error) {
-	changed := false
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+	return s.finish(ctx, final, func(q *db.Queries) (idempotency.Ref, error) {
 		row, err := q.PaymentFinish(ctx, db.PaymentFinishParams{
 			AccountID:        p.AccountID,
 			ID:               p.ID,
 			Status:           p.Status,
-			FailureReason:    pgtype.Text{String: p.FailureReason, Valid: p.FailureReason != ""},
-			ProviderChargeID: pgtype.Text{String: p.ProviderChargeID, Valid: p.ProviderChargeID != ""},
+			FailureReason:    optional(p.FailureReason),
+			ProviderChargeID: optional(p.ProviderChargeID),
 			CompletedAt:      p.CompletedAt,
 		})
+		return claimOf(row.AccountID, row.IdempotencyKey, row.KeyCreatedAt), err
+	})
+}
+
+// finish makes a long operation final with settle, which returns the key
+// record the operation answers for (pgx.ErrNoRows when it was final
+// already), and replaces that record's provisional response with final, in
+// one transaction.
+func (s *Store) finish(ctx context.Context, final idempotency.Response, settle func(*db.Queries) (idempotency.Ref, error)) (bool, error) {
+	changed := false
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		claim, err := settle(db.New(tx))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // already final
 		}
 		if err != nil {
-			return fmt.Errorf("finish payment: %w", err)
+			return fmt.Errorf("make final: %w", err)
 		}
-		// The key row is named by the payment's own binding, not by p, so
-		// a caller cannot point the outcome at another key. No row: the key
-		// expired and was purged (or reused); the payment is final anyway.
-		claim := idempotency.Ref{Scope: auth.Scope(row.AccountID), Key: row.IdempotencyKey, ClaimedAt: row.KeyCreatedAt}
+		// The key row is named by the operation's own binding, not by the
+		// caller, so it cannot point the outcome at another key. No row:
+		// the key expired and was purged (or reused); the operation is
+		// final anyway.
 		if _, err := s.keys.ReplaceProvisional(ctx, tx, claim, final); err != nil {
 			return fmt.Errorf("replace the key's provisional response: %w", err)
 		}
@@ -82,6 +108,14 @@ func (s *Store) FinishPayment(ctx context.Context, p payments.Payment, final ide
 	})
 	return changed, translate(err)
 }
+
+// claimOf is the key record a payment or refund was accepted under.
+func claimOf(account uuid.UUID, key string, claimedAt time.Time) idempotency.Ref {
+	return idempotency.Ref{Scope: auth.Scope(account), Key: key, ClaimedAt: claimedAt}
+}
+
+// optional is a text column that is NULL when s is empty.
+func optional(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }
 
 func paymentFromRow(row db.Payment) payments.Payment {
 	p := payments.Payment{
@@ -96,10 +130,7 @@ func paymentFromRow(row db.Payment) payments.Payment {
 		Key:              row.IdempotencyKey,
 		KeyClaimedAt:     row.KeyCreatedAt,
 		CreatedAt:        row.CreatedAt.UTC(),
-	}
-	if row.CompletedAt != nil {
-		t := row.CompletedAt.UTC()
-		p.CompletedAt = &t
+		CompletedAt:      utc(row.CompletedAt),
 	}
 	return p
 }

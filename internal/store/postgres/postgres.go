@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -151,32 +152,33 @@ func migrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Charges inserts a payment's charge job in the transaction that creates
-// the payment (River's InsertTx; package jobs).
-type Charges interface {
+// Jobs inserts a payment's charge job, or a refund's, in the transaction
+// that creates the payment or refund (River's InsertTx; package jobs).
+type Jobs interface {
 	InsertCharge(ctx context.Context, tx pgx.Tx, ref payments.Ref) error
+	InsertRefund(ctx context.Context, tx pgx.Tx, ref payments.RefundRef) error
 }
 
 // Store implements store.Backend on one pool: the domain writes of an
 // idempotent operation join the key's transaction.
 type Store struct {
-	pool    *pgxpool.Pool
-	keys    *pgstore.Store
-	charges Charges
-	tx      idempotency.Store[store.Tx]
-	w       idempotency.Store[store.Writes]
+	pool *pgxpool.Pool
+	keys *pgstore.Store
+	jobs Jobs
+	tx   idempotency.Store[store.Tx]
+	w    idempotency.Store[store.Writes]
 }
 
 var _ store.Backend = (*Store)(nil)
 
 // New returns a store on pool. The schema must be migrated (Migrate).
-// Without charges, a payment cannot be accepted.
-func New(pool *pgxpool.Pool, charges Charges) *Store {
+// Without jobs, no payment or refund can be accepted.
+func New(pool *pgxpool.Pool, jobs Jobs) *Store {
 	keys, err := pgstore.New(pool, pgstore.Options{})
 	if err != nil {
 		panic(err) // the default options are valid
 	}
-	s := &Store{pool: pool, keys: keys, charges: charges}
+	s := &Store{pool: pool, keys: keys, jobs: jobs}
 	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, _ idempotency.Ref) store.Tx { return &txUnit{s: s, tx: tx, q: db.New(tx)} })
 	s.w = idempotency.MapUnit(keys.Deferred(), func(b *pgstore.Batch, ref idempotency.Ref) store.Writes {
 		return &queuedWrites{q: db.New(writeOnly{b}), claim: ref}
@@ -238,6 +240,15 @@ func (writeOnly) QueryRow(context.Context, string, ...any) pgx.Row        { retu
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
+
+// utc is a nullable timestamp in UTC, as the domain keeps times.
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
 
 // translate maps driver errors that mean "the database is not there right
 // now" to idempotency.ErrUnavailable (503 with Retry-After).

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/internal/jobs"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/store/storetest"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -21,10 +22,16 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// TestConformance runs the backend suite on the real database.
+// TestConformance runs the backend suite on the real database, with River
+// taking the jobs it enqueues (nobody works them).
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) storetest.Store { return postgres.New(testdb.Pool(t), nil) })
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		pool := testdb.Pool(t)
+		runner, err := jobs.New(pool, jobs.Config{})
+		require.NoError(t, err, "River")
+		return postgres.New(pool, runner)
+	})
 }
 
 // TestMigrate checks that replicas starting together may all migrate: the

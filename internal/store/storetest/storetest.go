@@ -72,6 +72,9 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"LedgerRollbackUndoesEntry", testLedgerRollback},
 		{"Payments", testPayments},
 		{"PaymentFinishReplacesProvisionalResponse", testPaymentFinishReplacesProvisional},
+		{"OrderChanges", testOrderChanges},
+		{"OrderLockSerializes", testOrderLockSerializes},
+		{"Refunds", testRefunds},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
