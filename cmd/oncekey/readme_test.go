@@ -178,8 +178,8 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 
 var scriptRe = regexp.MustCompile("(?s)<!-- readme-test: script -->\\s*```sh\\n(.*?)```\\s*prints[^\\n]*\\n\\s*```text\\n(.*?)```")
 
-// TestReadmeScripts runs each of the README's marked scripts (the payment
-// flow, the bonus ledger) as printed against `oncekey serve` on the
+// TestReadmeScripts runs each of the README's marked scripts (order changes,
+// the payment flow, refunds, the bonus ledger) as printed against `oncekey serve` on the
 // in-memory default, as `make run` starts it (the sandbox provider
 // in-process), and compares what it prints with the output the README
 // shows under it. Only ids, times, Date and Content-Length may differ, and
@@ -190,7 +190,7 @@ func TestReadmeScripts(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	scripts := scriptRe.FindAllStringSubmatch(string(readme), -1)
-	require.Len(t, scripts, 2, "README.md should have two marked scripts with their output: payments and the bonus ledger")
+	require.Len(t, scripts, 4, "README.md should have four marked scripts with their output: order changes, payments, refunds and the bonus ledger")
 	for i, m := range scripts {
 		t.Run(fmt.Sprint(i+1), func(t *testing.T) {
 			t.Parallel()
