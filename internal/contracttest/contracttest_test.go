@@ -2,10 +2,16 @@ package contracttest_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
@@ -13,6 +19,10 @@ import (
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/jobs"
+	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -33,36 +43,90 @@ func serve(t *testing.T, cfg httpapi.Config, wrap func(http.Handler) http.Handle
 	return srv.URL, creds.APIKey
 }
 
+// sandboxPayments is a payment service on repo that charges and refunds
+// through a sandbox provider of the test's own, without faults.
+func sandboxPayments(t *testing.T, repo payments.Repository) *payments.Service {
+	t.Helper()
+	sandbox := httptest.NewServer(provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, discard))
+	t.Cleanup(sandbox.Close)
+	return payments.NewService(payments.Config{
+		Repo: repo, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
+		Provider: provider.NewClient(sandbox.URL, &http.Client{Timeout: 5 * time.Second}),
+	})
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// inMemory is the service in memory, with its in-process payment worker,
+// as `oncekey serve` runs it by default.
+func inMemory(t *testing.T) httpapi.Config {
+	mem := memory.New()
+	svc := sandboxPayments(t, mem)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		payments.RunLocal(ctx, mem, svc, payments.RetryPolicy{}, 4, discard)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return httpapi.Config{Backend: mem, Payments: svc}
+}
+
+// onPostgres is the service on a database of the test's own (River works
+// every job in its database: another test's worker must not charge this
+// one's payments), with its River payment worker.
+func onPostgres(t *testing.T) httpapi.Config {
+	_, pool := testdb.Fresh(t)
+	runner, err := jobs.New(pool, jobs.Config{Workers: 4, PollInterval: 20 * time.Millisecond, Logger: discard})
+	require.NoError(t, err, "River runner")
+	pg := postgres.New(pool, runner)
+	svc := sandboxPayments(t, pg)
+	require.NoError(t, runner.Start(context.Background(), svc), "start River")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, runner.Stop(ctx), "stop River")
+	})
+	return httpapi.Config{Backend: pg, Payments: svc}
+}
+
 func TestServicePassesTheContract(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(t *testing.T) httpapi.Config{
-		"memory":   func(*testing.T) httpapi.Config { return httpapi.Config{Backend: memory.New()} },
-		"postgres": func(t *testing.T) httpapi.Config { return httpapi.Config{Backend: postgres.New(testdb.Pool(t), nil)} },
+		"memory":                         inMemory,
+		"memory, duplicates in flight":   inFlight(inMemory),
+		"postgres":                       onPostgres,
+		"postgres, duplicates in flight": inFlight(onPostgres),
 		"postgres with the Redis fast path": func(t *testing.T) httpapi.Config {
-			pg := postgres.New(testdb.Pool(t), nil)
+			cfg := onPostgres(t)
+			pg := cfg.Backend.(*postgres.Store)
 			rdb, err := redisstore.NewClient("redis://127.0.0.1:6379/0")
 			require.NoError(t, err)
 			t.Cleanup(func() { rdb.Close() })
 			require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis at 127.0.0.1:6379")
 			fast := redisstore.New(rdb, redisstore.Config{Prefix: "contracttest:"})
-			return httpapi.Config{Backend: pg, Keys: redisstore.Wrap(fast, pg.Keys()), WriteKeys: redisstore.Wrap(fast, pg.WriteKeys())}
+			cfg.Keys, cfg.WriteKeys = redisstore.Wrap(fast, pg.Keys()), redisstore.Wrap(fast, pg.WriteKeys())
+			return cfg
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			url, key := serve(t, open(t), func(h http.Handler) http.Handler { return h })
+			start := time.Now()
 			results, err := contracttest.Run(context.Background(), contracttest.Config{BaseURL: url, APIKey: key})
 			require.NoError(t, err)
 			require.NotEmpty(t, results)
+			t.Logf("%d checks in %s", len(results), time.Since(start).Round(time.Millisecond))
 			for _, r := range results {
-				require.NoError(t, r.Err, "check %q", r.Name)
+				assert.NoError(t, r.Err, "check %q", r.Name)
 			}
 		})
 	}
 }
 
 // TestSuiteCatchesABrokenService proves the suite can fail: a proxy that
-// drops the replay header, and one that answers outside the contract.
+// drops the replay header, one that answers outside the contract, and ones
+// that run every duplicate of an operation.
 func TestSuiteCatchesABrokenService(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -84,11 +148,17 @@ func TestSuiteCatchesABrokenService(t *testing.T) {
 				h.ServeHTTP(w, r)
 			})
 		}, "operations endpoints answer"},
+		{"every order change runs", uniqueKeys(func(r *http.Request) bool { return r.Method == http.MethodPatch }),
+			"an order change runs once, a retry replays it and changes nothing"},
+		{"every cancellation runs", uniqueKeys(func(r *http.Request) bool { return r.Method == http.MethodDelete }),
+			"concurrent duplicate cancellations run once"},
+		{"every refund runs", uniqueKeys(func(r *http.Request) bool { return strings.HasSuffix(r.URL.Path, "/refunds") }),
+			"concurrent duplicate refunds make one refund"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			url, key := serve(t, httpapi.Config{Backend: memory.New()}, tt.wrap)
+			url, key := serve(t, inMemory(t), tt.wrap)
 			results, err := contracttest.Run(context.Background(), contracttest.Config{BaseURL: url, APIKey: key})
 			require.NoError(t, err)
 			var failed []string
@@ -110,4 +180,54 @@ type dropHeader struct {
 func (d dropHeader) WriteHeader(status int) {
 	d.Header().Del(d.name)
 	d.ResponseWriter.WriteHeader(status)
+}
+
+// uniqueKeys gives each request that match selects an Idempotency-Key of
+// its own, so that every duplicate runs.
+func uniqueKeys(match func(*http.Request) bool) func(http.Handler) http.Handler {
+	return func(h http.Handler) http.Handler {
+		var n atomic.Int64
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if key := r.Header.Get(idempotency.HeaderKey); key != "" && match(r) {
+				r.Header.Set(idempotency.HeaderKey, fmt.Sprintf("%s-%d", key, n.Add(1)))
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+}
+
+// inFlight is the service open starts, with the operations that read as
+// they write (changes, cancellations, payments, refunds) taking a while and
+// duplicates not waiting for them: the duplicates of a burst are answered
+// 202 request-in-progress.
+func inFlight(open func(t *testing.T) httpapi.Config) func(t *testing.T) httpapi.Config {
+	return func(t *testing.T) httpapi.Config {
+		cfg := open(t)
+		cfg.Keys, cfg.Wait = slowKeys{Store: cfg.Backend.Keys(), delay: 50 * time.Millisecond}, time.Millisecond
+		return cfg
+	}
+}
+
+// slowKeys holds each operation's outcome for delay before it commits.
+type slowKeys struct {
+	idempotency.Store[store.Tx]
+	delay time.Duration
+}
+
+func (k slowKeys) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[store.Tx], *idempotency.Record, error) {
+	lease, rec, err := k.Store.Claim(ctx, req)
+	if lease != nil {
+		lease = slowLease{Lease: lease, delay: k.delay}
+	}
+	return lease, rec, err
+}
+
+type slowLease struct {
+	idempotency.Lease[store.Tx]
+	delay time.Duration
+}
+
+func (l slowLease) Commit(ctx context.Context, resp idempotency.Response) error {
+	time.Sleep(l.delay)
+	return l.Lease.Commit(ctx, resp)
 }

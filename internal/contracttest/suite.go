@@ -10,13 +10,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Config says which deployment to check. The suite creates a few orders in
-// the account of APIKey: use a dedicated test account.
+// Config says which deployment to check. The suite creates orders in the
+// account of APIKey, changes and cancels some, pays some (1200 RUB each,
+// charged through the deployment's payment provider) and refunds parts of
+// those payments: use a dedicated test account on a sandbox provider.
 type Config struct {
 	BaseURL string
 	APIKey  string
@@ -103,7 +107,7 @@ func (s *session) do(ctx context.Context, method, path, key, body string, header
 	}
 	req.Header.Set("Authorization", "Bearer "+s.cfg.APIKey)
 	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType(method))
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
@@ -137,6 +141,176 @@ func expect(a answer, status int, problemType string) error {
 	return nil
 }
 
+// contentType is the media type of a request body: a PATCH is a JSON
+// Merge Patch.
+func contentType(method string) string {
+	if method == http.MethodPatch {
+		return "application/merge-patch+json"
+	}
+	return "application/json"
+}
+
+// want sends a request and checks the answer's status and problem type.
+func (s *session) want(ctx context.Context, status int, problemType, method, path, key, body string, header ...string) (answer, error) {
+	a, err := s.do(ctx, method, path, key, body, header...)
+	if err != nil {
+		return a, err
+	}
+	if err := expect(a, status, problemType); err != nil {
+		return a, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return a, nil
+}
+
+// fresh is want for a request that must run: its answer is not a replay.
+func (s *session) fresh(ctx context.Context, status int, problemType, method, path, key, body string) (answer, error) {
+	a, err := s.want(ctx, status, problemType, method, path, key, body)
+	if err == nil && replayed(a) {
+		err = fmt.Errorf("%s %s: the first request with its key was answered with a replay", method, path)
+	}
+	return a, err
+}
+
+// twice sends a request that must run, then again with the same key: the
+// second answer must be the first, replayed.
+func (s *session) twice(ctx context.Context, status int, problemType, method, path, key, body string) (answer, error) {
+	first, err := s.fresh(ctx, status, problemType, method, path, key, body)
+	if err != nil {
+		return first, err
+	}
+	again, err := s.do(ctx, method, path, key, body)
+	if err != nil {
+		return first, err
+	}
+	if err := replayOf(first, again); err != nil {
+		return first, fmt.Errorf("%s %s retried: %w", method, path, err)
+	}
+	return first, nil
+}
+
+const headerReplayed = "Idempotent-Replayed"
+
+func replayed(a answer) bool { return a.header.Get(headerReplayed) == "true" }
+
+// replayOf checks that again is first replayed: the same status, body and
+// Location, marked Idempotent-Replayed.
+func replayOf(first, again answer) error {
+	if again.status != first.status || !bytes.Equal(first.body, again.body) || !replayed(again) ||
+		again.header.Get("Location") != first.header.Get("Location") {
+		return fmt.Errorf("not a byte-identical replay:\nfirst: %d %s\nretry: %d %s (%s: %q)",
+			first.status, first.body, again.status, again.body, headerReplayed, again.header.Get(headerReplayed))
+	}
+	return nil
+}
+
+// inProgress reports whether a is the answer to a duplicate of a request
+// still running: 202 request-in-progress. It must say when to come back.
+func inProgress(a answer) (bool, error) {
+	if a.status != http.StatusAccepted || a.problemType() != problemBase+"request-in-progress" {
+		return false, nil
+	}
+	if a.header.Get("Retry-After") == "" {
+		return true, errors.New("a 202 request-in-progress without Retry-After")
+	}
+	return true, nil
+}
+
+// stormSize is how many copies of one request a burst sends at once.
+const stormSize = 20
+
+// burst sends stormSize copies of one request at once, with no way to
+// slow the server down: the protocol's promise for duplicates in flight.
+// Exactly one of them runs the operation, with status (the one answer
+// without Idempotent-Replayed); every other one gets 202
+// request-in-progress with Retry-After, or a replay that isReplay accepts
+// (nil: replayOf). Once the burst is over the key replays the one that ran.
+// burst returns the answer of the one that ran.
+func (s *session) burst(ctx context.Context, status int, send func(context.Context) (answer, error), isReplay func(ran, a answer) error) (answer, error) {
+	if isReplay == nil {
+		isReplay = replayOf
+	}
+	answers := make([]answer, stormSize)
+	errs := make([]error, stormSize)
+	var wg sync.WaitGroup
+	for i := range stormSize {
+		wg.Go(func() { answers[i], errs[i] = send(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return answer{}, err
+	}
+	var ran, replays []answer
+	for _, a := range answers {
+		waiting, err := inProgress(a)
+		switch {
+		case err != nil:
+			return answer{}, err
+		case waiting:
+		case replayed(a):
+			replays = append(replays, a)
+		default:
+			ran = append(ran, a)
+		}
+	}
+	if len(ran) != 1 {
+		var got []string
+		for _, a := range ran {
+			got = append(got, fmt.Sprintf("%d %.200s", a.status, a.body))
+		}
+		return answer{}, fmt.Errorf("%d of %d duplicates were answered without %s (each ran the operation), want exactly 1: %s",
+			len(ran), stormSize, headerReplayed, strings.Join(got, "; "))
+	}
+	if ran[0].status != status {
+		return answer{}, fmt.Errorf("the duplicate that ran got %d, want %d (body: %.300s)", ran[0].status, status, ran[0].body)
+	}
+	for _, a := range replays {
+		if err := isReplay(ran[0], a); err != nil {
+			return answer{}, fmt.Errorf("a duplicate in the burst: %w", err)
+		}
+	}
+	again, err := send(ctx)
+	if err != nil {
+		return answer{}, err
+	}
+	if err := isReplay(ran[0], again); err != nil {
+		return answer{}, fmt.Errorf("after the burst: %w", err)
+	}
+	return ran[0], nil
+}
+
+// resource is what the checks read of an order, a payment or a refund.
+type resource struct {
+	ID          string  `json:"id"`
+	Status      string  `json:"status"`
+	Amount      int64   `json:"amount"`
+	PaymentID   string  `json:"payment_id"`
+	CancelledAt *string `json:"cancelled_at"`
+}
+
+func decode(a answer) (resource, error) {
+	var r resource
+	if err := json.Unmarshal(a.body, &r); err != nil || r.ID == "" {
+		return r, fmt.Errorf("not a resource with an id: %.300s", a.body)
+	}
+	return r, nil
+}
+
+// get reads the resource at path.
+func (s *session) get(ctx context.Context, path string) (resource, error) {
+	a, err := s.want(ctx, http.StatusOK, "", http.MethodGet, path, "", "")
+	if err != nil {
+		return resource{}, err
+	}
+	return decode(a)
+}
+
+// sameJSON reports whether a and b are the same JSON value, whatever their
+// layout.
+func sameJSON(a, b []byte) bool {
+	var x, y any
+	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
+}
+
 const problemBase = "https://oncekey.dev/problems/"
 
 const (
@@ -144,17 +318,19 @@ const (
 	seedReordered  = "{ \"currency\": \"RUB\", \"amount\": 1200,\n  \"items\": [ { \"qty\": 2, \"sku\": \"SKU-1\" } ] }"
 	otherOrder     = `{"items":[{"sku":"SKU-1","qty":3}],"amount":1800,"currency":"RUB"}`
 	unknownCurrncy = `{"items":[{"sku":"SKU-1","qty":1}],"amount":100,"currency":"XYZ"}`
+	// unknownID is an id no deployment issued.
+	unknownID = "00000000-0000-7000-8000-000000000000"
 )
 
-var checks = []check{
+// checks are every check, in the order they run.
+var checks = slices.Concat(protocolChecks, orderChecks, paymentChecks)
+
+// protocolChecks are the protocol's promises on POST /orders.
+var protocolChecks = []check{
 	{"operations endpoints answer", func(ctx context.Context, s *session) error {
 		for _, path := range []string{"/healthz", "/readyz", "/openapi.yaml"} {
-			a, err := s.do(ctx, http.MethodGet, path, "", "", "Authorization", "")
-			if err != nil {
+			if _, err := s.want(ctx, http.StatusOK, "", http.MethodGet, path, "", "", "Authorization", ""); err != nil {
 				return err
-			}
-			if err := expect(a, http.StatusOK, ""); err != nil {
-				return fmt.Errorf("%s: %w", path, err)
 			}
 		}
 		return nil
@@ -178,12 +354,9 @@ var checks = []check{
 	}},
 	{"first request runs, a retry replays byte for byte", func(ctx context.Context, s *session) error {
 		key := s.key("replay")
-		first, err := s.do(ctx, http.MethodPost, "/orders", key, seedOrder)
+		first, err := s.fresh(ctx, http.StatusCreated, "", http.MethodPost, "/orders", key, seedOrder)
 		if err != nil {
 			return err
-		}
-		if err := expect(first, http.StatusCreated, ""); err != nil {
-			return fmt.Errorf("first: %w", err)
 		}
 		if first.header.Get("Idempotency-Key") != key || first.header.Get("Location") == "" {
 			return errors.New("first: Idempotency-Key echo or Location missing")
@@ -193,26 +366,19 @@ var checks = []check{
 			if err != nil {
 				return err
 			}
-			if err := expect(again, http.StatusCreated, ""); err != nil {
+			if err := replayOf(first, again); err != nil {
 				return fmt.Errorf("retry: %w", err)
-			}
-			if !bytes.Equal(first.body, again.body) || again.header.Get("Idempotent-Replayed") != "true" ||
-				again.header.Get("Location") != first.header.Get("Location") {
-				return fmt.Errorf("retry is not a byte-identical replay:\nfirst: %s\nretry: %s", first.body, again.body)
 			}
 		}
 		return nil
 	}},
 	{"the same key with a different request is 409", func(ctx context.Context, s *session) error {
 		key := s.key("mismatch")
-		if a, err := s.do(ctx, http.MethodPost, "/orders", key, seedOrder); err != nil || expect(a, 201, "") != nil {
-			return errors.Join(err, expect(a, 201, ""))
-		}
-		a, err := s.do(ctx, http.MethodPost, "/orders", key, otherOrder)
-		if err != nil {
+		if _, err := s.want(ctx, http.StatusCreated, "", http.MethodPost, "/orders", key, seedOrder); err != nil {
 			return err
 		}
-		return expect(a, http.StatusConflict, "idempotency-key-mismatch")
+		_, err := s.want(ctx, http.StatusConflict, "idempotency-key-mismatch", http.MethodPost, "/orders", key, otherOrder)
+		return err
 	}},
 	{"a missing or malformed key is 400", func(ctx context.Context, s *session) error {
 		missing, err := s.do(ctx, http.MethodPost, "/orders", "", seedOrder)
@@ -227,79 +393,39 @@ var checks = []check{
 	}},
 	{"a rejected request consumes no key", func(ctx context.Context, s *session) error {
 		key := s.key("rejected")
-		bad, err := s.do(ctx, http.MethodPost, "/orders", key, `{"items":[],"amount":1200,"currency":"RUB"}`)
-		if err != nil {
+		if _, err := s.want(ctx, 400, "validation-error", http.MethodPost, "/orders", key, `{"items":[],"amount":1200,"currency":"RUB"}`); err != nil {
 			return err
 		}
-		if err := expect(bad, 400, "validation-error"); err != nil {
-			return err
-		}
-		good, err := s.do(ctx, http.MethodPost, "/orders", key, seedOrder)
-		if err != nil {
-			return err
-		}
-		if err := expect(good, 201, ""); err != nil {
+		if _, err := s.fresh(ctx, http.StatusCreated, "", http.MethodPost, "/orders", key, seedOrder); err != nil {
 			return fmt.Errorf("after fixing the body: %w", err)
-		}
-		if good.header.Get("Idempotent-Replayed") != "" {
-			return errors.New("the fixed request was answered with a replay")
 		}
 		return nil
 	}},
 	{"a business outcome is stored and replayed", func(ctx context.Context, s *session) error {
-		key := s.key("outcome")
-		first, err := s.do(ctx, http.MethodPost, "/orders", key, unknownCurrncy)
-		if err != nil {
-			return err
-		}
-		if err := expect(first, http.StatusUnprocessableEntity, "unknown-currency"); err != nil {
-			return err
-		}
-		again, err := s.do(ctx, http.MethodPost, "/orders", key, unknownCurrncy)
-		if err != nil {
-			return err
-		}
-		if err := expect(again, http.StatusUnprocessableEntity, "unknown-currency"); err != nil {
-			return err
-		}
-		if again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(first.body, again.body) {
-			return errors.New("the 422 was not replayed byte for byte")
-		}
-		return nil
+		_, err := s.twice(ctx, http.StatusUnprocessableEntity, "unknown-currency", http.MethodPost, "/orders", s.key("outcome"), unknownCurrncy)
+		return err
 	}},
 	{"orders read back, another id is 404", func(ctx context.Context, s *session) error {
-		created, err := s.do(ctx, http.MethodPost, "/orders", s.key("read"), seedOrder)
+		created, err := s.want(ctx, http.StatusCreated, "", http.MethodPost, "/orders", s.key("read"), seedOrder)
 		if err != nil {
 			return err
 		}
-		if err := expect(created, 201, ""); err != nil {
-			return err
-		}
-		var order struct {
-			ID string `json:"id"`
-		}
-		if err := json.Unmarshal(created.body, &order); err != nil {
-			return err
-		}
-		got, err := s.do(ctx, http.MethodGet, "/orders/"+order.ID, "", "")
+		order, err := decode(created)
 		if err != nil {
 			return err
 		}
-		if err := expect(got, 200, ""); err != nil {
+		got, err := s.want(ctx, http.StatusOK, "", http.MethodGet, "/orders/"+order.ID, "", "")
+		if err != nil {
 			return err
 		}
 		if !bytes.Equal(bytes.TrimSpace(got.body), bytes.TrimSpace(created.body)) {
 			return fmt.Errorf("GET differs from the created order:\n%s\n%s", got.body, created.body)
 		}
-		missing, err := s.do(ctx, http.MethodGet, "/orders/00000000-0000-7000-8000-000000000000", "", "")
-		if err != nil {
+		if _, err := s.want(ctx, http.StatusNotFound, "not-found", http.MethodGet, "/orders/"+unknownID, "", ""); err != nil {
 			return err
 		}
-		list, err := s.do(ctx, http.MethodGet, "/orders?limit=100", "", "")
+		list, err := s.want(ctx, http.StatusOK, "", http.MethodGet, "/orders?limit=100", "", "")
 		if err != nil {
-			return err
-		}
-		if err := errors.Join(expect(missing, 404, "not-found"), expect(list, 200, "")); err != nil {
 			return err
 		}
 		if !bytes.Contains(list.body, []byte(order.ID)) {
@@ -308,56 +434,10 @@ var checks = []check{
 		return nil
 	}},
 	{"concurrent duplicates run the operation once", func(ctx context.Context, s *session) error {
-		const n = 20
 		key := s.key("storm")
-		answers := make([]answer, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { answers[i], errs[i] = s.do(ctx, http.MethodPost, "/orders", key, seedOrder) })
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return err
-		}
-		var body []byte
-		for _, a := range answers {
-			switch a.status {
-			case http.StatusCreated:
-				if body != nil && !bytes.Equal(body, a.body) {
-					return fmt.Errorf("two different 201 bodies for one key:\n%s\n%s", body, a.body)
-				}
-				body = a.body
-			case http.StatusAccepted:
-				if a.header.Get("Retry-After") == "" {
-					return errors.New("a 202 without Retry-After")
-				}
-			default:
-				return fmt.Errorf("a duplicate got %d: %s", a.status, a.body)
-			}
-		}
-		// Every duplicate may have got 202 while the first ran; retrying
-		// must then produce the one outcome, the same for everyone.
-		for try := 0; body == nil && try < 20; try++ {
-			time.Sleep(250 * time.Millisecond)
-			a, err := s.do(ctx, http.MethodPost, "/orders", key, seedOrder)
-			if err != nil {
-				return err
-			}
-			if a.status == http.StatusCreated {
-				body = a.body
-			}
-		}
-		if body == nil {
-			return errors.New("no request of the storm ever got the 201")
-		}
-		again, err := s.do(ctx, http.MethodPost, "/orders", key, seedOrder)
-		if err != nil {
-			return err
-		}
-		if again.status != http.StatusCreated || !bytes.Equal(again.body, body) {
-			return fmt.Errorf("after the storm the key replays %d %s, want the storm's 201", again.status, again.body)
-		}
-		return nil
+		_, err := s.burst(ctx, http.StatusCreated, func(ctx context.Context) (answer, error) {
+			return s.do(ctx, http.MethodPost, "/orders", key, seedOrder)
+		}, nil)
+		return err
 	}},
 }
