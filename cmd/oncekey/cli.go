@@ -24,7 +24,7 @@ type cli struct {
 	Purge        purgeCmd        `cmd:"" help:"Delete expired idempotency keys in batches, or count them with --dry-run."`
 	Keys         keysCmd         `cmd:"" help:"Read-only views of the idempotency keys, for operators."`
 	Accounts     accountsCmd     `cmd:"" help:"Create accounts and revoke API keys."`
-	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Check a deployment against the protocol and openapi.yaml (creates a few orders in the key's account)."`
+	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Check a deployment against the protocol and openapi.yaml. It creates orders in the key's account, and pays and refunds some through the deployment's provider: use a test account on a sandbox provider."`
 	Version      versionCmd      `cmd:"" help:"Print the version and the VCS revision this binary was built from."`
 }
 
