@@ -7,7 +7,9 @@
 // Retried: network errors (the request may or may not have reached the
 // server: the key makes the retry safe either way), 5xx (including 503) and
 // 202 request-in-progress, honouring Retry-After. Not retried: 4xx, which
-// will not change by sending the same request again.
+// will not change by sending the same request again, and the 202 of a long
+// operation (a refund) that carries the accepted, pending resource: that is
+// the operation's answer, and its resource is polled with a GET.
 package client
 
 import (
@@ -45,7 +47,7 @@ type Config struct {
 
 // Client calls Oncekey.
 type Client struct {
-	api *api.ClientWithResponses
+	api *api.Client
 	cfg Config
 }
 
@@ -69,7 +71,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.NewKey == nil {
 		cfg.NewKey = uuid.NewString
 	}
-	c, err := api.NewClientWithResponses(cfg.BaseURL,
+	c, err := api.NewClient(cfg.BaseURL,
 		api.WithHTTPClient(cfg.HTTPClient),
 		api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
 			r.Header.Set("Authorization", "Bearer "+cfg.APIKey)
@@ -88,6 +90,8 @@ type ProblemError struct {
 	Problem api.Problem
 }
 
+// Error says the status and, when the server sent a problem, its type and
+// detail.
 func (e *ProblemError) Error() string {
 	if e.Problem.Type == "" {
 		return fmt.Sprintf("oncekey: HTTP %d", e.Status)
@@ -103,31 +107,92 @@ func (e *ProblemError) Error() string {
 // takes: every attempt carries the same Idempotency-Key, so at most one of
 // them creates the order and the others get its stored response.
 func (c *Client) CreateOrder(ctx context.Context, in api.NewOrder) (*api.Order, error) {
-	var order *api.Order
-	err := c.Idempotent(ctx, func(ctx context.Context, key string) (*http.Response, error) {
-		resp, err := c.api.CreateOrderWithResponse(ctx, &api.CreateOrderParams{IdempotencyKey: key}, in)
-		if err != nil {
-			return nil, err
-		}
-		order = resp.JSON201
-		return resp.HTTPResponse, problemOf(resp.HTTPResponse, resp.Body)
+	return once[api.Order](ctx, c, func(ctx context.Context, key string) (*http.Response, error) {
+		return c.api.CreateOrder(ctx, &api.CreateOrderParams{IdempotencyKey: key}, in)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return order, nil
 }
 
 // GetOrder returns one of the caller's orders.
 func (c *Client) GetOrder(ctx context.Context, id string) (*api.Order, error) {
-	resp, err := c.api.GetOrderWithResponse(ctx, id)
+	return get[api.Order](c.api.GetOrder(ctx, id))
+}
+
+// UpdateOrder changes one of the caller's unpaid orders exactly once, as
+// CreateOrder creates one. patch is sent as a JSON Merge Patch
+// (application/merge-patch+json): the fields it leaves nil keep their
+// value, and Items, when set, replaces the items as a whole. It returns the
+// order right after this change. A cancelled order, or one with a pending
+// or succeeded payment, is a *ProblemError 409 order-not-modifiable.
+func (c *Client) UpdateOrder(ctx context.Context, id string, patch api.OrderPatch) (*api.Order, error) {
+	return once[api.Order](ctx, c, func(ctx context.Context, key string) (*http.Response, error) {
+		return c.api.UpdateOrderWithApplicationMergePatchPlusJSONBody(ctx, id, &api.UpdateOrderParams{IdempotencyKey: key}, patch)
+	})
+}
+
+// CancelOrder cancels one of the caller's unpaid orders exactly once, as
+// CreateOrder creates one, and returns it cancelled (Status cancelled,
+// CancelledAt set); an order cancelled before is returned as it is. An
+// order with a pending or succeeded payment is a *ProblemError 409
+// order-not-cancellable.
+func (c *Client) CancelOrder(ctx context.Context, id string) (*api.Order, error) {
+	return once[api.Order](ctx, c, func(ctx context.Context, key string) (*http.Response, error) {
+		return c.api.CancelOrder(ctx, id, &api.CancelOrderParams{IdempotencyKey: key})
+	})
+}
+
+// CreateRefund refunds part or all of one of the caller's succeeded
+// payments exactly once, however many attempts it takes, as CreateOrder
+// creates an order. A refund is a long operation: the service accepts it at
+// once (202) and the provider refunds it later, so CreateRefund returns the
+// refund as accepted, pending, or final when a retry came after it became
+// final (200); poll GetRefund until it is succeeded or failed. A payment
+// that has not succeeded is a *ProblemError 409 payment-not-refundable; a
+// refund larger than what is left of the payment is 422
+// refund-exceeds-payment, one refund too many 422 too-many-refunds.
+func (c *Client) CreateRefund(ctx context.Context, paymentID string, in api.NewRefund) (*api.Refund, error) {
+	return once[api.Refund](ctx, c, func(ctx context.Context, key string) (*http.Response, error) {
+		return c.api.CreateRefund(ctx, paymentID, &api.CreateRefundParams{IdempotencyKey: key}, in)
+	})
+}
+
+// GetRefund returns one of the caller's refunds. While it is pending, look
+// again later (after the answer's Retry-After).
+func (c *Client) GetRefund(ctx context.Context, id string) (*api.Refund, error) {
+	return get[api.Refund](c.api.GetRefund(ctx, id))
+}
+
+// ListRefunds returns every refund of one of the caller's payments, oldest
+// first.
+func (c *Client) ListRefunds(ctx context.Context, paymentID string) ([]api.Refund, error) {
+	list, err := get[api.RefundList](c.api.ListRefunds(ctx, paymentID))
 	if err != nil {
 		return nil, err
 	}
-	if err := problemOf(resp.HTTPResponse, resp.Body); err != nil {
+	return list.Items, nil
+}
+
+// once runs one logical operation through Idempotent: send makes one
+// attempt of it with the operation's key. It returns the final answer's
+// body decoded as T.
+func once[T any](ctx context.Context, c *Client, send func(ctx context.Context, key string) (*http.Response, error)) (*T, error) {
+	var out *T
+	err := c.Idempotent(ctx, func(ctx context.Context, key string) (*http.Response, error) {
+		var resp *http.Response
+		var err error
+		out, resp, err = decode[T](send(ctx, key))
+		return resp, err
+	})
+	if err != nil {
 		return nil, err
 	}
-	return resp.JSON200, nil
+	return out, nil
+}
+
+// get is a request that is not retried (a GET): its answer's body decoded
+// as T, or its problem.
+func get[T any](resp *http.Response, err error) (*T, error) {
+	out, _, err := decode[T](resp, err)
+	return out, err
 }
 
 // Attempt is one try of an operation with the operation's key. It returns
@@ -173,7 +238,7 @@ func (c *Client) classify(resp *http.Response, err error, n int) (retry bool, wa
 		return err != nil, backoff // network error: the key makes the retry safe
 	}
 	switch {
-	case resp.StatusCode == http.StatusAccepted, resp.StatusCode >= 500:
+	case inProgress(resp), resp.StatusCode >= 500:
 		if ra, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
 			return true, min(ra, c.cfg.MaxDelay)
 		}

@@ -3,6 +3,7 @@ import type { components, paths } from "./schema.js";
 import {
   DEFAULT_RETRY,
   idempotent,
+  isInProgress,
   withRetry,
   type HasResponse,
   type IdempotentOptions,
@@ -14,6 +15,10 @@ export type Order = components["schemas"]["Order"];
 export type NewOrder = components["schemas"]["NewOrder"];
 export type OrderItem = components["schemas"]["OrderItem"];
 export type OrderPage = components["schemas"]["OrderPage"];
+export type OrderPatch = components["schemas"]["OrderPatch"];
+export type Refund = components["schemas"]["Refund"];
+export type NewRefund = components["schemas"]["NewRefund"];
+export type RefundList = components["schemas"]["RefundList"];
 export type Problem = components["schemas"]["Problem"];
 
 /**
@@ -46,10 +51,14 @@ export interface ClientOptions {
   fetch?: typeof globalThis.fetch;
 }
 
-export interface CreateOrderOptions {
-  /** A key you persisted for this order; default a fresh UUID. See IdempotentOptions.key. */
+/** Options of one unsafe operation (createOrder, updateOrder, cancelOrder, createRefund). */
+export interface OperationOptions {
+  /** A key you persisted for this operation; default a fresh UUID. See IdempotentOptions.key. */
   idempotencyKey?: string;
 }
+
+/** createOrder's options (the same as every unsafe operation's). */
+export type CreateOrderOptions = OperationOptions;
 
 export interface OncekeyClient {
   /** Creates an order exactly once, however many attempts it takes. */
@@ -57,6 +66,34 @@ export interface OncekeyClient {
   getOrder(id: string): Promise<Order>;
   /** One page, newest first; pass `next_cursor` back as `cursor` for the next. */
   listOrders(query?: { limit?: number; cursor?: string }): Promise<OrderPage>;
+  /**
+   * Changes an unpaid order exactly once, as createOrder creates one. `patch`
+   * is sent as a JSON Merge Patch (`application/merge-patch+json`): members
+   * left out keep their value, `items` replaces the items as a whole.
+   * Returns the order right after this change. A cancelled order, or one
+   * with a pending or succeeded payment, is a 409 `order-not-modifiable`.
+   */
+  updateOrder(id: string, patch: OrderPatch, options?: OperationOptions): Promise<Order>;
+  /**
+   * Cancels an unpaid order exactly once and returns it cancelled (`status`
+   * `cancelled`, `cancelled_at`); one cancelled before is returned as it is.
+   * An order with a pending or succeeded payment is a 409
+   * `order-not-cancellable`.
+   */
+  cancelOrder(id: string, options?: OperationOptions): Promise<Order>;
+  /**
+   * Refunds part or all of a succeeded payment exactly once. A refund is a
+   * long operation: it resolves to the refund as accepted, `pending` (or
+   * final, when a retry came after it became final); poll `getRefund` until
+   * it is `succeeded` or `failed`. A payment that has not succeeded is a 409
+   * `payment-not-refundable`; more than is left of it a 422
+   * `refund-exceeds-payment`, one refund too many a 422 `too-many-refunds`.
+   */
+  createRefund(paymentId: string, body: NewRefund, options?: OperationOptions): Promise<Refund>;
+  /** One refund; while it is `pending`, look again after the answer's Retry-After. */
+  getRefund(id: string): Promise<Refund>;
+  /** Every refund of a payment, oldest first. */
+  listRefunds(paymentId: string): Promise<RefundList>;
   /**
    * The retry helper with this client's retry settings, for operations the
    * methods above do not cover yet: `op` gets the key to send.
@@ -77,41 +114,67 @@ export function createClient(options: ClientOptions): OncekeyClient {
     fetch: options.fetch,
   });
 
+  /** Runs one logical unsafe operation: `op` sends the request with the key. */
+  const once = <T>(op: (key: string) => Promise<Answer>, opts: OperationOptions = {}) =>
+    idempotent(op, { ...retry, key: opts.idempotencyKey }).then(valueOf<T>);
+  // GETs change nothing, so plain retries are safe without a key.
+  const read = <T>(op: () => Promise<Answer>) => withRetry(op, retry).then(valueOf<T>);
+  const withKey = (key: string) => ({ header: { "Idempotency-Key": key } });
+
   return {
     api,
 
     idempotent: (op, opts) => idempotent(op, { ...retry, ...opts }),
 
-    async createOrder(body, opts = {}) {
-      const { data, error, response } = await idempotent(
-        (key) => api.POST("/orders", { params: { header: { "Idempotency-Key": key } }, body }),
-        { ...retry, key: opts.idempotencyKey },
-      );
-      // 201 is the only success (its body is the Order, hence the cast: data
-      // is typed as any 2xx body); a 202 that outlived the retries is a problem.
-      if (response.status === 201 && data) return data as Order;
-      throw new OncekeyProblemError(toProblem(error ?? data, response), response);
-    },
+    createOrder: (body, opts) => once<Order>((key) => api.POST("/orders", { params: withKey(key), body }), opts),
 
-    async getOrder(id) {
-      // GETs change nothing, so plain retries are safe without a key.
-      const { data, error, response } = await withRetry(
-        () => api.GET("/orders/{id}", { params: { path: { id } } }),
-        retry,
-      );
-      if (data) return data;
-      throw new OncekeyProblemError(toProblem(error, response), response);
-    },
+    getOrder: (id) => read<Order>(() => api.GET("/orders/{id}", { params: { path: { id } } })),
 
-    async listOrders(query = {}) {
-      const { data, error, response } = await withRetry(
-        () => api.GET("/orders", { params: { query } }),
-        retry,
-      );
-      if (data) return data;
-      throw new OncekeyProblemError(toProblem(error, response), response);
-    },
+    listOrders: (query = {}) => read<OrderPage>(() => api.GET("/orders", { params: { query } })),
+
+    updateOrder: (id, patch, opts) =>
+      once<Order>(
+        (key) =>
+          api.PATCH("/orders/{id}", {
+            params: { path: { id }, ...withKey(key) },
+            body: patch,
+            headers: { "Content-Type": "application/merge-patch+json" },
+          }),
+        opts,
+      ),
+
+    cancelOrder: (id, opts) =>
+      once<Order>((key) => api.DELETE("/orders/{id}", { params: { path: { id }, ...withKey(key) } }), opts),
+
+    createRefund: (paymentId, body, opts) =>
+      once<Refund>(
+        (key) => api.POST("/payments/{id}/refunds", { params: { path: { id: paymentId }, ...withKey(key) }, body }),
+        opts,
+      ),
+
+    getRefund: (id) => read<Refund>(() => api.GET("/refunds/{id}", { params: { path: { id } } })),
+
+    listRefunds: (paymentId) =>
+      read<RefundList>(() => api.GET("/payments/{id}/refunds", { params: { path: { id: paymentId } } })),
   };
+}
+
+/** What an openapi-fetch call resolves to. */
+interface Answer {
+  data?: unknown;
+  error?: unknown;
+  response: Response;
+}
+
+/**
+ * The body of a final success, typed as the operation's success body T: any
+ * 2xx but a 202 request-in-progress (which outlived the retries). A long
+ * operation's 202 with its accepted resource is a success. Anything else
+ * throws its problem.
+ */
+function valueOf<T>({ data, error, response }: Answer): T {
+  if (response.ok && !isInProgress(response) && data != null) return data as T;
+  throw new OncekeyProblemError(toProblem(error ?? data, response), response);
 }
 
 /**

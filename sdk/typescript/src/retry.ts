@@ -30,18 +30,41 @@ export const DEFAULT_RETRY: Readonly<RetryOptions> = Object.freeze({
 export type HasResponse = Response | { response: Response };
 
 /**
- * Whether a response is worth another attempt with the same key.
+ * Whether a status is worth another attempt with the same key.
  *
  * - 5xx: the server rolled the operation back and stored nothing (503 when a
  *   dependency is down), so the retry runs it.
  * - 202: another request with this key is still running; the retry gets its
- *   stored response once it finishes.
+ *   stored response once it finishes. (The 202 of a long operation, which
+ *   carries the accepted resource, is not retried: `isRetryable` tells the
+ *   two apart by the response's Content-Type.)
  * - Everything else is final. 4xx in particular means *this request* is wrong
  *   (or, for 409/422, the key is already bound to an outcome): sending it
  *   again unchanged cannot help.
  */
 export function isRetryableStatus(status: number): boolean {
   return status === 202 || (status >= 500 && status <= 599);
+}
+
+/**
+ * Whether a response is a 202 `request-in-progress` problem: another request
+ * with this key is still running. The 202 of a long operation (a refund) is
+ * not: its `application/json` body is the accepted, pending resource, the
+ * operation's answer, polled afterwards with a GET.
+ */
+export function isInProgress(res: Response): boolean {
+  if (res.status !== 202) return false;
+  const mediaType = (res.headers.get("Content-Type") ?? "").split(";")[0]!.trim().toLowerCase();
+  return mediaType !== "application/json";
+}
+
+/**
+ * Whether a response is worth another attempt with the same key: a retryable
+ * status (see isRetryableStatus), a 202 only while it is in progress (see
+ * isInProgress).
+ */
+export function isRetryable(res: Response): boolean {
+  return res.status === 202 ? isInProgress(res) : isRetryableStatus(res.status);
 }
 
 /**
@@ -71,8 +94,8 @@ export function retryDelayMs(
  *
  * Retried: a thrown error (fetch throws on network failures: refused, reset,
  * dropped mid-response — the request may or may not have reached the server,
- * which is exactly the case keys exist for) and a retryable status (see
- * isRetryableStatus). Not retried: an AbortError, which means the caller gave
+ * which is exactly the case keys exist for) and a retryable response (see
+ * isRetryable). Not retried: an AbortError, which means the caller gave
  * up. When attempts run out, the last response is returned (so its problem
  * can be reported) or the last error rethrown.
  *
@@ -95,7 +118,7 @@ export async function withRetry<R extends HasResponse>(
       continue;
     }
     const res = responseOf(result);
-    if (n >= maxAttempts || !isRetryableStatus(res.status)) return result;
+    if (n >= maxAttempts || !isRetryable(res)) return result;
     await discardBody(res);
     await sleep(retryDelayMs(n, opts, res.headers.get("Retry-After")));
   }

@@ -33,10 +33,32 @@ export interface paths {
         get: operations["getOrder"];
         put?: never;
         post?: never;
-        delete?: never;
+        /**
+         * Cancel an unpaid order, exactly once per Idempotency-Key
+         * @description Answers `200` with the cancelled order; every repeat with the key
+         *     replays that `200` (never a `404`). Cancelling an order cancelled
+         *     before, under another key, answers the cancelled order too. An order
+         *     with a pending or succeeded payment is `409` `order-not-cancellable`,
+         *     stored under the key. Cancelling races safely with paying: of a
+         *     cancel and a payment of one order sent together, exactly one
+         *     succeeds, and a payment of a cancelled order is `409`
+         *     `order-cancelled`.
+         */
+        delete: operations["cancelOrder"];
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Change an unpaid order, exactly once per Idempotency-Key
+         * @description A JSON Merge Patch (RFC 7396) of the order's `items`, `amount` and
+         *     `currency`; members left out keep their value, `items` is replaced
+         *     as a whole. Only an order that is not cancelled and has no pending
+         *     or succeeded payment can change: otherwise `409`
+         *     `order-not-modifiable`, stored under the key like a success. Changes
+         *     of one order with different keys are applied one at a time, each to
+         *     the order as the one before left it, and each answer is the order
+         *     right after its own change.
+         */
+        patch: operations["updateOrder"];
         trace?: never;
     };
     "/payments": {
@@ -73,6 +95,56 @@ export interface paths {
         };
         /** Get one of the caller's payments (poll until it is final) */
         get: operations["getPayment"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/payments/{id}/refunds": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The refunds of one of the caller's payments, oldest first */
+        get: operations["listRefunds"];
+        put?: never;
+        /**
+         * Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
+         * @description Answers `202` at once with the pending refund; poll `Location` (or
+         *     retry this request with the same key) until it is `succeeded` or
+         *     `failed`. While the refund is pending a retry with the same key
+         *     answers `202` with the same refund; once it is final, the retry
+         *     answers `200` with the final refund. The provider refunds at most
+         *     once per refund, however often either side retries.
+         *
+         *     Only a `succeeded` payment can be refunded (`409`
+         *     `payment-not-refundable`). The refunds of a payment that have not
+         *     failed never add up to more than its amount, however many are sent
+         *     at once: a refund larger than what is left is `422`
+         *     `refund-exceeds-payment`; a payment takes at most 100 refunds
+         *     (`422` `too-many-refunds`). Both are stored under the key.
+         */
+        post: operations["createRefund"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/refunds/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get one of the caller's refunds (poll until it is final) */
+        get: operations["getRefund"];
         put?: never;
         post?: never;
         delete?: never;
@@ -233,14 +305,34 @@ export interface components {
         Order: {
             /** @example 0193a6f2-5c1e-7cc4-9a5e-3f2b1d7e8a90 */
             id: string;
-            /** @enum {string} */
-            status: "created";
+            /**
+             * @description `created`, or `cancelled` for good.
+             * @enum {string}
+             */
+            status: "created" | "cancelled";
             /** Format: int64 */
             amount: number;
             currency: string;
             items: components["schemas"]["OrderItem"][];
             /** Format: date-time */
             created_at: string;
+            /**
+             * Format: date-time
+             * @description When the order was cancelled.
+             */
+            cancelled_at?: string;
+        };
+        /** @description A JSON Merge Patch of an order; at least one member. */
+        OrderPatch: {
+            /** @description The order's new items, replacing the old ones. */
+            items?: components["schemas"]["OrderItem"][];
+            /**
+             * Format: int64
+             * @description The new total in integer minor units.
+             */
+            amount?: number;
+            /** @description ISO 4217 alphabetic code. */
+            currency?: string;
         };
         OrderPage: {
             items: components["schemas"]["Order"][];
@@ -286,6 +378,48 @@ export interface components {
              * @description When the payment became final.
              */
             completed_at?: string;
+        };
+        NewRefund: {
+            /**
+             * Format: int64
+             * @description Amount to refund in integer minor units; at most what is left of the payment.
+             */
+            amount: number;
+            reason: string;
+        };
+        Refund: {
+            id: string;
+            payment_id: string;
+            /**
+             * @description `pending` until the provider answered; then `succeeded` or `failed` for good.
+             * @enum {string}
+             */
+            status: "pending" | "succeeded" | "failed";
+            /**
+             * @description Why a `failed` refund failed: `refund_declined` (the provider
+             *     declined it), `provider_unavailable` (the provider did not answer
+             *     within the attempt limit and never recorded a refund),
+             *     `provider_rejected` (the provider refused the request). A failed
+             *     refund does not count against the payment's amount.
+             * @enum {string}
+             */
+            failure_reason?: "refund_declined" | "provider_unavailable" | "provider_rejected";
+            /** @description The provider's refund, once `succeeded`. */
+            provider_refund_id?: string;
+            /** Format: int64 */
+            amount: number;
+            currency: string;
+            reason: string;
+            /** Format: date-time */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description When the refund became final.
+             */
+            completed_at?: string;
+        };
+        RefundList: {
+            items: components["schemas"]["Refund"][];
         };
         NewBonusEntry: {
             /**
@@ -392,6 +526,95 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /**
+         * @description No such resource in the caller's account. On an operation with an
+         *     Idempotency-Key the answer is stored under the key and replayed.
+         */
+        NotFoundStored: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The Idempotency-Key was already used for a different request
+         *     (nothing ran), or the order cannot change any more: it is cancelled,
+         *     or has a pending or succeeded payment (stored under the key and
+         *     replayed).
+         */
+        OrderNotModifiable: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The Idempotency-Key was already used for a different request
+         *     (nothing ran), or the order has a pending or succeeded payment
+         *     (stored under the key and replayed).
+         */
+        OrderNotCancellable: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The Idempotency-Key was already used for a different request
+         *     (nothing ran), or the order is cancelled (stored under the key and
+         *     replayed; nothing is charged).
+         */
+        OrderCancelled: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The Idempotency-Key was already used for a different request
+         *     (nothing ran), or the payment has not succeeded (stored under the key
+         *     and replayed).
+         */
+        PaymentNotRefundable: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The refund was refused before anything was refunded (a business
+         *     outcome, stored under the key and replayed).
+         */
+        RefundRefused: {
+            headers: {
+                "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description The request body is larger than the server accepts; no key was consumed. */
         PayloadTooLarge: {
             headers: {
@@ -401,7 +624,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description The request body is not application/json; no key was consumed. */
+        /** @description The request body is not of the operation's media type (application/json; application/merge-patch+json for a PATCH); no key was consumed. */
         UnsupportedMediaType: {
             headers: {
                 [name: string]: unknown;
@@ -498,6 +721,10 @@ export interface components {
         };
     };
     parameters: {
+        /** @description The order's id. */
+        OrderID: string;
+        /** @description The payment's id. */
+        PaymentID: string;
         /**
          * @description Names this logical operation within the caller's account. Send the same
          *     value on every retry of the same operation. 1–255 printable ASCII
@@ -612,7 +839,8 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                /** @description The order's id. */
+                id: components["parameters"]["OrderID"];
             };
             cookie?: never;
         };
@@ -630,6 +858,106 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    cancelOrder: {
+        parameters: {
+            query?: never;
+            header: {
+                /**
+                 * @description Names this logical operation within the caller's account. Send the same
+                 *     value on every retry of the same operation. 1–255 printable ASCII
+                 *     characters; a UUID v4 is recommended. The value is used exactly as sent
+                 *     (quotes, if any, are part of the key). Exactly one such header.
+                 * @example 8e03978e-40d5-43e8-bc93-6894a57f9324
+                 */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The order's id. */
+                id: components["parameters"]["OrderID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The cancelled order (or, with Idempotent-Replayed, the stored response of the request that cancelled it). */
+            200: {
+                headers: {
+                    "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Order"];
+                };
+            };
+            202: components["responses"]["InProgress"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFoundStored"];
+            409: components["responses"]["OrderNotCancellable"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    updateOrder: {
+        parameters: {
+            query?: never;
+            header: {
+                /**
+                 * @description Names this logical operation within the caller's account. Send the same
+                 *     value on every retry of the same operation. 1–255 printable ASCII
+                 *     characters; a UUID v4 is recommended. The value is used exactly as sent
+                 *     (quotes, if any, are part of the key). Exactly one such header.
+                 * @example 8e03978e-40d5-43e8-bc93-6894a57f9324
+                 */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The order's id. */
+                id: components["parameters"]["OrderID"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "items": [
+                 *         {
+                 *           "sku": "SKU-1",
+                 *           "qty": 3
+                 *         }
+                 *       ],
+                 *       "amount": 1800
+                 *     }
+                 */
+                "application/merge-patch+json": components["schemas"]["OrderPatch"];
+            };
+        };
+        responses: {
+            /** @description The changed order (or, with Idempotent-Replayed, the stored response of the request that changed it). */
+            200: {
+                headers: {
+                    "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Order"];
+                };
+            };
+            202: components["responses"]["InProgress"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFoundStored"];
+            409: components["responses"]["OrderNotModifiable"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["UnprocessableStored"];
             500: components["responses"]["InternalError"];
             503: components["responses"]["Unavailable"];
         };
@@ -699,7 +1027,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
-            409: components["responses"]["KeyMismatch"];
+            409: components["responses"]["OrderCancelled"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["PaymentRefused"];
@@ -712,7 +1040,8 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                id: string;
+                /** @description The payment's id. */
+                id: components["parameters"]["PaymentID"];
             };
             cookie?: never;
         };
@@ -726,6 +1055,138 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Payment"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    listRefunds: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The payment's id. */
+                id: components["parameters"]["PaymentID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every refund of the payment (at most 100). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RefundList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createRefund: {
+        parameters: {
+            query?: never;
+            header: {
+                /**
+                 * @description Names this logical operation within the caller's account. Send the same
+                 *     value on every retry of the same operation. 1–255 printable ASCII
+                 *     characters; a UUID v4 is recommended. The value is used exactly as sent
+                 *     (quotes, if any, are part of the key). Exactly one such header.
+                 * @example 8e03978e-40d5-43e8-bc93-6894a57f9324
+                 */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The payment's id. */
+                id: components["parameters"]["PaymentID"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "amount": 300,
+                 *       "reason": "one item returned"
+                 *     }
+                 */
+                "application/json": components["schemas"]["NewRefund"];
+            };
+        };
+        responses: {
+            /** @description A retry after the refund became final; the stored final response (with Idempotent-Replayed). */
+            200: {
+                headers: {
+                    /** @description The refund's URL. */
+                    Location?: string;
+                    "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Refund"];
+                };
+            };
+            /**
+             * @description The refund was accepted and is pending (`application/json`, also
+             *     on a retry while it is pending); or a request with the same key
+             *     is still being accepted (`application/problem+json`,
+             *     `request-in-progress`). Either way, come back after `Retry-After`
+             *     seconds.
+             */
+            202: {
+                headers: {
+                    /** @description The refund's URL (with the refund). */
+                    Location?: string;
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Refund"];
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFoundStored"];
+            409: components["responses"]["PaymentNotRefundable"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["RefundRefused"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getRefund: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The refund. While it is `pending`, `Retry-After` says when to look again. */
+            200: {
+                headers: {
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Refund"];
                 };
             };
             400: components["responses"]["BadRequest"];

@@ -5,11 +5,18 @@ import assert from "node:assert/strict";
 import {
   createClient,
   idempotent,
+  isRetryable,
   OncekeyProblemError,
   retryDelayMs,
   type NewOrder,
+  type NewRefund,
+  type OncekeyClient,
+  type OperationOptions,
+  type OrderPatch,
+  type Refund,
 } from "../dist/index.js";
-import { drop, problem, reply, scripted, type Seen } from "./scripted-server.js";
+import { isProblem } from "./problems.js";
+import { accepted, drop, problem, reply, scripted, type Seen } from "./scripted-server.js";
 
 const SEED: NewOrder = { items: [{ sku: "SKU-1", qty: 2 }], amount: 1200, currency: "RUB" };
 const ORDER = {
@@ -58,12 +65,7 @@ describe("idempotent retries", () => {
   ] as const) {
     test(`${status} is final: exactly one request, OncekeyProblemError`, async () => {
       const { url, seen } = await scripted(problem(status, type), reply(201, ORDER));
-      await assert.rejects(client(url).createOrder(SEED), (err: unknown) => {
-        assert.ok(err instanceof OncekeyProblemError);
-        assert.equal(err.status, status);
-        assert.equal(err.problem.type, `https://oncekey.dev/problems/${type}`);
-        return true;
-      });
+      await assert.rejects(client(url).createOrder(SEED), isProblem(status, type));
       assert.equal(seen.length, 1);
     });
   }
@@ -77,12 +79,7 @@ describe("idempotent retries", () => {
 
   test("attempts are bounded: a persistent 503 gives up after maxAttempts", async () => {
     const { url, seen } = await scripted(problem(503, "unavailable", { "Retry-After": "0" }));
-    await assert.rejects(client(url, { ...FAST, maxAttempts: 3 }).createOrder(SEED), (err: unknown) => {
-      assert.ok(err instanceof OncekeyProblemError);
-      assert.equal(err.status, 503);
-      assert.equal(err.problem.type, "https://oncekey.dev/problems/unavailable");
-      return true;
-    });
+    await assert.rejects(client(url, { ...FAST, maxAttempts: 3 }).createOrder(SEED), isProblem(503, "unavailable"));
     assert.equal(seen.length, 3);
     assertOneKey(seen);
   });
@@ -177,6 +174,185 @@ describe("idempotent retries", () => {
       assert.equal(err.problem.detail, "nothing here");
       return true;
     });
+  });
+});
+
+// The openapi.yaml examples of a refund, pending and then final.
+const PAYMENT_ID = "01a23701-2b9c-7d4e-8f10-3a5b6c7d8e9f";
+const REFUND_BODY: NewRefund = { amount: 300, reason: "one item returned" };
+const PENDING: Refund = {
+  id: "01a23710-4d5e-7f60-8a1b-2c3d4e5f6a7b",
+  payment_id: PAYMENT_ID,
+  status: "pending",
+  ...REFUND_BODY,
+  currency: "RUB",
+  created_at: "2026-12-02T13:50:01.100000Z",
+};
+const REFUNDED: Refund = {
+  ...PENDING,
+  status: "succeeded",
+  provider_refund_id: "re_1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d",
+  completed_at: "2026-12-02T13:50:01.420000Z",
+};
+const PATCH: OrderPatch = { amount: 1800 };
+const CHANGED = { ...ORDER, amount: 1800 };
+const CANCELLED = { ...ORDER, status: "cancelled", cancelled_at: "2026-12-02T13:40:00.000000Z" };
+
+/** A method under test: how it is called, and the 4xx problems it must not retry. */
+interface Method {
+  name: string;
+  call: (c: OncekeyClient, options?: OperationOptions) => Promise<unknown>;
+  problems: [status: number, type: string][];
+}
+
+/** The unsafe methods of changing orders and refunds, and the request each must send every time. */
+interface Unsafe extends Method {
+  method: string;
+  url: string;
+  contentType: string | undefined;
+  body: unknown;
+  answer: unknown;
+}
+
+const UNSAFE: Unsafe[] = [
+  {
+    name: "updateOrder",
+    call: (c, o) => c.updateOrder(ORDER.id, PATCH, o),
+    problems: [[409, "order-not-modifiable"], [415, "unsupported-media-type"], [422, "unknown-currency"]],
+    method: "PATCH",
+    url: `/orders/${ORDER.id}`,
+    contentType: "application/merge-patch+json",
+    body: PATCH,
+    answer: CHANGED,
+  },
+  {
+    name: "cancelOrder",
+    call: (c, o) => c.cancelOrder(ORDER.id, o),
+    problems: [[409, "order-not-cancellable"], [404, "not-found"]],
+    method: "DELETE",
+    url: `/orders/${ORDER.id}`,
+    contentType: undefined,
+    body: undefined,
+    answer: CANCELLED,
+  },
+  {
+    name: "createRefund",
+    call: (c, o) => c.createRefund(PAYMENT_ID, REFUND_BODY, o),
+    problems: [[409, "payment-not-refundable"], [422, "refund-exceeds-payment"], [422, "too-many-refunds"]],
+    method: "POST",
+    url: `/payments/${PAYMENT_ID}/refunds`,
+    contentType: "application/json",
+    body: REFUND_BODY,
+    answer: REFUNDED,
+  },
+];
+
+const READS: Method[] = [
+  { name: "getRefund", call: (c) => c.getRefund(PENDING.id), problems: [[404, "not-found"]] },
+  { name: "listRefunds", call: (c) => c.listRefunds(PAYMENT_ID), problems: [[404, "not-found"]] },
+];
+
+describe("order changes and refunds", () => {
+  for (const op of UNSAFE) {
+    test(`${op.name}: dropped, 503, 202 in progress, then 200: one key for every attempt, the same request`, async () => {
+      const { url, seen } = await scripted(
+        drop,
+        problem(503, "unavailable", { "Retry-After": "0" }),
+        problem(202, "request-in-progress", { "Retry-After": "0" }),
+        reply(200, op.answer),
+      );
+      assert.deepEqual(await op.call(client(url)), op.answer);
+      assert.equal(seen.length, 4);
+      assertOneKey(seen);
+      for (const s of seen) {
+        assert.equal(s.method, op.method);
+        assert.equal(s.url, op.url);
+        assert.equal(s.contentType, op.contentType);
+        const body: unknown = s.body === "" ? undefined : JSON.parse(s.body);
+        assert.deepEqual(body, op.body, "every attempt must send the same request");
+      }
+    });
+
+    test(`${op.name}: a caller's key is used as given, on every attempt`, async () => {
+      const { url, seen } = await scripted(drop, reply(200, op.answer));
+      await op.call(client(url), { idempotencyKey: "op-7" });
+      assert.deepEqual(seen.map((s) => s.key), ["op-7", "op-7"]);
+    });
+
+    test(`${op.name}: distinct calls get distinct keys`, async () => {
+      const { url, seen } = await scripted(reply(200, op.answer));
+      const c = client(url);
+      await op.call(c);
+      await op.call(c);
+      assert.equal(seen.length, 2);
+      assert.notEqual(seen[0]!.key, seen[1]!.key);
+    });
+  }
+
+  for (const op of [...UNSAFE, ...READS]) {
+    for (const [status, type] of op.problems) {
+      test(`${op.name}: ${status} ${type} is final: exactly one request, OncekeyProblemError`, async () => {
+        const { url, seen } = await scripted(problem(status, type), reply(200, REFUNDED));
+        await assert.rejects(op.call(client(url)), isProblem(status, type));
+        assert.equal(seen.length, 1);
+      });
+    }
+  }
+
+  test("createRefund resolves to the refund as accepted: a 202 with the refund is not retried", async () => {
+    const { url, seen } = await scripted(
+      problem(202, "request-in-progress", { "Retry-After": "0" }),
+      accepted(PENDING, { Location: `/refunds/${PENDING.id}` }),
+      reply(200, REFUNDED),
+    );
+    assert.deepEqual(await client(url).createRefund(PAYMENT_ID, REFUND_BODY), PENDING);
+    assert.equal(seen.length, 2, "the in-progress 202 is retried, the accepted one is the answer");
+    assertOneKey(seen);
+  });
+
+  test("createRefund after a dropped answer: the retry's 202 with the pending refund is the answer", async () => {
+    const { url, seen } = await scripted(drop, accepted(PENDING, { "Idempotent-Replayed": "true" }));
+    assert.deepEqual(await client(url).createRefund(PAYMENT_ID, REFUND_BODY), PENDING);
+    assert.equal(seen.length, 2);
+    assertOneKey(seen);
+  });
+
+  test("createRefund: a 202 in progress that outlives the retries is an OncekeyProblemError", async () => {
+    const { url, seen } = await scripted(problem(202, "request-in-progress", { "Retry-After": "0" }));
+    await assert.rejects(
+      client(url, { ...FAST, maxAttempts: 3 }).createRefund(PAYMENT_ID, REFUND_BODY),
+      isProblem(202, "request-in-progress"),
+    );
+    assert.equal(seen.length, 3);
+    assertOneKey(seen);
+  });
+
+  test("getRefund and listRefunds are retried too, without a key", async () => {
+    const { url, seen } = await scripted(
+      problem(503, "unavailable", { "Retry-After": "0" }),
+      reply(200, PENDING, { "Retry-After": "1" }),
+      drop,
+      reply(200, { items: [REFUNDED] }),
+    );
+    const c = client(url);
+    assert.deepEqual(await c.getRefund(PENDING.id), PENDING);
+    assert.deepEqual(await c.listRefunds(PAYMENT_ID), { items: [REFUNDED] });
+    assert.deepEqual(seen.map((s) => [s.method, s.url, s.key]), [
+      ["GET", `/refunds/${PENDING.id}`, undefined],
+      ["GET", `/refunds/${PENDING.id}`, undefined],
+      ["GET", `/payments/${PAYMENT_ID}/refunds`, undefined],
+      ["GET", `/payments/${PAYMENT_ID}/refunds`, undefined],
+    ]);
+  });
+
+  test("isRetryable tells a 202 in progress from a long operation's 202", () => {
+    const response = (status: number, type: string) => new Response(null, { status, headers: { "Content-Type": type } });
+    assert.equal(isRetryable(response(202, "application/problem+json")), true);
+    assert.equal(isRetryable(response(202, "application/json")), false);
+    assert.equal(isRetryable(response(202, "application/json; charset=utf-8")), false);
+    assert.equal(isRetryable(response(503, "application/problem+json")), true);
+    assert.equal(isRetryable(response(200, "application/json")), false);
+    assert.equal(isRetryable(response(409, "application/problem+json")), false);
   });
 });
 

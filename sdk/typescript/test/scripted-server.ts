@@ -12,6 +12,7 @@ export interface Seen {
   url: string;
   key: string | undefined;
   authorization: string | undefined;
+  contentType: string | undefined;
   body: string;
 }
 
@@ -21,6 +22,11 @@ export function reply(status: number, body: unknown, headers: Record<string, str
     res.writeHead(status, { "Content-Type": type, ...headers });
     res.end(JSON.stringify(body));
   };
+}
+
+/** A long operation's 202: the accepted, pending resource (application/json). */
+export function accepted(body: unknown, headers: Record<string, string> = {}): Step {
+  return reply(202, body, { "Content-Type": "application/json", "Retry-After": "1", ...headers });
 }
 
 export function problem(status: number, type: string, headers: Record<string, string> = {}): Step {
@@ -51,6 +57,7 @@ export async function scripted(...steps: Step[]): Promise<{ url: string; seen: S
         url: req.url ?? "",
         key: Array.isArray(key) ? key.join(",") : key,
         authorization: req.headers.authorization,
+        contentType: req.headers["content-type"],
         body: Buffer.concat(chunks).toString(),
       });
       const step = steps[Math.min(seen.length, steps.length) - 1];
