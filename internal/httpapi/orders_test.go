@@ -177,12 +177,12 @@ func TestClientDisconnectIsNotAServerError(t *testing.T) {
 // counter reads one outcome's value of a counter vector from m.
 func counter(t *testing.T, m *metrics.Metrics, name, outcome string) float64 {
 	t.Helper()
-	return metricValue(t, m, name, "outcome", outcome)
+	return metricValue(t, m, name, "operation", "POST /orders", "outcome", outcome)
 }
 
 // metricValue reads a counter's or a gauge's value from m: the series with
-// the label pair given, or the only one when none is.
-func metricValue(t *testing.T, m *metrics.Metrics, name string, label ...string) float64 {
+// every label pair given, or the only one when none is.
+func metricValue(t *testing.T, m *metrics.Metrics, name string, labels ...string) float64 {
 	t.Helper()
 	families, err := m.Registry.Gather()
 	require.NoError(t, err)
@@ -191,9 +191,13 @@ func metricValue(t *testing.T, m *metrics.Metrics, name string, label ...string)
 			continue
 		}
 		for _, metric := range f.GetMetric() {
-			match := len(label) < 2
+			have := map[string]string{}
 			for _, l := range metric.GetLabel() {
-				match = match || (l.GetName() == label[0] && l.GetValue() == label[1])
+				have[l.GetName()] = l.GetValue()
+			}
+			match := true
+			for i := 0; i+1 < len(labels); i += 2 {
+				match = match && have[labels[i]] == labels[i+1]
 			}
 			if match {
 				return metric.GetCounter().GetValue() + metric.GetGauge().GetValue()
