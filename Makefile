@@ -131,6 +131,10 @@ test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK'
 docs/cli: ## regenerate docs/cli.md from every command's --help (make test fails when it is stale)
 	$(GO) test ./cmd/oncekey -run '^TestCLIReference$$' -count=1 -update
 
+.PHONY: docs/problems
+docs/problems: ## regenerate docs/problems.md from the problem table in internal/httpapi/errors.go (make test fails when it is stale)
+	$(GO) test ./internal/httpapi -run '^TestProblemsReference$$' -count=1 -update
+
 .PHONY: docs/images
 docs/images: ## regenerate every picture in docs/img (the /docs screenshot, the dashboard snapshot, the benchmark chart) and record their sources in docs/img/SOURCES.sha256
 	GO="$(GO)" tools/docs-images.sh render

@@ -19,6 +19,7 @@ import (
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/metrics"
+	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/provider"
@@ -447,7 +448,7 @@ func TestOrderChangeProblemsAreNotRetried(t *testing.T) {
 
 	amount := int64(1800)
 	_, err = b.client.UpdateOrder(ctx, order.Id, api.OrderPatch{Amount: &amount})
-	requireProblem(t, err, problem.OrderNotModifiable)
+	requireProblem(t, err, httpapi.ProblemFor(orders.ErrNotModifiable))
 	lower := "rub"
 	_, err = b.client.UpdateOrder(ctx, order.Id, api.OrderPatch{Currency: &lower})
 	requireProblem(t, err, problem.Validation)
@@ -464,9 +465,9 @@ func TestRefundProblemsAreNotRetried(t *testing.T) {
 	b.injector.then()
 
 	_, err := b.client.CreateRefund(ctx, payment.Id, api.NewRefund{Amount: payment.Amount + 1, Reason: "too much"})
-	requireProblem(t, err, problem.RefundExceedsPayment)
+	requireProblem(t, err, httpapi.ProblemFor(payments.ErrRefundExceedsPayment))
 	_, err = b.client.CancelOrder(ctx, payment.OrderId)
-	requireProblem(t, err, problem.OrderNotCancellable)
+	requireProblem(t, err, httpapi.ProblemFor(orders.ErrNotCancellable))
 	_, err = b.client.GetRefund(ctx, uuid.NewString())
 	requireProblem(t, err, problem.NotFound)
 	_, err = b.client.ListRefunds(ctx, uuid.NewString())
@@ -481,7 +482,7 @@ func TestRefundProblemsAreNotRetried(t *testing.T) {
 	require.Equal(t, api.PaymentStatus(payments.StatusFailed), failed.Status)
 	declined.injector.then()
 	_, err = declined.client.CreateRefund(ctx, failed.Id, api.NewRefund{Amount: 1, Reason: "never paid"})
-	requireProblem(t, err, problem.PaymentNotRefundable)
+	requireProblem(t, err, httpapi.ProblemFor(payments.ErrNotRefundable))
 	require.Len(t, declined.injector.seen(), 1)
 }
 

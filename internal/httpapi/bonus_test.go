@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/problem"
 )
@@ -132,7 +133,7 @@ func TestBonusInsufficientDebitIsStored(t *testing.T) {
 		debit := bonusBody(40, "order 1")
 
 		refused := b.postBonus(t, "/bonus/debits", debitKey, debit)
-		d := requireProblem(t, refused, problem.InsufficientFunds, "debit of an empty balance")
+		d := requireProblem(t, refused, httpapi.ProblemFor(ledger.ErrInsufficientFunds), "debit of an empty balance")
 		require.Contains(t, d.Detail, "the debit of 40 exceeds the balance of 0", "the detail names the amount and the balance")
 		require.Empty(t, refused.Header.Get("Idempotent-Replayed"), "the first refusal is not a replay")
 
@@ -163,7 +164,7 @@ func TestBonusCreditBeyondTheLimitIsStored(t *testing.T) {
 
 		const key = "bonus-credit-beyond"
 		refused := b.postBonus(t, "/bonus/credits", key, bonusBody(100, "one too many"))
-		d := requireProblem(t, refused, problem.BalanceLimitExceeded, "a credit beyond the limit")
+		d := requireProblem(t, refused, httpapi.ProblemFor(ledger.ErrBalanceLimit), "a credit beyond the limit")
 		require.Contains(t, d.Detail, "beyond 1000000000000000000", "the detail names the limit")
 		requireReplayOf(t, refused, b.postBonus(t, "/bonus/credits", key, bonusBody(100, "one too many")), "the refused credit retried")
 		requireBooked(t, b.postBonus(t, "/bonus/credits", "bonus-credit-to-the-limit", bonusBody(50, "the rest")), "a credit to the limit")
@@ -197,7 +198,7 @@ func TestBonusConcurrentDebitsNeverOverdraw(t *testing.T) {
 			case http.StatusCreated:
 				balancesAfter = append(balancesAfter, requireBooked(t, r, fmt.Sprintf("debit %d", i)).Balance)
 			case http.StatusUnprocessableEntity:
-				requireProblem(t, r, problem.InsufficientFunds, fmt.Sprintf("debit %d", i))
+				requireProblem(t, r, httpapi.ProblemFor(ledger.ErrInsufficientFunds), fmt.Sprintf("debit %d", i))
 			default:
 				require.FailNow(t, "unexpected status", "debit %d: want 201 or 422, got %s", i, r)
 			}

@@ -13,6 +13,9 @@ import (
 
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
 )
 
@@ -85,14 +88,14 @@ func TestPatchOrder(t *testing.T) {
 		requireProblem(t, unknown, problem.NotFound, "an order that does not exist")
 		currency := uuid.NewString()
 		refused := b.patchOrder(t, id, currency, `{"currency":"XYZ"}`)
-		requireProblem(t, refused, problem.UnknownCurrency, "an unknown currency")
+		requireProblem(t, refused, httpapi.ProblemFor(orders.ErrUnknownCurrency), "an unknown currency")
 		requireReplayOf(t, refused, b.patchOrder(t, id, currency, `{"currency":"XYZ"}`), "a business outcome is stored")
 
 		cancelled := b.cancelOrder(t, id, uuid.NewString())
 		require.Equal(t, http.StatusOK, cancelled.Status, "cancel: %s", cancelled)
 		late := uuid.NewString()
 		tooLate := b.patchOrder(t, id, late, `{"amount":10}`)
-		requireProblem(t, tooLate, problem.OrderNotModifiable, "a cancelled order")
+		requireProblem(t, tooLate, httpapi.ProblemFor(orders.ErrNotModifiable), "a cancelled order")
 		requireReplayOf(t, tooLate, b.patchOrder(t, id, late, `{"amount":10}`), "order-not-modifiable is stored")
 	})
 }
@@ -200,11 +203,11 @@ func TestCancelRacesPay(t *testing.T) {
 			switch {
 			case cancel.Status == http.StatusOK:
 				wins["cancel"]++
-				requireProblem(t, pay, problem.OrderCancelled, fmt.Sprintf("round %d: the payment after the cancel", round))
+				requireProblem(t, pay, httpapi.ProblemFor(payments.ErrOrderCancelled), fmt.Sprintf("round %d: the payment after the cancel", round))
 				require.Equal(t, api.OrderStatus("cancelled"), b.getOrder(t, id).Status)
 			case pay.Status == http.StatusAccepted:
 				wins["pay"]++
-				requireProblem(t, cancel, problem.OrderNotCancellable, fmt.Sprintf("round %d: the cancel after the payment", round))
+				requireProblem(t, cancel, httpapi.ProblemFor(orders.ErrNotCancellable), fmt.Sprintf("round %d: the cancel after the payment", round))
 				require.Equal(t, api.OrderStatus("created"), b.getOrder(t, id).Status)
 			default:
 				t.Fatalf("round %d: neither won: cancel %s, pay %s", round, cancel, pay)

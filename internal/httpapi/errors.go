@@ -1,10 +1,12 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/ledger"
@@ -31,41 +33,89 @@ var (
 // problems is the one table that decides which problem, and so which
 // status, an error is answered with: the front door's, the idempotency
 // protocol's and the domain's errors alike. An error not in it is a 500.
+// An operation's business outcomes declare their kind right here, next to
+// their error; docs/problems.md is generated from the table.
 // detail, where set, replaces the error's own message for the client.
 var problems = []struct {
 	err    error
 	kind   problem.Kind
 	detail string
 }{
-	{idempotency.ErrMissingKey, problem.MissingIdempotencyKey, ""},
-	{idempotency.ErrInvalidKey, problem.InvalidIdempotencyKey, ""},
-	{idempotency.ErrMalformedBody, problem.MalformedJSON, ""},
-	{idempotency.ErrBodyTooLarge, problem.PayloadTooLarge, ""},
-	{idempotency.ErrKeyMismatch, problem.KeyMismatch, ""},
-	{idempotency.ErrInFlight, problem.InProgress, "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"},
-	{errNoEndpoint, problem.NotFound, ""},
-	{errMethodNotAllowed, problem.MethodNotAllowed, ""},
-	{errUnauthorized, problem.Unauthorized, ""},
-	{errBadRequest, problem.Validation, ""},
-	{errUnsupportedMediaType, problem.UnsupportedMediaType, ""},
-	{orders.ErrNotFound, problem.NotFound, ""},
-	{orders.ErrUnknownCurrency, problem.UnknownCurrency, ""},
-	{orders.ErrInvalidCursor, problem.Validation, ""},
-	{orders.ErrNotModifiable, problem.OrderNotModifiable, ""},
-	{orders.ErrNotCancellable, problem.OrderNotCancellable, ""},
-	{payments.ErrNotFound, problem.NotFound, ""},
-	{payments.ErrUnknownOrder, problem.UnknownOrder, ""},
-	{payments.ErrOrderCancelled, problem.OrderCancelled, ""},
-	{payments.ErrRefundNotFound, problem.NotFound, ""},
-	{payments.ErrNotRefundable, problem.PaymentNotRefundable, ""},
-	{payments.ErrRefundExceedsPayment, problem.RefundExceedsPayment, ""},
-	{payments.ErrTooManyRefunds, problem.TooManyRefunds, ""},
-	{ledger.ErrInsufficientFunds, problem.InsufficientFunds, ""},
-	{ledger.ErrBalanceLimit, problem.BalanceLimitExceeded, ""},
-	{errAuthUnavailable, problem.Unavailable, ""},
-	{errNotReady, problem.Unavailable, ""},
-	{idempotency.ErrUnavailable, problem.Unavailable, ""},
-	{context.DeadlineExceeded, problem.Unavailable, ""},
+	{err: idempotency.ErrMissingKey, kind: problem.MissingIdempotencyKey},
+	{err: idempotency.ErrInvalidKey, kind: problem.InvalidIdempotencyKey},
+	{err: idempotency.ErrMalformedBody, kind: problem.MalformedJSON},
+	{err: idempotency.ErrBodyTooLarge, kind: problem.PayloadTooLarge},
+	{err: idempotency.ErrKeyMismatch, kind: problem.KeyMismatch},
+	{err: idempotency.ErrInFlight, kind: problem.InProgress, detail: "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"},
+	{err: errNoEndpoint, kind: problem.NotFound},
+	{err: errMethodNotAllowed, kind: problem.MethodNotAllowed},
+	{err: errUnauthorized, kind: problem.Unauthorized},
+	{err: errBadRequest, kind: problem.Validation},
+	{err: errUnsupportedMediaType, kind: problem.UnsupportedMediaType},
+	{err: orders.ErrNotFound, kind: problem.NotFound},
+	{err: orders.ErrInvalidCursor, kind: problem.Validation},
+	{err: payments.ErrNotFound, kind: problem.NotFound},
+	{err: payments.ErrRefundNotFound, kind: problem.NotFound},
+	{err: errAuthUnavailable, kind: problem.Unavailable},
+	{err: errNotReady, kind: problem.Unavailable},
+	{err: idempotency.ErrUnavailable, kind: problem.Unavailable},
+	{err: context.DeadlineExceeded, kind: problem.Unavailable},
+
+	{err: orders.ErrUnknownCurrency, kind: business("unknown-currency", http.StatusUnprocessableEntity, "Unknown currency",
+		"The currency is well-formed but not an ISO 4217 code.")},
+	{err: orders.ErrNotModifiable, kind: business("order-not-modifiable", http.StatusConflict, "The order cannot be changed",
+		"`PATCH /orders/{id}` of an order that is cancelled or has a pending or succeeded payment.")},
+	{err: orders.ErrNotCancellable, kind: business("order-not-cancellable", http.StatusConflict, "The order cannot be cancelled",
+		"`DELETE /orders/{id}` of an order with a pending or succeeded payment.")},
+	{err: payments.ErrUnknownOrder, kind: business("unknown-order", http.StatusUnprocessableEntity, "No such order",
+		"`POST /payments` names an order that does not exist in the caller's account. Nothing is charged.")},
+	{err: payments.ErrOrderCancelled, kind: business("order-cancelled", http.StatusConflict, "The order is cancelled",
+		"`POST /payments` of a cancelled order. Nothing is charged.")},
+	{err: payments.ErrNotRefundable, kind: business("payment-not-refundable", http.StatusConflict, "The payment cannot be refunded",
+		"`POST /payments/{id}/refunds` of a payment that has not succeeded (pending or failed).")},
+	{err: payments.ErrRefundExceedsPayment, kind: business("refund-exceeds-payment", http.StatusUnprocessableEntity, "The refund exceeds what is left of the payment",
+		"The refund is larger than what the payment's other refunds (those that have not failed) left of it. Use a new key for a new attempt.")},
+	{err: payments.ErrTooManyRefunds, kind: business("too-many-refunds", http.StatusUnprocessableEntity, "The payment has all the refunds it can take",
+		"The payment has 100 refunds, the most it takes (failed ones count).")},
+	{err: ledger.ErrInsufficientFunds, kind: business("insufficient-funds", http.StatusUnprocessableEntity, "Insufficient bonus balance",
+		"`POST /bonus/debits` asks for more than the bonus balance; the same key never succeeds later because credits arrived in between. Use a new key for a new attempt.")},
+	{err: ledger.ErrBalanceLimit, kind: business("balance-limit-exceeded", http.StatusUnprocessableEntity, "Bonus balance limit exceeded",
+		"`POST /bonus/credits` would take the balance beyond 10^18. Use a new key for a new attempt.")},
+}
+
+// business declares the kind of an operation's business outcome: a 4xx that
+// is stored under the key and replayed like a success.
+func business(slug string, status int, title, when string) problem.Kind {
+	return problem.Kind{
+		Slug: slug, Status: status, Title: title,
+		When:        when + " A business outcome: stored and replayed.",
+		KeyConsumed: "yes",
+	}
+}
+
+// ProblemFor returns the kind of problem err is answered with, and Internal
+// for an error the table does not know; tests name domain outcomes by their
+// error through it.
+func ProblemFor(err error) problem.Kind {
+	for _, row := range problems {
+		if errors.Is(err, row.err) {
+			return row.kind
+		}
+	}
+	return problem.Internal
+}
+
+// Problems lists every kind of problem the service sends, once each and
+// ordered by status, for docs/problems.md.
+func Problems() []problem.Kind {
+	kinds := []problem.Kind{problem.Internal, problem.ClientClosedRequest}
+	for _, row := range problems {
+		if !slices.ContainsFunc(kinds, func(k problem.Kind) bool { return k.Slug == row.kind.Slug }) {
+			kinds = append(kinds, row.kind)
+		}
+	}
+	slices.SortStableFunc(kinds, func(a, b problem.Kind) int { return cmp.Compare(a.Status, b.Status) })
+	return kinds
 }
 
 // Details of server errors: retrying is safe, and internals stay in the log.

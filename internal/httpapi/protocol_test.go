@@ -95,7 +95,7 @@ func TestBusinessOutcomeIsStoredAndReplayed(t *testing.T) {
 		const xyz = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"XYZ"}`
 
 		first := b.postOrder(t, key, xyz)
-		requireProblem(t, first, problem.UnknownCurrency, "currency XYZ")
+		requireProblem(t, first, httpapi.ProblemFor(orders.ErrUnknownCurrency), "currency XYZ")
 		require.Equal(t, key, first.Header.Get("Idempotency-Key"), "422 must echo the key")
 		require.Empty(t, first.Header.Get("Idempotent-Replayed"), "the first 422 is not a replay")
 

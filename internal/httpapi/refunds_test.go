@@ -15,6 +15,7 @@ import (
 
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/provider"
@@ -117,7 +118,7 @@ func TestRefundFlow(t *testing.T) {
 
 		over := uuid.NewString()
 		tooMuch := b.refund(t, payment, over, `{"amount":701,"reason":"too much"}`)
-		requireProblem(t, tooMuch, problem.RefundExceedsPayment, "more than is left")
+		requireProblem(t, tooMuch, httpapi.ProblemFor(payments.ErrRefundExceedsPayment), "more than is left")
 		requireReplayOf(t, tooMuch, b.refund(t, payment, over, `{"amount":701,"reason":"too much"}`), "refund-exceeds-payment is stored")
 		rest := b.refund(t, payment, uuid.NewString(), `{"amount":700,"reason":"the rest"}`)
 		require.Equal(t, http.StatusAccepted, rest.Status, "exactly what is left: %s", rest)
@@ -138,7 +139,7 @@ func TestRefundOfAnUnpaidPaymentIsRefused(t *testing.T) {
 		require.Equal(t, api.PaymentStatus(payments.StatusFailed), b.awaitFinal(t, payment).Status)
 		key := uuid.NewString()
 		refused := b.refund(t, payment, key, `{"amount":100,"reason":"x"}`)
-		requireProblem(t, refused, problem.PaymentNotRefundable, "a failed payment")
+		requireProblem(t, refused, httpapi.ProblemFor(payments.ErrNotRefundable), "a failed payment")
 		requireReplayOf(t, refused, b.refund(t, payment, key, `{"amount":100,"reason":"x"}`), "payment-not-refundable is stored")
 	})
 }

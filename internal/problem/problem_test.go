@@ -4,9 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,19 +26,4 @@ func TestWrite(t *testing.T) {
 		Type: "https://oncekey.dev/problems/unavailable", Title: problem.Unavailable.Title,
 		Status: http.StatusServiceUnavailable, Detail: "try later",
 	}, got)
-}
-
-// TestEveryKindIsDocumented keeps docs/problems.md complete: clients branch
-// on these URIs, so each one must be explained.
-func TestEveryKindIsDocumented(t *testing.T) {
-	t.Parallel()
-	doc, err := os.ReadFile("../../docs/problems.md")
-	require.NoError(t, err)
-	slugs := map[string]bool{}
-	for _, k := range problem.Kinds {
-		require.False(t, slugs[k.Slug], "slug %q used twice", k.Slug)
-		slugs[k.Slug] = true
-		require.True(t, strings.Contains(string(doc), "| `"+k.Slug+"` | "+strconv.Itoa(k.Status)+" |"),
-			"docs/problems.md has no row for %s (%d)", k.Slug, k.Status)
-	}
 }
