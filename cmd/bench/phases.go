@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/auth"
 )
 
 // scaleResult compares the modes on an empty key table and on one holding
@@ -111,15 +112,15 @@ func (b *bench) settle(ctx context.Context) error {
 // half to accounts of their own. The keys are hex digests, in no order.
 func (b *bench) fillKeys(ctx context.Context, prefix string, n int, expires string) error {
 	const chunk = 1_000_000
-	sql := `INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_route, status,
+	sql := `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
 	                              response_status, response_headers, response_body, created_at, completed_at, expires_at)
-	SELECT CASE WHEN i % 2 = 0 THEN $1::uuid ELSE gen_random_uuid() END,
+	SELECT CASE WHEN i % 2 = 0 THEN $1::bytea ELSE uuid_send(gen_random_uuid()) END,
 	       upper(md5($2 || i::text)), sha256(($2 || i::text)::bytea), 'POST', '/orders', 'completed',
 	       201, '{"Content-Type": ["application/json"]}', convert_to(repeat('x', 170), 'UTF8'), now(), now(), ` + expires + `
 	FROM generate_series($3::bigint, $4::bigint) AS i`
 	for from := 1; from <= n; from += chunk {
 		to := min(from+chunk-1, n)
-		if _, err := b.pool.Exec(ctx, sql, b.creds.AccountID, prefix, from, to); err != nil {
+		if _, err := b.pool.Exec(ctx, sql, []byte(auth.Scope(b.creds.AccountID)), prefix, from, to); err != nil {
 			return fmt.Errorf("fill keys %d-%d: %w", from, to, err)
 		}
 		b.log.Info("filling the key table", "prefix", prefix, "rows", to)
