@@ -33,6 +33,13 @@ type result struct {
 // mode's (201, and for replays Idempotent-Replayed), or the run fails: a
 // broken service must not benchmark fast.
 func measure(ctx context.Context, client *http.Client, target, apiKey, mode string, n int, d time.Duration) (result, error) {
+	return measureProbed(ctx, client, target, apiKey, mode, n, d, nil, nil)
+}
+
+// measureProbed is measure with begin called right before the measured
+// loop and end right after it, with the number of requests it made.
+func measureProbed(ctx context.Context, client *http.Client, target, apiKey, mode string, n int, d time.Duration,
+	begin func() error, end func(requests int) error) (result, error) {
 	replay := strings.HasPrefix(mode, modeReplay)
 	keys := make([]string, n)
 	for i := range keys {
@@ -47,11 +54,20 @@ func measure(ctx context.Context, client *http.Client, target, apiKey, mode stri
 	if _, _, err := loop(ctx, client, target, apiKey, keys, replay, min(d/3, time.Second)); err != nil {
 		return result{}, err
 	}
+	if begin != nil {
+		if err := begin(); err != nil {
+			return result{}, err
+		}
+	}
 	latencies, elapsed, err := loop(ctx, client, target, apiKey, keys, replay, d)
 	if err != nil {
 		return result{}, err
 	}
-	return summarize(mode, n, latencies, elapsed)
+	r, err := summarize(mode, n, latencies, elapsed)
+	if err == nil && end != nil {
+		err = end(r.Requests)
+	}
+	return r, err
 }
 
 // summarize turns the clients' latencies into a result.

@@ -40,6 +40,7 @@ type report struct {
 	scale   *scaleResult
 	cleanup *cleanupResult
 	soak    *soakResult
+	costs   []cost // every round's
 }
 
 func newReport(rounds [][]result, opts options) *report {
@@ -203,6 +204,7 @@ func (r *report) write(opts options) error {
 	raw, err := json.MarshalIndent(map[string]any{
 		"measured_at": r.when, "duration_seconds": opts.duration.Seconds(), "rounds": opts.rounds,
 		"results": r.all, "medians": r.results, "scale": r.scale, "cleanup": r.cleanup, "memory": r.soak,
+		"costs": r.costs, "cost_medians": medianCosts(r.costs),
 	}, "", "  ")
 	if err != nil {
 		return err
@@ -264,6 +266,9 @@ func (r *report) markdown(opts options, kept string) string {
 	b.WriteString("\n## Throughput and latency (medians of the rounds)\n\n| Mode | Clients | Requests/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.results {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f |\n", x.Mode, x.Clients, x.RPS, x.P50Ms, x.P99Ms)
+	}
+	if len(r.costs) > 0 {
+		b.WriteString(costMarkdown(medianCosts(r.costs)))
 	}
 	rel, _ := filepath.Rel(filepath.Dir(opts.markdown), opts.chart)
 	fmt.Fprintf(&b, "\n![Throughput, p99 latency and throughput over the baseline per mode and client count, with the targets](%s)\n", filepath.ToSlash(rel))

@@ -41,6 +41,7 @@ type options struct {
 	markdown, json, chart string
 	modes                 []string // empty: all
 	cpuProfile            string
+	costs                 bool
 }
 
 // Modes, in the order they are measured at each concurrency.
@@ -64,6 +65,8 @@ type bench struct {
 	client  *http.Client
 	targets map[string]string // mode → server URL
 	modes   []string
+	// counters count what the servers send to PostgreSQL and Redis.
+	counters *counters
 }
 
 // run sets everything up, measures, reports, and returns how many targets
@@ -74,7 +77,8 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 		return 0, err
 	}
 	defer drop()
-	pool, err := postgres.Open(ctx, dbURL+"&pool_max_conns=40")
+	counters := &counters{}
+	pool, err := postgres.Open(ctx, dbURL+"&pool_max_conns=40", postgres.WithQueryTracer(counters))
 	if err != nil {
 		return 0, err
 	}
@@ -87,7 +91,7 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 	if err != nil {
 		return 0, err
 	}
-	b := &bench{opts: opts, log: log, dbURL: dbURL, pool: pool, store: store, creds: creds, targets: map[string]string{},
+	b := &bench{opts: opts, log: log, dbURL: dbURL, pool: pool, store: store, creds: creds, targets: map[string]string{}, counters: counters,
 		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}}
 	stop, err := b.startServers(ctx)
 	defer stop()
@@ -100,6 +104,11 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 		return 0, err
 	}
 	rep := newReport(rounds, opts)
+	if opts.costs {
+		if rep.costs, err = b.costPhase(ctx); err != nil {
+			return 0, err
+		}
+	}
 	if opts.scaleKeys > 0 {
 		if rep.scale, err = b.scalePhase(ctx); err != nil {
 			return 0, fmt.Errorf("scale phase: %w", err)
@@ -180,6 +189,7 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 			return stopAll, err
 		}
 		stops = append(stops, func() { _ = rdb.Close() })
+		rdb.AddHook(redisHook{b.counters})
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			return stopAll, fmt.Errorf("Redis at %s: %w (pass -redis-url= to leave the Redis modes out)", b.opts.redisURL, err)
 		}

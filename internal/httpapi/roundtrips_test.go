@@ -4,11 +4,9 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency/recordcache"
@@ -19,26 +17,8 @@ import (
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
-// queryCounter counts round trips to PostgreSQL: each statement sent on
-// its own, and each pipelined batch once, however many statements it holds.
-type queryCounter struct{ n atomic.Int64 }
-
-func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *queryCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *queryCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *queryCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// TestRoundTrips pins how many round trips to PostgreSQL a request costs,
+// TestRoundTrips pins how many round trips to PostgreSQL a request costs
+// (and how many statements a first request sends),
 // authentication included, so that none creeps in unnoticed: a first
 // request 1 (its claim, order and response in one pipeline), a replay at
 // most 1, and a replay served from the in-process record cache or from
@@ -46,7 +26,7 @@ func (c *queryCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchE
 // a statement also prepares it, once.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
-	counter := &queryCounter{}
+	counter := &postgres.Counter{}
 	// One connection, so the warm-up prepares what the measured requests use.
 	url := testdb.URL(t)
 	if strings.Contains(url, "?") {
@@ -108,14 +88,19 @@ func TestRoundTrips(t *testing.T) {
 			require.Equal(t, "true", b.createOrder(t, warm, seedBody).HTTPResponse.Header.Get("Idempotent-Replayed"), "warm-up replay")
 			key := "round-trips-" + tt.name
 
-			before := counter.n.Load()
+			before, statements := counter.RoundTrips.Load(), counter.Statements.Load()
 			require.Equal(t, http.StatusCreated, b.createOrder(t, key, seedBody).StatusCode())
-			require.Equal(t, tt.first, counter.n.Load()-before, "round trips of a first request")
+			require.Equal(t, tt.first, counter.RoundTrips.Load()-before, "round trips of a first request")
+			// The pipeline: what holds the key, the key row with the
+			// response, the guarded order; and the API-key look-up when
+			// it is not cached.
+			wantStatements := tt.first - 1 + 3
+			require.Equal(t, wantStatements, counter.Statements.Load()-statements, "statements of a first request")
 
-			before = counter.n.Load()
+			before = counter.RoundTrips.Load()
 			replay := b.createOrder(t, key, seedBody)
 			require.Equal(t, "true", replay.HTTPResponse.Header.Get("Idempotent-Replayed"))
-			require.Equal(t, tt.replay, counter.n.Load()-before, "round trips of a replay")
+			require.Equal(t, tt.replay, counter.RoundTrips.Load()-before, "round trips of a replay")
 		})
 	}
 }

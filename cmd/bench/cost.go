@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/procfs"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncekey/oncekey/internal/store/postgres"
+)
+
+// costRounds is how many times the cost phase measures every mode; its
+// figures are medians.
+const costRounds = 3
+
+// cost is what one request of a mode costs, averaged over a closed loop of
+// one client: counts that do not depend on the machine (round trips,
+// statements, WAL bytes, allocations) and CPU time, which does but is
+// compared with the baseline's, measured beside it.
+type cost struct {
+	Round           int     `json:"round,omitempty"`
+	Mode            string  `json:"mode"`
+	Requests        int     `json:"requests"`
+	RoundTrips      float64 `json:"pg_round_trips"`
+	Statements      float64 `json:"pg_statements"`
+	RedisRoundTrips float64 `json:"redis_round_trips"`
+	WALBytes        float64 `json:"wal_bytes"`
+	// PGCPUMicros is the CPU time of every postgres process on this
+	// machine (backends, WAL writer, checkpointer); 0 when PostgreSQL runs
+	// elsewhere.
+	PGCPUMicros float64 `json:"pg_cpu_us"`
+	// CPUMicros, Allocs and AllocBytes are the benchmark process's: the
+	// service and the load generator together, the same generator in
+	// every mode.
+	CPUMicros  float64 `json:"process_cpu_us"`
+	Allocs     float64 `json:"allocs"`
+	AllocBytes float64 `json:"alloc_bytes"`
+}
+
+// counters count what the servers send to PostgreSQL (a pgx tracer on the
+// benchmark's pool) and to Redis (a go-redis hook).
+type counters struct {
+	postgres.Counter
+	redis atomic.Int64
+}
+
+// redisHook counts round trips to Redis: a command, or a pipeline.
+type redisHook struct{ c *counters }
+
+func (h redisHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h redisHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.c.redis.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h redisHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.c.redis.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// snapshot is every counter at one moment.
+type snapshot struct {
+	roundTrips, statements, redis int64
+	wal                           int64
+	pgCPU, cpu                    float64 // seconds
+	allocs, allocBytes            uint64
+}
+
+// costProbe takes snapshots around a measured loop. wal is a connection
+// of its own, outside the counted pool.
+type costProbe struct {
+	c   *counters
+	wal *pgx.Conn
+	fs  procfs.FS
+	// pgLocal is false when no postgres process is visible here.
+	pgLocal bool
+}
+
+func newCostProbe(ctx context.Context, c *counters, dbURL string) (*costProbe, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("cost phase: connect: %w", err)
+	}
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("cost phase: /proc: %w", err)
+	}
+	p := &costProbe{c: c, wal: conn, fs: fs}
+	_, n, err := p.postgresCPU()
+	if err != nil {
+		conn.Close(ctx)
+		return nil, err
+	}
+	p.pgLocal = n > 0
+	return p, nil
+}
+
+func (p *costProbe) close(ctx context.Context) { _ = p.wal.Close(ctx) }
+
+func (p *costProbe) take(ctx context.Context) (snapshot, error) {
+	var s snapshot
+	if err := p.wal.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&s.wal); err != nil {
+		return s, fmt.Errorf("cost phase: WAL position: %w", err)
+	}
+	var err error
+	if s.pgCPU, _, err = p.postgresCPU(); err != nil {
+		return s, err
+	}
+	self, err := p.fs.Self()
+	if err == nil {
+		var st procfs.ProcStat
+		if st, err = self.Stat(); err == nil {
+			s.cpu = st.CPUTime()
+		}
+	}
+	if err != nil {
+		return s, fmt.Errorf("cost phase: own CPU time: %w", err)
+	}
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	s.allocs, s.allocBytes = m.Mallocs, m.TotalAlloc
+	s.roundTrips, s.statements, s.redis = p.c.RoundTrips.Load(), p.c.Statements.Load(), p.c.redis.Load()
+	return s, nil
+}
+
+// postgresCPU is the CPU time of every process named postgres, and how
+// many there are. A process that ends while being read is left out.
+func (p *costProbe) postgresCPU() (float64, int, error) {
+	procs, err := p.fs.AllProcs()
+	if err != nil {
+		return 0, 0, fmt.Errorf("cost phase: list processes: %w", err)
+	}
+	var seconds float64
+	n := 0
+	for _, proc := range procs {
+		st, err := proc.Stat()
+		if err != nil || st.Comm != "postgres" {
+			continue
+		}
+		seconds += st.CPUTime()
+		n++
+	}
+	return seconds, n, nil
+}
+
+// costOf turns two snapshots around n requests of mode into its cost.
+func (p *costProbe) costOf(mode string, n int, before, after snapshot) cost {
+	per := func(d float64) float64 { return d / float64(n) }
+	c := cost{
+		Mode: mode, Requests: n,
+		RoundTrips:      per(float64(after.roundTrips - before.roundTrips)),
+		Statements:      per(float64(after.statements - before.statements)),
+		RedisRoundTrips: per(float64(after.redis - before.redis)),
+		WALBytes:        per(float64(after.wal - before.wal)),
+		CPUMicros:       per((after.cpu - before.cpu) * 1e6),
+		Allocs:          per(float64(after.allocs - before.allocs)),
+		AllocBytes:      per(float64(after.allocBytes - before.allocBytes)),
+	}
+	if p.pgLocal {
+		c.PGCPUMicros = per((after.pgCPU - before.pgCPU) * 1e6)
+	}
+	return c
+}
+
+// costPhase measures every mode's cost per request at one client,
+// costRounds times, interleaved with the baseline.
+func (b *bench) costPhase(ctx context.Context) ([]cost, error) {
+	probe, err := newCostProbe(ctx, b.counters, b.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer probe.close(ctx)
+	var all []cost
+	for round := range costRounds {
+		for _, mode := range b.modes {
+			var before snapshot
+			r, err := measureProbed(ctx, b.client, b.targets[mode], b.creds.APIKey, mode, 1, b.opts.duration,
+				func() error {
+					var err error
+					before, err = probe.take(ctx)
+					return err
+				},
+				func(requests int) error {
+					after, err := probe.take(ctx)
+					if err != nil {
+						return err
+					}
+					c := probe.costOf(mode, requests, before, after)
+					c.Round = round + 1
+					all = append(all, c)
+					b.log.Info("cost", "round", c.Round, "mode", mode, "round_trips", c.RoundTrips, "statements", c.Statements,
+						"wal_bytes", fmt.Sprintf("%.0f", c.WALBytes), "pg_cpu_us", fmt.Sprintf("%.0f", c.PGCPUMicros))
+					return nil
+				})
+			if err != nil {
+				return nil, fmt.Errorf("cost of %s: %w", mode, err)
+			}
+			if r.Requests == 0 {
+				return nil, errors.New("cost phase: no request completed")
+			}
+		}
+	}
+	return all, nil
+}
+
+// medianCosts is each mode's median cost over the rounds, in the order the
+// modes were measured.
+func medianCosts(all []cost) []cost {
+	var out []cost
+	for _, first := range all {
+		if first.Round != 1 {
+			continue
+		}
+		var rs []cost
+		for _, c := range all {
+			if c.Mode == first.Mode {
+				rs = append(rs, c)
+			}
+		}
+		m := func(f func(cost) float64) float64 {
+			xs := make([]float64, len(rs))
+			for i, c := range rs {
+				xs[i] = f(c)
+			}
+			return median(xs)
+		}
+		out = append(out, cost{
+			Mode:            first.Mode,
+			Requests:        int(m(func(c cost) float64 { return float64(c.Requests) })),
+			RoundTrips:      m(func(c cost) float64 { return c.RoundTrips }),
+			Statements:      m(func(c cost) float64 { return c.Statements }),
+			RedisRoundTrips: m(func(c cost) float64 { return c.RedisRoundTrips }),
+			WALBytes:        m(func(c cost) float64 { return c.WALBytes }),
+			PGCPUMicros:     m(func(c cost) float64 { return c.PGCPUMicros }),
+			CPUMicros:       m(func(c cost) float64 { return c.CPUMicros }),
+			Allocs:          m(func(c cost) float64 { return c.Allocs }),
+			AllocBytes:      m(func(c cost) float64 { return c.AllocBytes }),
+		})
+	}
+	return out
+}
+
+// costMarkdown is the report's table of costs per request.
+func costMarkdown(costs []cost) string {
+	var base cost
+	for _, c := range costs {
+		if c.Mode == modeBaseline {
+			base = c
+		}
+	}
+	times := func(x, b float64) string {
+		if b == 0 {
+			return fmt.Sprintf("%.0f", x)
+		}
+		return fmt.Sprintf("%.0f (%.2f×)", x, x/b)
+	}
+	var s strings.Builder
+	fmt.Fprintf(&s, "\n## Cost per request\n\nWhat one request costs, whatever the machine: one client in a closed loop for the measurement's duration, %d rounds interleaved, medians. Round trips and statements are counted by a pgx tracer on the servers' pool (a pipeline is one round trip), Redis round trips by a go-redis hook, WAL bytes from `pg_current_wal_insert_lsn()`, PostgreSQL's CPU time from `/proc` (every `postgres` process: backends, WAL writer, checkpointer), and the benchmark process's CPU time and allocations (the service and the load generator, which is the same in every mode) from `/proc` and the Go runtime. In brackets: the figure over the baseline's.\n\n", costRounds)
+	s.WriteString("| Mode | PostgreSQL round trips | Statements | Redis round trips | WAL bytes | PostgreSQL CPU µs | Process CPU µs | Allocations | Allocated KiB |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, c := range costs {
+		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %.1f |\n", c.Mode, c.RoundTrips, c.Statements, c.RedisRoundTrips,
+			times(c.WALBytes, base.WALBytes), times(c.PGCPUMicros, base.PGCPUMicros), times(c.CPUMicros, base.CPUMicros),
+			times(c.Allocs, base.Allocs), c.AllocBytes/1024)
+	}
+	return s.String()
+}
