@@ -13,6 +13,10 @@ var ErrCleanupBusy = errors.New("idempotency: another replica is running cleanup
 
 // Purger deletes expired records in bounded batches.
 type Purger interface {
+	// PurgeExpired deletes expired records, at most batch (> 0) per
+	// statement, until none is left or ctx ends, and returns how many it
+	// deleted. It returns ErrCleanupBusy, having deleted nothing, while
+	// another process is purging.
 	PurgeExpired(ctx context.Context, batch int) (int64, error)
 }
 
@@ -31,12 +35,21 @@ type CleanupObserver interface {
 	CleanupRun(result CleanupResult, deleted int64, d time.Duration)
 }
 
+// Defaults of Cleanup's zero fields.
+const (
+	DefaultCleanupInterval = time.Minute
+	DefaultCleanupBatch    = 1000
+)
+
 // Cleanup purges expired keys periodically.
 type Cleanup struct {
-	Purger   Purger
+	Purger Purger
+	// Interval is the time between runs (DefaultCleanupInterval if zero).
 	Interval time.Duration
+	// Batch bounds each delete statement, so that no statement holds many
+	// row locks or runs long under load (DefaultCleanupBatch if zero).
 	Batch    int
-	Logger   *slog.Logger
+	Logger   *slog.Logger    // optional: slog.Default
 	Observer CleanupObserver // optional
 }
 
@@ -44,7 +57,11 @@ type Cleanup struct {
 // as absent when claimed, so cleanup only reclaims space; a failed run is
 // logged and retried at the next tick.
 func (c Cleanup) Run(ctx context.Context) {
-	t := time.NewTicker(c.Interval)
+	interval := c.Interval
+	if interval <= 0 {
+		interval = DefaultCleanupInterval
+	}
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -56,10 +73,15 @@ func (c Cleanup) Run(ctx context.Context) {
 	}
 }
 
-// Once runs one cleanup pass and reports it.
+// Once runs one cleanup pass and reports it to the Observer, unless ctx
+// ended during it (shutting down: nothing to report).
 func (c Cleanup) Once(ctx context.Context) (CleanupResult, int64) {
 	start := time.Now()
-	n, err := c.Purger.PurgeExpired(ctx, c.Batch)
+	batch := c.Batch
+	if batch <= 0 {
+		batch = DefaultCleanupBatch
+	}
+	n, err := c.Purger.PurgeExpired(ctx, batch)
 	result := CleanupOK
 	switch {
 	case errors.Is(err, ErrCleanupBusy):

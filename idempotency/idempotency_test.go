@@ -294,12 +294,28 @@ func TestOutcomeIsReported(t *testing.T) {
 	require.Equal(t, idempotency.OutcomeRejected, outcome("k2", `{"a":`))
 }
 
-// countingPurger counts cleanup runs.
-type countingPurger struct{ runs atomic.Int64 }
+// countingPurger counts cleanup runs and keeps the last batch size.
+type countingPurger struct{ runs, batch atomic.Int64 }
 
-func (p *countingPurger) PurgeExpired(context.Context, int) (int64, error) {
+func (p *countingPurger) PurgeExpired(_ context.Context, batch int) (int64, error) {
 	p.runs.Add(1)
+	p.batch.Store(int64(batch))
 	return 0, nil
+}
+
+// A zero Cleanup's Batch and Interval take their defaults: a batch of 0
+// would delete nothing forever, an interval of 0 would panic the ticker.
+func TestCleanupZeroFieldsTakeDefaults(t *testing.T) {
+	t.Parallel()
+	p := &countingPurger{}
+	c := idempotency.Cleanup{Purger: p, Logger: slog.New(slog.DiscardHandler)}
+	result, _ := c.Once(t.Context())
+	require.Equal(t, idempotency.CleanupOK, result)
+	require.EqualValues(t, idempotency.DefaultCleanupBatch, p.batch.Load(), "the batch a zero Batch purges with")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.NotPanics(t, func() { c.Run(ctx) }, "Run with a zero Interval")
 }
 
 func TestRunCleanupPurgesPeriodicallyUntilCancelled(t *testing.T) {
