@@ -3,7 +3,7 @@
 // of the first, as the IETF httpapi Idempotency-Key draft describes.
 //
 // A client sends Idempotency-Key with a POST (or PATCH, DELETE, ...). The
-// key is scoped to the caller (Config.Scope: a tenant, an account), the
+// key is scoped to the caller (Config.Scope: a tenant, a user), the
 // request is fingerprinted (method, route, path, query and the RFC 8785
 // canonical form of its JSON body), and the key is claimed in a Store:
 //
@@ -13,9 +13,13 @@
 //     with Idempotent-Replayed: true, and nothing runs;
 //   - the same key with a different request is 409 (ErrKeyMismatch);
 //   - the same key while the first request still runs waits up to
-//     Config.Wait, then gets 202 with Retry-After (ErrInFlight);
-//   - a request refused before its operation ran (a bad key, a bad body, a
-//     4xx such as 400 or 401, or any 5xx) stores nothing and consumes no key.
+//     Config.Wait (or the operation's own OperationConfig.Wait), then gets
+//     202 with Retry-After (ErrInFlight);
+//   - a request refused before its operation ran (a bad key, a bad body),
+//     an answer whose status says the request may be sent again as it is
+//     (see Replayable: 400, 401, 403, 408, 413, 415, 429, 499) and any 5xx
+//     store nothing and consume no key; every other answer, 404, 409 and
+//     422 included, is stored and replayed.
 //
 // The operation writes through the lease's unit of work, whose type U the
 // store defines: the store commits those writes and the stored response

@@ -24,9 +24,9 @@ func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
 // ComputeFingerprint hashes method, route pattern, path, the sorted query
 // string and the canonical (RFC 8785) form of body. The pattern
-// ("/orders/{id}") binds the key to the operation; the path binds it to the
-// resource too, so that one key sent to /orders/1/cancel and then to
-// /orders/2/cancel is a conflict, not a replay. The parts are length-prefixed
+// ("/widgets/{id}") binds the key to the operation; the path binds it to the
+// resource too, so that one key sent to /widgets/1/paint and then to
+// /widgets/2/paint is a conflict, not a replay. The parts are length-prefixed
 // so that no two different tuples hash alike.
 // A body that is not canonicalisable JSON is an error wrapping
 // ErrMalformedBody.

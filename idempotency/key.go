@@ -21,7 +21,7 @@ var (
 	ErrInvalidKey = errors.New("invalid Idempotency-Key")
 )
 
-// OperationName names a method on a route pattern ("POST /orders"): the
+// OperationName names a method on a route pattern ("POST /widgets"): the
 // operation label of metrics and the name of traces when an operation has
 // no name of its own, so both agree.
 func OperationName(method, route string) string { return method + " " + route }

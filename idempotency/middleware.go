@@ -53,14 +53,16 @@ var ErrBodyTooLarge = errors.New("the request body is too large")
 // authenticated. Config.Scope returns it (or an error of its own).
 var ErrNoScope = errors.New("the request carries no credentials to scope its Idempotency-Key to")
 
-// Config configures an Engine; every field is optional.
+// Config configures an Engine. Scope is required for Operation.Handler and
+// HandlerFunc (without it every request is ErrNoScope); every other field
+// is optional.
 type Config struct {
-	// Scope returns the scope (the tenant, the account) a request's key
-	// belongs to, for Operation.Handler: keys of two scopes never meet. An
-	// error is answered through WriteError (ErrNoScope: 401). Front doors
-	// that call Operation.Serve give the scope themselves.
+	// Scope returns the scope (a tenant, a user) a request's key belongs
+	// to, for Operation.Handler and HandlerFunc: keys of two scopes never
+	// meet. An error is answered through WriteError (ErrNoScope: 401).
+	// Front doors that call Operation.Serve give the scope themselves.
 	Scope func(r *http.Request) (string, error)
-	// Route returns the matched route pattern ("/orders/{id}"), which the
+	// Route returns the matched route pattern ("/widgets/{id}"), which the
 	// fingerprint binds the key to. Default: the pattern net/http's
 	// ServeMux matched, without its method, or else the path.
 	Route func(r *http.Request) string
@@ -71,7 +73,8 @@ type Config struct {
 	Wait time.Duration
 	// RetryAfter is advertised on 202 and 503 answers (default 1s).
 	RetryAfter time.Duration
-	// MaxBodyBytes bounds the bodies Operation.Handler reads (default 1 MiB).
+	// MaxBodyBytes bounds the bodies Operation.Handler and HandlerFunc
+	// read (default 1 MiB).
 	MaxBodyBytes int64
 	// ReplayHeaders is the allow-list of stored response headers (default
 	// DefaultReplayHeaders). Set-Cookie, Authorization and hop-by-hop
@@ -148,7 +151,7 @@ func New(cfg Config) *Engine {
 	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser()}
 }
 
-// muxPattern is the route net/http's ServeMux matched ("POST /orders/{id}"
+// muxPattern is the route net/http's ServeMux matched ("POST /widgets/{id}"
 // without the method), or the path where there is none.
 func muxPattern(r *http.Request) string {
 	p := r.Pattern
@@ -168,10 +171,12 @@ func muxPattern(r *http.Request) string {
 
 // OperationConfig configures one operation; zero fields take the engine's.
 type OperationConfig struct {
-	// Name labels the operation in metrics (its OpenAPI operationId, say);
-	// empty names it by method and route pattern ("POST /orders").
+	// Name labels the operation in metrics; empty names it by method and
+	// route pattern ("POST /widgets"), as oapi.Bind does.
 	Name string
-	TTL  time.Duration
+	// TTL overrides Config.TTL for this operation.
+	TTL time.Duration
+	// Wait overrides Config.Wait for this operation.
 	Wait time.Duration
 }
 
@@ -332,7 +337,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	if len(canonical) > 0 {
 		// The operation decodes exactly the form that was fingerprinted, so
 		// two requests with one fingerprint can never be read differently
-		// ("amount":1200.0 and "amount":1200 are one request, and both run).
+		// ("size":12.0 and "size":12 are one request, and both run).
 		s.body = canonical
 	}
 

@@ -20,6 +20,8 @@ const (
 // Observer receives what the protocol did, for metrics. operation is the
 // operation's name (see OperationConfig.Name): a bounded set of values.
 type Observer interface {
+	// Outcome reports how one request under the protocol ended, once per
+	// request.
 	Outcome(operation string, o Outcome)
 	// DuplicateWait reports how long a request that did not run the
 	// operation (replayed, in_flight, conflict) spent claiming its key,

@@ -5,7 +5,11 @@ import (
 	"time"
 )
 
-// Stats describes a store's keys for operators and metrics.
+// Stats describes a store's keys for operators and metrics. A store that
+// never commits a claim before its outcome (pgstore: the key row is
+// inserted in the operation's transaction) shows no processing keys: a
+// running operation's claim is invisible to other sessions until it commits
+// completed.
 type Stats struct {
 	Processing int64 // keys whose operation is running (or was, if stuck)
 	Completed  int64 // keys holding a stored response (an estimate on large tables)
@@ -20,5 +24,6 @@ type Stats struct {
 
 // StatsSource reports Stats.
 type StatsSource interface {
+	// KeyStats reads the figures now; on a large table some are estimates.
 	KeyStats(ctx context.Context) (Stats, error)
 }

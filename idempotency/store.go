@@ -34,7 +34,7 @@ type Store[U any] interface {
 
 // ClaimRequest says what is being claimed and for how long.
 type ClaimRequest struct {
-	// Scope is whose key it is (a tenant, an account): the same key in two
+	// Scope is whose key it is (a tenant, a user): the same key in two
 	// scopes names two operations. Opaque to the store.
 	Scope string
 	Key   string

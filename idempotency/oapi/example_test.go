@@ -16,8 +16,9 @@ import (
 
 // The document says which operations take an Idempotency-Key; Bind gives
 // each its store, and so the unit of work its handler writes through.
-// Middleware goes where oapi-codegen's chi server takes middlewares
-// (ChiServerOptions.Middlewares); here a chi router stands in for it.
+// Middleware goes on the router oapi-codegen's chi server is built on
+// (ChiServerOptions.BaseRouter), so that it runs before the generated
+// parameter binding; here a chi router stands in for it.
 func Example() {
 	doc, err := openapi3.NewLoader().LoadFromData([]byte(`
 openapi: 3.0.3

@@ -54,7 +54,7 @@ type Operations struct {
 type Operation struct {
 	// ID is the operationId (or, without one, the method and path).
 	ID string
-	// Method and Path are as the document has them: "POST", "/orders/{id}".
+	// Method and Path are as the document has them: "POST", "/widgets/{id}".
 	Method, Path string
 	// Spec is the operation in the document.
 	Spec *openapi3.Operation
@@ -148,7 +148,10 @@ func duration(v any) (time.Duration, error) {
 
 // Bind gives the covered operation operationID its store, and so the type
 // of unit of work its handler writes through (Unit on the returned
-// operation). It fails for an operation the document does not cover.
+// operation). An id the document does not have is looked up again ignoring
+// case, as generators rename ids; the document should not have two ids that
+// differ only in case. It fails for an operation the document does not
+// cover.
 func Bind[U any](ops *Operations, operationID string, store idempotency.Store[U]) (*idempotency.Operation[U], error) {
 	op, ok := ops.byID[operationID]
 	if !ok {
@@ -214,7 +217,7 @@ func (ops *Operations) Unbound() []string {
 }
 
 // Find returns the operation of method on a route as the document writes
-// its path ("/orders/{id}"), or nil.
+// its path ("/widgets/{id}"), or nil.
 func (ops *Operations) Find(method, path string) *Operation {
 	return ops.byRoute[method+" "+path]
 }
@@ -230,7 +233,10 @@ func (op *Operation) Serve(w http.ResponseWriter, r *http.Request, in idempotenc
 // its body as idempotency.Operation.Handler does) and passes every other
 // request through. route names the route a request matched as the
 // document writes it; nil takes chi's route pattern, or else net/http
-// ServeMux's. It fails while a covered operation has no store.
+// ServeMux's. route only finds the operation: the fingerprint's route is
+// the engine's Config.Route (by default ServeMux's pattern, else the path,
+// which still binds the key to the resource). It fails while a covered
+// operation has no store.
 func (ops *Operations) Middleware(route func(*http.Request) string) (func(http.Handler) http.Handler, error) {
 	if unbound := ops.Unbound(); len(unbound) > 0 {
 		return nil, fmt.Errorf("oapi: covered operations without a store: %s", strings.Join(unbound, ", "))

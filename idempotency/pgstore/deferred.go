@@ -81,8 +81,9 @@ func (b *Batch) Guard(first int) (cond string, args []any) {
 	return cond, []any{[]byte(b.ref.Scope), b.ref.Key}
 }
 
-// Exec queues a guarded write. Its signature is a DBTX's, so that the
-// :exec queries sqlc generates can write into a Batch; it never fails.
+// Exec queues sql as given: it must carry Guard's condition itself. Its
+// signature is that of sqlc's DBTX.Exec, so a DBTX whose Exec is this one
+// lets sqlc's generated :exec queries write into a Batch. It never fails.
 func (b *Batch) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	b.queued.Queue(sql, args...)
 	return pgconn.CommandTag{}, nil

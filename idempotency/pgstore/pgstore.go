@@ -296,7 +296,7 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 		switch {
 		case row.Claimed:
 			// The wait budget was for the claim; the operation's own
-			// statements and lock waits (row locks in a ledger, say) must
+			// statements and lock waits (row locks on a balance, say) must
 			// not inherit it.
 			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
 				return nil, nil, Translate(fmt.Errorf("reset claim timeouts: %w", err))

@@ -27,12 +27,13 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 )
 
-// Defaults for New.
+// Sizes.
 const (
-	// DefaultSize is how many records one process keeps.
+	// DefaultSize is a suggested size for New: how many records one
+	// process keeps.
 	DefaultSize = 10_000
 	// MaxBody is the largest response body kept (16 KiB): bigger ones are
-	// rare, and the bound keeps the cache's worst case at Size × MaxBody.
+	// rare, and the bound keeps the cache's worst case at its size × MaxBody.
 	MaxBody = 16 << 10
 )
 

@@ -77,6 +77,8 @@ type Config struct {
 	// Cooldown is how long Redis is left alone before a probe, and between
 	// probes while it does not answer (default 500ms).
 	Cooldown time.Duration
+	// Observer, optional, receives each look-up's result and each fallback
+	// to the durable store, for metrics; nil reports nothing.
 	Observer Observer
 }
 

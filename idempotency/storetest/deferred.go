@@ -64,7 +64,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 	t.Run("replay and mismatch write nothing", func(t *testing.T) {
 		t.Parallel()
 		store, scope := b.open(t)
-		req := claimRequest(scope, newKey(), fingerprint("POST /orders a"))
+		req := claimRequest(scope, newKey(), fingerprint("POST /widgets a"))
 		first := attemptDeferred(b.ctx, b, store, req, "first\n")
 		require.NoError(t, first.err, "first request")
 		require.True(t, first.committed, "the first request must commit")
@@ -77,7 +77,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		require.Equal(t, req.Fingerprint, again.rec.Fingerprint, "replayed fingerprint")
 
 		other := req
-		other.Fingerprint = fingerprint("POST /orders b")
+		other.Fingerprint = fingerprint("POST /widgets b")
 		mismatch := attemptDeferred(b.ctx, b, store, other, "other\n")
 		require.NoError(t, mismatch.err, "mismatch")
 		require.False(t, mismatch.committed, "a mismatch must not commit")
@@ -89,7 +89,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 	t.Run("expired key is free", func(t *testing.T) {
 		t.Parallel()
 		store, scope := b.open(t)
-		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+		req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 		short := req
 		short.TTL = time.Millisecond
 		require.True(t, attemptDeferred(b.ctx, b, store, short, "old\n").committed, "first, short-lived request")
@@ -104,7 +104,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 	t.Run("rollback leaves nothing", func(t *testing.T) {
 		t.Parallel()
 		store, scope := b.open(t)
-		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+		req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 		req.Contended = false
 		lease := claimLease(t, b.ctx, store, req)
 		require.NoError(t, b.Write(b.ctx, lease.Unit(), lease.Ref(), newKey()), "write")
@@ -116,7 +116,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 	t.Run("a holder in flight is waited for", func(t *testing.T) {
 		t.Parallel()
 		store, scope := b.open(t)
-		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+		req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 		holder := claimLease(t, b.ctx, store, req) // claimed at once, uncommitted
 
 		short := req
@@ -145,7 +145,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		t.Parallel()
 		const claimers = 50
 		store, scope := b.open(t)
-		req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+		req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 		start := make(chan struct{})
 		results := make([]deferredOutcome, claimers)
 		var wg sync.WaitGroup
@@ -180,7 +180,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		store, scope := b.open(t)
 		reqs := make([]idempotency.ClaimRequest, keys)
 		for i := range reqs {
-			reqs[i] = claimRequest(scope, newKey(), fingerprint("POST /orders"))
+			reqs[i] = claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 		}
 		start := make(chan struct{})
 		results := make([]deferredOutcome, keys*perKey)

@@ -114,11 +114,11 @@ func (b *bundle[U]) open(t *testing.T) (idempotency.Store[U], string) {
 // exact stored response.
 func testClaimCommitReplay[U any](t *testing.T, b *bundle[U]) {
 	store, scope := b.open(t)
-	req := claimRequest(scope, newKey(), fingerprint("POST /orders x"))
+	req := claimRequest(scope, newKey(), fingerprint("POST /widgets x"))
 	// Unsorted keys, odd spacing and a trailing newline: a store that
 	// normalises JSON (jsonb would) fails here.
-	body := []byte("{\"id\":\"x\",\"amount\":1999, \"currency\":\"EUR\",\"items\":[{\"sku\":\"b\",\"qty\":1}]}\n")
-	header := http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/x"}}
+	body := []byte("{\"id\":\"x\",\"size\":1999, \"colour\":\"teal\",\"parts\":[{\"name\":\"b\",\"qty\":1}]}\n")
+	header := http.Header{"Content-Type": {"application/json"}, "Location": {"/widgets/x"}}
 
 	before := time.Now()
 	lease := claimLease(t, b.ctx, store, req)
@@ -164,7 +164,7 @@ func testReplayEmptyBody[U any](t *testing.T, b *bundle[U]) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			store, scope := b.open(t)
-			req := claimRequest(scope, newKey(), fingerprint("DELETE /orders/x"))
+			req := claimRequest(scope, newKey(), fingerprint("DELETE /widgets/x"))
 			lease := claimLease(t, b.ctx, store, req)
 			resp := idempotency.Response{Status: http.StatusNoContent, Header: http.Header{}, Body: tt.body}
 			require.NoError(t, lease.Commit(b.ctx, resp), "commit a response with an empty body")
@@ -181,11 +181,11 @@ func testReplayEmptyBody[U any](t *testing.T, b *bundle[U]) {
 // caller, not the store, turns the mismatch into a 409.
 func testFingerprintMismatch[U any](t *testing.T, b *bundle[U]) {
 	store, scope := b.open(t)
-	req := claimRequest(scope, newKey(), fingerprint("POST /orders amount=1"))
+	req := claimRequest(scope, newKey(), fingerprint("POST /widgets size=1"))
 	commitResponse(t, b.ctx, claimLease(t, b.ctx, store, req), "first\n")
 
 	other := req
-	other.Fingerprint = fingerprint("POST /orders amount=2")
+	other.Fingerprint = fingerprint("POST /widgets size=2")
 	rec := claimRecord(t, b.ctx, store, other)
 	require.Equal(t, req.Fingerprint, rec.Fingerprint, "the record must carry the ORIGINAL fingerprint")
 	require.Equal(t, []byte("first\n"), rec.Response.Body, "the record must carry the original response")
@@ -220,7 +220,7 @@ func testKeysScoped[U any](t *testing.T, b *bundle[U]) {
 func testRollback[U any](t *testing.T, b *bundle[U]) {
 	store, scope := b.open(t)
 	ctx := b.ctx
-	req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+	req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 
 	lease := claimLease(t, ctx, store, req)
 	discarded := newKey()
@@ -294,7 +294,7 @@ func testConcurrentClaimWaits[U any](t *testing.T, b *bundle[U]) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			store, scope := b.open(t)
-			req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+			req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 			req.Wait = tt.wait
 			holder := claimLease(t, b.ctx, store, req)
 
@@ -324,7 +324,7 @@ func testConcurrentClaimWaits[U any](t *testing.T, b *bundle[U]) {
 func testWaitBoundedAcrossHolders[U any](t *testing.T, b *bundle[U]) {
 	store, scope := b.open(t)
 	const wait = 800 * time.Millisecond
-	req := claimRequest(scope, newKey(), fingerprint("POST /orders chain"))
+	req := claimRequest(scope, newKey(), fingerprint("POST /widgets chain"))
 	req.Wait = wait
 
 	first := claimLease(t, b.ctx, store, req)
@@ -470,7 +470,7 @@ func testConcurrentClaimsRunOnce[U any](t *testing.T, b *bundle[U]) {
 			const claimers = 50
 			store, scope := b.open(t)
 			ctx := b.ctx
-			req := claimRequest(scope, newKey(), fingerprint("POST /orders"))
+			req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
 			req.Wait = 5 * time.Second // long enough that no one gets ErrInFlight
 			if tt.expired {
 				old := req
@@ -523,7 +523,7 @@ func testConcurrentClaimsRunOnce[U any](t *testing.T, b *bundle[U]) {
 func testUncommittedWritesInvisible[U any](t *testing.T, b *bundle[U]) {
 	store, scope := b.open(t)
 	ctx := b.ctx
-	lease := claimLease(t, ctx, store, claimRequest(scope, newKey(), fingerprint("POST /orders")))
+	lease := claimLease(t, ctx, store, claimRequest(scope, newKey(), fingerprint("POST /widgets")))
 	require.NoError(t, b.Write(ctx, lease.Unit(), lease.Ref(), newKey()), "write in lease")
 	require.Zero(t, b.Count(ctx, t, scope), "an uncommitted write seen outside its lease")
 	require.NoError(t, lease.Rollback(ctx), "rollback")
@@ -541,14 +541,14 @@ func testReplaceProvisional[U any](t *testing.T, b *bundle[U]) {
 		lease := claimLease(t, ctx, store, req)
 		ref := lease.Ref()
 		require.NoError(t, lease.Commit(ctx, idempotency.Response{
-			Status: http.StatusAccepted, Header: http.Header{"Location": {"/payments/1"}}, Body: []byte(`{"status":"pending"}`),
+			Status: http.StatusAccepted, Header: http.Header{"Location": {"/jobs/1"}}, Body: []byte(`{"status":"pending"}`),
 		}), "commit the provisional 202")
 		return ref
 	}
 	final := func(body string) idempotency.Response {
 		return idempotency.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body)}
 	}
-	req := claimRequest(scope, newKey(), fingerprint("POST /payments a"))
+	req := claimRequest(scope, newKey(), fingerprint("POST /jobs a"))
 	ref := accept(req)
 	rec := claimRecord(t, ctx, store, req)
 	require.Equal(t, http.StatusAccepted, rec.Response.Status, "pending: the key replays the 202")
@@ -566,7 +566,7 @@ func testReplaceProvisional[U any](t *testing.T, b *bundle[U]) {
 	require.False(t, replaced, "a final response is never replaced")
 
 	// A key that expired while its operation was pending and was claimed again.
-	short := claimRequest(scope, newKey(), fingerprint("POST /payments b"))
+	short := claimRequest(scope, newKey(), fingerprint("POST /jobs b"))
 	short.TTL = time.Millisecond
 	old := accept(short)
 	time.Sleep(expiryPause)
@@ -594,7 +594,7 @@ func claimRequest(scope, key string, fp idempotency.Fingerprint) idempotency.Cla
 		Key:         key,
 		Fingerprint: fp,
 		Method:      http.MethodPost,
-		Route:       "/orders",
+		Route:       "/widgets",
 		TTL:         time.Hour,
 		Wait:        5 * time.Second,
 		Contended:   true,
