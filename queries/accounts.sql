@@ -12,3 +12,8 @@ UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NUL
 
 -- name: AccountIDsByName :many
 SELECT id FROM accounts WHERE name = $1 ORDER BY created_at LIMIT 10;
+
+-- name: AccountNameLock :exec
+-- Held until the transaction ends: creates of one name that refuse a name
+-- in use run one at a time, so two of them never both find it free.
+SELECT pg_advisory_xact_lock(hashtextextended('oncekey account name ' || @name::text, 0));

@@ -88,16 +88,14 @@ func (a *accountsCreateCmd) Run(e env) error {
 		return err
 	}
 	return withDatabase(e.ctx, a.DatabaseURL, func(s *postgres.Store) error {
-		if !a.AllowDuplicateName {
-			ids, err := s.AccountsNamed(e.ctx, a.Name)
-			if err != nil {
-				return err
-			}
-			if len(ids) > 0 {
-				return fmt.Errorf("an account named %q exists already (account_id %s); pass --allow-duplicate-name to create another", a.Name, ids[0])
-			}
+		accounts := s.UniqueNames()
+		if a.AllowDuplicateName {
+			accounts = s
 		}
-		creds, err := auth.CreateAccount(e.ctx, s, a.Name, "")
+		creds, err := auth.CreateAccount(e.ctx, accounts, a.Name, "")
+		if taken := (*postgres.NameTakenError)(nil); errors.As(err, &taken) {
+			return fmt.Errorf("%s; pass --allow-duplicate-name to create another", taken)
+		}
 		if err != nil {
 			return err
 		}

@@ -85,3 +85,14 @@ func (q *Queries) AccountIDsByName(ctx context.Context, name string) ([]uuid.UUI
 	}
 	return items, nil
 }
+
+const accountNameLock = `-- name: AccountNameLock :exec
+SELECT pg_advisory_xact_lock(hashtextextended('oncekey account name ' || $1::text, 0))
+`
+
+// Held until the transaction ends: creates of one name that refuse a name
+// in use run one at a time, so two of them never both find it free.
+func (q *Queries) AccountNameLock(ctx context.Context, name string) error {
+	_, err := q.db.Exec(ctx, accountNameLock, name)
+	return err
+}

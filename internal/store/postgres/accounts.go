@@ -23,8 +23,48 @@ func (s *Store) AccountByKeyHash(ctx context.Context, hash auth.KeyHash) (uuid.U
 
 // CreateAccount implements auth.Store: the account and its key commit together.
 func (s *Store) CreateAccount(ctx context.Context, id uuid.UUID, name string, hash auth.KeyHash) error {
+	return s.createAccount(ctx, id, name, hash, false)
+}
+
+// NameTakenError refuses an account whose name is in use already.
+type NameTakenError struct {
+	Name string
+	// ID is an account of that name.
+	ID uuid.UUID
+}
+
+func (e *NameTakenError) Error() string {
+	return fmt.Sprintf("an account named %q exists already (account_id %s)", e.Name, e.ID)
+}
+
+// UniqueNames is the store as an auth.Store whose CreateAccount refuses a
+// name in use (*NameTakenError). Concurrent creates of one name run one at
+// a time (a transaction-scoped advisory lock on the name), so exactly one
+// of them succeeds. Names are not unique in the schema: an operator may
+// create a second account of a name on purpose, through the Store itself.
+func (s *Store) UniqueNames() auth.Store { return uniqueNames{s} }
+
+type uniqueNames struct{ *Store }
+
+func (u uniqueNames) CreateAccount(ctx context.Context, id uuid.UUID, name string, hash auth.KeyHash) error {
+	return u.createAccount(ctx, id, name, hash, true)
+}
+
+func (s *Store) createAccount(ctx context.Context, id uuid.UUID, name string, hash auth.KeyHash, unique bool) error {
 	return translate(pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
+		if unique {
+			if err := q.AccountNameLock(ctx, name); err != nil {
+				return fmt.Errorf("lock the account name: %w", err)
+			}
+			ids, err := q.AccountIDsByName(ctx, name)
+			if err != nil {
+				return fmt.Errorf("look up the account name: %w", err)
+			}
+			if len(ids) > 0 {
+				return &NameTakenError{Name: name, ID: ids[0]}
+			}
+		}
 		if err := q.AccountCreate(ctx, db.AccountCreateParams{ID: id, Name: name}); err != nil {
 			return fmt.Errorf("insert account: %w", err)
 		}
