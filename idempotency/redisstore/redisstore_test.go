@@ -163,7 +163,11 @@ func TestReplaysAreServedFromRedis(t *testing.T) {
 		require.Equal(t, idempotency.Fingerprint{7}, rec.Fingerprint)
 	}
 	require.EqualValues(t, 1, inner.claims.Load(), "replays must not reach PostgreSQL")
-	require.EqualValues(t, 10, obs.hit.Load())
+	// Each replay's first look-up is a hit, unless Redis answered it after
+	// its read timeout (a loaded machine): then the marker script found the
+	// record instead, still on Redis.
+	require.EqualValues(t, 10, obs.hit.Load()+obs.errs.Load(), "one look-up result per replay")
+	require.Positive(t, obs.hit.Load(), "replays found by their look-up")
 }
 
 func TestRedisDownAtStartFallsBackToPostgres(t *testing.T) {
