@@ -1,18 +1,16 @@
 package metrics_test
 
 import (
-	"fmt"
 	"net/http"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/oapi"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
@@ -21,27 +19,25 @@ import (
 // metrics label it.
 const operation = "POST /orders"
 
-// idempotentOperations are openapi.yaml's operations that declare the
-// Idempotency-Key header, as the metrics label them: the fixed set of the
-// operation label, read from the spec so that a new operation needs no
-// edit here.
+// idempotentOperations are the operations openapi.yaml puts under the
+// protocol, as the metrics label them: the fixed set of the operation
+// label, read from the spec as the server reads it, so that a new
+// operation needs no edit here.
 var idempotentOperations = func() []string {
-	doc, err := openapi3.NewLoader().LoadFromData(oncekey.OpenAPISpec)
+	doc, err := httpapi.LoadSpec()
 	if err != nil {
-		panic(fmt.Sprintf("load openapi.yaml: %v", err))
+		panic(err)
 	}
-	var ops []string
-	for path, item := range doc.Paths.Map() {
-		for method, op := range item.Operations() {
-			for _, p := range slices.Concat(item.Parameters, op.Parameters) {
-				if p.Value != nil && p.Value.In == openapi3.ParameterInHeader && http.CanonicalHeaderKey(p.Value.Name) == idempotency.HeaderKey {
-					ops = append(ops, method+" "+path)
-				}
-			}
-		}
+	ops, err := oapi.New(doc, idempotency.New(idempotency.Config{}))
+	if err != nil {
+		panic(err)
 	}
-	slices.Sort(ops)
-	return ops
+	var names []string
+	for _, op := range ops.Covered() {
+		names = append(names, idempotency.OperationName(op.Method, op.Path))
+	}
+	slices.Sort(names)
+	return names
 }()
 
 var allOutcomes = []idempotency.Outcome{
