@@ -93,16 +93,23 @@ func business(slug string, status int, title, when string) problem.Kind {
 	}
 }
 
+// problemRow is the row of the table err matches, if any: the first, so
+// that the table's order decides.
+func problemRow(err error) (kind problem.Kind, detail string, ok bool) {
+	for _, row := range problems {
+		if errors.Is(err, row.err) {
+			return row.kind, row.detail, true
+		}
+	}
+	return problem.Internal, "", false
+}
+
 // ProblemFor returns the kind of problem err is answered with, and Internal
 // for an error the table does not know; tests name domain outcomes by their
 // error through it.
 func ProblemFor(err error) problem.Kind {
-	for _, row := range problems {
-		if errors.Is(err, row.err) {
-			return row.kind
-		}
-	}
-	return problem.Internal
+	kind, _, _ := problemRow(err)
+	return kind
 }
 
 // Problems lists every kind of problem the service sends, once each and
@@ -140,27 +147,24 @@ func (p problemWriter) write(w http.ResponseWriter, r *http.Request, err error) 
 		problem.Write(w, problem.ClientClosedRequest, "the client closed the request")
 		return
 	}
-	for _, row := range problems {
-		if !errors.Is(err, row.err) {
-			continue
-		}
-		detail := row.detail
-		if detail == "" {
-			detail = err.Error()
-		}
-		switch row.kind {
-		case problem.Unavailable:
-			p.log.WarnContext(r.Context(), "request failed", "err", err)
-			detail = unavailableDetail
-			w.Header().Set("Retry-After", "1")
-		case problem.Unauthorized:
-			w.Header().Set("WWW-Authenticate", `Bearer realm="oncekey"`)
-		}
-		problem.Write(w, row.kind, detail)
+	kind, detail, ok := problemRow(err)
+	if !ok {
+		p.log.ErrorContext(r.Context(), "request failed", "err", err)
+		problem.Write(w, problem.Internal, internalDetail)
 		return
 	}
-	p.log.ErrorContext(r.Context(), "request failed", "err", err)
-	problem.Write(w, problem.Internal, internalDetail)
+	if detail == "" {
+		detail = err.Error()
+	}
+	switch kind {
+	case problem.Unavailable:
+		p.log.WarnContext(r.Context(), "request failed", "err", err)
+		detail = unavailableDetail
+		w.Header().Set("Retry-After", "1")
+	case problem.Unauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="oncekey"`)
+	}
+	problem.Write(w, kind, detail)
 }
 
 // request answers the generated code's parameter and body decoding errors.
