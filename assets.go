@@ -20,3 +20,10 @@ var OpenAPISpec []byte
 //
 //go:embed schema/*.sql
 var Migrations embed.FS
+
+// ConformanceOverrides is api/conformance.yaml: what `oncekey conformance`
+// needs besides openapi.yaml to check Oncekey itself (the orders, payments
+// and refunds that its operations act on).
+//
+//go:embed api/conformance.yaml
+var ConformanceOverrides []byte

@@ -24,7 +24,8 @@ type cli struct {
 	Purge        purgeCmd        `cmd:"" help:"Delete expired idempotency keys in batches, or count them with --dry-run."`
 	Keys         keysCmd         `cmd:"" help:"Read-only views of the idempotency keys, for operators."`
 	Accounts     accountsCmd     `cmd:"" help:"Create accounts and revoke API keys."`
-	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Check a deployment against the protocol and openapi.yaml. It creates orders in the key's account, and pays and refunds some through the deployment's provider: use a test account on a sandbox provider."`
+	Conformance  conformanceCmd  `cmd:"" help:"Check any API's Idempotency-Key behaviour from its OpenAPI document. It runs the operations it checks many times: use a test account (on a sandbox provider)."`
+	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Deprecated alias, kept for one release: conformance against an Oncekey deployment, with its own openapi.yaml and api/conformance.yaml."`
 	Version      versionCmd      `cmd:"" help:"Print the version and the VCS revision this binary was built from."`
 }
 
@@ -142,6 +143,19 @@ type accountsCreateCmd struct {
 
 type accountsRevokeCmd struct {
 	databaseFlags
+}
+
+type conformanceCmd struct {
+	Spec        string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1; local $refs only)."`
+	URL         string        `name:"url" required:"" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080."`
+	Auth        string        `name:"auth" placeholder:"HEADER" help:"Authorization header of a test account, e.g. \"Bearer sk_test_...\"."`
+	Auth2       string        `name:"auth2" placeholder:"HEADER" help:"Authorization header of a second account; without it credential-isolation is skipped."`
+	Profile     string        `name:"profile" enum:"oncekey,ietf,stripe" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (422, 409), stripe (400, 409, key optional)."`
+	Only        []string      `name:"only" sep:"," placeholder:"ID" help:"Run only these checks and/or operations (\"POST /orders\" or an operationId)."`
+	Format      string        `name:"format" enum:"text,json,junit" default:"text" help:"Report format on standard output: text, json or junit."`
+	Overrides   string        `name:"overrides" placeholder:"FILE" help:"YAML of request bodies, path parameters, headers, slow requests and skipped checks per operation (see docs/conformance.md)."`
+	Concurrency int           `name:"concurrency" default:"10" help:"How many identical requests the concurrency checks send at once."`
+	Timeout     time.Duration `name:"timeout" default:"10s" help:"Bound on each request."`
 }
 
 type contractTestCmd struct {

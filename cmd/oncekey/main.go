@@ -31,7 +31,6 @@ import (
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/contracttest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/httpserver"
 	"github.com/oncekey/oncekey/internal/jobs"
@@ -209,29 +208,6 @@ func accountOf(scope string) string {
 		return fmt.Sprintf("%x", scope)
 	}
 	return id.String()
-}
-
-// Run checks the deployment at --url and prints one line per check and a
-// closing "N passed, M failed" line.
-func (c *contractTestCmd) Run(e env) error {
-	results, err := contracttest.Run(e.ctx, contracttest.Config{BaseURL: c.URL, APIKey: c.APIKey})
-	if err != nil {
-		return err
-	}
-	failed := 0
-	for _, r := range results {
-		if r.Err != nil {
-			failed++
-			fmt.Fprintf(e.stdout, "FAIL %s\n     %s\n", r.Name, strings.ReplaceAll(r.Err.Error(), "\n", "\n     "))
-			continue
-		}
-		fmt.Fprintf(e.stdout, "ok   %s\n", r.Name)
-	}
-	fmt.Fprintf(e.stdout, "contract: %d passed, %d failed\n", len(results)-failed, failed)
-	if failed > 0 {
-		return fmt.Errorf("%d contract checks failed", failed)
-	}
-	return nil
 }
 
 // withDatabase opens the migrated database of url and runs fn.

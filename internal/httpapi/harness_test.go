@@ -13,7 +13,7 @@ import (
 
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/contracttest"
+	"github.com/oncekey/oncekey/internal/conformance"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/servicetest"
@@ -143,7 +143,9 @@ func readAll(t *testing.T, r io.Reader) []byte {
 // on any violation, so the contract and the server cannot drift apart.
 func validatingClient(t *testing.T) *http.Client {
 	t.Helper()
-	v, err := contracttest.NewValidatingTransport(nil)
+	doc, err := httpapi.LoadSpec()
+	require.NoError(t, err)
+	v, err := conformance.NewValidatingTransport(doc, nil)
 	require.NoError(t, err, "build validating transport")
 	t.Cleanup(func() {
 		for _, violation := range v.Violations() {

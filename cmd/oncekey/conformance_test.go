@@ -1,0 +1,72 @@
+package main
+
+import (
+	"encoding/xml"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// junitReport is what CI systems read of a JUnit XML report.
+type junitReport struct {
+	XMLName xml.Name `xml:"testsuites"`
+	Suites  []struct {
+		Name     string `xml:"name,attr"`
+		Tests    int    `xml:"tests,attr"`
+		Failures int    `xml:"failures,attr"`
+		Skipped  int    `xml:"skipped,attr"`
+		Cases    []struct {
+			Name      string `xml:"name,attr"`
+			Classname string `xml:"classname,attr"`
+			Failure   *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"failure"`
+			Skipped *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"skipped"`
+		} `xml:"testcase"`
+	} `xml:"testsuite"`
+}
+
+// TestConformanceCommand runs `oncekey conformance` against `oncekey serve`
+// as `make run` starts it: its JUnit report parses, counts what it holds and
+// fails nothing; the ietf profile (422 for a reused key) fails the
+// mismatch checks and exits 1; and contract-test still runs it.
+func TestConformanceCommand(t *testing.T) {
+	t.Parallel()
+	addr, _ := startServe(t, map[string]string{})
+	base := []string{"conformance", "--spec", "../../openapi.yaml", "--overrides", "../../api/conformance.yaml",
+		"--url", "http://" + addr, "--auth", "Bearer " + DemoAPIKey}
+
+	out, err := runCommand(t, map[string]string{}, append(base, "--format", "junit")...)
+	require.NoError(t, err, out)
+	var report junitReport
+	require.NoError(t, xml.Unmarshal([]byte(out), &report), out)
+	require.Len(t, report.Suites, 1)
+	suite := report.Suites[0]
+	require.Equal(t, len(suite.Cases), suite.Tests)
+	require.Zero(t, suite.Failures, out)
+	skipped := 0
+	for _, c := range suite.Cases {
+		require.Nil(t, c.Failure, "%s %s", c.Name, c.Classname)
+		if c.Skipped != nil {
+			skipped++
+			require.NotEmpty(t, c.Skipped.Message, "a skip says why")
+		}
+	}
+	require.Equal(t, skipped, suite.Skipped)
+	require.Less(t, skipped, suite.Tests/3, out)
+
+	out, err = runCommand(t, map[string]string{}, append(base, "--profile", "ietf", "--only", "mismatch-request,POST /orders")...)
+	require.ErrorContains(t, err, "conformance: 1 of 1 checks failed")
+	require.Contains(t, out, "fail    mismatch-request  POST /orders")
+	require.Contains(t, out, "want 422")
+
+	out, err = runCommand(t, map[string]string{}, "contract-test", "--url", "http://"+addr, "--api-key", DemoAPIKey)
+	require.NoError(t, err, out)
+	require.True(t, strings.HasSuffix(out, "0 failed, 16 skipped\n"), out)
+
+	_, err = runCommand(t, map[string]string{}, append(base, "--only", "no-such-check")...)
+	require.ErrorContains(t, err, `--only "no-such-check" is neither a check`)
+}

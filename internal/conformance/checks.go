@@ -1,0 +1,758 @@
+package conformance
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Check is one promise of the protocol, with a stable id, why it matters and
+// where it comes from.
+type Check struct {
+	ID        string `json:"id"`
+	Rationale string `json:"rationale"`
+	Source    string `json:"source"`
+
+	perOperation func(ctx context.Context, s *session, t *target) error
+	perRun       func(ctx context.Context, s *session) error // reads every answer of the run; runs last
+}
+
+// draft is the IETF document the checks cite.
+const draft = "draft-ietf-httpapi-idempotency-key-header-06"
+
+// Checks lists every check in the order they run.
+func Checks() []Check { return slices.Clone(catalogue) }
+
+var catalogue = []Check{
+	{
+		ID:           "key-required",
+		Rationale:    "A request without a key cannot be made safe to retry: refuse it with 4xx (or, where the profile makes the key optional, run it as usual).",
+		Source:       draft + " §2.7",
+		perOperation: checkKeyRequired,
+	},
+	{
+		ID:           "key-malformed",
+		Rationale:    "An empty or over-long key is refused with 4xx before anything runs, so that it is never stored or compared.",
+		Source:       draft + " §2.1, §2.7",
+		perOperation: checkKeyMalformed,
+	},
+	{
+		ID:           "replay",
+		Rationale:    "A retry with the same key and request gets the first answer again (same status and body bytes, marked as a replay where the profile names a header) and does not run the operation again.",
+		Source:       draft + " §2.6",
+		perOperation: checkReplay,
+	},
+	{
+		ID:           "mismatch-request",
+		Rationale:    "The same key with a different request (another body, or another resource in the path) is refused with the profile's mismatch status: a client bug must not get another request's answer.",
+		Source:       draft + " §2.4, §2.7",
+		perOperation: checkMismatchRequest,
+	},
+	{
+		ID:           "mismatch-operation",
+		Rationale:    "The same key on another operation is refused with the profile's mismatch status: the fingerprint includes the method and the route.",
+		Source:       draft + " §2.4, §2.7",
+		perOperation: checkMismatchOperation,
+	},
+	{
+		ID:           "canonical-json",
+		Rationale:    "Reordered JSON keys and other whitespace are the same request: a retry from another client library replays instead of being refused.",
+		Source:       draft + " §2.4",
+		perOperation: checkCanonicalJSON,
+	},
+	{
+		ID:           "concurrent-once",
+		Rationale:    "Identical requests sent at the same moment run the operation once: every answer is the one answer (or the in-flight answer), and there is one resource.",
+		Source:       draft + " §2.6",
+		perOperation: checkConcurrentOnce,
+	},
+	{
+		ID:           "in-flight",
+		Rationale:    "A duplicate that arrives while the first request runs gets the profile's in-flight answer (or, where the profile lets it wait, the first answer), never a second execution.",
+		Source:       draft + " §2.7",
+		perOperation: checkInFlight,
+	},
+	{
+		ID:           "credential-isolation",
+		Rationale:    "Keys belong to the caller: another account's request under the same key runs on its own and never receives the first account's answer.",
+		Source:       draft + " §2.2, §5",
+		perOperation: checkCredentialIsolation,
+	},
+	{
+		ID:           "validation-not-stored",
+		Rationale:    "A request refused as invalid ran nothing, so it consumes no key: the corrected request under the same key runs.",
+		Source:       draft + " §2.6",
+		perOperation: checkValidationNotStored,
+	},
+	{
+		ID:           "no-set-cookie",
+		Rationale:    "Stored answers never include Set-Cookie: a replay must not hand one client's session to another.",
+		Source:       draft + " §5; RFC 6265 §8",
+		perOperation: checkNoSetCookie,
+	},
+	{
+		ID:        "response-valid",
+		Rationale: "Every answer of the run, replays and refusals included, is one the OpenAPI document declares (status, headers, body).",
+		Source:    "OpenAPI Specification 3.0/3.1, Responses Object",
+		perRun:    checkResponsesValid,
+	},
+	{
+		ID:        "retry-after",
+		Rationale: "The in-flight answer and 503 say when to come back with Retry-After, so that clients do not hammer a key that is still running.",
+		Source:    draft + " §2.7; RFC 9110 §10.2.3",
+		perRun:    checkRetryAfter,
+	},
+}
+
+func checkKeyRequired(ctx context.Context, s *session, t *target) error {
+	q, err := s.build(ctx, t)
+	if err != nil {
+		return err
+	}
+	a, err := s.send(ctx, q, "", s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	if !s.cfg.Profile.KeyRequired {
+		if err := s.usable(a); err != nil {
+			return fmt.Errorf("without a key (optional in profile %s): %w", s.cfg.Profile.Name, err)
+		}
+		return nil
+	}
+	if a.status < 400 || a.status > 499 {
+		return fmt.Errorf("without a key: got %s, want 4xx", a)
+	}
+	return nil
+}
+
+func checkKeyMalformed(ctx context.Context, s *session, t *target) error {
+	q, err := s.build(ctx, t)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for name, key := range map[string]string{
+		"an empty key": "",
+		fmt.Sprintf("a key of %d bytes", s.cfg.Profile.MaxKeyLength+1): strings.Repeat("k", s.cfg.Profile.MaxKeyLength+1),
+	} {
+		a, err := s.send(ctx, q, "", s.cfg.Auth, "Idempotency-Key", key)
+		if err != nil {
+			return err
+		}
+		if a.status < 400 || a.status > 499 {
+			errs = append(errs, fmt.Errorf("%s: got %s, want 4xx", name, a))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkReplay(ctx context.Context, s *session, t *target) error {
+	first, again, err := s.twice(ctx, t)
+	if err != nil {
+		return err
+	}
+	return s.replayOf(first, again)
+}
+
+func checkMismatchRequest(ctx context.Context, s *session, t *target) error {
+	q, key, _, err := s.first(ctx, t)
+	if err != nil {
+		return err
+	}
+	var other request
+	switch {
+	case q.body != nil:
+		v, ok := varied(t.schema, q.value, 0)
+		if !ok {
+			return skipped("no field of the body can take another valid value; give a body in the overrides file")
+		}
+		if other, err = q.withBody(v); err != nil {
+			return err
+		}
+	case len(t.params) > 0:
+		if other, err = s.build(ctx, t); err != nil {
+			return err
+		}
+		if other.path == q.path {
+			return skipped("the operation has no body and its path parameters name one resource; use a create template for them")
+		}
+	default:
+		return skipped("the operation has neither a body nor path parameters: no other request to send")
+	}
+	a, err := s.send(ctx, other, key, s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	return s.mismatch(a, "the same key with another request")
+}
+
+func checkMismatchOperation(ctx context.Context, s *session, t *target) error {
+	if len(s.covered) < 2 {
+		return skipped("the spec has only one operation under the protocol")
+	}
+	i := slices.Index(s.covered, t)
+	u := s.covered[(i+1)%len(s.covered)]
+	_, key, _, err := s.first(ctx, t)
+	if err != nil {
+		return err
+	}
+	q, err := s.build(ctx, u)
+	if err != nil {
+		return err
+	}
+	a, err := s.send(ctx, q, key, s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	return s.mismatch(a, "the same key on "+u.name)
+}
+
+func checkCanonicalJSON(ctx context.Context, s *session, t *target) error {
+	switch {
+	case !s.cfg.Profile.CanonicalJSON:
+		return skipped("profile " + s.cfg.Profile.Name + " leaves the fingerprint's form to the server")
+	case t.media == "":
+		return skipped("the operation takes no body")
+	case t.media != "application/json" && !strings.HasSuffix(t.media, "+json"):
+		return skipped("the operation's body is " + t.media + ", not JSON")
+	}
+	q, key, first, err := s.first(ctx, t)
+	if err != nil {
+		return err
+	}
+	reordered := q
+	reordered.body = relaid(q.value)
+	again, err := s.send(ctx, reordered, key, s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	if err := s.replayOf(first, again); err != nil {
+		return fmt.Errorf("the body with its keys reordered and spaced out: %w", err)
+	}
+	return nil
+}
+
+func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
+	q, err := s.build(ctx, t)
+	if err != nil {
+		return err
+	}
+	key := s.newKey()
+	st, err := s.storm(ctx, q, key)
+	if err != nil {
+		return err
+	}
+	if len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "" {
+		return fmt.Errorf("%d of %d identical requests were answered without %s: each ran the operation (%s)",
+			len(st.ran), len(st.all), s.cfg.Profile.ReplayHeader, summary(st.ran))
+	}
+	final, err := s.settled(ctx, q, key)
+	if err != nil {
+		return err
+	}
+	ran := final // without a replay marker, any answer may be the one that ran
+	if len(st.ran) == 1 {
+		ran = st.ran[0]
+	}
+	if err := s.usable(ran); err != nil {
+		return err
+	}
+	for _, a := range append(st.all, final) {
+		if s.inFlight(a) {
+			continue
+		}
+		if err := s.sameOutcome(ran, a); err != nil {
+			return fmt.Errorf("%d identical requests at once got different answers, so more than one ran: %w", len(st.all), err)
+		}
+	}
+	id := idOf(ran)
+	if t.get == "" || id == "" || ran.status/100 != 2 {
+		return nil
+	}
+	path := strings.NewReplacer("{", "", "}", "").Replace(t.get) // only for the message
+	got, err := s.get(ctx, resourcePath(t.get, ran, q))
+	if err != nil {
+		return err
+	}
+	if got.status != http.StatusOK || idOf(got) != id {
+		return fmt.Errorf("GET %s of the one resource: got %s, want 200 with id %s", path, got, id)
+	}
+	return nil
+}
+
+func checkInFlight(ctx context.Context, s *session, t *target) error {
+	q, err := s.build(ctx, t)
+	if err != nil {
+		return err
+	}
+	key := s.newKey()
+	if slow := t.override.Slow; slow != nil {
+		return s.slowDuplicate(ctx, q, key, slow)
+	}
+	st, err := s.storm(ctx, q, key)
+	if err != nil {
+		return err
+	}
+	final, err := s.settled(ctx, q, key)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(st.ran) == 1:
+		final = st.ran[0]
+	case len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "":
+		return fmt.Errorf("%d of %d identical requests sent at once were answered neither in flight nor as replays: each ran (%s)",
+			len(st.ran), len(st.all), summary(st.ran))
+	}
+	seen := 0
+	for _, a := range st.all {
+		if s.inFlight(a) {
+			seen++
+			continue
+		}
+		if s.sameOutcome(final, a) != nil {
+			return fmt.Errorf("a duplicate sent while the first request ran got %s: want %d (the in-flight answer) or the first answer %s",
+				a, s.cfg.Profile.InFlightStatus, final)
+		}
+	}
+	if seen == 0 {
+		return skipped(fmt.Sprintf("none of %d identical requests at once arrived while another ran (each got the one answer); give the operation a slow override to test this", len(st.all)))
+	}
+	return nil
+}
+
+// slowDuplicate sends q slowed down, then a duplicate while it runs.
+func (s *session) slowDuplicate(ctx context.Context, q request, key string, slow *Slow) error {
+	slowed := q
+	slowed.header = q.header.Clone()
+	for name, value := range slow.Header {
+		slowed.header.Set(name, value)
+	}
+	after := cmp.Or(slow.After, 100*time.Millisecond)
+	type result struct {
+		a    answer
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		a, err := s.send(ctx, slowed, key, s.cfg.Auth)
+		done <- result{a, err, time.Since(start)}
+	}()
+	time.Sleep(after)
+	dup, err := s.send(ctx, q, key, s.cfg.Auth)
+	first := <-done
+	if err := errors.Join(err, first.err); err != nil {
+		return err
+	}
+	if first.took < after {
+		return fmt.Errorf("the slowed first request took %s, less than the %s after which its duplicate was sent: the slow override does not slow it", first.took.Round(time.Millisecond), after)
+	}
+	if err := s.usable(first.a); err != nil {
+		return err
+	}
+	switch {
+	case s.inFlight(dup):
+		return nil
+	case s.cfg.Profile.WaitsForFirst && s.replayOf(first.a, dup) == nil:
+		return nil
+	}
+	return fmt.Errorf("a duplicate sent %s into the first request got %s, want %d (the in-flight answer)", after, dup, s.cfg.Profile.InFlightStatus)
+}
+
+func checkCredentialIsolation(ctx context.Context, s *session, t *target) error {
+	if s.cfg.Auth2 == "" {
+		return skipped("no second credential (--auth2)")
+	}
+	q, key, first, err := s.first(ctx, t)
+	if err != nil {
+		return err
+	}
+	other, err := s.send(ctx, q, key, s.cfg.Auth2)
+	if err != nil {
+		return err
+	}
+	id := idOf(first)
+	switch {
+	case s.replayed(other):
+		return fmt.Errorf("the second credential's request under the first's key was answered with a replay: %s", other)
+	case id != "" && idOf(other) == id && !strings.Contains(q.path, id): // a resource the first request made
+		return fmt.Errorf("the second credential's request under the first's key got the first's resource %s: %s", id, other)
+	case other.status == s.cfg.Profile.MismatchStatus && s.cfg.Profile.MismatchStatus != first.status && bytes.Contains(other.body, []byte("dempotency")):
+		return fmt.Errorf("the second credential's request was compared with the first credential's under the same key (%s): keys are not scoped to the caller", other)
+	}
+	return nil
+}
+
+func checkValidationNotStored(ctx context.Context, s *session, t *target) error {
+	q, err := s.build(ctx, t)
+	if err != nil {
+		return err
+	}
+	bad, ok := q, false
+	if q.body != nil {
+		var v any
+		if v, ok = invalid(t.schema, q.value); ok {
+			if bad, err = q.withBody(v); err != nil {
+				return err
+			}
+		}
+	} else if p, value := invalidParam(t); p != "" {
+		bad.path, ok = strings.Replace(t.path, "{"+p+"}", value, 1), true
+		for _, other := range t.params {
+			if other.Name != p {
+				bad.path = strings.Replace(bad.path, "{"+other.Name+"}", pathValue(q, t, other.Name), 1)
+			}
+		}
+	}
+	if !ok {
+		return skipped("no invalid request can be made from the spec: the operation's body and path parameters accept anything")
+	}
+	key := s.newKey()
+	refused, err := s.send(ctx, bad, key, s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	if refused.status < 400 || refused.status > 499 {
+		return fmt.Errorf("an invalid request (%s) got %s, want 4xx", bad.body, refused)
+	}
+	fixed, err := s.send(ctx, q, key, s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	switch {
+	case s.replayed(fixed) || (fixed.status == refused.status && bytes.Equal(fixed.body, refused.body)):
+		return fmt.Errorf("the refused request's answer was stored: the valid request under its key got it again: %s", fixed)
+	case fixed.status == s.cfg.Profile.MismatchStatus && fixed.status/100 != 2:
+		return fmt.Errorf("the refused request consumed the key: the valid request under it got %s", fixed)
+	}
+	return s.usable(fixed)
+}
+
+func checkNoSetCookie(ctx context.Context, s *session, t *target) error {
+	first, again, err := s.twice(ctx, t)
+	if err != nil {
+		return err
+	}
+	for _, c := range again.header.Values("Set-Cookie") {
+		if slices.Contains(first.header.Values("Set-Cookie"), c) {
+			return fmt.Errorf("the replay repeats the first answer's Set-Cookie %q", c)
+		}
+	}
+	return nil
+}
+
+func checkResponsesValid(_ context.Context, s *session) error {
+	violations := s.validator.Violations()
+	if len(violations) > 10 {
+		violations = append(violations[:10], fmt.Errorf("and %d more", len(violations)-10))
+	}
+	return errors.Join(violations...)
+}
+
+func checkRetryAfter(_ context.Context, s *session) error {
+	s.mu.Lock()
+	seen := slices.Clone(s.seen)
+	s.mu.Unlock()
+	n := 0
+	for _, a := range seen {
+		if !s.inFlight(a) && a.status != http.StatusServiceUnavailable {
+			continue
+		}
+		n++
+		if !validRetryAfter(a.header.Get("Retry-After")) {
+			return fmt.Errorf("%s without a valid Retry-After (%q)", a, a.header.Get("Retry-After"))
+		}
+	}
+	if n == 0 {
+		return skipped("no answer of the run was in flight or 503")
+	}
+	return nil
+}
+
+func validRetryAfter(v string) bool {
+	if n, err := strconv.Atoi(v); err == nil {
+		return n >= 0
+	}
+	_, err := http.ParseTime(v)
+	return err == nil
+}
+
+// first builds a request of t and sends it under a new key: its answer must
+// be one a first request can have.
+func (s *session) first(ctx context.Context, t *target) (request, string, answer, error) {
+	q, err := s.build(ctx, t)
+	if err != nil {
+		return q, "", answer{}, err
+	}
+	key := s.newKey()
+	a, err := s.send(ctx, q, key, s.cfg.Auth)
+	if err != nil {
+		return q, key, a, err
+	}
+	if err := s.usable(a); err != nil {
+		return q, key, a, fmt.Errorf("the first request under a new key: %w", err)
+	}
+	return q, key, a, nil
+}
+
+// twice sends a first request of t, then the same again under its key.
+func (s *session) twice(ctx context.Context, t *target) (first, again answer, err error) {
+	q, key, first, err := s.first(ctx, t)
+	if err != nil {
+		return first, again, err
+	}
+	again, err = s.send(ctx, q, key, s.cfg.Auth)
+	return first, again, err
+}
+
+// usable says whether a can answer a request that ran: not a failure, not
+// a refusal of the request itself, not an in-flight answer or a replay.
+func (s *session) usable(a answer) error {
+	switch {
+	case a.status >= 500:
+		return fmt.Errorf("the request failed: %s", a)
+	case s.inFlight(a):
+		return fmt.Errorf("a request under a new key was answered as in flight: %s", a)
+	case s.replayed(a):
+		return fmt.Errorf("a request under a new key was answered with a replay: %s", a)
+	case a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
+		return fmt.Errorf("the credential was refused: %s", a)
+	case slices.Contains([]int{400, 404, 405, 415}, a.status) || (a.status == s.cfg.Profile.MismatchStatus && a.status/100 != 2):
+		return fmt.Errorf("the request made from the spec was refused (%s): give its body or path parameters in the overrides file", a)
+	}
+	return nil
+}
+
+// replayed reports whether a is marked as a replay.
+func (s *session) replayed(a answer) bool {
+	h := s.cfg.Profile.ReplayHeader
+	return h != "" && a.header.Get(h) == "true"
+}
+
+// inFlight reports whether a is the profile's answer to a duplicate of a
+// request still running. A 2xx in-flight answer is a problem document, so
+// that it is not the operation's own 202.
+func (s *session) inFlight(a answer) bool {
+	if a.status != s.cfg.Profile.InFlightStatus {
+		return false
+	}
+	return a.status/100 != 2 || strings.HasPrefix(a.header.Get("Content-Type"), "application/problem+json")
+}
+
+// replayOf checks that again replays first: the same outcome, marked as a
+// replay where the profile marks them.
+func (s *session) replayOf(first, again answer) error {
+	if err := s.sameOutcome(first, again); err != nil {
+		return err
+	}
+	if h := s.cfg.Profile.ReplayHeader; h != "" && !s.replayed(again) {
+		return fmt.Errorf("the replay has no %s: true", h)
+	}
+	return nil
+}
+
+// sameOutcome checks that again is the answer first was: the same status,
+// body bytes and Location. An accepted (202) long operation may finish
+// between two answers: then one is the accepted resource and the other the
+// finished one, with the same id.
+func (s *session) sameOutcome(first, again answer) error {
+	if again.status == first.status && bytes.Equal(again.body, first.body) {
+		if again.header.Get("Location") != first.header.Get("Location") {
+			return fmt.Errorf("the same answer with another Location: %q, first %q", again.header.Get("Location"), first.header.Get("Location"))
+		}
+		return nil
+	}
+	accepted := (first.status == http.StatusAccepted && !s.inFlight(first)) || (again.status == http.StatusAccepted && !s.inFlight(again))
+	if accepted && first.status/100 == 2 && again.status/100 == 2 && idOf(first) != "" && idOf(first) == idOf(again) {
+		return nil
+	}
+	return fmt.Errorf("not the first answer:\nfirst: %s\nagain: %s", first, again)
+}
+
+// mismatch checks that a refuses a reused key.
+func (s *session) mismatch(a answer, what string) error {
+	if a.status != s.cfg.Profile.MismatchStatus || s.replayed(a) {
+		return fmt.Errorf("%s: got %s, want %d", what, a, s.cfg.Profile.MismatchStatus)
+	}
+	return nil
+}
+
+// stormed is what identical requests sent at once got.
+type stormed struct {
+	all []answer
+	ran []answer // neither in flight nor marked as replays
+}
+
+// storm sends cfg.Concurrency copies of q under key at once.
+func (s *session) storm(ctx context.Context, q request, key string) (stormed, error) {
+	n := s.cfg.Concurrency
+	answers, errs := make([]answer, n), make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			answers[i], errs[i] = s.send(ctx, q, key, s.cfg.Auth)
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return stormed{}, err
+	}
+	st := stormed{all: answers}
+	for _, a := range answers {
+		if !s.inFlight(a) && !s.replayed(a) {
+			st.ran = append(st.ran, a)
+		}
+	}
+	return st, nil
+}
+
+// settled sends q under key until it is no longer in flight (at most 10s,
+// honouring Retry-After up to a second at a time).
+func (s *session) settled(ctx context.Context, q request, key string) (answer, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, err := s.send(ctx, q, key, s.cfg.Auth)
+		if err != nil || !s.inFlight(a) {
+			return a, err
+		}
+		if time.Now().After(deadline) {
+			return a, fmt.Errorf("still in flight after 10s: %s", a)
+		}
+		wait := 50 * time.Millisecond
+		if n, err := strconv.Atoi(a.header.Get("Retry-After")); err == nil && n > 0 {
+			wait = time.Duration(min(n, 1)) * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return a, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// idOf is the id of the resource a names: its JSON "id", or else its
+// Location.
+func idOf(a answer) string {
+	var doc struct {
+		ID any `json:"id"`
+	}
+	if json.Unmarshal(a.body, &doc) == nil && doc.ID != nil {
+		return fmt.Sprint(doc.ID)
+	}
+	return a.header.Get("Location")
+}
+
+// resourcePath is the GET path of the resource a created or changed: its
+// Location, or get with its parameters filled in from q's path and a's id.
+func resourcePath(get string, a answer, q request) string {
+	if loc := a.header.Get("Location"); loc != "" {
+		return loc
+	}
+	if !strings.Contains(get, "{") {
+		return get
+	}
+	if strings.Count(get, "{") == strings.Count(q.target.path, "{") {
+		return q.path
+	}
+	return q.path + "/" + idOf(a)
+}
+
+// invalidParam is a path parameter of t and a value its schema refuses.
+func invalidParam(t *target) (string, string) {
+	for _, p := range t.params {
+		if p.Schema == nil || p.Schema.Value == nil {
+			continue
+		}
+		switch sch := p.Schema.Value; {
+		case sch.Format == "uuid":
+			return p.Name, "not-a-uuid"
+		case typeOf(sch) == "integer" || typeOf(sch) == "number":
+			return p.Name, "not-a-number"
+		case len(sch.Enum) > 0:
+			return p.Name, "not-one-of-its-values"
+		case sch.MaxLength != nil && *sch.MaxLength < 1024:
+			return p.Name, strings.Repeat("x", int(*sch.MaxLength)+1)
+		case sch.Pattern != "":
+			if re, err := regexp.Compile(sch.Pattern); err == nil && !re.MatchString("~not~matching~") {
+				return p.Name, "~not~matching~"
+			}
+		}
+	}
+	return "", ""
+}
+
+// pathValue is the value q's path gives the parameter name of t.
+func pathValue(q request, t *target, name string) string {
+	want, got := strings.Split(t.path, "/"), strings.Split(q.path, "/")
+	for i, seg := range want {
+		if seg == "{"+name+"}" && i < len(got) {
+			return got[i]
+		}
+	}
+	return ""
+}
+
+// relaid is v as JSON with its object keys in reverse order and spaces and
+// newlines between the tokens: the same value, laid out as another client
+// library might.
+func relaid(v any) []byte {
+	var b bytes.Buffer
+	var write func(v any, indent string)
+	write = func(v any, indent string) {
+		switch x := v.(type) {
+		case map[string]any:
+			b.WriteString("{\n")
+			keys := slices.Sorted(maps.Keys(x))
+			slices.Reverse(keys)
+			for i, k := range keys {
+				name, _ := json.Marshal(k)
+				b.WriteString(indent + "  " + string(name) + " : ")
+				write(x[k], indent+"  ")
+				if i < len(keys)-1 {
+					b.WriteString(" ,")
+				}
+				b.WriteString("\n")
+			}
+			b.WriteString(indent + "}")
+		case []any:
+			b.WriteString("[ ")
+			for i, item := range x {
+				if i > 0 {
+					b.WriteString(" , ")
+				}
+				write(item, indent)
+			}
+			b.WriteString(" ]")
+		default:
+			scalar, _ := json.Marshal(x)
+			b.Write(scalar)
+		}
+	}
+	write(v, "")
+	b.WriteString("\n")
+	return b.Bytes()
+}
+
+func summary(as []answer) string {
+	var parts []string
+	for _, a := range as {
+		parts = append(parts, fmt.Sprintf("%d %.120s", a.status, bytes.TrimSpace(a.body)))
+	}
+	return strings.Join(parts, "; ")
+}

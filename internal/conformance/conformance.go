@@ -1,0 +1,358 @@
+// Package conformance checks, from the outside, that a running API keeps the
+// promises of the Idempotency-Key header: the operations its OpenAPI
+// document covers (those that declare the header or x-idempotency, as
+// idempotency/oapi reads them) replay, refuse mismatches, run concurrent
+// duplicates once, keep credentials apart and store no validation error.
+// Profiles say which statuses and headers a given API uses for those
+// promises. It is `oncekey conformance`.
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/oapi"
+)
+
+// Config says what to check and how.
+type Config struct {
+	// Spec is the API's OpenAPI document (3.0 or 3.1).
+	Spec *openapi3.T
+	// BaseURL is where the API is served.
+	BaseURL string
+	// Auth is the Authorization header of every request ("Bearer …");
+	// Auth2, of a second account, lets credential-isolation run.
+	Auth, Auth2 string
+	// Profile says which answers keep the promises (default: oncekey).
+	Profile Profile
+	// Only keeps the checks whose id, or operations whose name ("POST
+	// /orders") or operationId, it lists; empty: all.
+	Only []string
+	// Overrides give what the spec cannot: real ids, headers, a slow
+	// request, checks that do not apply.
+	Overrides Overrides
+	// Concurrency is how many identical requests concurrent-once and
+	// in-flight send at once (default 10).
+	Concurrency int
+	// Timeout bounds each request (default 10s).
+	Timeout time.Duration
+	// Progress, if set, is told each result as it comes, with how many of
+	// how many are done.
+	Progress func(done, total int, r Result)
+}
+
+// Status is a check's outcome.
+type Status string
+
+// A check passes, fails or is skipped (with its reason).
+const (
+	Pass Status = "pass"
+	Fail Status = "fail"
+	Skip Status = "skip"
+)
+
+// Result is one check on one operation (or on the whole run, for the checks
+// that read every answer: Operation is empty).
+type Result struct {
+	Check     string        `json:"check"`
+	Operation string        `json:"operation,omitempty"`
+	Status    Status        `json:"status"`
+	Reason    string        `json:"reason,omitempty"`
+	Duration  time.Duration `json:"duration_ns"`
+}
+
+// Run finds the operations of cfg.Spec under the protocol and runs every
+// check that cfg selects on them. An error means it could not start.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	s, err := newSession(cfg)
+	if err != nil {
+		return nil, err
+	}
+	type job struct {
+		c Check
+		t *target
+	}
+	checks, ops, err := s.only()
+	if err != nil {
+		return nil, err
+	}
+	var jobs []job
+	for _, c := range catalogue {
+		if len(checks) > 0 && !checks[c.ID] {
+			continue
+		}
+		if c.perRun != nil {
+			jobs = append(jobs, job{c: c})
+			continue
+		}
+		for _, t := range s.covered {
+			if len(ops) == 0 || ops[t] {
+				jobs = append(jobs, job{c, t})
+			}
+		}
+	}
+	results := make([]Result, 0, len(jobs))
+	for i, j := range jobs {
+		start := time.Now()
+		r := Result{Check: j.c.ID}
+		var err error
+		if j.t == nil {
+			err = j.c.perRun(ctx, s)
+		} else {
+			r.Operation = j.t.name
+			if reason, ok := j.t.override.Skip[j.c.ID]; ok {
+				err = skipped("the overrides skip it: " + reason)
+			} else {
+				err = j.c.perOperation(ctx, s, j.t)
+			}
+		}
+		var skip skipped
+		switch {
+		case err == nil:
+			r.Status = Pass
+		case errors.As(err, &skip):
+			r.Status, r.Reason = Skip, string(skip)
+		default:
+			r.Status, r.Reason = Fail, err.Error()
+		}
+		r.Duration = time.Since(start)
+		results = append(results, r)
+		if cfg.Progress != nil {
+			cfg.Progress(i+1, len(jobs), r)
+		}
+		if ctx.Err() != nil {
+			return results, ctx.Err()
+		}
+	}
+	return results, nil
+}
+
+// skipped is a check that does not apply, with the reason.
+type skipped string
+
+func (s skipped) Error() string { return string(s) }
+
+// session is one run: the operations, the HTTP client and what it saw.
+type session struct {
+	cfg       Config
+	covered   []*target
+	byRoute   map[string]*target // every operation, by "METHOD /path"
+	http      *http.Client
+	validator *ValidatingTransport
+	runID     string
+	keys      atomic.Int64
+
+	mu   sync.Mutex
+	seen []answer // every answer, for the checks that read them all
+}
+
+func newSession(cfg Config) (*session, error) {
+	if cfg.Spec == nil || cfg.BaseURL == "" {
+		return nil, errors.New("conformance: a spec and a URL are required")
+	}
+	if cfg.Profile.Name == "" {
+		cfg.Profile = Profiles["oncekey"]
+	}
+	if cfg.Concurrency <= 1 {
+		cfg.Concurrency = 10
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	ops, err := oapi.New(cfg.Spec, nil)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %w", err)
+	}
+	v, err := NewValidatingTransport(cfg.Spec, nil)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %w", err)
+	}
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	s := &session{
+		cfg: cfg, byRoute: map[string]*target{}, validator: v, runID: hex.EncodeToString(id[:]),
+		http: &http.Client{Transport: v, Timeout: cfg.Timeout},
+	}
+	known := map[string]bool{}
+	for path, item := range cfg.Spec.Paths.Map() {
+		for method, spec := range item.Operations() {
+			op := ops.Find(method, path)
+			t, err := newTarget(op, item, spec)
+			if err != nil {
+				return nil, err
+			}
+			for _, name := range []string{t.name, t.id} {
+				if o, ok := cfg.Overrides.Operations[name]; ok {
+					t.override = o
+					known[name] = true
+				}
+			}
+			s.byRoute[t.name] = t
+			if op.Idempotent {
+				s.covered = append(s.covered, t)
+			}
+		}
+	}
+	for name := range cfg.Overrides.Operations {
+		if !known[name] {
+			return nil, fmt.Errorf("conformance: the overrides name %q, which the spec has no operation for (name one as \"POST /orders\" or by its operationId)", name)
+		}
+	}
+	for _, t := range s.byRoute {
+		t.get = s.getOf(t)
+	}
+	if len(s.covered) == 0 {
+		return nil, fmt.Errorf("conformance: no operation of the spec declares an %s header parameter or %s", idempotency.HeaderKey, oapi.Extension)
+	}
+	slices.SortFunc(s.covered, func(a, b *target) int { return strings.Compare(a.name, b.name) })
+	return s, nil
+}
+
+// newTarget reads what the checks need of one operation.
+func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Operation) (*target, error) {
+	t := &target{name: op.Method + " " + op.Path, id: op.ID, method: op.Method, path: op.Path, idempotent: op.Idempotent}
+	for _, params := range []openapi3.Parameters{item.Parameters, spec.Parameters} {
+		for _, p := range params {
+			if p.Value != nil && p.Value.In == openapi3.ParameterInPath {
+				t.params = append(t.params, p.Value)
+			}
+		}
+	}
+	if spec.RequestBody != nil && spec.RequestBody.Value != nil {
+		t.media = jsonMedia(spec.RequestBody.Value.Content)
+		if mt := spec.RequestBody.Value.Content.Get(t.media); mt != nil {
+			t.schema = mt.Schema
+			if ex, ok := exampleOf(mt.Example, mt.Examples, mt.Schema); ok {
+				t.example = ex
+			} else {
+				t.example = minimal(mt.Schema, 0)
+			}
+		}
+	}
+	return t, nil
+}
+
+// getOf is the path of the GET that reads what t answers with: the
+// operation's own path for a PUT, PATCH or DELETE, or its path with one
+// more parameter for a create. Empty: the spec has none.
+func (s *session) getOf(t *target) string {
+	if g, ok := s.byRoute["GET "+t.path]; ok && t.method != http.MethodPost {
+		return g.path
+	}
+	for name, g := range s.byRoute {
+		rest, ok := strings.CutPrefix(g.path, strings.TrimRight(t.path, "/")+"/{")
+		if ok && strings.HasPrefix(name, "GET ") && strings.HasSuffix(rest, "}") && !strings.Contains(rest, "/") {
+			return g.path
+		}
+	}
+	return ""
+}
+
+// only sorts cfg.Only into the checks and the operations it names.
+func (s *session) only() (map[string]bool, map[*target]bool, error) {
+	checks, ops := map[string]bool{}, map[*target]bool{}
+	for _, name := range s.cfg.Only {
+		if slices.ContainsFunc(catalogue, func(c Check) bool { return c.ID == name }) {
+			checks[name] = true
+			continue
+		}
+		i := slices.IndexFunc(s.covered, func(t *target) bool { return t.name == name || t.id == name })
+		if i < 0 {
+			var ids []string
+			for _, c := range catalogue {
+				ids = append(ids, c.ID)
+			}
+			return nil, nil, fmt.Errorf("conformance: --only %q is neither a check (%s) nor an operation under the protocol (%s)",
+				name, strings.Join(ids, ", "), s.names())
+		}
+		ops[s.covered[i]] = true
+	}
+	return checks, ops, nil
+}
+
+func (s *session) names() string {
+	var names []string
+	for _, t := range s.covered {
+		names = append(names, t.name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// newKey returns an Idempotency-Key no request of any run has used.
+func (s *session) newKey() string {
+	return fmt.Sprintf("conformance-%s-%d-%s", s.runID, s.keys.Add(1), newUUID()[:8])
+}
+
+// answer is a response with its body read.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (a answer) String() string { return fmt.Sprintf("%d %.300s", a.status, bytes.TrimSpace(a.body)) }
+
+// send sends q under key ("": none) with the credential auth ("": none),
+// and records the answer.
+func (s *session) send(ctx context.Context, q request, key, auth string, header ...string) (answer, error) {
+	var body io.Reader
+	if q.body != nil {
+		body = bytes.NewReader(q.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, q.method, s.cfg.BaseURL+q.path, body)
+	if err != nil {
+		return answer{}, err
+	}
+	for name, values := range q.header {
+		req.Header[name] = values
+	}
+	if q.body != nil {
+		req.Header.Set("Content-Type", q.contentType)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	if key != "" {
+		req.Header.Set(idempotency.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header[header[i]] = []string{header[i+1]} // sent as given, even if empty
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, err)
+	}
+	a := answer{status: resp.StatusCode, header: resp.Header, body: b}
+	s.mu.Lock()
+	s.seen = append(s.seen, a)
+	s.mu.Unlock()
+	return a, nil
+}
+
+// get reads path (or an absolute URL) with the first credential.
+func (s *session) get(ctx context.Context, path string) (answer, error) {
+	if rest, ok := strings.CutPrefix(path, s.cfg.BaseURL); ok {
+		path = rest
+	}
+	return s.send(ctx, request{method: http.MethodGet, path: path}, "", s.cfg.Auth)
+}

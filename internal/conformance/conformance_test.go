@@ -1,0 +1,122 @@
+package conformance_test
+
+import (
+	"context"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/internal/conformance"
+)
+
+// loadSpec reads a spec of testdata.
+func loadSpec(t *testing.T, name string) *openapi3.T {
+	t.Helper()
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromFile("testdata/" + name)
+	require.NoError(t, err)
+	require.NoError(t, doc.Validate(loader.Context), "testdata/%s", name)
+	return doc
+}
+
+const toyOverrides = `
+operations:
+  POST /widgets/{id}/paint:
+    path: {id: "{{create:POST /widgets .id}}"}
+  createWidget:
+    slow: {header: {X-Slow: 300ms}}
+`
+
+// check runs every check against h with the spec and profile given.
+func check(t *testing.T, h http.Handler, spec, overrides, profile string) []conformance.Result {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	o, err := conformance.ParseOverrides([]byte(overrides))
+	require.NoError(t, err)
+	p, err := conformance.ProfileNamed(profile)
+	require.NoError(t, err)
+	results, err := conformance.Run(context.Background(), conformance.Config{
+		Spec: loadSpec(t, spec), BaseURL: srv.URL, Auth: "Bearer a", Auth2: "Bearer b", Profile: p, Overrides: o,
+	})
+	require.NoError(t, err)
+	return results
+}
+
+// byStatus returns the ids of the checks with status (on any operation).
+func byStatus(results []conformance.Result, status conformance.Status) []string {
+	ids := map[string]bool{}
+	for _, r := range results {
+		if r.Status == status {
+			ids[r.Check] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(ids))
+}
+
+func reasons(results []conformance.Result) string {
+	var b []byte
+	for _, r := range results {
+		if r.Status != conformance.Pass {
+			b = append(b, string(r.Status)+" "+r.Check+" "+r.Operation+": "+r.Reason+"\n"...)
+		}
+	}
+	return string(b)
+}
+
+// TestChecksFailWhenTheyShould runs every check against a toy API that
+// keeps the protocol, then against copies of it each broken in one way:
+// the checks that fail are exactly the ones that should, and every check
+// fails against at least one broken API.
+func TestChecksFailWhenTheyShould(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		bugs   bugs
+		failed []string
+	}{
+		{"keeps the protocol", bugs{}, nil},
+		{"runs every duplicate", bugs{runsEveryDuplicate: true},
+			[]string{"canonical-json", "concurrent-once", "in-flight", "mismatch-operation", "mismatch-request", "replay"}},
+		{"replays a different body", bugs{replaysDifferentBody: true}, []string{"canonical-json", "concurrent-once", "replay", "response-valid"}},
+		{"ignores the fingerprint", bugs{ignoresFingerprint: true}, []string{"mismatch-operation", "mismatch-request", "response-valid"}},
+		{"leaks across credentials", bugs{leaksAcrossCredentials: true}, []string{"credential-isolation"}},
+		{"stores validation errors", bugs{storesValidationErrors: true}, []string{"validation-not-stored"}},
+		{"replays Set-Cookie", bugs{replaysSetCookie: true}, []string{"no-set-cookie"}},
+		{"runs requests without a key", bugs{acceptsNoKey: true}, []string{"key-required"}},
+		{"takes any key", bugs{acceptsAnyKey: true}, []string{"key-malformed"}},
+		{"compares body bytes", bugs{comparesBytes: true}, []string{"canonical-json"}},
+		{"answers a duplicate in flight 409", bugs{inFlightAs409: true}, []string{"concurrent-once", "in-flight"}},
+		{"leaves Retry-After out", bugs{noRetryAfter: true}, []string{"retry-after"}},
+		{"answers off its spec", bugs{answersOffSpec: true}, []string{"response-valid"}},
+	}
+	var mu sync.Mutex
+	failing := map[string]bool{}
+	t.Run("apis", func(t *testing.T) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				results := check(t, newToy(tt.bugs), "widgets.yaml", toyOverrides, "oncekey")
+				failed := byStatus(results, conformance.Fail)
+				require.Equal(t, tt.failed, failed, reasons(results))
+				if tt.failed == nil {
+					require.Empty(t, byStatus(results, conformance.Skip), reasons(results))
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for _, id := range failed {
+					failing[id] = true
+				}
+			})
+		}
+	})
+	for _, c := range conformance.Checks() {
+		require.True(t, failing[c.ID], "no broken API makes check %s fail", c.ID)
+	}
+}

@@ -1,0 +1,73 @@
+package conformance
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/oncekey/oncekey/idempotency"
+)
+
+// Profile is what an API's idempotency answers look like where real APIs
+// legitimately differ: the checks hold every API to the same promises, and
+// a profile says which statuses and headers keep them.
+type Profile struct {
+	// Name is how --profile names it.
+	Name string `json:"name"`
+	// MismatchStatus answers a key reused with a different request.
+	MismatchStatus int `json:"mismatch_status"`
+	// InFlightStatus answers a duplicate of a request still running. A 2xx
+	// in-flight answer must be a problem document, so that it cannot be
+	// taken for the operation's own answer.
+	InFlightStatus int `json:"in_flight_status"`
+	// ReplayHeader marks a replayed answer with the value "true"; empty:
+	// replays are not marked.
+	ReplayHeader string `json:"replay_header,omitempty"`
+	// KeyRequired says a request without a key is refused (4xx) rather than
+	// run without protection.
+	KeyRequired bool `json:"key_required"`
+	// CanonicalJSON says the fingerprint compares JSON values, not bytes:
+	// reordered keys and other whitespace are the same request.
+	CanonicalJSON bool `json:"canonical_json"`
+	// WaitsForFirst says a duplicate may wait for the first request and get
+	// its answer instead of the in-flight answer.
+	WaitsForFirst bool `json:"waits_for_first"`
+	// MaxKeyLength is the longest key accepted, in bytes.
+	MaxKeyLength int `json:"max_key_length"`
+}
+
+// Profiles are the profiles --profile knows, by name.
+var Profiles = map[string]Profile{
+	"oncekey": {
+		Name: "oncekey", MismatchStatus: 409, InFlightStatus: 202, ReplayHeader: idempotency.HeaderReplayed,
+		KeyRequired: true, CanonicalJSON: true, WaitsForFirst: true, MaxKeyLength: idempotency.MaxKeyLength,
+	},
+	// ietf follows draft-ietf-httpapi-idempotency-key-header-06 §2.7: 400
+	// without a key, 422 for a reused key, 409 while the first request
+	// runs. The draft names no replay marker and leaves the fingerprint's
+	// form to the server.
+	"ietf": {
+		Name: "ietf", MismatchStatus: 422, InFlightStatus: 409,
+		KeyRequired: true, MaxKeyLength: idempotency.MaxKeyLength,
+	},
+	// stripe is Stripe's documented behaviour: the key is optional, a
+	// reused key with other parameters is 400, a concurrent duplicate 409,
+	// and replays carry Idempotent-Replayed.
+	"stripe": {
+		Name: "stripe", MismatchStatus: 400, InFlightStatus: 409, ReplayHeader: "Idempotent-Replayed",
+		CanonicalJSON: true, MaxKeyLength: 255,
+	},
+}
+
+// ProfileNamed returns the profile called name.
+func ProfileNamed(name string) (Profile, error) {
+	if p, ok := Profiles[name]; ok {
+		return p, nil
+	}
+	var names []string
+	for n := range Profiles {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return Profile{}, fmt.Errorf("no profile %q (there are %s)", name, strings.Join(names, ", "))
+}

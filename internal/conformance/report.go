@@ -1,0 +1,145 @@
+package conformance
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Formats are the report formats Write knows.
+var Formats = []string{"text", "json", "junit"}
+
+// Summary counts results by status.
+type Summary struct {
+	Passed  int `json:"passed"`
+	Failed  int `json:"failed"`
+	Skipped int `json:"skipped"`
+}
+
+// Summarize counts results.
+func Summarize(results []Result) Summary {
+	var s Summary
+	for _, r := range results {
+		switch r.Status {
+		case Pass:
+			s.Passed++
+		case Fail:
+			s.Failed++
+		case Skip:
+			s.Skipped++
+		}
+	}
+	return s
+}
+
+func (s Summary) String() string {
+	return fmt.Sprintf("%d passed, %d failed, %d skipped", s.Passed, s.Failed, s.Skipped)
+}
+
+// Write writes results in format: a table for people, JSON for programs,
+// JUnit XML for CI systems.
+func Write(w io.Writer, format string, profile Profile, results []Result) error {
+	switch format {
+	case "text", "":
+		return writeText(w, results)
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Profile Profile  `json:"profile"`
+			Summary Summary  `json:"summary"`
+			Results []Result `json:"results"`
+		}{profile, Summarize(results), results})
+	case "junit":
+		return writeJUnit(w, profile, results)
+	}
+	return fmt.Errorf("no format %q (there are %s)", format, strings.Join(Formats, ", "))
+}
+
+func writeText(w io.Writer, results []Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESULT\tCHECK\tOPERATION\tREASON")
+	for _, r := range results {
+		op := r.Operation
+		if op == "" {
+			op = "(every answer)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Status, r.Check, op, oneLine(r.Reason))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, Summarize(results))
+	return err
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// junitSuites is the JUnit XML report as Jenkins, GitLab and GitHub
+// Actions' test reporters read it.
+type junitSuites struct {
+	XMLName xml.Name     `xml:"testsuites"`
+	Suites  []junitSuite `xml:"testsuite"`
+}
+
+type junitSuite struct {
+	Name     string      `xml:"name,attr"`
+	Tests    int         `xml:"tests,attr"`
+	Failures int         `xml:"failures,attr"`
+	Skipped  int         `xml:"skipped,attr"`
+	Time     string      `xml:"time,attr"`
+	Cases    []junitCase `xml:"testcase"`
+}
+
+type junitCase struct {
+	Name      string        `xml:"name,attr"`
+	Classname string        `xml:"classname,attr"`
+	Time      string        `xml:"time,attr"`
+	Failure   *junitMessage `xml:"failure,omitempty"`
+	Skipped   *junitMessage `xml:"skipped,omitempty"`
+}
+
+type junitMessage struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+func writeJUnit(w io.Writer, profile Profile, results []Result) error {
+	sum := Summarize(results)
+	suite := junitSuite{
+		Name: "idempotency conformance (profile " + profile.Name + ")", Tests: len(results),
+		Failures: sum.Failed, Skipped: sum.Skipped,
+	}
+	var total time.Duration
+	for _, r := range results {
+		total += r.Duration
+		c := junitCase{Name: r.Check, Classname: r.Operation, Time: seconds(r.Duration)}
+		if c.Classname == "" {
+			c.Classname = "every answer"
+		}
+		switch r.Status {
+		case Fail:
+			c.Failure = &junitMessage{Message: oneLine(r.Reason), Text: r.Reason}
+		case Skip:
+			c.Skipped = &junitMessage{Message: oneLine(r.Reason)}
+		}
+		suite.Cases = append(suite.Cases, c)
+	}
+	suite.Time = seconds(total)
+	if _, err := io.WriteString(w, xml.Header); err != nil {
+		return err
+	}
+	enc := xml.NewEncoder(w)
+	enc.Indent("", "  ")
+	if err := enc.Encode(junitSuites{Suites: []junitSuite{suite}}); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "\n")
+	return err
+}
+
+func seconds(d time.Duration) string { return fmt.Sprintf("%.3f", d.Seconds()) }

@@ -1,0 +1,342 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/getkin/kin-openapi/openapi3"
+)
+
+// Overrides are what a spec cannot say about the requests to make: bodies
+// and path parameters that must name resources that exist, headers, a way
+// to slow a request down, and checks that do not apply to an operation.
+// They are read from a small YAML file:
+//
+//	operations:
+//	  POST /payments:                  # or the operationId
+//	    body: {order_id: "{{create:POST /orders .id}}", amount: 1200}
+//	  DELETE /orders/{id}:
+//	    path: {id: "{{create:POST /orders .id}}"}
+//	    slow: {header: {X-Delay: 500ms}}
+//	    skip: {canonical-json: "the body is empty"}
+//
+// A string "{{create:METHOD /path .field}}" is replaced, for every request
+// made of the operation, by the field of the answer to a new request to
+// that operation (made from its own overrides, under a key of its own).
+type Overrides struct {
+	Operations map[string]Override `yaml:"operations"`
+}
+
+// Override is what Overrides say about one operation.
+type Override struct {
+	// Path gives path parameters by name.
+	Path map[string]any `yaml:"path"`
+	// Body replaces the body built from the spec.
+	Body any `yaml:"body"`
+	// Header is added to every request of the operation.
+	Header map[string]string `yaml:"header"`
+	// Slow makes a first request slow enough for a duplicate to arrive
+	// while it runs.
+	Slow *Slow `yaml:"slow"`
+	// Skip names checks that do not apply, each with the reason shown.
+	Skip map[string]string `yaml:"skip"`
+}
+
+// Slow is how to slow one request down.
+type Slow struct {
+	// Header is added to the first request only.
+	Header map[string]string `yaml:"header"`
+	// After is how long after the first request its duplicate is sent
+	// (default 100ms).
+	After time.Duration `yaml:"after"`
+}
+
+// ReadOverrides reads an overrides file; unknown fields are errors, so that
+// a misspelt setting does not silently do nothing.
+func ReadOverrides(path string) (Overrides, error) {
+	var o Overrides
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return o, err
+	}
+	return ParseOverrides(b)
+}
+
+// ParseOverrides parses the YAML of an overrides file.
+func ParseOverrides(b []byte) (Overrides, error) {
+	var o Overrides
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&o); err != nil && !errors.Is(err, io.EOF) {
+		return o, fmt.Errorf("overrides: %w", err)
+	}
+	return o, nil
+}
+
+// request is one HTTP request of an operation, ready to send with a key.
+type request struct {
+	target      *target
+	method      string
+	path        string // with its parameters filled in
+	contentType string
+	body        []byte // nil: none
+	value       any    // the body, decoded
+	header      http.Header
+}
+
+// clone returns a copy of q with body v.
+func (q request) withBody(v any) (request, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return q, err
+	}
+	q.body, q.value = b, v
+	return q, nil
+}
+
+var templateRe = regexp.MustCompile(`\{\{create:([A-Z]+) (\S+) \.([\w.]+)\}\}`)
+
+// build makes a request of t: the body and path parameters from the
+// overrides where they give them, from the spec's examples or schemas where
+// not, with every create template resolved by a new request.
+func (s *session) build(ctx context.Context, t *target) (request, error) {
+	return s.buildDepth(ctx, t, 0)
+}
+
+func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request, error) {
+	if depth > 5 {
+		return request{}, fmt.Errorf("%s: create templates nest more than 5 deep", t.name)
+	}
+	q := request{target: t, method: t.method, contentType: t.media, header: http.Header{}}
+	for name, value := range t.override.Header {
+		q.header.Set(name, value)
+	}
+	path := t.path
+	for _, p := range t.params {
+		v, ok := t.override.Path[p.Name]
+		if !ok {
+			if v, ok = exampleOf(p.Example, p.Examples, p.Schema); !ok {
+				v = minimal(p.Schema, 0)
+			}
+		}
+		v, err := s.resolve(ctx, v, depth)
+		if err != nil {
+			return q, fmt.Errorf("%s path parameter %s: %w", t.name, p.Name, err)
+		}
+		path = strings.ReplaceAll(path, "{"+p.Name+"}", url.PathEscape(fmt.Sprint(v)))
+	}
+	q.path = path
+	if t.media == "" {
+		return q, nil
+	}
+	v := t.override.Body
+	if v == nil {
+		v = t.example
+	}
+	v, err := s.resolve(ctx, v, depth)
+	if err != nil {
+		return q, fmt.Errorf("%s body: %w", t.name, err)
+	}
+	return q.withBody(normalise(v))
+}
+
+// resolve replaces every create template in v.
+func (s *session) resolve(ctx context.Context, v any, depth int) (any, error) {
+	switch x := v.(type) {
+	case string:
+		m := templateRe.FindStringSubmatchIndex(x)
+		if m == nil {
+			return x, nil
+		}
+		var errs []error
+		whole := m[0] == 0 && m[1] == len(x)
+		var value any
+		out := templateRe.ReplaceAllStringFunc(x, func(t string) string {
+			sub := templateRe.FindStringSubmatch(t)
+			got, err := s.create(ctx, sub[1], sub[2], sub[3], depth)
+			errs = append(errs, err)
+			value = got
+			return fmt.Sprint(got)
+		})
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+		if whole {
+			return value, nil
+		}
+		return out, nil
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, item := range x {
+			r, err := s.resolve(ctx, item, depth)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = r
+		}
+		return out, nil
+	case []any:
+		out := make([]any, len(x))
+		for i, item := range x {
+			r, err := s.resolve(ctx, item, depth)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = r
+		}
+		return out, nil
+	}
+	return v, nil
+}
+
+// pendingStatuses are the values of a resource's "status" that say a long
+// operation has not finished.
+var pendingStatuses = []string{"pending", "processing", "queued", "in_progress", "running"}
+
+// create sends a new request of the operation method path and returns
+// field of its answer. An answer 202 with a Location is a long operation:
+// create reads the Location until the resource is no longer pending, so
+// that what it returns can be used (a payment that can be refunded).
+func (s *session) create(ctx context.Context, method, path, field string, depth int) (any, error) {
+	t := s.byRoute[method+" "+path]
+	if t == nil {
+		return nil, fmt.Errorf("{{create:%s %s}}: the spec has no such operation", method, path)
+	}
+	q, err := s.buildDepth(ctx, t, depth+1)
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.send(ctx, q, s.newKey(), s.cfg.Auth)
+	if err != nil {
+		return nil, err
+	}
+	if a.status < 200 || a.status > 299 {
+		return nil, fmt.Errorf("{{create:%s %s}} answered %d: %.300s", method, path, a.status, a.body)
+	}
+	if loc := a.header.Get("Location"); a.status == http.StatusAccepted && loc != "" {
+		if a, err = s.settle(ctx, loc); err != nil {
+			return nil, fmt.Errorf("{{create:%s %s}}: %w", method, path, err)
+		}
+	}
+	var doc any
+	if err := json.Unmarshal(a.body, &doc); err != nil {
+		return nil, fmt.Errorf("{{create:%s %s}} answered no JSON: %.300s", method, path, a.body)
+	}
+	v, ok := lookup(doc, field)
+	if !ok {
+		return nil, fmt.Errorf("{{create:%s %s}}: the answer has no %s: %.300s", method, path, field, a.body)
+	}
+	return v, nil
+}
+
+// settle reads location until it is no longer pending (at most 30s).
+func (s *session) settle(ctx context.Context, location string) (answer, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a, err := s.get(ctx, location)
+		if err != nil {
+			return a, err
+		}
+		var doc struct {
+			Status string `json:"status"`
+		}
+		_ = json.Unmarshal(a.body, &doc)
+		if a.status != http.StatusAccepted && !slices.Contains(pendingStatuses, doc.Status) {
+			return a, nil
+		}
+		if time.Now().After(deadline) {
+			return a, fmt.Errorf("%s is still pending after 30s", location)
+		}
+		select {
+		case <-ctx.Done():
+			return a, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// lookup is the value at a dotted path in a JSON document.
+func lookup(doc any, path string) (any, bool) {
+	for name := range strings.SplitSeq(path, ".") {
+		switch x := doc.(type) {
+		case map[string]any:
+			v, ok := x[name]
+			if !ok {
+				return nil, false
+			}
+			doc = v
+		case []any:
+			i, err := strconv.Atoi(name)
+			if err != nil || i < 0 || i >= len(x) {
+				return nil, false
+			}
+			doc = x[i]
+		default:
+			return nil, false
+		}
+	}
+	return doc, true
+}
+
+// normalise turns what YAML decoded (map[string]any with int values) into
+// what encoding/json decodes, so that bodies from both compare alike.
+func normalise(v any) any {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return v
+	}
+	var out any
+	if json.Unmarshal(b, &out) != nil {
+		return v
+	}
+	return out
+}
+
+// target is one operation the checks send requests to.
+type target struct {
+	name         string // "POST /orders"
+	id           string // the operationId, or name
+	method, path string
+	idempotent   bool
+	params       []*openapi3.Parameter // path parameters
+	media        string                // the request body's media type; empty: none
+	schema       *openapi3.SchemaRef   // the request body's schema
+	example      any                   // the request body the spec gives or that minimal makes
+	override     Override
+	get          string // the path of a GET of the resource this operation answers with, or ""
+}
+
+// jsonMedia is the request media type to send: JSON first, then any +json
+// type, then whatever the operation takes first.
+func jsonMedia(content openapi3.Content) string {
+	names := slices.Sorted(maps.Keys(content))
+	for _, n := range names {
+		if n == "application/json" {
+			return n
+		}
+	}
+	for _, n := range names {
+		if strings.HasSuffix(n, "+json") {
+			return n
+		}
+	}
+	if len(names) > 0 {
+		return names[0]
+	}
+	return ""
+}

@@ -1,0 +1,261 @@
+package conformance_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// bugs are the ways the toy server can break the protocol, one at a time.
+type bugs struct {
+	runsEveryDuplicate     bool // never looks a key up
+	replaysDifferentBody   bool // a replay's body is not the stored bytes
+	ignoresFingerprint     bool // replays whatever the key holds
+	leaksAcrossCredentials bool // one key space for every caller
+	storesValidationErrors bool // a 400 is stored under the key
+	replaysSetCookie       bool // stores the Set-Cookie it sent
+	acceptsNoKey           bool // runs requests without a key
+	acceptsAnyKey          bool // neither empty nor over-long keys are refused
+	comparesBytes          bool // the fingerprint is the body's bytes
+	inFlightAs409          bool // a duplicate in flight gets 409, not 202
+	noRetryAfter           bool // the in-flight answer says not when to come back
+	answersOffSpec         bool // a widget's size comes as a string
+}
+
+// toy is a small widget API that keeps the Idempotency-Key protocol the
+// oncekey profile describes, written by hand for the test (not with the
+// idempotency package, so that each bug can be put in), unless bugs says
+// otherwise. Every operation takes 20ms, so that identical requests sent at
+// once overlap; X-Slow makes one take longer.
+type toy struct {
+	bugs bugs
+
+	mu      sync.Mutex
+	records map[string]*record // scope + key
+	widgets map[string]map[string]any
+	ran     int
+}
+
+type record struct {
+	fingerprint string
+	done        chan struct{}
+	status      int
+	header      http.Header
+	body        []byte
+}
+
+func newToy(b bugs) *toy {
+	return &toy{bugs: b, records: map[string]*record{}, widgets: map[string]map[string]any{}}
+}
+
+func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	scope := map[string]string{"Bearer a": "a", "Bearer b": "b"}[r.Header.Get("Authorization")]
+	if scope == "" {
+		problem(w, 401, "unauthorized")
+		return
+	}
+	route := ""
+	id := ""
+	switch parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/"); {
+	case len(parts) == 1 && parts[0] == "widgets" && r.Method == http.MethodPost:
+		route = "POST /widgets"
+	case len(parts) == 2 && parts[0] == "widgets" && r.Method == http.MethodGet:
+		t.get(w, parts[1])
+		return
+	case len(parts) == 3 && parts[0] == "widgets" && parts[2] == "paint" && r.Method == http.MethodPost:
+		route, id = "POST /widgets/{id}/paint", parts[1]
+	default:
+		problem(w, 404, "not found")
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	keys := r.Header.Values("Idempotency-Key")
+	switch {
+	case len(keys) == 0 && t.bugs.acceptsNoKey:
+		t.execute(w, r, route, id, body)
+		return
+	case len(keys) == 0:
+		problem(w, 400, "missing Idempotency-Key")
+		return
+	case (keys[0] == "" || len(keys[0]) > 255) && !t.bugs.acceptsAnyKey:
+		problem(w, 400, "invalid Idempotency-Key")
+		return
+	}
+	if t.bugs.leaksAcrossCredentials {
+		scope = ""
+	}
+	fingerprint := route + " " + r.URL.Path + " " + canonical(body)
+	if t.bugs.comparesBytes {
+		fingerprint = route + " " + r.URL.Path + " " + string(body)
+	}
+	slot := scope + "\x00" + keys[0]
+
+	t.mu.Lock()
+	rec, seen := t.records[slot]
+	if t.bugs.runsEveryDuplicate {
+		seen = false
+	}
+	if !seen {
+		rec = &record{fingerprint: fingerprint, done: make(chan struct{})}
+		t.records[slot] = rec
+	}
+	t.mu.Unlock()
+
+	if seen {
+		select {
+		case <-rec.done:
+		default:
+			if !t.bugs.noRetryAfter {
+				w.Header().Set("Retry-After", "1")
+			}
+			if t.bugs.inFlightAs409 {
+				problem(w, 409, "in progress")
+				return
+			}
+			problem(w, 202, "in progress")
+			return
+		}
+		if rec.fingerprint != fingerprint && !t.bugs.ignoresFingerprint {
+			problem(w, 409, "Idempotency-Key was used for another request")
+			return
+		}
+		for name, values := range rec.header {
+			w.Header()[name] = values
+		}
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(rec.status)
+		if t.bugs.replaysDifferentBody {
+			w.Write(bytes.ToUpper(rec.body))
+			return
+		}
+		w.Write(rec.body)
+		return
+	}
+
+	if d, err := time.ParseDuration(r.Header.Get("X-Slow")); err == nil {
+		time.Sleep(d)
+	}
+	rw := &recorded{header: http.Header{}}
+	t.execute(rw, r, route, id, body)
+	if rw.status == 400 && !t.bugs.storesValidationErrors {
+		t.mu.Lock()
+		delete(t.records, slot)
+		t.mu.Unlock()
+	} else {
+		rec.status, rec.body, rec.header = rw.status, rw.body.Bytes(), rw.header.Clone()
+		if !t.bugs.replaysSetCookie {
+			rec.header.Del("Set-Cookie")
+		}
+	}
+	close(rec.done)
+	for name, values := range rw.header {
+		w.Header()[name] = values
+	}
+	w.WriteHeader(rw.status)
+	w.Write(rw.body.Bytes())
+}
+
+// execute runs an operation: it creates or paints a widget.
+func (t *toy) execute(w http.ResponseWriter, r *http.Request, route, id string, body []byte) {
+	time.Sleep(20 * time.Millisecond)
+	var in map[string]any
+	if json.Unmarshal(body, &in) != nil {
+		problem(w, 400, "not JSON")
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var widget map[string]any
+	switch route {
+	case "POST /widgets":
+		name, ok1 := in["name"].(string)
+		size, ok2 := in["size"].(float64)
+		if !ok1 || !ok2 || name == "" || size < 1 || size > 100 || len(in) != 2 {
+			problem(w, 400, "invalid widget")
+			return
+		}
+		widget = map[string]any{"id": uuid.NewString(), "name": name, "size": size}
+		if t.bugs.answersOffSpec {
+			widget["size"] = fmt.Sprint(size)
+		}
+		t.widgets[widget["id"].(string)] = widget
+	default:
+		if _, err := uuid.Parse(id); err != nil {
+			problem(w, 400, "invalid id")
+			return
+		}
+		color, _ := in["color"].(string)
+		if color != "red" && color != "blue" && color != "green" || len(in) != 1 {
+			problem(w, 400, "invalid color")
+			return
+		}
+		if widget = t.widgets[id]; widget == nil {
+			problem(w, 404, "no such widget")
+			return
+		}
+		widget["color"] = color
+	}
+	t.ran++
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Set-Cookie", fmt.Sprintf("session=%d; HttpOnly", t.ran))
+	if route == "POST /widgets" {
+		w.Header().Set("Location", "/widgets/"+widget["id"].(string))
+		w.WriteHeader(201)
+	}
+	json.NewEncoder(w).Encode(widget)
+}
+
+func (t *toy) get(w http.ResponseWriter, id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	widget := t.widgets[id]
+	if widget == nil {
+		problem(w, 404, "no such widget")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(widget)
+}
+
+func problem(w http.ResponseWriter, status int, title string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"title": title, "status": status})
+}
+
+// canonical is body with its JSON keys sorted and no whitespace.
+func canonical(body []byte) string {
+	var v any
+	if json.Unmarshal(body, &v) != nil {
+		return string(body)
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// recorded is a response held until the toy has stored it.
+type recorded struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorded) Header() http.Header { return r.header }
+func (r *recorded) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+func (r *recorded) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = 200
+	}
+	return r.body.Write(b)
+}
