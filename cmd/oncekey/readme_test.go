@@ -246,3 +246,72 @@ func TestReadmeAndMakeHelpAgreeOnWhatTestNeeds(t *testing.T) {
 	require.NotNil(t, inMakefile, "make help says what make test needs")
 	require.Equal(t, inReadme[1], inMakefile[1])
 }
+
+var conformanceRe = regexp.MustCompile("(?s)<!-- readme-test: conformance -->\\s*```sh\\n(.*?)```\\s*```text\\n(.*?)```")
+
+// TestReadmeConformance runs the README's `oncekey conformance` example
+// against `oncekey serve` as `make run` starts it and checks that it prints
+// exactly what the README shows.
+func TestReadmeConformance(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	m := conformanceRe.FindStringSubmatch(string(readme))
+	require.NotNil(t, m, "README.md should have a marked conformance example")
+	command, want := unindent(m[1]), unindent(m[2])
+
+	args := shellWords(t, strings.ReplaceAll(command, "\\\n", " "))
+	require.Equal(t, []string{"bin/oncekey", "conformance"}, args[:2], "the example runs bin/oncekey conformance")
+	addr, _ := startServe(t, map[string]string{})
+	for i, a := range args {
+		switch a {
+		case readmeURL:
+			args[i] = "http://" + addr
+		case "openapi.yaml", "api/conformance.yaml":
+			args[i] = "../../" + a // the README runs from the repository's root
+		}
+	}
+	got, err := runCommand(t, map[string]string{}, args[1:]...)
+	require.NoError(t, err, got)
+	require.Equal(t, want, got, "the README's conformance output")
+}
+
+// unindent removes the indentation every line of a README block has (the
+// blocks of a list item are indented).
+func unindent(block string) string {
+	lines := strings.Split(block, "\n")
+	indent := len(lines[0]) - len(strings.TrimLeft(lines[0], " "))
+	for i, l := range lines {
+		lines[i] = l[min(indent, len(l)-len(strings.TrimLeft(l, " "))):]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// shellWords splits a command line as the shell would for the README's
+// examples: words separated by blanks, double quotes grouping.
+func shellWords(t *testing.T, line string) []string {
+	t.Helper()
+	var words []string
+	var word strings.Builder
+	quoted, inWord := false, false
+	for _, r := range strings.TrimSpace(line) {
+		switch {
+		case r == '"':
+			quoted, inWord = !quoted, true
+		case (r == ' ' || r == '\n') && !quoted:
+			if inWord {
+				words = append(words, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	require.False(t, quoted, "unbalanced quotes in %q", line)
+	if inWord {
+		words = append(words, word.String())
+	}
+	return words
+}

@@ -327,7 +327,7 @@ func checkInFlight(ctx context.Context, s *session, t *target) error {
 		}
 	}
 	if seen == 0 {
-		return skipped(fmt.Sprintf("none of %d identical requests at once arrived while another ran (each got the one answer); give the operation a slow override to test this", len(st.all)))
+		return skipped(fmt.Sprintf("none of %d identical requests sent at once arrived while another ran; give the operation a slow override to test this", len(st.all)))
 	}
 	return nil
 }

@@ -2,10 +2,15 @@ package conformance_test
 
 import (
 	"context"
+	"flag"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -119,4 +124,27 @@ func TestChecksFailWhenTheyShould(t *testing.T) {
 	for _, c := range conformance.Checks() {
 		require.True(t, failing[c.ID], "no broken API makes check %s fail", c.ID)
 	}
+}
+
+var update = flag.Bool("update", false, "rewrite the checks table of docs/conformance.md")
+
+// TestChecksReference keeps the table of checks in docs/conformance.md
+// equal to the checks the code runs.
+func TestChecksReference(t *testing.T) {
+	const path = "../../docs/conformance.md"
+	doc, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var table strings.Builder
+	table.WriteString("| Id | Rationale | Source |\n| --- | --- | --- |\n")
+	for _, c := range conformance.Checks() {
+		fmt.Fprintf(&table, "| `%s` | %s | %s |\n", c.ID, c.Rationale, c.Source)
+	}
+	re := regexp.MustCompile(`(?s)(<!-- checks:[^\n]*-->\n).*?(<!-- /checks -->)`)
+	require.True(t, re.Match(doc), "%s has no checks markers", path)
+	want := re.ReplaceAllString(string(doc), "${1}"+strings.ReplaceAll(table.String(), "$", "$$")+"${2}")
+	if *update {
+		require.NoError(t, os.WriteFile(path, []byte(want), 0o644))
+		return
+	}
+	require.Equal(t, want, string(doc), "docs/conformance.md's checks are stale: go test ./internal/conformance -run TestChecksReference -update")
 }

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"bytes"
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
@@ -61,7 +62,8 @@ func Write(w io.Writer, format string, profile Profile, results []Result) error 
 }
 
 func writeText(w io.Writer, results []Result) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RESULT\tCHECK\tOPERATION\tREASON")
 	for _, r := range results {
 		op := r.Operation
@@ -72,6 +74,11 @@ func writeText(w io.Writer, results []Result) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for line := range strings.Lines(table.String()) {
+		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+"\n"); err != nil {
+			return err
+		}
 	}
 	_, err := fmt.Fprintln(w, Summarize(results))
 	return err
