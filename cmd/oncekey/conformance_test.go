@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"encoding/xml"
 	"strings"
 	"testing"
@@ -32,7 +33,8 @@ type junitReport struct {
 // TestConformanceCommand runs `oncekey conformance` against `oncekey serve`
 // as `make run` starts it: its JUnit report parses, counts what it holds and
 // fails nothing; the ietf profile (422 for a reused key) fails the
-// mismatch checks and exits 1; and contract-test still runs it.
+// mismatch checks and exits 1; the JSON report holds what --only selects;
+// and contract-test still runs it.
 func TestConformanceCommand(t *testing.T) {
 	t.Parallel()
 	addr, _ := startServe(t, map[string]string{})
@@ -62,6 +64,19 @@ func TestConformanceCommand(t *testing.T) {
 	require.ErrorContains(t, err, "conformance: 1 of 1 checks failed")
 	require.Contains(t, out, "fail    mismatch-request  POST /orders")
 	require.Contains(t, out, "want 422")
+
+	out, err = runCommand(t, map[string]string{}, append(base, "--format", "json", "--only", "replay,createOrder")...)
+	require.NoError(t, err, out)
+	var doc struct {
+		Profile struct{ Name string }
+		Summary struct{ Passed, Failed, Skipped int }
+		Results []struct{ Check, Operation, Status string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	require.Equal(t, "oncekey", doc.Profile.Name)
+	require.Equal(t, 1, doc.Summary.Passed, out)
+	require.Len(t, doc.Results, 1)
+	require.Equal(t, "POST /orders", doc.Results[0].Operation)
 
 	out, err = runCommand(t, map[string]string{}, "contract-test", "--url", "http://"+addr, "--api-key", DemoAPIKey)
 	require.NoError(t, err, out)

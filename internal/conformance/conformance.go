@@ -228,8 +228,12 @@ func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Opera
 	t := &target{name: op.Method + " " + op.Path, id: op.ID, method: op.Method, path: op.Path, idempotent: op.Idempotent}
 	for _, params := range []openapi3.Parameters{item.Parameters, spec.Parameters} {
 		for _, p := range params {
-			if p.Value != nil && p.Value.In == openapi3.ParameterInPath {
+			switch {
+			case p.Value == nil:
+			case p.Value.In == openapi3.ParameterInPath:
 				t.params = append(t.params, p.Value)
+			case p.Value.In == openapi3.ParameterInQuery:
+				t.query = append(t.query, p.Value)
 			}
 		}
 	}
@@ -314,7 +318,11 @@ func (s *session) send(ctx context.Context, q request, key, auth string, header 
 	if q.body != nil {
 		body = bytes.NewReader(q.body)
 	}
-	req, err := http.NewRequestWithContext(ctx, q.method, s.cfg.BaseURL+q.path, body)
+	target := s.cfg.BaseURL + q.path
+	if q.query != "" {
+		target += "?" + q.query
+	}
+	req, err := http.NewRequestWithContext(ctx, q.method, target, body)
 	if err != nil {
 		return answer{}, err
 	}

@@ -23,8 +23,9 @@ import (
 )
 
 // Overrides are what a spec cannot say about the requests to make: bodies
-// and path parameters that must name resources that exist, headers, a way
-// to slow a request down, and checks that do not apply to an operation.
+// and path or query parameters that must name resources that exist,
+// headers, a way to slow a request down, and checks that do not apply to an
+// operation.
 // They are read from a small YAML file:
 //
 //	operations:
@@ -46,6 +47,9 @@ type Overrides struct {
 type Override struct {
 	// Path gives path parameters by name.
 	Path map[string]any `yaml:"path"`
+	// Query gives query parameters by name (the required ones the spec
+	// declares are sent anyway, from their examples or schemas).
+	Query map[string]any `yaml:"query"`
 	// Body replaces the body built from the spec.
 	Body any `yaml:"body"`
 	// Header is added to every request of the operation.
@@ -93,13 +97,14 @@ type request struct {
 	target      *target
 	method      string
 	path        string // with its parameters filled in
+	query       string // encoded, without "?"
 	contentType string
 	body        []byte // nil: none
 	value       any    // the body, decoded
 	header      http.Header
 }
 
-// clone returns a copy of q with body v.
+// withBody returns a copy of q with body v.
 func (q request) withBody(v any) (request, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -141,6 +146,33 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 		path = strings.ReplaceAll(path, "{"+p.Name+"}", url.PathEscape(fmt.Sprint(v)))
 	}
 	q.path = path
+	query := url.Values{}
+	for _, p := range t.query {
+		v, ok := t.override.Query[p.Name]
+		if !ok && !p.Required {
+			continue
+		}
+		if !ok {
+			if v, ok = exampleOf(p.Example, p.Examples, p.Schema); !ok {
+				v = minimal(p.Schema, 0)
+			}
+		}
+		v, err := s.resolve(ctx, v, depth)
+		if err != nil {
+			return q, fmt.Errorf("%s query parameter %s: %w", t.name, p.Name, err)
+		}
+		query.Set(p.Name, fmt.Sprint(v))
+	}
+	for name, v := range t.override.Query {
+		if !query.Has(name) {
+			v, err := s.resolve(ctx, v, depth)
+			if err != nil {
+				return q, fmt.Errorf("%s query parameter %s: %w", t.name, name, err)
+			}
+			query.Set(name, fmt.Sprint(v))
+		}
+	}
+	q.query = query.Encode()
 	if t.media == "" {
 		return q, nil
 	}
@@ -314,6 +346,7 @@ type target struct {
 	method, path string
 	idempotent   bool
 	params       []*openapi3.Parameter // path parameters
+	query        []*openapi3.Parameter // query parameters
 	media        string                // the request body's media type; empty: none
 	schema       *openapi3.SchemaRef   // the request body's schema
 	example      any                   // the request body the spec gives or that minimal makes

@@ -116,12 +116,12 @@ func optionalKey(middleware func(http.Handler) http.Handler, h http.HandlerFunc)
 	})
 }
 
-// slow takes 20ms, so that identical requests sent at once overlap, or as
+// slow takes 50ms, so that identical requests sent at once overlap, or as
 // long as X-Slow says.
 func slow(r *http.Request) {
 	d, err := time.ParseDuration(r.Header.Get("X-Slow"))
 	if err != nil {
-		d = 20 * time.Millisecond
+		d = 50 * time.Millisecond
 	}
 	time.Sleep(d)
 }

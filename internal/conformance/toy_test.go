@@ -32,7 +32,7 @@ type bugs struct {
 // toy is a small widget API that keeps the Idempotency-Key protocol the
 // oncekey profile describes, written by hand for the test (not with the
 // idempotency package, so that each bug can be put in), unless bugs says
-// otherwise. Every operation takes 20ms, so that identical requests sent at
+// otherwise. Every operation takes 50ms, so that identical requests sent at
 // once overlap; X-Slow makes one take longer.
 type toy struct {
 	bugs bugs
@@ -164,7 +164,7 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // execute runs an operation: it creates or paints a widget.
 func (t *toy) execute(w http.ResponseWriter, r *http.Request, route, id string, body []byte) {
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
 	var in map[string]any
 	if json.Unmarshal(body, &in) != nil {
 		problem(w, 400, "not JSON")
@@ -189,6 +189,10 @@ func (t *toy) execute(w http.ResponseWriter, r *http.Request, route, id string, 
 	default:
 		if _, err := uuid.Parse(id); err != nil {
 			problem(w, 400, "invalid id")
+			return
+		}
+		if r.URL.Query().Get("coats") == "" {
+			problem(w, 400, "how many coats?")
 			return
 		}
 		color, _ := in["color"].(string)
