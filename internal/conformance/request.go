@@ -133,13 +133,7 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 	}
 	path := t.path
 	for _, p := range t.params {
-		v, ok := t.override.Path[p.Name]
-		if !ok {
-			if v, ok = exampleOf(p.Example, p.Examples, p.Schema); !ok {
-				v = minimal(p.Schema, 0)
-			}
-		}
-		v, err := s.resolve(ctx, v, depth)
+		v, err := s.param(ctx, p, t.override.Path, depth)
 		if err != nil {
 			return q, fmt.Errorf("%s path parameter %s: %w", t.name, p.Name, err)
 		}
@@ -148,16 +142,10 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 	q.path = path
 	query := url.Values{}
 	for _, p := range t.query {
-		v, ok := t.override.Query[p.Name]
-		if !ok && !p.Required {
+		if _, given := t.override.Query[p.Name]; !given && !p.Required {
 			continue
 		}
-		if !ok {
-			if v, ok = exampleOf(p.Example, p.Examples, p.Schema); !ok {
-				v = minimal(p.Schema, 0)
-			}
-		}
-		v, err := s.resolve(ctx, v, depth)
+		v, err := s.param(ctx, p, t.override.Query, depth)
 		if err != nil {
 			return q, fmt.Errorf("%s query parameter %s: %w", t.name, p.Name, err)
 		}
@@ -185,6 +173,18 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 		return q, fmt.Errorf("%s body: %w", t.name, err)
 	}
 	return q.withBody(normalise(v))
+}
+
+// param is the value of parameter p: as given, else its example, else the
+// least value its schema accepts, with create templates resolved.
+func (s *session) param(ctx context.Context, p *openapi3.Parameter, given map[string]any, depth int) (any, error) {
+	v, ok := given[p.Name]
+	if !ok {
+		if v, ok = exampleOf(p.Example, p.Examples, p.Schema); !ok {
+			v = minimal(p.Schema, 0)
+		}
+	}
+	return s.resolve(ctx, v, depth)
 }
 
 // resolve replaces every create template in v.
