@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
@@ -56,6 +57,8 @@ func minimal(ref *openapi3.SchemaRef, depth int) any {
 		return s.Default
 	case s.Example != nil:
 		return s.Example
+	case len(s.Examples) > 0:
+		return s.Examples[0]
 	case len(s.AllOf) > 0:
 		merged := map[string]any{}
 		for _, part := range s.AllOf {
@@ -238,7 +241,7 @@ func varied(ref *openapi3.SchemaRef, v any, depth int) (any, bool) {
 				return changed, true
 			}
 		}
-	case float64, int, int64, uint64:
+	case float64, int, int64, uint64, json.Number:
 		n := toFloat(x)
 		for _, candidate := range []float64{n + 1, n - 1} {
 			if inRange(s, candidate) {
@@ -260,6 +263,9 @@ func varied(ref *openapi3.SchemaRef, v any, depth int) (any, bool) {
 
 func toFloat(v any) float64 {
 	switch x := v.(type) {
+	case json.Number:
+		f, _ := x.Float64()
+		return f
 	case float64:
 		return x
 	case int:
@@ -297,10 +303,13 @@ func invalid(ref *openapi3.SchemaRef, v any) (any, bool) {
 	s := ref.Value
 	obj, ok := v.(map[string]any)
 	if !ok {
-		if typeOf(s) == openapi3.TypeObject {
+		switch typeOf(s) {
+		case openapi3.TypeObject:
 			return []any{}, true
+		case "":
+			return nil, false // it may accept anything
 		}
-		return map[string]any{"conformance": true}, typeOf(s) != ""
+		return map[string]any{"conformance": true}, true
 	}
 	required := slices.Clone(s.Required)
 	for _, part := range s.AllOf {
@@ -336,6 +345,9 @@ func invalid(ref *openapi3.SchemaRef, v any) (any, bool) {
 		out := maps.Clone(obj)
 		out[name] = wrong
 		return out, true
+	}
+	if typeOf(s) != openapi3.TypeObject {
+		return nil, false // it may accept anything
 	}
 	return []any{}, true
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -116,7 +117,7 @@ var catalogue = []Check{
 }
 
 func checkKeyRequired(ctx context.Context, s *session, t *target) error {
-	q, err := s.build(ctx, t)
+	q, err := s.working(ctx, t)
 	if err != nil {
 		return err
 	}
@@ -137,7 +138,7 @@ func checkKeyRequired(ctx context.Context, s *session, t *target) error {
 }
 
 func checkKeyMalformed(ctx context.Context, s *session, t *target) error {
-	q, err := s.build(ctx, t)
+	q, err := s.working(ctx, t)
 	if err != nil {
 		return err
 	}
@@ -192,6 +193,9 @@ func checkMismatchRequest(ctx context.Context, s *session, t *target) error {
 	default:
 		return skipped("the operation has neither a body nor path parameters: no other request to send")
 	}
+	if err := s.works(ctx, other); err != nil {
+		return fmt.Errorf("the other request: %w", err)
+	}
 	a, err := s.send(ctx, other, key, s.cfg.Auth)
 	if err != nil {
 		return err
@@ -209,9 +213,9 @@ func checkMismatchOperation(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
-	q, err := s.build(ctx, u)
+	q, err := s.working(ctx, u)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", u.name, err)
 	}
 	a, err := s.send(ctx, q, key, s.cfg.Auth)
 	if err != nil {
@@ -256,8 +260,8 @@ func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
 		return err
 	}
 	if len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "" {
-		return fmt.Errorf("%d of %d identical requests were answered without %s: each ran the operation (%s)",
-			len(st.ran), len(st.all), s.cfg.Profile.ReplayHeader, summary(st.ran))
+		return fmt.Errorf("%d of %d identical requests were answered neither as replays (%s) nor in flight (%d): each ran (%s)",
+			len(st.ran), len(st.all), s.cfg.Profile.ReplayHeader, s.cfg.Profile.InFlightStatus, summary(st.ran))
 	}
 	final, err := s.settled(ctx, q, key)
 	if err != nil {
@@ -278,16 +282,21 @@ func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
 			return fmt.Errorf("%d identical requests at once got different answers, so more than one ran: %w", len(st.all), err)
 		}
 	}
-	id := idOf(ran)
-	if t.get == "" || id == "" || ran.status/100 != 2 {
+	// The one answer names one resource: it exists (a deleted one need not).
+	id := jsonID(ran)
+	loc := ran.header.Get("Location")
+	if (t.get == "" && loc == "") || (id == "" && loc == "") || ran.status/100 != 2 || t.method == http.MethodDelete {
 		return nil
 	}
-	path := strings.NewReplacer("{", "", "}", "").Replace(t.get) // only for the message
-	got, err := s.get(ctx, resourcePath(t.get, ran, q))
+	path := s.location(q, loc)
+	if loc == "" {
+		path = resourcePath(t.get, id, q)
+	}
+	got, err := s.get(ctx, path)
 	if err != nil {
 		return err
 	}
-	if got.status != http.StatusOK || idOf(got) != id {
+	if got.status != http.StatusOK || (id != "" && jsonID(got) != "" && jsonID(got) != id) {
 		return fmt.Errorf("GET %s of the one resource: got %s, want 200 with id %s", path, got, id)
 	}
 	return nil
@@ -310,6 +319,7 @@ func checkInFlight(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
+	s.note(st.all...)
 	switch {
 	case len(st.ran) == 1:
 		final = st.ran[0]
@@ -355,6 +365,7 @@ func (s *session) slowDuplicate(ctx context.Context, q request, key string, slow
 	}()
 	time.Sleep(after)
 	dup, err := s.send(ctx, q, key, s.cfg.Auth)
+	s.note(dup)
 	first := <-done
 	if err := errors.Join(err, first.err); err != nil {
 		return err
@@ -388,10 +399,14 @@ func checkCredentialIsolation(ctx context.Context, s *session, t *target) error 
 	}
 	id := idOf(first)
 	switch {
+	case other.status == http.StatusUnauthorized || other.status == http.StatusForbidden:
+		return fmt.Errorf("the second credential (--auth2) was refused: %s", other)
 	case s.replayed(other):
 		return fmt.Errorf("the second credential's request under the first's key was answered with a replay: %s", other)
 	case id != "" && idOf(other) == id && !strings.Contains(q.path, id): // a resource the first request made
 		return fmt.Errorf("the second credential's request under the first's key got the first's resource %s: %s", id, other)
+	case s.cfg.Profile.ReplayHeader == "" && id == "":
+		return skipped("the profile marks no replay and the answer names no resource: a replay cannot be told from a new answer")
 	}
 	return nil
 }
@@ -426,7 +441,7 @@ func checkValidationNotStored(ctx context.Context, s *session, t *target) error 
 		return err
 	}
 	if refused.status < 400 || refused.status > 499 {
-		return fmt.Errorf("an invalid request (%s) got %s, want 4xx", bad.body, refused)
+		return fmt.Errorf("an invalid request (%s %s %s) got %s, want 4xx", bad.method, bad.path, bad.body, refused)
 	}
 	fixed, err := s.send(ctx, q, key, s.cfg.Auth)
 	if err != nil {
@@ -446,6 +461,9 @@ func checkNoSetCookie(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
+	if len(first.header.Values("Set-Cookie")) == 0 {
+		return skipped("the first answer set no cookie: there was none to store")
+	}
 	for _, c := range again.header.Values("Set-Cookie") {
 		if slices.Contains(first.header.Values("Set-Cookie"), c) {
 			return fmt.Errorf("the replay repeats the first answer's Set-Cookie %q", c)
@@ -455,6 +473,9 @@ func checkNoSetCookie(ctx context.Context, s *session, t *target) error {
 }
 
 func checkResponsesValid(_ context.Context, s *session) error {
+	if s.validator.Checked() == 0 {
+		return skipped("no answer of the run was on a path of the document (is --url the API's base URL?)")
+	}
 	violations := s.validator.Violations()
 	if len(violations) > 10 {
 		violations = append(violations[:10], fmt.Errorf("and %d more", len(violations)-10))
@@ -463,11 +484,14 @@ func checkResponsesValid(_ context.Context, s *session) error {
 }
 
 func checkRetryAfter(_ context.Context, s *session) error {
+	if !s.cfg.Profile.RetryAfter {
+		return skipped("profile " + s.cfg.Profile.Name + " does not require Retry-After (the draft says MAY)")
+	}
 	s.mu.Lock()
-	seen := slices.Clone(s.seen)
+	noted := slices.Clone(s.noted)
 	s.mu.Unlock()
 	n := 0
-	for _, a := range seen {
+	for _, a := range noted {
 		if !s.inFlight(a) && a.status != http.StatusServiceUnavailable {
 			continue
 		}
@@ -477,7 +501,7 @@ func checkRetryAfter(_ context.Context, s *session) error {
 		}
 	}
 	if n == 0 {
-		return skipped("no answer of the run was in flight or 503")
+		return skipped("no duplicate of the run was answered in flight, and no answer was 503")
 	}
 	return nil
 }
@@ -488,6 +512,28 @@ func validRetryAfter(v string) bool {
 	}
 	_, err := http.ParseTime(v)
 	return err == nil
+}
+
+// working builds a request of t and shows that it works: sent under a new
+// key, it gets an answer a first request can have. The checks that expect
+// a refusal send it again, so that a refusal is theirs and not a broken
+// request's. It returns a new request of t (the one sent may have changed
+// what it acts on, as a DELETE does).
+func (s *session) working(ctx context.Context, t *target) (request, error) {
+	if _, _, _, err := s.first(ctx, t); err != nil {
+		return request{}, err
+	}
+	return s.build(ctx, t)
+}
+
+// works sends q under a new key: it must get an answer a first request can
+// have.
+func (s *session) works(ctx context.Context, q request) error {
+	a, err := s.send(ctx, q, s.newKey(), s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	return s.usable(a)
 }
 
 // first builds a request of t and sends it under a new key: its answer must
@@ -631,6 +677,7 @@ func (s *session) settled(ctx context.Context, q request, key string) (answer, e
 		if err != nil || !s.inFlight(a) {
 			return a, err
 		}
+		s.note(a)
 		if time.Now().After(deadline) {
 			return a, fmt.Errorf("still in flight after 10s: %s", a)
 		}
@@ -649,28 +696,32 @@ func (s *session) settled(ctx context.Context, q request, key string) (answer, e
 // idOf is the id of the resource a names: its JSON "id", or else its
 // Location.
 func idOf(a answer) string {
-	var doc struct {
-		ID any `json:"id"`
-	}
-	if json.Unmarshal(a.body, &doc) == nil && doc.ID != nil {
-		return fmt.Sprint(doc.ID)
+	if id := jsonID(a); id != "" {
+		return id
 	}
 	return a.header.Get("Location")
 }
 
-// resourcePath is the GET path of the resource a created or changed: its
-// Location, or get with its parameters filled in from q's path and a's id.
-func resourcePath(get string, a answer, q request) string {
-	if loc := a.header.Get("Location"); loc != "" {
-		return loc
+// jsonID is the "id" of a's JSON body, or "".
+func jsonID(a answer) string {
+	doc, err := decodeJSON(a.body)
+	if err != nil {
+		return ""
 	}
-	if !strings.Contains(get, "{") {
-		return get
+	if m, ok := doc.(map[string]any); ok && m["id"] != nil {
+		return text(m["id"])
 	}
-	if strings.Count(get, "{") == strings.Count(q.target.path, "{") {
+	return ""
+}
+
+// resourcePath is the spec's GET path get of the resource with id that q
+// created or changed: q's own path when get has as many parameters, else
+// q's path and the id.
+func resourcePath(get, id string, q request) string {
+	if !strings.Contains(get, "{") || strings.Count(get, "{") == strings.Count(q.target.path, "{") {
 		return q.path
 	}
-	return q.path + "/" + idOf(a)
+	return q.path + "/" + url.PathEscape(id)
 }
 
 // invalidParam is a path parameter of t and a value its schema refuses.

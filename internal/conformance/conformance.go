@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -30,7 +31,8 @@ import (
 
 // Config says what to check and how.
 type Config struct {
-	// Spec is the API's OpenAPI document (3.0 or 3.1).
+	// Spec is the API's OpenAPI document (3.0 or 3.1). Run routes it to
+	// BaseURL: it replaces the document's servers.
 	Spec *openapi3.T
 	// BaseURL is where the API is served.
 	BaseURL string
@@ -46,7 +48,7 @@ type Config struct {
 	// request, checks that do not apply.
 	Overrides Overrides
 	// Concurrency is how many identical requests concurrent-once and
-	// in-flight send at once (default 10).
+	// in-flight send at once (default, and at least, 2: fewer means 10).
 	Concurrency int
 	// Timeout bounds each request (default 10s).
 	Timeout time.Duration
@@ -55,7 +57,7 @@ type Config struct {
 	Progress func(done, total int, r Result)
 }
 
-// Status is a check's outcome.
+// Status is a check's outcome: pass, fail or skip.
 type Status string
 
 // A check passes, fails or is skipped (with its reason).
@@ -68,15 +70,16 @@ const (
 // Result is one check on one operation (or on the whole run, for the checks
 // that read every answer: Operation is empty).
 type Result struct {
-	Check     string        `json:"check"`
-	Operation string        `json:"operation,omitempty"`
+	Check     string        `json:"check"`               // the check's id
+	Operation string        `json:"operation,omitempty"` // "POST /orders"
 	Status    Status        `json:"status"`
-	Reason    string        `json:"reason,omitempty"`
+	Reason    string        `json:"reason,omitempty"` // why it failed or was skipped
 	Duration  time.Duration `json:"duration_ns"`
 }
 
 // Run finds the operations of cfg.Spec under the protocol and runs every
-// check that cfg selects on them. An error means it could not start.
+// check that cfg selects on them. An error with no results means it could
+// not start; with results, that ctx ended the run after them.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	s, err := newSession(cfg)
 	if err != nil {
@@ -129,13 +132,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		default:
 			r.Status, r.Reason = Fail, err.Error()
 		}
+		if ctx.Err() != nil { // the check was cut short: it says nothing
+			return results, ctx.Err()
+		}
 		r.Duration = time.Since(start)
 		results = append(results, r)
 		if cfg.Progress != nil {
 			cfg.Progress(i+1, len(jobs), r)
-		}
-		if ctx.Err() != nil {
-			return results, ctx.Err()
 		}
 	}
 	return results, nil
@@ -156,8 +159,8 @@ type session struct {
 	runID     string
 	keys      atomic.Int64
 
-	mu   sync.Mutex
-	seen []answer // every answer, for the checks that read them all
+	mu    sync.Mutex
+	noted []answer // answers to duplicates, and 503s: where Retry-After belongs
 }
 
 func newSession(cfg Config) (*session, error) {
@@ -178,7 +181,7 @@ func newSession(cfg Config) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("conformance: %w", err)
 	}
-	v, err := NewValidatingTransport(cfg.Spec, nil)
+	v, err := NewValidatingTransport(cfg.Spec, cfg.BaseURL, nil)
 	if err != nil {
 		return nil, fmt.Errorf("conformance: %w", err)
 	}
@@ -186,25 +189,39 @@ func newSession(cfg Config) (*session, error) {
 	_, _ = rand.Read(id[:])
 	s := &session{
 		cfg: cfg, byRoute: map[string]*target{}, validator: v, runID: hex.EncodeToString(id[:]),
-		http: &http.Client{Transport: v, Timeout: cfg.Timeout},
+		http: &http.Client{
+			Transport: v, Timeout: cfg.Timeout,
+			// A redirect is an answer of its own, to compare as it is.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 	}
 	known := map[string]bool{}
 	for path, item := range cfg.Spec.Paths.Map() {
 		for method, spec := range item.Operations() {
 			op := ops.Find(method, path)
-			t, err := newTarget(op, item, spec)
-			if err != nil {
-				return nil, err
-			}
+			t := newTarget(op, item, spec)
 			for _, name := range []string{t.name, t.id} {
-				if o, ok := cfg.Overrides.Operations[name]; ok {
-					t.override = o
-					known[name] = true
+				o, ok := cfg.Overrides.Operations[name]
+				if !ok {
+					continue
 				}
+				if known[t.name] {
+					return nil, fmt.Errorf("conformance: the overrides name %s twice (as %q and by its operationId %q)", t.name, t.name, t.id)
+				}
+				for id := range o.Skip {
+					if !slices.ContainsFunc(catalogue, func(c Check) bool { return c.ID == id }) {
+						return nil, fmt.Errorf("conformance: the overrides of %s skip %q, which is no check", name, id)
+					}
+				}
+				t.override = o
+				known[name], known[t.name] = true, true
 			}
 			s.byRoute[t.name] = t
 			if op.Idempotent {
 				s.covered = append(s.covered, t)
+			}
+			if t.media != "" && !jsonish(t.media) && t.media != formMedia {
+				t.unsupported = "its body is " + t.media + ", which the checks cannot build (JSON and form bodies only)"
 			}
 		}
 	}
@@ -224,17 +241,29 @@ func newSession(cfg Config) (*session, error) {
 }
 
 // newTarget reads what the checks need of one operation.
-func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Operation) (*target, error) {
-	t := &target{name: op.Method + " " + op.Path, id: op.ID, method: op.Method, path: op.Path, idempotent: op.Idempotent}
-	for _, params := range []openapi3.Parameters{item.Parameters, spec.Parameters} {
-		for _, p := range params {
-			switch {
-			case p.Value == nil:
-			case p.Value.In == openapi3.ParameterInPath:
-				t.params = append(t.params, p.Value)
-			case p.Value.In == openapi3.ParameterInQuery:
-				t.query = append(t.query, p.Value)
+func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Operation) *target {
+	t := &target{name: op.Method + " " + op.Path, id: op.ID, method: op.Method, path: op.Path}
+	// An operation's parameter overrides the path item's of the same name.
+	params := map[string]*openapi3.Parameter{}
+	var order []string
+	for _, list := range []openapi3.Parameters{item.Parameters, spec.Parameters} {
+		for _, p := range list {
+			if p.Value == nil {
+				continue
 			}
+			k := p.Value.In + " " + p.Value.Name
+			if _, ok := params[k]; !ok {
+				order = append(order, k)
+			}
+			params[k] = p.Value
+		}
+	}
+	for _, k := range order {
+		switch p := params[k]; p.In {
+		case openapi3.ParameterInPath:
+			t.params = append(t.params, p)
+		case openapi3.ParameterInQuery:
+			t.query = append(t.query, p)
 		}
 	}
 	if spec.RequestBody != nil && spec.RequestBody.Value != nil {
@@ -248,7 +277,7 @@ func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Opera
 			}
 		}
 	}
-	return t, nil
+	return t
 }
 
 // getOf is the path of the GET that reads what t answers with: the
@@ -318,7 +347,10 @@ func (s *session) send(ctx context.Context, q request, key, auth string, header 
 	if q.body != nil {
 		body = bytes.NewReader(q.body)
 	}
-	target := s.cfg.BaseURL + q.path
+	target := q.path
+	if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
+		target = s.cfg.BaseURL + q.path
+	}
 	if q.query != "" {
 		target += "?" + q.query
 	}
@@ -351,16 +383,35 @@ func (s *session) send(ctx context.Context, q request, key, auth string, header 
 		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, err)
 	}
 	a := answer{status: resp.StatusCode, header: resp.Header, body: b}
-	s.mu.Lock()
-	s.seen = append(s.seen, a)
-	s.mu.Unlock()
+	if a.status == http.StatusServiceUnavailable {
+		s.note(a)
+	}
 	return a, nil
 }
 
-// get reads path (or an absolute URL) with the first credential.
+// note keeps an answer for retry-after: one to a duplicate, or a 503.
+func (s *session) note(as ...answer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noted = append(s.noted, as...)
+}
+
+// get reads path (a path of the spec, or an absolute URL) with the first
+// credential.
 func (s *session) get(ctx context.Context, path string) (answer, error) {
-	if rest, ok := strings.CutPrefix(path, s.cfg.BaseURL); ok {
-		path = rest
-	}
 	return s.send(ctx, request{method: http.MethodGet, path: path}, "", s.cfg.Auth)
+}
+
+// location is the absolute URL of a Location header, resolved as a client
+// resolves it: against the URL of the request it answered.
+func (s *session) location(q request, loc string) string {
+	base, err := url.Parse(s.cfg.BaseURL + q.path)
+	if err != nil {
+		return loc
+	}
+	u, err := base.Parse(loc)
+	if err != nil {
+		return loc
+	}
+	return u.String()
 }

@@ -34,6 +34,7 @@ const toyOverrides = `
 operations:
   POST /widgets/{id}/paint:
     path: {id: "{{create:POST /widgets .id}}"}
+    slow: {header: {X-Slow: 300ms}}
   createWidget:
     slow: {header: {X-Slow: 300ms}}
 `

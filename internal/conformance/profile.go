@@ -34,6 +34,8 @@ type Profile struct {
 	WaitsForFirst bool `json:"waits_for_first"`
 	// MaxKeyLength is the longest key accepted, in bytes.
 	MaxKeyLength int `json:"max_key_length"`
+	// RetryAfter says the in-flight answer and 503 carry Retry-After.
+	RetryAfter bool `json:"retry_after"`
 }
 
 // Profiles are the profiles --profile knows, by name.
@@ -41,6 +43,7 @@ var Profiles = map[string]Profile{
 	"oncekey": {
 		Name: "oncekey", MismatchStatus: 409, InFlightStatus: 202, ReplayHeader: idempotency.HeaderReplayed,
 		KeyRequired: true, CanonicalJSON: true, WaitsForFirst: true, MaxKeyLength: idempotency.MaxKeyLength,
+		RetryAfter: true,
 	},
 	// ietf follows draft-ietf-httpapi-idempotency-key-header-06 §2.7: 400
 	// without a key, 422 for a reused key, 409 while the first request

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -104,14 +105,61 @@ type request struct {
 	header      http.Header
 }
 
-// withBody returns a copy of q with body v.
+// withBody returns a copy of q with body v, encoded as its media type
+// says.
 func (q request) withBody(v any) (request, error) {
+	if q.contentType == formMedia {
+		form := url.Values{}
+		flatten(form, "", v)
+		q.body, q.value = []byte(form.Encode()), v
+		return q, nil
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return q, err
 	}
 	q.body, q.value = b, v
 	return q, nil
+}
+
+// formMedia is the one body type besides JSON the checks can build.
+const formMedia = "application/x-www-form-urlencoded"
+
+// jsonish reports whether media is JSON or a JSON-based type.
+func jsonish(media string) bool {
+	return media == "application/json" || strings.HasSuffix(media, "+json")
+}
+
+// flatten adds v to form as a form-encoded API reads nested values:
+// a[b]=1, a[0]=x.
+func flatten(form url.Values, name string, v any) {
+	switch x := v.(type) {
+	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(x)) {
+			key := k
+			if name != "" {
+				key = name + "[" + k + "]"
+			}
+			flatten(form, key, x[k])
+		}
+	case []any:
+		for i, item := range x {
+			flatten(form, fmt.Sprintf("%s[%d]", name, i), item)
+		}
+	case nil:
+		form.Add(name, "")
+	default:
+		form.Add(name, text(x))
+	}
+}
+
+// text is a value as it goes into a path, a query or a form: integers in
+// full, never in exponent form.
+func text(v any) string {
+	if f, ok := v.(float64); ok && f == math.Trunc(f) && math.Abs(f) < 1e21 {
+		return strconv.FormatFloat(f, 'f', -1, 64)
+	}
+	return fmt.Sprint(v)
 }
 
 var templateRe = regexp.MustCompile(`\{\{create:([A-Z]+) (\S+) \.([\w.]+)\}\}`)
@@ -127,6 +175,9 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 	if depth > 5 {
 		return request{}, fmt.Errorf("%s: create templates nest more than 5 deep", t.name)
 	}
+	if t.unsupported != "" {
+		return request{}, skipped(t.unsupported)
+	}
 	q := request{target: t, method: t.method, contentType: t.media, header: http.Header{}}
 	for name, value := range t.override.Header {
 		q.header.Set(name, value)
@@ -137,7 +188,7 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 		if err != nil {
 			return q, fmt.Errorf("%s path parameter %s: %w", t.name, p.Name, err)
 		}
-		path = strings.ReplaceAll(path, "{"+p.Name+"}", url.PathEscape(fmt.Sprint(v)))
+		path = strings.ReplaceAll(path, "{"+p.Name+"}", url.PathEscape(text(v)))
 	}
 	q.path = path
 	query := url.Values{}
@@ -149,7 +200,7 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 		if err != nil {
 			return q, fmt.Errorf("%s query parameter %s: %w", t.name, p.Name, err)
 		}
-		query.Set(p.Name, fmt.Sprint(v))
+		query.Set(p.Name, text(v))
 	}
 	for name, v := range t.override.Query {
 		if !query.Has(name) {
@@ -157,7 +208,7 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 			if err != nil {
 				return q, fmt.Errorf("%s query parameter %s: %w", t.name, name, err)
 			}
-			query.Set(name, fmt.Sprint(v))
+			query.Set(name, text(v))
 		}
 	}
 	q.query = query.Encode()
@@ -203,7 +254,7 @@ func (s *session) resolve(ctx context.Context, v any, depth int) (any, error) {
 			got, err := s.create(ctx, sub[1], sub[2], sub[3], depth)
 			errs = append(errs, err)
 			value = got
-			return fmt.Sprint(got)
+			return text(got)
 		})
 		if err := errors.Join(errs...); err != nil {
 			return nil, err
@@ -261,12 +312,12 @@ func (s *session) create(ctx context.Context, method, path, field string, depth 
 		return nil, fmt.Errorf("{{create:%s %s}} answered %d: %.300s", method, path, a.status, a.body)
 	}
 	if loc := a.header.Get("Location"); a.status == http.StatusAccepted && loc != "" {
-		if a, err = s.settle(ctx, loc); err != nil {
+		if a, err = s.settle(ctx, s.location(q, loc)); err != nil {
 			return nil, fmt.Errorf("{{create:%s %s}}: %w", method, path, err)
 		}
 	}
-	var doc any
-	if err := json.Unmarshal(a.body, &doc); err != nil {
+	doc, err := decodeJSON(a.body)
+	if err != nil {
 		return nil, fmt.Errorf("{{create:%s %s}} answered no JSON: %.300s", method, path, a.body)
 	}
 	v, ok := lookup(doc, field)
@@ -325,18 +376,28 @@ func lookup(doc any, path string) (any, bool) {
 	return doc, true
 }
 
-// normalise turns what YAML decoded (map[string]any with int values) into
-// what encoding/json decodes, so that bodies from both compare alike.
+// normalise turns what YAML or the spec decoded into what decodeJSON
+// decodes, so that bodies from both compare alike.
 func normalise(v any) any {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return v
 	}
-	var out any
-	if json.Unmarshal(b, &out) != nil {
+	out, err := decodeJSON(b)
+	if err != nil {
 		return v
 	}
 	return out
+}
+
+// decodeJSON decodes a JSON document keeping its numbers as written, so
+// that an id of 2^60 or 1234567 stays itself.
+func decodeJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	err := dec.Decode(&v)
+	return v, err
 }
 
 // target is one operation the checks send requests to.
@@ -344,7 +405,7 @@ type target struct {
 	name         string // "POST /orders"
 	id           string // the operationId, or name
 	method, path string
-	idempotent   bool
+	unsupported  string                // why the checks cannot build its requests, or ""
 	params       []*openapi3.Parameter // path parameters
 	query        []*openapi3.Parameter // query parameters
 	media        string                // the request body's media type; empty: none
@@ -355,7 +416,7 @@ type target struct {
 }
 
 // jsonMedia is the request media type to send: JSON first, then any +json
-// type, then whatever the operation takes first.
+// type, then a form, then whatever the operation takes first.
 func jsonMedia(content openapi3.Content) string {
 	names := slices.Sorted(maps.Keys(content))
 	for _, n := range names {
@@ -367,6 +428,9 @@ func jsonMedia(content openapi3.Content) string {
 		if strings.HasSuffix(n, "+json") {
 			return n
 		}
+	}
+	if slices.Contains(names, formMedia) {
+		return formMedia
 	}
 	if len(names) > 0 {
 		return names[0]

@@ -113,7 +113,7 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-rec.done:
 		default:
 			if !t.bugs.noRetryAfter {
-				w.Header().Set("Retry-After", "1")
+				w.Header().Set("Retry-After", "0")
 			}
 			if t.bugs.inFlightAs409 {
 				problem(w, 409, "in progress")

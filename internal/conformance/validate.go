@@ -17,19 +17,22 @@ import (
 // (status, headers and body) and records each violation. Answers on paths
 // the document does not describe are not checked.
 type ValidatingTransport struct {
+	// Base sends the requests.
 	Base   http.RoundTripper
 	router routers.Router
 
 	mu         sync.Mutex
 	violations []error
+	checked    int
 }
 
 var registerDecoders sync.Once
 
 // NewValidatingTransport returns a transport over base (nil: the default)
-// that validates against doc. It routes by path alone, whatever host the
-// document's servers name, and changes doc's servers to do so.
-func NewValidatingTransport(doc *openapi3.T, base http.RoundTripper) (*ValidatingTransport, error) {
+// that validates against doc the answers from baseURL, the API's URL with
+// any path prefix; "" routes by path alone, whatever the host. It replaces
+// doc's servers (the document's, its paths' and its operations') to do so.
+func NewValidatingTransport(doc *openapi3.T, baseURL string, base http.RoundTripper) (*ValidatingTransport, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
@@ -39,6 +42,17 @@ func NewValidatingTransport(doc *openapi3.T, base http.RoundTripper) (*Validatin
 		openapi3filter.RegisterBodyDecoder("text/html", openapi3filter.PlainBodyDecoder)
 	})
 	doc.Servers = nil
+	if baseURL != "" {
+		doc.Servers = openapi3.Servers{{URL: baseURL}}
+	}
+	if doc.Paths != nil {
+		for _, item := range doc.Paths.Map() {
+			item.Servers = nil
+			for _, op := range item.Operations() {
+				op.Servers = nil
+			}
+		}
+	}
 	router, err := gorillamux.NewRouter(doc)
 	if err != nil {
 		return nil, fmt.Errorf("build spec router: %w", err)
@@ -58,18 +72,23 @@ func (v *ValidatingTransport) RoundTrip(req *http.Request) (*http.Response, erro
 		return nil, err
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
-	if err := v.check(req, resp, body); err != nil {
-		v.mu.Lock()
+	checked, err := v.check(req, resp, body)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if checked {
+		v.checked++
+	}
+	if err != nil {
 		v.violations = append(v.violations, err)
-		v.mu.Unlock()
 	}
 	return resp, nil
 }
 
-func (v *ValidatingTransport) check(req *http.Request, resp *http.Response, body []byte) error {
+// check validates one answer; false: its path is not the document's.
+func (v *ValidatingTransport) check(req *http.Request, resp *http.Response, body []byte) (bool, error) {
 	route, params, err := v.router.FindRoute(req)
 	if err != nil {
-		return nil
+		return false, nil
 	}
 	input := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: &openapi3filter.RequestValidationInput{
@@ -82,9 +101,16 @@ func (v *ValidatingTransport) check(req *http.Request, resp *http.Response, body
 	}
 	input.SetBodyBytes(body)
 	if err := openapi3filter.ValidateResponse(req.Context(), input); err != nil {
-		return fmt.Errorf("%s %s: %d response violates the spec: %w (body: %.300s)", req.Method, req.URL.Path, resp.StatusCode, err, body)
+		return true, fmt.Errorf("%s %s: %d response violates the spec: %w (body: %.300s)", req.Method, req.URL.Path, resp.StatusCode, err, body)
 	}
-	return nil
+	return true, nil
+}
+
+// Checked is how many answers were validated so far.
+func (v *ValidatingTransport) Checked() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.checked
 }
 
 // Violations returns the violations recorded since the last call and

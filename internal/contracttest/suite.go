@@ -71,7 +71,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := conformance.NewValidatingTransport(doc, nil)
+	v, err := conformance.NewValidatingTransport(doc, "", nil)
 	if err != nil {
 		return nil, err
 	}

@@ -145,7 +145,7 @@ func validatingClient(t *testing.T) *http.Client {
 	t.Helper()
 	doc, err := httpapi.LoadSpec()
 	require.NoError(t, err)
-	v, err := conformance.NewValidatingTransport(doc, nil)
+	v, err := conformance.NewValidatingTransport(doc, "", nil)
 	require.NoError(t, err, "build validating transport")
 	t.Cleanup(func() {
 		for _, violation := range v.Violations() {
