@@ -53,7 +53,7 @@ func (d databaseFlags) require() error {
 
 type serveCmd struct {
 	DatabaseURL     string        `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL (pgxpool settings such as pool_max_conns may be given in it); empty: in memory, lost on exit."`
-	RedisURL        string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0); any Redis failure falls back to PostgreSQL."`
+	RedisURL        string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0, or redis+cluster://host1:6379,host2:6379 for a Redis Cluster); any Redis failure falls back to PostgreSQL."`
 	Addr            string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the API (:8080 for every interface)."`
 	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics and the profiling endpoints on this internal address instead of /metrics on the API's."`
 	TTL             time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`

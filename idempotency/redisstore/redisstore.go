@@ -30,6 +30,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -132,28 +133,105 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	return s
 }
 
-// NewClient connects to url (redis://…) with timeouts short enough that a
-// slow or absent Redis costs little before the fallback: Redis must never
-// make a request slower than the database alone by much.
-func NewClient(url string) (*redis.Client, error) {
+// NewClient connects to url with timeouts short enough that a slow or
+// absent Redis costs little before the fallback: Redis must never make a
+// request slower than the database alone by much. url is one Redis
+// (redis://host:6379/0, rediss:// with TLS, unix://) or a Redis Cluster,
+// given by any of its nodes as seeds:
+//
+//	redis+cluster://host1:6379,host2:6379,host3:6379   (rediss+cluster:// with TLS)
+//
+// A comma-separated host list in a plain redis:// URL is refused rather
+// than read as one host or as a cluster.
+func NewClient(url string) (redis.UniversalClient, error) {
 	// go-redis logs every failed dial on its own; with Redis down that is a
 	// line per request. The Observer counts failures instead.
 	silenceOnce.Do(func() { redis.SetLogger(silent{}) })
+	if scheme, rest, ok := strings.Cut(url, "+cluster://"); ok {
+		return newClusterClient(scheme, rest)
+	}
+	if _, rest, ok := strings.Cut(url, "://"); ok {
+		if host, _, _ := strings.Cut(strings.SplitN(rest, "/", 2)[0], "?"); strings.Contains(host, ",") {
+			return nil, fmt.Errorf("the Redis URL names several hosts (%s): for a Redis Cluster, write redis+cluster://%s", host, host)
+		}
+	}
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse the Redis URL: %w", err)
 	}
-	opts.DialTimeout = 200 * time.Millisecond
-	opts.ReadTimeout = 100 * time.Millisecond
-	opts.WriteTimeout = 100 * time.Millisecond
+	opts.DialTimeout = dialTimeout
+	opts.ReadTimeout = ioTimeout
+	opts.WriteTimeout = ioTimeout
 	opts.MaxRetries = -1 // no retries: the database is the retry
 	// One dial per attempt: go-redis would otherwise dial a Redis that
 	// refuses connections five times, 100ms apart, per command.
 	opts.DialerRetries = 1
 	// Waiting for a pooled connection counts too (go-redis' default is
 	// ReadTimeout + 1s).
-	opts.PoolTimeout = 200 * time.Millisecond
+	opts.PoolTimeout = dialTimeout
 	return redis.NewClient(opts), nil
+}
+
+// The client's timeouts: a Redis slower than this is treated as down.
+const (
+	dialTimeout = 200 * time.Millisecond
+	ioTimeout   = 100 * time.Millisecond
+)
+
+// newClusterClient is NewClient for redis+cluster:// (scheme "redis") and
+// rediss+cluster:// ("rediss"): rest is the seeds, then any of go-redis'
+// cluster URL options (?route_by_latency=true…); its timeouts are
+// NewClient's whatever the options say.
+func newClusterClient(scheme, rest string) (redis.UniversalClient, error) {
+	if scheme != "redis" && scheme != "rediss" {
+		return nil, fmt.Errorf("the Redis URL's scheme is %s+cluster: want redis+cluster or rediss+cluster", scheme)
+	}
+	hosts, query, _ := strings.Cut(rest, "?")
+	userinfo := ""
+	if at := strings.LastIndex(hosts, "@"); at >= 0 {
+		userinfo, hosts = hosts[:at+1], hosts[at+1:]
+	}
+	if path := strings.Index(hosts, "/"); path >= 0 {
+		if db := strings.Trim(hosts[path:], "/"); db != "" && db != "0" {
+			return nil, fmt.Errorf("the Redis URL selects database %s: a Redis Cluster has only database 0", db)
+		}
+		hosts = hosts[:path]
+	}
+	seeds := strings.Split(hosts, ",")
+	for _, h := range seeds {
+		if h == "" {
+			return nil, fmt.Errorf("the Redis URL %s+cluster://%s has an empty host: list host:port seeds separated by commas", scheme, rest)
+		}
+	}
+	// go-redis' own cluster URL form: the first seed as the host, the
+	// others as addr= options.
+	u := scheme + "://" + userinfo + seeds[0]
+	params := []string{}
+	for _, h := range seeds[1:] {
+		params = append(params, "addr="+h)
+	}
+	if query != "" {
+		params = append(params, query)
+	}
+	if len(params) > 0 {
+		u += "?" + strings.Join(params, "&")
+	}
+	opts, err := redis.ParseClusterURL(u)
+	if err != nil {
+		return nil, fmt.Errorf("parse the Redis Cluster URL: %w", err)
+	}
+	opts.DialTimeout = dialTimeout
+	opts.ReadTimeout = ioTimeout
+	opts.WriteTimeout = ioTimeout
+	opts.MaxRetries = -1
+	opts.DialerRetries = 1
+	opts.PoolTimeout = dialTimeout
+	// The slot map is read again this often while commands flow (go-redis'
+	// default is a minute). A MOVED answer reloads it at once, but a master
+	// that crashed answers nothing: until the map is read again, its slots'
+	// commands would go on failing after its replica took over.
+	opts.ClusterStateReloadInterval = time.Second
+	return redis.NewClusterClient(opts), nil
 }
 
 var silenceOnce sync.Once

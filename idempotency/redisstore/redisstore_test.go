@@ -3,10 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"crypto/rand"
-	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,7 +44,7 @@ func fastPath(rdb redis.UniversalClient, cfg redisstore.Config, next idempotency
 
 // sharedRedis is the machine's Redis (REDIS_URL, default 127.0.0.1:6379).
 // Tests keep apart through their own scopes, which are in every key.
-func sharedRedis(t *testing.T) *redis.Client {
+func sharedRedis(t *testing.T) redis.UniversalClient {
 	t.Helper()
 	url := os.Getenv("REDIS_URL")
 	if url == "" {
@@ -66,7 +64,7 @@ func sharedRedis(t *testing.T) *redis.Client {
 
 // privateRedis runs a redis-server of the test's own on a free port, so the
 // test can flush or kill it. stop kills it.
-func privateRedis(t *testing.T) (rdb *redis.Client, stop func()) {
+func privateRedis(t *testing.T) (rdb redis.UniversalClient, stop func()) {
 	t.Helper()
 	server := servicetest.StartRedis(t)
 	stop = func() { _ = server.Process.Kill() }
@@ -284,44 +282,16 @@ func TestMarkerShedsDuplicates(t *testing.T) {
 func TestRedisKilledMidLoad(t *testing.T) {
 	t.Parallel()
 	rdb, stop := privateRedis(t)
-	inner := pgStore(t)
-	fast := fastPath(rdb, redisstore.Config{}, inner)
-	scope := rand.Text()
-	ctx := context.Background()
-
-	const keys, perKey = 20, 10
-	var executed atomic.Int64
-	var wg sync.WaitGroup
-	var failures sync.Map
-	for round := range perKey {
-		if round == perKey/2 {
+	fast := fastPath(rdb, redisstore.Config{}, pgStore(t))
+	const keys, rounds = 20, 10
+	executed, failures, _ := load(fast, []string{rand.Text()}, keys, rounds, 0, func(round int) {
+		if round == rounds/2 {
 			stop() // Redis goes away mid-load
 		}
-		for k := range keys {
-			wg.Go(func() {
-				key := fmt.Sprintf("k-%d", k)
-				req := claimReq(scope, key)
-				req.Wait = 5 * time.Second
-				lease, rec, err := fast.Claim(ctx, req)
-				switch {
-				case err != nil:
-					failures.Store(key, err)
-				case lease != nil:
-					executed.Add(1)
-					if err := lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)); err != nil {
-						failures.Store(key, err)
-					}
-				case !strings.Contains(string(rec.Response.Body), key):
-					failures.Store(key, fmt.Errorf("replayed %s", rec.Response.Body))
-				}
-			})
-		}
-		wg.Wait()
-	}
-	failures.Range(func(k, v any) bool {
-		t.Errorf("%v: %v", k, v)
-		return true
 	})
+	for key, err := range failures {
+		t.Errorf("%s: %v", key, err)
+	}
 	require.EqualValues(t, keys, executed.Load(), "each key's operation ran exactly once")
 }
 

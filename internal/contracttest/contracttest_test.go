@@ -24,6 +24,7 @@ import (
 	"github.com/oncekey/oncekey/internal/jobs"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -95,21 +96,14 @@ func onPostgres(t *testing.T) httpapi.Config {
 func TestServicePassesTheContract(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(t *testing.T) httpapi.Config{
-		"memory":                         inMemory,
-		"memory, duplicates in flight":   inFlight(inMemory),
-		"postgres":                       onPostgres,
-		"postgres, duplicates in flight": inFlight(onPostgres),
-		"postgres with the Redis fast path": func(t *testing.T) httpapi.Config {
-			cfg := onPostgres(t)
-			pg := cfg.Backend.(*postgres.Store)
-			rdb, err := redisstore.NewClient("redis://127.0.0.1:6379/0")
-			require.NoError(t, err)
-			t.Cleanup(func() { rdb.Close() })
-			require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis at 127.0.0.1:6379")
-			fast := redisstore.New(rdb, redisstore.Config{Prefix: "contracttest:"})
-			cfg.Keys, cfg.WriteKeys = redisstore.Wrap(fast, pg.Keys()), redisstore.Wrap(fast, pg.WriteKeys())
-			return cfg
-		},
+		"memory":                            inMemory,
+		"memory, duplicates in flight":      inFlight(inMemory),
+		"postgres":                          onPostgres,
+		"postgres, duplicates in flight":    inFlight(onPostgres),
+		"postgres with the Redis fast path": withRedis(func(*testing.T) string { return "redis://127.0.0.1:6379/0" }),
+		"postgres with the fast path on a Redis Cluster": withRedis(func(t *testing.T) string {
+			return servicetest.StartRedisCluster(t, 3).URL
+		}),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -130,6 +124,22 @@ func TestServicePassesTheContract(t *testing.T) {
 			checked := conforms(t, url, "Bearer "+key, "Bearer "+other.APIKey, strings.Contains(name, "in flight"))
 			t.Logf("%d conformance checks in %s", checked, time.Since(start).Round(time.Millisecond))
 		})
+	}
+}
+
+// withRedis is the service on PostgreSQL with the Redis fast path on the
+// Redis (or Redis Cluster) at the URL redisURL gives.
+func withRedis(redisURL func(t *testing.T) string) func(t *testing.T) httpapi.Config {
+	return func(t *testing.T) httpapi.Config {
+		cfg := onPostgres(t)
+		pg := cfg.Backend.(*postgres.Store)
+		rdb, err := redisstore.NewClient(redisURL(t))
+		require.NoError(t, err)
+		t.Cleanup(func() { rdb.Close() })
+		require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis")
+		fast := redisstore.New(rdb, redisstore.Config{Prefix: "contracttest:"})
+		cfg.Keys, cfg.WriteKeys = redisstore.Wrap(fast, pg.Keys()), redisstore.Wrap(fast, pg.WriteKeys())
+		return cfg
 	}
 }
 
