@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/httpapi"
@@ -18,6 +19,31 @@ import (
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
+
+// requestTimeout bounds the requests of the outage tests.
+const requestTimeout = 2 * time.Second
+
+// onThrowawayCluster is the service on the migrated database at url, a
+// throwaway cluster of the test's own that it crashes and restarts, with
+// short request timeouts and no log (hundreds of expected warnings).
+func onThrowawayCluster(t *testing.T, url string) (*testBundle, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := postgres.Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, postgres.Migrate(ctx, pool))
+	return setup(t, postgres.New(pool, nil), options{cfg: httpapi.Config{
+		RequestTimeout: requestTimeout, Wait: 500 * time.Millisecond, Ready: postgres.New(pool, nil).Ping,
+		Logger: slog.New(slog.DiscardHandler),
+	}}), pool
+}
+
+// waitAtLeast waits (up to a minute) until n reaches at least want.
+func waitAtLeast(t *testing.T, n *atomic.Int64, want int64, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return n.Load() >= want }, time.Minute, 5*time.Millisecond, what)
+}
 
 // outcome is one request of the load in TestDatabaseOutage.
 type outcome struct {
@@ -35,15 +61,7 @@ func TestDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	cluster := testdb.NewCluster(t)
-	pool, err := postgres.Open(ctx, cluster.URL()+"&pool_max_conns=10&connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, postgres.Migrate(ctx, pool))
-	const requestTimeout = 2 * time.Second
-	b := setup(t, postgres.New(pool, nil), options{cfg: httpapi.Config{
-		RequestTimeout: requestTimeout, Wait: 500 * time.Millisecond, Ready: postgres.New(pool, nil).Ping,
-		Logger: slog.New(slog.DiscardHandler), // hundreds of expected warnings
-	}})
+	b, pool := onThrowawayCluster(t, cluster.URL()+"&pool_max_conns=10&connect_timeout=1")
 	ready := func() int { // runs inside Eventually's goroutine: no require here
 		resp, err := b.http.Get(b.url + "/readyz")
 		if err != nil {
@@ -80,10 +98,7 @@ func TestDatabaseOutage(t *testing.T) {
 			}
 		})
 	}
-	waitCreated := func(n int64, what string) {
-		t.Helper()
-		require.Eventually(t, func() bool { return created.Load() >= n }, 30*time.Second, 5*time.Millisecond, what)
-	}
+	waitCreated := func(n int64, what string) { t.Helper(); waitAtLeast(t, &created, n, what) }
 	waitCreated(50, "orders before the outage")
 
 	cluster.Stop(t)
