@@ -114,7 +114,7 @@ func (c *Client) CreateOrder(ctx context.Context, in api.NewOrder) (*api.Order, 
 
 // GetOrder returns one of the caller's orders.
 func (c *Client) GetOrder(ctx context.Context, id string) (*api.Order, error) {
-	return get[api.Order](c.api.GetOrder(ctx, id))
+	return get[api.Order](c.api.GetOrder(ctx, id, nil))
 }
 
 // UpdateOrder changes one of the caller's unpaid orders exactly once, as

@@ -515,7 +515,7 @@ func (b *testBundle) pay(t *testing.T) api.Payment {
 	require.NoError(t, err)
 	require.NotNil(t, accepted, "the payment is accepted, pending")
 	return await(t, func() (*api.Payment, error) {
-		resp, err := b.api.GetPaymentWithResponse(ctx, accepted.Id)
+		resp, err := b.api.GetPaymentWithResponse(ctx, accepted.Id, nil)
 		if err != nil || resp.JSON200 == nil {
 			return nil, err
 		}

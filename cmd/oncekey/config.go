@@ -22,6 +22,7 @@ const DemoAPIKey = "ok_local_demo"
 // environment variables (serveCmd) and checked before anything listens.
 type config struct {
 	DatabaseURL     string
+	ReplicaURL      string
 	RedisURL        string
 	Addr            string
 	MetricsAddr     string
@@ -109,6 +110,9 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 	if err != nil {
 		bad("%s", err)
 	}
+	if s.DatabaseReplicaURL != "" && s.DatabaseURL == "" {
+		bad("--database-replica-url (DATABASE_REPLICA_URL) needs --database-url (DATABASE_URL): it is a replica of that database")
+	}
 	if len(problems) > 0 {
 		return config{}, fmt.Errorf("invalid configuration:\n  - %s", strings.Join(problems, "\n  - "))
 	}
@@ -117,7 +121,7 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		demo = DemoAPIKey
 	}
 	return config{
-		DatabaseURL: s.DatabaseURL, RedisURL: s.RedisURL, Addr: s.Addr, MetricsAddr: s.MetricsAddr,
+		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, RedisURL: s.RedisURL, Addr: s.Addr, MetricsAddr: s.MetricsAddr,
 		TTL: s.TTL, Wait: s.Wait, MaxBodyBytes: s.MaxBodyBytes,
 		RequestTimeout: s.RequestTimeout, ShutdownTimeout: s.ShutdownTimeout,
 		CleanupInterval: s.CleanupInterval, CleanupBatch: s.CleanupBatch,

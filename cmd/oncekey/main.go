@@ -384,13 +384,25 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger, stdout io.Wr
 	}
 	log.Info("store: PostgreSQL")
 	pg := postgres.New(pool, runner)
+	closeAll := pool.Close
+	if cfg.ReplicaURL != "" {
+		// Not migrated: a replica follows the primary's schema.
+		replica, err := postgres.OpenReplica(ctx, cfg.ReplicaURL, dbOpts...)
+		if err != nil {
+			pool.Close()
+			return backend{}, fmt.Errorf("the replica (DATABASE_REPLICA_URL): %w", err)
+		}
+		pg.ReadFrom(replica)
+		closeAll = func() { replica.Close(); pool.Close() }
+		log.Info("reads that may lag: from the replica")
+	}
 	if cfg.DemoAPIKey != "" {
 		if err := ensureDemoAccount(ctx, pg, cfg.DemoAPIKey, log); err != nil {
-			pool.Close()
+			closeAll()
 			return backend{}, err
 		}
 	}
-	return backend{Backend: pg, kind: "on PostgreSQL", demoKey: cfg.DemoAPIKey, pool: pool, charges: runner, close: pool.Close}, nil
+	return backend{Backend: pg, kind: "on PostgreSQL", demoKey: cfg.DemoAPIKey, pool: pool, charges: runner, close: closeAll}, nil
 }
 
 // ensureDemoAccount makes --demo-api-key work on PostgreSQL: the account is

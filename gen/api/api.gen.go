@@ -141,6 +141,96 @@ func (e RefundStatus) Valid() bool {
 	}
 }
 
+// Defines values for Consistency.
+const (
+	ConsistencyEventual Consistency = "eventual"
+	ConsistencyStrong   Consistency = "strong"
+)
+
+// Valid indicates whether the value is a known member of the Consistency enum.
+func (e Consistency) Valid() bool {
+	switch e {
+	case ConsistencyEventual:
+		return true
+	case ConsistencyStrong:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetBonusBalanceParamsConsistency.
+const (
+	GetBonusBalanceParamsConsistencyEventual GetBonusBalanceParamsConsistency = "eventual"
+	GetBonusBalanceParamsConsistencyStrong   GetBonusBalanceParamsConsistency = "strong"
+)
+
+// Valid indicates whether the value is a known member of the GetBonusBalanceParamsConsistency enum.
+func (e GetBonusBalanceParamsConsistency) Valid() bool {
+	switch e {
+	case GetBonusBalanceParamsConsistencyEventual:
+		return true
+	case GetBonusBalanceParamsConsistencyStrong:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ListOrdersParamsConsistency.
+const (
+	ListOrdersParamsConsistencyEventual ListOrdersParamsConsistency = "eventual"
+	ListOrdersParamsConsistencyStrong   ListOrdersParamsConsistency = "strong"
+)
+
+// Valid indicates whether the value is a known member of the ListOrdersParamsConsistency enum.
+func (e ListOrdersParamsConsistency) Valid() bool {
+	switch e {
+	case ListOrdersParamsConsistencyEventual:
+		return true
+	case ListOrdersParamsConsistencyStrong:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetOrderParamsConsistency.
+const (
+	GetOrderParamsConsistencyEventual GetOrderParamsConsistency = "eventual"
+	GetOrderParamsConsistencyStrong   GetOrderParamsConsistency = "strong"
+)
+
+// Valid indicates whether the value is a known member of the GetOrderParamsConsistency enum.
+func (e GetOrderParamsConsistency) Valid() bool {
+	switch e {
+	case GetOrderParamsConsistencyEventual:
+		return true
+	case GetOrderParamsConsistencyStrong:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetPaymentParamsConsistency.
+const (
+	GetPaymentParamsConsistencyEventual GetPaymentParamsConsistency = "eventual"
+	GetPaymentParamsConsistencyStrong   GetPaymentParamsConsistency = "strong"
+)
+
+// Valid indicates whether the value is a known member of the GetPaymentParamsConsistency enum.
+func (e GetPaymentParamsConsistency) Valid() bool {
+	switch e {
+	case GetPaymentParamsConsistencyEventual:
+		return true
+	case GetPaymentParamsConsistencyStrong:
+		return true
+	default:
+		return false
+	}
+}
+
 // BonusBalance defines model for BonusBalance.
 type BonusBalance struct {
 	// Balance At most 10^18 (credits beyond are refused).
@@ -344,6 +434,9 @@ type RefundList struct {
 	Items []Refund `json:"items"`
 }
 
+// Consistency defines model for Consistency.
+type Consistency string
+
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
@@ -413,6 +506,18 @@ type UnprocessableStored = Problem
 // UnsupportedMediaType An RFC 9457 problem details object.
 type UnsupportedMediaType = Problem
 
+// GetBonusBalanceParams defines parameters for GetBonusBalance.
+type GetBonusBalanceParams struct {
+	// Consistency Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+	// a read may not yet show the caller's latest writes. `strong` reads from
+	// the primary: everything committed before the request is seen. Without
+	// it (or with `eventual`) the read may come from a replica.
+	Consistency *GetBonusBalanceParamsConsistency `json:"Consistency,omitempty"`
+}
+
+// GetBonusBalanceParamsConsistency defines parameters for GetBonusBalance.
+type GetBonusBalanceParamsConsistency string
+
 // CreateBonusCreditParams defines parameters for CreateBonusCredit.
 type CreateBonusCreditParams struct {
 	// IdempotencyKey Names this logical operation within the caller's account. Send the same
@@ -438,7 +543,16 @@ type ListOrdersParams struct {
 
 	// Cursor The `next_cursor` of the previous page.
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Consistency Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+	// a read may not yet show the caller's latest writes. `strong` reads from
+	// the primary: everything committed before the request is seen. Without
+	// it (or with `eventual`) the read may come from a replica.
+	Consistency *ListOrdersParamsConsistency `json:"Consistency,omitempty"`
 }
+
+// ListOrdersParamsConsistency defines parameters for ListOrders.
+type ListOrdersParamsConsistency string
 
 // CreateOrderParams defines parameters for CreateOrder.
 type CreateOrderParams struct {
@@ -458,6 +572,18 @@ type CancelOrderParams struct {
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
+// GetOrderParams defines parameters for GetOrder.
+type GetOrderParams struct {
+	// Consistency Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+	// a read may not yet show the caller's latest writes. `strong` reads from
+	// the primary: everything committed before the request is seen. Without
+	// it (or with `eventual`) the read may come from a replica.
+	Consistency *GetOrderParamsConsistency `json:"Consistency,omitempty"`
+}
+
+// GetOrderParamsConsistency defines parameters for GetOrder.
+type GetOrderParamsConsistency string
+
 // UpdateOrderParams defines parameters for UpdateOrder.
 type UpdateOrderParams struct {
 	// IdempotencyKey Names this logical operation within the caller's account. Send the same
@@ -475,6 +601,18 @@ type CreatePaymentParams struct {
 	// (quotes, if any, are part of the key). Exactly one such header.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
+
+// GetPaymentParams defines parameters for GetPayment.
+type GetPaymentParams struct {
+	// Consistency Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+	// a read may not yet show the caller's latest writes. `strong` reads from
+	// the primary: everything committed before the request is seen. Without
+	// it (or with `eventual`) the read may come from a replica.
+	Consistency *GetPaymentParamsConsistency `json:"Consistency,omitempty"`
+}
+
+// GetPaymentParamsConsistency defines parameters for GetPayment.
+type GetPaymentParamsConsistency string
 
 // CreateRefundParams defines parameters for CreateRefund.
 type CreateRefundParams struct {
@@ -580,7 +718,7 @@ type ClientInterface interface {
 	// GetBonusBalance The caller's bonus balance
 	//
 	// Corresponds with GET /bonus/balance (the `GetBonusBalance` operationId).
-	GetBonusBalance(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetBonusBalance(ctx context.Context, params *GetBonusBalanceParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateBonusCreditWithBody Credit bonuses to the caller's balance, exactly once per Idempotency-Key
 	//
@@ -679,7 +817,7 @@ type ClientInterface interface {
 	// GetOrder Get one of the caller's orders
 	//
 	// Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-	GetOrder(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetOrder(ctx context.Context, id OrderID, params *GetOrderParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// UpdateOrderWithBody Change an unpaid order, exactly once per Idempotency-Key
 	//
@@ -744,7 +882,7 @@ type ClientInterface interface {
 	// GetPayment Get one of the caller's payments (poll until it is final)
 	//
 	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-	GetPayment(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetPayment(ctx context.Context, id PaymentID, params *GetPaymentParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListRefunds The refunds of one of the caller's payments, oldest first
 	//
@@ -807,8 +945,8 @@ type ClientInterface interface {
 // GetBonusBalance The caller's bonus balance
 //
 // Corresponds with GET /bonus/balance (the `GetBonusBalance` operationId).
-func (c *Client) GetBonusBalance(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetBonusBalanceRequest(c.Server)
+func (c *Client) GetBonusBalance(ctx context.Context, params *GetBonusBalanceParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetBonusBalanceRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1026,8 +1164,8 @@ func (c *Client) CancelOrder(ctx context.Context, id OrderID, params *CancelOrde
 // GetOrder Get one of the caller's orders
 //
 // Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-func (c *Client) GetOrder(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetOrderRequest(c.Server, id)
+func (c *Client) GetOrder(ctx context.Context, id OrderID, params *GetOrderParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetOrderRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1141,8 +1279,8 @@ func (c *Client) CreatePayment(ctx context.Context, params *CreatePaymentParams,
 // GetPayment Get one of the caller's payments (poll until it is final)
 //
 // Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-func (c *Client) GetPayment(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetPaymentRequest(c.Server, id)
+func (c *Client) GetPayment(ctx context.Context, id PaymentID, params *GetPaymentParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetPaymentRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1261,7 +1399,7 @@ func (c *Client) GetRefund(ctx context.Context, id string, reqEditors ...Request
 }
 
 // NewGetBonusBalanceRequest constructs an http.Request for the GetBonusBalance method
-func NewGetBonusBalanceRequest(server string) (*http.Request, error) {
+func NewGetBonusBalanceRequest(server string, params *GetBonusBalanceParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -1282,6 +1420,21 @@ func NewGetBonusBalanceRequest(server string) (*http.Request, error) {
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		if params.Consistency != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Consistency", *params.Consistency, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Consistency", headerParam0)
+		}
+
 	}
 
 	return req, nil
@@ -1537,6 +1690,21 @@ func NewListOrdersRequest(server string, params *ListOrdersParams) (*http.Reques
 		return nil, err
 	}
 
+	if params != nil {
+
+		if params.Consistency != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Consistency", *params.Consistency, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Consistency", headerParam0)
+		}
+
+	}
+
 	return req, nil
 }
 
@@ -1641,7 +1809,7 @@ func NewCancelOrderRequest(server string, id OrderID, params *CancelOrderParams)
 }
 
 // NewGetOrderRequest constructs an http.Request for the GetOrder method
-func NewGetOrderRequest(server string, id OrderID) (*http.Request, error) {
+func NewGetOrderRequest(server string, id OrderID, params *GetOrderParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -1669,6 +1837,21 @@ func NewGetOrderRequest(server string, id OrderID) (*http.Request, error) {
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		if params.Consistency != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Consistency", *params.Consistency, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Consistency", headerParam0)
+		}
+
 	}
 
 	return req, nil
@@ -1788,7 +1971,7 @@ func NewCreatePaymentRequestWithBody(server string, params *CreatePaymentParams,
 }
 
 // NewGetPaymentRequest constructs an http.Request for the GetPayment method
-func NewGetPaymentRequest(server string, id PaymentID) (*http.Request, error) {
+func NewGetPaymentRequest(server string, id PaymentID, params *GetPaymentParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -1816,6 +1999,21 @@ func NewGetPaymentRequest(server string, id PaymentID) (*http.Request, error) {
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		if params.Consistency != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Consistency", *params.Consistency, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Consistency", headerParam0)
+		}
+
 	}
 
 	return req, nil
@@ -2025,7 +2223,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /bonus/balance (the `GetBonusBalance` operationId).
-	GetBonusBalanceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetBonusBalanceResponse, error)
+	GetBonusBalanceWithResponse(ctx context.Context, params *GetBonusBalanceParams, reqEditors ...RequestEditorFn) (*GetBonusBalanceResponse, error)
 
 	// CreateBonusCreditWithBodyWithResponse Credit bonuses to the caller's balance, exactly once per Idempotency-Key
 	//
@@ -2136,7 +2334,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-	GetOrderWithResponse(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*GetOrderResponse, error)
+	GetOrderWithResponse(ctx context.Context, id OrderID, params *GetOrderParams, reqEditors ...RequestEditorFn) (*GetOrderResponse, error)
 
 	// UpdateOrderWithBodyWithResponse Change an unpaid order, exactly once per Idempotency-Key
 	//
@@ -2203,7 +2401,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-	GetPaymentWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error)
+	GetPaymentWithResponse(ctx context.Context, id PaymentID, params *GetPaymentParams, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error)
 
 	// ListRefundsWithResponse The refunds of one of the caller's payments, oldest first
 	//
@@ -4069,8 +4267,8 @@ func (r GetRefundResponse) ContentType() string {
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /bonus/balance (the `GetBonusBalance` operationId).
-func (c *ClientWithResponses) GetBonusBalanceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetBonusBalanceResponse, error) {
-	rsp, err := c.GetBonusBalance(ctx, reqEditors...)
+func (c *ClientWithResponses) GetBonusBalanceWithResponse(ctx context.Context, params *GetBonusBalanceParams, reqEditors ...RequestEditorFn) (*GetBonusBalanceResponse, error) {
+	rsp, err := c.GetBonusBalance(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -4252,8 +4450,8 @@ func (c *ClientWithResponses) CancelOrderWithResponse(ctx context.Context, id Or
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /orders/{id} (the `GetOrder` operationId).
-func (c *ClientWithResponses) GetOrderWithResponse(ctx context.Context, id OrderID, reqEditors ...RequestEditorFn) (*GetOrderResponse, error) {
-	rsp, err := c.GetOrder(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetOrderWithResponse(ctx context.Context, id OrderID, params *GetOrderParams, reqEditors ...RequestEditorFn) (*GetOrderResponse, error) {
+	rsp, err := c.GetOrder(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -4349,8 +4547,8 @@ func (c *ClientWithResponses) CreatePaymentWithResponse(ctx context.Context, par
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error) {
-	rsp, err := c.GetPayment(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id PaymentID, params *GetPaymentParams, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error) {
+	rsp, err := c.GetPayment(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -6420,7 +6618,7 @@ func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 type ServerInterface interface {
 	// GetBonusBalance The caller's bonus balance
 	// (GET /bonus/balance)
-	GetBonusBalance(w http.ResponseWriter, r *http.Request)
+	GetBonusBalance(w http.ResponseWriter, r *http.Request, params GetBonusBalanceParams)
 	// CreateBonusCredit Credit bonuses to the caller's balance, exactly once per Idempotency-Key
 	// (POST /bonus/credits)
 	CreateBonusCredit(w http.ResponseWriter, r *http.Request, params CreateBonusCreditParams)
@@ -6447,7 +6645,7 @@ type ServerInterface interface {
 	CancelOrder(w http.ResponseWriter, r *http.Request, id OrderID, params CancelOrderParams)
 	// GetOrder Get one of the caller's orders
 	// (GET /orders/{id})
-	GetOrder(w http.ResponseWriter, r *http.Request, id OrderID)
+	GetOrder(w http.ResponseWriter, r *http.Request, id OrderID, params GetOrderParams)
 	// UpdateOrder Change an unpaid order, exactly once per Idempotency-Key
 	// (PATCH /orders/{id})
 	UpdateOrder(w http.ResponseWriter, r *http.Request, id OrderID, params UpdateOrderParams)
@@ -6456,7 +6654,7 @@ type ServerInterface interface {
 	CreatePayment(w http.ResponseWriter, r *http.Request, params CreatePaymentParams)
 	// GetPayment Get one of the caller's payments (poll until it is final)
 	// (GET /payments/{id})
-	GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID)
+	GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID, params GetPaymentParams)
 	// ListRefunds The refunds of one of the caller's payments, oldest first
 	// (GET /payments/{id}/refunds)
 	ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID)
@@ -6477,7 +6675,7 @@ type Unimplemented struct{}
 
 // GetBonusBalance The caller's bonus balance
 // (GET /bonus/balance)
-func (_ Unimplemented) GetBonusBalance(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) GetBonusBalance(w http.ResponseWriter, r *http.Request, params GetBonusBalanceParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -6531,7 +6729,7 @@ func (_ Unimplemented) CancelOrder(w http.ResponseWriter, r *http.Request, id Or
 
 // GetOrder Get one of the caller's orders
 // (GET /orders/{id})
-func (_ Unimplemented) GetOrder(w http.ResponseWriter, r *http.Request, id OrderID) {
+func (_ Unimplemented) GetOrder(w http.ResponseWriter, r *http.Request, id OrderID, params GetOrderParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -6549,7 +6747,7 @@ func (_ Unimplemented) CreatePayment(w http.ResponseWriter, r *http.Request, par
 
 // GetPayment Get one of the caller's payments (poll until it is final)
 // (GET /payments/{id})
-func (_ Unimplemented) GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID) {
+func (_ Unimplemented) GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID, params GetPaymentParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -6589,8 +6787,35 @@ type MiddlewareFunc func(http.Handler) http.Handler
 // GetBonusBalance operation middleware
 func (siw *ServerInterfaceWrapper) GetBonusBalance(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetBonusBalanceParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Consistency" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Consistency")]; found {
+		var Consistency GetBonusBalanceParamsConsistency
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Consistency", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Consistency", valueList[0], &Consistency, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Consistency", Err: err})
+			return
+		}
+
+		params.Consistency = &Consistency
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.GetBonusBalance(w, r)
+		siw.Handler.GetBonusBalance(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -6767,6 +6992,27 @@ func (siw *ServerInterfaceWrapper) ListOrders(w http.ResponseWriter, r *http.Req
 		return
 	}
 
+	headers := r.Header
+
+	// ------------- Optional header parameter "Consistency" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Consistency")]; found {
+		var Consistency ListOrdersParamsConsistency
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Consistency", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Consistency", valueList[0], &Consistency, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Consistency", Err: err})
+			return
+		}
+
+		params.Consistency = &Consistency
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListOrders(w, r, params)
 	}))
@@ -6892,8 +7138,32 @@ func (siw *ServerInterfaceWrapper) GetOrder(w http.ResponseWriter, r *http.Reque
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetOrderParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Consistency" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Consistency")]; found {
+		var Consistency GetOrderParamsConsistency
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Consistency", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Consistency", valueList[0], &Consistency, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Consistency", Err: err})
+			return
+		}
+
+		params.Consistency = &Consistency
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.GetOrder(w, r, id)
+		siw.Handler.GetOrder(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7017,8 +7287,32 @@ func (siw *ServerInterfaceWrapper) GetPayment(w http.ResponseWriter, r *http.Req
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetPaymentParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Consistency" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Consistency")]; found {
+		var Consistency GetPaymentParamsConsistency
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Consistency", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Consistency", valueList[0], &Consistency, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Consistency", Err: err})
+			return
+		}
+
+		params.Consistency = &Consistency
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.GetPayment(w, r, id)
+		siw.Handler.GetPayment(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7474,6 +7768,7 @@ type UnprocessableStoredApplicationProblemPlusJSONResponse struct {
 type UnsupportedMediaTypeApplicationProblemPlusJSONResponse Problem
 
 type GetBonusBalanceRequestObject struct {
+	Params GetBonusBalanceParams
 }
 
 type GetBonusBalanceResponseObject interface {
@@ -8491,7 +8786,8 @@ func (response CancelOrder503ApplicationProblemPlusJSONResponse) VisitCancelOrde
 }
 
 type GetOrderRequestObject struct {
-	Id OrderID `json:"id"`
+	Id     OrderID `json:"id"`
+	Params GetOrderParams
 }
 
 type GetOrderResponseObject interface {
@@ -9079,7 +9375,8 @@ func (response CreatePayment503ApplicationProblemPlusJSONResponse) VisitCreatePa
 }
 
 type GetPaymentRequestObject struct {
-	Id PaymentID `json:"id"`
+	Id     PaymentID `json:"id"`
+	Params GetPaymentParams
 }
 
 type GetPaymentResponseObject interface {
@@ -9832,8 +10129,10 @@ type strictHandler struct {
 }
 
 // GetBonusBalance operation middleware
-func (sh *strictHandler) GetBonusBalance(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) GetBonusBalance(w http.ResponseWriter, r *http.Request, params GetBonusBalanceParams) {
 	var request GetBonusBalanceRequestObject
+
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.GetBonusBalance(ctx, request.(GetBonusBalanceRequestObject))
@@ -10080,10 +10379,11 @@ func (sh *strictHandler) CancelOrder(w http.ResponseWriter, r *http.Request, id 
 }
 
 // GetOrder operation middleware
-func (sh *strictHandler) GetOrder(w http.ResponseWriter, r *http.Request, id OrderID) {
+func (sh *strictHandler) GetOrder(w http.ResponseWriter, r *http.Request, id OrderID, params GetOrderParams) {
 	var request GetOrderRequestObject
 
 	request.Id = id
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.GetOrder(ctx, request.(GetOrderRequestObject))
@@ -10173,10 +10473,11 @@ func (sh *strictHandler) CreatePayment(w http.ResponseWriter, r *http.Request, p
 }
 
 // GetPayment operation middleware
-func (sh *strictHandler) GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID) {
+func (sh *strictHandler) GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID, params GetPaymentParams) {
 	var request GetPaymentRequestObject
 
 	request.Id = id
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.GetPayment(ctx, request.(GetPaymentRequestObject))

@@ -31,12 +31,12 @@ func (h *handlers) CreateBonusDebit(ctx context.Context, req api.CreateBonusDebi
 	return api.CreateBonusDebit201JSONResponse{BonusEntryCreatedJSONResponse: api.BonusEntryCreatedJSONResponse{Body: toAPIEntryResult(e)}}, nil
 }
 
-func (h *handlers) GetBonusBalance(ctx context.Context, _ api.GetBonusBalanceRequestObject) (api.GetBonusBalanceResponseObject, error) {
+func (h *handlers) GetBonusBalance(ctx context.Context, req api.GetBonusBalanceRequestObject) (api.GetBonusBalanceResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
 	}
-	balance, err := h.ledger.Balance(ctx, acct)
+	balance, err := h.ledger.Balance(consistent(ctx, req.Params.Consistency), acct)
 	if err != nil {
 		return nil, err
 	}

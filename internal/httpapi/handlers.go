@@ -134,7 +134,7 @@ func (h *handlers) GetOrder(ctx context.Context, req api.GetOrderRequestObject) 
 	if err != nil {
 		return nil, err
 	}
-	o, err := h.orders.Get(ctx, acct, req.Id)
+	o, err := h.orders.Get(consistent(ctx, req.Params.Consistency), acct, req.Id)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func (h *handlers) ListOrders(ctx context.Context, req api.ListOrdersRequestObje
 	if req.Params.Cursor != nil {
 		cursor = *req.Params.Cursor
 	}
-	page, err := h.orders.List(ctx, acct, cursor, limit)
+	page, err := h.orders.List(consistent(ctx, req.Params.Consistency), acct, cursor, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -250,4 +250,14 @@ func toAPIOrder(o orders.Order) api.Order {
 		CreatedAt:   o.CreatedAt,
 		CancelledAt: o.CancelledAt,
 	}
+}
+
+// consistent is ctx with its reads on the primary when the request's
+// Consistency header says strong, so that a client reads its own writes
+// where reads may come from a replica.
+func consistent[C ~string](ctx context.Context, c *C) context.Context {
+	if c != nil && *c == "strong" {
+		return store.Strong(ctx)
+	}
+	return ctx
 }

@@ -47,7 +47,7 @@ func (h *handlers) GetPayment(ctx context.Context, req api.GetPaymentRequestObje
 	if h.payments == nil {
 		return nil, errNoPayments
 	}
-	p, err := h.payments.Get(ctx, acct, req.Id)
+	p, err := h.payments.Get(consistent(ctx, req.Params.Consistency), acct, req.Id)
 	if err != nil {
 		return nil, err
 	}

@@ -163,7 +163,7 @@ func (b *payBundle) awaitFinal(t *testing.T, id string) api.Payment {
 	t.Helper()
 	var last api.Payment
 	require.Eventually(t, func() bool {
-		resp, err := b.client.GetPaymentWithResponse(context.Background(), id)
+		resp, err := b.client.GetPaymentWithResponse(context.Background(), id, nil)
 		require.NoError(t, err, "get payment")
 		require.Equal(t, http.StatusOK, resp.StatusCode(), "get payment: %s", resp.Body)
 		last = *resp.JSON200
@@ -221,7 +221,7 @@ func TestPaymentFlow(t *testing.T) {
 		require.Equal(t, provider.ChargeRequest{Amount: 1200, Currency: "RUB", Reference: pending.Id},
 			provider.ChargeRequest{Amount: charges[0].Amount, Currency: charges[0].Currency, Reference: charges[0].Reference})
 
-		resp, err := b.client.GetPaymentWithResponse(context.Background(), uuid.NewString())
+		resp, err := b.client.GetPaymentWithResponse(context.Background(), uuid.NewString(), nil)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusNotFound, resp.StatusCode(), "an unknown payment: %s", resp.Body)
 	})
@@ -492,7 +492,7 @@ func TestPaymentStaysPendingWhileProviderCannotSay(t *testing.T) {
 			// Two charges and then look-ups, each refused: well past the
 			// attempt limit.
 			require.Eventually(t, func() bool { return o.seen.Load() >= int64(policy.Attempts)+3 }, 10*time.Second, 5*time.Millisecond)
-			resp, err := b.client.GetPaymentWithResponse(context.Background(), id)
+			resp, err := b.client.GetPaymentWithResponse(context.Background(), id, nil)
 			require.NoError(t, err)
 			require.Equal(t, api.PaymentStatus(payments.StatusPending), resp.JSON200.Status, "not settled while the provider cannot say")
 

@@ -22,7 +22,7 @@ func TestGetOrder(t *testing.T) {
 		b := setup(t, be.open(t), options{})
 		created := requireFresh(t, b.postOrder(t, "get-me", seedBody), "create")
 
-		got, err := b.client.GetOrderWithResponse(context.Background(), created.Id)
+		got, err := b.client.GetOrderWithResponse(context.Background(), created.Id, nil)
 		require.NoError(t, err, "GET /orders/%s", created.Id)
 		require.Equal(t, http.StatusOK, got.StatusCode(), "GET /orders/%s: %s", created.Id, got.Body)
 		o := *got.JSON200

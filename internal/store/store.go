@@ -55,3 +55,15 @@ type Backend interface {
 	// Ping reports whether the backend answers (GET /readyz).
 	Ping(ctx context.Context) error
 }
+
+// strongKey marks a context whose reads must see every write committed
+// before them.
+type strongKey struct{}
+
+// Strong returns ctx with its reads on the primary: a store that reads
+// from a replica (postgres.Store.ReadFrom) reads from the primary for it,
+// so that a client reads its own writes (the Consistency: strong header).
+func Strong(ctx context.Context) context.Context { return context.WithValue(ctx, strongKey{}, true) }
+
+// IsStrong reports whether ctx asks for reads that see every committed write.
+func IsStrong(ctx context.Context) bool { v, _ := ctx.Value(strongKey{}).(bool); return v }

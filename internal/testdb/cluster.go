@@ -190,3 +190,13 @@ func (c *Cluster) Port() string { return c.port }
 func (c *Cluster) psql(sql string) ([]byte, error) {
 	return c.run("psql", "-h", "127.0.0.1", "-p", c.port, "-U", "postgres", "-d", "postgres", "-Atc", sql)
 }
+
+// Exec runs sql on the server's maintenance database (psql).
+func (c *Cluster) Exec(t testing.TB, sql string) string {
+	t.Helper()
+	out, err := c.psql(sql)
+	if err != nil {
+		t.Fatalf("testdb: %s: %v\n%s", sql, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}

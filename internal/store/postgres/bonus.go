@@ -99,7 +99,11 @@ func applyBooking(ctx context.Context, q *db.Queries, e ledger.Entry) (int64, er
 
 // Balance implements ledger.Repository.
 func (s *Store) Balance(ctx context.Context, account uuid.UUID) (int64, error) {
-	balance, err := db.New(s.pool).BonusBalanceGet(ctx, account)
+	var balance int64
+	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+		balance, err = q.BonusBalanceGet(ctx, account)
+		return err
+	})
 	if err != nil {
 		return 0, translate(fmt.Errorf("read the bonus balance: %w", err))
 	}

@@ -52,11 +52,12 @@ func (s *Store) CreateOrder(ctx context.Context, o orders.Order) error {
 
 // GetOrder implements orders.Repository.
 func (s *Store) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
-	return getOrder(ctx, db.New(s.pool), account, id)
-}
-
-func getOrder(ctx context.Context, q *db.Queries, account, id uuid.UUID) (orders.Order, error) {
-	return foundOrder(q.OrderGet(ctx, db.OrderGetParams{AccountID: account, ID: id}))
+	var row db.Order
+	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+		row, err = q.OrderGet(ctx, db.OrderGetParams{AccountID: account, ID: id})
+		return err
+	})
+	return foundOrder(row, err)
 }
 
 // LockOrder implements orders.Changer and payments.Unit: SELECT … FOR
@@ -100,17 +101,17 @@ func (u *txUnit) UpdateOrder(ctx context.Context, o orders.Order) error {
 
 // ListOrders implements orders.Repository.
 func (s *Store) ListOrders(ctx context.Context, account uuid.UUID, after *orders.Cursor, limit int) ([]orders.Order, error) {
-	var (
-		rows []db.Order
-		err  error
-	)
-	if after == nil {
-		rows, err = db.New(s.pool).OrderListFirst(ctx, db.OrderListFirstParams{AccountID: account, Limit: int32(limit)})
-	} else {
-		rows, err = db.New(s.pool).OrderListAfter(ctx, db.OrderListAfterParams{
+	var rows []db.Order
+	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+		if after == nil {
+			rows, err = q.OrderListFirst(ctx, db.OrderListFirstParams{AccountID: account, Limit: int32(limit)})
+			return err
+		}
+		rows, err = q.OrderListAfter(ctx, db.OrderListAfterParams{
 			AccountID: account, CursorCreatedAt: after.CreatedAt, CursorID: after.ID, PageSize: int32(limit),
 		})
-	}
+		return err
+	})
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -56,7 +56,11 @@ func (u *txUnit) LockPayment(ctx context.Context, account, id uuid.UUID) (paymen
 
 // GetPayment implements payments.Repository.
 func (s *Store) GetPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
-	row, err := db.New(s.pool).PaymentGet(ctx, db.PaymentGetParams{AccountID: account, ID: id})
+	var row db.Payment
+	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+		row, err = q.PaymentGet(ctx, db.PaymentGetParams{AccountID: account, ID: id})
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return payments.Payment{}, payments.ErrNotFound
 	}

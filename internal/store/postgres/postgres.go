@@ -56,6 +56,10 @@ func WithQueryTracer(tracer pgx.QueryTracer) Option {
 // Open connects a pool to url (a PostgreSQL URL or DSN; pgxpool settings
 // such as pool_max_conns may be given in it) and checks that it answers.
 func Open(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error) {
+	return open(ctx, url, false, opts...)
+}
+
+func open(ctx context.Context, url string, lazy bool, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
@@ -80,11 +84,21 @@ func Open(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)
 	}
+	if lazy {
+		return pool, nil
+	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	return pool, nil
+}
+
+// OpenReplica is Open for a streaming replica (Store.ReadFrom): it does not
+// connect until a read needs it, so that a replica that is down at start
+// costs its reads a detour to the primary, not the service's start.
+func OpenReplica(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error) {
+	return open(ctx, url, true, opts...)
 }
 
 // Migrate applies the embedded migrations in schema/, then the idempotency
@@ -163,13 +177,44 @@ type Jobs interface {
 // idempotent operation join the key's transaction.
 type Store struct {
 	pool *pgxpool.Pool
-	keys *pgstore.Store
-	jobs Jobs
-	tx   idempotency.Store[store.Tx]
-	w    idempotency.Store[store.Writes]
+	// replica, if set, serves the reads that may lag (see ReadFrom).
+	replica *pgxpool.Pool
+	keys    *pgstore.Store
+	jobs    Jobs
+	tx      idempotency.Store[store.Tx]
+	w       idempotency.Store[store.Writes]
 }
 
 var _ store.Backend = (*Store)(nil)
+
+// ReadFrom makes the reads that may lag behind the primary (an order, a
+// page of orders, a payment, the bonus balance) read from replica, a
+// streaming replica of the store's database, unless their context is
+// store.Strong. Claims, replays and every read an operation makes stay on
+// the primary. A replica that fails is read around: the read goes to the
+// primary, which costs speed, not an answer. Call it before serving.
+func (s *Store) ReadFrom(replica *pgxpool.Pool) { s.replica = replica }
+
+// read runs fn on the replica when ctx allows it and there is one, else
+// (or if the replica fails, or takes longer than replicaTimeout) on the
+// primary. A read that finds nothing on the replica is an answer: the
+// replica may lag, as Consistency says.
+func (s *Store) read(ctx context.Context, fn func(ctx context.Context, q *db.Queries) error) error {
+	if s.replica != nil && !store.IsStrong(ctx) {
+		rctx, cancel := context.WithTimeout(ctx, replicaTimeout)
+		err := fn(rctx, db.New(s.replica))
+		cancel()
+		if err == nil || errors.Is(err, pgx.ErrNoRows) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return fn(ctx, db.New(s.pool))
+}
+
+// replicaTimeout bounds a read on the replica before it is made on the
+// primary instead: a replica that does not answer costs its reads this
+// much, not their request's timeout.
+const replicaTimeout = 500 * time.Millisecond
 
 // New returns a store on pool. The schema must be migrated (Migrate).
 // Without jobs, no payment or refund can be accepted.

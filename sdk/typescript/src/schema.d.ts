@@ -726,6 +726,14 @@ export interface components {
         /** @description The payment's id. */
         PaymentID: string;
         /**
+         * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+         *     a read may not yet show the caller's latest writes. `strong` reads from
+         *     the primary: everything committed before the request is seen. Without
+         *     it (or with `eventual`) the read may come from a replica.
+         * @example strong
+         */
+        Consistency: "strong" | "eventual";
+        /**
          * @description Names this logical operation within the caller's account. Send the same
          *     value on every retry of the same operation. 1–255 printable ASCII
          *     characters; a UUID v4 is recommended. The value is used exactly as sent
@@ -755,7 +763,16 @@ export interface operations {
                 /** @description The `next_cursor` of the previous page. */
                 cursor?: string;
             };
-            header?: never;
+            header?: {
+                /**
+                 * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+                 *     a read may not yet show the caller's latest writes. `strong` reads from
+                 *     the primary: everything committed before the request is seen. Without
+                 *     it (or with `eventual`) the read may come from a replica.
+                 * @example strong
+                 */
+                Consistency?: components["parameters"]["Consistency"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -837,7 +854,16 @@ export interface operations {
     getOrder: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+                 *     a read may not yet show the caller's latest writes. `strong` reads from
+                 *     the primary: everything committed before the request is seen. Without
+                 *     it (or with `eventual`) the read may come from a replica.
+                 * @example strong
+                 */
+                Consistency?: components["parameters"]["Consistency"];
+            };
             path: {
                 /** @description The order's id. */
                 id: components["parameters"]["OrderID"];
@@ -1038,7 +1064,16 @@ export interface operations {
     getPayment: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+                 *     a read may not yet show the caller's latest writes. `strong` reads from
+                 *     the primary: everything committed before the request is seen. Without
+                 *     it (or with `eventual`) the read may come from a replica.
+                 * @example strong
+                 */
+                Consistency?: components["parameters"]["Consistency"];
+            };
             path: {
                 /** @description The payment's id. */
                 id: components["parameters"]["PaymentID"];
@@ -1279,7 +1314,16 @@ export interface operations {
     getBonusBalance: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+                 *     a read may not yet show the caller's latest writes. `strong` reads from
+                 *     the primary: everything committed before the request is seen. Without
+                 *     it (or with `eventual`) the read may come from a replica.
+                 * @example strong
+                 */
+                Consistency?: components["parameters"]["Consistency"];
+            };
             path?: never;
             cookie?: never;
         };
