@@ -34,6 +34,19 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceOnPartitionedSchema runs the backend suite on the schema
+// with every per-account table hash-partitioned by its account, as a
+// database sharded by account would hold them.
+func TestConformanceOnPartitionedSchema(t *testing.T) {
+	t.Parallel()
+	_, pool := testdb.FreshPartitioned(t)
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		runner, err := jobs.New(pool, jobs.Config{})
+		require.NoError(t, err, "River")
+		return postgres.New(pool, runner)
+	})
+}
+
 // TestMigrate checks that replicas starting together may all migrate: the
 // advisory lock makes one apply the schema and the others find it done.
 func TestMigrate(t *testing.T) {
