@@ -100,7 +100,11 @@ func (c *Cluster) Stop(t testing.TB) {
 
 func (c *Cluster) run(name string, args ...string) ([]byte, error) {
 	argv := append(append([]string(nil), c.asUser...), append([]string{filepath.Join(c.bin, name)}, args...)...)
-	return exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	// In the cluster's own directory: run as the postgres user, the
+	// commands may not enter the test's (a private temporary directory).
+	cmd.Dir = filepath.Dir(c.dir)
+	return cmd.CombinedOutput()
 }
 
 // Standby makes a synchronous standby of c: a base backup of c
