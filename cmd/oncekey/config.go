@@ -21,30 +21,32 @@ const DemoAPIKey = "ok_local_demo"
 // config is everything serve runs with, read from flags and their
 // environment variables (serveCmd) and checked before anything listens.
 type config struct {
-	DatabaseURL     string
-	ReplicaURL      string
-	RedisURL        string
-	Addr            string
-	MetricsAddr     string
-	TTL             time.Duration
-	Wait            time.Duration
-	MaxBodyBytes    int64
-	RequestTimeout  time.Duration
-	ShutdownTimeout time.Duration
-	CleanupInterval time.Duration
-	CleanupBatch    int
-	DemoAPIKey      string
-	Tracing         string
-	ProviderURL     string
-	ProviderFaults  provider.Faults
-	ProviderTimeout time.Duration
-	PaymentPolicy   payments.RetryPolicy
-	PaymentWorkers  int
-	APIKeyCacheTTL  time.Duration
-	RecordCacheSize int
-	PprofAddr       string
-	MaxConns        int
-	MaxInFlight     int
+	DatabaseURL string
+	ReplicaURL  string
+	// GroupCommitByAccount merges only one account's deferred commits.
+	GroupCommitByAccount bool
+	RedisURL             string
+	Addr                 string
+	MetricsAddr          string
+	TTL                  time.Duration
+	Wait                 time.Duration
+	MaxBodyBytes         int64
+	RequestTimeout       time.Duration
+	ShutdownTimeout      time.Duration
+	CleanupInterval      time.Duration
+	CleanupBatch         int
+	DemoAPIKey           string
+	Tracing              string
+	ProviderURL          string
+	ProviderFaults       provider.Faults
+	ProviderTimeout      time.Duration
+	PaymentPolicy        payments.RetryPolicy
+	PaymentWorkers       int
+	APIKeyCacheTTL       time.Duration
+	RecordCacheSize      int
+	PprofAddr            string
+	MaxConns             int
+	MaxInFlight          int
 }
 
 // config checks the flags and returns what serve runs with. Every problem
@@ -121,7 +123,7 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		demo = DemoAPIKey
 	}
 	return config{
-		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, RedisURL: s.RedisURL, Addr: s.Addr, MetricsAddr: s.MetricsAddr,
+		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, GroupCommitByAccount: s.GroupCommitByAccount, RedisURL: s.RedisURL, Addr: s.Addr, MetricsAddr: s.MetricsAddr,
 		TTL: s.TTL, Wait: s.Wait, MaxBodyBytes: s.MaxBodyBytes,
 		RequestTimeout: s.RequestTimeout, ShutdownTimeout: s.ShutdownTimeout,
 		CleanupInterval: s.CleanupInterval, CleanupBatch: s.CleanupBatch,

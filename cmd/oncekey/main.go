@@ -383,7 +383,7 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger, stdout io.Wr
 		return backend{}, err
 	}
 	log.Info("store: PostgreSQL")
-	pg := postgres.New(pool, runner)
+	pg := postgres.NewMerging(pool, runner, cfg.GroupCommitByAccount)
 	closeAll := pool.Close
 	if cfg.ReplicaURL != "" {
 		// Not migrated: a replica follows the primary's schema.

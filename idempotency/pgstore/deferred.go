@@ -19,6 +19,7 @@ import (
 // pipeline that PostgreSQL runs as one implicit transaction:
 //
 //	IdempotencyKeyPeekMany             the wait budget, and what holds each key
+//	                                   (IdempotencyKeyPeekScope when all are of one scope)
 //	IdempotencyKeyInsertCompletedMany  the claims and the responses, together
 //	each operation's writes            each guarded by its claim (see Batch)
 //

@@ -74,6 +74,9 @@ const (
 type groupCommitter struct {
 	pool  *pgxpool.Pool
 	store *Store
+	// byScope merges only members of the first queued member's scope
+	// (Options.MergeByScope).
+	byScope bool
 	// sent, if set, is told the size of every pipeline sent (tests).
 	sent func(members int)
 
@@ -139,9 +142,10 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease) error {
 }
 
 // takeLocked takes the next pipeline's members off the queue: in queue
-// order, at most maxMembers, and no two of one key (in one transaction the
+// order, at most maxMembers, no two of one key (in one transaction the
 // second would see the first's key row as its own and write too; from a
-// later pipeline it waits for that row and finds it taken).
+// later pipeline it waits for that row and finds it taken), and with
+// byScope only those of the first one's scope.
 // Members are sorted by key, so that pipelines in flight at once, here or on
 // other replicas, take key-row locks in one order and cannot deadlock.
 func (g *groupCommitter) takeLocked() []*member {
@@ -152,7 +156,7 @@ func (g *groupCommitter) takeLocked() []*member {
 	)
 	for _, m := range g.queue {
 		k := memberKey{m.lease.req.Scope, m.lease.req.Key}
-		if len(taken) == maxMembers || seen[k] {
+		if len(taken) == maxMembers || seen[k] || (g.byScope && len(taken) > 0 && k.scope != taken[0].lease.req.Scope) {
 			rest = append(rest, m)
 			continue
 		}
@@ -283,8 +287,18 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 	peek.StatementTimeout = strconv.FormatInt(ms+statementSlack.Milliseconds(), 10)
 	p := &queue{}
 	q := g.store.queries(p)
-	// Queued, not run: what these return is not their result.
-	_, _ = q.IdempotencyKeyPeekMany(ctx, peek)
+	// Queued, not run: what these return is not their result. Keys of one
+	// scope are peeked with the scope as a parameter of its own, so that a
+	// key table partitioned by scope is read in one partition; both give
+	// the same rows.
+	if oneScope(members) {
+		_, _ = q.IdempotencyKeyPeekScope(ctx, keydb.IdempotencyKeyPeekScopeParams{
+			LockTimeout: peek.LockTimeout, StatementTimeout: peek.StatementTimeout,
+			Scope: peek.Scopes[0], IdempotencyKeys: peek.IdempotencyKeys,
+		})
+	} else {
+		_, _ = q.IdempotencyKeyPeekMany(ctx, peek)
+	}
 	_, _ = q.IdempotencyKeyInsertCompletedMany(ctx, claim)
 	for _, m := range members {
 		for _, w := range m.lease.writes.queued.QueuedQueries {
@@ -296,6 +310,16 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 		}
 	}
 	return &p.batch
+}
+
+// oneScope reports whether members' keys are all of one scope.
+func oneScope(members []*member) bool {
+	for _, m := range members[1:] {
+		if m.lease.req.Scope != members[0].lease.req.Scope {
+			return false
+		}
+	}
+	return true
 }
 
 // queue is a DBTX that queues the store's own statements into a pipeline

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +26,7 @@ import (
 
 // member is one deferred first request of a group commit test.
 type member struct {
+	scope   string // default: the bundle's
 	key     string
 	n       int // the row's n, default 1; below 1 breaks the CHECK (n > 0)
 	wait    time.Duration
@@ -52,7 +55,13 @@ type groupBundle struct {
 
 func setupGroup(t *testing.T) *groupBundle {
 	t.Helper()
-	b := newGroupBundle(t, testdb.Pool(t))
+	return setupGroupWith(t, pgstore.Options{})
+}
+
+// setupGroupWith is setupGroup with the store's options.
+func setupGroupWith(t *testing.T, opts pgstore.Options) *groupBundle {
+	t.Helper()
+	b := newGroupBundle(t, testdb.Pool(t), opts)
 	var calls atomic.Int32
 	pgstore.WatchCommits(b.store, func(members int) {
 		if !b.armed.Load() {
@@ -66,17 +75,20 @@ func setupGroup(t *testing.T) *groupBundle {
 	return b
 }
 
-func newGroupBundle(t *testing.T, pool *pgxpool.Pool) *groupBundle {
+func newGroupBundle(t *testing.T, pool *pgxpool.Pool, opts pgstore.Options) *groupBundle {
 	t.Helper()
-	store, err := pgstore.New(pool, pgstore.Options{})
+	store, err := pgstore.New(pool, opts)
 	require.NoError(t, err, "open the store")
 	return &groupBundle{ctx: t.Context(), pool: pool, store: store, scope: "group-" + rand.Text(),
 		sizes: make(chan int, 1000), release: make(chan struct{})}
 }
 
-func (b *groupBundle) request(key string, wait time.Duration) idempotency.ClaimRequest {
+func (b *groupBundle) request(scope, key string, wait time.Duration) idempotency.ClaimRequest {
+	if scope == "" {
+		scope = b.scope
+	}
 	return idempotency.ClaimRequest{
-		Scope: b.scope, Key: key, Fingerprint: sha256.Sum256([]byte("POST /orders")),
+		Scope: scope, Key: key, Fingerprint: sha256.Sum256([]byte("POST /orders")),
 		Method: http.MethodPost, Route: "/orders", TTL: time.Hour, Wait: wait,
 	}
 }
@@ -92,7 +104,7 @@ func (b *groupBundle) attemptWith(m member, body string) memberResult {
 	if wait == 0 {
 		wait = 5 * time.Second
 	}
-	lease, rec, err := b.store.Deferred().Claim(b.ctx, b.request(m.key, wait))
+	lease, rec, err := b.store.Deferred().Claim(b.ctx, b.request(m.scope, m.key, wait))
 	if err != nil || lease == nil {
 		return memberResult{err: err, rec: rec}
 	}
@@ -137,8 +149,21 @@ func (b *groupBundle) run(t *testing.T, members []member) []memberResult {
 		10*time.Second, time.Millisecond, "members queued behind the held pipelines")
 	close(b.release)
 	wg.Wait()
-	require.Equal(t, len(members), <-b.sizes, "members of the pipeline after the held ones")
 	return results
+}
+
+// sent is the sizes of the pipelines sent after the held ones, sorted.
+func (b *groupBundle) sent() []int {
+	var sizes []int
+	for {
+		select {
+		case n := <-b.sizes:
+			sizes = append(sizes, n)
+		default:
+			slices.Sort(sizes)
+			return sizes
+		}
+	}
 }
 
 // resent is how many pipelines were sent after the merged one: the members
@@ -231,7 +256,7 @@ func TestGroupCommit(t *testing.T) {
 			case odd.replay:
 				require.NoError(t, b.attemptWith(member{key: odd.key}, "stored").err, "store the replayed key's record")
 			case odd.blocked:
-				req := b.request(odd.key, time.Second)
+				req := b.request("", odd.key, time.Second)
 				lease, _, err := b.store.Claim(b.ctx, req) // a transaction holding the key row
 				require.NoError(t, err, "claim the key transactionally")
 				t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
@@ -241,6 +266,7 @@ func TestGroupCommit(t *testing.T) {
 				members = append(members, member{key: "good-" + rand.Text()})
 			}
 			results := b.run(t, members)
+			require.Equal(t, len(members), <-b.sizes, "members of the pipeline after the held ones")
 			tt.check(t, b, results[0])
 			for i, res := range results[1:] {
 				require.NoError(t, res.err, "ordinary member %d beside the odd one", i)
@@ -270,14 +296,14 @@ func TestStatementsProbeTheIndex(t *testing.T) {
 	// (which count the whole table while it is small, so they must not keep
 	// a plan). (The operators' commands run once, on a connection of their
 	// own: planned for the table as it is.)
-	b := newGroupBundle(t, pool)
+	b := newGroupBundle(t, pool, pgstore.Options{})
 	store := b.store
 	key := "plans-" + rand.Text()
 	require.NoError(t, b.attempt(member{key: key}).err, "a deferred first request")
-	_, rec, err := store.Claim(ctx, b.request(key, time.Second))
+	_, rec, err := store.Claim(ctx, b.request("", key, time.Second))
 	require.NoError(t, err, "replay")
 	require.NotNil(t, rec, "replay")
-	lease, _, err := store.Claim(ctx, b.request("plans-"+rand.Text(), time.Second))
+	lease, _, err := store.Claim(ctx, b.request("", "plans-"+rand.Text(), time.Second))
 	require.NoError(t, err, "transactional claim")
 	require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte("{}")}), "transactional commit")
 	_, err = store.PurgeExpired(ctx, 100)
@@ -327,4 +353,38 @@ func TestStatementsProbeTheIndex(t *testing.T) {
 	// generic plan scans the table), so PostgreSQL keeps no plan of them.
 	require.Zero(t, purges, "the purge among the prepared statements: %+v", statements)
 	require.Zero(t, stats, "the key statistics among the prepared statements: %+v", statements)
+}
+
+// TestMergeByScope queues the deferred commits of two scopes behind held
+// pipelines: merged by scope, each pipeline holds one scope's commits
+// (and its peek names the scope once, see IdempotencyKeyPeekScope);
+// merged freely, one pipeline holds them all. Every commit lands either
+// way.
+func TestMergeByScope(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		byScope bool
+		sizes   []int
+	}{
+		{false, []int{6}},
+		{true, []int{3, 3}},
+	} {
+		t.Run(fmt.Sprintf("by scope %v", tt.byScope), func(t *testing.T) {
+			t.Parallel()
+			b := setupGroupWith(t, pgstore.Options{MergeByScope: tt.byScope})
+			other := "group-" + rand.Text()
+			var members []member
+			for i := range 3 {
+				members = append(members, member{key: fmt.Sprintf("a-%d", i)}, member{scope: other, key: fmt.Sprintf("b-%d", i)})
+			}
+			for i, r := range b.run(t, members) {
+				require.NoError(t, r.err, "member %d", i)
+			}
+			require.Equal(t, tt.sizes, b.sent(), "the pipelines after the held ones")
+			var n int
+			require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM writes WHERE scope = $1 OR scope = $2",
+				[]byte(b.scope), []byte(other)).Scan(&n))
+			require.Equal(t, 6+pgstore.MaxMergedCommits, n, "one write per member and per holder")
+		})
+	}
 }

@@ -52,6 +52,13 @@ type Options struct {
 	// lower-case identifier, for two key tables in one schema, say. The
 	// guard of Batch writes names it too.
 	Table string
+	// MergeByScope makes group commit merge only the deferred commits of
+	// one scope into a pipeline (see Deferred). On a database sharded or
+	// partitioned by the scope's tenant, every pipeline then reads and
+	// writes one shard, in one local transaction; the price is less
+	// merging when many tenants commit at once. Default: commits of any
+	// scopes merge.
+	MergeByScope bool
 }
 
 var tableName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -86,7 +93,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		r := &renamer{to: table}
 		s.rename = func(d keydb.DBTX) keydb.DBTX { return renamed{d, r} }
 	}
-	s.commits = &groupCommitter{pool: pool, store: s}
+	s.commits = &groupCommitter{pool: pool, store: s, byScope: opts.MergeByScope}
 	s.deferred = &deferredStore{s: s}
 	return s, nil
 }

@@ -135,6 +135,25 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) k;
 
+-- name: IdempotencyKeyPeekScope :many
+-- IdempotencyKeyPeekMany for a pipeline whose keys are all of one scope (a
+-- lone commit, or a merge by scope): the scope is a parameter of its own,
+-- so that on a key table partitioned by scope even the generic plan reads
+-- one partition (an array of scopes prunes nothing before it runs). The
+-- same columns, in the same order.
+SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
+       set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
+       @scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
+       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
+       coalesce(k.expires_at <= now(), false)::boolean AS expired
+FROM unnest(@idempotency_keys::text[]) AS u (idempotency_key)
+CROSS JOIN LATERAL (
+    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
+    FROM (VALUES (true)) AS one (row)
+    LEFT JOIN idempotency_keys h ON h.scope = @scope::bytea AND h.idempotency_key = u.idempotency_key
+    LIMIT 1
+) k;
+
 -- name: IdempotencyKeyInsertCompletedMany :many
 -- Claims the keys and stores their outcomes at once, in the order given
 -- (sorted by the caller, so that concurrent pipelines lock key rows in one

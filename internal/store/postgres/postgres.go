@@ -218,10 +218,15 @@ const replicaTimeout = 500 * time.Millisecond
 
 // New returns a store on pool. The schema must be migrated (Migrate).
 // Without jobs, no payment or refund can be accepted.
-func New(pool *pgxpool.Pool, jobs Jobs) *Store {
-	keys, err := pgstore.New(pool, pgstore.Options{})
+func New(pool *pgxpool.Pool, jobs Jobs) *Store { return NewMerging(pool, jobs, false) }
+
+// NewMerging is New with group commit merging only the commits of one
+// account (pgstore.Options.MergeByScope) when byAccount is set: on a
+// database sharded by account, each pipeline then stays on one shard.
+func NewMerging(pool *pgxpool.Pool, jobs Jobs, byAccount bool) *Store {
+	keys, err := pgstore.New(pool, pgstore.Options{MergeByScope: byAccount})
 	if err != nil {
-		panic(err) // the default options are valid
+		panic(err) // the default table is valid
 	}
 	s := &Store{pool: pool, keys: keys, jobs: jobs}
 	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, _ idempotency.Ref) store.Tx { return &txUnit{s: s, tx: tx, q: db.New(tx)} })
