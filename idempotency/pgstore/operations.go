@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,21 +70,40 @@ type StuckKey struct {
 // Stuck returns up to limit keys processing for longer than olderThan,
 // oldest first.
 func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) ([]StuckKey, error) {
-	rows, err := s.queries(s.pool).IdempotencyKeyListStuck(ctx, keydb.IdempotencyKeyListStuckParams{
-		OlderThanSeconds: olderThan.Seconds(), MaxRows: int32(limit),
-	})
+	parts, err := s.partitions(ctx, s.pool)
 	if err != nil {
-		return nil, Translate(fmt.Errorf("list stuck keys: %w", err))
+		return nil, err
 	}
-	out := make([]StuckKey, 0, len(rows))
-	for _, r := range rows {
-		out = append(out, StuckKey{Scope: string(r.Scope), Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, CreatedAt: r.CreatedAt})
+	var out []StuckKey
+	for _, q := range parts {
+		rows, err := q(s.pool).IdempotencyKeyListStuck(ctx, keydb.IdempotencyKeyListStuckParams{
+			OlderThanSeconds: olderThan.Seconds(), MaxRows: int32(limit),
+		})
+		if err != nil {
+			return nil, Translate(fmt.Errorf("list stuck keys: %w", err))
+		}
+		for _, r := range rows {
+			out = append(out, StuckKey{Scope: string(r.Scope), Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, CreatedAt: r.CreatedAt})
+		}
 	}
-	return out, nil
+	// Each partition's oldest: together, the oldest of all.
+	slices.SortStableFunc(out, func(a, b StuckKey) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out[:min(len(out), limit)], nil
 }
 
 // CountExpired returns how many expired keys a purge would delete now.
 func (s *Store) CountExpired(ctx context.Context) (int64, error) {
-	n, err := s.queries(s.pool).IdempotencyKeyCountExpired(ctx)
-	return n, Translate(err)
+	parts, err := s.partitions(ctx, s.pool)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, q := range parts {
+		n, err := q(s.pool).IdempotencyKeyCountExpired(ctx)
+		if err != nil {
+			return total, Translate(err)
+		}
+		total += n
+	}
+	return total, nil
 }

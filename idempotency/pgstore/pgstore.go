@@ -75,11 +75,14 @@ func (o Options) table() (string, error) {
 
 // Store keeps idempotency records in one table of a PostgreSQL database.
 type Store struct {
-	pool     *pgxpool.Pool
-	table    string
-	rename   func(keydb.DBTX) keydb.DBTX
-	commits  *groupCommitter
-	deferred *deferredStore
+	pool   *pgxpool.Pool
+	table  string
+	rename func(keydb.DBTX) keydb.DBTX
+	// partitionRenamers rewrite the statements for each partition of a
+	// partitioned key table (partitions).
+	partitionRenamers sync.Map
+	commits           *groupCommitter
+	deferred          *deferredStore
 }
 
 // New returns a store on pool. The table must exist (see Migrate).
@@ -496,21 +499,55 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 		}
 	}()
 
-	q := s.queries(replanned{conn})
+	parts, err := s.partitions(ctx, conn)
+	if err != nil {
+		return 0, err
+	}
 	var total int64
-	for {
-		n, err := q.IdempotencyKeyPurgeExpired(ctx, int32(batch))
-		total += n
-		if err != nil {
-			return total, Translate(fmt.Errorf("purge expired keys: %w", err))
-		}
-		if n < int64(batch) {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, err
+	for _, q := range parts {
+		q := q(replanned{conn})
+		for {
+			n, err := q.IdempotencyKeyPurgeExpired(ctx, int32(batch))
+			total += n
+			if err != nil {
+				return total, Translate(fmt.Errorf("purge expired keys: %w", err))
+			}
+			if n < int64(batch) {
+				break
+			}
+			if err := ctx.Err(); err != nil {
+				return total, err
+			}
 		}
 	}
+	return total, nil
+}
+
+// partitions returns, for each partition of the key table (or for the
+// table itself when it is not partitioned), its statements on a DBTX: the
+// operator's statements (purge, statistics, stuck keys) run partition by
+// partition, each reading one partition's indexes, as they would have to
+// shard by shard on a database sharded by tenant.
+func (s *Store) partitions(ctx context.Context, db keydb.DBTX) ([]func(keydb.DBTX) *keydb.Queries, error) {
+	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_partition_tree($1::regclass) t
+		JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf AND t.level > 0 ORDER BY c.relname`, s.table)
+	if err != nil {
+		return nil, Translate(fmt.Errorf("list the key table's partitions: %w", err))
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, Translate(fmt.Errorf("list the key table's partitions: %w", err))
+	}
+	if len(names) == 0 {
+		return []func(keydb.DBTX) *keydb.Queries{s.queries}, nil
+	}
+	out := make([]func(keydb.DBTX) *keydb.Queries, 0, len(names))
+	for _, name := range names {
+		v, _ := s.partitionRenamers.LoadOrStore(name, &renamer{to: name})
+		r := v.(*renamer)
+		out = append(out, func(d keydb.DBTX) *keydb.Queries { return keydb.New(renamed{d, r}) })
+	}
+	return out, nil
 }
 
 // replanned runs statements unprepared (one round trip still, as pgx's
@@ -533,17 +570,23 @@ func (r replanned) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 	// Unprepared: a statement without parameters keeps the plan of its
 	// first run on a connection, made perhaps on an empty table.
-	row, err := s.queries(replanned{s.pool}).IdempotencyKeyStats(ctx)
+	parts, err := s.partitions(ctx, s.pool)
 	if err != nil {
-		return idempotency.Stats{}, Translate(fmt.Errorf("key stats: %w", err))
+		return idempotency.Stats{}, err
 	}
-	return idempotency.Stats{
-		Processing:          row.Processing,
-		Completed:           max(row.Total-row.Processing, 0),
-		TableBytes:          row.TableBytes,
-		OldestProcessingAge: seconds(row.OldestProcessingAgeSeconds),
-		CleanupLag:          seconds(row.CleanupLagSeconds),
-	}, nil
+	var st idempotency.Stats
+	for _, q := range parts {
+		row, err := q(replanned{s.pool}).IdempotencyKeyStats(ctx)
+		if err != nil {
+			return idempotency.Stats{}, Translate(fmt.Errorf("key stats: %w", err))
+		}
+		st.Processing += row.Processing
+		st.Completed += max(row.Total-row.Processing, 0)
+		st.TableBytes += row.TableBytes
+		st.OldestProcessingAge = max(st.OldestProcessingAge, seconds(row.OldestProcessingAgeSeconds))
+		st.CleanupLag = max(st.CleanupLag, seconds(row.CleanupLagSeconds))
+	}
+	return st, nil
 }
 
 func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }

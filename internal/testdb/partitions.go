@@ -208,3 +208,17 @@ func scans(plan []byte, parents map[string]bool) map[string]int {
 	}
 	return counts
 }
+
+// Matching returns the recorded statements that contain text, sorted.
+func (s *Statements) Matching(text string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for sql := range s.seen {
+		if strings.Contains(sql, text) {
+			out = append(out, sql)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -45,6 +47,65 @@ func TestConformanceOnPartitionedSchema(t *testing.T) {
 		require.NoError(t, err, "River")
 		return postgres.New(pool, runner)
 	})
+}
+
+// TestOperatorStatementsPerPartition runs the purge, the key statistics,
+// the stuck keys and the expired count on a key table partitioned by
+// account: each runs partition by partition (every DELETE names one
+// partition), and together they give what they give on one table.
+func TestOperatorStatementsPerPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, admin := testdb.FreshPartitioned(t)
+	statements := &testdb.Statements{}
+	pool, err := postgres.Open(ctx, url, postgres.WithQueryTracer(statements))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	keys := postgres.New(pool, nil).KeyStore()
+
+	const accounts = 16
+	for i := range accounts {
+		scope := uuid.New()
+		_, err := admin.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
+				response_status, response_headers, response_body, created_at, completed_at, expires_at)
+			SELECT uuid_send($1), 'expired-' || n, sha256(n::text::bytea), 'POST', '/orders', 'completed',
+				201, '{}', '{}', now() - interval '3 days', now() - interval '3 days', now() - interval '1 day'
+			FROM generate_series(1, 3) n`, scope)
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
+			VALUES (uuid_send($1), 'stuck', sha256('x'), 'POST', '/payments', 'processing', now() - make_interval(mins => $2), now() + interval '1 day')`,
+			scope, 10+i)
+		require.NoError(t, err)
+	}
+
+	expired, err := keys.CountExpired(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3*accounts, expired)
+	stats, err := keys.KeyStats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, accounts, stats.Processing)
+	require.EqualValues(t, 3*accounts, stats.Completed)
+	require.Positive(t, stats.TableBytes)
+	require.InDelta(t, (10+accounts-1)*60, stats.OldestProcessingAge.Seconds(), 5, "the oldest of all partitions")
+	stuck, err := keys.Stuck(ctx, 5*time.Minute, 4)
+	require.NoError(t, err)
+	require.Len(t, stuck, 4)
+	for i := 1; i < len(stuck); i++ {
+		require.True(t, stuck[i-1].CreatedAt.Before(stuck[i].CreatedAt), "oldest first across partitions")
+	}
+	require.Greater(t, time.Since(stuck[0].CreatedAt), time.Duration(10+accounts-2)*time.Minute, "the oldest of all")
+
+	deleted, err := keys.PurgeExpired(ctx, 2)
+	require.NoError(t, err)
+	require.EqualValues(t, 3*accounts, deleted)
+	expired, err = keys.CountExpired(ctx)
+	require.NoError(t, err)
+	require.Zero(t, expired)
+	purged := statements.Matching("DELETE FROM idempotency_keys")
+	require.Len(t, purged, 8, "one purge statement per partition")
+	for _, sql := range purged {
+		require.Regexp(t, `DELETE FROM idempotency_keys_p[0-7] k`, sql)
+	}
 }
 
 // TestMigrate checks that replicas starting together may all migrate: the
