@@ -194,10 +194,11 @@ func TestOnRedisCluster(t *testing.T) {
 
 		lastErr := obs.last(&obs.lastErr)
 		before, after := median(took[:20]), median(took[len(took)-20:])
-		t.Logf("CLUSTER FAILOVER at +0s, kill -9 of a master at +%s; the last Redis error %s after the kill; %d hits, %d errors, %d fallbacks to PostgreSQL; a round of %d requests took %s (median) before, at most %s during, %s in the last second",
-			killed.Sub(failedOver).Round(time.Millisecond), lastErr.Sub(killed).Round(time.Millisecond), obs.hits.Load(), obs.errs.Load(), obs.fallbacks.Load(),
+		t.Logf("CLUSTER FAILOVER at +0s, kill -9 of a master at +%s; the last Redis error %s after the kill; %d hits, %d errors, %d fallbacks to PostgreSQL, the breaker opened %d times; a round of %d requests took %s (median) before, at most %s during, %s in the last second",
+			killed.Sub(failedOver).Round(time.Millisecond), lastErr.Sub(killed).Round(time.Millisecond), obs.hits.Load(), obs.errs.Load(), obs.fallbacks.Load(), obs.trips.Load(),
 			len(scopes)*4, before.Round(time.Microsecond), slices.Max(took).Round(time.Microsecond), after.Round(time.Microsecond))
 		require.Less(t, after, 3*before+20*time.Millisecond, "latency back to normal")
+		require.Positive(t, obs.trips.Load(), "the breaker left the cluster alone while a master was down")
 		require.Less(t, lastErr.Sub(killed), 10*time.Second, "Redis errors stop within seconds of the kill")
 		require.True(t, obs.last(&obs.lastHit).After(lastErr), "the fast path serves hits again after the last error")
 		require.Zero(t, hook.n.Load(), "commands refused for crossing slots")
@@ -296,9 +297,9 @@ func nodeAt(t *testing.T, cluster *servicetest.RedisCluster, addr string) *servi
 // timedObserver counts what the fast path reports, and when it last saw a
 // hit and an error.
 type timedObserver struct {
-	hits, errs, fallbacks atomic.Int64
-	mu                    sync.Mutex
-	lastHit, lastErr      time.Time
+	hits, errs, fallbacks, trips atomic.Int64
+	mu                           sync.Mutex
+	lastHit, lastErr             time.Time
 }
 
 func (o *timedObserver) Redis(result string) {
@@ -314,8 +315,13 @@ func (o *timedObserver) Redis(result string) {
 	}
 }
 
-func (o *timedObserver) Fallback()    { o.fallbacks.Add(1) }
-func (o *timedObserver) Breaker(bool) {}
+func (o *timedObserver) Fallback() { o.fallbacks.Add(1) }
+
+func (o *timedObserver) Breaker(open bool) {
+	if open {
+		o.trips.Add(1)
+	}
+}
 
 func (o *timedObserver) last(at *time.Time) time.Time {
 	o.mu.Lock()
