@@ -37,6 +37,7 @@ func Summarize(results []Result) Summary {
 	return s
 }
 
+// String is the report's closing line: "N passed, M failed, K skipped".
 func (s Summary) String() string {
 	return fmt.Sprintf("%d passed, %d failed, %d skipped", s.Passed, s.Failed, s.Skipped)
 }
