@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"time"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/internal/conformance"
+	"github.com/oncekey/oncekey/internal/httpapi"
 )
 
 // Run checks the API at --url against the operations of --spec and writes
@@ -82,8 +82,7 @@ func progress(e env) func(done, total int, r conformance.Result) {
 // Run is conformance against an Oncekey deployment, with the openapi.yaml
 // and api/conformance.yaml this binary was built with.
 func (c *contractTestCmd) Run(e env) error {
-	loader := openapi3.NewLoader()
-	doc, err := loader.LoadFromData(bytes.Clone(oncekey.OpenAPISpec))
+	doc, err := httpapi.LoadSpec()
 	if err != nil {
 		return err
 	}

@@ -319,7 +319,6 @@ func checkInFlight(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
-	s.note(st.all...)
 	switch {
 	case len(st.ran) == 1:
 		final = st.ran[0]
@@ -642,7 +641,8 @@ type stormed struct {
 	ran []answer // neither in flight nor marked as replays
 }
 
-// storm sends cfg.Concurrency copies of q under key at once.
+// storm sends cfg.Concurrency copies of q under key at once, and notes
+// their answers for retry-after: all but one answer a duplicate.
 func (s *session) storm(ctx context.Context, q request, key string) (stormed, error) {
 	n := s.cfg.Concurrency
 	answers, errs := make([]answer, n), make([]error, n)
@@ -659,6 +659,7 @@ func (s *session) storm(ctx context.Context, q request, key string) (stormed, er
 	if err := errors.Join(errs...); err != nil {
 		return stormed{}, err
 	}
+	s.note(answers...)
 	st := stormed{all: answers}
 	for _, a := range answers {
 		if !s.inFlight(a) && !s.replayed(a) {

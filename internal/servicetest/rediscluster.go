@@ -70,13 +70,7 @@ func StartRedisCluster(t testing.TB, masters int) *RedisCluster {
 		})
 		c.Nodes = append(c.Nodes, &ClusterNode{Addr: addr, cmd: cmd})
 		addrs = append(addrs, addr)
-		require.Eventually(t, func() bool {
-			conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-			if err == nil {
-				_ = conn.Close()
-			}
-			return err == nil
-		}, 5*time.Second, 10*time.Millisecond, "redis-server on %s", addr)
+		waitListening(t, addr, "redis-server")
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "1", "--cluster-yes")...).CombinedOutput()

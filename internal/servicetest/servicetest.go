@@ -167,13 +167,19 @@ func StartRedis(t testing.TB) *RedisServer {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	waitListening(t, fmt.Sprintf("127.0.0.1:%d", port), "redis-server")
+	return &RedisServer{URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), Process: cmd.Process}
+}
+
+// waitListening waits (up to 5s) until what was started accepts
+// connections at addr.
+func waitListening(t testing.TB, addr, what string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 100*time.Millisecond)
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
 		if err == nil {
 			_ = c.Close()
 		}
 		return err == nil
-	}, 5*time.Second, 10*time.Millisecond, "redis-server on port %d", port)
-	return &RedisServer{URL: url, Process: cmd.Process}
+	}, 5*time.Second, 10*time.Millisecond, "%s on %s", what, addr)
 }
