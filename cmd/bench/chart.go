@@ -112,6 +112,7 @@ func (r *report) drawChart(path string, rounds int, duration time.Duration) erro
 	return f.Close()
 }
 
+// clientCounts are the concurrencies measured, in order.
 func (r *report) clientCounts() []int {
 	var cs []int
 	for _, x := range r.results {

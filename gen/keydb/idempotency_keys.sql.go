@@ -97,6 +97,96 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, arg IdempotencyKeyCla
 	return items, nil
 }
 
+const idempotencyKeyClaimLone = `-- name: IdempotencyKeyClaimLone :one
+WITH budget AS (
+    SELECT set_config('lock_timeout', $3::text, true) AS lock_timeout
+), claim AS (
+    INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
+                                  response_status, response_headers, response_body, created_at, completed_at, expires_at)
+    SELECT $1::bytea, $2::text, $4::bytea, $5::text, $6::text,
+           'completed', $7::integer, $8::jsonb, $9::bytea,
+           $10::timestamptz, now(), $11::timestamptz
+    FROM budget
+    ON CONFLICT (scope, idempotency_key) DO NOTHING
+    RETURNING 1
+), write AS (
+    SELECT 1
+)
+SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
+       h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
+       EXISTS (SELECT 1 FROM claim) AS claimed
+FROM budget b
+LEFT JOIN idempotency_keys h ON h.scope = $1::bytea AND h.idempotency_key = $2::text
+`
+
+type IdempotencyKeyClaimLoneParams struct {
+	Scope           []byte
+	IdempotencyKey  string
+	LockTimeout     string
+	Fingerprint     []byte
+	RequestMethod   string
+	RequestRoute    string
+	ResponseStatus  int32
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	CreatedAt       time.Time
+	ExpiresAt       time.Time
+}
+
+type IdempotencyKeyClaimLoneRow struct {
+	LockTimeout     string
+	Fingerprint     []byte
+	Status          pgtype.Text
+	ResponseStatus  pgtype.Int4
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	CreatedAt       *time.Time
+	ExpiresAt       *time.Time
+	Expired         bool
+	Claimed         bool
+}
+
+// A lone deferred commit of at most one write, in one statement rather
+// than a pipeline of three: the claim, the operation's write and the peek.
+// The CTE "write" holds the operation's write, which pgstore puts in its
+// place at run time with its guard turned into EXISTS (SELECT 1 FROM claim)
+// (see pgstore.Batch): the key row the claim inserts is invisible to the
+// rest of the statement, so the write must ask the claim itself. As written
+// here it writes nothing. The peek reads the statement's snapshot, taken
+// before the claim: what held the key, as IdempotencyKeyPeekScope says.
+// budget sets the lock wait before the claim's insert can wait; there is no
+// statement timeout (it is armed before a statement runs), and the
+// request's context cancels the statement in PostgreSQL instead.
+func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKeyClaimLoneParams) (IdempotencyKeyClaimLoneRow, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyClaimLone,
+		arg.Scope,
+		arg.IdempotencyKey,
+		arg.LockTimeout,
+		arg.Fingerprint,
+		arg.RequestMethod,
+		arg.RequestRoute,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.CreatedAt,
+		arg.ExpiresAt,
+	)
+	var i IdempotencyKeyClaimLoneRow
+	err := row.Scan(
+		&i.LockTimeout,
+		&i.Fingerprint,
+		&i.Status,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.CreatedAt,
+		&i.ExpiresAt,
+		&i.Expired,
+		&i.Claimed,
+	)
+	return i, err
+}
+
 const idempotencyKeyComplete = `-- name: IdempotencyKeyComplete :execrows
 UPDATE idempotency_keys
 SET status = 'completed',

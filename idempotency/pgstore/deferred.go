@@ -23,6 +23,10 @@ import (
 //	IdempotencyKeyInsertCompletedMany  the claims and the responses, together
 //	each operation's writes            each guarded by its claim (see Batch)
 //
+// A lone commit of at most one write whose guard is written as Guard
+// writes it is sent as one statement instead (IdempotencyKeyClaimLone, see
+// lone.go): the same claim, write and peek, as CTEs.
+//
 // If a row holds the key, the insert does nothing (ON CONFLICT DO NOTHING)
 // and neither do the guarded writes: nothing is written, no error is
 // raised, no dead row is left, and the peek says what to answer instead (a
@@ -59,8 +63,11 @@ type deferredStore struct{ s *Store }
 // Options.Table): Guard writes it. xmin is the inserting transaction; a pipeline has no
 // subtransactions, and a transaction that has inserted nothing has no xid
 // yet (NULL: no match). A replay, a mismatch or a lost race so writes
-// nothing, with no error and no dead row. The operation reads nothing back:
-// its writes report no rows affected, as they have not run yet.
+// nothing, with no error and no dead row. A lone commit of one such write,
+// its guard written exactly so (case and spacing aside), goes as one
+// statement in which the guard asks the claim itself whether it inserted
+// the row. The operation reads nothing back: its writes report no rows
+// affected, as they have not run yet.
 type Batch struct {
 	queued pgx.Batch
 	table  string

@@ -79,6 +79,8 @@ type groupCommitter struct {
 	byScope bool
 	// sent, if set, is told the size of every pipeline sent (tests).
 	sent func(members int)
+	// lone rewrites the writes of lone commits into one statement.
+	lone *loneWrites
 
 	mu       sync.Mutex
 	queue    []*member
@@ -109,7 +111,18 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease) error {
 	}
 	g.mu.Unlock()
 	if first != nil {
-		go g.send(first)
+		// Sent on this request's goroutine, which waits for it anyway;
+		// what queues meanwhile is sent by a goroutine of its own.
+		g.sendMerged(first)
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.inFlight--
+			g.mu.Unlock()
+		} else {
+			next := g.takeLocked()
+			g.mu.Unlock()
+			go g.send(next)
+		}
 	}
 
 	select {
@@ -135,7 +148,7 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease) error {
 	}
 	if errors.Is(m.err, errSendAlone) {
 		alone := &member{ctx: ctx, lease: l}
-		g.sendPipeline(ctx, []*member{alone})
+		g.sendAlone(alone)
 		return alone.err
 	}
 	return m.err
@@ -205,13 +218,21 @@ func (g *groupCommitter) sendMerged(members []*member) {
 		}
 	}()
 	if len(members) == 1 {
-		// Alone, as if never queued: under its own request's context.
-		g.sendPipeline(members[0].ctx, members)
+		g.sendAlone(members[0])
 		return
 	}
 	ctx, cancel := mergedContext(members)
 	defer cancel()
 	g.sendPipeline(ctx, members)
+}
+
+// sendAlone sends a member alone, as if never queued: under its own
+// request's context, as one statement if its writes allow (sendLone), else
+// as a pipeline.
+func (g *groupCommitter) sendAlone(m *member) {
+	if !g.sendLone(m.ctx, m) {
+		g.sendPipeline(m.ctx, []*member{m})
+	}
 }
 
 // sendPipeline sends members' claims and writes as one pipeline under ctx

@@ -331,7 +331,7 @@ func TestStatementsProbeTheIndex(t *testing.T) {
 		if strings.Contains(s.Statement, "reltuples") {
 			stats++
 		}
-		if strings.Contains(s.Statement, "unnest(") {
+		if strings.Contains(s.Statement, "unnest(") || strings.Contains(s.Statement, "claim AS") {
 			lookUps++
 		}
 		if strings.Contains(s.Statement, "DELETE") {
@@ -348,7 +348,7 @@ func TestStatementsProbeTheIndex(t *testing.T) {
 		plan := strings.Join(lines, "\n")
 		require.NotContains(t, plan, "Seq Scan on idempotency_keys", "generic plan of\n%s\n%s", s.Statement, plan)
 	}
-	require.Positive(t, lookUps, "a multi-key look-up among the prepared statements: %+v", statements)
+	require.Positive(t, lookUps, "a look-up among the prepared statements: %+v", statements)
 	// The purge's batches are planned anew at every run (their join's
 	// generic plan scans the table), so PostgreSQL keeps no plan of them.
 	require.Zero(t, purges, "the purge among the prepared statements: %+v", statements)

@@ -97,6 +97,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		s.rename = func(d keydb.DBTX) keydb.DBTX { return renamed{d, r} }
 	}
 	s.commits = &groupCommitter{pool: pool, store: s, byScope: opts.MergeByScope}
+	s.commits.lone = newLoneWrites(table, claimLoneSQL(s))
 	s.deferred = &deferredStore{s: s}
 	return s, nil
 }

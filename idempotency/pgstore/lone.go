@@ -1,0 +1,300 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncekey/oncekey/gen/keydb"
+	"github.com/oncekey/oncekey/idempotency"
+)
+
+// A lone deferred commit, the common case at low load, is sent as one
+// statement rather than a pipeline of three (IdempotencyKeyClaimLone): the
+// claim's insert, the operation's one write and the peek, as CTEs of one
+// statement. The write's guard, as Guard writes it, is rewritten to ask the
+// claim CTE whether it inserted the key row (a sibling CTE's row is
+// invisible to the rest of the statement), and its parameters are numbered
+// after the claim's. A write that does not fit (several writes, a guard
+// written otherwise, SQL the rewrite cannot read safely) is sent in the
+// pipeline as before: the single statement only ever saves work.
+
+// writePlaceholder is the CTE of IdempotencyKeyClaimLone that stands for
+// the operation's write.
+const writePlaceholder = "write AS (\n    SELECT 1\n)"
+
+// loneWrite is one write rewritten for IdempotencyKeyClaimLone, the same
+// for every write of the same SQL.
+type loneWrite struct {
+	sql string // the whole statement, the write in its CTE
+	// keep are the write's arguments, by index, in their new order (the
+	// guard's are dropped unless the write uses them elsewhere); scope and
+	// key are the guard's, checked against the claim's.
+	keep       []int
+	scope, key int
+}
+
+// loneWrites caches the rewriting of each write's SQL: a *loneWrite, or nil
+// when it does not fit.
+type loneWrites struct {
+	table string
+	claim string // IdempotencyKeyClaimLone, renamed for the table
+	guard *regexp.Regexp
+	done  sync.Map
+}
+
+func newLoneWrites(table, claim string) *loneWrites {
+	return &loneWrites{table: table, claim: claim, guard: regexp.MustCompile(`(?i)EXISTS\s*\(\s*SELECT\s+1\s+FROM\s+` + table +
+		`\s+k\s+WHERE\s+k\.scope\s*=\s*\$(\d+)\s+AND\s+k\.idempotency_key\s*=\s*\$(\d+)\s+AND\s+k\.xmin\s*=\s*pg_current_xact_id_if_assigned\(\)::xid\s*\)`)}
+}
+
+// of returns the rewriting of sql, or nil when it does not fit; "" is no
+// write at all.
+func (w *loneWrites) of(sql string) *loneWrite {
+	if sql == "" {
+		return &loneWrite{sql: w.claim}
+	}
+	if v, ok := w.done.Load(sql); ok {
+		return v.(*loneWrite)
+	}
+	lw := w.rewrite(sql)
+	w.done.Store(sql, lw)
+	return lw
+}
+
+// claimParams is the number of IdempotencyKeyClaimLone's own parameters.
+const claimParams = 11
+
+func (w *loneWrites) rewrite(sql string) *loneWrite {
+	sql = strings.TrimRight(strings.TrimSpace(sql), ";")
+	guards := w.guard.FindAllStringSubmatchIndex(sql, -1)
+	if len(guards) != 1 || !startsWithWrite(sql) {
+		return nil
+	}
+	g := guards[0]
+	scope, _ := strconv.Atoi(sql[g[2]:g[3]])
+	key, _ := strconv.Atoi(sql[g[4]:g[5]])
+	body := sql[:g[0]] + "EXISTS (SELECT 1 FROM claim)" + sql[g[1]:]
+	params, ok := parameters(body)
+	if !ok {
+		return nil
+	}
+	lw := &loneWrite{scope: scope - 1, key: key - 1}
+	renumber := map[int]int{}
+	params = slices.Compact(slices.Sorted(slices.Values(params)))
+	for _, p := range params {
+		renumber[p] = claimParams + len(lw.keep) + 1
+		lw.keep = append(lw.keep, p-1)
+	}
+	var out strings.Builder
+	last := 0
+	forEachParameter(body, func(start, end, n int) {
+		out.WriteString(body[last:start])
+		out.WriteString("$" + strconv.Itoa(renumber[n]))
+		last = end
+	})
+	out.WriteString(body[last:])
+	lw.sql = strings.Replace(w.claim, writePlaceholder, "write AS (\n"+out.String()+"\n)", 1)
+	return lw
+}
+
+// args returns the write's arguments for the statement, or false if its
+// guard is not for the claim of scope and key (it is then sent in the
+// pipeline, where its guard is checked as written).
+func (lw *loneWrite) args(write []any, scope []byte, key string) ([]any, bool) {
+	if lw.scope >= len(write) || lw.key >= len(write) {
+		return nil, false
+	}
+	s, ok1 := write[lw.scope].([]byte)
+	k, ok2 := write[lw.key].(string)
+	if !ok1 || !ok2 || !bytes.Equal(s, scope) || k != key {
+		return nil, false
+	}
+	out := make([]any, 0, len(lw.keep))
+	for _, i := range lw.keep {
+		if i >= len(write) {
+			return nil, false
+		}
+		out = append(out, write[i])
+	}
+	return out, true
+}
+
+// startsWithWrite reports whether sql, past its comments, is an INSERT,
+// UPDATE or DELETE: a statement a CTE may hold.
+func startsWithWrite(sql string) bool {
+	for {
+		sql = strings.TrimSpace(sql)
+		if !strings.HasPrefix(sql, "--") {
+			break
+		}
+		nl := strings.IndexByte(sql, '\n')
+		if nl < 0 {
+			return false
+		}
+		sql = sql[nl:]
+	}
+	word, _, _ := strings.Cut(sql, " ")
+	word = strings.ToUpper(strings.TrimSpace(word))
+	return word == "INSERT" || word == "UPDATE" || word == "DELETE"
+}
+
+// parameters lists the parameter numbers sql refers to, or false when sql
+// holds what forEachParameter cannot read safely.
+func parameters(sql string) (params []int, ok bool) {
+	ok = forEachParameter(sql, func(_, _, n int) { params = append(params, n) })
+	return params, ok
+}
+
+// forEachParameter calls f with the position and number of every $n in sql
+// outside its comments, string literals and quoted identifiers. It gives up
+// (false) on what it does not read: dollar-quoted strings, escape strings
+// and block comments.
+func forEachParameter(sql string, f func(start, end, n int)) bool {
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			nl := strings.IndexByte(sql[i:], '\n')
+			if nl < 0 {
+				return true
+			}
+			i += nl
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			return false
+		case c == '\'' || c == '"':
+			if c == '\'' && i > 0 && (sql[i-1] == 'e' || sql[i-1] == 'E') {
+				return false
+			}
+			end := strings.IndexByte(sql[i+1:], c)
+			if end < 0 {
+				return false
+			}
+			i += end + 1 // a doubled quote reads as two literals
+		case c == '$':
+			j := i + 1
+			for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+				j++
+			}
+			if j == i+1 {
+				return false
+			}
+			n, _ := strconv.Atoi(sql[i+1 : j])
+			f(i, j, n)
+			i = j - 1
+		}
+	}
+	return true
+}
+
+// sendLone sends a lone member's claim and its one write (or none) as one
+// statement, and reports false, having sent nothing, when its write does
+// not fit it.
+func (g *groupCommitter) sendLone(ctx context.Context, m *member) bool {
+	l, req := m.lease, m.lease.req
+	queued := l.writes.queued.QueuedQueries
+	var write []any
+	lw := g.lone.of("")
+	switch len(queued) {
+	case 0:
+	case 1:
+		if lw = g.lone.of(queued[0].SQL); lw == nil {
+			return false
+		}
+		var ok bool
+		if write, ok = lw.args(queued[0].Arguments, []byte(req.Scope), req.Key); !ok {
+			return false
+		}
+	default:
+		return false
+	}
+	if g.sent != nil {
+		g.sent(1)
+	}
+	// The whole statement is bounded as a pipeline's statements are, by
+	// the wait and its slack (see Claim).
+	stmtCtx, cancel := context.WithTimeout(ctx, req.Wait+statementSlack)
+	defer cancel()
+	ms := max(req.Wait.Milliseconds(), 1)
+	row, err := keydb.New(withWrite{g.pool, lw, write}).IdempotencyKeyClaimLone(stmtCtx, keydb.IdempotencyKeyClaimLoneParams{
+		Scope: []byte(req.Scope), IdempotencyKey: req.Key, LockTimeout: strconv.FormatInt(ms, 10),
+		Fingerprint: req.Fingerprint[:], RequestMethod: req.Method, RequestRoute: req.Route,
+		ResponseStatus: l.status, ResponseHeaders: l.headers, ResponseBody: l.body,
+		CreatedAt: l.ref.ClaimedAt, ExpiresAt: l.ref.ClaimedAt.Add(req.TTL),
+	})
+	switch {
+	case err != nil && ctx.Err() == nil && stmtCtx.Err() != nil:
+		// The statement's own bound ran out, not the request's: the key
+		// is held, as a lock wait that ran out says.
+		m.err = idempotency.ErrInFlight
+	case err != nil:
+		m.err = claimError(ctx, "claim", err)
+	default:
+		m.err = l.answer(claimResult{inserted: row.Claimed, peeked: keydb.IdempotencyKeyPeekManyRow{
+			Scope: []byte(req.Scope), IdempotencyKey: req.Key,
+			Fingerprint: row.Fingerprint, Status: row.Status, ResponseStatus: row.ResponseStatus,
+			ResponseHeaders: row.ResponseHeaders, ResponseBody: row.ResponseBody,
+			CreatedAt: row.CreatedAt, ExpiresAt: row.ExpiresAt, Expired: row.Expired,
+		}})
+	}
+	return true
+}
+
+// withWrite runs IdempotencyKeyClaimLone as rewritten for its write (and
+// for the store's table), with the write's arguments after the claim's.
+type withWrite struct {
+	db    keydb.DBTX
+	write *loneWrite
+	args  []any
+}
+
+var errNotLone = errors.New("pgstore: only IdempotencyKeyClaimLone runs with a write")
+
+func (w withWrite) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errNotLone
+}
+
+func (w withWrite) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errNotLone
+}
+
+func (w withWrite) QueryRow(ctx context.Context, _ string, args ...any) pgx.Row {
+	if len(args) != claimParams {
+		return errRow{fmt.Errorf("pgstore: %d arguments to the lone claim, want %d", len(args), claimParams)}
+	}
+	return w.db.QueryRow(ctx, w.write.sql, append(args, w.args...)...)
+}
+
+// claimLoneSQL is IdempotencyKeyClaimLone's SQL as the store sends it,
+// renamed for its table.
+func claimLoneSQL(s *Store) string {
+	var c captured
+	_, _ = s.queries(&c).IdempotencyKeyClaimLone(context.Background(), keydb.IdempotencyKeyClaimLoneParams{})
+	return c.sql
+}
+
+// captured is a DBTX that only records the statement it is given.
+type captured struct{ sql string }
+
+func (c *captured) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
+	c.sql = sql
+	return pgconn.CommandTag{}, errQueued
+}
+
+func (c *captured) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
+	c.sql = sql
+	return nil, errQueued
+}
+
+func (c *captured) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
+	c.sql = sql
+	return errRow{errQueued}
+}

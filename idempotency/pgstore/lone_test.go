@@ -1,0 +1,173 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/internal/testdb"
+)
+
+// statements counts the statements a pool sends, alone or in pipelines.
+type statements struct{ n atomic.Int64 }
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	s.n.Add(1)
+	return ctx
+}
+func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *statements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (s *statements) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) { s.n.Add(1) }
+func (s *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestLoneCommit checks a lone deferred commit: one statement when its
+// write fits (see IdempotencyKeyClaimLone), the pipeline when it does not,
+// and the same outcome either way: the write made once, or nothing written
+// and the key's holder reported.
+func TestLoneCommit(t *testing.T) {
+	t.Parallel()
+	// guarded queues a write guarded by the claim as Guard writes it.
+	guarded := func(b *pgstore.Batch) {
+		cond, args := b.Guard(3)
+		_, _ = b.Exec(context.Background(), "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond,
+			append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
+	}
+	withN := func(n int) func(*pgstore.Batch) {
+		return func(b *pgstore.Batch) {
+			cond, args := b.Guard(4)
+			_, _ = b.Exec(context.Background(), "-- name: WriteN :exec\nINSERT INTO writes (id, scope, n)\nSELECT $1, $2, $3\nWHERE "+cond+";",
+				append([]any{rand.Text(), []byte(b.Ref().Scope), n}, args...)...)
+		}
+	}
+	tests := []struct {
+		name  string
+		table string
+		queue []func(*pgstore.Batch)
+		// before prepares the key: "replay" stores a record under it,
+		// "held" holds it in an open transaction.
+		before     string
+		statements int64
+		writes     int
+		noKey      bool // no key row is left (or none visible)
+		check      func(t *testing.T, err error)
+	}{
+		{name: "a guarded write", queue: []func(*pgstore.Batch){withN(2)}, statements: 1, writes: 1},
+		{name: "a write using the guard's scope elsewhere", queue: []func(*pgstore.Batch){guarded}, statements: 1, writes: 1},
+		{name: "no write", statements: 1},
+		{name: "a key table of another name", table: renamedTable, queue: []func(*pgstore.Batch){withN(1)}, statements: 1, writes: 1},
+		{
+			name: "a replay writes nothing", before: "replay", queue: []func(*pgstore.Batch){withN(1)}, statements: 1, writes: 1,
+			check: func(t *testing.T, err error) {
+				var taken *idempotency.TakenError
+				require.ErrorAs(t, err, &taken, "a replay")
+				require.NotNil(t, taken.Record, "the replayed record")
+				require.Equal(t, "stored", string(taken.Record.Response.Body), "the replayed body")
+			},
+		},
+		{
+			name: "a key held elsewhere is in flight", before: "held", queue: []func(*pgstore.Batch){withN(1)}, statements: 1, noKey: true,
+			check: func(t *testing.T, err error) {
+				require.ErrorIs(t, err, idempotency.ErrInFlight, "a key held by an open transaction")
+			},
+		},
+		{
+			name: "a failing write leaves nothing", queue: []func(*pgstore.Batch){withN(-1)}, statements: 1, noKey: true,
+			check: func(t *testing.T, err error) {
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr, "a row breaking a CHECK")
+				require.Equal(t, "23514", pgErr.Code, "the write's error")
+			},
+		},
+		// What does not fit goes in the pipeline: peek, claim, writes.
+		{name: "two writes", queue: []func(*pgstore.Batch){withN(1), withN(2)}, statements: 4, writes: 2},
+		{
+			name: "a write in a block comment's company",
+			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
+				cond, args := b.Guard(3)
+				_, _ = b.Exec(context.Background(), "/* odd */ INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond,
+					append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
+			}},
+			statements: 3, writes: 1,
+		},
+		{
+			name: "a guard for another key writes nothing",
+			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
+				cond, _ := b.Guard(3)
+				_, _ = b.Exec(context.Background(), "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond,
+					rand.Text(), []byte(b.Ref().Scope), []byte(b.Ref().Scope), "another key")
+			}},
+			statements: 3, writes: 0,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			counted := &statements{}
+			cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+			require.NoError(t, err, "parse the database URL")
+			cfg.ConnConfig.Tracer = counted
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err, "open a pool")
+			t.Cleanup(pool.Close)
+			store, err := pgstore.New(pool, pgstore.Options{Table: tt.table})
+			require.NoError(t, err, "open the store")
+
+			scope, key := "lone-"+rand.Text(), "key-"+rand.Text()
+			req := idempotency.ClaimRequest{Scope: scope, Key: key, Method: http.MethodPost, Route: "/writes", TTL: time.Hour, Wait: 5 * time.Second}
+			commit := func(body string, queue []func(*pgstore.Batch)) error {
+				lease, rec, err := store.Deferred().Claim(ctx, req)
+				require.NoError(t, err, "claim")
+				require.Nil(t, rec, "a deferred claim finds nothing before its commit")
+				for _, q := range queue {
+					q(lease.Unit())
+				}
+				return lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(body)})
+			}
+			switch tt.before {
+			case "replay":
+				require.NoError(t, commit("stored", []func(*pgstore.Batch){withN(1)}), "store the record replayed")
+			case "held":
+				req.Wait = 200 * time.Millisecond
+				lease, _, err := store.Claim(ctx, req)
+				require.NoError(t, err, "claim the key in a transaction")
+				t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
+			}
+
+			before := counted.n.Load()
+			start := time.Now()
+			err = commit("first", tt.queue)
+			require.Equal(t, tt.statements, counted.n.Load()-before, "statements of the commit")
+			if tt.check != nil {
+				tt.check(t, err)
+			} else {
+				require.NoError(t, err, "commit")
+			}
+			require.Less(t, time.Since(start), 2*time.Second, "the commit is bounded by its wait")
+
+			var writes int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(scope)).Scan(&writes), "count writes")
+			require.Equal(t, tt.writes, writes, "rows written")
+			table := tt.table
+			if table == "" {
+				table = pgstore.DefaultTable
+			}
+			var keys int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE scope = $1 AND idempotency_key = $2",
+				[]byte(scope), key).Scan(&keys), "count key rows")
+			require.Equal(t, !tt.noKey, keys == 1, "the key row stored (%d rows)", keys)
+		})
+	}
+}
