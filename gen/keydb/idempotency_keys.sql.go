@@ -98,24 +98,24 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, arg IdempotencyKeyCla
 }
 
 const idempotencyKeyClaimLone = `-- name: IdempotencyKeyClaimLone :one
-WITH budget AS (
+WITH pgstore_budget AS (
     SELECT set_config('lock_timeout', $3::text, true) AS lock_timeout
-), claim AS (
+), pgstore_claim AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)
     SELECT $1::bytea, $2::text, $4::bytea, $5::text, $6::text,
            'completed', $7::integer, $8::jsonb, $9::bytea,
            $10::timestamptz, now(), $11::timestamptz
-    FROM budget
+    FROM pgstore_budget
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING 1
-), write AS (
+), pgstore_write AS (
     SELECT 1
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
        h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
-       EXISTS (SELECT 1 FROM claim) AS claimed
-FROM budget b
+       EXISTS (SELECT 1 FROM pgstore_claim) AS claimed
+FROM pgstore_budget b
 LEFT JOIN idempotency_keys h ON h.scope = $1::bytea AND h.idempotency_key = $2::text
 `
 
@@ -148,15 +148,18 @@ type IdempotencyKeyClaimLoneRow struct {
 
 // A lone deferred commit of at most one write, in one statement rather
 // than a pipeline of three: the claim, the operation's write and the peek.
-// The CTE "write" holds the operation's write, which pgstore puts in its
-// place at run time with its guard turned into EXISTS (SELECT 1 FROM claim)
-// (see pgstore.Batch): the key row the claim inserts is invisible to the
-// rest of the statement, so the write must ask the claim itself. As written
-// here it writes nothing. The peek reads the statement's snapshot, taken
-// before the claim: what held the key, as IdempotencyKeyPeekScope says.
-// budget sets the lock wait before the claim's insert can wait; there is no
-// statement timeout (it is armed before a statement runs), and the
-// request's context cancels the statement in PostgreSQL instead.
+// The CTE pgstore_write holds the operation's write, which pgstore puts in
+// its place at run time with its guard turned into
+// EXISTS (SELECT 1 FROM pgstore_claim) (see pgstore.Batch): the key row the
+// claim inserts is invisible to the rest of the statement, so the write
+// must ask the claim itself. As written here it writes nothing. (The CTEs
+// are named so as not to hide a table the write names; a write that names
+// one of them is sent in the pipeline.) The peek reads the statement's
+// snapshot, taken before the claim: what held the key, as
+// IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
+// the claim's insert can wait. A statement timeout set here would come too
+// late (it is armed before a statement runs): pgstore bounds the statement
+// through its context instead, which cancels it in PostgreSQL.
 func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKeyClaimLoneParams) (IdempotencyKeyClaimLoneRow, error) {
 	row := q.db.QueryRow(ctx, idempotencyKeyClaimLone,
 		arg.Scope,

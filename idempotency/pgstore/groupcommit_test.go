@@ -331,7 +331,7 @@ func TestStatementsProbeTheIndex(t *testing.T) {
 		if strings.Contains(s.Statement, "reltuples") {
 			stats++
 		}
-		if strings.Contains(s.Statement, "unnest(") || strings.Contains(s.Statement, "claim AS") {
+		if strings.Contains(s.Statement, "unnest(") || strings.Contains(s.Statement, "pgstore_claim AS") {
 			lookUps++
 		}
 		if strings.Contains(s.Statement, "DELETE") {

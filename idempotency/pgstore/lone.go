@@ -30,7 +30,7 @@ import (
 
 // writePlaceholder is the CTE of IdempotencyKeyClaimLone that stands for
 // the operation's write.
-const writePlaceholder = "write AS (\n    SELECT 1\n)"
+const writePlaceholder = "pgstore_write AS (\n    SELECT 1\n)"
 
 // loneWrite is one write rewritten for IdempotencyKeyClaimLone, the same
 // for every write of the same SQL.
@@ -76,14 +76,17 @@ const claimParams = 11
 
 func (w *loneWrites) rewrite(sql string) *loneWrite {
 	sql = strings.TrimRight(strings.TrimSpace(sql), ";")
+	if !strings.Contains(w.claim, writePlaceholder) {
+		return nil
+	}
 	guards := w.guard.FindAllStringSubmatchIndex(sql, -1)
-	if len(guards) != 1 || !startsWithWrite(sql) {
+	if len(guards) != 1 || !startsWithWrite(sql) || strings.Contains(strings.ToLower(sql), "pgstore_") {
 		return nil
 	}
 	g := guards[0]
 	scope, _ := strconv.Atoi(sql[g[2]:g[3]])
 	key, _ := strconv.Atoi(sql[g[4]:g[5]])
-	body := sql[:g[0]] + "EXISTS (SELECT 1 FROM claim)" + sql[g[1]:]
+	body := sql[:g[0]] + "EXISTS (SELECT 1 FROM pgstore_claim)" + sql[g[1]:]
 	params, ok := parameters(body)
 	if !ok {
 		return nil
@@ -103,7 +106,7 @@ func (w *loneWrites) rewrite(sql string) *loneWrite {
 		last = end
 	})
 	out.WriteString(body[last:])
-	lw.sql = strings.Replace(w.claim, writePlaceholder, "write AS (\n"+out.String()+"\n)", 1)
+	lw.sql = strings.Replace(w.claim, writePlaceholder, "pgstore_write AS (\n"+out.String()+"\n)", 1)
 	return lw
 }
 
@@ -180,6 +183,9 @@ func forEachParameter(sql string, f func(start, end, n int)) bool {
 			}
 			i += end + 1 // a doubled quote reads as two literals
 		case c == '$':
+			if i > 0 && identifierByte(sql[i-1]) {
+				return false // a $ inside an identifier
+			}
 			j := i + 1
 			for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
 				j++
@@ -193,6 +199,11 @@ func forEachParameter(sql string, f func(start, end, n int)) bool {
 		}
 	}
 	return true
+}
+
+// identifierByte reports whether c may be part of an unquoted identifier.
+func identifierByte(c byte) bool {
+	return c == '_' || c == '$' || c >= 0x80 || ('0' <= c && c <= '9') || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
 }
 
 // sendLone sends a lone member's claim and its one write (or none) as one

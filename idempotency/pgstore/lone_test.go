@@ -102,6 +102,24 @@ func TestLoneCommit(t *testing.T) {
 			statements: 3, writes: 1,
 		},
 		{
+			name: "a write naming the statement's own CTEs",
+			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
+				cond, args := b.Guard(3)
+				_, _ = b.Exec(context.Background(), "INSERT INTO writes AS pgstore_claim (id, scope) SELECT $1, $2 WHERE "+cond,
+					append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
+			}},
+			statements: 3, writes: 1,
+		},
+		{
+			name: "a write quoting a parameter-like text",
+			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
+				cond, args := b.Guard(3)
+				_, _ = b.Exec(context.Background(), "INSERT INTO writes (id, scope) SELECT 'a''$9' || $1, $2 WHERE "+cond,
+					append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
+			}},
+			statements: 1, writes: 1,
+		},
+		{
 			name: "a guard for another key writes nothing",
 			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
 				cond, _ := b.Guard(3)
