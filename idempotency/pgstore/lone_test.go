@@ -38,12 +38,16 @@ func (s *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 // and the key's holder reported.
 func TestLoneCommit(t *testing.T) {
 	t.Parallel()
-	// guarded queues a write guarded by the claim as Guard writes it.
-	guarded := func(b *pgstore.Batch) {
-		cond, args := b.Guard(3)
-		_, _ = b.Exec(context.Background(), "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond,
-			append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
+	// insert queues "<sql> WHERE <guard>", sql taking the row's id as $1
+	// and its scope as $2, the guard Guard's from $3.
+	insert := func(sql string) func(*pgstore.Batch) {
+		return func(b *pgstore.Batch) {
+			cond, args := b.Guard(3)
+			_, _ = b.Exec(context.Background(), sql+" WHERE "+cond, append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
+		}
 	}
+	guarded := insert("INSERT INTO writes (id, scope) SELECT $1, $2")
+	// withN is a write as sqlc sends it, named, on lines, with a ";".
 	withN := func(n int) func(*pgstore.Batch) {
 		return func(b *pgstore.Batch) {
 			cond, args := b.Guard(4)
@@ -90,35 +94,24 @@ func TestLoneCommit(t *testing.T) {
 				require.Equal(t, "23514", pgErr.Code, "the write's error")
 			},
 		},
+		{
+			name:       "a write quoting a parameter-like text",
+			queue:      []func(*pgstore.Batch){insert("INSERT INTO writes (id, scope) SELECT 'a''$9' || $1, $2")},
+			statements: 1, writes: 1,
+		},
 		// What does not fit goes in the pipeline: peek, claim, writes.
 		{name: "two writes", queue: []func(*pgstore.Batch){withN(1), withN(2)}, statements: 4, writes: 2},
 		{
-			name: "a write in a block comment's company",
-			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
-				cond, args := b.Guard(3)
-				_, _ = b.Exec(context.Background(), "/* odd */ INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond,
-					append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
-			}},
+			name:       "a write in a block comment's company",
+			queue:      []func(*pgstore.Batch){insert("/* odd */ INSERT INTO writes (id, scope) SELECT $1, $2")},
 			statements: 3, writes: 1,
 		},
 		{
-			name: "a write naming the statement's own CTEs",
-			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
-				cond, args := b.Guard(3)
-				_, _ = b.Exec(context.Background(), "INSERT INTO writes AS pgstore_claim (id, scope) SELECT $1, $2 WHERE "+cond,
-					append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
-			}},
+			name:       "a write naming the statement's own CTEs",
+			queue:      []func(*pgstore.Batch){insert("INSERT INTO writes AS pgstore_claim (id, scope) SELECT $1, $2")},
 			statements: 3, writes: 1,
 		},
-		{
-			name: "a write quoting a parameter-like text",
-			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
-				cond, args := b.Guard(3)
-				_, _ = b.Exec(context.Background(), "INSERT INTO writes (id, scope) SELECT 'a''$9' || $1, $2 WHERE "+cond,
-					append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
-			}},
-			statements: 1, writes: 1,
-		},
+
 		{
 			name: "a guard for another key writes nothing",
 			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
