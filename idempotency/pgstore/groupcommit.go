@@ -114,13 +114,7 @@ func (g *groupCommitter) commit(ctx context.Context, l *deferredLease) error {
 		// Sent on this request's goroutine, which waits for it anyway;
 		// what queues meanwhile is sent by a goroutine of its own.
 		g.sendMerged(first)
-		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.inFlight--
-			g.mu.Unlock()
-		} else {
-			next := g.takeLocked()
-			g.mu.Unlock()
+		if next := g.next(); next != nil {
 			go g.send(next)
 		}
 	}
@@ -196,17 +190,22 @@ type memberKey struct {
 // send sends members as one pipeline, then the next queued ones, until the
 // queue is empty.
 func (g *groupCommitter) send(members []*member) {
-	for {
+	for members != nil {
 		g.sendMerged(members)
-		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.inFlight--
-			g.mu.Unlock()
-			return
-		}
-		members = g.takeLocked()
-		g.mu.Unlock()
+		members = g.next()
 	}
+}
+
+// next takes the members of the next pipeline off the queue for a sender
+// that has sent its own, or, when none are queued, ends its turn (nil).
+func (g *groupCommitter) next() []*member {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.queue) == 0 {
+		g.inFlight--
+		return nil
+	}
+	return g.takeLocked()
 }
 
 // sendMerged sends members' claims and writes as one pipeline, sets what
@@ -303,7 +302,7 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 		claim.ResponseStatuses[i], claim.ResponseHeaders[i], claim.ResponseBodies[i] = l.status, l.headers, l.body
 		claim.CreatedAts[i], claim.ExpiresAts[i] = l.ref.ClaimedAt, l.ref.ClaimedAt.Add(req.TTL)
 	}
-	ms := max(wait.Milliseconds(), 1)
+	ms := waitMillis(wait)
 	peek.LockTimeout = strconv.FormatInt(ms, 10)
 	peek.StatementTimeout = strconv.FormatInt(ms+statementSlack.Milliseconds(), 10)
 	p := &queue{}

@@ -46,14 +46,13 @@ type loneWrite struct {
 // loneWrites caches the rewriting of each write's SQL: a *loneWrite, or nil
 // when it does not fit.
 type loneWrites struct {
-	table string
 	claim string // IdempotencyKeyClaimLone, renamed for the table
 	guard *regexp.Regexp
 	done  sync.Map
 }
 
 func newLoneWrites(table, claim string) *loneWrites {
-	return &loneWrites{table: table, claim: claim, guard: regexp.MustCompile(`(?i)EXISTS\s*\(\s*SELECT\s+1\s+FROM\s+` + table +
+	return &loneWrites{claim: claim, guard: regexp.MustCompile(`(?i)EXISTS\s*\(\s*SELECT\s+1\s+FROM\s+` + table +
 		`\s+k\s+WHERE\s+k\.scope\s*=\s*\$(\d+)\s+AND\s+k\.idempotency_key\s*=\s*\$(\d+)\s+AND\s+k\.xmin\s*=\s*pg_current_xact_id_if_assigned\(\)::xid\s*\)`)}
 }
 
@@ -234,9 +233,8 @@ func (g *groupCommitter) sendLone(ctx context.Context, m *member) bool {
 	// the wait and its slack (see Claim).
 	stmtCtx, cancel := context.WithTimeout(ctx, req.Wait+statementSlack)
 	defer cancel()
-	ms := max(req.Wait.Milliseconds(), 1)
 	row, err := keydb.New(withWrite{g.pool, lw, write}).IdempotencyKeyClaimLone(stmtCtx, keydb.IdempotencyKeyClaimLoneParams{
-		Scope: []byte(req.Scope), IdempotencyKey: req.Key, LockTimeout: strconv.FormatInt(ms, 10),
+		Scope: []byte(req.Scope), IdempotencyKey: req.Key, LockTimeout: strconv.FormatInt(waitMillis(req.Wait), 10),
 		Fingerprint: req.Fingerprint[:], RequestMethod: req.Method, RequestRoute: req.Route,
 		ResponseStatus: l.status, ResponseHeaders: l.headers, ResponseBody: l.body,
 		CreatedAt: l.ref.ClaimedAt, ExpiresAt: l.ref.ClaimedAt.Add(req.TTL),
@@ -285,27 +283,9 @@ func (w withWrite) QueryRow(ctx context.Context, _ string, args ...any) pgx.Row 
 }
 
 // claimLoneSQL is IdempotencyKeyClaimLone's SQL as the store sends it,
-// renamed for its table.
+// renamed for its table: queued, never sent.
 func claimLoneSQL(s *Store) string {
-	var c captured
-	_, _ = s.queries(&c).IdempotencyKeyClaimLone(context.Background(), keydb.IdempotencyKeyClaimLoneParams{})
-	return c.sql
-}
-
-// captured is a DBTX that only records the statement it is given.
-type captured struct{ sql string }
-
-func (c *captured) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
-	c.sql = sql
-	return pgconn.CommandTag{}, errQueued
-}
-
-func (c *captured) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
-	c.sql = sql
-	return nil, errQueued
-}
-
-func (c *captured) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
-	c.sql = sql
-	return errRow{errQueued}
+	p := &queue{}
+	_, _ = s.queries(p).IdempotencyKeyClaimLone(context.Background(), keydb.IdempotencyKeyClaimLoneParams{})
+	return p.batch.QueuedQueries[0].SQL
 }

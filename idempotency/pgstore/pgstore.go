@@ -267,10 +267,14 @@ func (s *Store) claimTx(ctx context.Context, req idempotency.ClaimRequest) (*txL
 // take some milliseconds, and must not be mistaken for an in-flight key.
 const statementSlack = 200 * time.Millisecond
 
+// waitMillis is a wait in whole milliseconds for lock_timeout, at least 1:
+// 0 would mean no bound at all.
+func waitMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
+
 // waitBudget bounds a claim statement: each lock wait by d, the statement
 // as a whole (which may wait on several holders in turn) by d plus slack.
 func waitBudget(d time.Duration) string {
-	ms := max(d.Milliseconds(), 1)
+	ms := waitMillis(d)
 	return fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms+statementSlack.Milliseconds())
 }
 
