@@ -99,11 +99,11 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, arg IdempotencyKeyCla
 
 const idempotencyKeyClaimLone = `-- name: IdempotencyKeyClaimLone :one
 WITH pgstore_budget AS (
-    SELECT set_config('lock_timeout', $3::text, true) AS lock_timeout
+    SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout
 ), pgstore_claim AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)
-    SELECT $1::bytea, $2::text, $4::bytea, $5::text, $6::text,
+    SELECT $2::bytea, $3::text, $4::bytea, $5::text, $6::text,
            'completed', $7::integer, $8::jsonb, $9::bytea,
            $10::timestamptz, now(), $11::timestamptz
     FROM pgstore_budget
@@ -111,18 +111,22 @@ WITH pgstore_budget AS (
     RETURNING 1
 ), pgstore_write AS (
     SELECT 1
+), pgstore_peek AS (
+    SELECT fingerprint, status, response_status, response_headers, response_body, created_at, expires_at
+    FROM idempotency_keys
+    WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = $2::bytea AND idempotency_key = $3::text
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
        h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
        EXISTS (SELECT 1 FROM pgstore_claim) AS claimed
 FROM pgstore_budget b
-LEFT JOIN idempotency_keys h ON h.scope = $1::bytea AND h.idempotency_key = $2::text
+LEFT JOIN pgstore_peek h ON true
 `
 
 type IdempotencyKeyClaimLoneParams struct {
+	LockTimeout     string
 	Scope           []byte
 	IdempotencyKey  string
-	LockTimeout     string
 	Fingerprint     []byte
 	RequestMethod   string
 	RequestRoute    string
@@ -159,12 +163,14 @@ type IdempotencyKeyClaimLoneRow struct {
 // IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
 // the claim's insert can wait. A statement timeout set here would come too
 // late (it is armed before a statement runs): pgstore bounds the statement
-// through its context instead, which cancels it in PostgreSQL.
+// through its context instead, which cancels it in PostgreSQL. The peek is
+// only read when the claim inserted nothing: a claimed key's answer needs
+// no peek, and the gate spares that primary-key probe.
 func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKeyClaimLoneParams) (IdempotencyKeyClaimLoneRow, error) {
 	row := q.db.QueryRow(ctx, idempotencyKeyClaimLone,
+		arg.LockTimeout,
 		arg.Scope,
 		arg.IdempotencyKey,
-		arg.LockTimeout,
 		arg.Fingerprint,
 		arg.RequestMethod,
 		arg.RequestRoute,

@@ -38,8 +38,9 @@ import (
 //
 // Concurrent commits are sent together, as one pipeline and one
 // transaction (see groupCommitter): their claims as the two statements
-// above, each of them for all the keys, then every operation's writes.
-// Still one round trip each.
+// above, each of them for all the keys, then every operation's writes; or,
+// for a few commits that each fit one statement, their lone statements one
+// after the other. Still one round trip each.
 
 // Deferred returns the store for write-only operations: their claim is made
 // at their commit, with their writes, in one round trip (see Batch). A

@@ -14,3 +14,7 @@ func QueuedCommits(s *Store) int {
 
 // MaxMergedCommits is how many pipelines may be in flight at once.
 const MaxMergedCommits = maxMergedCommits
+
+// MaxLoneMembers is the longest pipeline sent as its members' lone
+// statements.
+const MaxLoneMembers = maxLoneMembers

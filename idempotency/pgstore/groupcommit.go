@@ -46,7 +46,11 @@ import (
 // every other member sends its claim and writes again on its own. (The
 // claims are two statements for all members, so a failure there, such as a
 // lock wait on a key held elsewhere that ran out, is nobody's in
-// particular: every member goes again alone.) That is always
+// particular: every member goes again alone.) A short pipeline, of at most
+// maxLoneMembers whose writes fit it, is its members' lone statements
+// instead (see lone.go), each claiming, writing and peeking for its own
+// member: fewer statements than the claims' two and the writes, and a
+// failure at one is that member's own. That is always
 // safe: a member whose first attempt did commit finds its own key row and
 // replays it, and one whose attempt was rolled back claims again.
 
@@ -66,6 +70,9 @@ const (
 	// mergedTimeout bounds a merged pipeline whose members set no deadline
 	// (each member's peek bounds every statement in PostgreSQL anyway).
 	mergedTimeout = 10 * time.Second
+	// maxLoneMembers is the longest pipeline sent as its members' lone
+	// statements rather than as the merged claims and their writes.
+	maxLoneMembers = 4
 )
 
 // groupCommitter merges concurrent deferred commits into shared pipelines.
@@ -218,6 +225,9 @@ func (g *groupCommitter) sendMerged(members []*member) {
 	}()
 	if len(members) == 1 {
 		g.sendAlone(members[0])
+		return
+	}
+	if len(members) <= maxLoneMembers && g.sendLones(members) {
 		return
 	}
 	ctx, cancel := mergedContext(members)

@@ -44,13 +44,14 @@ type memberResult struct {
 // back until release is closed, so the requests behind them queue and go
 // as one merged pipeline.
 type groupBundle struct {
-	ctx     context.Context
-	pool    *pgxpool.Pool
-	store   *pgstore.Store
-	scope   string
-	sizes   chan int // the size of every pipeline sent once armed
-	release chan struct{}
-	armed   atomic.Bool
+	ctx        context.Context
+	pool       *pgxpool.Pool
+	store      *pgstore.Store
+	scope      string
+	sizes      chan int // the size of every pipeline sent once armed
+	release    chan struct{}
+	armed      atomic.Bool
+	statements statements // sent through pool
 }
 
 func setupGroup(t *testing.T) *groupBundle {
@@ -61,7 +62,14 @@ func setupGroup(t *testing.T) *groupBundle {
 // setupGroupWith is setupGroup with the store's options.
 func setupGroupWith(t *testing.T, opts pgstore.Options) *groupBundle {
 	t.Helper()
-	b := newGroupBundle(t, testdb.Pool(t), opts)
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err, "parse the database URL")
+	b := &groupBundle{}
+	cfg.ConnConfig.Tracer = &b.statements
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err, "open a pool")
+	t.Cleanup(pool.Close)
+	b.init(t, pool, opts)
 	var calls atomic.Int32
 	pgstore.WatchCommits(b.store, func(members int) {
 		if !b.armed.Load() {
@@ -77,10 +85,17 @@ func setupGroupWith(t *testing.T, opts pgstore.Options) *groupBundle {
 
 func newGroupBundle(t *testing.T, pool *pgxpool.Pool, opts pgstore.Options) *groupBundle {
 	t.Helper()
+	b := &groupBundle{}
+	b.init(t, pool, opts)
+	return b
+}
+
+func (b *groupBundle) init(t *testing.T, pool *pgxpool.Pool, opts pgstore.Options) {
+	t.Helper()
 	store, err := pgstore.New(pool, opts)
 	require.NoError(t, err, "open the store")
-	return &groupBundle{ctx: t.Context(), pool: pool, store: store, scope: "group-" + rand.Text(),
-		sizes: make(chan int, 1000), release: make(chan struct{})}
+	b.ctx, b.pool, b.store, b.scope = t.Context(), pool, store, "group-"+rand.Text()
+	b.sizes, b.release = make(chan int, 1000), make(chan struct{})
 }
 
 func (b *groupBundle) request(scope, key string, wait time.Duration) idempotency.ClaimRequest {
@@ -193,7 +208,25 @@ func (b *groupBundle) writes(t *testing.T) int {
 // also when another member of the pipeline fails it.
 func TestGroupCommit(t *testing.T) {
 	t.Parallel()
-	const good = 9
+	for _, size := range []struct {
+		name string
+		good int // ordinary members beside the odd one
+		// statements is what the merged pipeline sends: a short one each
+		// member's lone statement, a long one the claims' two statements
+		// and each member's write.
+		statements int64
+	}{
+		{name: "short", good: pgstore.MaxLoneMembers - 1, statements: pgstore.MaxLoneMembers},
+		{name: "long", good: 9, statements: 2 + 10},
+	} {
+		t.Run(size.name, func(t *testing.T) {
+			t.Parallel()
+			testGroupCommit(t, size.good, size.statements)
+		})
+	}
+}
+
+func testGroupCommit(t *testing.T, good int, statements int64) {
 	tests := []struct {
 		name string
 		odd  member // one member beside good ordinary first requests
@@ -240,11 +273,15 @@ func TestGroupCommit(t *testing.T) {
 				require.ErrorIs(t, res.err, idempotency.ErrInFlight, "a key held by an open transaction")
 			},
 			oddWrites: 0,
-			// The merged claim's lock wait ran out, and it cannot say
-			// whose key it waited for: every member goes again alone, and
-			// the odd one waits for the holder a second time.
+			// A long pipeline's claims' lock wait ran out, and they cannot
+			// say whose key they waited for: every member goes again alone,
+			// and the odd one waits for the holder a second time. In a
+			// short one, it was the odd member's own statement.
 			resent: good + 1,
 		},
+	}
+	if good+1 <= pgstore.MaxLoneMembers {
+		tests[3].resent = good
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -265,7 +302,9 @@ func TestGroupCommit(t *testing.T) {
 			for range good {
 				members = append(members, member{key: "good-" + rand.Text()})
 			}
+			before := b.statements.n.Load()
 			results := b.run(t, members)
+			sent := b.statements.n.Load() - before
 			require.Equal(t, len(members), <-b.sizes, "members of the pipeline after the held ones")
 			tt.check(t, b, results[0])
 			for i, res := range results[1:] {
@@ -273,6 +312,10 @@ func TestGroupCommit(t *testing.T) {
 			}
 			require.Equal(t, pgstore.MaxMergedCommits+good+tt.oddWrites, b.writes(t), "rows written")
 			require.Equal(t, tt.resent, b.resent(), "pipelines sent again alone")
+			if tt.resent == 0 {
+				// The held pipelines' one statement each, then the merged one.
+				require.Equal(t, pgstore.MaxMergedCommits+statements, sent, "statements sent")
+			}
 		})
 	}
 }

@@ -186,7 +186,9 @@ RETURNING scope, idempotency_key;
 -- IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
 -- the claim's insert can wait. A statement timeout set here would come too
 -- late (it is armed before a statement runs): pgstore bounds the statement
--- through its context instead, which cancels it in PostgreSQL.
+-- through its context instead, which cancels it in PostgreSQL. The peek is
+-- only read when the claim inserted nothing: a claimed key's answer needs
+-- no peek, and the gate spares that primary-key probe.
 WITH pgstore_budget AS (
     SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout
 ), pgstore_claim AS (
@@ -200,9 +202,13 @@ WITH pgstore_budget AS (
     RETURNING 1
 ), pgstore_write AS (
     SELECT 1
+), pgstore_peek AS (
+    SELECT fingerprint, status, response_status, response_headers, response_body, created_at, expires_at
+    FROM idempotency_keys
+    WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = @scope::bytea AND idempotency_key = @idempotency_key::text
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
        h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
        EXISTS (SELECT 1 FROM pgstore_claim) AS claimed
 FROM pgstore_budget b
-LEFT JOIN idempotency_keys h ON h.scope = @scope::bytea AND h.idempotency_key = @idempotency_key::text;
+LEFT JOIN pgstore_peek h ON true;
