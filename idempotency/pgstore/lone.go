@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -280,32 +281,31 @@ func (g *groupCommitter) sendLone(ctx context.Context, m *member) bool {
 // for its own member alone, so a short pipeline costs PostgreSQL fewer
 // statements than the merged claims' two and the members' writes.
 func (g *groupCommitter) sendLones(members []*member) bool {
-	stmts := make([]withWrite, len(members))
+	// Queued, not run; nothing is sent unless every member fits.
 	p := &queue{}
-	for i, m := range members {
+	var wait time.Duration
+	for _, m := range members {
 		lw, write, ok := g.loneOf(m)
 		if !ok {
 			return false
 		}
-		stmts[i] = withWrite{p, lw, write}
+		wait = max(wait, m.lease.req.Wait)
+		_, _ = keydb.New(withWrite{p, lw, write}).IdempotencyKeyClaimLone(context.Background(), loneParams(m.lease))
 	}
 	if g.sent != nil {
 		g.sent(len(members))
 	}
 	ctx, cancel := mergedContext(members)
 	defer cancel()
-	wait := members[0].lease.req.Wait
-	for i, m := range members {
-		wait = max(wait, m.lease.req.Wait)
-		_, _ = keydb.New(stmts[i]).IdempotencyKeyClaimLone(ctx, loneParams(m.lease))
-	}
 	stmtCtx, cancelStmt := context.WithTimeout(ctx, wait+statementSlack)
 	defer cancelStmt()
 	br := g.pool.SendBatch(stmtCtx, &p.batch)
 	rows := make([]keydb.IdempotencyKeyClaimLoneRow, len(members))
 	failed, failure := -1, error(nil)
-	for i, m := range members {
-		row, err := keydb.New(batchRow{br}).IdempotencyKeyClaimLone(stmtCtx, loneParams(m.lease))
+	for i := range members {
+		// The generated method only scans here: batchRow ignores the
+		// statement and its arguments and reads the next result.
+		row, err := keydb.New(batchRow{br}).IdempotencyKeyClaimLone(stmtCtx, keydb.IdempotencyKeyClaimLoneParams{})
 		if err != nil {
 			failed, failure = i, err
 			break
