@@ -169,5 +169,6 @@ fuzz: ## run the fuzz targets (canonical JSON, fingerprint, the whole handler) f
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzCheckFast -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
+	$(GO) test -run='^$$' -fuzz=FuzzWriteFast -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
 	$(GO) test -run='^$$' -fuzz=FuzzFingerprint -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/
 	$(GO) test -run='^$$' -fuzz=FuzzHandler -fuzztime=$(or $(FUZZTIME),30s) ./internal/httpapi/
