@@ -349,7 +349,7 @@ func drawKey(c draw.Canvas) {
 		color color.Color
 	}{
 		{"first requests: ≥ 0.8 × the baseline's throughput at 1 and 8 clients, ≥ 1 × at 32 and 64", ratioTargets[0].color},
-		{"replays (replay, replay-db, replay+redis): ≥ 3 × the baseline's throughput at every client count", ratioTargets[1].color},
+		{fmt.Sprintf("replay (from the record cache, as serve is wired): ≥ %.0f × the baseline's throughput at every client count; replay-db and replay+redis are not held to this line", float64(replayTarget)), ratioTargets[1].color},
 	} {
 		mid := y - body.Height("X")/2
 		c.StrokeLine2(draw.LineStyle{Color: t.color, Width: vg.Points(1.5), Dashes: targetDashes}, left, mid, left+swatch, mid)
