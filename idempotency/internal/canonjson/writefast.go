@@ -86,14 +86,14 @@ func (w *fastWriter) object(i int) (int, bool) {
 		if w.doc[i] == ',' {
 			i = skipSpace(w.doc, i+1)
 		}
-		end := bytes.IndexByte(w.doc[i+1:], '"') + i + 1 // the key's closing quote
-		key := w.doc[i+1 : end]
+		end, _ := stringEnd(w.doc, i)
+		key := w.doc[i+1 : end-1]
 		for _, b := range key {
 			if b >= 0x80 {
 				return 0, false // UTF-16 order differs from UTF-8's beyond U+FFFF
 			}
 		}
-		start := skipSpace(w.doc, skipSpace(w.doc, end+1)+1) // past the colon
+		start := skipSpace(w.doc, skipSpace(w.doc, end)+1) // past the colon
 		members = append(members, member{key: key, value: start})
 		i = skipSpace(w.doc, skipValue(w.doc, start))
 	}
@@ -119,12 +119,14 @@ func (w *fastWriter) object(i int) (int, bool) {
 func skipValue(doc []byte, i int) int {
 	switch doc[i] {
 	case '"':
-		return bytes.IndexByte(doc[i+1:], '"') + i + 2
+		end, _ := stringEnd(doc, i)
+		return end
 	case '{', '[':
 		for depth := 0; ; i++ {
 			switch doc[i] {
 			case '"':
-				i += bytes.IndexByte(doc[i+1:], '"') + 1
+				end, _ := stringEnd(doc, i)
+				i = end - 1
 			case '{', '[':
 				depth++
 			case '}', ']':
