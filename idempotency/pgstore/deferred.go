@@ -182,13 +182,13 @@ func (l *deferredLease) readWrites(br pgx.BatchResults) error {
 	return nil
 }
 
-// readError translates an error of a deferred pipeline: a claim statement's
-// lock wait or statement timeout that ran out means the key is in flight
-// (claimError).
-func readError(ctx context.Context, err error) error {
+// readError translates an error of a deferred pipeline on table: a claim
+// statement's lock wait for a key's holder that ran out means the key is
+// in flight (claimError).
+func readError(ctx context.Context, table string, err error) error {
 	var claimErr *claimStepError
 	if errors.As(err, &claimErr) {
-		return claimError(ctx, claimErr.step, claimErr.err)
+		return claimError(ctx, table, claimErr.step, claimErr.err)
 	}
 	return Translate(err)
 }

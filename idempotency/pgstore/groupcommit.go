@@ -260,7 +260,7 @@ func (g *groupCommitter) sendPipeline(ctx context.Context, members []*member) {
 		m := members[0]
 		switch {
 		case failure != nil:
-			m.err = readError(ctx, failure)
+			m.err = readError(ctx, g.store.table, failure)
 		case closeErr != nil:
 			m.err = Translate(fmt.Errorf("commit: %w", closeErr))
 		default:
@@ -274,7 +274,7 @@ func (g *groupCommitter) sendPipeline(ctx context.Context, members []*member) {
 		for i, m := range members {
 			m.err = errSendAlone
 			if i == failed {
-				m.err = readError(m.ctx, failure)
+				m.err = readError(m.ctx, g.store.table, failure)
 			}
 		}
 	case failure != nil || closeErr != nil:

@@ -257,18 +257,29 @@ func (g *groupCommitter) sendLone(ctx context.Context, m *member) bool {
 	if g.sent != nil {
 		g.sent(1)
 	}
+	// The connection is had under the request's deadline, not the
+	// statement's: waiting for one says nothing of the key, and a pool
+	// exhausted for longer than the wait must not pass for a key in
+	// flight.
+	conn, err := g.pool.Acquire(ctx)
+	if err != nil {
+		m.err = Translate(fmt.Errorf("claim: acquire a connection: %w", err))
+		return true
+	}
+	defer conn.Release()
 	// The whole statement is bounded as a pipeline's statements are, by
 	// the wait and its slack (see Claim).
 	stmtCtx, cancel := context.WithTimeout(ctx, m.lease.req.Wait+statementSlack)
 	defer cancel()
-	row, err := keydb.New(withWrite{g.pool, lw, write}).IdempotencyKeyClaimLone(stmtCtx, loneParams(m.lease))
+	row, err := keydb.New(withWrite{conn, lw, write}).IdempotencyKeyClaimLone(stmtCtx, loneParams(m.lease))
 	switch {
 	case err != nil && ctx.Err() == nil && stmtCtx.Err() != nil:
-		// The statement's own bound ran out, not the request's: the key
-		// is held, as a lock wait that ran out says.
-		m.err = idempotency.ErrInFlight
+		// The statement's own bound ran out, not the request's, and no
+		// lock wait for the key's holder did first (its lock_timeout is
+		// shorter): the server was too slow to say.
+		m.err = fmt.Errorf("%w: the claim took longer than its wait budget: %w", idempotency.ErrUnavailable, err)
 	case err != nil:
-		m.err = claimError(ctx, "claim", err)
+		m.err = claimError(ctx, g.store.table, "claim", err)
 	default:
 		m.err = loneAnswer(m.lease, row)
 	}
@@ -297,9 +308,17 @@ func (g *groupCommitter) sendLones(members []*member) bool {
 	}
 	ctx, cancel := mergedContext(members)
 	defer cancel()
+	conn, err := g.pool.Acquire(ctx)
+	if err != nil {
+		for _, m := range members {
+			m.err = errSendAlone
+		}
+		return true
+	}
+	defer conn.Release()
 	stmtCtx, cancelStmt := context.WithTimeout(ctx, wait+statementSlack)
 	defer cancelStmt()
-	br := g.pool.SendBatch(stmtCtx, &p.batch)
+	br := conn.SendBatch(stmtCtx, &p.batch)
 	rows := make([]keydb.IdempotencyKeyClaimLoneRow, len(members))
 	failed, failure := -1, error(nil)
 	for i := range members {
@@ -320,7 +339,7 @@ func (g *groupCommitter) sendLones(members []*member) bool {
 		case i == failed && stmtCtx.Err() == nil && ownFailure(ctx, failure):
 			// Its own statement failed for a reason of its own: the answer
 			// it would have got alone; the others go again alone.
-			m.err = claimError(m.ctx, "claim", failure)
+			m.err = claimError(m.ctx, g.store.table, "claim", failure)
 		default:
 			m.err = errSendAlone
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,7 +61,9 @@ func TestLoneCommit(t *testing.T) {
 		table string
 		queue []func(*pgstore.Batch)
 		// before prepares the key: "replay" stores a record under it,
-		// "held" holds it in an open transaction.
+		// "held" holds it in an open transaction; or the database:
+		// "locked" locks the written table in an open transaction,
+		// "starved" holds the pool's every connection.
 		before     string
 		statements int64
 		writes     int
@@ -84,6 +87,24 @@ func TestLoneCommit(t *testing.T) {
 			name: "a key held elsewhere is in flight", before: "held", queue: []func(*pgstore.Batch){withN(1)}, statements: 1, noKey: true,
 			check: func(t *testing.T, err error) {
 				require.ErrorIs(t, err, idempotency.ErrInFlight, "a key held by an open transaction")
+			},
+		},
+		{
+			// Nobody holds the key: a wait that ran out on another lock is
+			// no key in flight, whatever the statement claims with it.
+			name: "a write blocked by a lock on its table is unavailable, not in flight", before: "locked",
+			queue: []func(*pgstore.Batch){withN(1)}, statements: 1, noKey: true,
+			check: func(t *testing.T, err error) {
+				require.ErrorIs(t, err, idempotency.ErrUnavailable, "a lock on the written table")
+				require.NotErrorIs(t, err, idempotency.ErrInFlight)
+			},
+		},
+		{
+			name: "a pool with no connection to give is unavailable, not in flight", before: "starved",
+			queue: []func(*pgstore.Batch){withN(1)}, statements: 0, noKey: true,
+			check: func(t *testing.T, err error) {
+				require.ErrorIs(t, err, idempotency.ErrUnavailable, "no connection within the request's deadline")
+				require.NotErrorIs(t, err, idempotency.ErrInFlight)
 			},
 		},
 		{
@@ -130,6 +151,9 @@ func TestLoneCommit(t *testing.T) {
 			cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 			require.NoError(t, err, "parse the database URL")
 			cfg.ConnConfig.Tracer = counted
+			if tt.before == "starved" {
+				cfg.MaxConns = 1
+			}
 			pool, err := pgxpool.NewWithConfig(ctx, cfg)
 			require.NoError(t, err, "open a pool")
 			t.Cleanup(pool.Close)
@@ -139,6 +163,8 @@ func TestLoneCommit(t *testing.T) {
 			scope, key := "lone-"+rand.Text(), "key-"+rand.Text()
 			req := idempotency.ClaimRequest{Scope: scope, Key: key, Method: http.MethodPost, Route: "/writes", TTL: time.Hour, Wait: 5 * time.Second}
 			commit := func(body string, queue []func(*pgstore.Batch)) error {
+				ctx, cancel := context.WithTimeout(ctx, time.Second) // a request's deadline
+				defer cancel()
 				lease, rec, err := store.Deferred().Claim(ctx, req)
 				require.NoError(t, err, "claim")
 				require.Nil(t, rec, "a deferred claim finds nothing before its commit")
@@ -147,6 +173,7 @@ func TestLoneCommit(t *testing.T) {
 				}
 				return lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(body)})
 			}
+			release := func() {} // what before holds, let go once the commit is done (or the test ends)
 			switch tt.before {
 			case "replay":
 				require.NoError(t, commit("stored", []func(*pgstore.Batch){withN(1)}), "store the record replayed")
@@ -155,11 +182,29 @@ func TestLoneCommit(t *testing.T) {
 				lease, _, err := store.Claim(ctx, req)
 				require.NoError(t, err, "claim the key in a transaction")
 				t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
+			case "locked":
+				req.Wait = 200 * time.Millisecond
+				locker, err := pgx.Connect(ctx, testdb.URL(t))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = locker.Close(context.Background()) })
+				tx, err := locker.Begin(ctx)
+				require.NoError(t, err)
+				_, err = tx.Exec(ctx, "LOCK TABLE writes IN ACCESS EXCLUSIVE MODE")
+				require.NoError(t, err, "lock the written table")
+				release = sync.OnceFunc(func() { _ = tx.Rollback(context.Background()) })
+				t.Cleanup(release)
+			case "starved":
+				req.Wait = 200 * time.Millisecond // shorter than the request's deadline, as a service's is
+				conn, err := pool.Acquire(ctx)
+				require.NoError(t, err, "take the pool's one connection")
+				release = sync.OnceFunc(conn.Release)
+				t.Cleanup(release)
 			}
 
 			before := counted.n.Load()
 			start := time.Now()
 			err = commit("first", tt.queue)
+			release()
 			require.Equal(t, tt.statements, counted.n.Load()-before, "statements of the commit")
 			if tt.check != nil {
 				tt.check(t, err)

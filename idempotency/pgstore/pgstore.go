@@ -295,12 +295,12 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 				return nil, nil, idempotency.ErrInFlight
 			}
 			if _, err := tx.Exec(ctx, waitBudget(left)); err != nil {
-				return nil, nil, claimError(ctx, "set wait budget", err)
+				return nil, nil, claimError(ctx, s.table, "set wait budget", err)
 			}
 		}
 		rows, err := q.IdempotencyKeyClaim(ctx, params)
 		if err != nil {
-			return nil, nil, claimError(ctx, "claim", err)
+			return nil, nil, claimError(ctx, s.table, "claim", err)
 		}
 		if len(rows) == 0 {
 			// The INSERT waited for a concurrent holder that then committed;
@@ -322,7 +322,7 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, keydb.IdempotencyKeyDeleteIfExpiredParams{
 				Scope: []byte(req.Scope), IdempotencyKey: req.Key,
 			}); err != nil {
-				return nil, nil, claimError(ctx, "free expired key", err)
+				return nil, nil, claimError(ctx, s.table, "free expired key", err)
 			}
 			continue
 		case row.Status != "completed":
@@ -338,16 +338,29 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 	return nil, nil, fmt.Errorf("claim: key kept changing under %d attempts", claimAttempts)
 }
 
-// claimError translates a failure of a claim statement. lock_timeout
-// (55P03) or statement_timeout (57014, when ctx itself has not ended)
-// expiring means another session held the key for the whole wait budget,
-// whether the INSERT or the DELETE of an expired row was waiting.
-func claimError(ctx context.Context, step string, err error) error {
+// claimError translates a failure of a claim statement on table. A lock
+// wait on a key row that ran out (lock_timeout, 55P03, or
+// statement_timeout, 57014, when ctx itself has not ended) means that
+// another request held the key for the whole wait budget: ErrInFlight,
+// whether the INSERT or the DELETE of an expired row was waiting. Any
+// other wait that ran out (a lock on the operation's own tables, a server
+// too starved to finish in time) is not the key's holder, and is
+// ErrUnavailable: a 202 "in progress" for a key nobody holds would be
+// untrue.
+func claimError(ctx context.Context, table, step string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || (pgErr.Code == "57014" && ctx.Err() == nil)) {
+	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || (pgErr.Code == "57014" && ctx.Err() == nil)) && waitedForKey(pgErr, table) {
 		return idempotency.ErrInFlight
 	}
 	return Translate(fmt.Errorf("%s: %w", step, err))
+}
+
+// waitedForKey reports whether a statement was cut short while it waited
+// for a row of the key table (or of a partition of it named after it):
+// PostgreSQL names the relation of such a wait in the error's context,
+// "while inserting index tuple (0,1) in relation "idempotency_keys"".
+func waitedForKey(err *pgconn.PgError, table string) bool {
+	return strings.Contains(err.Where, ` in relation "`+table+`"`) || strings.Contains(err.Where, ` in relation "`+table+`_`)
 }
 
 // txLease is a claimed key and the open transaction the operation runs in.
@@ -625,10 +638,29 @@ func unavailable(err error) bool {
 		pgconn.Timeout(err), pgconn.SafeToRetry(err):
 		return true
 	case errors.As(err, &pgErr):
-		// Class 08: connection exception; 57P0x: the server is shutting
-		// down or cannot accept connections; 53300: too many connections.
-		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" ||
-			pgErr.Code == "57P03" || pgErr.Code == "53300"
+		return unavailableCode(pgErr.Code)
+	}
+	return false
+}
+
+// unavailableCode reports whether a statement that failed with this
+// SQLSTATE may succeed if sent again a little later, having changed
+// nothing: the database could not serve it now, whatever it asked.
+func unavailableCode(code string) bool {
+	switch code[:2] {
+	case "08", // connection exception
+		"53": // insufficient resources: too many connections, disk full, out of memory
+		return true
+	}
+	switch code {
+	case "57P01", "57P02", "57P03", // the server is shutting down, or cannot accept connections yet
+		"25006", // read-only: a standby (a demoted primary), or a full disk's protection mode
+		"57014", // canceled: statement_timeout, or a cancel request
+		"55P03", // lock_timeout ran out (a wait for a key's holder is ErrInFlight: see claimError)
+		"40001", // serialization failure
+		"40P01", // deadlock: PostgreSQL rolled one of the two back
+		"58030": // I/O error
+		return true
 	}
 	return false
 }

@@ -2,14 +2,17 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/internal/testharness"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/storetest"
@@ -166,4 +169,38 @@ func oneSessionDatabase(t *testing.T) *pgxpool.Pool {
 	require.NoError(t, err, "pool")
 	t.Cleanup(pool.Close) // registered after the drop, so it runs before
 	return pool
+}
+
+// TestTranslate: every failure that means "the database cannot serve this
+// now, and nothing was done" is idempotency.ErrUnavailable, so that every
+// caller answers 503 with Retry-After and a retry with the same key; a
+// failure of the request itself is not.
+func TestTranslate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code        string
+		why         string
+		unavailable bool
+	}{
+		{"25006", "read-only: a standby, or a full disk's protection mode", true},
+		{"53300", "too many connections", true},
+		{"53100", "disk full", true},
+		{"57014", "statement timeout", true},
+		{"55P03", "lock timeout on the operation's own rows", true},
+		{"40001", "serialization failure", true},
+		{"40P01", "deadlock", true},
+		{"57P01", "administrator shutdown", true},
+		{"08006", "connection failure", true},
+		{"23505", "unique violation: the request's own", false},
+		{"22003", "numeric value out of range: the request's own", false},
+		{"42P01", "undefined table: a bug", false},
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			t.Parallel()
+			err := pgstore.Translate(fmt.Errorf("a statement: %w", &pgconn.PgError{Code: tc.code}))
+			require.Equal(t, tc.unavailable, errors.Is(err, idempotency.ErrUnavailable), "%s (%s)", tc.code, tc.why)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr, "the driver's error stays in the chain for the log")
+		})
+	}
 }
