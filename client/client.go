@@ -158,13 +158,13 @@ func (c *Client) CreateRefund(ctx context.Context, paymentID string, in api.NewR
 // GetRefund returns one of the caller's refunds. While it is pending, look
 // again later (after the answer's Retry-After).
 func (c *Client) GetRefund(ctx context.Context, id string) (*api.Refund, error) {
-	return get[api.Refund](c.api.GetRefund(ctx, id))
+	return get[api.Refund](c.api.GetRefund(ctx, id, nil))
 }
 
 // ListRefunds returns every refund of one of the caller's payments, oldest
 // first.
 func (c *Client) ListRefunds(ctx context.Context, paymentID string) ([]api.Refund, error) {
-	list, err := get[api.RefundList](c.api.ListRefunds(ctx, paymentID))
+	list, err := get[api.RefundList](c.api.ListRefunds(ctx, paymentID, nil))
 	if err != nil {
 		return nil, err
 	}

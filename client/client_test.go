@@ -137,7 +137,7 @@ func setupPayments(t *testing.T, faults provider.Faults) *testBundle {
 	backend := memory.New()
 	sandbox := httptest.NewServer(provider.NewServer(provider.NewMemoryStore(), faults, slog.New(slog.DiscardHandler)))
 	t.Cleanup(sandbox.Close)
-	svc := payments.NewService(payments.Config{
+	worker := payments.NewWorker(payments.WorkerConfig{
 		Repo: backend, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
 		Provider: provider.NewClient(sandbox.URL, &http.Client{Timeout: 5 * time.Second}),
 	})
@@ -146,10 +146,10 @@ func setupPayments(t *testing.T, faults provider.Faults) *testBundle {
 	go func() {
 		defer close(done)
 		policy := payments.RetryPolicy{Attempts: 30, Base: 5 * time.Millisecond, Limit: 50 * time.Millisecond, Timeout: 10 * time.Second}
-		payments.RunLocal(ctx, backend, svc, policy, 2, slog.New(slog.DiscardHandler))
+		payments.RunLocal(ctx, backend, worker, policy, 2, slog.New(slog.DiscardHandler))
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	b := start(t, backend, httpapi.Config{Payments: svc})
+	b := start(t, backend, httpapi.Config{Payments: payments.NewService(backend)})
 	b.provider = provider.NewClient(sandbox.URL, nil)
 	return b
 }

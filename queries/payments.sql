@@ -21,3 +21,23 @@ SELECT count(*) FROM payments WHERE account_id = $1;
 -- The payment, locked until the transaction ends: refunds of one payment are
 -- created one at a time, each after summing the others.
 SELECT * FROM payments WHERE account_id = $1 AND id = $2 FOR UPDATE;
+
+-- name: PaymentGetActiveForOrder :one
+-- The order's pending or succeeded payment: at most one
+-- (payments_one_active_per_order).
+SELECT * FROM payments
+WHERE account_id = $1 AND order_id = $2 AND status IN ('pending', 'succeeded');
+
+-- name: PaymentPendingStats :one
+-- How many payments are pending, and the age of the oldest (0: none), on
+-- every metrics scrape: cheap on the partial index payments_pending_idx.
+SELECT count(*)::bigint AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
+FROM payments WHERE status = 'pending';
+
+-- name: PaymentListPending :many
+-- Payments pending for longer than the given age, oldest first.
+SELECT * FROM payments
+WHERE status = 'pending' AND created_at < now() - make_interval(secs => @older_than_seconds::float8)
+ORDER BY created_at
+LIMIT @max_rows;

@@ -22,3 +22,16 @@ UPDATE refunds
 SET status = @status, failure_reason = @failure_reason, provider_refund_id = @provider_refund_id, completed_at = @completed_at
 WHERE account_id = @account_id AND id = @id AND status = 'pending'
 RETURNING *;
+
+-- name: RefundPendingStats :one
+-- PaymentPendingStats for refunds (refunds_pending_idx).
+SELECT count(*)::bigint AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
+FROM refunds WHERE status = 'pending';
+
+-- name: RefundListPending :many
+-- Refunds pending for longer than the given age, oldest first.
+SELECT * FROM refunds
+WHERE status = 'pending' AND created_at < now() - make_interval(secs => @older_than_seconds::float8)
+ORDER BY created_at
+LIMIT @max_rows;

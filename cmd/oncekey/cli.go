@@ -57,7 +57,7 @@ type serveCmd struct {
 	GroupCommitByAccount bool          `name:"group-commit-by-account" envvar:"ONCEKEY_GROUP_COMMIT_BY_ACCOUNT" help:"Merge only one account's concurrent first requests into a commit, so that each commit stays on one shard of a database sharded by account."`
 	RedisURL             string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0, or redis+cluster://host1:6379,host2:6379 for a Redis Cluster); any Redis failure falls back to PostgreSQL."`
 	Addr                 string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the API (:8080 for every interface)."`
-	MetricsAddr          string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics and the profiling endpoints on this internal address instead of /metrics on the API's."`
+	MetricsAddr          string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address instead of on the API's (the profiling endpoints only ever on --pprof-addr)."`
 	TTL                  time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
 	Wait                 time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
 	MaxBodyBytes         int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413."`
@@ -69,7 +69,7 @@ type serveCmd struct {
 	Tracing              string        `name:"tracing" envvar:"ONCEKEY_TRACING" default:"off" help:"off, or stdout: print OpenTelemetry spans as JSON."`
 	APIKeyCacheTTL       time.Duration `name:"api-key-cache-ttl" envvar:"ONCEKEY_API_KEY_CACHE_TTL" default:"10s" help:"How long a looked-up API key is trusted in process; a revoked key may keep working this long on each replica."`
 	RecordCacheSize      int           `name:"record-cache-size" envvar:"ONCEKEY_RECORD_CACHE_SIZE" default:"10000" help:"Completed records kept in process (0: none)."`
-	PprofAddr            string        `name:"pprof-addr" envvar:"ONCEKEY_PPROF_ADDR" placeholder:"HOST:PORT" help:"Serve only the profiling endpoints on this address."`
+	PprofAddr            string        `name:"pprof-addr" envvar:"ONCEKEY_PPROF_ADDR" placeholder:"HOST:PORT" help:"Serve the profiling endpoints (/debug/pprof/) on this internal address; off unless set."`
 	MaxConns             int           `name:"max-conns" envvar:"ONCEKEY_MAX_CONNS" default:"0" help:"Connections held at once (0: three quarters of the open-file limit, at most 10000)."`
 	MaxInFlight          int           `name:"max-in-flight" envvar:"ONCEKEY_MAX_IN_FLIGHT" default:"0" help:"Requests running at once; beyond it 503 with Retry-After (0: 256)."`
 

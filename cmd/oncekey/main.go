@@ -246,7 +246,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	}
 
 	m := metrics.New()
-	be, err := openBackend(ctx, cfg, log, stdout, dbOpts)
+	be, err := openBackend(ctx, cfg, log, dbOpts, m)
 	if err != nil {
 		return err
 	}
@@ -255,6 +255,10 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		m.RegisterPool(be.pool)
 	}
 	m.RegisterStore(be.Backend)
+	m.RegisterPending(be.Backend)
+	if be.replica != nil {
+		m.RegisterReplica(be.replica)
+	}
 	keys, writeKeys := be.Keys(), be.WriteKeys()
 	if cfg.RedisURL != "" {
 		rdb, err := redisstore.NewClient(cfg.RedisURL)
@@ -277,13 +281,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		}
 		keys, writeKeys = recordcache.Wrap(cache, keys), recordcache.Wrap(cache, writeKeys)
 	}
-	pay, err := startPayments(ctx, cfg, be, log)
+	pay, err := startPayments(ctx, cfg, be, log, m)
 	if err != nil {
 		return err
 	}
 	defer pay.stop()
 	handler, err := httpapi.New(httpapi.Config{
 		Backend:   be.Backend,
+		Reads:     be.reads,
 		Keys:      keys,
 		WriteKeys: writeKeys,
 		Payments:  pay.svc,
@@ -304,14 +309,16 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	if cfg.PprofAddr != "" {
-		stop, err := serveInternal(cfg.PprofAddr, nil, log)
+		stop, err := serveInternal(cfg.PprofAddr, profiling(), "profiling", log)
 		if err != nil {
 			return fmt.Errorf("--pprof-addr: %w", err)
 		}
 		defer stop()
 	}
 	if cfg.MetricsAddr != "" {
-		stop, err := serveInternal(cfg.MetricsAddr, m.Handler(), log)
+		metricsOnly := http.NewServeMux()
+		metricsOnly.Handle("GET /metrics", m.Handler())
+		stop, err := serveInternal(cfg.MetricsAddr, metricsOnly, "metrics", log)
 		if err != nil {
 			return fmt.Errorf("--metrics-addr: %w", err)
 		}
@@ -354,24 +361,28 @@ func tryIt(addr, apiKey string) string {
 // backend is the store serve runs on, with what it holds open.
 type backend struct {
 	store.Backend
-	kind    string        // what it is, for people
-	demoKey string        // the demo account's API key, if there is one
-	pool    *pgxpool.Pool // nil in memory
-	local   *memory.Store // nil on PostgreSQL
-	charges *jobs.Runner  // nil in memory
+	// reads serves the API's reads: the backend, or the replica in front
+	// of it. The payment worker never gets it.
+	reads   store.Reads
+	replica *postgres.Replica // nil without DATABASE_REPLICA_URL
+	kind    string            // what it is, for people
+	demoKey string            // the demo account's API key, if there is one
+	pool    *pgxpool.Pool     // nil in memory
+	local   *memory.Store     // nil on PostgreSQL
+	charges *jobs.Runner      // nil in memory
 	close   func()
 }
 
 // openBackend opens PostgreSQL when DATABASE_URL is set (migrating first),
 // and the in-memory store with a demo account otherwise.
-func openBackend(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer, dbOpts []postgres.Option) (backend, error) {
+func openBackend(ctx context.Context, cfg config, log *slog.Logger, dbOpts []postgres.Option, m *metrics.Metrics) (backend, error) {
 	if cfg.DatabaseURL == "" {
 		mem := memory.New()
 		if _, err := auth.CreateAccount(ctx, mem, "demo", cfg.DemoAPIKey); err != nil {
 			return backend{}, err
 		}
 		log.Warn("store: in memory (set DATABASE_URL for PostgreSQL); data is lost on exit")
-		return backend{Backend: mem, kind: "in memory: data is lost on exit", demoKey: cfg.DemoAPIKey, local: mem, close: func() {}}, nil
+		return backend{Backend: mem, reads: mem, kind: "in memory: data is lost on exit", demoKey: cfg.DemoAPIKey, local: mem, close: func() {}}, nil
 	}
 	pool, err := openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
 	if err != nil {
@@ -384,25 +395,26 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger, stdout io.Wr
 	}
 	log.Info("store: PostgreSQL")
 	pg := postgres.NewMerging(pool, runner, cfg.GroupCommitByAccount)
-	closeAll := pool.Close
+	be := backend{Backend: pg, reads: pg, kind: "on PostgreSQL", demoKey: cfg.DemoAPIKey, pool: pool, charges: runner, close: pool.Close}
 	if cfg.ReplicaURL != "" {
 		// Not migrated: a replica follows the primary's schema.
-		replica, err := postgres.OpenReplica(ctx, cfg.ReplicaURL, dbOpts...)
+		replicaPool, err := postgres.OpenReplica(ctx, cfg.ReplicaURL, dbOpts...)
 		if err != nil {
 			pool.Close()
 			return backend{}, fmt.Errorf("the replica (DATABASE_REPLICA_URL): %w", err)
 		}
-		pg.ReadFrom(replica)
-		closeAll = func() { replica.Close(); pool.Close() }
+		be.replica = postgres.NewReplica(pg, replicaPool, postgres.ReplicaConfig{Observer: m})
+		be.reads = be.replica
+		be.close = func() { be.replica.Close(); replicaPool.Close(); pool.Close() }
 		log.Info("reads that may lag: from the replica")
 	}
 	if cfg.DemoAPIKey != "" {
 		if err := ensureDemoAccount(ctx, pg, cfg.DemoAPIKey, log); err != nil {
-			closeAll()
+			be.close()
 			return backend{}, err
 		}
 	}
-	return backend{Backend: pg, kind: "on PostgreSQL", demoKey: cfg.DemoAPIKey, pool: pool, charges: runner, close: closeAll}, nil
+	return be, nil
 }
 
 // ensureDemoAccount makes --demo-api-key work on PostgreSQL: the account is
@@ -435,7 +447,7 @@ type paymentsRuntime struct {
 // ONCEKEY_PROVIDER_URL or, without one, the sandbox provider in-process (so
 // the in-memory default works end to end). stop lets attempts under way
 // finish, for up to ONCEKEY_SHUTDOWN_TIMEOUT.
-func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger) (paymentsRuntime, error) {
+func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger, m *metrics.Metrics) (paymentsRuntime, error) {
 	var stops []func(context.Context)
 	stopAll := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
@@ -456,15 +468,20 @@ func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger
 		log.Warn("payments: sandbox provider in-process (set ONCEKEY_PROVIDER_URL for a real one)", "url", url)
 	}
 	client := provider.NewClient(providerURL, &http.Client{Timeout: cfg.ProviderTimeout})
-	pcfg := payments.Config{Repo: be.Backend, Provider: client, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome}
+	// The worker settles through the backend, whose reads are the
+	// primary's: never through be.reads.
+	worker := payments.NewWorker(payments.WorkerConfig{
+		Repo: be.Backend, Provider: client, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
+		Observer: m, Logger: log,
+	})
+	svc := payments.NewService(be.reads)
 
 	if mem := be.local; mem != nil {
-		svc := payments.NewService(pcfg)
 		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			payments.RunLocal(wctx, mem, svc, cfg.PaymentPolicy, cfg.PaymentWorkers, log)
+			payments.RunLocal(wctx, mem, worker, cfg.PaymentPolicy, cfg.PaymentWorkers, log)
 		}()
 		stops = append(stops, func(sctx context.Context) {
 			cancel()
@@ -477,8 +494,7 @@ func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger
 	}
 
 	runner := be.charges
-	svc := payments.NewService(pcfg)
-	if err := runner.Start(context.WithoutCancel(ctx), svc); err != nil {
+	if err := runner.Start(context.WithoutCancel(ctx), worker); err != nil {
 		stopAll()
 		return paymentsRuntime{}, fmt.Errorf("start the payment worker: %w", err)
 	}
@@ -490,26 +506,29 @@ func startPayments(ctx context.Context, cfg config, be backend, log *slog.Logger
 	return paymentsRuntime{svc: svc, stop: stopAll}, nil
 }
 
-// serveInternal serves Go's profiling endpoints (/debug/pprof/), and
-// metrics at /metrics when there are any, on addr, a listener of their
-// own: they reveal internals and cost CPU while they profile, so they are
-// off by default and never on the API's address.
-func serveInternal(addr string, metrics http.Handler, log *slog.Logger) (stop func(), err error) {
+// serveInternal serves h on addr, an internal listener of its own (the
+// metrics, or the profiling endpoints): never on the API's address.
+func serveInternal(addr string, h http.Handler, what string, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	log.Warn("internal endpoints on", "addr", ln.Addr().String(), "serving", what)
+	return func() { _ = srv.Close() }, nil
+}
+
+// profiling is Go's profiling endpoints (/debug/pprof/). They reveal the
+// command line (and so any secret given as a flag) and burn CPU while they
+// profile, so they are served only where --pprof-addr asks, apart from the
+// metrics.
+func profiling() http.Handler {
 	mux := http.NewServeMux()
-	if metrics != nil {
-		mux.Handle("GET /metrics", metrics)
-	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	log.Warn("internal endpoints on", "addr", ln.Addr().String(), "metrics", metrics != nil)
-	return func() { _ = srv.Close() }, nil
+	return mux
 }

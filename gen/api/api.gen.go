@@ -231,6 +231,42 @@ func (e GetPaymentParamsConsistency) Valid() bool {
 	}
 }
 
+// Defines values for ListRefundsParamsConsistency.
+const (
+	ListRefundsParamsConsistencyEventual ListRefundsParamsConsistency = "eventual"
+	ListRefundsParamsConsistencyStrong   ListRefundsParamsConsistency = "strong"
+)
+
+// Valid indicates whether the value is a known member of the ListRefundsParamsConsistency enum.
+func (e ListRefundsParamsConsistency) Valid() bool {
+	switch e {
+	case ListRefundsParamsConsistencyEventual:
+		return true
+	case ListRefundsParamsConsistencyStrong:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetRefundParamsConsistency.
+const (
+	GetRefundParamsConsistencyEventual GetRefundParamsConsistency = "eventual"
+	GetRefundParamsConsistencyStrong   GetRefundParamsConsistency = "strong"
+)
+
+// Valid indicates whether the value is a known member of the GetRefundParamsConsistency enum.
+func (e GetRefundParamsConsistency) Valid() bool {
+	switch e {
+	case GetRefundParamsConsistencyEventual:
+		return true
+	case GetRefundParamsConsistencyStrong:
+		return true
+	default:
+		return false
+	}
+}
+
 // BonusBalance defines model for BonusBalance.
 type BonusBalance struct {
 	// Balance At most 10^18 (credits beyond are refused).
@@ -265,6 +301,12 @@ type Health struct {
 	Status string `json:"status"`
 }
 
+// ID A resource's id: a UUID, in either case. The service writes ids in
+// lower case and reads the two spellings as one id; a path id is
+// fingerprinted in lower case, so a retry that respells it is the same
+// request.
+type ID = string
+
 // NewBonusEntry defines model for NewBonusEntry.
 type NewBonusEntry struct {
 	// Amount Bonus points, a positive integer.
@@ -284,14 +326,17 @@ type NewOrder struct {
 
 // NewPayment defines model for NewPayment.
 type NewPayment struct {
-	// Amount Amount in integer minor units (kopecks for RUB).
+	// Amount The order's amount, in integer minor units (kopecks for RUB).
 	Amount int64 `json:"amount"`
 
 	// Currency ISO 4217 alphabetic code.
 	Currency string `json:"currency"`
 
-	// OrderId An order of the caller's account.
-	OrderId string `json:"order_id"`
+	// OrderId A resource's id: a UUID, in either case. The service writes ids in
+	// lower case and reads the two spellings as one id; a path id is
+	// fingerprinted in lower case, so a retry that respells it is the same
+	// request.
+	OrderId ID `json:"order_id"`
 }
 
 // NewRefund defines model for NewRefund.
@@ -440,11 +485,23 @@ type Consistency string
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
-// OrderID defines model for OrderID.
-type OrderID = string
+// OrderID A resource's id: a UUID, in either case. The service writes ids in
+// lower case and reads the two spellings as one id; a path id is
+// fingerprinted in lower case, so a retry that respells it is the same
+// request.
+type OrderID = ID
 
-// PaymentID defines model for PaymentID.
-type PaymentID = string
+// PaymentID A resource's id: a UUID, in either case. The service writes ids in
+// lower case and reads the two spellings as one id; a path id is
+// fingerprinted in lower case, so a retry that respells it is the same
+// request.
+type PaymentID = ID
+
+// RefundID A resource's id: a UUID, in either case. The service writes ids in
+// lower case and reads the two spellings as one id; a path id is
+// fingerprinted in lower case, so a retry that respells it is the same
+// request.
+type RefundID = ID
 
 // BadRequest An RFC 9457 problem details object.
 type BadRequest = Problem
@@ -473,9 +530,6 @@ type NotFound = Problem
 // NotFoundStored An RFC 9457 problem details object.
 type NotFoundStored = Problem
 
-// OrderCancelled An RFC 9457 problem details object.
-type OrderCancelled = Problem
-
 // OrderNotCancellable An RFC 9457 problem details object.
 type OrderNotCancellable = Problem
 
@@ -484,6 +538,9 @@ type OrderNotModifiable = Problem
 
 // PayloadTooLarge An RFC 9457 problem details object.
 type PayloadTooLarge = Problem
+
+// PaymentConflict An RFC 9457 problem details object.
+type PaymentConflict = Problem
 
 // PaymentNotRefundable An RFC 9457 problem details object.
 type PaymentNotRefundable = Problem
@@ -614,6 +671,18 @@ type GetPaymentParams struct {
 // GetPaymentParamsConsistency defines parameters for GetPayment.
 type GetPaymentParamsConsistency string
 
+// ListRefundsParams defines parameters for ListRefunds.
+type ListRefundsParams struct {
+	// Consistency Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+	// a read may not yet show the caller's latest writes. `strong` reads from
+	// the primary: everything committed before the request is seen. Without
+	// it (or with `eventual`) the read may come from a replica.
+	Consistency *ListRefundsParamsConsistency `json:"Consistency,omitempty"`
+}
+
+// ListRefundsParamsConsistency defines parameters for ListRefunds.
+type ListRefundsParamsConsistency string
+
 // CreateRefundParams defines parameters for CreateRefund.
 type CreateRefundParams struct {
 	// IdempotencyKey Names this logical operation within the caller's account. Send the same
@@ -622,6 +691,18 @@ type CreateRefundParams struct {
 	// (quotes, if any, are part of the key). Exactly one such header.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
+
+// GetRefundParams defines parameters for GetRefund.
+type GetRefundParams struct {
+	// Consistency Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+	// a read may not yet show the caller's latest writes. `strong` reads from
+	// the primary: everything committed before the request is seen. Without
+	// it (or with `eventual`) the read may come from a replica.
+	Consistency *GetRefundParamsConsistency `json:"Consistency,omitempty"`
+}
+
+// GetRefundParamsConsistency defines parameters for GetRefund.
+type GetRefundParamsConsistency string
 
 // CreateBonusCreditJSONRequestBody defines body for CreateBonusCredit for application/json ContentType.
 type CreateBonusCreditJSONRequestBody = NewBonusEntry
@@ -860,6 +941,14 @@ type ClientInterface interface {
 	// answers `200` with the final payment. The provider is charged at most
 	// once per payment, however often either side retries.
 	//
+	// An order is paid at most once, whatever key each attempt carries:
+	// while it has a pending payment another is `409`
+	// `payment-in-progress`, and once it is paid `409`
+	// `order-already-paid` (both name the payment). A client that lost the
+	// key of its first attempt therefore cannot charge twice. The amount
+	// and currency must be the order's (`422` `payment-amount-mismatch`).
+	// These answers are stored under the key.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /payments (the `CreatePayment` operationId).
@@ -874,6 +963,14 @@ type ClientInterface interface {
 	// answers `200` with the final payment. The provider is charged at most
 	// once per payment, however often either side retries.
 	//
+	// An order is paid at most once, whatever key each attempt carries:
+	// while it has a pending payment another is `409`
+	// `payment-in-progress`, and once it is paid `409`
+	// `order-already-paid` (both name the payment). A client that lost the
+	// key of its first attempt therefore cannot charge twice. The amount
+	// and currency must be the order's (`422` `payment-amount-mismatch`).
+	// These answers are stored under the key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /payments (the `CreatePayment` operationId).
@@ -887,7 +984,7 @@ type ClientInterface interface {
 	// ListRefunds The refunds of one of the caller's payments, oldest first
 	//
 	// Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
-	ListRefunds(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListRefunds(ctx context.Context, id PaymentID, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateRefundWithBody Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
 	//
@@ -939,7 +1036,7 @@ type ClientInterface interface {
 	// GetRefund Get one of the caller's refunds (poll until it is final)
 	//
 	// Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
-	GetRefund(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetRefund(ctx context.Context, id RefundID, params *GetRefundParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetBonusBalance The caller's bonus balance
@@ -1237,6 +1334,14 @@ func (c *Client) UpdateOrderWithApplicationMergePatchPlusJSONBody(ctx context.Co
 // answers `200` with the final payment. The provider is charged at most
 // once per payment, however often either side retries.
 //
+// An order is paid at most once, whatever key each attempt carries:
+// while it has a pending payment another is `409`
+// `payment-in-progress`, and once it is paid `409`
+// `order-already-paid` (both name the payment). A client that lost the
+// key of its first attempt therefore cannot charge twice. The amount
+// and currency must be the order's (`422` `payment-amount-mismatch`).
+// These answers are stored under the key.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /payments (the `CreatePayment` operationId).
@@ -1260,6 +1365,14 @@ func (c *Client) CreatePaymentWithBody(ctx context.Context, params *CreatePaymen
 // answers `202` with the same payment; once it is final, the retry
 // answers `200` with the final payment. The provider is charged at most
 // once per payment, however often either side retries.
+//
+// An order is paid at most once, whatever key each attempt carries:
+// while it has a pending payment another is `409`
+// `payment-in-progress`, and once it is paid `409`
+// `order-already-paid` (both name the payment). A client that lost the
+// key of its first attempt therefore cannot charge twice. The amount
+// and currency must be the order's (`422` `payment-amount-mismatch`).
+// These answers are stored under the key.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1294,8 +1407,8 @@ func (c *Client) GetPayment(ctx context.Context, id PaymentID, params *GetPaymen
 // ListRefunds The refunds of one of the caller's payments, oldest first
 //
 // Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
-func (c *Client) ListRefunds(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListRefundsRequest(c.Server, id)
+func (c *Client) ListRefunds(ctx context.Context, id PaymentID, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListRefundsRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1386,8 +1499,8 @@ func (c *Client) GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn
 // GetRefund Get one of the caller's refunds (poll until it is final)
 //
 // Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
-func (c *Client) GetRefund(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetRefundRequest(c.Server, id)
+func (c *Client) GetRefund(ctx context.Context, id RefundID, params *GetRefundParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetRefundRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1767,7 +1880,7 @@ func NewCancelOrderRequest(server string, id OrderID, params *CancelOrderParams)
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -1814,7 +1927,7 @@ func NewGetOrderRequest(server string, id OrderID, params *GetOrderParams) (*htt
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -1874,7 +1987,7 @@ func NewUpdateOrderRequestWithBody(server string, id OrderID, params *UpdateOrde
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -1976,7 +2089,7 @@ func NewGetPaymentRequest(server string, id PaymentID, params *GetPaymentParams)
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -2020,12 +2133,12 @@ func NewGetPaymentRequest(server string, id PaymentID, params *GetPaymentParams)
 }
 
 // NewListRefundsRequest constructs an http.Request for the ListRefunds method
-func NewListRefundsRequest(server string, id PaymentID) (*http.Request, error) {
+func NewListRefundsRequest(server string, id PaymentID, params *ListRefundsParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -2050,6 +2163,21 @@ func NewListRefundsRequest(server string, id PaymentID) (*http.Request, error) {
 		return nil, err
 	}
 
+	if params != nil {
+
+		if params.Consistency != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Consistency", *params.Consistency, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Consistency", headerParam0)
+		}
+
+	}
+
 	return req, nil
 }
 
@@ -2070,7 +2198,7 @@ func NewCreateRefundRequestWithBody(server string, id PaymentID, params *CreateR
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -2141,12 +2269,12 @@ func NewGetReadinessRequest(server string) (*http.Request, error) {
 }
 
 // NewGetRefundRequest constructs an http.Request for the GetRefund method
-func NewGetRefundRequest(server string, id string) (*http.Request, error) {
+func NewGetRefundRequest(server string, id RefundID, params *GetRefundParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -2169,6 +2297,21 @@ func NewGetRefundRequest(server string, id string) (*http.Request, error) {
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+
+		if params.Consistency != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Consistency", *params.Consistency, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Consistency", headerParam0)
+		}
+
 	}
 
 	return req, nil
@@ -2377,6 +2520,14 @@ type ClientWithResponsesInterface interface {
 	// answers `200` with the final payment. The provider is charged at most
 	// once per payment, however often either side retries.
 	//
+	// An order is paid at most once, whatever key each attempt carries:
+	// while it has a pending payment another is `409`
+	// `payment-in-progress`, and once it is paid `409`
+	// `order-already-paid` (both name the payment). A client that lost the
+	// key of its first attempt therefore cannot charge twice. The amount
+	// and currency must be the order's (`422` `payment-amount-mismatch`).
+	// These answers are stored under the key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /payments (the `CreatePayment` operationId).
@@ -2390,6 +2541,14 @@ type ClientWithResponsesInterface interface {
 	// answers `202` with the same payment; once it is final, the retry
 	// answers `200` with the final payment. The provider is charged at most
 	// once per payment, however often either side retries.
+	//
+	// An order is paid at most once, whatever key each attempt carries:
+	// while it has a pending payment another is `409`
+	// `payment-in-progress`, and once it is paid `409`
+	// `order-already-paid` (both name the payment). A client that lost the
+	// key of its first attempt therefore cannot charge twice. The amount
+	// and currency must be the order's (`422` `payment-amount-mismatch`).
+	// These answers are stored under the key.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2408,7 +2567,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
-	ListRefundsWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error)
+	ListRefundsWithResponse(ctx context.Context, id PaymentID, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error)
 
 	// CreateRefundWithBodyWithResponse Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
 	//
@@ -2464,7 +2623,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
-	GetRefundWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetRefundResponse, error)
+	GetRefundWithResponse(ctx context.Context, id RefundID, params *GetRefundParams, reqEditors ...RequestEditorFn) (*GetRefundResponse, error)
 }
 
 // GetBonusBalanceResponse401Headers the declared response headers of an HTTP 401 response for GetBonusBalance
@@ -3639,7 +3798,7 @@ type CreatePaymentResponse struct {
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *OrderCancelled
+	ApplicationproblemJSON409 *PaymentConflict
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationproblemJSON413 *PayloadTooLarge
 	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
@@ -3690,7 +3849,7 @@ func (r CreatePaymentResponse) GetApplicationproblemJSON401() *Unauthorized {
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r CreatePaymentResponse) GetApplicationproblemJSON409() *OrderCancelled {
+func (r CreatePaymentResponse) GetApplicationproblemJSON409() *PaymentConflict {
 	return r.ApplicationproblemJSON409
 }
 
@@ -4511,6 +4670,14 @@ func (c *ClientWithResponses) UpdateOrderWithApplicationMergePatchPlusJSONBodyWi
 // answers `200` with the final payment. The provider is charged at most
 // once per payment, however often either side retries.
 //
+// An order is paid at most once, whatever key each attempt carries:
+// while it has a pending payment another is `409`
+// `payment-in-progress`, and once it is paid `409`
+// `order-already-paid` (both name the payment). A client that lost the
+// key of its first attempt therefore cannot charge twice. The amount
+// and currency must be the order's (`422` `payment-amount-mismatch`).
+// These answers are stored under the key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /payments (the `CreatePayment` operationId).
@@ -4530,6 +4697,14 @@ func (c *ClientWithResponses) CreatePaymentWithBodyWithResponse(ctx context.Cont
 // answers `202` with the same payment; once it is final, the retry
 // answers `200` with the final payment. The provider is charged at most
 // once per payment, however often either side retries.
+//
+// An order is paid at most once, whatever key each attempt carries:
+// while it has a pending payment another is `409`
+// `payment-in-progress`, and once it is paid `409`
+// `order-already-paid` (both name the payment). A client that lost the
+// key of its first attempt therefore cannot charge twice. The amount
+// and currency must be the order's (`422` `payment-amount-mismatch`).
+// These answers are stored under the key.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -4560,8 +4735,8 @@ func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id Pay
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /payments/{id}/refunds (the `ListRefunds` operationId).
-func (c *ClientWithResponses) ListRefundsWithResponse(ctx context.Context, id PaymentID, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error) {
-	rsp, err := c.ListRefunds(ctx, id, reqEditors...)
+func (c *ClientWithResponses) ListRefundsWithResponse(ctx context.Context, id PaymentID, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error) {
+	rsp, err := c.ListRefunds(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -4640,8 +4815,8 @@ func (c *ClientWithResponses) GetReadinessWithResponse(ctx context.Context, reqE
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /refunds/{id} (the `GetRefund` operationId).
-func (c *ClientWithResponses) GetRefundWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetRefundResponse, error) {
-	rsp, err := c.GetRefund(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetRefundWithResponse(ctx context.Context, id RefundID, params *GetRefundParams, reqEditors ...RequestEditorFn) (*GetRefundResponse, error) {
+	rsp, err := c.GetRefund(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -5906,7 +6081,7 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 		response.ApplicationproblemJSON401 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest OrderCancelled
+		var dest PaymentConflict
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -6657,7 +6832,7 @@ type ServerInterface interface {
 	GetPayment(w http.ResponseWriter, r *http.Request, id PaymentID, params GetPaymentParams)
 	// ListRefunds The refunds of one of the caller's payments, oldest first
 	// (GET /payments/{id}/refunds)
-	ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID)
+	ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID, params ListRefundsParams)
 	// CreateRefund Refund a payment in part or in full, exactly once per Idempotency-Key (a long operation)
 	// (POST /payments/{id}/refunds)
 	CreateRefund(w http.ResponseWriter, r *http.Request, id PaymentID, params CreateRefundParams)
@@ -6666,7 +6841,7 @@ type ServerInterface interface {
 	GetReadiness(w http.ResponseWriter, r *http.Request)
 	// GetRefund Get one of the caller's refunds (poll until it is final)
 	// (GET /refunds/{id})
-	GetRefund(w http.ResponseWriter, r *http.Request, id string)
+	GetRefund(w http.ResponseWriter, r *http.Request, id RefundID, params GetRefundParams)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -6753,7 +6928,7 @@ func (_ Unimplemented) GetPayment(w http.ResponseWriter, r *http.Request, id Pay
 
 // ListRefunds The refunds of one of the caller's payments, oldest first
 // (GET /payments/{id}/refunds)
-func (_ Unimplemented) ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID) {
+func (_ Unimplemented) ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID, params ListRefundsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -6771,7 +6946,7 @@ func (_ Unimplemented) GetReadiness(w http.ResponseWriter, r *http.Request) {
 
 // GetRefund Get one of the caller's refunds (poll until it is final)
 // (GET /refunds/{id})
-func (_ Unimplemented) GetRefund(w http.ResponseWriter, r *http.Request, id string) {
+func (_ Unimplemented) GetRefund(w http.ResponseWriter, r *http.Request, id RefundID, params GetRefundParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -7078,7 +7253,7 @@ func (siw *ServerInterfaceWrapper) CancelOrder(w http.ResponseWriter, r *http.Re
 	// ------------- Path parameter "id" -------------
 	var id OrderID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
@@ -7132,7 +7307,7 @@ func (siw *ServerInterfaceWrapper) GetOrder(w http.ResponseWriter, r *http.Reque
 	// ------------- Path parameter "id" -------------
 	var id OrderID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
@@ -7182,7 +7357,7 @@ func (siw *ServerInterfaceWrapper) UpdateOrder(w http.ResponseWriter, r *http.Re
 	// ------------- Path parameter "id" -------------
 	var id OrderID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
@@ -7281,7 +7456,7 @@ func (siw *ServerInterfaceWrapper) GetPayment(w http.ResponseWriter, r *http.Req
 	// ------------- Path parameter "id" -------------
 	var id PaymentID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
@@ -7331,14 +7506,38 @@ func (siw *ServerInterfaceWrapper) ListRefunds(w http.ResponseWriter, r *http.Re
 	// ------------- Path parameter "id" -------------
 	var id PaymentID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListRefundsParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Consistency" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Consistency")]; found {
+		var Consistency ListRefundsParamsConsistency
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Consistency", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Consistency", valueList[0], &Consistency, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Consistency", Err: err})
+			return
+		}
+
+		params.Consistency = &Consistency
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.ListRefunds(w, r, id)
+		siw.Handler.ListRefunds(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7357,7 +7556,7 @@ func (siw *ServerInterfaceWrapper) CreateRefund(w http.ResponseWriter, r *http.R
 	// ------------- Path parameter "id" -------------
 	var id PaymentID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
@@ -7423,16 +7622,40 @@ func (siw *ServerInterfaceWrapper) GetRefund(w http.ResponseWriter, r *http.Requ
 	_ = err
 
 	// ------------- Path parameter "id" -------------
-	var id string
+	var id RefundID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetRefundParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Consistency" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Consistency")]; found {
+		var Consistency GetRefundParamsConsistency
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Consistency", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Consistency", valueList[0], &Consistency, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Consistency", Err: err})
+			return
+		}
+
+		params.Consistency = &Consistency
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.GetRefund(w, r, id)
+		siw.Handler.GetRefund(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7675,16 +7898,6 @@ type NotFoundStoredApplicationProblemPlusJSONResponse struct {
 	Headers NotFoundStoredResponseHeaders
 }
 
-type OrderCancelledResponseHeaders struct {
-	IdempotencyKey     *string
-	IdempotentReplayed *string
-}
-type OrderCancelledApplicationProblemPlusJSONResponse struct {
-	Body Problem
-
-	Headers OrderCancelledResponseHeaders
-}
-
 type OrderNotCancellableResponseHeaders struct {
 	IdempotencyKey     *string
 	IdempotentReplayed *string
@@ -7706,6 +7919,16 @@ type OrderNotModifiableApplicationProblemPlusJSONResponse struct {
 }
 
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
+
+type PaymentConflictResponseHeaders struct {
+	IdempotencyKey     *string
+	IdempotentReplayed *string
+}
+type PaymentConflictApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers PaymentConflictResponseHeaders
+}
 
 type PaymentNotRefundableResponseHeaders struct {
 	IdempotencyKey     *string
@@ -9264,7 +9487,7 @@ func (response CreatePayment401ApplicationProblemPlusJSONResponse) VisitCreatePa
 }
 
 type CreatePayment409ApplicationProblemPlusJSONResponse struct {
-	OrderCancelledApplicationProblemPlusJSONResponse
+	PaymentConflictApplicationProblemPlusJSONResponse
 }
 
 func (response CreatePayment409ApplicationProblemPlusJSONResponse) VisitCreatePaymentResponse(w http.ResponseWriter) error {
@@ -9494,7 +9717,8 @@ func (response GetPayment503ApplicationProblemPlusJSONResponse) VisitGetPaymentR
 }
 
 type ListRefundsRequestObject struct {
-	Id PaymentID `json:"id"`
+	Id     PaymentID `json:"id"`
+	Params ListRefundsParams
 }
 
 type ListRefundsResponseObject interface {
@@ -9917,7 +10141,8 @@ func (response GetReadiness503ApplicationProblemPlusJSONResponse) VisitGetReadin
 }
 
 type GetRefundRequestObject struct {
-	Id string `json:"id"`
+	Id     RefundID `json:"id"`
+	Params GetRefundParams
 }
 
 type GetRefundResponseObject interface {
@@ -10500,10 +10725,11 @@ func (sh *strictHandler) GetPayment(w http.ResponseWriter, r *http.Request, id P
 }
 
 // ListRefunds operation middleware
-func (sh *strictHandler) ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID) {
+func (sh *strictHandler) ListRefunds(w http.ResponseWriter, r *http.Request, id PaymentID, params ListRefundsParams) {
 	var request ListRefundsRequestObject
 
 	request.Id = id
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.ListRefunds(ctx, request.(ListRefundsRequestObject))
@@ -10584,10 +10810,11 @@ func (sh *strictHandler) GetReadiness(w http.ResponseWriter, r *http.Request) {
 }
 
 // GetRefund operation middleware
-func (sh *strictHandler) GetRefund(w http.ResponseWriter, r *http.Request, id string) {
+func (sh *strictHandler) GetRefund(w http.ResponseWriter, r *http.Request, id RefundID, params GetRefundParams) {
 	var request GetRefundRequestObject
 
 	request.Id = id
+	request.Params = params
 
 	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
 		return sh.ssi.GetRefund(ctx, request.(GetRefundRequestObject))

@@ -129,6 +129,38 @@ func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment
 	return i, err
 }
 
+const paymentGetActiveForOrder = `-- name: PaymentGetActiveForOrder :one
+SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments
+WHERE account_id = $1 AND order_id = $2 AND status IN ('pending', 'succeeded')
+`
+
+type PaymentGetActiveForOrderParams struct {
+	AccountID uuid.UUID
+	OrderID   uuid.UUID
+}
+
+// The order's pending or succeeded payment: at most one
+// (payments_one_active_per_order).
+func (q *Queries) PaymentGetActiveForOrder(ctx context.Context, arg PaymentGetActiveForOrderParams) (Payment, error) {
+	row := q.db.QueryRow(ctx, paymentGetActiveForOrder, arg.AccountID, arg.OrderID)
+	var i Payment
+	err := row.Scan(
+		&i.AccountID,
+		&i.ID,
+		&i.OrderID,
+		&i.Amount,
+		&i.Currency,
+		&i.Status,
+		&i.FailureReason,
+		&i.ProviderChargeID,
+		&i.IdempotencyKey,
+		&i.KeyCreatedAt,
+		&i.CreatedAt,
+		&i.CompletedAt,
+	)
+	return i, err
+}
+
 const paymentGetForUpdate = `-- name: PaymentGetForUpdate :one
 SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments WHERE account_id = $1 AND id = $2 FOR UPDATE
 `
@@ -157,5 +189,71 @@ func (q *Queries) PaymentGetForUpdate(ctx context.Context, arg PaymentGetForUpda
 		&i.CreatedAt,
 		&i.CompletedAt,
 	)
+	return i, err
+}
+
+const paymentListPending = `-- name: PaymentListPending :many
+SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments
+WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1::float8)
+ORDER BY created_at
+LIMIT $2
+`
+
+type PaymentListPendingParams struct {
+	OlderThanSeconds float64
+	MaxRows          int32
+}
+
+// Payments pending for longer than the given age, oldest first.
+func (q *Queries) PaymentListPending(ctx context.Context, arg PaymentListPendingParams) ([]Payment, error) {
+	rows, err := q.db.Query(ctx, paymentListPending, arg.OlderThanSeconds, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Payment{}
+	for rows.Next() {
+		var i Payment
+		if err := rows.Scan(
+			&i.AccountID,
+			&i.ID,
+			&i.OrderID,
+			&i.Amount,
+			&i.Currency,
+			&i.Status,
+			&i.FailureReason,
+			&i.ProviderChargeID,
+			&i.IdempotencyKey,
+			&i.KeyCreatedAt,
+			&i.CreatedAt,
+			&i.CompletedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const paymentPendingStats = `-- name: PaymentPendingStats :one
+SELECT count(*)::bigint AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
+FROM payments WHERE status = 'pending'
+`
+
+type PaymentPendingStatsRow struct {
+	Pending          int64
+	OldestAgeSeconds float64
+}
+
+// How many payments are pending, and the age of the oldest (0: none), on
+// every metrics scrape: cheap on the partial index payments_pending_idx.
+func (q *Queries) PaymentPendingStats(ctx context.Context) (PaymentPendingStatsRow, error) {
+	row := q.db.QueryRow(ctx, paymentPendingStats)
+	var i PaymentPendingStatsRow
+	err := row.Scan(&i.Pending, &i.OldestAgeSeconds)
 	return i, err
 }

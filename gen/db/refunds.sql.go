@@ -164,6 +164,72 @@ func (q *Queries) RefundList(ctx context.Context, arg RefundListParams) ([]Refun
 	return items, nil
 }
 
+const refundListPending = `-- name: RefundListPending :many
+SELECT account_id, id, payment_id, amount, currency, reason, status, failure_reason, provider_refund_id, idempotency_key, key_created_at, created_at, completed_at FROM refunds
+WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1::float8)
+ORDER BY created_at
+LIMIT $2
+`
+
+type RefundListPendingParams struct {
+	OlderThanSeconds float64
+	MaxRows          int32
+}
+
+// Refunds pending for longer than the given age, oldest first.
+func (q *Queries) RefundListPending(ctx context.Context, arg RefundListPendingParams) ([]Refund, error) {
+	rows, err := q.db.Query(ctx, refundListPending, arg.OlderThanSeconds, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Refund{}
+	for rows.Next() {
+		var i Refund
+		if err := rows.Scan(
+			&i.AccountID,
+			&i.ID,
+			&i.PaymentID,
+			&i.Amount,
+			&i.Currency,
+			&i.Reason,
+			&i.Status,
+			&i.FailureReason,
+			&i.ProviderRefundID,
+			&i.IdempotencyKey,
+			&i.KeyCreatedAt,
+			&i.CreatedAt,
+			&i.CompletedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const refundPendingStats = `-- name: RefundPendingStats :one
+SELECT count(*)::bigint AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
+FROM refunds WHERE status = 'pending'
+`
+
+type RefundPendingStatsRow struct {
+	Pending          int64
+	OldestAgeSeconds float64
+}
+
+// PaymentPendingStats for refunds (refunds_pending_idx).
+func (q *Queries) RefundPendingStats(ctx context.Context) (RefundPendingStatsRow, error) {
+	row := q.db.QueryRow(ctx, refundPendingStats)
+	var i RefundPendingStatsRow
+	err := row.Scan(&i.Pending, &i.OldestAgeSeconds)
+	return i, err
+}
+
 const refundTotals = `-- name: RefundTotals :one
 SELECT coalesce(sum(amount) FILTER (WHERE status <> 'failed'), 0)::bigint AS refunded,
        count(*) AS refunds

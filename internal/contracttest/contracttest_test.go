@@ -48,13 +48,13 @@ func serve(t *testing.T, cfg httpapi.Config, wrap func(http.Handler) http.Handle
 	return srv.URL, creds.APIKey
 }
 
-// sandboxPayments is a payment service on repo that charges and refunds
+// sandboxWorker is a payment worker on repo that charges and refunds
 // through a sandbox provider of the test's own, without faults.
-func sandboxPayments(t *testing.T, repo payments.Repository) *payments.Service {
+func sandboxWorker(t *testing.T, repo payments.Settlements) *payments.Worker {
 	t.Helper()
 	sandbox := httptest.NewServer(provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, discard))
 	t.Cleanup(sandbox.Close)
-	return payments.NewService(payments.Config{
+	return payments.NewWorker(payments.WorkerConfig{
 		Repo: repo, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
 		Provider: provider.NewClient(sandbox.URL, &http.Client{Timeout: 5 * time.Second}),
 	})
@@ -66,15 +66,15 @@ var discard = slog.New(slog.DiscardHandler)
 // as `oncekey serve` runs it by default.
 func inMemory(t *testing.T) httpapi.Config {
 	mem := memory.New()
-	svc := sandboxPayments(t, mem)
+	worker := sandboxWorker(t, mem)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		payments.RunLocal(ctx, mem, svc, payments.RetryPolicy{}, 4, discard)
+		payments.RunLocal(ctx, mem, worker, payments.RetryPolicy{}, 4, discard)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	return httpapi.Config{Backend: mem, Payments: svc}
+	return httpapi.Config{Backend: mem, Payments: payments.NewService(mem)}
 }
 
 // onPostgres is the service on a database of the test's own (River works
@@ -91,14 +91,13 @@ func onPool(t *testing.T, pool *pgxpool.Pool, byAccount bool) httpapi.Config {
 	runner, err := jobs.New(pool, jobs.Config{Workers: 4, PollInterval: 20 * time.Millisecond, Logger: discard})
 	require.NoError(t, err, "River runner")
 	pg := postgres.NewMerging(pool, runner, byAccount)
-	svc := sandboxPayments(t, pg)
-	require.NoError(t, runner.Start(context.Background(), svc), "start River")
+	require.NoError(t, runner.Start(context.Background(), sandboxWorker(t, pg)), "start River")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		require.NoError(t, runner.Stop(ctx), "stop River")
 	})
-	return httpapi.Config{Backend: pg, Payments: svc}
+	return httpapi.Config{Backend: pg, Payments: payments.NewService(pg)}
 }
 
 func TestServicePassesTheContract(t *testing.T) {

@@ -37,7 +37,14 @@ func (b *testBundle) cancelOrder(t *testing.T, id, key string) reply {
 // newOrderID creates an order from seedBody and returns its id.
 func (b *testBundle) newOrderID(t *testing.T) string {
 	t.Helper()
-	return requireFresh(t, b.do(t, b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), idempotency.HeaderKey, uuid.NewString())), "create order").Id
+	return b.orderOf(t, 1200)
+}
+
+// orderOf creates an order of amount (RUB) and returns its id.
+func (b *testBundle) orderOf(t *testing.T, amount int64) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"items":[{"sku":"SKU-1","qty":1}],"amount":%d,"currency":"RUB"}`, amount)
+	return requireFresh(t, b.do(t, b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(body), idempotency.HeaderKey, uuid.NewString())), "create order").Id
 }
 
 func decodeOrder(t *testing.T, r reply) api.Order {

@@ -13,6 +13,7 @@ import (
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/store"
 )
 
 // Errors of the HTTP layer itself.
@@ -71,6 +72,12 @@ var problems = []struct {
 		"`POST /payments` names an order that does not exist in the caller's account. Nothing is charged.")},
 	{err: payments.ErrOrderCancelled, kind: business("order-cancelled", http.StatusConflict, "The order is cancelled",
 		"`POST /payments` of a cancelled order. Nothing is charged.")},
+	{err: payments.ErrPaymentInProgress, kind: business("payment-in-progress", http.StatusConflict, "The order has a payment in progress",
+		"`POST /payments` of an order with a pending payment, accepted under another key: poll that payment (the detail names it). Nothing is charged; a client that lost its key cannot pay twice.")},
+	{err: payments.ErrOrderAlreadyPaid, kind: business("order-already-paid", http.StatusConflict, "The order is paid",
+		"`POST /payments` of an order with a succeeded payment (the detail names it). Nothing is charged.")},
+	{err: payments.ErrAmountMismatch, kind: business("payment-amount-mismatch", http.StatusUnprocessableEntity, "The payment does not match the order",
+		"`POST /payments` whose amount or currency is not the order's (the detail says both). Nothing is charged.")},
 	{err: payments.ErrNotRefundable, kind: business("payment-not-refundable", http.StatusConflict, "The payment cannot be refunded",
 		"`POST /payments/{id}/refunds` of a payment that has not succeeded (pending or failed).")},
 	{err: payments.ErrRefundExceedsPayment, kind: business("refund-exceeds-payment", http.StatusUnprocessableEntity, "The refund exceeds what is left of the payment",
@@ -160,6 +167,9 @@ func (p problemWriter) write(w http.ResponseWriter, r *http.Request, err error) 
 	case problem.Unavailable:
 		p.log.WarnContext(r.Context(), "request failed", "err", err)
 		detail = unavailableDetail
+		if notReady := (*store.NotReadyError)(nil); errors.Is(err, errNotReady) && errors.As(err, &notReady) {
+			detail = "not ready: " + notReady.Reason
+		}
 		w.Header().Set("Retry-After", "1")
 	case problem.Unauthorized:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="oncekey"`)

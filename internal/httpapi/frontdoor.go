@@ -78,6 +78,12 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 			f.problems.write(w, r, fmt.Errorf("%w: %s", errNoEndpoint, r.URL.Path))
 			return
 		}
+		if requiresAuth(f.doc, req.op.Spec) {
+			// Every answer of an authenticated operation holds one
+			// account's data, replays included (whose stored headers keep
+			// this one): no cache on the way may keep it.
+			w.Header().Set("Cache-Control", "no-store")
+		}
 		body, err := f.readBody(w, r)
 		if err != nil {
 			f.problems.write(w, r, err)
@@ -94,10 +100,11 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 				return
 			}
 		}
-		if err := f.checkContract(r, req, body); err != nil {
+		if err := f.checkContract(w, r, req, body); err != nil {
 			f.problems.write(w, r, err)
 			return
 		}
+		canonicalIDs(r, req.op.Spec)
 		if req.op.Idempotent && f.protocol {
 			req.outcome = req.op.Serve(w, r, idempotency.Prepared{Scope: auth.Scope(req.account), Key: key, Body: body}, next)
 			return
@@ -163,7 +170,7 @@ func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request) ([]byte, er
 
 // checkContract validates the request's parameters and media type against
 // openapi.yaml, and keeps what validateBody needs to check the body later.
-func (f *frontDoor) checkContract(r *http.Request, req *request, body []byte) error {
+func (f *frontDoor) checkContract(w http.ResponseWriter, r *http.Request, req *request, body []byte) error {
 	params := map[string]string{}
 	if rc := chi.RouteContext(r.Context()); rc != nil {
 		for i, name := range rc.URLParams.Keys {
@@ -185,11 +192,73 @@ func (f *frontDoor) checkContract(r *http.Request, req *request, body []byte) er
 	if err := openapi3filter.ValidateRequest(r.Context(), input); err != nil {
 		return describe(err)
 	}
+	if len(body) > 0 {
+		if n := len(r.Header.Values("Content-Type")); n > 1 {
+			// Which one would win differs between proxies and servers: a
+			// body must be read one way only, as its fingerprint is.
+			return &contractError{kind: errBadRequest, detail: fmt.Sprintf("send exactly one Content-Type header, got %d", n)}
+		}
+		if coding := contentCoding(r.Header); coding != "" {
+			// RFC 9110 §15.5.16: a 415 for a content coding names the
+			// codings that are accepted.
+			w.Header().Set("Accept-Encoding", "identity")
+			return &contractError{kind: errUnsupportedMediaType, detail: fmt.Sprintf("Content-Encoding %q is not accepted: send the body unencoded (request bodies here are small)", coding)}
+		}
+	}
 	if !acceptsMediaType(req.op.Spec, r, len(body)) {
 		return errUnsupportedMediaType
 	}
 	req.contract = input
 	return nil
+}
+
+// contentCoding is the first content coding of the request's body other
+// than identity, or "" when it has none: a body is taken as its bytes say,
+// never decoded, so a coding would be read as garbage or, worse, as JSON
+// that it is not.
+func contentCoding(h http.Header) string {
+	for _, v := range h.Values("Content-Encoding") {
+		for coding := range strings.SplitSeq(v, ",") {
+			if c := strings.TrimSpace(coding); c != "" && !strings.EqualFold(c, "identity") {
+				return c
+			}
+		}
+	}
+	return ""
+}
+
+// canonicalIDs rewrites the request's path parameters that are UUIDs
+// (format uuid in openapi.yaml, which checkContract has held them to) to
+// their canonical lower-case spelling, in the URL and in the route's
+// parameters: the fingerprint and the handler then see one spelling of one
+// id, and a retry that respells it is the same request.
+func canonicalIDs(r *http.Request, op *openapi3.Operation) {
+	rc := chi.RouteContext(r.Context())
+	if rc == nil {
+		return
+	}
+	changed := false
+	for _, p := range op.Parameters {
+		if p.Value == nil || p.Value.In != openapi3.ParameterInPath || p.Value.Schema == nil || p.Value.Schema.Value == nil || p.Value.Schema.Value.Format != "uuid" {
+			continue
+		}
+		for i, name := range rc.URLParams.Keys {
+			if name != p.Value.Name {
+				continue
+			}
+			if id, err := uuid.Parse(rc.URLParams.Values[i]); err == nil && id.String() != rc.URLParams.Values[i] {
+				rc.URLParams.Values[i], changed = id.String(), true
+			}
+		}
+	}
+	if !changed {
+		return
+	}
+	path := rc.RoutePattern()
+	for i, name := range rc.URLParams.Keys {
+		path = strings.Replace(path, "{"+name+"}", rc.URLParams.Values[i], 1)
+	}
+	r.URL.Path, r.URL.RawPath = path, ""
 }
 
 // acceptsMediaType reports whether the operation takes a body of the

@@ -35,7 +35,7 @@ func FuzzHandler(f *testing.F) {
 	store := memory.New()
 	sandbox := httptest.NewServer(provider.NewServer(provider.NewMemoryStore(), provider.Faults{}, slog.New(slog.DiscardHandler)))
 	f.Cleanup(sandbox.Close)
-	svc := payments.NewService(payments.Config{
+	worker := payments.NewWorker(payments.WorkerConfig{
 		Repo: store, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
 		Provider: provider.NewClient(sandbox.URL, nil),
 	})
@@ -43,11 +43,11 @@ func FuzzHandler(f *testing.F) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		payments.RunLocal(ctx, store, svc, fastPolicy, 2, slog.New(slog.DiscardHandler))
+		payments.RunLocal(ctx, store, worker, fastPolicy, 2, slog.New(slog.DiscardHandler))
 	}()
 	f.Cleanup(func() { cancel(); <-done })
 	handler, err := httpapi.New(httpapi.Config{
-		Backend: store, Payments: svc, Wait: 50 * time.Millisecond,
+		Backend: store, Payments: payments.NewService(store), Wait: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

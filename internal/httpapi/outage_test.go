@@ -34,7 +34,7 @@ func onThrowawayCluster(t *testing.T, url string) (*testBundle, *pgxpool.Pool) {
 	t.Cleanup(pool.Close)
 	require.NoError(t, postgres.Migrate(ctx, pool))
 	return setup(t, postgres.New(pool, nil), options{cfg: httpapi.Config{
-		RequestTimeout: requestTimeout, Wait: 500 * time.Millisecond, Ready: postgres.New(pool, nil).Ping,
+		RequestTimeout: requestTimeout, Wait: 500 * time.Millisecond, Ready: postgres.New(pool, nil).Ready,
 		Logger: slog.New(slog.DiscardHandler),
 	}}), pool
 }

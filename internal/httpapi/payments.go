@@ -154,7 +154,7 @@ func (h *handlers) GetRefund(ctx context.Context, req api.GetRefundRequestObject
 	if h.payments == nil {
 		return nil, errNoPayments
 	}
-	r, err := h.payments.GetRefund(ctx, acct, req.Id)
+	r, err := h.payments.GetRefund(consistent(ctx, req.Params.Consistency), acct, req.Id)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +174,7 @@ func (h *handlers) ListRefunds(ctx context.Context, req api.ListRefundsRequestOb
 	if h.payments == nil {
 		return nil, errNoPayments
 	}
-	list, err := h.payments.ListRefunds(ctx, acct, req.Id)
+	list, err := h.payments.ListRefunds(consistent(ctx, req.Params.Consistency), acct, req.Id)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
@@ -22,6 +23,7 @@ import (
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
 	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -51,40 +53,76 @@ var fastPolicy = payments.RetryPolicy{Attempts: 30, Base: 5 * time.Millisecond, 
 // payBackends are the stores the payment tests run on. Each PostgreSQL
 // case gets a database of its own: a River worker works every job in its
 // database, and must not charge another test's payments on its provider.
+// The last two read through a streaming replica that lags (the reads that
+// may lag; the worker reads the primary whatever the replica shows), as a
+// deployment with DATABASE_REPLICA_URL does.
 var payBackends = []struct {
 	name string
 	run  func(t *testing.T, opts payOptions) *payBundle
 }{
 	{"memory", func(t *testing.T, opts payOptions) *payBundle {
 		store := memory.New()
-		b := startPayments(t, store, opts)
+		b := startPayments(t, store, store, opts)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			payments.RunLocal(ctx, store, b.svc, b.policy, 4, slog.New(slog.DiscardHandler))
+			payments.RunLocal(ctx, store, b.worker, b.policy, 4, slog.New(slog.DiscardHandler))
 		}()
 		t.Cleanup(func() { cancel(); <-done })
 		return b.payBundle
 	}},
 	{"postgres", func(t *testing.T, opts payOptions) *payBundle {
 		_, pool := testdb.Fresh(t)
-		runner, err := jobs.New(pool, jobs.Config{Policy: opts.retryPolicy(), Workers: 4, PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err, "River runner")
-		b := startPayments(t, postgres.New(pool, runner), opts)
-		require.NoError(t, runner.Start(context.Background(), b.svc), "start River")
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			require.NoError(t, runner.Stop(ctx), "stop River")
-		})
-		return b.payBundle
+		return onRiver(t, pool, nil, opts)
 	}},
+	{"postgres, delayed replica", func(t *testing.T, opts payOptions) *payBundle {
+		return onLaggingReplica(t, testdb.Delayed, opts)
+	}},
+	{"postgres, paused replica", func(t *testing.T, opts payOptions) *payBundle {
+		return onLaggingReplica(t, testdb.Paused, opts)
+	}},
+}
+
+// onRiver is the service on pool with River's payment worker; reads, when
+// not nil, wraps the store for the API's reads (a replica).
+func onRiver(t *testing.T, pool *pgxpool.Pool, reads func(*postgres.Store) store.Reads, opts payOptions) *payBundle {
+	t.Helper()
+	runner, err := jobs.New(pool, jobs.Config{Policy: opts.retryPolicy(), Workers: 4, PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err, "River runner")
+	pg := postgres.New(pool, runner)
+	var r store.Reads = pg
+	if reads != nil {
+		r = reads(pg)
+	}
+	b := startPayments(t, pg, r, opts)
+	require.NoError(t, runner.Start(context.Background(), b.worker), "start River")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, runner.Stop(ctx), "stop River")
+	})
+	return b.payBundle
+}
+
+// onLaggingReplica is onRiver on a database of the test's own whose API
+// reads come from a replica that lags as lag says.
+func onLaggingReplica(t *testing.T, lag testdb.Lag, opts payOptions) *payBundle {
+	t.Helper()
+	db := testdb.FreshReplicated(t, lag)
+	replicaPool, err := postgres.OpenReplica(context.Background(), db.ReplicaURL)
+	require.NoError(t, err)
+	t.Cleanup(replicaPool.Close)
+	return onRiver(t, db.Pool, func(pg *postgres.Store) store.Reads {
+		replica := postgres.NewReplica(pg, replicaPool, postgres.ReplicaConfig{})
+		t.Cleanup(replica.Close)
+		return replica
+	}, opts)
 }
 
 type started struct {
 	*payBundle
-	svc    *payments.Service
+	worker *payments.Worker
 	policy payments.RetryPolicy
 }
 
@@ -96,7 +134,7 @@ func (o payOptions) retryPolicy() payments.RetryPolicy {
 	return o.policy
 }
 
-func startPayments(t *testing.T, store backend, opts payOptions) started {
+func startPayments(t *testing.T, store backend, reads store.Reads, opts payOptions) started {
 	t.Helper()
 	sandbox := provider.NewServer(provider.NewMemoryStore(), opts.faults, slog.New(slog.DiscardHandler))
 	psrv := httptest.NewServer(sandbox)
@@ -111,12 +149,12 @@ func startPayments(t *testing.T, store backend, opts payOptions) started {
 		opts.timeout = 5 * time.Second
 	}
 	policy := opts.retryPolicy()
-	svc := payments.NewService(payments.Config{
+	worker := payments.NewWorker(payments.WorkerConfig{
 		Repo: store, Render: httpapi.PaymentOutcome, RenderRefund: httpapi.RefundOutcome,
 		Provider: provider.NewClient(workerURL, &http.Client{Timeout: opts.timeout}),
 	})
-	tb := setup(t, store, options{cfg: httpapi.Config{Payments: svc}})
-	return started{payBundle: &payBundle{testBundle: tb, provider: provider.NewClient(psrv.URL, nil)}, svc: svc, policy: policy}
+	tb := setup(t, store, options{cfg: httpapi.Config{Reads: reads, Payments: payments.NewService(reads)}})
+	return started{payBundle: &payBundle{testBundle: tb, provider: provider.NewClient(psrv.URL, nil)}, worker: worker, policy: policy}
 }
 
 func forEachPayBackend(t *testing.T, opts payOptions, test func(t *testing.T, b *payBundle)) {
@@ -234,8 +272,10 @@ func TestPaymentRefusals(t *testing.T) {
 			name, body, problem string
 		}{
 			{"unknown order", paymentBody(uuid.NewString()), "unknown-order"},
-			{"order id that is no uuid", paymentBody("order-1"), "unknown-order"},
 			{"unknown currency", fmt.Sprintf(`{"order_id":%q,"amount":1200,"currency":"XYZ"}`, b.order(t)), "unknown-currency"},
+			{"less than the order", fmt.Sprintf(`{"order_id":%q,"amount":1,"currency":"RUB"}`, b.order(t)), "payment-amount-mismatch"},
+			{"more than the order", fmt.Sprintf(`{"order_id":%q,"amount":2000,"currency":"RUB"}`, b.order(t)), "payment-amount-mismatch"},
+			{"another currency", fmt.Sprintf(`{"order_id":%q,"amount":1200,"currency":"USD"}`, b.order(t)), "payment-amount-mismatch"},
 		} {
 			key := uuid.NewString()
 			first := b.pay(t, key, tc.body)
@@ -245,6 +285,14 @@ func TestPaymentRefusals(t *testing.T) {
 			require.Equal(t, first.Body, again.Body, "%s: the refusal is stored and replayed", tc.name)
 			require.Equal(t, "true", again.Header.Get(idempotency.HeaderReplayed), tc.name)
 		}
+		// An order id that is no UUID breaks the contract: 400, and the key
+		// is not consumed.
+		key := uuid.NewString()
+		malformed := b.pay(t, key, paymentBody("order-1"))
+		require.Equal(t, http.StatusBadRequest, malformed.Status, "%s", malformed)
+		require.Contains(t, string(malformed.Body), "https://oncekey.dev/problems/validation-error")
+		require.Equal(t, http.StatusUnprocessableEntity, b.pay(t, key, paymentBody(uuid.NewString())).Status, "the key is still free")
+
 		// Another account cannot see, or pay, this account's order.
 		other := b.pay(t, uuid.NewString(), `{"order_id":"`+uuid.NewString()+`","amount":1,"currency":"RUB"}`)
 		require.Equal(t, http.StatusUnprocessableEntity, other.Status, "%s", other)

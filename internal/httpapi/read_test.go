@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -34,7 +35,10 @@ func TestGetOrder(t *testing.T) {
 		require.True(t, created.CreatedAt.Equal(o.CreatedAt), "created_at: 201 said %s, GET says %s", created.CreatedAt, o.CreatedAt)
 
 		requireProblem(t, b.get(t, "/orders/"+uuid.NewString()), problem.NotFound, "unknown uuid")
-		requireProblem(t, b.get(t, "/orders/not-a-uuid"), problem.NotFound, "id that is not a uuid")
+		requireProblem(t, b.get(t, "/orders/not-a-uuid"), problem.Validation, "id that is not a uuid")
+		upper := b.get(t, "/orders/"+strings.ToUpper(o.Id))
+		require.Equal(t, http.StatusOK, upper.Status, "an id in upper case is the same id: %s", upper)
+		require.Equal(t, o.Id, decodeOrder(t, upper).Id)
 	})
 }
 

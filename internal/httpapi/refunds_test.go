@@ -26,7 +26,7 @@ import (
 // payment succeeded; it returns the payment's id.
 func (b *payBundle) paidPayment(t *testing.T, amount int64) string {
 	t.Helper()
-	order := b.newOrderID(t)
+	order := b.orderOf(t, amount)
 	accepted := b.pay(t, uuid.NewString(), fmt.Sprintf(`{"order_id":%q,"amount":%d,"currency":"RUB"}`, order, amount))
 	require.Equal(t, http.StatusAccepted, accepted.Status, "pay: %s", accepted)
 	p := b.awaitFinal(t, decodePayment(t, accepted).Id)
@@ -110,7 +110,9 @@ func TestRefundFlow(t *testing.T) {
 		require.Equal(t, final, decodeRefund(t, done), "the final refund, as GET shows it")
 		require.Len(t, b.providerRefunds(t, pending.Id), 1, "one refund at the provider")
 
-		list := b.do(t, b.newRequest(t, http.MethodGet, "/payments/"+payment+"/refunds", nil))
+		// Reading its own writes, as a client does where reads may come
+		// from a replica.
+		list := b.do(t, b.newRequest(t, http.MethodGet, "/payments/"+payment+"/refunds", nil, "Consistency", "strong"))
 		require.Equal(t, http.StatusOK, list.Status, "%s", list)
 		var refunds api.RefundList
 		require.NoError(t, json.Unmarshal(list.Body, &refunds))
@@ -207,7 +209,7 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 		require.Len(t, accepted, 33, "every refund that fits is accepted: 33 × 30 = 990")
 		require.Positive(t, refused, "the rest are refused")
 
-		list := b.do(t, b.newRequest(t, http.MethodGet, "/payments/"+payment+"/refunds", nil))
+		list := b.do(t, b.newRequest(t, http.MethodGet, "/payments/"+payment+"/refunds", nil, "Consistency", "strong"))
 		var refunds api.RefundList
 		require.NoError(t, json.Unmarshal(list.Body, &refunds))
 		require.Len(t, refunds.Items, 33, "no refund beyond the accepted ones was stored")

@@ -44,6 +44,9 @@ const (
 // Config is what the HTTP layer is built from. Backend is required.
 type Config struct {
 	Backend store.Backend
+	// Reads serves the read operations (default: the backend); a replica
+	// in front of it (postgres.Replica) serves reads that may lag.
+	Reads store.Reads
 	// Keys and WriteKeys claim the keys of the operations that read as they
 	// write and of those that only write (default: the backend's), so that
 	// a record cache or the Redis fast path can go in front.
@@ -51,14 +54,14 @@ type Config struct {
 	WriteKeys idempotency.Store[store.Writes]
 	// Auth finds the caller by API key (default: the backend).
 	Auth auth.Store
-	// Payments is the payment service (default: none; POST /payments then
-	// fails with a 500).
+	// Payments is the payment service, reading through Reads (default:
+	// none; POST /payments then fails with a 500).
 	Payments *payments.Service
 	// Orders wraps the order writes of POST /orders (fault injection in
 	// tests; default: none).
 	Orders func(orders.Writer) orders.Writer
 	// Ready reports whether dependencies answer (GET /readyz; default: the
-	// backend's Ping).
+	// backend's Ready).
 	Ready func(context.Context) error
 	// TTL and Wait configure the idempotency protocol (see
 	// idempotency.Config).
@@ -111,11 +114,14 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 	if cfg.WriteKeys == nil {
 		cfg.WriteKeys = cfg.Backend.WriteKeys()
 	}
+	if cfg.Reads == nil {
+		cfg.Reads = cfg.Backend
+	}
 	if cfg.Auth == nil {
 		cfg.Auth = cfg.Backend
 	}
 	if cfg.Ready == nil {
-		cfg.Ready = cfg.Backend.Ping
+		cfg.Ready = cfg.Backend.Ready
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -151,7 +157,7 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		cfg.Metrics.Operations(idempotency.OperationName(op.Method, op.Path))
 	}
 	h := &handlers{
-		orders: orders.NewService(cfg.Backend), payments: cfg.Payments, ledger: ledger.NewService(cfg.Backend),
+		orders: orders.NewService(cfg.Reads), payments: cfg.Payments, ledger: ledger.NewService(cfg.Reads),
 		ready: cfg.Ready, wrapOrders: cfg.Orders, baseline: o.baseline,
 	}
 	if err := h.bind(ops, cfg.Keys, cfg.WriteKeys); err != nil {

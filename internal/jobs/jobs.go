@@ -41,7 +41,7 @@ type Runner struct {
 	client *river.Client[pgx.Tx]
 	log    *slog.Logger
 	policy payments.RetryPolicy
-	svc    atomic.Pointer[payments.Service]
+	worker atomic.Pointer[payments.Worker]
 }
 
 // chargeArgs is a charge job: the payment to charge.
@@ -125,9 +125,9 @@ func (r *Runner) insert(ctx context.Context, tx pgx.Tx, args river.JobArgs) erro
 	return nil
 }
 
-// Start works jobs with svc until Stop.
-func (r *Runner) Start(ctx context.Context, svc *payments.Service) error {
-	r.svc.Store(svc)
+// Start works jobs with w until Stop.
+func (r *Runner) Start(ctx context.Context, w *payments.Worker) error {
+	r.worker.Store(w)
 	return r.client.Start(ctx)
 }
 
@@ -156,17 +156,23 @@ type taskWorker[A river.JobArgs] struct {
 }
 
 func (w *taskWorker[A]) Work(ctx context.Context, job *river.Job[A]) error {
-	svc := w.r.svc.Load()
-	if svc == nil {
-		return errors.New("jobs: runner started without a payment service")
+	worker := w.r.worker.Load()
+	if worker == nil {
+		return errors.New("jobs: runner started without a payment worker")
 	}
 	task := w.task(job.Args)
-	err := svc.Run(ctx, task, job.Attempt, w.r.policy.Attempts)
+	err := worker.Run(ctx, task, job.Attempt, w.r.policy.Attempts)
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, payments.ErrGone):
+	case worker.Abandon(task, job.Attempt, w.r.policy.Attempts, err):
+		// Cancelled, never retried: the worker has logged and counted it,
+		// and `oncekey payments stuck` lists it.
 		return river.JobCancel(err)
+	case errors.Is(err, payments.ErrGone):
+		// The primary does not hold the row (yet): retried with the
+		// policy's backoff, like a failed charge.
+		return err
 	case job.Attempt > w.r.policy.Attempts:
 		// Reconciling failed (the provider cannot say, or the attempt was
 		// cut short): ask again later, without using up an attempt.

@@ -19,8 +19,8 @@ import (
 )
 
 // exported is every oncekey_* family the service exports on PostgreSQL
-// (metrics.New with RegisterStore and RegisterPool, as `oncekey serve`
-// wires it), once it has served traffic.
+// (metrics.New with RegisterStore, RegisterPending and RegisterPool, as
+// `oncekey serve` wires it without a replica), once it has served traffic.
 var exported = []string{
 	"oncekey_cleanup_deleted_keys_total",
 	"oncekey_cleanup_lag_seconds",
@@ -44,11 +44,17 @@ var exported = []string{
 	"oncekey_idempotency_keys_table_bytes",
 	"oncekey_idempotency_oldest_processing_age_seconds",
 	"oncekey_idempotency_requests_total",
+	"oncekey_payment_tasks_abandoned_total",
+	"oncekey_payments_oldest_pending_age_seconds",
+	"oncekey_payments_pending",
 	"oncekey_record_cache_requests_total",
 	"oncekey_redis_breaker_open",
 	"oncekey_redis_breaker_trips_total",
 	"oncekey_redis_fallbacks_total",
 	"oncekey_redis_requests_total",
+	"oncekey_replica_breaker_open",
+	"oncekey_replica_breaker_trips_total",
+	"oncekey_replica_reads_total",
 }
 
 // TestLabelCardinality sends traffic full of unbounded values — keys,
@@ -135,6 +141,10 @@ func TestLabelCardinality(t *testing.T) {
 					return slices.Contains([]string{"ok", "error", "skipped", "hit", "miss"}, v)
 				},
 				"status": func(v string) bool { return v == "processing" || v == "completed" },
+				"kind":   func(v string) bool { return slices.Contains([]string{"charge", "refund", "payment"}, v) },
+				"where": func(v string) bool {
+					return slices.Contains([]string{"replica", "strong", "missing", "failed", "skipped"}, v)
+				},
 			}
 			for _, name := range names {
 				for _, series := range f[name].GetMetric() {
@@ -170,6 +180,7 @@ func TestExportedFamilies(t *testing.T) {
 	store := postgres.New(pool, nil)
 	m := metrics.New()
 	m.RegisterStore(store)
+	m.RegisterPending(store)
 	m.RegisterPool(pool)
 	b := setup(t, store, options{cfg: httpapi.Config{Metrics: m}})
 	key := uuid.NewString()

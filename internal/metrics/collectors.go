@@ -9,29 +9,51 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/payments"
 )
 
 // statsCacheTTL bounds how often scrapes reach the database: several
 // Prometheus servers scraping every few seconds cost one query per TTL.
 const statsCacheTTL = 10 * time.Second
 
+// cached is a reading taken at scrape time at most once per
+// statsCacheTTL, so that scrapes do not each cost a query.
+type cached[T any] struct {
+	read func(context.Context) (T, error)
+
+	mu sync.Mutex
+	at time.Time
+	v  T
+	ok bool
+}
+
+// get returns the reading, taking a new one when the last is older than
+// statsCacheTTL; false when that failed.
+func (c *cached[T]) get() (T, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) < statsCacheTTL {
+		return c.v, c.ok
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v, err := c.read(ctx)
+	c.at, c.v, c.ok = time.Now(), v, err == nil
+	return c.v, c.ok
+}
+
 // storeCollector exports the keys table's state and whether the database
 // answers, read from the store at scrape time (cached briefly).
 type storeCollector struct {
-	source idempotency.StatsSource
+	stats cached[idempotency.Stats]
 
 	keys, tableBytes, oldestProcessing, cleanupLag, up *prometheus.Desc
-
-	mu      sync.Mutex
-	at      time.Time
-	stats   idempotency.Stats
-	healthy bool
 }
 
 // RegisterStore exports source's key statistics and database health.
 func (m *Metrics) RegisterStore(source idempotency.StatsSource) {
 	m.Registry.MustRegister(&storeCollector{
-		source:           source,
+		stats:            cached[idempotency.Stats]{read: source.KeyStats},
 		keys:             prometheus.NewDesc("oncekey_idempotency_keys", "Idempotency keys by status (completed is PostgreSQL's estimate on large tables).", []string{"status"}, nil),
 		tableBytes:       prometheus.NewDesc("oncekey_idempotency_keys_table_bytes", "Storage used by the idempotency keys table, indexes included.", nil, nil),
 		oldestProcessing: prometheus.NewDesc("oncekey_idempotency_oldest_processing_age_seconds", "Age of the oldest key still processing (0: none).", nil, nil),
@@ -47,7 +69,7 @@ func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
-	st, healthy := c.read()
+	st, healthy := c.stats.get()
 	up := 0.0
 	if healthy {
 		up = 1
@@ -63,17 +85,73 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.cleanupLag, prometheus.GaugeValue, st.CleanupLag.Seconds())
 }
 
-func (c *storeCollector) read() (idempotency.Stats, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if time.Since(c.at) < statsCacheTTL {
-		return c.stats, c.healthy
+// LagSource reports how far a replica's replay is behind
+// (postgres.Replica).
+type LagSource interface {
+	Lag(ctx context.Context) (time.Duration, error)
+}
+
+// replicaCollector exports a replica's lag, read at scrape time (cached
+// briefly).
+type replicaCollector struct {
+	lag     cached[time.Duration]
+	lagDesc *prometheus.Desc
+	up      *prometheus.Desc
+}
+
+// RegisterReplica exports source's replay lag and whether it answers.
+func (m *Metrics) RegisterReplica(source LagSource) {
+	m.Registry.MustRegister(&replicaCollector{
+		lag:     cached[time.Duration]{read: source.Lag},
+		lagDesc: prometheus.NewDesc("oncekey_replica_lag_seconds", "How far the replica's replay is behind what it received from the primary (0: caught up): reads that may lag are this stale.", nil, nil),
+		up:      prometheus.NewDesc("oncekey_replica_up", "1 when the replica answered the last metrics probe, else 0.", nil, nil),
+	})
+}
+
+func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.lagDesc; ch <- c.up }
+
+func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	lag, ok := c.lag.get()
+	if !ok {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	st, err := c.source.KeyStats(ctx)
-	c.at, c.stats, c.healthy = time.Now(), st, err == nil
-	return c.stats, c.healthy
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	ch <- prometheus.MustNewConstMetric(c.lagDesc, prometheus.GaugeValue, lag.Seconds())
+}
+
+// PendingSource reports the payments and refunds still pending.
+type PendingSource interface {
+	PendingStats(ctx context.Context) (payments.PendingStats, error)
+}
+
+// pendingCollector exports how many payments and refunds are pending and
+// for how long, read at scrape time (cached briefly).
+type pendingCollector struct {
+	stats         cached[payments.PendingStats]
+	pending, aged *prometheus.Desc
+}
+
+// RegisterPending exports source's pending payments and refunds.
+func (m *Metrics) RegisterPending(source PendingSource) {
+	m.Registry.MustRegister(&pendingCollector{
+		stats:   cached[payments.PendingStats]{read: source.PendingStats},
+		pending: prometheus.NewDesc("oncekey_payments_pending", "Payments and refunds still pending, by kind (payment, refund).", []string{"kind"}, nil),
+		aged:    prometheus.NewDesc("oncekey_payments_oldest_pending_age_seconds", "Age of the oldest payment or refund still pending, by kind (0: none): a payment pending for long is stuck (`oncekey payments stuck`).", []string{"kind"}, nil),
+	})
+}
+
+func (c *pendingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.pending; ch <- c.aged }
+
+func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
+	st, ok := c.stats.get()
+	if !ok {
+		return // oncekey_db_up says why
+	}
+	for kind, p := range map[string]payments.Pending{"payment": st.Payments, "refund": st.Refunds} {
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(p.Count), kind)
+		ch <- prometheus.MustNewConstMetric(c.aged, prometheus.GaugeValue, p.OldestAge.Seconds(), kind)
+	}
 }
 
 // poolCollector exports pgxpool's statistics.

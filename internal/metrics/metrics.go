@@ -34,6 +34,12 @@ type Metrics struct {
 	redisTrips     prometheus.Counter
 	recordCache    *prometheus.CounterVec
 
+	replicaReads   *prometheus.CounterVec
+	replicaBreaker prometheus.Gauge
+	replicaTrips   prometheus.Counter
+
+	tasksAbandoned *prometheus.CounterVec
+
 	cleanupRuns        *prometheus.CounterVec
 	cleanupDeleted     prometheus.Counter
 	cleanupRunDeleted  prometheus.Histogram
@@ -72,6 +78,16 @@ func New() *Metrics {
 	m.redisTrips = f.counter("oncekey_redis_breaker_trips_total",
 		"Times the Redis breaker opened: Redis failed several commands in a row.")
 
+	m.replicaReads = f.counterVec("oncekey_replica_reads_total",
+		"Reads that may come from the replica (DATABASE_REPLICA_URL) by where they went: replica (it answered), or around it to the primary: strong (Consistency: strong), missing (the replica had no such row yet), failed (it failed or timed out), skipped (its breaker was open).", "where")
+	m.replicaBreaker = f.gauge("oncekey_replica_breaker_open",
+		"1 while the replica is left alone after failing (reads go to the primary and a probe checks the replica in the background), else 0.")
+	m.replicaTrips = f.counter("oncekey_replica_breaker_trips_total",
+		"Times the replica's breaker opened: several reads in a row failed or timed out.")
+
+	m.tasksAbandoned = f.counterVec("oncekey_payment_tasks_abandoned_total",
+		"Charge and refund tasks given up because the primary did not hold their payment or refund through every attempt: a payment left pending, which `oncekey payments stuck` lists.", "kind")
+
 	m.cleanupRuns = f.counterVec("oncekey_cleanup_runs_total",
 		"Cleanup runs by result: ok, error, or skipped (another replica held the cleanup lock).", "result")
 	m.cleanupDeleted = f.counter("oncekey_cleanup_deleted_keys_total", "Expired idempotency keys deleted by cleanup.")
@@ -90,6 +106,13 @@ func New() *Metrics {
 	}
 	for _, r := range []string{"hit", "miss"} {
 		m.recordCache.WithLabelValues(r)
+	}
+	for _, k := range []string{"charge", "refund"} {
+		m.tasksAbandoned.WithLabelValues(k)
+	}
+	// The names postgres.Replica reports (internal/metrics imports no store).
+	for _, w := range []string{"replica", "strong", "missing", "failed", "skipped"} {
+		m.replicaReads.WithLabelValues(w)
 	}
 	return m
 }
@@ -157,14 +180,26 @@ func (m *Metrics) RecordCache(result string) { m.recordCache.WithLabelValues(res
 func (m *Metrics) Fallback() { m.redisFallbacks.Inc() }
 
 // Breaker implements redisstore.Observer.
-func (m *Metrics) Breaker(open bool) {
+func (m *Metrics) Breaker(open bool) { breakerChanged(m.redisBreaker, m.redisTrips, open) }
+
+// breakerChanged records that a breaker opened (a trip) or closed.
+func breakerChanged(state prometheus.Gauge, trips prometheus.Counter, open bool) {
 	if open {
-		m.redisBreaker.Set(1)
-		m.redisTrips.Inc()
+		state.Set(1)
+		trips.Inc()
 		return
 	}
-	m.redisBreaker.Set(0)
+	state.Set(0)
 }
+
+// ReplicaRead implements postgres.ReplicaObserver.
+func (m *Metrics) ReplicaRead(where string) { m.replicaReads.WithLabelValues(where).Inc() }
+
+// ReplicaBreaker implements postgres.ReplicaObserver.
+func (m *Metrics) ReplicaBreaker(open bool) { breakerChanged(m.replicaBreaker, m.replicaTrips, open) }
+
+// TaskAbandoned implements payments.Observer.
+func (m *Metrics) TaskAbandoned(kind string) { m.tasksAbandoned.WithLabelValues(kind).Inc() }
 
 // CleanupRun implements idempotency.CleanupObserver.
 func (m *Metrics) CleanupRun(result idempotency.CleanupResult, deleted int64, d time.Duration) {

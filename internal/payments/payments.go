@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
@@ -53,6 +54,18 @@ var (
 	// ErrOrderCancelled: the order to pay is cancelled. A business outcome
 	// (409), stored and replayed; nothing is charged.
 	ErrOrderCancelled = errors.New("order cancelled")
+	// ErrOrderAlreadyPaid: the order to pay has a succeeded payment. A
+	// business outcome (409), stored and replayed; nothing is charged.
+	ErrOrderAlreadyPaid = errors.New("order already paid")
+	// ErrPaymentInProgress: the order to pay has a pending payment,
+	// accepted under another key. A business outcome (409), stored and
+	// replayed; nothing is charged. A client that lost the key of its first
+	// attempt so cannot pay twice.
+	ErrPaymentInProgress = errors.New("a payment of the order is in progress")
+	// ErrAmountMismatch: the payment's amount or currency is not the
+	// order's. A business outcome (422), stored and replayed; nothing is
+	// charged.
+	ErrAmountMismatch = errors.New("the payment does not match the order")
 	// ErrNoClaim: Create ran with a claim of another account. A wiring
 	// bug: a payment or refund must be bound to the key it was accepted
 	// under.
@@ -108,6 +121,10 @@ type Unit interface {
 	// holds it until the unit of work ends, as orders.Changer's does: a
 	// payment and a cancellation of its order happen one at a time.
 	LockOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error)
+	// ActivePayment returns the locked order's pending or succeeded
+	// payment, or ErrNotFound. An order has at most one: the database
+	// refuses a second (payments_one_active_per_order).
+	ActivePayment(ctx context.Context, account, orderID uuid.UUID) (Payment, error)
 	// CreatePayment inserts p (pending).
 	CreatePayment(ctx context.Context, p Payment) error
 	// EnqueueCharge schedules the charge of ref: it is only ever run if
@@ -115,22 +132,50 @@ type Unit interface {
 	EnqueueCharge(ctx context.Context, ref Ref) error
 }
 
-// Repository reads and settles payments.
-type Repository interface {
+// Reads is what clients' reads of payments and refunds go through. A
+// store may serve them from a streaming replica that lags behind the
+// primary (postgres.Replica): a client may read a payment a moment stale,
+// and says Consistency: strong where it must not.
+type Reads interface {
 	// GetPayment returns the account's payment or ErrNotFound.
 	GetPayment(ctx context.Context, account, id uuid.UUID) (Payment, error)
+	// GetRefund returns the account's refund or ErrRefundNotFound.
+	GetRefund(ctx context.Context, account, id uuid.UUID) (Refund, error)
+	// ListRefunds returns the refunds of one of the account's payments,
+	// oldest first, or ErrNotFound if there is no such payment.
+	ListRefunds(ctx context.Context, account, paymentID uuid.UUID) ([]Refund, error)
+}
+
+// Settlements is what the worker settles payments and refunds through: the
+// primary database, which holds every payment from the moment its request
+// commits. No replica implements it, on purpose: a worker reading a
+// lagging replica would find a payment just accepted missing, or one just
+// charged without its charge, and give it up.
+type Settlements interface {
+	// GetPayment returns the account's payment or ErrNotFound.
+	GetPayment(ctx context.Context, account, id uuid.UUID) (Payment, error)
+	// GetRefund returns the account's refund or ErrRefundNotFound.
+	GetRefund(ctx context.Context, account, id uuid.UUID) (Refund, error)
 	// FinishPayment makes the pending payment final as p says and, in the
 	// same transaction, replaces the provisional response stored under p's
 	// key record with final. It reports false, changing nothing, if the
 	// payment was already final (a concurrent worker settled it first).
 	FinishPayment(ctx context.Context, p Payment, final idempotency.Response) (bool, error)
-	// GetRefund returns the account's refund or ErrRefundNotFound.
-	GetRefund(ctx context.Context, account, id uuid.UUID) (Refund, error)
-	// ListRefunds returns the refunds of one of the account's payments,
-	// oldest first.
-	ListRefunds(ctx context.Context, account, paymentID uuid.UUID) ([]Refund, error)
 	// FinishRefund is FinishPayment for a refund.
 	FinishRefund(ctx context.Context, r Refund, final idempotency.Response) (bool, error)
+}
+
+// PendingStats says how many payments and refunds are pending, and how
+// long the oldest of each has been: one pending for much longer than its
+// retries take is stuck, and operators must hear of it.
+type PendingStats struct {
+	Payments, Refunds Pending
+}
+
+// Pending is the count and oldest age of one kind of pending work.
+type Pending struct {
+	Count     int64
+	OldestAge time.Duration
 }
 
 // Provider is the external payment provider (internal/provider's client).
@@ -141,31 +186,72 @@ type Provider interface {
 	LookupRefund(ctx context.Context, idempotencyKey string) (provider.Refund, error)
 }
 
-// Config is what the service is built from. All fields are required.
-type Config struct {
-	Repo     Repository
+// Service is the payment use cases clients call: accepting payments and
+// refunds, and reading them.
+type Service struct {
+	reads Reads
+	now   func() time.Time
+}
+
+// NewService returns the service reading through reads.
+func NewService(reads Reads) *Service {
+	return &Service{reads: reads, now: time.Now}
+}
+
+// WorkerConfig is what the worker is built from. All fields but Observer
+// are required.
+type WorkerConfig struct {
+	// Repo is the primary store (see Settlements).
+	Repo     Settlements
 	Provider Provider
 	// Render turns a final payment into the response its client key
 	// replays from then on (the HTTP layer's 200 with the payment).
 	Render func(Payment) (idempotency.Response, error)
 	// RenderRefund does the same for a final refund.
 	RenderRefund func(Refund) (idempotency.Response, error)
+	// Observer is told of tasks given up (default: nobody).
+	Observer Observer
+	// Logger receives the tasks given up (default slog.Default()).
+	Logger *slog.Logger
 }
 
-// Service is the payment use cases.
-type Service struct {
-	cfg Config
+// Observer is told what operators must hear of the worker.
+type Observer interface {
+	// TaskAbandoned: a task's payment or refund could not be found on the
+	// primary for all of its attempts, and the task was given up.
+	TaskAbandoned(kind string)
+}
+
+type noObserver struct{}
+
+func (noObserver) TaskAbandoned(string) {}
+
+// Worker is the background half of payments: it charges the provider for
+// accepted payments, refunds accepted refunds, and makes each final. Both
+// job queues (River's, and RunLocal in memory) run its tasks.
+type Worker struct {
+	cfg WorkerConfig
 	now func() time.Time
 }
 
-// NewService returns the service for cfg.
-func NewService(cfg Config) *Service {
-	return &Service{cfg: cfg, now: time.Now}
+// NewWorker returns the worker for cfg.
+func NewWorker(cfg WorkerConfig) *Worker {
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Worker{cfg: cfg, now: time.Now}
 }
 
 // Create accepts a payment of one of account's orders under the key claim
 // of that account: it stores the payment pending and enqueues its charge,
 // both through u, the unit of work of the request that made the claim.
+// The order is locked first, as changing or cancelling it locks it, so
+// that an order is paid at most once (ErrPaymentInProgress,
+// ErrOrderAlreadyPaid), and for exactly its amount and currency
+// (ErrAmountMismatch) even while a change of it races the payment.
 func (s *Service) Create(ctx context.Context, u Unit, claim idempotency.Ref, account uuid.UUID, in NewPayment) (Payment, error) {
 	if claim.Scope != auth.Scope(account) {
 		return Payment{}, ErrNoClaim
@@ -185,6 +271,18 @@ func (s *Service) Create(ctx context.Context, u Unit, claim idempotency.Ref, acc
 		return Payment{}, fmt.Errorf("read order: %w", err)
 	case order.Status == orders.StatusCancelled:
 		return Payment{}, fmt.Errorf("%w: order %s was cancelled; a cancelled order cannot be paid", ErrOrderCancelled, orderID)
+	}
+	active, err := u.ActivePayment(ctx, account, orderID)
+	switch {
+	case err == nil && active.Status == StatusSucceeded:
+		return Payment{}, fmt.Errorf("%w: order %s was paid by payment %s", ErrOrderAlreadyPaid, orderID, active.ID)
+	case err == nil:
+		return Payment{}, fmt.Errorf("%w: payment %s of order %s is pending; poll it at /payments/%s", ErrPaymentInProgress, active.ID, orderID, active.ID)
+	case !errors.Is(err, ErrNotFound):
+		return Payment{}, fmt.Errorf("read the order's payments: %w", err)
+	}
+	if in.Amount != order.Amount || in.Currency != order.Currency {
+		return Payment{}, fmt.Errorf("%w: order %s is %d %s; the payment is %d %s", ErrAmountMismatch, orderID, order.Amount, order.Currency, in.Amount, in.Currency)
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -211,7 +309,7 @@ func (s *Service) Get(ctx context.Context, account uuid.UUID, id string) (Paymen
 	if err != nil {
 		return Payment{}, ErrNotFound // not an id we could have issued
 	}
-	return s.cfg.Repo.GetPayment(ctx, account, pid)
+	return s.reads.GetPayment(ctx, account, pid)
 }
 
 // ChargeKey is the Idempotency-Key the worker sends the provider for a
@@ -222,9 +320,10 @@ func (s *Service) Get(ctx context.Context, account uuid.UUID, id string) (Paymen
 // payment.
 func ChargeKey(paymentID uuid.UUID) string { return "oncekey-payment-" + paymentID.String() }
 
-// ErrGone: the job names a payment that does not exist. Transactional
-// enqueue makes this impossible short of someone deleting rows; retrying
-// cannot help.
+// ErrGone: the job names a payment (or refund) that the primary does not
+// hold. Transactional enqueue makes this impossible short of someone
+// deleting rows, so the task is retried with the policy's backoff for all
+// of its attempts, then given up loudly (Worker.Abandon), never silently.
 var ErrGone = errors.New("payments: the job's payment does not exist")
 
 // ErrUnsettled: after the attempts ran out, the provider could not say
@@ -244,8 +343,8 @@ var ErrUnsettled = errors.New("payments: the provider could not say whether it c
 //
 // Every attempt sends the same charge key, so the provider charges at most
 // once however many attempts, workers or crashes there are.
-func (s *Service) Process(ctx context.Context, ref Ref, attempt, maxAttempts int) error {
-	p, err := s.cfg.Repo.GetPayment(ctx, ref.AccountID, ref.PaymentID)
+func (w *Worker) Process(ctx context.Context, ref Ref, attempt, maxAttempts int) error {
+	p, err := w.cfg.Repo.GetPayment(ctx, ref.AccountID, ref.PaymentID)
 	if errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("%w: %s", ErrGone, ref.PaymentID)
 	}
@@ -258,16 +357,16 @@ func (s *Service) Process(ctx context.Context, ref Ref, attempt, maxAttempts int
 	key := ChargeKey(p.ID)
 	return call[provider.Charge]{
 		ask: func(ctx context.Context) (provider.Charge, error) {
-			return s.cfg.Provider.Charge(ctx, key, provider.ChargeRequest{Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
+			return w.cfg.Provider.Charge(ctx, key, provider.ChargeRequest{Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
 		},
-		lookup: func(ctx context.Context) (provider.Charge, error) { return s.cfg.Provider.Lookup(ctx, key) },
+		lookup: func(ctx context.Context) (provider.Charge, error) { return w.cfg.Provider.Lookup(ctx, key) },
 		settle: func(ctx context.Context, c provider.Charge) error {
 			if c.Status == provider.StatusSucceeded {
-				return s.finish(ctx, p, StatusSucceeded, "", c.ID)
+				return w.finish(ctx, p, StatusSucceeded, "", c.ID)
 			}
-			return s.finish(ctx, p, StatusFailed, ReasonCardDeclined, "")
+			return w.finish(ctx, p, StatusFailed, ReasonCardDeclined, "")
 		},
-		fail: func(ctx context.Context, reason string) error { return s.finish(ctx, p, StatusFailed, reason, "") },
+		fail: func(ctx context.Context, reason string) error { return w.finish(ctx, p, StatusFailed, reason, "") },
 	}.attempt(ctx, attempt, maxAttempts)
 }
 
@@ -315,16 +414,16 @@ func (c call[A]) reconcile(ctx context.Context, reason string) error {
 	}
 }
 
-func (s *Service) finish(ctx context.Context, p Payment, status, reason, chargeID string) error {
-	now := s.now().UTC().Truncate(time.Microsecond)
+func (w *Worker) finish(ctx context.Context, p Payment, status, reason, chargeID string) error {
+	now := w.now().UTC().Truncate(time.Microsecond)
 	p.Status, p.FailureReason, p.ProviderChargeID, p.CompletedAt = status, reason, chargeID, &now
-	final, err := s.cfg.Render(p)
+	final, err := w.cfg.Render(p)
 	if err != nil {
 		return fmt.Errorf("render final payment: %w", err)
 	}
 	// false means another worker settled it first, with the same charge
 	// key and so the same outcome: nothing left to do.
-	if _, err := s.cfg.Repo.FinishPayment(ctx, p, final); err != nil {
+	if _, err := w.cfg.Repo.FinishPayment(ctx, p, final); err != nil {
 		return fmt.Errorf("finish payment: %w", err)
 	}
 	return nil

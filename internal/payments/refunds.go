@@ -147,17 +147,17 @@ func (s *Service) GetRefund(ctx context.Context, account uuid.UUID, id string) (
 	if err != nil {
 		return Refund{}, ErrRefundNotFound
 	}
-	return s.cfg.Repo.GetRefund(ctx, account, rid)
+	return s.reads.GetRefund(ctx, account, rid)
 }
 
 // ListRefunds returns the refunds of one of account's payments, oldest
 // first, or ErrNotFound if there is no such payment.
 func (s *Service) ListRefunds(ctx context.Context, account uuid.UUID, paymentID string) ([]Refund, error) {
-	p, err := s.Get(ctx, account, paymentID)
+	pid, err := uuid.Parse(paymentID)
 	if err != nil {
-		return nil, err
+		return nil, ErrNotFound // not an id we could have issued
 	}
-	return s.cfg.Repo.ListRefunds(ctx, account, p.ID)
+	return s.reads.ListRefunds(ctx, account, pid)
 }
 
 // RefundKey is the Idempotency-Key the worker sends the provider for a
@@ -169,8 +169,8 @@ func RefundKey(refundID uuid.UUID) string { return "oncekey-refund-" + refundID.
 // call, as Process does a charge's: the same attempts, the same
 // reconciliation once they ran out, the same refusal to settle without
 // knowing.
-func (s *Service) ProcessRefund(ctx context.Context, ref RefundRef, attempt, maxAttempts int) error {
-	r, err := s.cfg.Repo.GetRefund(ctx, ref.AccountID, ref.RefundID)
+func (w *Worker) ProcessRefund(ctx context.Context, ref RefundRef, attempt, maxAttempts int) error {
+	r, err := w.cfg.Repo.GetRefund(ctx, ref.AccountID, ref.RefundID)
 	if errors.Is(err, ErrRefundNotFound) {
 		return fmt.Errorf("%w: refund %s", ErrGone, ref.RefundID)
 	}
@@ -180,36 +180,36 @@ func (s *Service) ProcessRefund(ctx context.Context, ref RefundRef, attempt, max
 	if r.Final() {
 		return nil
 	}
-	p, err := s.cfg.Repo.GetPayment(ctx, ref.AccountID, r.PaymentID)
+	p, err := w.cfg.Repo.GetPayment(ctx, ref.AccountID, r.PaymentID)
 	if err != nil {
 		return fmt.Errorf("read the refund's payment: %w", err)
 	}
 	key := RefundKey(r.ID)
 	return call[provider.Refund]{
 		ask: func(ctx context.Context) (provider.Refund, error) {
-			return s.cfg.Provider.Refund(ctx, key, provider.RefundRequest{ChargeID: p.ProviderChargeID, Amount: r.Amount, Reference: r.ID.String()})
+			return w.cfg.Provider.Refund(ctx, key, provider.RefundRequest{ChargeID: p.ProviderChargeID, Amount: r.Amount, Reference: r.ID.String()})
 		},
-		lookup: func(ctx context.Context) (provider.Refund, error) { return s.cfg.Provider.LookupRefund(ctx, key) },
+		lookup: func(ctx context.Context) (provider.Refund, error) { return w.cfg.Provider.LookupRefund(ctx, key) },
 		settle: func(ctx context.Context, pr provider.Refund) error {
 			if pr.Status == provider.StatusSucceeded {
-				return s.finishRefund(ctx, r, StatusSucceeded, "", pr.ID)
+				return w.finishRefund(ctx, r, StatusSucceeded, "", pr.ID)
 			}
-			return s.finishRefund(ctx, r, StatusFailed, ReasonRefundDeclined, "")
+			return w.finishRefund(ctx, r, StatusFailed, ReasonRefundDeclined, "")
 		},
 		fail: func(ctx context.Context, reason string) error {
-			return s.finishRefund(ctx, r, StatusFailed, reason, "")
+			return w.finishRefund(ctx, r, StatusFailed, reason, "")
 		},
 	}.attempt(ctx, attempt, maxAttempts)
 }
 
-func (s *Service) finishRefund(ctx context.Context, r Refund, status, reason, refundID string) error {
-	now := s.now().UTC().Truncate(time.Microsecond)
+func (w *Worker) finishRefund(ctx context.Context, r Refund, status, reason, refundID string) error {
+	now := w.now().UTC().Truncate(time.Microsecond)
 	r.Status, r.FailureReason, r.ProviderRefundID, r.CompletedAt = status, reason, refundID, &now
-	final, err := s.cfg.RenderRefund(r)
+	final, err := w.cfg.RenderRefund(r)
 	if err != nil {
 		return fmt.Errorf("render final refund: %w", err)
 	}
-	if _, err := s.cfg.Repo.FinishRefund(ctx, r, final); err != nil {
+	if _, err := w.cfg.Repo.FinishRefund(ctx, r, final); err != nil {
 		return fmt.Errorf("finish refund: %w", err)
 	}
 	return nil

@@ -84,12 +84,34 @@ func (t Task) String() string {
 	return "charge of payment " + t.Charge.PaymentID.String()
 }
 
-// Run runs attempt number attempt of t (Process or ProcessRefund).
-func (s *Service) Run(ctx context.Context, t Task, attempt, maxAttempts int) error {
+// Kind names the task's kind in metrics: "charge" or "refund".
+func (t Task) Kind() string {
 	if t.Refund.RefundID != uuid.Nil {
-		return s.ProcessRefund(ctx, t.Refund, attempt, maxAttempts)
+		return "refund"
 	}
-	return s.Process(ctx, t.Charge, attempt, maxAttempts)
+	return "charge"
+}
+
+// Run runs attempt number attempt of t (Process or ProcessRefund).
+func (w *Worker) Run(ctx context.Context, t Task, attempt, maxAttempts int) error {
+	if t.Refund.RefundID != uuid.Nil {
+		return w.ProcessRefund(ctx, t.Refund, attempt, maxAttempts)
+	}
+	return w.Process(ctx, t.Charge, attempt, maxAttempts)
+}
+
+// Abandon reports whether a task whose attempt number attempt failed with
+// err is given up rather than retried: only a task whose payment or refund
+// the primary still does not hold once its charge attempts ran out
+// (ErrGone). Giving up is logged as an error and told to the Observer, so
+// that an alert fires; until then the task is retried like any other.
+func (w *Worker) Abandon(t Task, attempt, maxAttempts int, err error) bool {
+	if !errors.Is(err, ErrGone) || attempt < maxAttempts {
+		return false
+	}
+	w.cfg.Logger.Error("payments: giving up a task whose row the primary does not hold", "task", t.String(), "attempts", attempt, "err", err)
+	w.cfg.Observer.TaskAbandoned(t.Kind())
+	return true
 }
 
 // LocalQueue is an in-process job queue (the in-memory store's).
@@ -105,7 +127,7 @@ type LocalQueue interface {
 // then waits for the attempts under way. It is the in-memory mode's worker,
 // with River's observable behaviour: the same attempts, backoff and final
 // outcomes, but no durability (memory dies with the process anyway).
-func RunLocal(ctx context.Context, q LocalQueue, svc *Service, policy RetryPolicy, workers int, log *slog.Logger) {
+func RunLocal(ctx context.Context, q LocalQueue, w *Worker, policy RetryPolicy, workers int, log *slog.Logger) {
 	policy = policy.WithDefaults()
 	if log == nil {
 		log = slog.Default()
@@ -130,11 +152,9 @@ func RunLocal(ctx context.Context, q LocalQueue, svc *Service, policy RetryPolic
 			defer func() { <-slots }()
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), policy.Timeout)
 			defer cancel()
-			err := svc.Run(actx, task, attempt, policy.Attempts)
+			err := w.Run(actx, task, attempt, policy.Attempts)
 			switch {
-			case err == nil:
-			case errors.Is(err, ErrGone):
-				log.Error("payments: dropping task", "task", task.String(), "err", err)
+			case err == nil, w.Abandon(task, attempt, policy.Attempts, err):
 			default:
 				log.Warn("payments: attempt failed; retrying", "task", task.String(), "attempt", attempt, "err", err)
 				q.RetryTask(task, attempt, policy.NextRetry(attempt, time.Now()))

@@ -42,18 +42,49 @@ type Backend interface {
 	// WriteKeys claims the keys of operations that only write.
 	WriteKeys() idempotency.Store[Writes]
 
-	orders.Repository
-	payments.Repository
-	ledger.Repository
+	Reads
+	payments.Settlements
 	auth.Store
 	idempotency.Purger
 	idempotency.StatsSource
+	// PendingStats counts the payments and refunds still pending, for the
+	// metrics that tell a stuck payment.
+	PendingStats(ctx context.Context) (payments.PendingStats, error)
 	// AccountsNamed returns up to ten accounts of that name: names need not
 	// be unique, but `oncekey accounts create` refuses a second one unless
 	// told.
 	AccountsNamed(ctx context.Context, name string) ([]uuid.UUID, error)
-	// Ping reports whether the backend answers (GET /readyz).
-	Ping(ctx context.Context) error
+	// Ready reports, within a short deadline of its own, whether the
+	// backend can serve writes now (GET /readyz): nil, or why not, as a
+	// *NotReadyError where the backend can say.
+	Ready(ctx context.Context) error
+}
+
+// NotReadyError says why a backend cannot serve: Reason, for GET /readyz's
+// answer, names the state (read-only, no connection to be had) and never
+// quotes the error; Err, for the log, is what failed.
+type NotReadyError struct {
+	Reason string
+	Err    error
+}
+
+func (e *NotReadyError) Error() string {
+	if e.Err == nil {
+		return e.Reason
+	}
+	return e.Reason + ": " + e.Err.Error()
+}
+
+func (e *NotReadyError) Unwrap() error { return e.Err }
+
+// Reads is what the HTTP layer's read operations read through: the
+// backend itself, or a replica in front of it (postgres.Replica), whose
+// reads may lag unless their context is Strong. Background work never
+// reads through it: it gets the backend, whose reads are the primary's.
+type Reads interface {
+	orders.Repository
+	payments.Reads
+	ledger.Repository
 }
 
 // strongKey marks a context whose reads must see every write committed
@@ -61,7 +92,7 @@ type Backend interface {
 type strongKey struct{}
 
 // Strong returns ctx with its reads on the primary: a store that reads
-// from a replica (postgres.Store.ReadFrom) reads from the primary for it,
+// from a replica (postgres.Replica) reads from the primary for it,
 // so that a client reads its own writes (the Consistency: strong header).
 func Strong(ctx context.Context) context.Context { return context.WithValue(ctx, strongKey{}, true) }
 

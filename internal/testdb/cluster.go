@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -20,7 +21,9 @@ import (
 type Cluster struct {
 	dir, port string
 	bin       string
+	root      string   // the temporary directory it owns, if any
 	asUser    []string // runs the server's commands as the postgres user when the test runs as root
+	opts      []string // server settings (-c name=value) of every start
 }
 
 // freePort is a free loopback port.
@@ -39,40 +42,67 @@ func freePort(t testing.TB) string {
 // binaries are not installed.
 func NewCluster(t testing.TB) *Cluster {
 	t.Helper()
-	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(bins) == 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("testdb: PostgreSQL's initdb is required in CI")
-		}
+	c, err := newCluster(freePort(t))
+	switch {
+	case errors.Is(err, errNoServer) && os.Getenv("CI") == "":
 		t.Skip("testdb: no initdb under /usr/lib/postgresql")
-	}
-	c := &Cluster{bin: filepath.Dir(bins[len(bins)-1]), port: freePort(t)}
-
-	root, err := os.MkdirTemp("", "oncekey-cluster-")
-	if err != nil {
+	case err != nil:
 		t.Fatalf("testdb: %v", err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	t.Cleanup(c.halt)
+	return c
+}
+
+// errNoServer: the PostgreSQL server binaries are not installed.
+var errNoServer = errors.New("PostgreSQL's initdb is required (apt-get install postgresql)")
+
+// newCluster initialises and starts a cluster on port; the caller stops it
+// (halt), and its directory goes with it.
+func newCluster(port string) (*Cluster, error) {
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(bins) == 0 {
+		return nil, errNoServer
+	}
+	c := &Cluster{bin: filepath.Dir(bins[len(bins)-1]), port: port}
+	root, err := os.MkdirTemp("", "oncekey-cluster-")
+	if err != nil {
+		return nil, err
+	}
+	c.root = root
 	c.dir = filepath.Join(root, "data")
 	if os.Geteuid() == 0 {
 		// initdb refuses to run as root.
 		pg, err := user.Lookup("postgres")
 		if err != nil {
-			t.Fatalf("testdb: running as root needs the postgres user: %v", err)
+			c.halt()
+			return nil, fmt.Errorf("running as root needs the postgres user: %w", err)
 		}
 		uid, _ := strconv.Atoi(pg.Uid)
 		gid, _ := strconv.Atoi(pg.Gid)
 		if err := os.Chown(root, uid, gid); err != nil {
-			t.Fatalf("testdb: %v", err)
+			c.halt()
+			return nil, err
 		}
 		c.asUser = []string{"runuser", "-u", "postgres", "--"}
 	}
 	if out, err := c.run("initdb", "-D", c.dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"); err != nil {
-		t.Fatalf("testdb: initdb: %v\n%s", err, out)
+		c.halt()
+		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
-	c.Start(t)
-	t.Cleanup(func() { _, _ = c.run("pg_ctl", "-D", c.dir, "-m", "immediate", "-w", "stop") })
-	return c
+	if err := c.start(); err != nil {
+		c.halt()
+		return nil, err
+	}
+	return c, nil
+}
+
+// halt stops the server at once and removes its directory, if it is the
+// cluster's own (a standby's lives in its primary's).
+func (c *Cluster) halt() {
+	_, _ = c.run("pg_ctl", "-D", c.dir, "-m", "immediate", "-w", "stop")
+	if c.root != "" {
+		_ = os.RemoveAll(c.root)
+	}
 }
 
 // URL is the cluster's maintenance database.
@@ -83,10 +113,17 @@ func (c *Cluster) URL() string {
 // Start starts the server and waits until it accepts connections.
 func (c *Cluster) Start(t testing.TB) {
 	t.Helper()
-	opts := fmt.Sprintf("-p %s -c listen_addresses=127.0.0.1 -k %s -c fsync=off", c.port, filepath.Dir(c.dir))
-	if out, err := c.run("pg_ctl", "-D", c.dir, "-o", opts, "-l", c.dir+".log", "-w", "start"); err != nil {
-		t.Fatalf("testdb: start cluster: %v\n%s", err, out)
+	if err := c.start(); err != nil {
+		t.Fatalf("testdb: %v", err)
 	}
+}
+
+func (c *Cluster) start() error {
+	opts := fmt.Sprintf("-p %s -c listen_addresses=127.0.0.1 -k %s -c fsync=off %s", c.port, filepath.Dir(c.dir), strings.Join(c.opts, " "))
+	if out, err := c.run("pg_ctl", "-D", c.dir, "-o", opts, "-l", c.dir+".log", "-w", "start"); err != nil {
+		return fmt.Errorf("start cluster: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // Stop stops the server at once, as a crash would: every connection is cut
@@ -114,13 +151,11 @@ func (c *Cluster) run(name string, args ...string) ([]byte, error) {
 // flushed its WAL). It returns once c reports the standby as sync.
 func (c *Cluster) Standby(t testing.TB) *Cluster {
 	t.Helper()
-	s := &Cluster{bin: c.bin, asUser: c.asUser, port: freePort(t), dir: filepath.Join(filepath.Dir(c.dir), "standby")}
-	conninfo := fmt.Sprintf("host=127.0.0.1 port=%s user=postgres application_name=standby", c.port)
-	if out, err := s.run("pg_basebackup", "-D", s.dir, "-d", conninfo, "-R", "-X", "stream", "--no-sync"); err != nil {
-		t.Fatalf("testdb: pg_basebackup: %v\n%s", err, out)
+	s, err := c.replica(freePort(t), "standby", 0)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
 	}
-	s.Start(t)
-	t.Cleanup(func() { _, _ = s.run("pg_ctl", "-D", s.dir, "-m", "immediate", "-w", "stop") })
+	t.Cleanup(s.halt)
 	for _, sql := range []string{
 		"ALTER SYSTEM SET synchronous_standby_names = 'standby'",
 		"ALTER SYSTEM SET synchronous_commit = 'on'",
@@ -130,22 +165,91 @@ func (c *Cluster) Standby(t testing.TB) *Cluster {
 			t.Fatalf("testdb: %s: %v\n%s", sql, err, out)
 		}
 	}
+	if err := c.await("SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby'", "sync"); err != nil {
+		t.Fatalf("testdb: the standby is not in sync: %v", err)
+	}
+	return s
+}
+
+// Replica makes an asynchronous streaming replica of c, as most
+// deployments' read replicas are, that applies each transaction delay
+// after its commit on c (recovery_min_apply_delay; 0: at once). It
+// returns once the replica streams from c.
+func (c *Cluster) Replica(t testing.TB, delay time.Duration) *Cluster {
+	t.Helper()
+	r, err := c.replica(freePort(t), "", delay)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(r.halt)
+	return r
+}
+
+// replica makes a streaming replica of c on port, named name in c's
+// pg_stat_replication (default: after its port), applying WAL delay late.
+func (c *Cluster) replica(port, name string, delay time.Duration) (*Cluster, error) {
+	if name == "" {
+		name = "replica_" + port
+	}
+	r := &Cluster{bin: c.bin, asUser: c.asUser, port: port, dir: filepath.Join(filepath.Dir(c.dir), name)}
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%s user=postgres application_name=%s", c.port, name)
+	if out, err := r.run("pg_basebackup", "-D", r.dir, "-d", conninfo, "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"); err != nil {
+		return nil, fmt.Errorf("pg_basebackup: %w\n%s", err, out)
+	}
+	if delay > 0 {
+		r.opts = append(r.opts, fmt.Sprintf("-c recovery_min_apply_delay=%dms", delay.Milliseconds()))
+	}
+	if err := r.start(); err != nil {
+		return nil, err
+	}
+	if err := c.await(fmt.Sprintf("SELECT state FROM pg_stat_replication WHERE application_name = '%s'", name), "streaming"); err != nil {
+		r.halt()
+		return nil, fmt.Errorf("the replica does not stream: %w", err)
+	}
+	return r, nil
+}
+
+// await runs query on c until it prints want, for up to 30s.
+func (c *Cluster) await(query, want string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		out, err := c.psql("SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby'")
-		if err == nil && strings.TrimSpace(string(out)) == "sync" {
-			return s
+		out, err := c.psql(query)
+		if err == nil && strings.TrimSpace(string(out)) == want {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("testdb: the standby is not in sync after 30s: %v %s", err, out)
+			return fmt.Errorf("%s: want %s after 30s, got %v %s", query, want, err, out)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
+// CatchUp waits until the replica r has replayed everything its primary
+// had written when CatchUp was called.
+func (r *Cluster) CatchUp(t testing.TB, primary *Cluster) {
+	t.Helper()
+	lsn := primary.Exec(t, "SELECT pg_current_wal_lsn()")
+	if err := r.await(fmt.Sprintf("SELECT pg_last_wal_replay_lsn() >= '%s'::pg_lsn", lsn), "t"); err != nil {
+		t.Fatalf("testdb: the replica does not catch up: %v", err)
+	}
+}
+
+// Freeze stops every process of the server (SIGSTOP): connections stay
+// open and nothing answers, as a hung machine looks to its clients.
+// Thaw (SIGCONT) lets it go on.
+func (c *Cluster) Freeze(t testing.TB) { c.signal(t, syscall.SIGSTOP) }
+
+// Thaw undoes Freeze.
+func (c *Cluster) Thaw(t testing.TB) { c.signal(t, syscall.SIGCONT) }
+
 // Kill kills the server with SIGKILL, as a crash of its machine would look
 // to its clients: connections cut, nothing shut down.
-func (c *Cluster) Kill(t testing.TB) {
+func (c *Cluster) Kill(t testing.TB) { c.signal(t, syscall.SIGKILL) }
+
+// signal sends sig to the postmaster and every process it started
+// (backends, WAL sender and receiver, writers): a backend outliving a
+// killed postmaster would keep serving its connection for a while.
+func (c *Cluster) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	pidFile, err := os.ReadFile(filepath.Join(c.dir, "postmaster.pid"))
 	if err != nil {
@@ -155,9 +259,6 @@ func (c *Cluster) Kill(t testing.TB) {
 	if err != nil {
 		t.Fatalf("testdb: postmaster.pid: %v", err)
 	}
-	// The postmaster and every process it started (backends, WAL sender,
-	// writers): a backend outliving its postmaster would keep serving its
-	// connection for a while.
 	pids := []int{pid}
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, stat := range stats {
@@ -173,8 +274,8 @@ func (c *Cluster) Kill(t testing.TB) {
 		}
 	}
 	for _, p := range pids {
-		if err := syscall.Kill(p, syscall.SIGKILL); err != nil && p == pid {
-			t.Fatalf("testdb: kill the postmaster: %v", err)
+		if err := syscall.Kill(p, sig); err != nil && p == pid {
+			t.Fatalf("testdb: signal the postmaster: %v", err)
 		}
 	}
 }

@@ -60,6 +60,7 @@ func Main(m *testing.M) {
 func MainWith(m *testing.M, fn func(context.Context, *pgxpool.Pool) error) {
 	migrateDB = fn
 	code := m.Run()
+	stopShared()
 	if dbName != "" {
 		if pool != nil {
 			pool.Close()
@@ -110,16 +111,17 @@ func create() (err error) {
 // migrates it. name is returned as soon as the database exists, so that the
 // caller drops it even when a later step fails.
 func newDatabase() (name, dbURL string, pool *pgxpool.Pool, err error) {
-	return createDatabase(true)
+	return createDatabase(AdminURL(), true)
 }
 
-// createDatabase creates a database with a random name, migrated or not.
-func createDatabase(migrate bool) (name, dbURL string, pool *pgxpool.Pool, err error) {
+// createDatabase creates a database with a random name on the server of
+// adminURL, migrated or not.
+func createDatabase(adminURL string, migrate bool) (name, dbURL string, pool *pgxpool.Pool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, AdminURL())
+	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", "", nil, fmt.Errorf("connect to %s: %w", redact(AdminURL()), err)
+		return "", "", nil, fmt.Errorf("connect to %s: %w", redact(adminURL), err)
 	}
 	defer admin.Close(ctx)
 
@@ -130,13 +132,9 @@ func createDatabase(migrate bool) (name, dbURL string, pool *pgxpool.Pool, err e
 		return "", "", nil, fmt.Errorf("create database %s: %w", candidate, err)
 	}
 	name = candidate
-
-	u, err := url.Parse(AdminURL())
-	if err != nil {
-		return name, "", nil, fmt.Errorf("parse TEST_DATABASE_URL: %w", err)
+	if dbURL, err = onDatabase(adminURL, name); err != nil {
+		return name, "", nil, err
 	}
-	u.Path = "/" + name
-	dbURL = u.String()
 
 	pool, err = postgres.Open(ctx, dbURL)
 	if err != nil {
@@ -151,10 +149,22 @@ func createDatabase(migrate bool) (name, dbURL string, pool *pgxpool.Pool, err e
 	return name, dbURL, pool, nil
 }
 
-func dropDatabase(name string) error {
+// onDatabase is adminURL with its database replaced by name.
+func onDatabase(adminURL, name string) (string, error) {
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		return "", fmt.Errorf("parse %s: %w", redact(adminURL), err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+func dropDatabase(name string) error { return dropDatabaseOn(AdminURL(), name) }
+
+func dropDatabaseOn(adminURL, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, AdminURL())
+	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return err
 	}
@@ -190,13 +200,20 @@ func Empty(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
 func fresh(t testing.TB, migrate bool) (dbURL string, pool *pgxpool.Pool) {
 	t.Helper()
 	setup(t) // skips or fails like every other database test
-	name, dbURL, pool, err := createDatabase(migrate)
+	return freshOn(t, AdminURL(), migrate)
+}
+
+// freshOn creates a database of the test's own on the server of adminURL,
+// and drops it when the test ends.
+func freshOn(t testing.TB, adminURL string, migrate bool) (dbURL string, pool *pgxpool.Pool) {
+	t.Helper()
+	name, dbURL, pool, err := createDatabase(adminURL, migrate)
 	if name != "" {
 		t.Cleanup(func() {
 			if pool != nil {
 				pool.Close()
 			}
-			if err := dropDatabase(name); err != nil {
+			if err := dropDatabaseOn(adminURL, name); err != nil {
 				t.Errorf("testdb: drop %s: %v", name, err)
 			}
 		})

@@ -3,6 +3,7 @@ package memory
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/google/uuid"
@@ -36,15 +37,30 @@ func (u *unit) LockOrder(_ context.Context, account, id uuid.UUID) (orders.Order
 }
 
 // HasActivePayment implements orders.Changer.
-func (u *unit) HasActivePayment(_ context.Context, account, id uuid.UUID) (bool, error) {
-	active := false
+func (u *unit) HasActivePayment(ctx context.Context, account, id uuid.UUID) (bool, error) {
+	_, err := u.ActivePayment(ctx, account, id)
+	if errors.Is(err, payments.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// ActivePayment implements payments.Unit.
+func (u *unit) ActivePayment(_ context.Context, account, orderID uuid.UUID) (payments.Payment, error) {
+	var (
+		active payments.Payment
+		found  bool
+	)
 	u.read(func() {
 		for _, p := range u.s.payments[account] {
-			if p.OrderID == id && p.Status != payments.StatusFailed {
-				active = true
+			if p.OrderID == orderID && p.Status != payments.StatusFailed {
+				active, found = p, true
 			}
 		}
 	})
+	if !found {
+		return payments.Payment{}, payments.ErrNotFound
+	}
 	return active, nil
 }
 

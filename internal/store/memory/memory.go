@@ -77,8 +77,8 @@ func (s *Store) Keys() idempotency.Store[store.Tx] { return s.tx }
 // save: write-only operations claim as the others do.
 func (s *Store) WriteKeys() idempotency.Store[store.Writes] { return s.w }
 
-// Ping implements store.Backend; memory is always ready.
-func (s *Store) Ping(context.Context) error { return nil }
+// Ready implements store.Backend; memory is always ready.
+func (s *Store) Ready(context.Context) error { return nil }
 
 // PurgeExpired implements idempotency.Purger.
 func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {

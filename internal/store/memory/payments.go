@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -15,7 +16,9 @@ import (
 )
 
 // CreatePayment implements payments.Unit. Like PostgreSQL's foreign key, it
-// refuses a payment of an order that does not exist.
+// refuses a payment of an order that does not exist, and like its
+// payments_one_active_per_order, a second pending or succeeded payment of
+// an order (retrying is the answer: see the PostgreSQL store).
 func (u *unit) CreatePayment(_ context.Context, p payments.Payment) error {
 	s := u.s
 	var err error
@@ -23,6 +26,12 @@ func (u *unit) CreatePayment(_ context.Context, p payments.Payment) error {
 		if _, ok := s.orders[p.AccountID][p.OrderID]; !ok {
 			err = orders.ErrNotFound
 			return
+		}
+		for _, other := range s.payments[p.AccountID] {
+			if other.OrderID == p.OrderID && other.Status != payments.StatusFailed {
+				err = fmt.Errorf("%w: order %s has another pending or succeeded payment", idempotency.ErrUnavailable, p.OrderID)
+				return
+			}
 		}
 		byID := s.payments[p.AccountID]
 		if byID == nil {
@@ -36,7 +45,7 @@ func (u *unit) CreatePayment(_ context.Context, p payments.Payment) error {
 	return err
 }
 
-// GetPayment implements payments.Repository.
+// GetPayment implements payments.Reads and payments.Settlements.
 func (s *Store) GetPayment(_ context.Context, account, id uuid.UUID) (payments.Payment, error) {
 	var (
 		p  payments.Payment
@@ -49,7 +58,7 @@ func (s *Store) GetPayment(_ context.Context, account, id uuid.UUID) (payments.P
 	return p, nil
 }
 
-// FinishPayment implements payments.Repository. The payment and its key's
+// FinishPayment implements payments.Settlements. The payment and its key's
 // record change under the data lock together, as in one transaction.
 func (s *Store) FinishPayment(_ context.Context, p payments.Payment, final idempotency.Response) (bool, error) {
 	var changed bool
@@ -177,4 +186,31 @@ func (s *Store) CountPayments(_ context.Context, account uuid.UUID) (int, error)
 	var n int
 	s.read(func() { n = len(s.payments[account]) })
 	return n, nil
+}
+
+// PendingStats implements metrics.PendingSource.
+func (s *Store) PendingStats(context.Context) (payments.PendingStats, error) {
+	var st payments.PendingStats
+	now := s.now()
+	count := func(p *payments.Pending, createdAt time.Time) {
+		p.Count++
+		p.OldestAge = max(p.OldestAge, now.Sub(createdAt))
+	}
+	s.read(func() {
+		for _, byID := range s.payments {
+			for _, p := range byID {
+				if !p.Final() {
+					count(&st.Payments, p.CreatedAt)
+				}
+			}
+		}
+		for _, byID := range s.refunds {
+			for _, r := range byID {
+				if !r.Final() {
+					count(&st.Refunds, r.CreatedAt)
+				}
+			}
+		}
+	})
+	return st, nil
 }

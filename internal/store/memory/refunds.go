@@ -54,7 +54,7 @@ func (u *unit) CreateRefund(_ context.Context, r payments.Refund) error {
 	return err
 }
 
-// GetRefund implements payments.Repository.
+// GetRefund implements payments.Reads and payments.Settlements.
 func (s *Store) GetRefund(_ context.Context, account, id uuid.UUID) (payments.Refund, error) {
 	var (
 		r  payments.Refund
@@ -67,10 +67,12 @@ func (s *Store) GetRefund(_ context.Context, account, id uuid.UUID) (payments.Re
 	return r, nil
 }
 
-// ListRefunds implements payments.Repository.
+// ListRefunds implements payments.Reads.
 func (s *Store) ListRefunds(_ context.Context, account, paymentID uuid.UUID) ([]payments.Refund, error) {
 	list := []payments.Refund{}
+	found := false
 	s.read(func() {
+		_, found = s.payments[account][paymentID]
 		for _, r := range s.refunds[account] {
 			if r.PaymentID == paymentID {
 				list = append(list, r)
@@ -83,10 +85,13 @@ func (s *Store) ListRefunds(_ context.Context, account, paymentID uuid.UUID) ([]
 		}
 		return cmp.Compare(a.ID.String(), b.ID.String())
 	})
+	if !found {
+		return nil, payments.ErrNotFound
+	}
 	return list, nil
 }
 
-// FinishRefund implements payments.Repository, as FinishPayment does.
+// FinishRefund implements payments.Settlements, as FinishPayment does.
 func (s *Store) FinishRefund(_ context.Context, r payments.Refund, final idempotency.Response) (bool, error) {
 	var changed bool
 	s.write(func() {

@@ -98,9 +98,9 @@ func applyBooking(ctx context.Context, q *db.Queries, e ledger.Entry) (int64, er
 }
 
 // Balance implements ledger.Repository.
-func (s *Store) Balance(ctx context.Context, account uuid.UUID) (int64, error) {
+func (r reads) Balance(ctx context.Context, account uuid.UUID) (int64, error) {
 	var balance int64
-	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+	err := r.route(ctx, func(ctx context.Context, q *db.Queries) (err error) {
 		balance, err = q.BonusBalanceGet(ctx, account)
 		return err
 	})

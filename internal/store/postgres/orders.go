@@ -51,9 +51,9 @@ func (s *Store) CreateOrder(ctx context.Context, o orders.Order) error {
 }
 
 // GetOrder implements orders.Repository.
-func (s *Store) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
+func (r reads) GetOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error) {
 	var row db.Order
-	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+	err := r.route(ctx, func(ctx context.Context, q *db.Queries) (err error) {
 		row, err = q.OrderGet(ctx, db.OrderGetParams{AccountID: account, ID: id})
 		return err
 	})
@@ -100,9 +100,9 @@ func (u *txUnit) UpdateOrder(ctx context.Context, o orders.Order) error {
 }
 
 // ListOrders implements orders.Repository.
-func (s *Store) ListOrders(ctx context.Context, account uuid.UUID, after *orders.Cursor, limit int) ([]orders.Order, error) {
+func (r reads) ListOrders(ctx context.Context, account uuid.UUID, after *orders.Cursor, limit int) ([]orders.Order, error) {
 	var rows []db.Order
-	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+	err := r.route(ctx, func(ctx context.Context, q *db.Queries) (err error) {
 		if after == nil {
 			rows, err = q.OrderListFirst(ctx, db.OrderListFirstParams{AccountID: account, Limit: int32(limit)})
 			return err

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/oncekey/oncekey/gen/db"
@@ -16,9 +18,29 @@ import (
 	"github.com/oncekey/oncekey/internal/payments"
 )
 
-// CreatePayment implements payments.Unit.
+// ActivePayment implements payments.Unit.
+func (u *txUnit) ActivePayment(ctx context.Context, account, orderID uuid.UUID) (payments.Payment, error) {
+	return foundPayment(u.q.PaymentGetActiveForOrder(ctx, db.PaymentGetActiveForOrderParams{AccountID: account, OrderID: orderID}))
+}
+
+// foundPayment is the payment a query found, or payments.ErrNotFound.
+func foundPayment(row db.Payment, err error) (payments.Payment, error) {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return payments.Payment{}, payments.ErrNotFound
+	}
+	if err != nil {
+		return payments.Payment{}, translate(err)
+	}
+	return paymentFromRow(row), nil
+}
+
+// CreatePayment implements payments.Unit. A second active payment of the
+// order violates payments_one_active_per_order; payments.Service.Create
+// checks for one under the order's lock first, so only a caller that
+// skipped that check meets it, and the answer is to retry (the retry
+// finds the first payment and is told so), not a 500.
 func (u *txUnit) CreatePayment(ctx context.Context, p payments.Payment) error {
-	return translate(u.q.PaymentCreate(ctx, db.PaymentCreateParams{
+	err := u.q.PaymentCreate(ctx, db.PaymentCreateParams{
 		AccountID:      p.AccountID,
 		ID:             p.ID,
 		OrderID:        p.OrderID,
@@ -27,7 +49,14 @@ func (u *txUnit) CreatePayment(ctx context.Context, p payments.Payment) error {
 		IdempotencyKey: p.Key,
 		KeyCreatedAt:   p.KeyClaimedAt,
 		CreatedAt:      p.CreatedAt,
-	}))
+	})
+	var pgErr *pgconn.PgError
+	// Named by its columns, not its name: each partition of a partitioned
+	// payments table has an index of its own name.
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && strings.HasPrefix(pgErr.Detail, "Key (account_id, order_id)=") {
+		return fmt.Errorf("%w: order %s has another pending or succeeded payment: %w", idempotency.ErrUnavailable, p.OrderID, err)
+	}
+	return translate(err)
 }
 
 // EnqueueCharge implements payments.Unit: the job is inserted in the
@@ -44,33 +73,20 @@ var errNoJobs = errors.New("postgres: no job queue to enqueue a payment's charge
 
 // LockPayment implements payments.RefundUnit.
 func (u *txUnit) LockPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
-	row, err := u.q.PaymentGetForUpdate(ctx, db.PaymentGetForUpdateParams{AccountID: account, ID: id})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return payments.Payment{}, payments.ErrNotFound
-	}
-	if err != nil {
-		return payments.Payment{}, translate(err)
-	}
-	return paymentFromRow(row), nil
+	return foundPayment(u.q.PaymentGetForUpdate(ctx, db.PaymentGetForUpdateParams{AccountID: account, ID: id}))
 }
 
-// GetPayment implements payments.Repository.
-func (s *Store) GetPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
+// GetPayment implements payments.Reads and payments.Settlements.
+func (r reads) GetPayment(ctx context.Context, account, id uuid.UUID) (payments.Payment, error) {
 	var row db.Payment
-	err := s.read(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+	err := r.route(ctx, func(ctx context.Context, q *db.Queries) (err error) {
 		row, err = q.PaymentGet(ctx, db.PaymentGetParams{AccountID: account, ID: id})
 		return err
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return payments.Payment{}, payments.ErrNotFound
-	}
-	if err != nil {
-		return payments.Payment{}, translate(err)
-	}
-	return paymentFromRow(row), nil
+	return foundPayment(row, err)
 }
 
-// FinishPayment implements payments.Repository: the payment's final state
+// FinishPayment implements payments.Settlements: the payment's final state
 // and the response its key replays from now on commit in one transaction.
 func (s *Store) FinishPayment(ctx context.Context, p payments.Payment, final idempotency.Response) (bool, error) {
 	return s.finish(ctx, final, func(q *db.Queries) (idempotency.Ref, error) {

@@ -94,7 +94,7 @@ func open(ctx context.Context, url string, lazy bool, opts ...Option) (*pgxpool.
 	return pool, nil
 }
 
-// OpenReplica is Open for a streaming replica (Store.ReadFrom): it does not
+// OpenReplica is Open for a streaming replica (NewReplica): it does not
 // connect until a read needs it, so that a replica that is down at start
 // costs its reads a detour to the primary, not the service's start.
 func OpenReplica(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool, error) {
@@ -176,45 +176,17 @@ type Jobs interface {
 // Store implements store.Backend on one pool: the domain writes of an
 // idempotent operation join the key's transaction.
 type Store struct {
+	// Its reads are the primary's, always: workers read through it.
+	// Replica wraps it for the HTTP layer's reads that may lag.
+	reads
 	pool *pgxpool.Pool
-	// replica, if set, serves the reads that may lag (see ReadFrom).
-	replica *pgxpool.Pool
-	keys    *pgstore.Store
-	jobs    Jobs
-	tx      idempotency.Store[store.Tx]
-	w       idempotency.Store[store.Writes]
+	keys *pgstore.Store
+	jobs Jobs
+	tx   idempotency.Store[store.Tx]
+	w    idempotency.Store[store.Writes]
 }
 
 var _ store.Backend = (*Store)(nil)
-
-// ReadFrom makes the reads that may lag behind the primary (an order, a
-// page of orders, a payment, the bonus balance) read from replica, a
-// streaming replica of the store's database, unless their context is
-// store.Strong. Claims, replays and every read an operation makes stay on
-// the primary. A replica that fails is read around: the read goes to the
-// primary, which costs speed, not an answer. Call it before serving.
-func (s *Store) ReadFrom(replica *pgxpool.Pool) { s.replica = replica }
-
-// read runs fn on the replica when ctx allows it and there is one, else
-// (or if the replica fails, or takes longer than replicaTimeout) on the
-// primary. A read that finds nothing on the replica is an answer: the
-// replica may lag, as Consistency says.
-func (s *Store) read(ctx context.Context, fn func(ctx context.Context, q *db.Queries) error) error {
-	if s.replica != nil && !store.IsStrong(ctx) {
-		rctx, cancel := context.WithTimeout(ctx, replicaTimeout)
-		err := fn(rctx, db.New(s.replica))
-		cancel()
-		if err == nil || errors.Is(err, pgx.ErrNoRows) || ctx.Err() != nil {
-			return err
-		}
-	}
-	return fn(ctx, db.New(s.pool))
-}
-
-// replicaTimeout bounds a read on the replica before it is made on the
-// primary instead: a replica that does not answer costs its reads this
-// much, not their request's timeout.
-const replicaTimeout = 500 * time.Millisecond
 
 // New returns a store on pool. The schema must be migrated (Migrate).
 // Without jobs, no payment or refund can be accepted.
@@ -229,6 +201,9 @@ func NewMerging(pool *pgxpool.Pool, jobs Jobs, byAccount bool) *Store {
 		panic(err) // the default table is valid
 	}
 	s := &Store{pool: pool, keys: keys, jobs: jobs}
+	s.reads = reads{route: func(ctx context.Context, fn func(context.Context, *db.Queries) error) error {
+		return fn(ctx, db.New(pool))
+	}}
 	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, _ idempotency.Ref) store.Tx { return &txUnit{s: s, tx: tx, q: db.New(tx)} })
 	s.w = idempotency.MapUnit(keys.Deferred(), func(b *pgstore.Batch, ref idempotency.Ref) store.Writes {
 		return &queuedWrites{q: db.New(writeOnly{b}), claim: ref}
@@ -257,9 +232,34 @@ func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 	return s.keys.KeyStats(ctx)
 }
 
-// Ping reports whether the database answers; it backs /readyz.
-func (s *Store) Ping(ctx context.Context) error {
-	return translate(s.pool.Ping(ctx))
+// ReadyTimeout bounds Ready: a load balancer asking /readyz of a server
+// whose pool is exhausted must hear no within its own probe's timeout.
+const ReadyTimeout = time.Second
+
+// Ready implements store.Backend: the primary is ready when a connection
+// can be had from the pool within ReadyTimeout and a write would not fail
+// as read-only (SQLSTATE 25006: a primary demoted by a failover, or one
+// whose full disk made it read-only).
+func (s *Store) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
+	defer cancel()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		reason := "PostgreSQL cannot be reached"
+		if st := s.pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
+			reason = fmt.Sprintf("no database connection within %s: all %d of the pool's connections are in use", ReadyTimeout, st.MaxConns())
+		}
+		return &store.NotReadyError{Reason: reason, Err: translate(err)}
+	}
+	defer conn.Release()
+	readOnly, err := db.New(conn).HealthReadOnly(ctx)
+	switch {
+	case err != nil:
+		return &store.NotReadyError{Reason: "PostgreSQL does not answer", Err: translate(err)}
+	case readOnly:
+		return &store.NotReadyError{Reason: "PostgreSQL is read-only (a standby, or default_transaction_read_only is on): writes would fail"}
+	}
+	return nil
 }
 
 // txUnit is store.Tx: the domain's reads and writes in the transaction that

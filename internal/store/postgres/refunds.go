@@ -35,9 +35,13 @@ func (u *txUnit) EnqueueRefund(ctx context.Context, ref payments.RefundRef) erro
 	return translate(u.s.jobs.InsertRefund(ctx, u.tx, ref))
 }
 
-// GetRefund implements payments.Repository.
-func (s *Store) GetRefund(ctx context.Context, account, id uuid.UUID) (payments.Refund, error) {
-	row, err := db.New(s.pool).RefundGet(ctx, db.RefundGetParams{AccountID: account, ID: id})
+// GetRefund implements payments.Reads and payments.Settlements.
+func (r reads) GetRefund(ctx context.Context, account, id uuid.UUID) (payments.Refund, error) {
+	var row db.Refund
+	err := r.route(ctx, func(ctx context.Context, q *db.Queries) (err error) {
+		row, err = q.RefundGet(ctx, db.RefundGetParams{AccountID: account, ID: id})
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return payments.Refund{}, payments.ErrRefundNotFound
 	}
@@ -47,9 +51,23 @@ func (s *Store) GetRefund(ctx context.Context, account, id uuid.UUID) (payments.
 	return refundFromRow(row), nil
 }
 
-// ListRefunds implements payments.Repository.
-func (s *Store) ListRefunds(ctx context.Context, account, paymentID uuid.UUID) ([]payments.Refund, error) {
-	rows, err := db.New(s.pool).RefundList(ctx, db.RefundListParams{AccountID: account, PaymentID: paymentID})
+// ListRefunds implements payments.Reads.
+func (r reads) ListRefunds(ctx context.Context, account, paymentID uuid.UUID) ([]payments.Refund, error) {
+	var rows []db.Refund
+	err := r.route(ctx, func(ctx context.Context, q *db.Queries) error {
+		// The payment first, where the refunds are read: a replica that
+		// does not hold it yet holds none of its refunds either, and the
+		// list then comes from the primary.
+		if _, err := q.PaymentGet(ctx, db.PaymentGetParams{AccountID: account, ID: paymentID}); err != nil {
+			return err
+		}
+		var err error
+		rows, err = q.RefundList(ctx, db.RefundListParams{AccountID: account, PaymentID: paymentID})
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, payments.ErrNotFound
+	}
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -60,7 +78,7 @@ func (s *Store) ListRefunds(ctx context.Context, account, paymentID uuid.UUID) (
 	return out, nil
 }
 
-// FinishRefund implements payments.Repository, as FinishPayment does.
+// FinishRefund implements payments.Settlements, as FinishPayment does.
 func (s *Store) FinishRefund(ctx context.Context, r payments.Refund, final idempotency.Response) (bool, error) {
 	return s.finish(ctx, final, func(q *db.Queries) (idempotency.Ref, error) {
 		row, err := q.RefundFinish(ctx, db.RefundFinishParams{

@@ -65,8 +65,10 @@ func testPayments(t *testing.T, setup setupFunc) {
 	require.NoError(t, orphanLease.Rollback(bundle.ctx))
 
 	lease := claimTx(t, bundle.ctx, store, claimRequest(bundle.account, newKey(), fingerprint("POST /payments b")))
+	other := newOrder(bundle.account, time.Now())
+	require.NoError(t, store.CreateOrder(bundle.ctx, other), "create another order to pay")
 	rolledBack := p
-	rolledBack.ID = uuid.New()
+	rolledBack.ID, rolledBack.OrderID = uuid.New(), other.ID
 	require.NoError(t, lease.Unit().CreatePayment(bundle.ctx, rolledBack))
 	require.NoError(t, lease.Rollback(bundle.ctx))
 	_, err = store.GetPayment(bundle.ctx, bundle.account, rolledBack.ID)
@@ -123,4 +125,36 @@ func testPaymentFinishReplacesProvisional(t *testing.T, setup setupFunc) {
 	require.NoError(t, err, "finish the old payment")
 	rec = claimRecord(t, bundle.ctx, store, short)
 	require.Equal(t, "new", string(rec.Response.Body), "the old payment's outcome must not land on the key's new record")
+}
+
+// An order has at most one pending or succeeded payment, as the store
+// itself holds it: a second is refused even from a caller that skipped the
+// check (retrying is the answer, so the error is ErrUnavailable), and a
+// failed payment does not count.
+func testOneActivePaymentPerOrder(t *testing.T, setup setupFunc) {
+	store, bundle := setup(t)
+	first := acceptPayment(t, store, bundle, claimRequest(bundle.account, newKey(), fingerprint("POST /payments a")))
+
+	lease := claimTx(t, bundle.ctx, store, claimRequest(bundle.account, newKey(), fingerprint("POST /payments b")))
+	active, err := lease.Unit().ActivePayment(bundle.ctx, bundle.account, first.OrderID)
+	require.NoError(t, err, "the pending payment is the order's active one")
+	require.Equal(t, first.ID, active.ID)
+	second := first
+	second.ID = uuid.New()
+	err = lease.Unit().CreatePayment(bundle.ctx, second)
+	require.ErrorIs(t, err, idempotency.ErrUnavailable, "a second pending payment of the order must be refused")
+	require.NoError(t, lease.Rollback(bundle.ctx))
+
+	_, err = store.FinishPayment(bundle.ctx, settled(first, payments.StatusFailed, payments.ReasonCardDeclined, ""), finalResponse(`{"status":"failed"}`))
+	require.NoError(t, err)
+	req := claimRequest(bundle.account, newKey(), fingerprint("POST /payments c"))
+	lease = claimTx(t, bundle.ctx, store, req)
+	_, err = lease.Unit().ActivePayment(bundle.ctx, bundle.account, first.OrderID)
+	require.ErrorIs(t, err, payments.ErrNotFound, "a failed payment is not active")
+	second.KeyClaimedAt, second.Key = lease.Ref().ClaimedAt, req.Key
+	require.NoError(t, lease.Unit().CreatePayment(bundle.ctx, second), "after a failed payment the order can be paid")
+	require.NoError(t, lease.Commit(bundle.ctx, idempotency.Response{Status: http.StatusAccepted, Header: http.Header{}, Body: []byte("{}")}))
+	got, err := store.GetPayment(bundle.ctx, bundle.account, second.ID)
+	require.NoError(t, err)
+	require.Equal(t, payments.StatusPending, got.Status)
 }

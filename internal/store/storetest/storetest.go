@@ -72,6 +72,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"LedgerRollbackUndoesEntry", testLedgerRollback},
 		{"Payments", testPayments},
 		{"PaymentFinishReplacesProvisionalResponse", testPaymentFinishReplacesProvisional},
+		{"OneActivePaymentPerOrder", testOneActivePaymentPerOrder},
 		{"OrderChanges", testOrderChanges},
 		{"OrderLockSerializes", testOrderLockSerializes},
 		{"Refunds", testRefunds},
