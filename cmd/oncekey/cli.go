@@ -23,6 +23,7 @@ type cli struct {
 	Migrate      migrateCmd      `cmd:"" help:"Apply the database migrations (Oncekey's, the idempotency engine's, River's)."`
 	Purge        purgeCmd        `cmd:"" help:"Delete expired idempotency keys in batches, or count them with --dry-run."`
 	Keys         keysCmd         `cmd:"" help:"Read-only views of the idempotency keys, for operators."`
+	Payments     paymentsCmd     `cmd:"" help:"Read-only views of the payments and refunds, for operators."`
 	Accounts     accountsCmd     `cmd:"" help:"Create accounts and revoke API keys."`
 	Conformance  conformanceCmd  `cmd:"" help:"Check any API's Idempotency-Key behaviour from its OpenAPI document. It runs the operations it checks many times: use a test account (on a sandbox provider)."`
 	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Deprecated alias, kept for one release: conformance against an Oncekey deployment, with its own openapi.yaml and api/conformance.yaml."`
@@ -130,6 +131,16 @@ type keysStuckCmd struct {
 	databaseFlags
 	OlderThan time.Duration `name:"older-than" default:"10m" help:"List keys processing for longer than this."`
 	Limit     int           `name:"limit" default:"100" help:"List at most this many."`
+}
+
+type paymentsCmd struct {
+	Stuck paymentsStuckCmd `cmd:"" help:"List payments and refunds pending for longer than --older-than, and the charge and refund jobs given up."`
+}
+
+type paymentsStuckCmd struct {
+	databaseFlags
+	OlderThan time.Duration `name:"older-than" default:"30m" help:"List payments and refunds pending for longer than this (the retries of the defaults take about 5 minutes)."`
+	Limit     int           `name:"limit" default:"100" help:"List at most this many of each."`
 }
 
 type accountsCmd struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/auth"
@@ -134,11 +136,27 @@ func (a *answerLoser) withheld(prefix string) int {
 // payment ends succeeded, each charged exactly once (counted by the
 // provider), and every client retry with its key gets the final payment.
 // Then the same for refunds of those payments: killed while the provider has
-// refunded but not answered, restarted, each refunded exactly once.
+// refunded but not answered, restarted, each refunded exactly once. On
+// PostgreSQL alone, and with the API's reads on a replica that lags
+// (DATABASE_REPLICA_URL): 500 ms behind, or with its replay paused.
 func TestPaymentsSurviveKilledServe(t *testing.T) {
 	t.Parallel()
+	t.Run("primary", func(t *testing.T) {
+		t.Parallel()
+		dbURL, pool := testdb.Fresh(t)
+		paymentsSurviveKilledServe(t, pool, map[string]string{"DATABASE_URL": dbURL})
+	})
+	for _, lag := range testdb.Lags {
+		t.Run(string(lag)+" replica", func(t *testing.T) {
+			t.Parallel()
+			db := testdb.FreshReplicated(t, lag)
+			paymentsSurviveKilledServe(t, db.Pool, map[string]string{"DATABASE_URL": db.URL, "DATABASE_REPLICA_URL": db.ReplicaURL})
+		})
+	}
+}
+
+func paymentsSurviveKilledServe(t *testing.T, pool *pgxpool.Pool, database map[string]string) {
 	ctx := context.Background()
-	dbURL, pool := testdb.Fresh(t)
 	creds, err := auth.CreateAccount(ctx, postgres.New(pool, nil), "crash", "")
 	require.NoError(t, err)
 
@@ -149,7 +167,6 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 	providerClient := provider.NewClient(psrv.URL, nil)
 
 	env := map[string]string{
-		"DATABASE_URL":         dbURL,
 		"ONCEKEY_PROVIDER_URL": psrv.URL,
 		// An attempt waits long for the lost answer (the kill comes first);
 		// River rescues a dead worker's job 2×3s+1s after it started.
@@ -157,6 +174,7 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 		"ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT": "3s",
 		"ONCEKEY_PAYMENT_RETRY_BASE":      "50ms",
 	}
+	maps.Copy(env, database)
 	first := startServeProcess(t, env)
 	client := &http.Client{Timeout: 10 * time.Second}
 	post := func(addr, path, key, body string) servicetest.Reply {

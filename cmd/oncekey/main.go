@@ -186,6 +186,85 @@ func (k *keysStuckCmd) Run(e env) error {
 	})
 }
 
+// Run is `oncekey payments stuck`: what the metrics
+// oncekey_payments_oldest_pending_age_seconds and
+// oncekey_payment_tasks_abandoned_total count, by name.
+func (p *paymentsStuckCmd) Run(e env) error {
+	if err := p.require(); err != nil {
+		return err
+	}
+	pool, err := openDatabase(e.ctx, p.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	runner, err := jobs.New(pool, jobs.Config{Logger: e.log})
+	if err != nil {
+		return err
+	}
+	pending, refunds, err := postgres.New(pool, runner).PendingOlderThan(e.ctx, p.OlderThan, p.Limit)
+	if err != nil {
+		return err
+	}
+	given, err := runner.GivenUp(e.ctx, p.Limit)
+	if err != nil {
+		return err
+	}
+	out := stuckPayments{Payments: []stuckPayment{}, Refunds: []stuckRefund{}, GivenUp: []givenUpJob{}}
+	now := time.Now()
+	for _, pm := range pending {
+		out.Payments = append(out.Payments, stuckPayment{Account: pm.AccountID.String(), Payment: pm.ID.String(), Order: pm.OrderID.String(),
+			CreatedAt: pm.CreatedAt, AgeSeconds: now.Sub(pm.CreatedAt).Seconds()})
+	}
+	for _, r := range refunds {
+		out.Refunds = append(out.Refunds, stuckRefund{Account: r.AccountID.String(), Refund: r.ID.String(), Payment: r.PaymentID.String(),
+			CreatedAt: r.CreatedAt, AgeSeconds: now.Sub(r.CreatedAt).Seconds()})
+	}
+	for _, g := range given {
+		job := givenUpJob{Kind: g.Task.Kind(), State: g.State, Attempts: g.Attempts, FinalizedAt: g.FinalizedAt, Error: g.Error,
+			Account: g.Task.Charge.AccountID.String(), Payment: g.Task.Charge.PaymentID.String()}
+		if g.Task.Kind() == "refund" {
+			job.Account, job.Payment, job.Refund = g.Task.Refund.AccountID.String(), "", g.Task.Refund.RefundID.String()
+		}
+		out.GivenUp = append(out.GivenUp, job)
+	}
+	return indented(e.stdout).Encode(out)
+}
+
+// stuckPayments is `payments stuck`'s output.
+type stuckPayments struct {
+	Payments []stuckPayment `json:"pending_payments"`
+	Refunds  []stuckRefund  `json:"pending_refunds"`
+	GivenUp  []givenUpJob   `json:"jobs_given_up"`
+}
+
+type stuckPayment struct {
+	Account    string    `json:"account_id"`
+	Payment    string    `json:"payment_id"`
+	Order      string    `json:"order_id"`
+	CreatedAt  time.Time `json:"created_at"`
+	AgeSeconds float64   `json:"age_seconds"`
+}
+
+type stuckRefund struct {
+	Account    string    `json:"account_id"`
+	Refund     string    `json:"refund_id"`
+	Payment    string    `json:"payment_id"`
+	CreatedAt  time.Time `json:"created_at"`
+	AgeSeconds float64   `json:"age_seconds"`
+}
+
+type givenUpJob struct {
+	Kind        string    `json:"kind"`
+	Account     string    `json:"account_id"`
+	Payment     string    `json:"payment_id,omitempty"`
+	Refund      string    `json:"refund_id,omitempty"`
+	State       string    `json:"state"`
+	Attempts    int       `json:"attempts"`
+	FinalizedAt time.Time `json:"finalized_at"`
+	Error       string    `json:"error"`
+}
+
 // keyInfo is `keys inspect`'s output: the engine's view of a key, with the
 // account its scope is.
 type keyInfo struct {
@@ -256,6 +335,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	}
 	m.RegisterStore(be.Backend)
 	m.RegisterPending(be.Backend)
+	m.RegisterReadiness(be.Backend.Ready)
 	if be.replica != nil {
 		m.RegisterReplica(be.replica)
 	}

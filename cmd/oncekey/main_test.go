@@ -350,6 +350,61 @@ func TestOperatorCommands(t *testing.T) {
 	require.Equal(t, 2, count, "only the expired key is gone")
 }
 
+// `payments stuck` lists what the pending-age metric and the abandoned
+// tasks' counter count: payments pending for longer than --older-than, and
+// the charge jobs given up.
+func TestPaymentsStuck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL, pool := testdb.Fresh(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+	creds, err := auth.CreateAccount(ctx, postgres.New(pool, nil), "stuck", "")
+	require.NoError(t, err)
+	stuck, fresh, gone := uuid.New(), uuid.New(), uuid.New()
+	for payment, age := range map[uuid.UUID]string{stuck: "2 hours", fresh: "0 seconds"} {
+		order := uuid.New()
+		_, err := pool.Exec(ctx, `INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
+			VALUES ($1, $2, 'created', 100, 'RUB', '[]', now())`, creds.AccountID, order)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO payments (account_id, id, order_id, amount, currency, status, idempotency_key, key_created_at, created_at)
+			VALUES ($1, $2, $3, 100, 'RUB', 'pending', $4, now(), now() - $5::interval)`, creds.AccountID, payment, order, payment.String(), age)
+		require.NoError(t, err)
+	}
+	// A charge job given up, as the worker leaves one whose payment the
+	// primary never held.
+	_, err = pool.Exec(ctx, `INSERT INTO river_job (kind, queue, state, args, attempt, max_attempts, finalized_at, errors)
+		VALUES ('charge_payment', 'payments', 'cancelled', $1, 8, 19, now(), ARRAY[$2::jsonb])`,
+		fmt.Sprintf(`{"account_id":%q,"payment_id":%q}`, creds.AccountID, gone),
+		`{"at":"2026-12-05T00:00:00Z","attempt":8,"error":"payments: the job's payment does not exist"}`)
+	require.NoError(t, err)
+
+	out, err := runCommand(t, env, "payments", "stuck", "--older-than", "1h")
+	require.NoError(t, err)
+	var report struct {
+		Payments []struct {
+			Payment    string  `json:"payment_id"`
+			AgeSeconds float64 `json:"age_seconds"`
+		} `json:"pending_payments"`
+		Refunds []any `json:"pending_refunds"`
+		GivenUp []struct {
+			Kind, State, Error string
+			Payment            string `json:"payment_id"`
+			Attempts           int
+		} `json:"jobs_given_up"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &report), out)
+	require.Len(t, report.Payments, 1, "only the payment pending for over an hour: %s", out)
+	require.Equal(t, stuck.String(), report.Payments[0].Payment)
+	require.GreaterOrEqual(t, report.Payments[0].AgeSeconds, 7000.0)
+	require.Empty(t, report.Refunds)
+	require.Len(t, report.GivenUp, 1, out)
+	require.Equal(t, gone.String(), report.GivenUp[0].Payment)
+	require.Equal(t, "charge", report.GivenUp[0].Kind)
+	require.Equal(t, "cancelled", report.GivenUp[0].State)
+	require.Equal(t, 8, report.GivenUp[0].Attempts)
+	require.Contains(t, report.GivenUp[0].Error, "does not exist")
+}
+
 // TestEveryVariableIsDocumented keeps the configuration reference true:
 // every environment variable a flag reads is in docs/operations.md and the
 // README, and every one documented there is read.

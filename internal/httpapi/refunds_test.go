@@ -215,3 +215,23 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 		require.Len(t, refunds.Items, 33, "no refund beyond the accepted ones was stored")
 	})
 }
+
+// The refunds of a payment just created are listed, with or without
+// Consistency: strong: never a 404 for a payment the client has just made,
+// though the replica the list may come from does not hold it yet. (It was
+// 404 with a replica: the payment was looked up there, and strong was not
+// taken.)
+func TestRefundsOfANewPaymentAreListed(t *testing.T) {
+	t.Parallel()
+	forEachPayBackend(t, payOptions{}, func(t *testing.T, b *payBundle) {
+		accepted := b.pay(t, uuid.NewString(), paymentBody(b.order(t)))
+		require.Equal(t, http.StatusAccepted, accepted.Status, "%s", accepted)
+		id := decodePayment(t, accepted).Id
+		for _, header := range [][]string{nil, {"Consistency", "strong"}, {"Consistency", "eventual"}} {
+			list := b.do(t, b.newRequest(t, http.MethodGet, "/payments/"+id+"/refunds", nil, header...))
+			require.Equal(t, http.StatusOK, list.Status, "%v: %s", header, list)
+			require.JSONEq(t, `{"items":[]}`, string(list.Body), "%v", header)
+		}
+		b.awaitFinal(t, id)
+	})
+}

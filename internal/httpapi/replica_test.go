@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
@@ -117,6 +118,15 @@ func TestReadsFromAReplica(t *testing.T) {
 	credit.Body.Close()
 	require.Contains(t, string(get("/bonus/balance").Body), `"balance":0`, "a plain balance comes from the replica")
 	require.Contains(t, string(get("/bonus/balance", strong...).Body), `"balance":100`, "a strong balance comes from the primary")
+
+	// A primary demoted by a failover is a standby like this one: never
+	// ready for writes.
+	standby, err := postgres.OpenReplica(ctx, strings.Replace(primary.URL(), primary.Port(), replica.Port(), 1))
+	require.NoError(t, err)
+	t.Cleanup(standby.Close)
+	var notReady *store.NotReadyError
+	require.ErrorAs(t, postgres.New(standby, nil).Ready(ctx), &notReady, "a standby is not ready")
+	require.Contains(t, notReady.Reason, "read-only")
 
 	replica.Exec(t, "SELECT pg_wal_replay_resume()")
 	replica.CatchUp(t, primary)

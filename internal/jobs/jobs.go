@@ -8,6 +8,7 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/oncekey/oncekey/internal/payments"
 )
@@ -123,6 +125,57 @@ func (r *Runner) insert(ctx context.Context, tx pgx.Tx, args river.JobArgs) erro
 		return fmt.Errorf("insert %s job: %w", args.Kind(), err)
 	}
 	return nil
+}
+
+// GivenUp is a charge or refund job that will never run again: cancelled
+// (its payment or refund not found, payments.Worker.Abandon) or discarded
+// (out of attempts). Its payment stays pending until someone settles it.
+type GivenUp struct {
+	Task        payments.Task
+	State       string
+	Attempts    int
+	FinalizedAt time.Time
+	// Error is the last attempt's error.
+	Error string
+}
+
+// GivenUp returns up to limit charge and refund jobs given up, the most
+// recent first (`oncekey payments stuck`).
+func (r *Runner) GivenUp(ctx context.Context, limit int) ([]GivenUp, error) {
+	params := river.NewJobListParams().
+		Kinds(chargeArgs{}.Kind(), refundArgs{}.Kind()).
+		States(rivertype.JobStateCancelled, rivertype.JobStateDiscarded).
+		OrderBy(river.JobListOrderByFinalizedAt, river.SortOrderDesc).
+		First(limit)
+	res, err := r.client.JobList(ctx, params)
+	if err != nil {
+		return nil, fmt.Errorf("list the jobs given up: %w", err)
+	}
+	out := make([]GivenUp, 0, len(res.Jobs))
+	for _, job := range res.Jobs {
+		g := GivenUp{State: string(job.State), Attempts: job.Attempt}
+		if job.FinalizedAt != nil {
+			g.FinalizedAt = *job.FinalizedAt
+		}
+		if n := len(job.Errors); n > 0 {
+			g.Error = job.Errors[n-1].Error
+		}
+		switch job.Kind {
+		case chargeArgs{}.Kind():
+			var a chargeArgs
+			err = json.Unmarshal(job.EncodedArgs, &a)
+			g.Task = payments.ChargeTask(a.Ref)
+		default:
+			var a refundArgs
+			err = json.Unmarshal(job.EncodedArgs, &a)
+			g.Task = payments.RefundTask(a.RefundRef)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("decode job %d: %w", job.ID, err)
+		}
+		out = append(out, g)
+	}
+	return out, nil
 }
 
 // Start works jobs with w until Stop.

@@ -19,8 +19,9 @@ import (
 )
 
 // exported is every oncekey_* family the service exports on PostgreSQL
-// (metrics.New with RegisterStore, RegisterPending and RegisterPool, as
-// `oncekey serve` wires it without a replica), once it has served traffic.
+// (metrics.New with RegisterStore, RegisterPending, RegisterReadiness and
+// RegisterPool, as `oncekey serve` wires it without a replica), once it has
+// served traffic.
 var exported = []string{
 	"oncekey_cleanup_deleted_keys_total",
 	"oncekey_cleanup_lag_seconds",
@@ -36,6 +37,7 @@ var exported = []string{
 	"oncekey_db_pool_idle_conns",
 	"oncekey_db_pool_max_conns",
 	"oncekey_db_pool_total_conns",
+	"oncekey_db_ready",
 	"oncekey_db_up",
 	"oncekey_http_request_duration_seconds",
 	"oncekey_http_requests_total",
@@ -181,6 +183,7 @@ func TestExportedFamilies(t *testing.T) {
 	m := metrics.New()
 	m.RegisterStore(store)
 	m.RegisterPending(store)
+	m.RegisterReadiness(store.Ready)
 	m.RegisterPool(pool)
 	b := setup(t, store, options{cfg: httpapi.Config{Metrics: m}})
 	key := uuid.NewString()

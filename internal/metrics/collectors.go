@@ -85,6 +85,33 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.cleanupLag, prometheus.GaugeValue, st.CleanupLag.Seconds())
 }
 
+// readyCollector exports whether the backend is ready for writes (what
+// /readyz says), read at scrape time (cached briefly).
+type readyCollector struct {
+	ready cached[struct{}]
+	desc  *prometheus.Desc
+}
+
+// RegisterReadiness exports ready's verdict (store.Backend.Ready): 0 while
+// the database answers but cannot serve writes (read-only, or no pool
+// connection to be had), which oncekey_db_up alone does not show.
+func (m *Metrics) RegisterReadiness(ready func(context.Context) error) {
+	m.Registry.MustRegister(&readyCollector{
+		ready: cached[struct{}]{read: func(ctx context.Context) (struct{}, error) { return struct{}{}, ready(ctx) }},
+		desc:  prometheus.NewDesc("oncekey_db_ready", "1 when the database could serve writes at the last metrics probe (what /readyz says), else 0: read-only, or no pool connection to be had.", nil, nil),
+	})
+}
+
+func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
+	v := 0.0
+	if _, ok := c.ready.get(); ok {
+		v = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v)
+}
+
 // LagSource reports how far a replica's replay is behind
 // (postgres.Replica).
 type LagSource interface {

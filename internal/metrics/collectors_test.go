@@ -237,3 +237,57 @@ func TestPoolCollector(t *testing.T) {
 	require.GreaterOrEqual(t, f.value(t, "oncekey_db_pool_acquire_duration_seconds_total"),
 		before.value(t, "oncekey_db_pool_acquire_duration_seconds_total"), "acquire time only grows")
 }
+
+// What operators are told of payments, readiness and a replica, at scrape
+// time: payments pending and the oldest one's age (a stuck payment), the
+// database's readiness for writes (0 while every pool connection is held),
+// and a paused replica's growing lag.
+func TestPaymentsReadinessAndReplicaCollectors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.FreshReplicated(t, testdb.Paused)
+	account := uuid.New()
+	for _, q := range []string{
+		`INSERT INTO accounts (id, name, created_at) VALUES ($1, 'pending', now())`,
+		`INSERT INTO orders (account_id, id, status, amount, currency, items, created_at) VALUES ($1, $1, 'created', 1, 'RUB', '[]', now())`,
+		`INSERT INTO payments (account_id, id, order_id, amount, currency, status, idempotency_key, key_created_at, created_at)
+		 VALUES ($1, $1, $1, 1, 'RUB', 'pending', 'k', now(), now() - interval '40 minutes')`,
+	} {
+		_, err := db.Pool.Exec(ctx, q, account)
+		require.NoError(t, err, q)
+	}
+	replicaPool, err := postgres.OpenReplica(ctx, db.ReplicaURL)
+	require.NoError(t, err)
+	t.Cleanup(replicaPool.Close)
+	store := postgres.New(db.Pool, nil)
+	scrapeWith := func(register func(*metrics.Metrics)) families {
+		t.Helper()
+		m := metrics.New()
+		register(m)
+		return scrapeMetrics(t, m)
+	}
+
+	f := scrapeWith(func(m *metrics.Metrics) {
+		m.RegisterPending(store)
+		m.RegisterReadiness(store.Ready)
+		m.RegisterReplica(postgres.NewReplica(store, replicaPool, postgres.ReplicaConfig{}))
+	})
+	require.Equal(t, 1.0, f.value(t, "oncekey_payments_pending", "kind", "payment"))
+	require.Zero(t, f.value(t, "oncekey_payments_pending", "kind", "refund"))
+	require.GreaterOrEqual(t, f.value(t, "oncekey_payments_oldest_pending_age_seconds", "kind", "payment"), 40*60.0)
+	require.Equal(t, 1.0, f.value(t, "oncekey_db_ready"), "ready while a connection can be had")
+	require.Equal(t, 1.0, f.value(t, "oncekey_replica_up"))
+	require.Positive(t, f.value(t, "oncekey_replica_lag_seconds"), "the paused replica lags behind what it received")
+
+	var held []func()
+	for range db.Pool.Stat().MaxConns() {
+		conn, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, conn.Release)
+	}
+	f = scrapeWith(func(m *metrics.Metrics) { m.RegisterReadiness(store.Ready) })
+	for _, release := range held {
+		release()
+	}
+	require.Zero(t, f.value(t, "oncekey_db_ready"), "not ready with no connection to be had")
+}

@@ -78,6 +78,14 @@ export interface paths {
          *     answers `202` with the same payment; once it is final, the retry
          *     answers `200` with the final payment. The provider is charged at most
          *     once per payment, however often either side retries.
+         *
+         *     An order is paid at most once, whatever key each attempt carries:
+         *     while it has a pending payment another is `409`
+         *     `payment-in-progress`, and once it is paid `409`
+         *     `order-already-paid` (both name the payment). A client that lost the
+         *     key of its first attempt therefore cannot charge twice. The amount
+         *     and currency must be the order's (`422` `payment-amount-mismatch`).
+         *     These answers are stored under the key.
          */
         post: operations["createPayment"];
         delete?: never;
@@ -339,12 +347,19 @@ export interface components {
             /** @description Pass as `cursor` for the next page; absent on the last page. */
             next_cursor?: string;
         };
+        /**
+         * Format: uuid
+         * @description A resource's id: a UUID, in either case. The service writes ids in
+         *     lower case and reads the two spellings as one id; a path id is
+         *     fingerprinted in lower case, so a retry that respells it is the same
+         *     request.
+         */
+        ID: string;
         NewPayment: {
-            /** @description An order of the caller's account. */
-            order_id: string;
+            order_id: components["schemas"]["ID"];
             /**
              * Format: int64
-             * @description Amount in integer minor units (kopecks for RUB).
+             * @description The order's amount, in integer minor units (kopecks for RUB).
              */
             amount: number;
             /** @description ISO 4217 alphabetic code. */
@@ -573,10 +588,12 @@ export interface components {
         };
         /**
          * @description The Idempotency-Key was already used for a different request
-         *     (nothing ran), or the order is cancelled (stored under the key and
-         *     replayed; nothing is charged).
+         *     (nothing ran); or the order is cancelled, has a payment in progress
+         *     or is paid (stored under the key and replayed; nothing is charged).
+         *     An order is paid at most once, whatever keys its payments are sent
+         *     under.
          */
-        OrderCancelled: {
+        PaymentConflict: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
@@ -721,10 +738,12 @@ export interface components {
         };
     };
     parameters: {
-        /** @description The order's id. */
-        OrderID: string;
-        /** @description The payment's id. */
-        PaymentID: string;
+        /** @description The order's id (a UUID, either case; the two spellings are one request). */
+        OrderID: components["schemas"]["ID"];
+        /** @description The payment's id (a UUID, either case; the two spellings are one request). */
+        PaymentID: components["schemas"]["ID"];
+        /** @description The refund's id (a UUID, either case; the two spellings are one request). */
+        RefundID: components["schemas"]["ID"];
         /**
          * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
          *     a read may not yet show the caller's latest writes. `strong` reads from
@@ -865,7 +884,7 @@ export interface operations {
                 Consistency?: components["parameters"]["Consistency"];
             };
             path: {
-                /** @description The order's id. */
+                /** @description The order's id (a UUID, either case; the two spellings are one request). */
                 id: components["parameters"]["OrderID"];
             };
             cookie?: never;
@@ -902,7 +921,7 @@ export interface operations {
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path: {
-                /** @description The order's id. */
+                /** @description The order's id (a UUID, either case; the two spellings are one request). */
                 id: components["parameters"]["OrderID"];
             };
             cookie?: never;
@@ -943,7 +962,7 @@ export interface operations {
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path: {
-                /** @description The order's id. */
+                /** @description The order's id (a UUID, either case; the two spellings are one request). */
                 id: components["parameters"]["OrderID"];
             };
             cookie?: never;
@@ -1053,7 +1072,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
-            409: components["responses"]["OrderCancelled"];
+            409: components["responses"]["PaymentConflict"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["PaymentRefused"];
@@ -1075,7 +1094,7 @@ export interface operations {
                 Consistency?: components["parameters"]["Consistency"];
             };
             path: {
-                /** @description The payment's id. */
+                /** @description The payment's id (a UUID, either case; the two spellings are one request). */
                 id: components["parameters"]["PaymentID"];
             };
             cookie?: never;
@@ -1102,9 +1121,18 @@ export interface operations {
     listRefunds: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+                 *     a read may not yet show the caller's latest writes. `strong` reads from
+                 *     the primary: everything committed before the request is seen. Without
+                 *     it (or with `eventual`) the read may come from a replica.
+                 * @example strong
+                 */
+                Consistency?: components["parameters"]["Consistency"];
+            };
             path: {
-                /** @description The payment's id. */
+                /** @description The payment's id (a UUID, either case; the two spellings are one request). */
                 id: components["parameters"]["PaymentID"];
             };
             cookie?: never;
@@ -1141,7 +1169,7 @@ export interface operations {
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path: {
-                /** @description The payment's id. */
+                /** @description The payment's id (a UUID, either case; the two spellings are one request). */
                 id: components["parameters"]["PaymentID"];
             };
             cookie?: never;
@@ -1206,9 +1234,19 @@ export interface operations {
     getRefund: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description Where a deployment reads from a streaming replica (`DATABASE_REPLICA_URL`),
+                 *     a read may not yet show the caller's latest writes. `strong` reads from
+                 *     the primary: everything committed before the request is seen. Without
+                 *     it (or with `eventual`) the read may come from a replica.
+                 * @example strong
+                 */
+                Consistency?: components["parameters"]["Consistency"];
+            };
             path: {
-                id: string;
+                /** @description The refund's id (a UUID, either case; the two spellings are one request). */
+                id: components["parameters"]["RefundID"];
             };
             cookie?: never;
         };
