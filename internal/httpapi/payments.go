@@ -61,7 +61,7 @@ func (h *handlers) GetPayment(ctx context.Context, req api.GetPaymentRequestObje
 
 // PaymentOutcome is the response a payment's client key replays once the
 // payment is final: 200 with the final payment, rendered by the generated
-// code exactly as a handler would write it. It is payments.Config.Render.
+// code exactly as a handler would write it. It is payments.WorkerConfig.Render.
 func PaymentOutcome(p payments.Payment) (idempotency.Response, error) {
 	if !p.Final() {
 		return idempotency.Response{}, fmt.Errorf("payment %s is still pending", p.ID)
@@ -75,7 +75,7 @@ func PaymentOutcome(p payments.Payment) (idempotency.Response, error) {
 	})
 }
 
-// RefundOutcome is PaymentOutcome for a refund: payments.Config.RenderRefund.
+// RefundOutcome is PaymentOutcome for a refund: payments.WorkerConfig.RenderRefund.
 func RefundOutcome(r payments.Refund) (idempotency.Response, error) {
 	if !r.Final() {
 		return idempotency.Response{}, fmt.Errorf("refund %s is still pending", r.ID)

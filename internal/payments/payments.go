@@ -119,7 +119,10 @@ type NewPayment struct {
 type Unit interface {
 	// LockOrder returns the account's order (or orders.ErrNotFound) and
 	// holds it until the unit of work ends, as orders.Changer's does: a
-	// payment and a cancellation of its order happen one at a time.
+	// payment and a change or cancellation of its order happen one at a
+	// time. Row locks are taken in one order everywhere, an order's before
+	// its payments' (refunds and settlement lock a payment, never its
+	// order), so paying and changing an order cannot deadlock.
 	LockOrder(ctx context.Context, account, id uuid.UUID) (orders.Order, error)
 	// ActivePayment returns the locked order's pending or succeeded
 	// payment, or ErrNotFound. An order has at most one: the database
