@@ -42,11 +42,17 @@ func TestClusterURLs(t *testing.T) {
 		{"redis+cluster://127.0.0.1:7000,,127.0.0.1:7001", false, "has an empty host"},
 		{"redis+cluster://127.0.0.1:7000/3", false, "a Redis Cluster has only database 0"},
 		{"http+cluster://127.0.0.1:7000", false, "want redis+cluster or rediss+cluster"},
+		// Credentials never reach an error, which a service prints at start.
+		{"redis://default:S3CRET@127.0.0.1:7000,127.0.0.1:7001/0", false, "names several hosts (REDACTED@127.0.0.1:7000,127.0.0.1:7001)"},
+		{"redis://default:S3CRET@127.0.0.1:bad/0", false, "REDACTED"},
+		{"redis+cluster://default:S3CRET@127.0.0.1:7000,,127.0.0.1:7001", false, "has an empty host"},
+		{"redis+cluster://default:S3CRET@127.0.0.1:bad", false, "REDACTED"},
 	}
 	for _, tt := range tests {
 		rdb, err := redisstore.NewClient(tt.url)
 		if tt.err != "" {
 			require.ErrorContains(t, err, tt.err, tt.url)
+			require.NotContains(t, err.Error(), "S3CRET", "the password stays out of the error")
 			continue
 		}
 		require.NoError(t, err, tt.url)

@@ -147,6 +147,32 @@ func NewClient(url string) (redis.UniversalClient, error) {
 	// go-redis logs every failed dial on its own; with Redis down that is a
 	// line per request. The Observer counts failures instead.
 	silenceOnce.Do(func() { redis.SetLogger(silent{}) })
+	c, err := newClient(url)
+	if err != nil {
+		// The URL's user and password stay out of every error, which a
+		// service prints at start and a log keeps: a parse error quotes the
+		// URL whole.
+		if secret := userinfo(url); secret != "" {
+			return nil, errors.New(strings.ReplaceAll(err.Error(), secret, "REDACTED"))
+		}
+	}
+	return c, err
+}
+
+// userinfo is the "user:password" part of a Redis URL, or "".
+func userinfo(url string) string {
+	_, rest, ok := strings.Cut(url, "://")
+	if !ok {
+		return ""
+	}
+	at := strings.LastIndex(rest, "@")
+	if at <= 0 {
+		return ""
+	}
+	return rest[:at]
+}
+
+func newClient(url string) (redis.UniversalClient, error) {
 	if scheme, rest, ok := strings.Cut(url, "+cluster://"); ok {
 		return newClusterClient(scheme, rest)
 	}

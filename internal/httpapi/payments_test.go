@@ -552,3 +552,74 @@ func TestPaymentStaysPendingWhileProviderCannotSay(t *testing.T) {
 		})
 	}
 }
+
+// forger stands between the worker and the provider and answers every
+// charge or refund under path, and every look-up of one, as made for an
+// amount of 1: what a provider gone wrong, or a host that is not the
+// provider, might answer.
+type forger struct {
+	path   string // "/v1/charges" or "/v1/refunds"
+	forged atomic.Int64
+}
+
+func (f *forger) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		next.ServeHTTP(rec, r)
+		var doc map[string]any
+		if r.URL.Path != f.path || rec.Code >= 300 || json.Unmarshal(rec.Body.Bytes(), &doc) != nil || doc["amount"] == nil {
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			_, _ = w.Write(rec.Body.Bytes())
+			return
+		}
+		doc["amount"] = 1
+		f.forged.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rec.Code)
+		_ = json.NewEncoder(w).Encode(doc)
+	})
+}
+
+// A charge or refund answered for another amount than asked is never taken
+// for the one asked (an answer of amount 1 once settled a payment of 100):
+// the payment or refund stays pending, asked about again, and shows up as
+// stuck.
+func TestNothingIsSettledFromAForeignAnswer(t *testing.T) {
+	t.Parallel()
+	policy := fastPolicy
+	policy.Attempts = 2
+	// Both attempts and a look-up after them, each answered forged.
+	forgedEnough := func(f *forger) func() bool {
+		return func() bool { return f.forged.Load() >= int64(policy.Attempts)+1 }
+	}
+	for _, be := range payBackends[:2] {
+		t.Run(be.name+", a charge", func(t *testing.T) {
+			t.Parallel()
+			f := &forger{path: "/v1/charges"}
+			b := be.run(t, payOptions{policy: policy, wrap: f.wrap})
+			r := b.pay(t, uuid.NewString(), paymentBody(b.order(t)))
+			require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
+			id := decodePayment(t, r).Id
+			require.Eventually(t, forgedEnough(f), 10*time.Second, 5*time.Millisecond)
+			resp, err := b.client.GetPaymentWithResponse(context.Background(), id, nil)
+			require.NoError(t, err)
+			require.Equal(t, api.PaymentStatus(payments.StatusPending), resp.JSON200.Status, "not settled from a charge of 1")
+			require.Nil(t, resp.JSON200.ProviderChargeId)
+		})
+		t.Run(be.name+", a refund", func(t *testing.T) {
+			t.Parallel()
+			f := &forger{path: "/v1/refunds"}
+			b := be.run(t, payOptions{policy: policy, wrap: f.wrap})
+			payment := b.paidPayment(t, 1000)
+			r := b.refund(t, payment, uuid.NewString(), `{"amount":300,"reason":"returned"}`)
+			require.Equal(t, http.StatusAccepted, r.Status, "%s", r)
+			id := decodeRefund(t, r).Id
+			require.Eventually(t, forgedEnough(f), 10*time.Second, 5*time.Millisecond)
+			got := decodeRefund(t, b.do(t, b.newRequest(t, http.MethodGet, "/refunds/"+id, nil)))
+			require.Equal(t, api.RefundStatus(payments.StatusPending), got.Status, "not settled from a refund of 1")
+		})
+	}
+}

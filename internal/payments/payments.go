@@ -329,6 +329,13 @@ func ChargeKey(paymentID uuid.UUID) string { return "oncekey-payment-" + payment
 // of its attempts, then given up loudly (Worker.Abandon), never silently.
 var ErrGone = errors.New("payments: the job's payment does not exist")
 
+// ErrForeignAnswer: the provider answered with a charge (or refund) other
+// than the one asked for: another reference, amount or currency. Nothing is
+// settled from such an answer; the payment stays pending, asked about again
+// like a provider that cannot say, until an operator looks (`oncekey
+// payments stuck`).
+var ErrForeignAnswer = errors.New("payments: the provider answered for something else than was asked")
+
 // ErrUnsettled: after the attempts ran out, the provider could not say
 // whether it holds a charge for the payment (or the refund). The payment stays pending and
 // the worker asks again later, for as long as it takes: settling it failed
@@ -364,6 +371,10 @@ func (w *Worker) Process(ctx context.Context, ref Ref, attempt, maxAttempts int)
 		},
 		lookup: func(ctx context.Context) (provider.Charge, error) { return w.cfg.Provider.Lookup(ctx, key) },
 		settle: func(ctx context.Context, c provider.Charge) error {
+			if c.Reference != p.ID.String() || c.Amount != p.Amount || c.Currency != p.Currency {
+				return fmt.Errorf("%w: charge %s is %d %s for %q; payment %s is %d %s", ErrForeignAnswer,
+					c.ID, c.Amount, c.Currency, c.Reference, p.ID, p.Amount, p.Currency)
+			}
 			if c.Status == provider.StatusSucceeded {
 				return w.finish(ctx, p, StatusSucceeded, "", c.ID)
 			}

@@ -191,6 +191,10 @@ func (w *Worker) ProcessRefund(ctx context.Context, ref RefundRef, attempt, maxA
 		},
 		lookup: func(ctx context.Context) (provider.Refund, error) { return w.cfg.Provider.LookupRefund(ctx, key) },
 		settle: func(ctx context.Context, pr provider.Refund) error {
+			if pr.Reference != r.ID.String() || pr.Amount != r.Amount || pr.ChargeID != p.ProviderChargeID || pr.Currency != r.Currency {
+				return fmt.Errorf("%w: refund %s is %d %s of %s for %q; refund %s is %d %s of %s", ErrForeignAnswer,
+					pr.ID, pr.Amount, pr.Currency, pr.ChargeID, pr.Reference, r.ID, r.Amount, r.Currency, p.ProviderChargeID)
+			}
 			if pr.Status == provider.StatusSucceeded {
 				return w.finishRefund(ctx, r, StatusSucceeded, "", pr.ID)
 			}

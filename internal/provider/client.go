@@ -50,11 +50,16 @@ type Client struct {
 
 // NewClient returns a client for the provider at baseURL (such as
 // "http://127.0.0.1:8090"). hc nil means a client with DefaultClientTimeout.
+// The client follows no redirect, whatever hc would: the provider's API
+// answers where it is asked, and a redirect followed would carry the
+// Idempotency-Key to another host (a POST turned into a GET, at that).
 func NewClient(baseURL string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Timeout: DefaultClientTimeout}
 	}
-	return &Client{base: strings.TrimRight(baseURL, "/"), hc: hc}
+	own := *hc
+	own.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &Client{base: strings.TrimRight(baseURL, "/"), hc: &own}
 }
 
 // Charge charges req under idempotencyKey. A new charge and a replay both
@@ -198,8 +203,8 @@ func (c *Client) do(hreq *http.Request, dst any) error {
 		return nil
 	}
 	if s < 400 {
-		// Anything else (a redirect not followed, 202, 204) is not an answer
-		// the API gives. Retrying with the same key is always safe, so it
+		// Anything else (a redirect, which is never followed, 202, 204) is
+		// not an answer the API gives. Retrying with the same key is always safe, so it
 		// counts as unavailable rather than as a verdict.
 		return fmt.Errorf("%w: %s: unexpected %s", ErrUnavailable, op, resp.Status)
 	}

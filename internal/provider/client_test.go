@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,6 +60,23 @@ func TestClientErrors(t *testing.T) {
 		_, err := b.client.Charge(t.Context(), "key", provider.ChargeRequest{Amount: -1, Currency: "RUB", Reference: "pay"})
 		require.ErrorIs(t, err, provider.ErrRejected)
 		require.ErrorContains(t, err, "400 Bad Request validation-error: amount must be a positive integer")
+	})
+
+	t.Run("a redirect is not followed", func(t *testing.T) {
+		t.Parallel()
+		var followed atomic.Int64
+		elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			followed.Add(1) // with the Idempotency-Key, were it followed
+		}))
+		t.Cleanup(elsewhere.Close)
+		for _, status := range []int{http.StatusFound, http.StatusTemporaryRedirect} {
+			hs := httptest.NewServer(http.RedirectHandler(elsewhere.URL+"/steal", status))
+			t.Cleanup(hs.Close)
+			// The caller's own client follows redirects; the provider's does not.
+			_, err := provider.NewClient(hs.URL, &http.Client{}).Charge(t.Context(), "key", rub("pay"))
+			require.ErrorIs(t, err, provider.ErrUnavailable, "%d", status)
+		}
+		require.Zero(t, followed.Load(), "nothing reached the other host")
 	})
 
 	t.Run("a refused connection is unavailable", func(t *testing.T) {
