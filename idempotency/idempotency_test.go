@@ -239,6 +239,33 @@ func TestReplayCarriesOnlyAllowListedHeaders(t *testing.T) {
 	require.EqualValues(t, 1, b.runs.Load())
 }
 
+// A Scope that returns "" without an error, or a front door that prepares a
+// request without one, is refused with ErrNoScope (401): an empty scope
+// would be one namespace shared by every such caller, in which each could
+// replay the others' responses.
+func TestEmptyScopeIsNoScope(t *testing.T) {
+	t.Parallel()
+	runs := atomic.Int64{}
+	engine := idempotency.New(idempotency.Config{Scope: func(*http.Request) (string, error) { return "", nil }})
+	op := idempotency.NewOperation(engine, memstore.New(), idempotency.OperationConfig{})
+	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})
+	send := func(h http.Handler) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(`{}`))
+		req.Header.Set(idempotency.HeaderKey, "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	require.Equal(t, http.StatusUnauthorized, send(op.Handler(next)).Code, "Handler with an empty scope")
+	require.Equal(t, http.StatusUnauthorized, send(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		op.Serve(w, r, idempotency.Prepared{Key: "k", Body: []byte(`{}`)}, next)
+	})).Code, "Serve of a request prepared without a scope")
+	require.Zero(t, runs.Load(), "nothing ran")
+}
+
 func TestSafeMethodsPassThrough(t *testing.T) {
 	t.Parallel()
 	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })

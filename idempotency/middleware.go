@@ -59,7 +59,9 @@ var ErrNoScope = errors.New("the request carries no credentials to scope its Ide
 type Config struct {
 	// Scope returns the scope (a tenant, a user) a request's key belongs
 	// to, for Operation.Handler and HandlerFunc: keys of two scopes never
-	// meet. An error is answered through WriteError (ErrNoScope: 401).
+	// meet. An error is answered through WriteError (ErrNoScope: 401), and
+	// so is an empty scope: it would put every such caller's keys in one
+	// namespace, where each could replay the others' responses.
 	// Front doors that call Operation.Serve give the scope themselves.
 	Scope func(r *http.Request) (string, error)
 	// Route returns the matched route pattern ("/widgets/{id}"), which the
@@ -294,6 +296,9 @@ func (e *Engine) prepare(w http.ResponseWriter, r *http.Request) (Prepared, erro
 	if err != nil {
 		return Prepared{}, err
 	}
+	if scope == "" {
+		return Prepared{}, ErrNoScope
+	}
 	if r.ContentLength > e.cfg.MaxBodyBytes {
 		return Prepared{}, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, r.ContentLength, e.cfg.MaxBodyBytes)
 	}
@@ -319,13 +324,17 @@ func (o *Operation[U]) label(r *http.Request) string {
 // Serve runs the protocol for a prepared request: it answers a repeat from
 // the stored record, refuses a mismatch or a duplicate still in flight, or
 // runs next under a fresh claim and stores its response. It answers only
-// once the outcome is durable, and returns what it did.
+// once the outcome is durable, and returns what it did. A request without
+// a scope is refused with ErrNoScope.
 func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared, next http.Handler) Outcome {
 	ctx := r.Context()
 	route := o.e.cfg.Route(r)
 	s := &serving[U]{op: o, w: w, r: r, in: in, label: o.cfg.Name}
 	if s.label == "" {
 		s.label = OperationName(r.Method, route)
+	}
+	if in.Scope == "" {
+		return s.refuse(ErrNoScope)
 	}
 	w.Header().Set(HeaderKey, in.Key)
 	canonical, err := canonjson.Canonicalize(in.Body)
@@ -557,6 +566,17 @@ func (e *Engine) report(_ context.Context, label string, o Outcome) {
 
 func (e *Engine) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e.cfg.WriteError(w, r, err)
+}
+
+// WriteError answers a request with err through Config.WriteError: for
+// adapters (package oapi) that refuse a request before the protocol runs,
+// in the words of the protocol's own answers. An error that is none of the
+// protocol's (a 500) is logged first, as the protocol's own failures are.
+func (e *Engine) WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	if _, known := Describe(err); !known {
+		e.cfg.Logger.ErrorContext(r.Context(), "idempotency: request refused", "err", err)
+	}
+	e.writeError(w, r, err)
 }
 
 func (e *Engine) retryAfter() string {

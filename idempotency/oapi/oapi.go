@@ -26,6 +26,7 @@
 package oapi
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -42,6 +43,13 @@ import (
 // Extension is the name of the operation extension that covers (or leaves
 // out) an operation and sets its TTL and wait.
 const Extension = "x-idempotency"
+
+// ErrUnrouted is Middleware's answer (a 500) to an unsafe request whose
+// route the router had not resolved, while its method and path match an
+// operation that the protocol covers: the middleware runs before routing.
+// Letting the request through would run a covered operation without the
+// protocol, every retry again.
+var ErrUnrouted = errors.New("oapi: the request matches an operation under the protocol, but its route is not resolved: the middleware must run where the router has matched the route")
 
 // Operations are the operations of one OpenAPI document.
 type Operations struct {
@@ -236,7 +244,9 @@ func (op *Operation) Serve(w http.ResponseWriter, r *http.Request, in idempotenc
 // ServeMux's. route only finds the operation: the fingerprint's route is
 // the engine's Config.Route (by default ServeMux's pattern, else the path,
 // which still binds the key to the resource). It fails while a covered
-// operation has no store.
+// operation has no store. It fails closed: an unsafe request whose route
+// is not resolved, but whose path matches a covered operation's, is
+// answered ErrUnrouted, never run unprotected.
 func (ops *Operations) Middleware(route func(*http.Request) string) (func(http.Handler) http.Handler, error) {
 	if unbound := ops.Unbound(); len(unbound) > 0 {
 		return nil, fmt.Errorf("oapi: covered operations without a store: %s", strings.Join(unbound, ", "))
@@ -252,13 +262,45 @@ func (ops *Operations) Middleware(route func(*http.Request) string) (func(http.H
 			}
 		}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if h, ok := handlers[ops.Find(r.Method, route(r))]; ok {
+			matched := route(r)
+			if h, ok := handlers[ops.Find(r.Method, matched)]; ok {
 				h.ServeHTTP(w, r)
+				return
+			}
+			if matched == "" && idempotency.Unsafe(r.Method) && ops.covers(r.Method, r.URL.Path) {
+				ops.e.WriteError(w, r, ErrUnrouted)
 				return
 			}
 			next.ServeHTTP(w, r)
 		})
 	}, nil
+}
+
+// covers reports whether a covered operation of method has a path that
+// path could be: its segments equal, or a parameter ("{id}") for any one.
+func (ops *Operations) covers(method, path string) bool {
+	got := strings.Split(strings.Trim(path, "/"), "/")
+	for _, op := range ops.byID {
+		if op.Idempotent && op.Method == method && templateMatches(op.Path, got) {
+			return true
+		}
+	}
+	return false
+}
+
+// templateMatches reports whether a path of segments got fits template.
+func templateMatches(template string, got []string) bool {
+	want := strings.Split(strings.Trim(template, "/"), "/")
+	if len(want) != len(got) {
+		return false
+	}
+	for i, seg := range want {
+		param := strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}")
+		if !param && seg != got[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // defaultRoute is chi's route pattern, or else the one net/http's ServeMux

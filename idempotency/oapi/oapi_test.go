@@ -1,6 +1,7 @@
 package oapi_test
 
 import (
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -57,7 +58,8 @@ func load(t *testing.T, yaml string) *openapi3.T {
 
 func engine() *idempotency.Engine {
 	return idempotency.New(idempotency.Config{
-		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
+		Scope:  func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
+		Logger: slog.New(slog.DiscardHandler),
 	})
 }
 
@@ -157,4 +159,41 @@ func TestMiddlewareOnAChiRouter(t *testing.T) {
 	do("/widgets/1/poke", "k")
 	do("/widgets/1/poke", "k")
 	require.EqualValues(t, 3, runs.Load(), "the covered operation ran once, the other twice")
+}
+
+// Mounted where the route is not resolved yet (before the router), the
+// middleware fails closed: an unsafe request whose path is a covered
+// operation's is refused with ErrUnrouted (500), never run without the
+// protocol; everything else passes through.
+func TestMiddlewareFailsClosedWithoutARoute(t *testing.T) {
+	t.Parallel()
+	ops, err := oapi.New(load(t, spec), engine())
+	require.NoError(t, err)
+	oapi.BindRest(ops, memstore.New())
+	mw, err := ops.Middleware(func(*http.Request) string { return "" })
+	require.NoError(t, err)
+	var runs atomic.Int64
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	for _, tc := range []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodPost, "/widgets", http.StatusInternalServerError},
+		{http.MethodPost, "/widgets/7/paint", http.StatusInternalServerError},
+		{http.MethodPost, "/widgets/7/poke", http.StatusCreated}, // x-idempotency: false
+		{http.MethodGet, "/widgets", http.StatusCreated},         // safe
+		{http.MethodPost, "/gadgets", http.StatusCreated},        // not in the document
+		{http.MethodPost, "/widgets/7/paint/now", http.StatusCreated},
+	} {
+		req := httptest.NewRequest(tc.method, tc.path, strings.NewReader(`{}`))
+		req.Header.Set("X-Tenant", "acme")
+		req.Header.Set(idempotency.HeaderKey, "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		require.Equal(t, tc.status, rec.Code, "%s %s: %s", tc.method, tc.path, rec.Body)
+	}
+	require.EqualValues(t, 4, runs.Load(), "only the requests outside the protocol ran")
 }
