@@ -94,7 +94,7 @@ func TestServerAnswersBeforeTheService(t *testing.T) {
 		{"a target that is no URI", "GET http://[::1 HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusBadRequest, "400 Bad Request"},
 		{"Transfer-Encoding other than chunked", post + "Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n", http.StatusNotImplemented, "Unsupported transfer encoding"},
 		{"an expectation other than 100-continue", post + "Expect: 200-ok\r\nContent-Length: 2\r\n\r\n{}", http.StatusExpectationFailed, ""},
-		{"headers beyond 1 MiB", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 1<<20+8192) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge, "431 Request Header Fields Too Large"},
+		{"headers beyond 32 KiB", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 40<<10) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge, "431 Request Header Fields Too Large"},
 		{"HTTP/2.0 in clear text", "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported"},
 		{"OPTIONS *", "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusOK, ""},
 	} {

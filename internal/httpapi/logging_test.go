@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
@@ -54,4 +55,33 @@ func TestRequestLogs(t *testing.T) {
 	require.NotContains(t, all, b.apiKey, "the API key is never logged")
 	require.NotContains(t, all, "ok_wrong_secret_key", "nor a wrong one")
 	require.NotContains(t, all, "SECRET-SKU-42", "the body is never logged")
+}
+
+// A client's X-Request-Id is logged only when it is short and plain; any
+// other gets one of the server's own, so that no caller, authenticated or
+// not, can fill the log with its headers.
+func TestRequestIDs(t *testing.T) {
+	t.Parallel()
+	var logs servicetest.SyncBuffer
+	b := setup(t, memory.New(), options{cfg: httpapi.Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}})
+	for _, tc := range []struct {
+		name, sent string
+		kept       bool
+	}{
+		{"a proxy's id", "req-42_a.b:c", true},
+		{"a long one", strings.Repeat("x", 10<<10), false},
+		{"one with spaces and quotes", `a "b" c`, false},
+		{"one of 65 characters", strings.Repeat("y", 65), false},
+	} {
+		logs.Reset()
+		req := b.newRequest(t, http.MethodGet, "/orders", nil, "Authorization", "Bearer nope", "X-Request-Id", tc.sent)
+		requireProblem(t, b.do(t, req), problem.Unauthorized, tc.name)
+		var line struct {
+			RequestID string `json:"request_id"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(logs.String())), &line), "%s: %s", tc.name, logs.String())
+		require.NotEmpty(t, line.RequestID, tc.name)
+		require.LessOrEqual(t, len(line.RequestID), 64, tc.name)
+		require.Equal(t, tc.kept, line.RequestID == tc.sent, "%s: logged %q", tc.name, line.RequestID)
+	}
 }

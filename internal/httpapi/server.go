@@ -7,6 +7,7 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -167,7 +168,7 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		problems: problems, protocol: o.baseline == nil}
 
 	r := chi.NewRouter()
-	r.Use(secure, middleware.RequestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
+	r.Use(secure, requestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
 		problems.write(w, req, fmt.Errorf("%w: %s", errNoEndpoint, req.URL.Path))
 	})
@@ -281,6 +282,36 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 			log.InfoContext(r.Context(), "request", attrs...)
 		})
 	}
+}
+
+// requestID gives every request the id its log line carries (through
+// chi's middleware.GetReqID): the client's X-Request-Id when it is short
+// and plain, as a proxy in front sets it, else one of the server's own. A
+// client's id goes no further than the log, and a long or odd one would
+// let any caller, authenticated or not, fill the log with it.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(middleware.RequestIDHeader)
+		if !plainRequestID(id) {
+			id = rand.Text()
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), middleware.RequestIDKey, id)))
+	})
+}
+
+// plainRequestID reports whether a client's request id may be logged as it
+// is: 1 to 64 letters, digits, '-', '_', '.' or ':'.
+func plainRequestID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':'
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // SecurityHeaders are set on every answer, whatever produced it: a handler,

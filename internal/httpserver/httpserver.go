@@ -85,6 +85,10 @@ type Config struct {
 	// ReadHeaderTimeout bounds the time to read a request's headers
 	// (default 10 s).
 	ReadHeaderTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers, its request line included
+	// (default 32 KiB; net/http's own default is 1 MiB). Beyond it the
+	// answer is 431, before anything is logged.
+	MaxHeaderBytes int
 
 	// BodyTimeout and MinBodyRate bound the time to read a body: its first
 	// n bytes must have arrived BodyTimeout + n/MinBodyRate after the
@@ -142,6 +146,7 @@ type Config struct {
 const (
 	defaultMaxBodyBytes      = 1 << 20
 	defaultReadHeaderTimeout = 10 * time.Second
+	defaultMaxHeaderBytes    = 32 << 10
 	defaultBodyTimeout       = 5 * time.Second
 	defaultMinBodyRate       = 32 << 10
 	defaultIdleTimeout       = 60 * time.Second
@@ -163,6 +168,7 @@ func defaultMaxConns() int {
 func (c Config) withDefaults() Config {
 	setDefault(&c.MaxBodyBytes, defaultMaxBodyBytes)
 	setDefault(&c.ReadHeaderTimeout, defaultReadHeaderTimeout)
+	setDefault(&c.MaxHeaderBytes, defaultMaxHeaderBytes)
 	setDefault(&c.BodyTimeout, defaultBodyTimeout)
 	setDefault(&c.MinBodyRate, defaultMinBodyRate)
 	setDefault(&c.IdleTimeout, defaultIdleTimeout)
@@ -207,6 +213,7 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
 	srv := &http.Server{
 		Handler:           newAdmission(cfg, conns),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		IdleTimeout:       cfg.IdleTimeout,
 		ConnState:         conns.observe,
 		ConnContext:       withConn,

@@ -140,6 +140,13 @@ func (s *SyncBuffer) Write(p []byte) (int, error) {
 	return s.buf.Write(p)
 }
 
+// Reset empties the buffer, for a test that reads what each step wrote.
+func (s *SyncBuffer) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf.Reset()
+}
+
 func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
