@@ -126,7 +126,7 @@ render_api_docs() {
 	$GO build -o bin/oncekey ./cmd/oncekey
 	addr=127.0.0.1:$(free_port)
 	log=$(mktemp)
-	ONCEKEY_ADDR=$addr ONCEKEY_DEMO_API_KEY=ok_docs_images bin/oncekey serve >"$log" 2>&1 &
+	ONCEKEY_ADDR=$addr bin/oncekey serve >"$log" 2>&1 &
 	pid=$!
 	# shellcheck disable=SC2064 # expand now: these locals are gone when the trap runs
 	trap "kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f '$log'" EXIT

@@ -66,7 +66,8 @@ type serveCmd struct {
 	ShutdownTimeout      time.Duration `name:"shutdown-timeout" envvar:"ONCEKEY_SHUTDOWN_TIMEOUT" default:"30s" help:"How long SIGTERM waits for requests that are running."`
 	CleanupInterval      time.Duration `name:"cleanup-interval" envvar:"ONCEKEY_CLEANUP_INTERVAL" default:"1m" help:"How often expired keys are purged."`
 	CleanupBatch         int           `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per purge statement."`
-	DemoAPIKey           string        `name:"demo-api-key" envvar:"ONCEKEY_DEMO_API_KEY" placeholder:"KEY" help:"The demo account's API key: in memory, ${demo_key} unless given; on PostgreSQL, only if given (the account is created once)."`
+	DemoAPIKey           string        `name:"demo-api-key" envvar:"ONCEKEY_DEMO_API_KEY" placeholder:"KEY" help:"The demo account's API key: in memory, ${demo_key} unless given; on PostgreSQL, only while given (the account is created once, and its key disabled at every start without this). A full-strength key: ok_ and 43 base64url characters."`
+	AllowWeakDemoAPIKey  bool          `name:"allow-weak-demo-api-key" envvar:"ONCEKEY_ALLOW_WEAK_DEMO_API_KEY" help:"Take a --demo-api-key that is not a full-strength key (a throwaway setup's, such as ${demo_key})."`
 	Tracing              string        `name:"tracing" envvar:"ONCEKEY_TRACING" default:"off" help:"off, or stdout: print OpenTelemetry spans as JSON."`
 	APIKeyCacheTTL       time.Duration `name:"api-key-cache-ttl" envvar:"ONCEKEY_API_KEY_CACHE_TTL" default:"10s" help:"How long a looked-up API key is trusted in process; a revoked key may keep working this long on each replica."`
 	RecordCacheSize      int           `name:"record-cache-size" envvar:"ONCEKEY_RECORD_CACHE_SIZE" default:"10000" help:"Completed records kept in process (0: none)."`

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
 	"github.com/oncekey/oncekey/internal/tracing"
@@ -111,6 +112,10 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 	faults, err := provider.FaultsFromEnv(getenv)
 	if err != nil {
 		bad("%s", err)
+	}
+	if s.DemoAPIKey != "" && !auth.StrongKey(s.DemoAPIKey) && !s.AllowWeakDemoAPIKey {
+		bad("--demo-api-key (ONCEKEY_DEMO_API_KEY) is not a full-strength key (ok_ and 43 base64url characters, 256 random bits): anyone may guess it. " +
+			"Make one with `echo ok_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d =)`, or set --allow-weak-demo-api-key (ONCEKEY_ALLOW_WEAK_DEMO_API_KEY) on a throwaway setup")
 	}
 	if s.DatabaseReplicaURL != "" && s.DatabaseURL == "" {
 		bad("--database-replica-url (DATABASE_REPLICA_URL) needs --database-url (DATABASE_URL): it is a replica of that database")

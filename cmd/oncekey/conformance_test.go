@@ -98,12 +98,13 @@ func TestConformanceWithALaggingReplica(t *testing.T) {
 		t.Run(string(lag), func(t *testing.T) {
 			t.Parallel()
 			db := testdb.FreshReplicated(t, lag)
+			key := strongKey(t)
 			addr, _ := startServe(t, map[string]string{
-				"DATABASE_URL": db.URL, "DATABASE_REPLICA_URL": db.ReplicaURL, "ONCEKEY_DEMO_API_KEY": "ok_replica_demo",
+				"DATABASE_URL": db.URL, "DATABASE_REPLICA_URL": db.ReplicaURL, "ONCEKEY_DEMO_API_KEY": key,
 				"ONCEKEY_PAYMENT_RETRY_BASE": "50ms",
 			})
 			out, err := runCommand(t, map[string]string{}, "conformance", "--spec", "../../openapi.yaml", "--overrides", "../../api/conformance.yaml",
-				"--url", "http://"+addr, "--auth", "Bearer ok_replica_demo", "--format", "json")
+				"--url", "http://"+addr, "--auth", "Bearer "+key, "--format", "json")
 			require.NoError(t, err, out)
 			var doc struct {
 				Summary struct{ Passed, Failed, Skipped int }

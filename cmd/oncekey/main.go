@@ -414,8 +414,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 
 	log.Info("listening", "addr", ln.Addr().String())
 	if be.demoKey != "" {
+		// The key is printed only where it is the README's own: a key given
+		// by the operator stays out of terminals and logs.
+		shown := be.demoKey
+		if shown != DemoAPIKey {
+			shown = "$ONCEKEY_DEMO_API_KEY"
+		}
 		fmt.Fprintf(stdout, "Oncekey serves http://%s (%s). Try it (twice: the second answer is the first, replayed):\n\n%s\n\n",
-			ln.Addr(), be.kind, tryIt(ln.Addr().String(), be.demoKey))
+			ln.Addr(), be.kind, tryIt(ln.Addr().String(), shown))
 	}
 	// SIGTERM: stop accepting, close idle and stalled connections at once,
 	// let running requests finish (and store their responses) within the
@@ -488,32 +494,20 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger, dbOpts []pos
 		be.close = func() { be.replica.Close(); replicaPool.Close(); pool.Close() }
 		log.Info("reads that may lag: from the replica")
 	}
+	// Every start settles the demo account: with the setting, its key is
+	// its only active one; without, it has none.
+	account, revoked, err := pg.SetDemoKey(ctx, cfg.DemoAPIKey)
+	if err != nil {
+		be.close()
+		return backend{}, fmt.Errorf("the demo account of --demo-api-key (ONCEKEY_DEMO_API_KEY): %w", err)
+	}
+	if revoked > 0 {
+		log.Warn("demo API keys disabled: --demo-api-key (ONCEKEY_DEMO_API_KEY) is not the key they were given with", "disabled", revoked)
+	}
 	if cfg.DemoAPIKey != "" {
-		if err := ensureDemoAccount(ctx, pg, cfg.DemoAPIKey, log); err != nil {
-			be.close()
-			return backend{}, err
-		}
+		log.Info("demo account", "account_id", account)
 	}
 	return be, nil
-}
-
-// ensureDemoAccount makes --demo-api-key work on PostgreSQL: the account is
-// created the first time, and found by its key afterwards.
-func ensureDemoAccount(ctx context.Context, s *postgres.Store, key string, log *slog.Logger) error {
-	account, err := s.AccountByKeyHash(ctx, auth.HashKey(key))
-	switch {
-	case err == nil:
-		log.Info("demo account", "account_id", account)
-		return nil
-	case !errors.Is(err, auth.ErrUnknownKey):
-		return err
-	}
-	creds, err := auth.CreateAccount(ctx, s, "demo", key)
-	if err != nil {
-		return fmt.Errorf("create the demo account of --demo-api-key: %w", err)
-	}
-	log.Info("demo account created", "account_id", creds.AccountID)
-	return nil
 }
 
 // paymentsRuntime is the payment service with its worker and provider.

@@ -163,21 +163,48 @@ func TestConfigDefaults(t *testing.T) {
 	require.Empty(t, onPostgres.DemoAPIKey, "no demo account on PostgreSQL unless asked for")
 }
 
+// strongKey is a full-strength API key, as a demo key must be.
+func strongKey(t *testing.T) string {
+	t.Helper()
+	key, err := auth.NewKey()
+	require.NoError(t, err)
+	return key
+}
+
 // A flag beats its environment variable; the variable beats the default.
 func TestFlagsBeatVariables(t *testing.T) {
 	t.Parallel()
-	env := map[string]string{"ONCEKEY_ADDR": "127.0.0.1:9001", "IDEMPOTENCY_TTL": "2h", "ONCEKEY_DEMO_API_KEY": "ok_from_env"}
+	fromEnv, fromFlag := strongKey(t), strongKey(t)
+	env := map[string]string{"ONCEKEY_ADDR": "127.0.0.1:9001", "IDEMPOTENCY_TTL": "2h", "ONCEKEY_DEMO_API_KEY": fromEnv}
 	cfg, err := parseServe(t, env)
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:9001", cfg.Addr)
 	require.Equal(t, 2*time.Hour, cfg.TTL)
-	require.Equal(t, "ok_from_env", cfg.DemoAPIKey)
+	require.Equal(t, fromEnv, cfg.DemoAPIKey)
 
-	cfg, err = parseServe(t, env, "--addr", "127.0.0.1:9002", "--ttl=3h", "--demo-api-key", "ok_from_flag")
+	cfg, err = parseServe(t, env, "--addr", "127.0.0.1:9002", "--ttl=3h", "--demo-api-key", fromFlag)
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:9002", cfg.Addr)
 	require.Equal(t, 3*time.Hour, cfg.TTL)
-	require.Equal(t, "ok_from_flag", cfg.DemoAPIKey)
+	require.Equal(t, fromFlag, cfg.DemoAPIKey)
+}
+
+// A demo key that anyone could guess is refused unless the operator says
+// the setup is a throwaway one; the in-memory default, the README's key,
+// is such a setup by itself.
+func TestWeakDemoKeysAreRefused(t *testing.T) {
+	t.Parallel()
+	for _, weak := range []string{DemoAPIKey, "ok_short", "sk_" + strongKey(t)[3:], strongKey(t) + "x"} {
+		_, err := parseServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": weak})
+		require.ErrorContains(t, err, "--demo-api-key (ONCEKEY_DEMO_API_KEY) is not a full-strength key", weak)
+		require.NotContains(t, err.Error(), weak, "the key is not repeated in the error")
+		cfg, err := parseServe(t, map[string]string{"ONCEKEY_DEMO_API_KEY": weak, "ONCEKEY_ALLOW_WEAK_DEMO_API_KEY": "true"})
+		require.NoError(t, err, "allowed on a throwaway setup")
+		require.Equal(t, weak, cfg.DemoAPIKey)
+	}
+	cfg, err := parseServe(t, nil)
+	require.NoError(t, err)
+	require.Equal(t, DemoAPIKey, cfg.DemoAPIKey, "the in-memory default needs no allowance")
 }
 
 // Every problem with the configuration is reported at once, one line each,
@@ -199,7 +226,8 @@ func TestConfigProblemsAreReportedTogether(t *testing.T) {
 // connections but finishes that request, which gets its 201.
 func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	t.Parallel()
-	status, _ := drainInFlight(t, map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_drain"}, "ok_drain")
+	key := strongKey(t)
+	status, _ := drainInFlight(t, map[string]string{"ONCEKEY_DEMO_API_KEY": key}, key)
 	require.Equal(t, http.StatusCreated, status)
 }
 
@@ -418,7 +446,7 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 			names = append(names, m[1])
 		}
 	}
-	require.Len(t, names, 27, "the variables in cli.go")
+	require.Len(t, names, 28, "the variables in cli.go")
 	documented := regexp.MustCompile("`((?:ONCEKEY|IDEMPOTENCY)_[A-Z_]+|DATABASE_URL|DATABASE_REPLICA_URL|REDIS_URL)`")
 	for _, doc := range []string{"../../docs/operations.md", "../../README.md"} {
 		text, err := os.ReadFile(doc)
@@ -464,13 +492,13 @@ func TestPprofOnItsOwnAddress(t *testing.T) {
 // serve then exited with an error).
 func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
 	t.Parallel()
-	env := map[string]string{"ONCEKEY_DEMO_API_KEY": "ok_stalled", "ONCEKEY_SHUTDOWN_TIMEOUT": "20s"}
+	env := map[string]string{"ONCEKEY_SHUTDOWN_TIMEOUT": "20s"}
 	addr, shutdown := startServe(t, env)
 
 	stalled, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { stalled.Close() })
-	_, err = fmt.Fprintf(stalled, "POST /orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ok_stalled\r\nIdempotency-Key: stalled\r\n"+
+	_, err = fmt.Fprintf(stalled, "POST /orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+DemoAPIKey+"\r\nIdempotency-Key: stalled\r\n"+
 		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(testOrder), testOrder[:10])
 	require.NoError(t, err, "headers and half a body")
 	idle, err := net.Dial("tcp", addr)
@@ -490,22 +518,50 @@ func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
 	require.Less(t, took, 3*time.Second, "shutdown waited for stalled clients")
 }
 
-// A demo key given on PostgreSQL works: its account is created on the first
-// start and found by the key on the next, never created twice.
-func TestDemoKeyOnPostgres(t *testing.T) {
+// A demo key given on PostgreSQL works as long as it is given: its account
+// is created on the first start, found by the key on the next, and at a
+// start without the setting (or with another key) its key stops working,
+// until it is given again. The README's ok_local_demo, left unflagged in a
+// database by an earlier version, is disabled the same way.
+func TestDemoKeyOnPostgresLastsAsLongAsItsSetting(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	dbURL, pool := testdb.Fresh(t)
-	env := map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_DEMO_API_KEY": "ok_demo_on_pg"}
-	for i, key := range []string{"demo-pg-1", "demo-pg-2"} {
-		addr, shutdown := startServe(t, env)
-		resp, err := postOrder(http.DefaultClient, addr, "ok_demo_on_pg", key)
+	// The README's key, given to this database before demo keys were told
+	// apart: an account named demo with a plain key.
+	_, err := auth.CreateAccount(ctx, postgres.New(pool, nil), "demo", DemoAPIKey)
+	require.NoError(t, err)
+	key, other := strongKey(t), strongKey(t)
+	order := func(addr, apiKey string) int {
+		t.Helper()
+		r, err := postOrder(http.DefaultClient, addr, apiKey, uuid.NewString())
 		require.NoError(t, err)
-		require.Equal(t, http.StatusCreated, resp.Status, "start %d: %s", i+1, resp)
+		return r.Status
+	}
+	for i, step := range []struct {
+		demo       string
+		key, other int // statuses of an order with each key
+		readme     int
+	}{
+		{demo: key, key: http.StatusCreated, other: http.StatusUnauthorized, readme: http.StatusUnauthorized},
+		{demo: key, key: http.StatusCreated, other: http.StatusUnauthorized, readme: http.StatusUnauthorized},
+		{demo: "", key: http.StatusUnauthorized, other: http.StatusUnauthorized, readme: http.StatusUnauthorized},
+		{demo: other, key: http.StatusUnauthorized, other: http.StatusCreated, readme: http.StatusUnauthorized},
+		{demo: key, key: http.StatusCreated, other: http.StatusUnauthorized, readme: http.StatusUnauthorized},
+	} {
+		env := map[string]string{"DATABASE_URL": dbURL}
+		if step.demo != "" {
+			env["ONCEKEY_DEMO_API_KEY"] = step.demo
+		}
+		addr, shutdown := startServe(t, env)
+		require.Equal(t, step.key, order(addr, key), "start %d: the first demo key", i+1)
+		require.Equal(t, step.other, order(addr, other), "start %d: the second demo key", i+1)
+		require.Equal(t, step.readme, order(addr, DemoAPIKey), "start %d: the README's key, given long ago", i+1)
 		require.NoError(t, shutdown())
 	}
 	var accounts int
-	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM accounts WHERE name = 'demo'").Scan(&accounts))
-	require.Equal(t, 1, accounts, "the demo account is created once")
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM accounts WHERE name = 'demo'").Scan(&accounts))
+	require.Equal(t, 3, accounts, "one demo account per key, each created once (and the old one)")
 }
 
 // `accounts create NAME` refuses a name in use unless told otherwise.

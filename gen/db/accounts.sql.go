@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -23,6 +24,68 @@ type APIKeyCreateParams struct {
 func (q *Queries) APIKeyCreate(ctx context.Context, arg APIKeyCreateParams) error {
 	_, err := q.db.Exec(ctx, aPIKeyCreate, arg.KeyHash, arg.AccountID)
 	return err
+}
+
+const aPIKeyCreateDemo = `-- name: APIKeyCreateDemo :exec
+INSERT INTO api_keys (key_hash, account_id, demo) VALUES ($1, $2, true)
+`
+
+type APIKeyCreateDemoParams struct {
+	KeyHash   []byte
+	AccountID uuid.UUID
+}
+
+func (q *Queries) APIKeyCreateDemo(ctx context.Context, arg APIKeyCreateDemoParams) error {
+	_, err := q.db.Exec(ctx, aPIKeyCreateDemo, arg.KeyHash, arg.AccountID)
+	return err
+}
+
+const aPIKeyDisableDemo = `-- name: APIKeyDisableDemo :execrows
+UPDATE api_keys SET revoked_at = now()
+WHERE (demo OR key_hash = $1) AND revoked_at IS NULL AND key_hash <> $2
+`
+
+type APIKeyDisableDemoParams struct {
+	WellKnown []byte
+	Keep      []byte
+}
+
+// Revokes the demo keys but keep (a hash no key has, to revoke them all).
+// The README's well-known key counts as one wherever it was given, flagged
+// or not: databases migrated before the flag existed hold it unflagged.
+func (q *Queries) APIKeyDisableDemo(ctx context.Context, arg APIKeyDisableDemoParams) (int64, error) {
+	result, err := q.db.Exec(ctx, aPIKeyDisableDemo, arg.WellKnown, arg.Keep)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const aPIKeyEnableDemo = `-- name: APIKeyEnableDemo :exec
+UPDATE api_keys SET revoked_at = NULL, demo = true WHERE key_hash = $1
+`
+
+// The demo key, active again: it was disabled by a start without it.
+func (q *Queries) APIKeyEnableDemo(ctx context.Context, keyHash []byte) error {
+	_, err := q.db.Exec(ctx, aPIKeyEnableDemo, keyHash)
+	return err
+}
+
+const aPIKeyGet = `-- name: APIKeyGet :one
+SELECT account_id, demo, revoked_at FROM api_keys WHERE key_hash = $1
+`
+
+type APIKeyGetRow struct {
+	AccountID uuid.UUID
+	Demo      bool
+	RevokedAt *time.Time
+}
+
+func (q *Queries) APIKeyGet(ctx context.Context, keyHash []byte) (APIKeyGetRow, error) {
+	row := q.db.QueryRow(ctx, aPIKeyGet, keyHash)
+	var i APIKeyGetRow
+	err := row.Scan(&i.AccountID, &i.Demo, &i.RevokedAt)
+	return i, err
 }
 
 const aPIKeyGetAccountID = `-- name: APIKeyGetAccountID :one
@@ -84,6 +147,17 @@ func (q *Queries) AccountIDsByName(ctx context.Context, name string) ([]uuid.UUI
 		return nil, err
 	}
 	return items, nil
+}
+
+const accountName = `-- name: AccountName :one
+SELECT name FROM accounts WHERE id = $1
+`
+
+func (q *Queries) AccountName(ctx context.Context, id uuid.UUID) (string, error) {
+	row := q.db.QueryRow(ctx, accountName, id)
+	var name string
+	err := row.Scan(&name)
+	return name, err
 }
 
 const accountNameLock = `-- name: AccountNameLock :exec

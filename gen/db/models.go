@@ -23,6 +23,7 @@ type ApiKey struct {
 	AccountID uuid.UUID
 	CreatedAt time.Time
 	RevokedAt *time.Time
+	Demo      bool
 }
 
 type BonusBalance struct {

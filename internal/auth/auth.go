@@ -40,6 +40,18 @@ func NewKey() (string, error) {
 	return KeyPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
+// StrongKey reports whether key is as strong as NewKey makes them: the
+// prefix and 256 bits, base64url. A demo key must be, unless told
+// otherwise: a guessable key opens a persistent database to anyone.
+func StrongKey(key string) bool {
+	rest, ok := strings.CutPrefix(key, KeyPrefix)
+	if !ok {
+		return false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	return err == nil && len(b) == 32
+}
+
 // Store is what authentication needs from persistence.
 type Store interface {
 	// AccountByKeyHash returns the account owning an active key, or ErrUnknownKey.

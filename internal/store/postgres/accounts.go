@@ -87,3 +87,60 @@ func (s *Store) RevokeKey(ctx context.Context, hash auth.KeyHash) (bool, error) 
 	n, err := db.New(s.pool).APIKeyRevoke(ctx, hash[:])
 	return n == 1, translate(err)
 }
+
+// ErrDemoKeyTaken refuses a demo key that is the key of an account other
+// than the demo account: it will not be made a demo key.
+var ErrDemoKeyTaken = errors.New("the demo API key is another account's key")
+
+// wellKnownDemoKey is the README's demo key, whose hash SetDemoKey treats
+// as a demo key's wherever it was given.
+var wellKnownDemoKey = auth.HashKey("ok_local_demo")
+
+// SetDemoKey makes key the demo account's only active key, or, with key
+// "", leaves the demo account none: every other demo key is revoked, so a
+// demo key works exactly as long as the setting that made it is given. The
+// account (named demo) is created with key the first time, and a key of it
+// disabled by an earlier start without the setting is active again. It
+// returns the demo account (uuid.Nil with key "") and how many keys it
+// revoked.
+func (s *Store) SetDemoKey(ctx context.Context, key string) (account uuid.UUID, revoked int64, err error) {
+	keep := auth.KeyHash{}
+	if key != "" {
+		keep = auth.HashKey(key)
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		var err error
+		revoked, err = q.APIKeyDisableDemo(ctx, db.APIKeyDisableDemoParams{WellKnown: wellKnownDemoKey[:], Keep: keep[:]})
+		if err != nil || key == "" {
+			return err
+		}
+		row, err := q.APIKeyGet(ctx, keep[:])
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			account, err = uuid.NewV7()
+			if err != nil {
+				return err
+			}
+			if err := q.AccountCreate(ctx, db.AccountCreateParams{ID: account, Name: "demo"}); err != nil {
+				return fmt.Errorf("insert the demo account: %w", err)
+			}
+			return q.APIKeyCreateDemo(ctx, db.APIKeyCreateDemoParams{KeyHash: keep[:], AccountID: account})
+		case err != nil:
+			return err
+		case !row.Demo:
+			// A key of the demo account made before demo keys were flagged
+			// is adopted; any other account's key is refused.
+			name, err := q.AccountName(ctx, row.AccountID)
+			if err != nil {
+				return err
+			}
+			if name != "demo" {
+				return ErrDemoKeyTaken
+			}
+		}
+		account = row.AccountID
+		return q.APIKeyEnableDemo(ctx, keep[:])
+	})
+	return account, revoked, translate(err)
+}
