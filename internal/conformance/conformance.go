@@ -350,6 +350,11 @@ func (s *session) send(ctx context.Context, q request, key, auth string, header 
 	target := q.path
 	if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
 		target = s.cfg.BaseURL + q.path
+	} else if err := sameOrigin(s.cfg.BaseURL, target); err != nil {
+		// A Location (or an absolute path of the overrides) elsewhere: the
+		// credentials under test never leave the API under test, nor its
+		// scheme (https downgraded to http).
+		return answer{}, skipped(err.Error())
 	}
 	if q.query != "" {
 		target += "?" + q.query
@@ -378,7 +383,7 @@ func (s *session) send(ctx context.Context, q request, key, auth string, header 
 		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	b, err := readAnswer(resp.Body)
 	if err != nil {
 		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, err)
 	}
@@ -394,6 +399,36 @@ func (s *session) note(as ...answer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.noted = append(s.noted, as...)
+}
+
+// MaxAnswerBytes bounds what the tool reads of any answer: an API under
+// test may be hostile, and an endless body must not take the tool's memory.
+const MaxAnswerBytes = 4 << 20
+
+// readAnswer reads a whole answer body, or fails past MaxAnswerBytes.
+func readAnswer(body io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(body, MaxAnswerBytes+1))
+	if err == nil && len(b) > MaxAnswerBytes {
+		err = fmt.Errorf("the answer's body is larger than %d bytes", MaxAnswerBytes)
+	}
+	return b, err
+}
+
+// sameOrigin refuses a target URL that is not under base's scheme, host
+// and port.
+func sameOrigin(base, target string) error {
+	b, err := url.Parse(base)
+	if err != nil {
+		return fmt.Errorf("the API's URL %q: %w", base, err)
+	}
+	u, err := url.Parse(target)
+	if err != nil {
+		return fmt.Errorf("a URL the API named: %w", err)
+	}
+	if u.Scheme != b.Scheme || u.Host != b.Host {
+		return fmt.Errorf("the API named %s://%s, which is not %s://%s: credentials are sent to the API under test alone", u.Scheme, u.Host, b.Scheme, b.Host)
+	}
+	return nil
 }
 
 // get reads path (a path of the spec, or an absolute URL) with the first

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -148,4 +149,89 @@ func TestChecksReference(t *testing.T) {
 		return
 	}
 	require.Equal(t, want, string(doc), "docs/conformance.md's checks are stale: go test ./internal/conformance -run TestChecksReference -update")
+}
+
+// thief is another host that counts what reaches it and the credentials
+// that came along.
+type thief struct {
+	mu    sync.Mutex
+	seen  int
+	creds []string
+}
+
+func (th *thief) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	th.mu.Lock()
+	defer th.mu.Unlock()
+	th.seen++
+	if a := r.Header.Get("Authorization"); a != "" {
+		th.creds = append(th.creds, a)
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// An API under test that names another host (or another port, or http
+// for https) in a Location gets no request there: the tool is pointed at
+// other people's APIs, and its credentials go to the API under test alone.
+// The checks that would have followed it cannot run, and say so.
+func TestCredentialsStayWithTheAPIUnderTest(t *testing.T) {
+	t.Parallel()
+	th := &thief{}
+	elsewhere := httptest.NewServer(th)
+	t.Cleanup(elsewhere.Close)
+	toy := newToy(bugs{})
+	hostile := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		toy.ServeHTTP(rec, r)
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		if loc := rec.Header().Get("Location"); loc != "" {
+			w.Header().Set("Location", elsewhere.URL+"/steal"+loc)
+		}
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	})
+	results := check(t, hostile, "widgets.yaml", toyOverrides, "oncekey")
+	require.Zero(t, th.seen, "nothing reached the other host; credentials sent there: %v", th.creds)
+	found := false
+	for _, r := range results {
+		if r.Status == conformance.Skip && strings.Contains(r.Reason, "credentials are sent to the API under test alone") {
+			found = true
+		}
+	}
+	require.True(t, found, "a check says why it could not run:\n%s", reasons(results))
+}
+
+// An answer's body is read up to a bound, however much the API sends: of a
+// body of 64 MiB, no answer got much further than the bound before the
+// tool hung up.
+func TestAnswersAreReadUpToABound(t *testing.T) {
+	t.Parallel()
+	var most, gets atomic.Int64 // the most written to one answer; answers sent
+	toy := newToy(bugs{})
+	endless := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			toy.ServeHTTP(w, r)
+			return
+		}
+		gets.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		chunk := []byte(strings.Repeat("a", 64<<10))
+		var written int64
+		defer func() {
+			for old := most.Load(); written > old && !most.CompareAndSwap(old, written); old = most.Load() {
+			}
+		}()
+		for range 1024 {
+			n, err := w.Write(chunk)
+			written += int64(n)
+			if err != nil {
+				return
+			}
+		}
+	})
+	check(t, endless, "widgets.yaml", toyOverrides, "oncekey")
+	require.Positive(t, gets.Load(), "the checks read resources")
+	// The bound, and what the connection's buffers held when it closed.
+	require.Less(t, most.Load(), int64(conformance.MaxAnswerBytes+8<<20), "an answer was read far past the bound")
 }

@@ -66,7 +66,7 @@ func (v *ValidatingTransport) RoundTrip(req *http.Request) (*http.Response, erro
 	if err != nil {
 		return nil, err
 	}
-	body, err := io.ReadAll(resp.Body)
+	body, err := readAnswer(resp.Body)
 	resp.Body.Close()
 	if err != nil {
 		return nil, err
