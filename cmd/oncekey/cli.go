@@ -61,7 +61,7 @@ type serveCmd struct {
 	MetricsAddr          string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address instead of on the API's (the profiling endpoints only ever on --pprof-addr)."`
 	TTL                  time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
 	Wait                 time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
-	MaxBodyBytes         int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413."`
+	MaxBodyBytes         int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"65536" help:"Larger request bodies get 413 (the largest valid order is under 10 KB)."`
 	RequestTimeout       time.Duration `name:"request-timeout" envvar:"ONCEKEY_REQUEST_TIMEOUT" default:"10s" help:"Bound on each request's work, database calls included; past it, 503."`
 	ShutdownTimeout      time.Duration `name:"shutdown-timeout" envvar:"ONCEKEY_SHUTDOWN_TIMEOUT" default:"30s" help:"How long SIGTERM waits for requests that are running."`
 	CleanupInterval      time.Duration `name:"cleanup-interval" envvar:"ONCEKEY_CLEANUP_INTERVAL" default:"1m" help:"How often expired keys are purged."`

@@ -155,7 +155,7 @@ func TestConfigDefaults(t *testing.T) {
 	require.Empty(t, cfg.MetricsAddr, "metrics on the API's address by default")
 	require.Equal(t, 48*time.Hour, cfg.TTL)
 	require.Equal(t, time.Second, cfg.Wait)
-	require.EqualValues(t, 1<<20, cfg.MaxBodyBytes)
+	require.EqualValues(t, 64<<10, cfg.MaxBodyBytes, "a few times the largest valid body, not a megabyte")
 	require.Empty(t, cfg.Tracing, "tracing off")
 
 	onPostgres, err := parseServe(t, map[string]string{"DATABASE_URL": "postgres://x"})

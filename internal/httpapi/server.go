@@ -38,7 +38,10 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultMaxBodyBytes   = 1 << 20
+	// DefaultMaxBodyBytes is about seven times the largest body the
+	// contract allows (an order of 100 items: under 10 KB), so that no
+	// caller makes the server read, and canonicalise, a megabyte.
+	DefaultMaxBodyBytes   = 64 << 10
 	DefaultRequestTimeout = 10 * time.Second
 )
 
@@ -68,7 +71,7 @@ type Config struct {
 	// idempotency.Config).
 	TTL  time.Duration
 	Wait time.Duration
-	// MaxBodyBytes bounds request bodies (default 1 MiB); larger ones get 413.
+	// MaxBodyBytes bounds request bodies (default 64 KiB); larger ones get 413.
 	MaxBodyBytes int64
 	// RequestTimeout bounds each request's work, database calls included
 	// (default 10s): past it the request fails with 503 instead of hanging.

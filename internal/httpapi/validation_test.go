@@ -1,15 +1,18 @@
 package httpapi_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
 func TestIdempotencyKeyValidation(t *testing.T) {
@@ -86,6 +89,26 @@ func TestBodyLimit(t *testing.T) {
 
 		require.Zero(t, b.orderCount(t))
 	})
+}
+
+// The default body limit fits the largest body the contract allows, an
+// order of 100 items with the longest SKUs and largest quantities, and
+// refuses a megabyte, which a caller could otherwise make the server read
+// and canonicalise (128 such requests at once took it to 2.8 GB).
+func TestDefaultBodyLimitFitsTheContract(t *testing.T) {
+	t.Parallel()
+	b := setup(t, memory.New(), options{})
+	items := make([]string, 100)
+	for i := range items {
+		items[i] = fmt.Sprintf(`{"sku":"%s","qty":1000000}`, fmt.Sprintf("%064d", i))
+	}
+	largest := `{"items":[` + strings.Join(items, ",") + `],"amount":1000000000000000,"currency":"RUB"}`
+	requireFresh(t, b.postOrder(t, uuid.NewString(), largest), fmt.Sprintf("the largest valid order (%d bytes)", len(largest)))
+	require.Less(t, len(largest)*4, int(httpapi.DefaultMaxBodyBytes), "the limit leaves room for whitespace")
+
+	// Just under the old default of 1 MiB.
+	megabyte := `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB","pad":"` + strings.Repeat("x", 1<<20-1000) + `"}`
+	requireProblem(t, b.postOrder(t, uuid.NewString(), megabyte), problem.PayloadTooLarge, "almost a megabyte")
 }
 
 func TestBodyValidation(t *testing.T) {

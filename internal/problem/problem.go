@@ -81,7 +81,7 @@ var (
 	}
 	PayloadTooLarge = Kind{
 		Slug: "payload-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large",
-		When:        "The body is larger than `ONCEKEY_MAX_BODY_BYTES` (default 1 MiB).",
+		When:        "The body is larger than `ONCEKEY_MAX_BODY_BYTES` (default 64 KiB).",
 		KeyConsumed: "no",
 	}
 	UnsupportedMediaType = Kind{

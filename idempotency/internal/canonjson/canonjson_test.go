@@ -3,6 +3,8 @@ package canonjson_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -235,6 +237,8 @@ func TestCanonicalizeRejects(t *testing.T) {
 		{"objects MaxDepth+1 deep", nestedObjects(canonjson.MaxDepth + 1)},
 		{"mixed MaxDepth+1 deep", `{"a":` + nestedArrays(canonjson.MaxDepth) + `}`},
 		{"very deep arrays", strings.Repeat("[", 100000)},
+		{"an object of MaxMembers+1 members", membersObject(canonjson.MaxMembers + 1)},
+		{"MaxValues+1 values", "[" + strings.Repeat("1,", canonjson.MaxValues) + "1]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -247,6 +251,42 @@ func TestCanonicalizeRejects(t *testing.T) {
 				t.Fatalf("Canonicalize(%q) returned %q alongside error %v; want nil", truncate(tt.in), out, err)
 			}
 		})
+	}
+}
+
+// membersObject is an object of n members "k0":0, "k1":1, ...
+func membersObject(n int) string {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `"k%d":%d`, i, i)
+	}
+	b.WriteString("}")
+	return b.String()
+}
+
+// The bounds hold at their limits, and a hostile megabyte is refused for
+// about what reading it costs: no map of its keys, no token of each.
+//
+// Not parallel: it reads the process's allocation counter, which the
+// parallel tests, paused until the sequential ones are done, leave alone.
+func TestCanonicalizeBoundsValuesAndMembers(t *testing.T) {
+	mustCanonicalize(t, membersObject(canonjson.MaxMembers))
+	mustCanonicalize(t, "["+strings.Repeat("1,", canonjson.MaxValues-1)+"1]")
+
+	hostile := []byte(membersObject(80_000)) // about 1 MB
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := canonjson.Canonicalize(hostile)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, canonjson.ErrInvalid) {
+		t.Fatalf("an object of 80,000 members: %v; want ErrInvalid", err)
+	}
+	if allocated := after.TotalAlloc - before.TotalAlloc; allocated > 64<<10 {
+		t.Fatalf("refusing a %d-byte object of 80,000 members allocated %d bytes; want under 64 KiB", len(hostile), allocated)
 	}
 }
 
