@@ -87,12 +87,17 @@ VULNDB_VERSION      := v0.0.0-20261105234957-e22db6528018
 GOVULNCHECK_VERSION := v1.9.0
 
 .PHONY: vulncheck
-vulncheck: ## govulncheck on every package, against the vulnerability database of VULNDB_VERSION
+vulncheck: ## govulncheck on every package and every required module (advisories in code never called fail it too), against the vulnerability database of VULNDB_VERSION
 	@set -e; db=$$(mktemp -d); trap 'rm -rf $$db' EXIT; \
 	  src=$$(cd $$db && GOFLAGS= $(GO) mod download -json golang.org/x/vulndb@$(VULNDB_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
 	  test -d "$$src/data/osv" || { echo "vulncheck: no OSV data in golang.org/x/vulndb@$(VULNDB_VERSION)"; exit 1; }; \
 	  (cd $$db && $(GO) run golang.org/x/vulndb/cmd/indexdb@$(VULNDB_VERSION) -vulns "$$src/data/osv" -out $$db/db); \
-	  $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db file://$$db/db ./...
+	  $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db file://$$db/db ./...; \
+	  $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db file://$$db/db -format json ./... > $$db/findings.json; \
+	  if grep -q '"finding"' $$db/findings.json; then \
+	    echo "vulncheck: advisories in modules we require, called or not; bump them:"; \
+	    $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db file://$$db/db -show verbose ./... | grep -E '^(Vulnerability #|    Found in|    Fixed in)'; \
+	    exit 1; fi
 
 .PHONY: lint
 lint: ## go vet, gofmt and a tidy go.mod
