@@ -71,7 +71,7 @@ func TestOrdersSurviveKilledServe(t *testing.T) {
 	require.Eventually(t, func() bool { return answered.Load() >= 200 }, 30*time.Second, time.Millisecond, "orders should flow before the kill")
 	first.kill()
 	stop.Store(true)
-	wg.Wait()
+	servicetest.Wait(t, &wg, 30*time.Second, "the clients after the kill")
 
 	second := startServeProcess(t, env)
 	deadline := time.Now().Add(10 * time.Second) // no lease to wait out: a dead holder's transaction is gone at once
@@ -126,7 +126,7 @@ func TestReplicasBehaveAsOne(t *testing.T) {
 		})
 	}
 	close(start)
-	wg.Wait()
+	servicetest.Wait(t, &wg, time.Minute, "the storm across three replicas")
 	var created string
 	statuses := map[int]int{}
 	for i, r := range replies {

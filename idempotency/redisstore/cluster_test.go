@@ -119,7 +119,7 @@ func TestOnRedisCluster(t *testing.T) {
 	t.Run("storm", func(t *testing.T) {
 		obs := &observed{}
 		store := fastPath(rdb, redisstore.Config{Prefix: "cluster:", Observer: obs}, pgStore(t))
-		executed, failures, _ := load(store, []string{rand.Text(), rand.Text()}, 10, 10, 0, nil)
+		executed, failures, _ := load(t, store, []string{rand.Text(), rand.Text()}, 10, 0, 10, 0, nil)
 		require.Empty(t, failures)
 		require.EqualValues(t, 20, executed.Load(), "each key's operation ran exactly once")
 		require.Positive(t, obs.hit.Load(), "replays were served by the cluster")
@@ -191,18 +191,21 @@ func TestOnRedisCluster(t *testing.T) {
 				killed = time.Now()
 			}
 		}
-		executed, failures, took := load(store, scopes, 4, 140, 50*time.Millisecond, events)
+		const keys, fresh, rounds = 4, 2, 140
+		executed, failures, took := load(t, store, scopes, keys, fresh, rounds, 50*time.Millisecond, events)
 		for key, err := range failures {
 			t.Errorf("%s: %v", key, err)
 		}
-		require.EqualValues(t, len(scopes)*4, executed.Load(), "each key's operation ran exactly once through both failovers")
+		// The first claims of every round's new keys met both failovers.
+		require.EqualValues(t, len(scopes)*(keys+fresh*rounds), executed.Load(),
+			"each key's operation ran exactly once through both failovers, the keys first claimed during them included")
 		cluster.WaitOK(t, 10*time.Second)
 
 		lastErr := obs.last(&obs.lastErr)
 		before, after := median(took[:20]), median(took[len(took)-20:])
 		t.Logf("CLUSTER FAILOVER at +0s, kill -9 of a master at +%s; the last Redis error %s after the kill; %d hits, %d errors, %d fallbacks to PostgreSQL, the breaker opened %d times; a round of %d requests took %s (median) before, at most %s during, %s in the last second",
 			killed.Sub(failedOver).Round(time.Millisecond), lastErr.Sub(killed).Round(time.Millisecond), obs.hits.Load(), obs.errs.Load(), obs.fallbacks.Load(), obs.trips.Load(),
-			len(scopes)*4, before.Round(time.Microsecond), slices.Max(took).Round(time.Microsecond), after.Round(time.Microsecond))
+			len(scopes)*(keys+2*fresh), before.Round(time.Microsecond), slices.Max(took).Round(time.Microsecond), after.Round(time.Microsecond))
 		require.Less(t, after, 3*before+20*time.Millisecond, "latency back to normal")
 		require.Positive(t, obs.trips.Load(), "the breaker left the cluster alone while a master was down")
 		require.Less(t, lastErr.Sub(killed), 10*time.Second, "Redis errors stop within seconds of the kill")
@@ -211,12 +214,15 @@ func TestOnRedisCluster(t *testing.T) {
 	})
 }
 
-// load claims keys keys of every scope, rounds times: within a round every
-// key concurrently, each round at least pace long. The first claim of a
-// key runs and commits; every later one must replay it. events, if set, is
-// called before each round. It returns how many operations ran, what
-// failed by key, and how long each round's requests took.
-func load(store idempotency.Store[pgx.Tx], scopes []string, keys, rounds int, pace time.Duration, events func(round int)) (*atomic.Int64, map[string]error, []time.Duration) {
+// load claims keys keys of every scope, rounds times, and in every round
+// fresh new keys of every scope besides, each twice at once (a first claim
+// and its duplicate), so that first claims meet whatever the round meets:
+// within a round every claim concurrently, each round at least pace long.
+// The first claim of a key runs and commits; every later one must replay
+// it. events, if set, is called before each round. It returns how many
+// operations ran, what failed by key, and how long each round's requests
+// took.
+func load(t testing.TB, store idempotency.Store[pgx.Tx], scopes []string, keys, fresh, rounds int, pace time.Duration, events func(round int)) (*atomic.Int64, map[string]error, []time.Duration) {
 	ctx := context.Background()
 	var executed atomic.Int64
 	var mu sync.Mutex
@@ -233,10 +239,17 @@ func load(store idempotency.Store[pgx.Tx], scopes []string, keys, rounds int, pa
 		}
 		start := time.Now()
 		var wg sync.WaitGroup
+		names := make([]string, 0, keys+2*fresh)
+		for k := range keys {
+			names = append(names, fmt.Sprintf("k-%d", k))
+		}
+		for k := range fresh {
+			name := fmt.Sprintf("new-%d-%d", round, k)
+			names = append(names, name, name) // a first claim and its duplicate, at once
+		}
 		for _, scope := range scopes {
-			for k := range keys {
+			for _, key := range names {
 				wg.Go(func() {
-					key := fmt.Sprintf("k-%d", k)
 					req := claimReq(scope, key)
 					req.Wait = 5 * time.Second
 					lease, rec, err := store.Claim(ctx, req)
@@ -254,7 +267,7 @@ func load(store idempotency.Store[pgx.Tx], scopes []string, keys, rounds int, pa
 				})
 			}
 		}
-		wg.Wait()
+		servicetest.Wait(t, &wg, time.Minute, "a round of claims")
 		took = append(took, time.Since(start))
 		time.Sleep(time.Until(start.Add(pace)))
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -17,6 +18,7 @@ import (
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/servicetest"
 )
 
 // mergePatch is PATCH's media type.
@@ -206,7 +208,7 @@ func TestCancelRacesPay(t *testing.T) {
 			wg.Go(func() { <-start; cancel = b.cancelOrder(t, id, uuid.NewString()) })
 			wg.Go(func() { <-start; pay = b.pay(t, uuid.NewString(), paymentBody(id)) })
 			close(start)
-			wg.Wait()
+			servicetest.Wait(t, &wg, 30*time.Second, "the cancel and the payment")
 			switch {
 			case cancel.Status == http.StatusOK:
 				wins["cancel"]++

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
@@ -87,7 +88,7 @@ func TestSynchronousStandbyFailover(t *testing.T) {
 	before := created.Load()
 	waitCreated(before+100, "orders on the new primary")
 	stop.Store(true)
-	wg.Wait()
+	servicetest.Wait(t, &wg, time.Minute, "the clients after the failover")
 
 	mu.Lock()
 	defer mu.Unlock()

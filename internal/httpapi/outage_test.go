@@ -16,6 +16,7 @@ import (
 
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
@@ -109,7 +110,7 @@ func TestDatabaseOutage(t *testing.T) {
 	require.Eventually(t, func() bool { return ready() == http.StatusOK }, 30*time.Second, 50*time.Millisecond, "/readyz must recover by itself")
 	waitCreated(before+50, "orders after the database came back")
 	stop.Store(true)
-	wg.Wait()
+	servicetest.Wait(t, &wg, time.Minute, "the clients after the outage")
 
 	var refused []string
 	for _, o := range outcomes {

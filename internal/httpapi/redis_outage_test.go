@@ -65,9 +65,15 @@ func TestRedisOutageCostsNoLatency(t *testing.T) {
 			}
 			time.Sleep(time.Until(failAt))
 			require.NoError(t, redis.Process.Signal(fault.signal), "%s redis-server", fault.name)
-			wg.Wait()
+			servicetest.Wait(t, &wg, end.Sub(start)+30*time.Second, "the load through the Redis outage")
 
 			from := failAt.Add(settle)
+			// A p99 of nothing is 0: without enough requests after the
+			// failure the comparison below would prove nothing.
+			const minSamples = 100
+			for i, load := range loads {
+				require.GreaterOrEqual(t, load.count(from), minSamples, "requests measured after the failure on server %d", i)
+			}
 			p99With, p99Without := loads[0].p99(from), loads[1].p99(from)
 			t.Logf("Redis %s: p99 %s with the fast path, %s without (from %s after the failure; %d and %d requests)",
 				fault.name, p99With, p99Without, settle, loads[0].count(from), loads[1].count(from))

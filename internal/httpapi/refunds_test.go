@@ -147,9 +147,10 @@ func TestRefundOfAnUnpaidPaymentIsRefused(t *testing.T) {
 }
 
 // 50 refunds of 30 at once on a 1000 payment, each retried by its client
-// while the provider fails, loses answers and is slow: the refunds accepted
-// add up to at most 1000, every one of them succeeds, and the provider
-// holds exactly one refund for each.
+// while the provider fails, loses answers and is slow: every answer a
+// client gets names its one refund (three tries under one key never make
+// two), the refunds accepted add up to at most 1000, every one of them
+// succeeds, and the provider holds exactly one refund for each.
 func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 	t.Parallel()
 	faults := provider.Faults{FailRate: 0.2, TimeoutRate: 0.2, TimeoutHold: 20 * time.Millisecond, Seed: 7}
@@ -159,6 +160,7 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 		var (
 			mu       sync.Mutex
 			accepted = map[string]api.Refund{} // by refund id
+			byClient = map[int]string{}        // the refund each client's key was answered with
 			refused  int                       // answers, a client's retries included
 			wg       sync.WaitGroup
 		)
@@ -183,6 +185,10 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 							t.Error(err)
 							return
 						}
+						if first, ok := byClient[c]; ok && first != out.Id {
+							t.Errorf("client %d's key made two refunds, %s and %s: a retry ran again", c, first, out.Id)
+						}
+						byClient[c] = out.Id
 						accepted[out.Id] = out
 					case r.Status == http.StatusUnprocessableEntity:
 						refused++
@@ -194,7 +200,7 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 			}
 		}
 		close(start)
-		wg.Wait()
+		servicetest.Wait(t, &wg, time.Minute, "the refunds and their retries")
 		var total int64
 		for id, r := range accepted {
 			total += r.Amount
@@ -205,6 +211,7 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 			require.Equal(t, provider.StatusSucceeded, held[0].Status)
 		}
 		t.Logf("%d refunds accepted (%d), %d answers refused", len(accepted), total, refused)
+		require.Len(t, accepted, len(byClient), "one refund per client key that was accepted")
 		require.LessOrEqual(t, total, int64(1000), "never more than the payment")
 		require.Len(t, accepted, 33, "every refund that fits is accepted: 33 × 30 = 990")
 		require.Positive(t, refused, "the rest are refused")

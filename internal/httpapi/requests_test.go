@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -113,7 +114,7 @@ func (b *testBundle) stampede(t *testing.T, n int, request func(i int) *http.Req
 		})
 	}
 	close(start)
-	wg.Wait()
+	servicetest.Wait(t, &wg, time.Minute, "the stampede")
 	for i, err := range errs {
 		require.NoError(t, err, "request %d", i)
 	}

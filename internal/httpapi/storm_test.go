@@ -100,7 +100,7 @@ func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
 		})
 	}
 	close(start)
-	wg.Wait()
+	servicetest.Wait(t, &wg, 2*time.Minute, "the storm")
 
 	for i, s := range otherStatuses {
 		require.Equal(t, http.StatusCreated, s, "request %d with its own key", i)

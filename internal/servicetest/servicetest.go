@@ -127,6 +127,23 @@ func Receive(t testing.TB, c <-chan Reply, what string, timeout time.Duration) R
 	}
 }
 
+// Wait waits for wg, and fails the test with what if that takes longer
+// than d: a request stuck in a fault test must fail the test with a
+// message, not hang it until the test binary's limit.
+func Wait(t testing.TB, wg *sync.WaitGroup, d time.Duration, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s: still running after %s", what, d)
+	}
+}
+
 // SyncBuffer collects output written from the server's goroutines while
 // the test reads it.
 type SyncBuffer struct {
