@@ -169,11 +169,15 @@ bench: ## load benchmark: idempotent POST /orders against the baseline, side by 
 bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on the in-memory store), benchstat-comparable
 	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./idempotency/internal/canonjson/ ./idempotency/ ./internal/httpapi/
 
+# The fuzz targets, each with its package: `make fuzz` runs each for
+# FUZZTIME (30s by default), .ci/run for a few seconds each.
+FUZZ_TARGETS := FuzzCanonicalize:./idempotency/internal/canonjson/ FuzzDifferentMeaning:./idempotency/internal/canonjson/ \
+	FuzzCheckFast:./idempotency/internal/canonjson/ FuzzWriteFast:./idempotency/internal/canonjson/ \
+	FuzzFingerprint:./idempotency/ FuzzHandler:./internal/httpapi/ FuzzOperationsOnPostgres:./internal/httpapi/
+
 .PHONY: fuzz
-fuzz: ## run the fuzz targets (canonical JSON, fingerprint, the whole handler) for a while each (FUZZTIME=30s)
-	$(GO) test -run='^$$' -fuzz=FuzzCanonicalize -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
-	$(GO) test -run='^$$' -fuzz=FuzzDifferentMeaning -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
-	$(GO) test -run='^$$' -fuzz=FuzzCheckFast -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
-	$(GO) test -run='^$$' -fuzz=FuzzWriteFast -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/internal/canonjson/
-	$(GO) test -run='^$$' -fuzz=FuzzFingerprint -fuzztime=$(or $(FUZZTIME),30s) ./idempotency/
-	$(GO) test -run='^$$' -fuzz=FuzzHandler -fuzztime=$(or $(FUZZTIME),30s) ./internal/httpapi/
+fuzz: ## run every fuzz target (canonical JSON, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)
+	@set -e; for target in $(FUZZ_TARGETS); do \
+	  echo "== $${target%%:*}"; \
+	  $(GO) test -run='^$$' -fuzz="^$${target%%:*}$$" -fuzztime=$(or $(FUZZTIME),30s) -fuzzminimizetime=$(or $(FUZZTIME),30s) "$${target#*:}"; \
+	done

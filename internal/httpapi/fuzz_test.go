@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/google/uuid"
 
 	"github.com/oncekey/oncekey/idempotency"
@@ -18,6 +22,7 @@ import (
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/provider"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -105,10 +110,12 @@ func FuzzHandler(f *testing.F) {
 // FuzzOperationsOnPostgres sends the unsafe operations bodies with random
 // values in every field (strings of any content, numbers of any size) to
 // the whole service on PostgreSQL, which refuses values memory takes (a NUL
-// in text, say). A request either breaks the contract, and gets a 4xx, or
-// passes it, and then it must never get a 5xx: nothing here is down. The
-// seeds run in make test; make fuzz runs it longer.
+// in text, say). A request either breaks the contract, and must get a 4xx
+// problem (kin-openapi, on the document alone, is the judge), or passes
+// it, and then it must never get a 5xx: nothing here is down. The seeds
+// run in make test; make fuzz runs it longer, and .ci/run briefly.
 func FuzzOperationsOnPostgres(f *testing.F) {
+	breaks := contractJudge(f)
 	store := postgres.New(testdb.Pool(f), nil)
 	handler, err := httpapi.New(httpapi.Config{Backend: store, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -143,10 +150,42 @@ func FuzzOperationsOnPostgres(f *testing.F) {
 		req.Header.Set("Authorization", "Bearer "+creds.APIKey)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(idempotency.HeaderKey, uuid.NewString())
+		refused := breaks(req, raw)
 		rec := httptest.NewRecorder()
 		handler.ServeHTTP(rec, req)
-		if rec.Code >= 500 {
+		switch {
+		case rec.Code >= 500:
 			t.Fatalf("POST %s %s answered %d: %s", path, raw, rec.Code, rec.Body)
+		case refused != nil && (rec.Code < 400 || rec.Header().Get("Content-Type") != problem.ContentType):
+			t.Fatalf("POST %s %s breaks the contract (%v) but was answered %d: %s", path, raw, refused, rec.Code, rec.Body)
 		}
 	})
+}
+
+// contractJudge returns what openapi.yaml alone says of a request with
+// body: nil when it keeps the contract, else why not. It is kin-openapi on
+// the document, apart from the service's own front door.
+func contractJudge(tb testing.TB) func(r *http.Request, body []byte) error {
+	tb.Helper()
+	doc, err := httpapi.LoadSpec()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	doc.Servers = openapi3.Servers{{URL: "http://oncekey.test"}}
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return func(r *http.Request, body []byte) error {
+		route, params, err := router.FindRoute(r)
+		if err != nil {
+			return err
+		}
+		probe := r.Clone(r.Context())
+		probe.Body = io.NopCloser(bytes.NewReader(body))
+		return openapi3filter.ValidateRequest(r.Context(), &openapi3filter.RequestValidationInput{
+			Request: probe, PathParams: params, Route: route,
+			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
+		})
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -125,9 +126,10 @@ func createDatabase(adminURL string, migrate bool) (name, dbURL string, pool *pg
 	}
 	defer admin.Close(ctx)
 
+	sweepOnce.Do(func() { sweep(ctx, admin) })
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	candidate := "oncekey_test_" + hex.EncodeToString(b[:])
+	candidate := fmt.Sprintf("%s%d_%s", namePrefix, os.Getpid(), hex.EncodeToString(b[:]))
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+candidate); err != nil {
 		return "", "", nil, fmt.Errorf("create database %s: %w", candidate, err)
 	}
@@ -160,6 +162,39 @@ func onDatabase(adminURL, name string) (string, error) {
 }
 
 func dropDatabase(name string) error { return dropDatabaseOn(AdminURL(), name) }
+
+// namePrefix starts the name of every database a test makes, followed by
+// the process's id: a process that died before dropping its databases (a
+// fuzz worker the fuzzer killed, a test binary killed at its timeout) is
+// known by it.
+const namePrefix = "oncekey_test_"
+
+var sweepOnce sync.Once
+
+// sweep drops the databases that test processes of this machine left when
+// they died: each name carries its process's id, and a process that no
+// longer runs will not drop them. Best effort: a database in use by a
+// process of that id that is not a test (the id reused) is left alone.
+func sweep(ctx context.Context, admin *pgx.Conn) {
+	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE $1", namePrefix+"%")
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(name, namePrefix), "_")
+		if _, err := strconv.Atoi(pid); !ok || err != nil {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			continue // still running
+		}
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	}
+}
 
 func dropDatabaseOn(adminURL, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -187,7 +187,9 @@ func bounded(doc []byte) error {
 				members[depth], object[depth] = 0, doc[i] == '{'
 			}
 		case '}', ']':
-			depth--
+			if depth > 0 { // an unbalanced close is json.Valid's to refuse
+				depth--
+			}
 		case ',':
 			values++
 			if values > MaxValues {
