@@ -58,25 +58,27 @@ SELECT $1, $2, $3, $4, $5, $6, $7
 WHERE EXISTS (
     SELECT 1 FROM idempotency_keys k
     WHERE k.scope = $8 AND k.idempotency_key = $9
-      AND k.xmin = pg_current_xact_id_if_assigned()::xid
+      AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $10
 )
 `
 
 type OrderCreateClaimedParams struct {
-	AccountID  uuid.UUID
-	ID         uuid.UUID
-	Status     string
-	Amount     int64
-	Currency   string
-	Items      json.RawMessage
-	CreatedAt  time.Time
-	ClaimScope []byte
-	ClaimKey   string
+	AccountID      uuid.UUID
+	ID             uuid.UUID
+	Status         string
+	Amount         int64
+	Currency       string
+	Items          json.RawMessage
+	CreatedAt      time.Time
+	ClaimScope     []byte
+	ClaimKey       string
+	ClaimCreatedAt time.Time
 }
 
 // OrderCreate for a claim deferred to its commit (a pgstore.Batch): the
 // order is written only if this very transaction inserted the key row of
-// its claim, as pgstore.Batch asks of every write queued in it.
+// its claim (its scope, key and time), as pgstore.Batch asks of every write
+// queued in it.
 func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimedParams) error {
 	_, err := q.db.Exec(ctx, orderCreateClaimed,
 		arg.AccountID,
@@ -88,6 +90,7 @@ func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimed
 		arg.CreatedAt,
 		arg.ClaimScope,
 		arg.ClaimKey,
+		arg.ClaimCreatedAt,
 	)
 	return err
 }

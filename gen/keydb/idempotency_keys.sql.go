@@ -653,7 +653,7 @@ CROSS JOIN LATERAL (
     SELECT (CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint
                  ELSE pg_catalog.pg_stat_get_live_tuples(c.oid) END)::bigint AS rows
 ) e
-WHERE c.oid = 'idempotency_keys'::regclass
+WHERE c.oid = to_regclass($1::text)
 `
 
 type IdempotencyKeyStatsRow struct {
@@ -673,8 +673,10 @@ type IdempotencyKeyStatsRow struct {
 // then (reltuples = -1: never, where autovacuum is off) the statistics
 // system's live-row count, so that a large table never analyzed is not
 // counted row by row on every scrape (TestKeyStatsDoNotCountALargeTable).
-func (q *Queries) IdempotencyKeyStats(ctx context.Context) (IdempotencyKeyStatsRow, error) {
-	row := q.db.QueryRow(ctx, idempotencyKeyStats)
+// key_table names the table (or the partition) the statement reads, as a
+// quoted identifier.
+func (q *Queries) IdempotencyKeyStats(ctx context.Context, keyTable string) (IdempotencyKeyStatsRow, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyStats, keyTable)
 	var i IdempotencyKeyStatsRow
 	err := row.Scan(
 		&i.Processing,

@@ -58,17 +58,20 @@ type deferredStore struct{ s *Store }
 //
 //	WHERE EXISTS (SELECT 1 FROM idempotency_keys k
 //	              WHERE k.scope = $scope AND k.idempotency_key = $key
-//	                AND k.xmin = pg_current_xact_id_if_assigned()::xid)
+//	                AND k.xmin = pg_current_xact_id_if_assigned()::xid
+//	                AND k.created_at = $claimed_at)
 //
-// with the scope and key of the lease's Ref (and the table of
-// Options.Table): Guard writes it. xmin is the inserting transaction; a pipeline has no
-// subtransactions, and a transaction that has inserted nothing has no xid
-// yet (NULL: no match). A replay, a mismatch or a lost race so writes
-// nothing, with no error and no dead row. A lone commit of one such write,
-// its guard written exactly so (case and spacing aside), goes as one
-// statement in which the guard asks the claim itself whether it inserted
-// the row. The operation reads nothing back: its writes report no rows
-// affected, as they have not run yet.
+// with the scope, key and time of the lease's Ref (and the table of
+// Options.Table): Guard writes it. xmin is the inserting transaction; a
+// pipeline has no subtransactions, and a transaction that has inserted
+// nothing has no xid yet (NULL: no match). xmin is only 32 bits and comes
+// round again, so the claim's time pins the row too: a key row that an
+// older transaction of the same xid left matches neither. A replay, a
+// mismatch or a lost race so writes nothing, with no error and no dead
+// row. A lone commit of one such write, its guard written exactly so (case
+// and spacing aside), goes as one statement in which the guard asks the
+// claim itself whether it inserted the row. The operation reads nothing
+// back: its writes report no rows affected, as they have not run yet.
 type Batch struct {
 	queued pgx.Batch
 	table  string
@@ -79,15 +82,16 @@ type Batch struct {
 func (b *Batch) Ref() idempotency.Ref { return b.ref }
 
 // Guard returns the condition a queued write must carry, with its
-// parameters numbered from first (two of them), and their values: append
-// the values to the statement's own arguments.
+// parameters numbered from first (three of them: the claim's scope, key
+// and time), and their values: append the values to the statement's own
+// arguments.
 //
 //	cond, args := batch.Guard(3)
 //	batch.Exec(ctx, "INSERT INTO widgets (id, name) SELECT $1, $2 WHERE "+cond, append([]any{id, name}, args...)...)
 func (b *Batch) Guard(first int) (cond string, args []any) {
 	cond = fmt.Sprintf(`EXISTS (SELECT 1 FROM %s k WHERE k.scope = $%d AND k.idempotency_key = $%d
-		AND k.xmin = pg_current_xact_id_if_assigned()::xid)`, b.table, first, first+1)
-	return cond, []any{[]byte(b.ref.Scope), b.ref.Key}
+		AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $%d)`, b.table, first, first+1, first+2)
+	return cond, []any{[]byte(b.ref.Scope), b.ref.Key, b.ref.ClaimedAt}
 }
 
 // Exec queues sql as given: it must carry Guard's condition itself. Its

@@ -131,8 +131,9 @@ func (b *groupBundle) attemptWith(m member, body string) memberResult {
 	ref := lease.Ref()
 	if _, err := lease.Unit().Exec(b.ctx, `INSERT INTO writes (id, scope, n)
 		SELECT $1, $2, $4 WHERE EXISTS (SELECT 1 FROM idempotency_keys k
-			WHERE k.scope = $2 AND k.idempotency_key = $3 AND k.xmin = pg_current_xact_id_if_assigned()::xid)`,
-		rand.Text(), []byte(ref.Scope), ref.Key, n); err != nil {
+			WHERE k.scope = $2 AND k.idempotency_key = $3 AND k.xmin = pg_current_xact_id_if_assigned()::xid
+				AND k.created_at = $5)`,
+		rand.Text(), []byte(ref.Scope), ref.Key, n, ref.ClaimedAt); err != nil {
 		return memberResult{err: err}
 	}
 	err = lease.Commit(b.ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(body)})

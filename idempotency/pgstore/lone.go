@@ -1,7 +1,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -38,10 +37,10 @@ const writePlaceholder = "pgstore_write AS (\n    SELECT 1\n)"
 type loneWrite struct {
 	sql string // the whole statement, the write in its CTE
 	// keep are the write's arguments, by index, in their new order (the
-	// guard's are dropped unless the write uses them elsewhere); scope and
-	// key are the guard's, checked against the claim's.
-	keep       []int
-	scope, key int
+	// guard's are dropped unless the write uses them elsewhere); scope, key
+	// and at are the guard's, checked against the claim's.
+	keep           []int
+	scope, key, at int
 }
 
 // loneWrites caches the rewriting of each write's SQL: a *loneWrite, or nil
@@ -54,7 +53,8 @@ type loneWrites struct {
 
 func newLoneWrites(table, claim string) *loneWrites {
 	return &loneWrites{claim: claim, guard: regexp.MustCompile(`(?i)EXISTS\s*\(\s*SELECT\s+1\s+FROM\s+` + table +
-		`\s+k\s+WHERE\s+k\.scope\s*=\s*\$(\d+)\s+AND\s+k\.idempotency_key\s*=\s*\$(\d+)\s+AND\s+k\.xmin\s*=\s*pg_current_xact_id_if_assigned\(\)::xid\s*\)`)}
+		`\s+k\s+WHERE\s+k\.scope\s*=\s*\$(\d+)\s+AND\s+k\.idempotency_key\s*=\s*\$(\d+)\s+AND\s+k\.xmin\s*=\s*pg_current_xact_id_if_assigned\(\)::xid` +
+		`\s+AND\s+k\.created_at\s*=\s*\$(\d+)\s*\)`)}
 }
 
 // of returns the rewriting of sql, or nil when it does not fit; "" is no
@@ -86,12 +86,13 @@ func (w *loneWrites) rewrite(sql string) *loneWrite {
 	g := guards[0]
 	scope, _ := strconv.Atoi(sql[g[2]:g[3]])
 	key, _ := strconv.Atoi(sql[g[4]:g[5]])
+	at, _ := strconv.Atoi(sql[g[6]:g[7]])
 	body := sql[:g[0]] + "EXISTS (SELECT 1 FROM pgstore_claim)" + sql[g[1]:]
 	params, ok := parameters(body)
 	if !ok {
 		return nil
 	}
-	lw := &loneWrite{scope: scope - 1, key: key - 1}
+	lw := &loneWrite{scope: scope - 1, key: key - 1, at: at - 1}
 	renumber := map[int]int{}
 	params = slices.Compact(slices.Sorted(slices.Values(params)))
 	for _, p := range params {
@@ -111,15 +112,16 @@ func (w *loneWrites) rewrite(sql string) *loneWrite {
 }
 
 // args returns the write's arguments for the statement, or false if its
-// guard is not for the claim of scope and key (it is then sent in the
-// pipeline, where its guard is checked as written).
-func (lw *loneWrite) args(write []any, scope []byte, key string) ([]any, bool) {
-	if lw.scope >= len(write) || lw.key >= len(write) {
+// guard is not for the claim (it is then sent in the pipeline, where its
+// guard is checked as written).
+func (lw *loneWrite) args(write []any, claim idempotency.Ref) ([]any, bool) {
+	if max(lw.scope, lw.key, lw.at) >= len(write) {
 		return nil, false
 	}
 	s, ok1 := write[lw.scope].([]byte)
 	k, ok2 := write[lw.key].(string)
-	if !ok1 || !ok2 || !bytes.Equal(s, scope) || k != key {
+	at, ok3 := write[lw.at].(time.Time)
+	if !ok1 || !ok2 || !ok3 || string(s) != claim.Scope || k != claim.Key || !at.Equal(claim.ClaimedAt) {
 		return nil, false
 	}
 	out := make([]any, 0, len(lw.keep))
@@ -210,7 +212,7 @@ func identifierByte(c byte) bool {
 // rewritten (or none) and that write's arguments, or false when its writes
 // do not fit one statement.
 func (g *groupCommitter) loneOf(m *member) (*loneWrite, []any, bool) {
-	req, queued := m.lease.req, m.lease.writes.queued.QueuedQueries
+	queued := m.lease.writes.queued.QueuedQueries
 	switch len(queued) {
 	case 0:
 		return g.lone.of(""), nil, true
@@ -219,7 +221,7 @@ func (g *groupCommitter) loneOf(m *member) (*loneWrite, []any, bool) {
 		if lw == nil {
 			return nil, nil, false
 		}
-		write, ok := lw.args(queued[0].Arguments, []byte(req.Scope), req.Key)
+		write, ok := lw.args(queued[0].Arguments, m.lease.ref)
 		return lw, write, ok
 	}
 	return nil, nil, false

@@ -138,7 +138,7 @@ func TestLoneCommit(t *testing.T) {
 			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
 				cond, _ := b.Guard(3)
 				_, _ = b.Exec(context.Background(), "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond,
-					rand.Text(), []byte(b.Ref().Scope), []byte(b.Ref().Scope), "another key")
+					rand.Text(), []byte(b.Ref().Scope), []byte(b.Ref().Scope), "another key", b.Ref().ClaimedAt)
 			}},
 			statements: 3, writes: 0,
 		},

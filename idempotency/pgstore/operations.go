@@ -75,8 +75,8 @@ func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) (
 		return nil, err
 	}
 	var out []StuckKey
-	for _, q := range parts {
-		rows, err := q(s.pool).IdempotencyKeyListStuck(ctx, keydb.IdempotencyKeyListStuckParams{
+	for _, part := range parts {
+		rows, err := part.queries(s.pool).IdempotencyKeyListStuck(ctx, keydb.IdempotencyKeyListStuckParams{
 			OlderThanSeconds: olderThan.Seconds(), MaxRows: int32(limit),
 		})
 		if err != nil {
@@ -98,8 +98,8 @@ func (s *Store) CountExpired(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	var total int64
-	for _, q := range parts {
-		n, err := q(s.pool).IdempotencyKeyCountExpired(ctx)
+	for _, part := range parts {
+		n, err := part.queries(s.pool).IdempotencyKeyCountExpired(ctx)
 		if err != nil {
 			return total, Translate(err)
 		}

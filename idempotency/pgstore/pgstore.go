@@ -264,8 +264,11 @@ func (s *Store) claimTx(ctx context.Context, req idempotency.ClaimRequest) (*txL
 
 // statementSlack is what a claim statement may take beyond its lock
 // waits: on a loaded server a statement that blocks on nothing can still
-// take some milliseconds, and must not be mistaken for an in-flight key.
-const statementSlack = 200 * time.Millisecond
+// take a few hundred milliseconds (its first run on a connection is
+// prepared, one more round trip), and must not be mistaken for an
+// in-flight key, nor for a database that is down. The store contract
+// allows a claim at most 600 ms beyond its wait (storetest).
+const statementSlack = 300 * time.Millisecond
 
 // waitMillis is a wait in whole milliseconds for lock_timeout, at least 1:
 // 0 would mean no bound at all.
@@ -522,8 +525,8 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 		return 0, err
 	}
 	var total int64
-	for _, q := range parts {
-		q := q(replanned{conn})
+	for _, part := range parts {
+		q := part.queries(replanned{conn})
 		for {
 			n, err := q.IdempotencyKeyPurgeExpired(ctx, int32(batch))
 			total += n
@@ -541,29 +544,41 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 	return total, nil
 }
 
-// partitions returns, for each partition of the key table (or for the
-// table itself when it is not partitioned), its statements on a DBTX: the
-// operator's statements (purge, statistics, stuck keys) run partition by
-// partition, each reading one partition's indexes, as they would have to
-// shard by shard on a database sharded by tenant.
-func (s *Store) partitions(ctx context.Context, db keydb.DBTX) ([]func(keydb.DBTX) *keydb.Queries, error) {
-	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_partition_tree($1::regclass) t
-		JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf AND t.level > 0 ORDER BY c.relname`, s.table)
+// keyTable is the key table, or one partition of it, to run statements on.
+type keyTable struct {
+	name    string // quoted as an identifier, schema-qualified if a partition
+	queries func(keydb.DBTX) *keydb.Queries
+}
+
+// partitions returns each partition of the key table (or the table itself
+// when it is not partitioned): the operator's statements (purge,
+// statistics, stuck keys) run partition by partition, each reading one
+// partition's indexes, as they would have to shard by shard on a database
+// sharded by tenant. A partition's name comes from the catalog, where
+// whoever created it chose it, so it goes into SQL quoted.
+func (s *Store) partitions(ctx context.Context, db keydb.DBTX) ([]keyTable, error) {
+	rows, err := db.Query(ctx, `SELECT n.nspname, c.relname FROM pg_partition_tree($1::regclass) t
+		JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE t.isleaf AND t.level > 0 ORDER BY n.nspname, c.relname`, s.table)
 	if err != nil {
 		return nil, Translate(fmt.Errorf("list the key table's partitions: %w", err))
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
+		var schema, name string
+		err := row.Scan(&schema, &name)
+		return pgx.Identifier{schema, name}.Sanitize(), err
+	})
 	if err != nil {
 		return nil, Translate(fmt.Errorf("list the key table's partitions: %w", err))
 	}
 	if len(names) == 0 {
-		return []func(keydb.DBTX) *keydb.Queries{s.queries}, nil
+		return []keyTable{{name: pgx.Identifier{s.table}.Sanitize(), queries: s.queries}}, nil
 	}
-	out := make([]func(keydb.DBTX) *keydb.Queries, 0, len(names))
+	out := make([]keyTable, 0, len(names))
 	for _, name := range names {
 		v, _ := s.partitionRenamers.LoadOrStore(name, &renamer{to: name})
 		r := v.(*renamer)
-		out = append(out, func(d keydb.DBTX) *keydb.Queries { return keydb.New(renamed{d, r}) })
+		out = append(out, keyTable{name: name, queries: func(d keydb.DBTX) *keydb.Queries { return keydb.New(renamed{d, r}) }})
 	}
 	return out, nil
 }
@@ -593,8 +608,8 @@ func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 		return idempotency.Stats{}, err
 	}
 	var st idempotency.Stats
-	for _, q := range parts {
-		row, err := q(replanned{s.pool}).IdempotencyKeyStats(ctx)
+	for _, part := range parts {
+		row, err := part.queries(replanned{s.pool}).IdempotencyKeyStats(ctx, part.name)
 		if err != nil {
 			return idempotency.Stats{}, Translate(fmt.Errorf("key stats: %w", err))
 		}

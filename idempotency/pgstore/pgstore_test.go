@@ -2,10 +2,12 @@ package pgstore_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -203,4 +205,107 @@ func TestTranslate(t *testing.T) {
 			require.ErrorAs(t, err, &pgErr, "the driver's error stays in the chain for the log")
 		})
 	}
+}
+
+// TestGuardIsTheClaimsOwn checks that a Batch's guard holds only for the
+// key row of its very claim. xmin, the inserting transaction's id, is 32
+// bits and comes round again after about four billion transactions, so a
+// key row left by an older transaction can carry this transaction's xid;
+// no test can wait for that, so the row here is one that this very
+// transaction inserted for the key, at another time than the claim's.
+func TestGuardIsTheClaimsOwn(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.Pool(t)
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err, "open the store")
+	req := idempotency.ClaimRequest{Scope: "guard-" + rand.Text(), Key: rand.Text(), Method: "POST", Route: "/widgets", TTL: time.Hour, Wait: time.Second}
+	lease, rec, err := store.Deferred().Claim(ctx, req)
+	require.NoError(t, err, "claim")
+	require.Nil(t, rec, "a new key has no record")
+	t.Cleanup(func() { _ = lease.Rollback(context.WithoutCancel(ctx)) })
+	cond, args := lease.Unit().Guard(1)
+
+	for _, tc := range []struct {
+		name      string
+		createdAt time.Time
+		holds     bool
+	}{
+		{"the claim's own row", lease.Ref().ClaimedAt, true},
+		{"a row of the key from another time", lease.Ref().ClaimedAt.Add(-time.Hour), false},
+	} {
+		var holds bool
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
+				VALUES ($1, $2, sha256('x'), 'POST', '/widgets', 'processing', $3, $3::timestamptz + interval '1 hour')`,
+				[]byte(req.Scope), req.Key, tc.createdAt); err != nil {
+				return fmt.Errorf("insert the key row: %w", err)
+			}
+			if err := tx.QueryRow(ctx, "SELECT "+cond, args...).Scan(&holds); err != nil {
+				return fmt.Errorf("evaluate the guard: %w", err)
+			}
+			return errRollBack
+		})
+		require.ErrorIs(t, err, errRollBack, "%s", tc.name)
+		require.Equal(t, tc.holds, holds, "%s: the guard holds", tc.name)
+	}
+}
+
+// errRollBack ends a pgx.BeginFunc in a rollback.
+var errRollBack = errors.New("roll back")
+
+// TestPartitionNamesAreQuoted checks the operator's statements, which run
+// partition by partition, on a key table whose partitions have names that
+// are no plain identifiers, one of them in another schema: the names come
+// from the catalog and go into SQL quoted.
+func TestPartitionNamesAreQuoted(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, pool := testdb.Empty(t)
+	const table = "quoted_keys"
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{Table: table}), "migrate")
+	for _, sql := range []string{
+		`ALTER TABLE quoted_keys RENAME TO quoted_keys_plain`,
+		`CREATE TABLE quoted_keys (LIKE quoted_keys_plain INCLUDING ALL) PARTITION BY HASH (scope)`,
+		`DROP TABLE quoted_keys_plain`,
+		`CREATE TABLE "Keys ""0""; DROP TABLE quoted_keys; --" PARTITION OF quoted_keys FOR VALUES WITH (MODULUS 2, REMAINDER 0)`,
+		`CREATE SCHEMA "odd schema"`,
+		`CREATE TABLE "odd schema"."keys 1" PARTITION OF quoted_keys FOR VALUES WITH (MODULUS 2, REMAINDER 1)`,
+		// Expired, processing for an hour, and fresh keys, in both partitions.
+		`INSERT INTO quoted_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
+		                          response_status, response_body, created_at, completed_at, expires_at)
+		 SELECT uuid_send(gen_random_uuid()), g::text, sha256(g::text::bytea), 'POST', '/widgets', s.status,
+		        CASE WHEN s.status = 'completed' THEN 201 END, CASE WHEN s.status = 'completed' THEN '\x7b7d'::bytea END,
+		        now() - interval '1 hour', CASE WHEN s.status = 'completed' THEN now() END,
+		        CASE WHEN g % 3 = 2 THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END
+		 FROM generate_series(1, 30) g, LATERAL (SELECT CASE WHEN g % 3 = 1 THEN 'processing' ELSE 'completed' END AS status) s`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, "%s", sql)
+	}
+	var parts []int
+	rows, err := pool.Query(ctx, `SELECT count(*) FROM quoted_keys GROUP BY tableoid ORDER BY tableoid`)
+	require.NoError(t, err, "rows per partition")
+	parts, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(t, err, "rows per partition")
+	require.Len(t, parts, 2, "partitions holding keys")
+
+	store, err := pgstore.New(pool, pgstore.Options{Table: table})
+	require.NoError(t, err, "open the store")
+	stats, err := store.KeyStats(ctx)
+	require.NoError(t, err, "key statistics")
+	require.Equal(t, int64(10), stats.Processing, "processing keys")
+	require.Equal(t, int64(20), stats.Completed, "completed keys")
+	stuck, err := store.Stuck(ctx, time.Minute, 100)
+	require.NoError(t, err, "stuck keys")
+	require.Len(t, stuck, 10, "keys processing for an hour")
+	expired, err := store.CountExpired(ctx)
+	require.NoError(t, err, "count expired keys")
+	require.Equal(t, int64(10), expired, "expired keys")
+	purged, err := store.PurgeExpired(ctx, 3)
+	require.NoError(t, err, "purge")
+	require.Equal(t, int64(10), purged, "keys purged")
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM quoted_keys").Scan(&left), "count keys left")
+	require.Equal(t, 20, left, "keys left")
 }

@@ -323,7 +323,7 @@ func testConcurrentClaimWaits[U any](t *testing.T, b *bundle[U]) {
 // back), still returns within about Wait, not Wait per holder.
 func testWaitBoundedAcrossHolders[U any](t *testing.T, b *bundle[U]) {
 	store, scope := b.open(t)
-	const wait = 800 * time.Millisecond
+	const wait = time.Second
 	req := claimRequest(scope, newKey(), fingerprint("POST /widgets chain"))
 	req.Wait = wait
 
@@ -344,6 +344,8 @@ func testWaitBoundedAcrossHolders[U any](t *testing.T, b *bundle[U]) {
 		switch {
 		case r.lease != nil:
 			takeover = &r
+			// A failure below must not leave the lease's connection held.
+			t.Cleanup(func() { _ = r.lease.Rollback(context.Background()) })
 		case errors.Is(r.err, idempotency.ErrInFlight):
 			gaveUp = &r
 		default:
@@ -352,10 +354,10 @@ func testWaitBoundedAcrossHolders[U any](t *testing.T, b *bundle[U]) {
 	}
 	require.NotNil(t, takeover, "one waiter takes the freed key over")
 	require.NotNil(t, gaveUp, "the other waits behind the new holder and gives up")
-	// Per-holder budgets would make this wait*3/4 + wait; stores may take
-	// a little slack for the claim statement itself.
-	require.Less(t, gaveUp.elapsed, wait+450*time.Millisecond, "the wait budget is for the whole claim, not per holder")
-	require.NoError(t, takeover.lease.Rollback(b.ctx))
+	// Per-holder budgets would make this wait*3/4 + wait (1.75 s); stores
+	// may take some slack for the claim statement itself, and a busy
+	// machine some more.
+	require.Less(t, gaveUp.elapsed, wait+600*time.Millisecond, "the wait budget is for the whole claim, not per holder")
 }
 
 // Wait bounds the claim only: once a lease is granted, its writes may wait

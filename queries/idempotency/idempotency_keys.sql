@@ -65,6 +65,8 @@ WHERE k.scope = expired.scope AND k.idempotency_key = expired.idempotency_key;
 -- then (reltuples = -1: never, where autovacuum is off) the statistics
 -- system's live-row count, so that a large table never analyzed is not
 -- counted row by row on every scrape (TestKeyStatsDoNotCountALargeTable).
+-- key_table names the table (or the partition) the statement reads, as a
+-- quoted identifier.
 SELECT
     (SELECT count(*) FROM idempotency_keys WHERE status = 'processing')::bigint AS processing,
     (CASE WHEN e.rows < 100000 THEN (SELECT count(*) FROM idempotency_keys)
@@ -77,7 +79,7 @@ CROSS JOIN LATERAL (
     SELECT (CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint
                  ELSE pg_catalog.pg_stat_get_live_tuples(c.oid) END)::bigint AS rows
 ) e
-WHERE c.oid = 'idempotency_keys'::regclass;
+WHERE c.oid = to_regclass(@key_table::text);
 
 -- name: IdempotencyKeyGet :one
 SELECT * FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2;
