@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -73,13 +74,16 @@ func (s *Statements) add(sql string, args []any) {
 }
 
 // PartitionsTouched explains every recorded statement that reads or
-// writes a partitioned table, as a generic plan (plan_cache_mode =
-// force_generic_plan: what a prepared statement settles on, where the
-// account is a parameter, not a constant), and returns how many it
-// explained and, for each statement whose plan keeps more than one
-// partition of a table, its name and how many. A plan that prunes to one
-// partition at executor start keeps one; an INSERT routes each row to its
-// partition and keeps none.
+// writes a partitioned table as a generic plan, the one a prepared
+// statement settles on, where the account is a parameter rather than a
+// constant: each is prepared (PREPARE, as pgx prepares it) and explained
+// as EXPLAIN EXECUTE with its recorded arguments under plan_cache_mode =
+// force_generic_plan. (EXPLAIN of the statement itself with bound
+// arguments plans with their values filled in, which proves nothing about
+// the generic plan.) It returns how many it explained and, for each
+// statement whose plan keeps more than one partition of a table, its name
+// and how many. A plan that prunes to one partition at executor start
+// keeps one; an INSERT routes each row to its partition and keeps none.
 func (s *Statements) PartitionsTouched(t testing.TB, pool *pgxpool.Pool) (checked int, wide []string) {
 	t.Helper()
 	ctx := context.Background()
@@ -120,9 +124,9 @@ func (s *Statements) PartitionsTouched(t testing.TB, pool *pgxpool.Pool) (checke
 		if !touchesAny(sql, parents) || !explainable(sql) {
 			continue
 		}
-		var plan []byte
-		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, statements[sql]...).Scan(&plan); err != nil {
-			t.Errorf("testdb: EXPLAIN %s: %v", oneLine(sql), err)
+		plan, err := explainGeneric(ctx, conn.Conn(), fmt.Sprintf("touched_%d", checked), sql, statements[sql])
+		if err != nil {
+			t.Errorf("testdb: explain the generic plan of %s: %v", oneLine(sql), err)
 			continue
 		}
 		checked++
@@ -133,6 +137,50 @@ func (s *Statements) PartitionsTouched(t testing.TB, pool *pgxpool.Pool) (checke
 		}
 	}
 	return checked, wide
+}
+
+// explainGeneric prepares sql as name and explains its execution with args
+// (under plan_cache_mode = force_generic_plan, the generic plan), then
+// deallocates it.
+func explainGeneric(ctx context.Context, conn *pgx.Conn, name, sql string, args []any) ([]byte, error) {
+	desc, err := conn.Prepare(ctx, name, sql)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = conn.Deallocate(ctx, name) }()
+	// pgx takes options (a QueryExecMode, for one) among the arguments.
+	var values []any
+	for _, a := range args {
+		switch a.(type) {
+		case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID, pgx.QueryRewriter:
+			continue
+		}
+		values = append(values, a)
+	}
+	if len(values) != len(desc.ParamOIDs) {
+		return nil, fmt.Errorf("%d arguments recorded for %d parameters", len(values), len(desc.ParamOIDs))
+	}
+	// EXECUTE takes its arguments as expressions, not as the parameters of
+	// the statement that runs it: each goes as a literal of its text form,
+	// which EXECUTE casts to its parameter's type.
+	literals := make([]string, len(values))
+	for i, v := range values {
+		text, err := conn.TypeMap().Encode(desc.ParamOIDs[i], pgtype.TextFormatCode, v, nil)
+		if err != nil {
+			return nil, fmt.Errorf("argument %d: %w", i+1, err)
+		}
+		literals[i] = "NULL"
+		if text != nil {
+			literals[i] = "'" + strings.ReplaceAll(string(text), "'", "''") + "'"
+		}
+	}
+	explain := "EXPLAIN (FORMAT JSON) EXECUTE " + pgx.Identifier{name}.Sanitize()
+	if len(literals) > 0 {
+		explain += "(" + strings.Join(literals, ", ") + ")"
+	}
+	var plan []byte
+	err = conn.QueryRow(ctx, explain).Scan(&plan)
+	return plan, err
 }
 
 // touchesAny reports whether sql names one of the partitioned tables.
