@@ -27,6 +27,7 @@ type config struct {
 	// GroupCommitByAccount merges only one account's deferred commits.
 	GroupCommitByAccount bool
 	RedisURL             string
+	RedisSecret          []byte
 	Addr                 string
 	MetricsAddr          string
 	TTL                  time.Duration
@@ -117,6 +118,12 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		bad("--demo-api-key (ONCEKEY_DEMO_API_KEY) is not a full-strength key (ok_ and 43 base64url characters, 256 random bits): anyone may guess it. " +
 			"Make one with `echo ok_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d =)`, or set --allow-weak-demo-api-key (ONCEKEY_ALLOW_WEAK_DEMO_API_KEY) on a throwaway setup")
 	}
+	if s.RedisSecret != "" && len(s.RedisSecret) < 32 {
+		bad("--redis-secret (ONCEKEY_REDIS_SECRET) has %d characters: give it 32 or more, such as `openssl rand -hex 32`", len(s.RedisSecret))
+	}
+	if s.RedisSecret != "" && s.RedisURL == "" {
+		bad("--redis-secret (ONCEKEY_REDIS_SECRET) is given without --redis-url (REDIS_URL): it authenticates what is cached in Redis")
+	}
 	if s.DatabaseReplicaURL != "" && s.DatabaseURL == "" {
 		bad("--database-replica-url (DATABASE_REPLICA_URL) needs --database-url (DATABASE_URL): it is a replica of that database")
 	}
@@ -128,7 +135,7 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		demo = DemoAPIKey
 	}
 	return config{
-		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, GroupCommitByAccount: s.GroupCommitByAccount, RedisURL: s.RedisURL, Addr: s.Addr, MetricsAddr: s.MetricsAddr,
+		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, GroupCommitByAccount: s.GroupCommitByAccount, RedisURL: s.RedisURL, RedisSecret: []byte(s.RedisSecret), Addr: s.Addr, MetricsAddr: s.MetricsAddr,
 		TTL: s.TTL, Wait: s.Wait, MaxBodyBytes: s.MaxBodyBytes,
 		RequestTimeout: s.RequestTimeout, ShutdownTimeout: s.ShutdownTimeout,
 		CleanupInterval: s.CleanupInterval, CleanupBatch: s.CleanupBatch,

@@ -348,9 +348,12 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		defer rdb.Close()
 		// No ping: Redis being down at start only costs speed, and the
 		// client reconnects by itself when it comes back.
-		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey:", Observer: m})
+		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey:", Observer: m, Secret: cfg.RedisSecret})
 		keys, writeKeys = redisstore.Wrap(fast, keys), redisstore.Wrap(fast, writeKeys)
 		log.Info("idempotency fast path: Redis")
+		if len(cfg.RedisSecret) == 0 {
+			log.Warn("ONCEKEY_REDIS_SECRET is not set: this process authenticates its Redis records with a random secret, so other replicas' cached responses are misses here")
+		}
 	}
 	if cfg.RecordCacheSize > 0 {
 		// In front of Redis too: a replay of a key this replica has seen

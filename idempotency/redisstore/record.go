@@ -19,17 +19,18 @@ import (
 //	created_at  8 bytes, Unix nanoseconds, big endian
 //	expires_at  8 bytes, Unix nanoseconds, big endian
 //	headers     uvarint count, then count × (uvarint len, name, uvarint len, value)
-//	body        the rest, exact bytes
+//	body        exact bytes
+//	tag         32 bytes, HMAC-SHA256 of the Redis key and all of the above (seal.go)
 //
 // The format byte changes with the layout; a record in any other format is
 // treated as absent and replaced by the next read-through.
-const recordFormat byte = 2
+const recordFormat byte = 3
 
 // errRecordFormat is a cached value this replica cannot read.
 var errRecordFormat = errors.New("redisstore: cached record in an unknown format")
 
 func encodeRecord(rec *idempotency.Record) []byte {
-	n := 1 + len(rec.Fingerprint) + 2 + 8 + 8 + binary.MaxVarintLen64 + len(rec.Response.Body)
+	n := 1 + len(rec.Fingerprint) + 2 + 8 + 8 + binary.MaxVarintLen64 + len(rec.Response.Body) + macSize
 	pairs := 0
 	for name, values := range rec.Response.Header {
 		for _, v := range values {

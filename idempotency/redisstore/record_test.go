@@ -67,3 +67,33 @@ func TestRecordEncoding(t *testing.T) {
 		})
 	}
 }
+
+// TestSealedRecordOpensOnlyUnchanged checks the tag: a sealed record opens
+// under its secret and key, and under no other secret or key, nor with any
+// one byte of it changed or cut off.
+func TestSealedRecordOpensOnlyUnchanged(t *testing.T) {
+	t.Parallel()
+	record := []byte{recordFormat, 1, 2, 3, 4, 5}
+	s := newSealer([]byte("the secret"))
+	sealed := s.seal("k:{00}:1:rec", append([]byte(nil), record...))
+
+	got, ok := s.open("k:{00}:1:rec", sealed)
+	require.True(t, ok, "the sealed record under its own key")
+	require.Equal(t, record, got, "the record opened")
+	_, ok = s.open("k:{01}:1:rec", sealed)
+	require.False(t, ok, "under another key")
+	_, ok = newSealer([]byte("another secret")).open("k:{00}:1:rec", sealed)
+	require.False(t, ok, "under another secret")
+	_, ok = newSealer(nil).open("k:{00}:1:rec", sealed)
+	require.False(t, ok, "under a random secret")
+	for i := range sealed {
+		changed := append([]byte(nil), sealed...)
+		changed[i] ^= 1
+		_, ok := s.open("k:{00}:1:rec", changed)
+		require.False(t, ok, "byte %d changed", i)
+	}
+	for n := range len(sealed) {
+		_, ok := s.open("k:{00}:1:rec", sealed[:n])
+		require.False(t, ok, "cut to %d bytes", n)
+	}
+}

@@ -41,9 +41,11 @@ import (
 
 // Observer receives what the fast path did, for metrics.
 type Observer interface {
-	// Redis reports a look-up: "hit", "miss", "error", or "skipped" while
-	// the breaker keeps requests off Redis. A request that waits on
-	// another's marker reports one result for its whole wait.
+	// Redis reports a look-up: "hit", "miss", "error", "rejected" (a
+	// record whose tag did not verify: forged, or sealed under another
+	// Secret), or "skipped" while the breaker keeps requests off Redis. A
+	// request that waits on another's marker reports one result for its
+	// whole wait.
 	Redis(result string)
 	// Fallback reports a request that went to the durable store because
 	// Redis failed (or was left alone) somewhere on its way; once per
@@ -81,6 +83,14 @@ type Config struct {
 	// Observer, optional, receives each look-up's result and each fallback
 	// to the durable store, for metrics; nil reports nothing.
 	Observer Observer
+	// Secret authenticates every cached record (HMAC-SHA256 over the
+	// record and its Redis key), so that whatever else can write to the
+	// Redis cannot forge a replay: a record that does not verify is read
+	// through from the durable store. Give every process that shares the
+	// cache the same secret, 32 random bytes or more. When empty, New
+	// draws one at random, and the cache serves each process only the
+	// records it wrote itself.
+	Secret []byte
 }
 
 // Store is the Redis fast path: a client and its settings, put in front of
@@ -95,6 +105,7 @@ type Store struct {
 	reads   redis.Cmdable
 	cfg     Config
 	breaker *breaker
+	sealer  *sealer
 }
 
 // autoPipelined is a client that can pipeline concurrent commands by itself
@@ -123,7 +134,8 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	s := &Store{rdb: rdb, reads: rdb, cfg: cfg, breaker: newBreaker(rdb, cfg)}
+	s := &Store{rdb: rdb, reads: rdb, cfg: cfg, breaker: newBreaker(rdb, cfg), sealer: newSealer(cfg.Secret)}
+	s.cfg.Secret = nil // kept only in the sealer
 	if c, ok := rdb.(autoPipelined); ok {
 		// Closed with the client.
 		if ap, err := c.AutoPipeline(); err == nil {
@@ -318,9 +330,9 @@ func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (
 	switch {
 	case errors.Is(err, errUnusableRecord):
 		// A record is there that this replica cannot use (another
-		// version's format, or expired by this replica's clock): nobody
-		// holds the key on its account, so the database answers, and its
-		// read-through replaces the record.
+		// version's format, a tag that does not verify, or expired by this
+		// replica's clock): nobody holds the key on its account, so the
+		// database answers, and its read-through replaces the record.
 	case errors.Is(err, errBreakerOpen):
 		s.cfg.Observer.Redis(resultSkipped)
 		redisFailed = true
@@ -413,10 +425,11 @@ const dbFloor = 100 * time.Millisecond
 
 // Results of a Redis look-up, as reported to the Observer.
 const (
-	resultHit     = "hit"
-	resultMiss    = "miss"
-	resultError   = "error"
-	resultSkipped = "skipped"
+	resultHit      = "hit"
+	resultMiss     = "miss"
+	resultError    = "error"
+	resultRejected = "rejected"
+	resultSkipped  = "skipped"
 )
 
 // cached returns the record cached under recKey, if any and not expired,
@@ -436,11 +449,19 @@ func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record,
 	case err != nil:
 		return nil, resultError
 	}
-	return decodeCached(raw)
+	return s.decodeCached(recKey, raw)
 }
 
-// decodeCached reads a cached record, and what the look-up found.
-func decodeCached(raw []byte) (*idempotency.Record, string) {
+// decodeCached reads the record cached under recKey, and what the look-up
+// found.
+func (s *Store) decodeCached(recKey string, raw []byte) (*idempotency.Record, string) {
+	if len(raw) == 0 || raw[0] != recordFormat {
+		return nil, resultMiss // another version's record: read through again
+	}
+	raw, ok := s.sealer.open(recKey, raw)
+	if !ok {
+		return nil, resultRejected
+	}
 	rec, err := decodeRecord(raw)
 	switch {
 	case errors.Is(err, errRecordFormat):
@@ -462,7 +483,7 @@ func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Recor
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	err := s.breaker.do(ctx, func() error { return s.rdb.Set(ctx, recKey, encodeRecord(rec), ttl).Err() })
+	err := s.breaker.do(ctx, func() error { return s.rdb.Set(ctx, recKey, s.sealer.seal(recKey, encodeRecord(rec)), ttl).Err() })
 	if err != nil && !errors.Is(err, errBreakerOpen) {
 		s.cfg.Observer.Redis(resultError)
 	}
@@ -487,7 +508,8 @@ var errUnusableRecord = errors.New("redisstore: cached record unusable here")
 
 // takeMarker runs takeMarkerScript: the record if it appeared meanwhile, or
 // whether the marker is now ours; errUnusableRecord if a record is there
-// that this replica cannot read or that has expired by its clock.
+// that this replica cannot read or verify, or that has expired by its
+// clock.
 func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string) (*idempotency.Record, bool, error) {
 	var res []any
 	err := s.breaker.do(ctx, func() (err error) {
@@ -501,7 +523,7 @@ func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string)
 		return nil, false, fmt.Errorf("redisstore: take marker answered %d values", len(res))
 	}
 	if raw, ok := res[0].(string); ok {
-		if rec, _ := decodeCached([]byte(raw)); rec != nil {
+		if rec, _ := s.decodeCached(recKey, []byte(raw)); rec != nil {
 			return rec, false, nil
 		}
 		return nil, false, errUnusableRecord
@@ -534,7 +556,7 @@ func (s *Store) release(ctx context.Context, recKey, markerKey, token string, ou
 	var ttl int64
 	if rec != nil {
 		if ttl = cacheTTL(rec).Milliseconds(); ttl > 0 {
-			raw = encodeRecord(rec)
+			raw = s.sealer.seal(recKey, encodeRecord(rec))
 		}
 	}
 	ctx = context.WithoutCancel(ctx)

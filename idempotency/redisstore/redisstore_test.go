@@ -111,7 +111,7 @@ func (c *counting) Claim(ctx context.Context, req idempotency.ClaimRequest) (ide
 
 // observed counts what the fast path reports.
 type observed struct {
-	hit, miss, errs, fallbacks, trips atomic.Int64
+	hit, miss, errs, rejected, fallbacks, trips atomic.Int64
 }
 
 func (o *observed) Redis(result string) {
@@ -122,6 +122,8 @@ func (o *observed) Redis(result string) {
 		o.miss.Add(1)
 	case "error":
 		o.errs.Add(1)
+	case "rejected":
+		o.rejected.Add(1)
 	}
 }
 func (o *observed) Fallback() { o.fallbacks.Add(1) }
@@ -379,4 +381,75 @@ func TestUnusableCachedRecordIsReplaced(t *testing.T) {
 	require.NoError(t, err, "claim after the read-through")
 	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replayed body")
 	require.EqualValues(t, 1, inner.claims.Load(), "the read-through replaced the record: Redis answered")
+}
+
+// TestForgedRecordsAreNotReplayed checks that what else can write to the
+// Redis cannot make the fast path replay a response of its making: a
+// record sealed under another secret, or one scope's record copied to
+// another scope's key, is rejected and read through from PostgreSQL, which
+// then replaces it. Processes that share the secret share the records.
+func TestForgedRecordsAreNotReplayed(t *testing.T) {
+	t.Parallel()
+	rdb := sharedRedis(t)
+	ctx := context.Background()
+	secret := []byte(rand.Text() + rand.Text())
+	inner := &counting{Store: pgStore(t)}
+	obs := &observed{}
+	fast := redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: obs})
+	store := redisstore.Wrap(fast, idempotency.Store[pgx.Tx](inner))
+	commit := func(s idempotency.Store[pgx.Tx], scope, body string) {
+		t.Helper()
+		lease, rec, err := s.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "claim %s", scope)
+		require.Nil(t, rec, "a new key of %s", scope)
+		require.NoError(t, lease.Commit(ctx, resp201(body)), "commit %s", scope)
+	}
+
+	t.Run("sealed under another secret", func(t *testing.T) {
+		scope := rand.Text()
+		forger := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: []byte("not the service's secret at all")}), memstore.New())
+		lease, _, err := forger.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "the forger's claim")
+		require.NoError(t, lease.Commit(ctx, resp201(`{"forged":true}`)), "the forger caches its record")
+
+		lease2, rec, err := store.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "claim over the forged record")
+		require.Nil(t, rec, "the forged record replayed: %+v", rec)
+		require.NotNil(t, lease2, "a new key runs its operation")
+		require.NoError(t, lease2.Commit(ctx, resp201(`{"real":1}`)), "commit")
+		require.EqualValues(t, 1, obs.rejected.Load(), "look-ups that rejected a record")
+		_, rec, err = store.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "replay")
+		require.Equal(t, `{"real":1}`, string(rec.Response.Body), "the record that replaced the forged one")
+	})
+
+	t.Run("another scope's record copied", func(t *testing.T) {
+		victim, other := rand.Text(), rand.Text()
+		commit(inner, victim, `{"owner":"victim"}`) // through PostgreSQL alone: nothing cached
+		commit(store, other, `{"owner":"other"}`)
+		otherKey, _ := fast.KeyNames(other, "k")
+		victimKey, _ := fast.KeyNames(victim, "k")
+		raw, err := rdb.Get(ctx, otherKey).Bytes()
+		require.NoError(t, err, "the other scope's cached record")
+		require.NoError(t, rdb.Set(ctx, victimKey, raw, time.Minute).Err(), "copy it to the victim's key")
+
+		before := obs.rejected.Load()
+		_, rec, err := store.Claim(ctx, claimReq(victim, "k"))
+		require.NoError(t, err, "the victim's replay")
+		require.Equal(t, `{"owner":"victim"}`, string(rec.Response.Body), "the victim's own record, from PostgreSQL")
+		require.Equal(t, before+1, obs.rejected.Load(), "look-ups that rejected a record")
+	})
+
+	t.Run("replicas share the secret and the records", func(t *testing.T) {
+		scope := rand.Text()
+		commit(store, scope, `{"shared":true}`)
+		replicaObs := &observed{}
+		replica := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: replicaObs}), idempotency.Store[pgx.Tx](inner))
+		claims := inner.claims.Load()
+		_, rec, err := replica.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "the replica's replay")
+		require.Equal(t, `{"shared":true}`, string(rec.Response.Body), "the replayed body")
+		require.Equal(t, claims, inner.claims.Load(), "the replica's replay came from Redis")
+		require.Zero(t, replicaObs.rejected.Load(), "records rejected by a replica with the same secret")
+	})
 }

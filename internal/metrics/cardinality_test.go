@@ -140,7 +140,7 @@ func TestLabelCardinality(t *testing.T) {
 					return slices.ContainsFunc(allOutcomes, func(o idempotency.Outcome) bool { return string(o) == v })
 				},
 				"result": func(v string) bool { // cleanup runs; Redis look-ups
-					return slices.Contains([]string{"ok", "error", "skipped", "hit", "miss"}, v)
+					return slices.Contains([]string{"ok", "error", "skipped", "hit", "miss", "rejected"}, v)
 				},
 				"status": func(v string) bool { return v == "processing" || v == "completed" },
 				"kind":   func(v string) bool { return slices.Contains([]string{"charge", "refund", "payment"}, v) },
@@ -200,7 +200,7 @@ func TestExportedFamilies(t *testing.T) {
 	sort.Strings(got)
 	require.Equal(t, exported, got, "the oncekey_* families of a served PostgreSQL deployment")
 	// Without Redis in front of the store, its series exist at zero.
-	for _, r := range []string{"hit", "miss", "error"} {
+	for _, r := range []string{"hit", "miss", "error", "rejected"} {
 		require.Zero(t, f.value(t, "oncekey_redis_requests_total", "result", r), "Redis look-ups with result %s without Redis", r)
 	}
 	require.Zero(t, f.value(t, "oncekey_redis_fallbacks_total"), "Redis fallbacks without Redis")
