@@ -29,14 +29,14 @@ build: ## build bin/oncekey and bin/fakeprovider (the sandbox payment provider)
 	$(GO) build -buildvcs=auto -o bin/fakeprovider ./cmd/fakeprovider
 
 .PHONY: generate
-generate: ## regenerate gen/api (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/
+generate: ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/
 	$(GO) generate ./...
 
 .PHONY: verify
 verify: generate/check verify/example sdk/check docs/check docs/images/check lint lint/spec api/breaking vulncheck ## fail if anything generated or vendored or a picture in docs/img is stale, the contract breaks clients or fails its linter, or the code is not vetted, formatted and tidy
 
 .PHONY: sdk
-sdk: generate ## regenerate both SDKs: the Go client (gen/api) and the TypeScript types (sdk/typescript/src/schema.d.ts)
+sdk: generate ## regenerate both SDKs: the Go client (gen/api, gen/apiclient) and the TypeScript types (sdk/typescript/src/schema.d.ts)
 	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent generate
 
 .PHONY: sdk/check

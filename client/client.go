@@ -24,6 +24,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiclient"
 )
 
 // Config configures a Client. BaseURL and APIKey are required.
@@ -47,7 +48,7 @@ type Config struct {
 
 // Client calls Oncekey.
 type Client struct {
-	api *api.Client
+	api *apiclient.Client
 	cfg Config
 }
 
@@ -71,9 +72,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.NewKey == nil {
 		cfg.NewKey = uuid.NewString
 	}
-	c, err := api.NewClient(cfg.BaseURL,
-		api.WithHTTPClient(cfg.HTTPClient),
-		api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
+	c, err := apiclient.NewClient(cfg.BaseURL,
+		apiclient.WithHTTPClient(cfg.HTTPClient),
+		apiclient.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
 			r.Header.Set("Authorization", "Bearer "+cfg.APIKey)
 			return nil
 		}))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/oncekey/oncekey/client"
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiclient"
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
@@ -115,7 +116,7 @@ type testBundle struct {
 	// metrics are the service's own, which count what each operation did.
 	metrics *metrics.Metrics
 	// api calls the service without the SDK, for what it has no method for.
-	api *api.ClientWithResponses
+	api *apiclient.ClientWithResponses
 	// backend and account are the service's store and the client's account.
 	backend store.Backend
 	account uuid.UUID
@@ -167,11 +168,11 @@ func start(t *testing.T, backend store.Backend, cfg httpapi.Config, script ...fa
 
 	creds, err := auth.CreateAccount(context.Background(), backend, "sdk-"+t.Name(), "")
 	require.NoError(t, err)
-	bearer := api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
+	bearer := apiclient.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
 		r.Header.Set("Authorization", "Bearer "+creds.APIKey)
 		return nil
 	})
-	raw, err := api.NewClientWithResponses(srv.URL, bearer)
+	raw, err := apiclient.NewClientWithResponses(srv.URL, bearer)
 	require.NoError(t, err)
 	c, err := client.New(client.Config{
 		BaseURL: srv.URL, APIKey: creds.APIKey,

@@ -4,10 +4,11 @@ import (
 	"context"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiserver"
 	"github.com/oncekey/oncekey/internal/ledger"
 )
 
-func (h *handlers) CreateBonusCredit(ctx context.Context, req api.CreateBonusCreditRequestObject) (api.CreateBonusCreditResponseObject, error) {
+func (h *handlers) CreateBonusCredit(ctx context.Context, req apiserver.CreateBonusCreditRequestObject) (apiserver.CreateBonusCreditResponseObject, error) {
 	acct, unit, _, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
@@ -16,10 +17,10 @@ func (h *handlers) CreateBonusCredit(ctx context.Context, req api.CreateBonusCre
 	if err != nil {
 		return nil, err
 	}
-	return api.CreateBonusCredit201JSONResponse{BonusEntryCreatedJSONResponse: api.BonusEntryCreatedJSONResponse{Body: toAPIEntryResult(e)}}, nil
+	return apiserver.CreateBonusCredit201JSONResponse{BonusEntryCreatedJSONResponse: apiserver.BonusEntryCreatedJSONResponse{Body: toAPIEntryResult(e)}}, nil
 }
 
-func (h *handlers) CreateBonusDebit(ctx context.Context, req api.CreateBonusDebitRequestObject) (api.CreateBonusDebitResponseObject, error) {
+func (h *handlers) CreateBonusDebit(ctx context.Context, req apiserver.CreateBonusDebitRequestObject) (apiserver.CreateBonusDebitResponseObject, error) {
 	acct, unit, _, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
@@ -28,10 +29,10 @@ func (h *handlers) CreateBonusDebit(ctx context.Context, req api.CreateBonusDebi
 	if err != nil {
 		return nil, err
 	}
-	return api.CreateBonusDebit201JSONResponse{BonusEntryCreatedJSONResponse: api.BonusEntryCreatedJSONResponse{Body: toAPIEntryResult(e)}}, nil
+	return apiserver.CreateBonusDebit201JSONResponse{BonusEntryCreatedJSONResponse: apiserver.BonusEntryCreatedJSONResponse{Body: toAPIEntryResult(e)}}, nil
 }
 
-func (h *handlers) GetBonusBalance(ctx context.Context, req api.GetBonusBalanceRequestObject) (api.GetBonusBalanceResponseObject, error) {
+func (h *handlers) GetBonusBalance(ctx context.Context, req apiserver.GetBonusBalanceRequestObject) (apiserver.GetBonusBalanceResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
@@ -40,7 +41,7 @@ func (h *handlers) GetBonusBalance(ctx context.Context, req api.GetBonusBalanceR
 	if err != nil {
 		return nil, err
 	}
-	return api.GetBonusBalance200JSONResponse{Balance: balance}, nil
+	return apiserver.GetBonusBalance200JSONResponse{Balance: balance}, nil
 }
 
 func toAPIEntryResult(e ledger.Entry) api.BonusEntryResult {

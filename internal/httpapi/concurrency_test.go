@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiclient"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/problem"
@@ -171,7 +171,7 @@ func twin(t *testing.T, b *testBundle, wrap func(orders.Writer) orders.Writer, c
 
 	tw := *b
 	tw.url = srv.URL
-	tw.client, err = api.NewClientWithResponses(srv.URL, api.WithHTTPClient(b.http), api.WithRequestEditorFn(tw.authorize))
+	tw.client, err = apiclient.NewClientWithResponses(srv.URL, apiclient.WithHTTPClient(b.http), apiclient.WithRequestEditorFn(tw.authorize))
 	require.NoError(t, err, "build second client")
 	return &tw
 }

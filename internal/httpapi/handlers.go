@@ -10,6 +10,7 @@ import (
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiserver"
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/oapi"
 	"github.com/oncekey/oncekey/internal/docspage"
@@ -38,7 +39,7 @@ type handlers struct {
 	baseline orders.Writer
 }
 
-var _ api.StrictServerInterface = (*handlers)(nil)
+var _ apiserver.StrictServerInterface = (*handlers)(nil)
 
 // bind declares how each operation of openapi.yaml that takes an
 // Idempotency-Key commits. Creating an order only writes: its claim waits
@@ -108,7 +109,7 @@ func (h *handlers) txCaller(ctx context.Context) (uuid.UUID, store.Tx, idempoten
 // wiring bug, answered with 500.
 var errNoUnit = errors.New("operation reached without the unit of work of its claim")
 
-func (h *handlers) CreateOrder(ctx context.Context, req api.CreateOrderRequestObject) (api.CreateOrderResponseObject, error) {
+func (h *handlers) CreateOrder(ctx context.Context, req apiserver.CreateOrderRequestObject) (apiserver.CreateOrderResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
@@ -123,13 +124,13 @@ func (h *handlers) CreateOrder(ctx context.Context, req api.CreateOrderRequestOb
 		return nil, err
 	}
 	location := "/orders/" + o.ID.String()
-	return api.CreateOrder201JSONResponse{
+	return apiserver.CreateOrder201JSONResponse{
 		Body:    toAPIOrder(o),
-		Headers: api.CreateOrder201ResponseHeaders{Location: &location},
+		Headers: apiserver.CreateOrder201ResponseHeaders{Location: &location},
 	}, nil
 }
 
-func (h *handlers) GetOrder(ctx context.Context, req api.GetOrderRequestObject) (api.GetOrderResponseObject, error) {
+func (h *handlers) GetOrder(ctx context.Context, req apiserver.GetOrderRequestObject) (apiserver.GetOrderResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
@@ -138,10 +139,10 @@ func (h *handlers) GetOrder(ctx context.Context, req api.GetOrderRequestObject) 
 	if err != nil {
 		return nil, err
 	}
-	return api.GetOrder200JSONResponse(toAPIOrder(o)), nil
+	return apiserver.GetOrder200JSONResponse(toAPIOrder(o)), nil
 }
 
-func (h *handlers) UpdateOrder(ctx context.Context, req api.UpdateOrderRequestObject) (api.UpdateOrderResponseObject, error) {
+func (h *handlers) UpdateOrder(ctx context.Context, req apiserver.UpdateOrderRequestObject) (apiserver.UpdateOrderResponseObject, error) {
 	acct, unit, _, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
@@ -155,10 +156,10 @@ func (h *handlers) UpdateOrder(ctx context.Context, req api.UpdateOrderRequestOb
 	if err != nil {
 		return nil, err
 	}
-	return api.UpdateOrder200JSONResponse{Body: toAPIOrder(o)}, nil
+	return apiserver.UpdateOrder200JSONResponse{Body: toAPIOrder(o)}, nil
 }
 
-func (h *handlers) CancelOrder(ctx context.Context, req api.CancelOrderRequestObject) (api.CancelOrderResponseObject, error) {
+func (h *handlers) CancelOrder(ctx context.Context, req apiserver.CancelOrderRequestObject) (apiserver.CancelOrderResponseObject, error) {
 	acct, unit, _, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
@@ -167,13 +168,13 @@ func (h *handlers) CancelOrder(ctx context.Context, req api.CancelOrderRequestOb
 	if err != nil {
 		return nil, err
 	}
-	return api.CancelOrder200JSONResponse{Body: toAPIOrder(o)}, nil
+	return apiserver.CancelOrder200JSONResponse{Body: toAPIOrder(o)}, nil
 }
 
 // DefaultPageSize matches the default in openapi.yaml.
 const DefaultPageSize = 20
 
-func (h *handlers) ListOrders(ctx context.Context, req api.ListOrdersRequestObject) (api.ListOrdersResponseObject, error) {
+func (h *handlers) ListOrders(ctx context.Context, req apiserver.ListOrdersRequestObject) (apiserver.ListOrdersResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
@@ -190,7 +191,7 @@ func (h *handlers) ListOrders(ctx context.Context, req api.ListOrdersRequestObje
 	if err != nil {
 		return nil, err
 	}
-	out := api.ListOrders200JSONResponse{Items: make([]api.Order, 0, len(page.Orders))}
+	out := apiserver.ListOrders200JSONResponse{Items: make([]api.Order, 0, len(page.Orders))}
 	for _, o := range page.Orders {
 		out.Items = append(out.Items, toAPIOrder(o))
 	}
@@ -200,29 +201,29 @@ func (h *handlers) ListOrders(ctx context.Context, req api.ListOrdersRequestObje
 	return out, nil
 }
 
-func (h *handlers) GetHealth(context.Context, api.GetHealthRequestObject) (api.GetHealthResponseObject, error) {
-	return api.GetHealth200JSONResponse{Status: "ok"}, nil
+func (h *handlers) GetHealth(context.Context, apiserver.GetHealthRequestObject) (apiserver.GetHealthResponseObject, error) {
+	return apiserver.GetHealth200JSONResponse{Status: "ok"}, nil
 }
 
-func (h *handlers) GetReadiness(ctx context.Context, _ api.GetReadinessRequestObject) (api.GetReadinessResponseObject, error) {
+func (h *handlers) GetReadiness(ctx context.Context, _ apiserver.GetReadinessRequestObject) (apiserver.GetReadinessResponseObject, error) {
 	if err := h.ready(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %w", errNotReady, err)
 	}
-	return api.GetReadiness200JSONResponse{Status: "ok"}, nil
+	return apiserver.GetReadiness200JSONResponse{Status: "ok"}, nil
 }
 
-func (h *handlers) GetDocs(context.Context, api.GetDocsRequestObject) (api.GetDocsResponseObject, error) {
+func (h *handlers) GetDocs(context.Context, apiserver.GetDocsRequestObject) (apiserver.GetDocsResponseObject, error) {
 	page := docspage.HTML()
 	csp := docspage.ContentSecurityPolicy
-	return api.GetDocs200TexthtmlResponse{
+	return apiserver.GetDocs200TexthtmlResponse{
 		Body:          bytes.NewReader(page),
 		ContentLength: int64(len(page)),
-		Headers:       api.GetDocs200ResponseHeaders{ContentSecurityPolicy: &csp},
+		Headers:       apiserver.GetDocs200ResponseHeaders{ContentSecurityPolicy: &csp},
 	}, nil
 }
 
-func (h *handlers) GetSpec(context.Context, api.GetSpecRequestObject) (api.GetSpecResponseObject, error) {
-	return api.GetSpec200ApplicationyamlResponse{
+func (h *handlers) GetSpec(context.Context, apiserver.GetSpecRequestObject) (apiserver.GetSpecResponseObject, error) {
+	return apiserver.GetSpec200ApplicationyamlResponse{
 		Body:          bytes.NewReader(oncekey.OpenAPISpec),
 		ContentLength: int64(len(oncekey.OpenAPISpec)),
 	}, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiclient"
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/conformance"
 	"github.com/oncekey/oncekey/internal/httpapi"
@@ -60,7 +61,7 @@ var backends = []backendCase{
 // testBundle is what a component test works with.
 type testBundle struct {
 	url     string // the service
-	client  *api.ClientWithResponses
+	client  *apiclient.ClientWithResponses
 	http    *http.Client // validates every response against openapi.yaml
 	store   backend
 	account uuid.UUID
@@ -80,7 +81,7 @@ func setup(t *testing.T, store backend, opts options) *testBundle {
 	b := &testBundle{url: url, store: store, account: creds.AccountID, apiKey: creds.APIKey}
 	b.http = validatingClient(t)
 	var err error
-	b.client, err = api.NewClientWithResponses(url, api.WithHTTPClient(b.http), api.WithRequestEditorFn(b.authorize))
+	b.client, err = apiclient.NewClientWithResponses(url, apiclient.WithHTTPClient(b.http), apiclient.WithRequestEditorFn(b.authorize))
 	require.NoError(t, err, "build client")
 	return b
 }
@@ -116,7 +117,7 @@ func (b *testBundle) post(t *testing.T, path, key, body string, header ...string
 }
 
 // createOrder posts the body under key through the generated client.
-func (b *testBundle) createOrder(t *testing.T, key, body string) *api.CreateOrderResponse {
+func (b *testBundle) createOrder(t *testing.T, key, body string) *apiclient.CreateOrderResponse {
 	t.Helper()
 	resp, err := b.client.CreateOrderWithBodyWithResponse(context.Background(), &api.CreateOrderParams{IdempotencyKey: key}, "application/json", strings.NewReader(body))
 	require.NoError(t, err, "create order")

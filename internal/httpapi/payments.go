@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 
 	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiserver"
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/payments"
 )
@@ -16,7 +17,7 @@ import (
 // seconds: a charge usually settles within it.
 const PaymentRetryAfter = 1
 
-func (h *handlers) CreatePayment(ctx context.Context, req api.CreatePaymentRequestObject) (api.CreatePaymentResponseObject, error) {
+func (h *handlers) CreatePayment(ctx context.Context, req apiserver.CreatePaymentRequestObject) (apiserver.CreatePaymentResponseObject, error) {
 	acct, unit, claim, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
@@ -29,9 +30,9 @@ func (h *handlers) CreatePayment(ctx context.Context, req api.CreatePaymentReque
 		return nil, err
 	}
 	location, retryAfter := paymentLocation(p), PaymentRetryAfter
-	return api.CreatePayment202JSONResponse{
+	return apiserver.CreatePayment202JSONResponse{
 		Body:    toAPIPayment(p),
-		Headers: api.CreatePayment202ResponseHeaders{Location: &location, RetryAfter: &retryAfter},
+		Headers: apiserver.CreatePayment202ResponseHeaders{Location: &location, RetryAfter: &retryAfter},
 	}, nil
 }
 
@@ -39,7 +40,7 @@ func (h *handlers) CreatePayment(ctx context.Context, req api.CreatePaymentReque
 // wiring bug, answered with 500.
 var errNoPayments = errors.New("the service has no payment service")
 
-func (h *handlers) GetPayment(ctx context.Context, req api.GetPaymentRequestObject) (api.GetPaymentResponseObject, error) {
+func (h *handlers) GetPayment(ctx context.Context, req apiserver.GetPaymentRequestObject) (apiserver.GetPaymentResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
@@ -51,7 +52,7 @@ func (h *handlers) GetPayment(ctx context.Context, req api.GetPaymentRequestObje
 	if err != nil {
 		return nil, err
 	}
-	resp := api.GetPayment200JSONResponse{Body: toAPIPayment(p)}
+	resp := apiserver.GetPayment200JSONResponse{Body: toAPIPayment(p)}
 	if !p.Final() {
 		retryAfter := PaymentRetryAfter
 		resp.Headers.RetryAfter = &retryAfter
@@ -68,9 +69,9 @@ func PaymentOutcome(p payments.Payment) (idempotency.Response, error) {
 	}
 	location := paymentLocation(p)
 	return recorded(func(w http.ResponseWriter) error {
-		return api.CreatePayment200JSONResponse{
+		return apiserver.CreatePayment200JSONResponse{
 			Body:    toAPIPayment(p),
-			Headers: api.CreatePayment200ResponseHeaders{Location: &location},
+			Headers: apiserver.CreatePayment200ResponseHeaders{Location: &location},
 		}.VisitCreatePaymentResponse(w)
 	})
 }
@@ -82,9 +83,9 @@ func RefundOutcome(r payments.Refund) (idempotency.Response, error) {
 	}
 	location := refundLocation(r)
 	return recorded(func(w http.ResponseWriter) error {
-		return api.CreateRefund200JSONResponse{
+		return apiserver.CreateRefund200JSONResponse{
 			Body:    toAPIRefund(r),
-			Headers: api.CreateRefund200ResponseHeaders{Location: &location},
+			Headers: apiserver.CreateRefund200ResponseHeaders{Location: &location},
 		}.VisitCreateRefundResponse(w)
 	})
 }
@@ -127,7 +128,7 @@ func toAPIPayment(p payments.Payment) api.Payment {
 	return out
 }
 
-func (h *handlers) CreateRefund(ctx context.Context, req api.CreateRefundRequestObject) (api.CreateRefundResponseObject, error) {
+func (h *handlers) CreateRefund(ctx context.Context, req apiserver.CreateRefundRequestObject) (apiserver.CreateRefundResponseObject, error) {
 	acct, unit, claim, err := h.txCaller(ctx)
 	if err != nil {
 		return nil, err
@@ -140,13 +141,13 @@ func (h *handlers) CreateRefund(ctx context.Context, req api.CreateRefundRequest
 		return nil, err
 	}
 	location, retryAfter := refundLocation(r), PaymentRetryAfter
-	return api.CreateRefund202JSONResponse{
+	return apiserver.CreateRefund202JSONResponse{
 		Body:    toAPIRefund(r),
-		Headers: api.CreateRefund202ResponseHeaders{Location: &location, RetryAfter: &retryAfter},
+		Headers: apiserver.CreateRefund202ResponseHeaders{Location: &location, RetryAfter: &retryAfter},
 	}, nil
 }
 
-func (h *handlers) GetRefund(ctx context.Context, req api.GetRefundRequestObject) (api.GetRefundResponseObject, error) {
+func (h *handlers) GetRefund(ctx context.Context, req apiserver.GetRefundRequestObject) (apiserver.GetRefundResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
@@ -158,7 +159,7 @@ func (h *handlers) GetRefund(ctx context.Context, req api.GetRefundRequestObject
 	if err != nil {
 		return nil, err
 	}
-	resp := api.GetRefund200JSONResponse{Body: toAPIRefund(r)}
+	resp := apiserver.GetRefund200JSONResponse{Body: toAPIRefund(r)}
 	if !r.Final() {
 		retryAfter := PaymentRetryAfter
 		resp.Headers.RetryAfter = &retryAfter
@@ -166,7 +167,7 @@ func (h *handlers) GetRefund(ctx context.Context, req api.GetRefundRequestObject
 	return resp, nil
 }
 
-func (h *handlers) ListRefunds(ctx context.Context, req api.ListRefundsRequestObject) (api.ListRefundsResponseObject, error) {
+func (h *handlers) ListRefunds(ctx context.Context, req apiserver.ListRefundsRequestObject) (apiserver.ListRefundsResponseObject, error) {
 	acct, err := account(ctx)
 	if err != nil {
 		return nil, err
@@ -178,7 +179,7 @@ func (h *handlers) ListRefunds(ctx context.Context, req api.ListRefundsRequestOb
 	if err != nil {
 		return nil, err
 	}
-	out := api.ListRefunds200JSONResponse{Items: make([]api.Refund, 0, len(list))}
+	out := apiserver.ListRefunds200JSONResponse{Items: make([]api.Refund, 0, len(list))}
 	for _, r := range list {
 		out.Items = append(out.Items, toAPIRefund(r))
 	}

@@ -23,7 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekey/oncekey"
-	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/gen/apiserver"
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/oapi"
 	"github.com/oncekey/oncekey/internal/auth"
@@ -197,11 +197,11 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		r.Method(http.MethodGet, "/metrics", cfg.Metrics.Handler())
 	}
 
-	strict := api.NewStrictHandlerWithOptions(h, nil, api.StrictHTTPServerOptions{
+	strict := apiserver.NewStrictHandlerWithOptions(h, nil, apiserver.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  problems.request,
 		ResponseErrorHandlerFunc: problems.write,
 	})
-	api.HandlerWithOptions(strict, api.ChiServerOptions{
+	apiserver.HandlerWithOptions(strict, apiserver.ChiServerOptions{
 		// An inline group of the router: its middleware, the front door,
 		// runs once chi has routed the request (so it knows the route)
 		// and before the generated code parses parameters and the body.
