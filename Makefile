@@ -58,10 +58,14 @@ docs/check: docs/assets ## re-vendor the /docs assets and fail if the committed 
 lint/spec: ## lint openapi.yaml with @redocly/cli (config: api/redocly.yaml)
 	cd tools/node && npm ci --no-audit --no-fund --silent && npm run --silent lint:spec
 
+# GENERATED is every directory of generated code: the service's, and
+# pgstore's queries, which are internal to it.
+GENERATED := gen/ idempotency/pgstore/internal/keydb/
+
 .PHONY: generate/check
 generate/check: generate ## regenerate and fail on any difference from what is committed
-	@if [ -n "$$(git status --porcelain -- gen/)" ]; then \
-		echo "generated code is stale; run 'make generate' and commit:"; git status --porcelain -- gen/; git diff --stat -- gen/; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- $(GENERATED))" ]; then \
+		echo "generated code is stale; run 'make generate' and commit:"; git status --porcelain -- $(GENERATED); git diff --stat -- $(GENERATED); exit 1; fi
 	@echo "generated code is fresh"
 
 OASDIFF := $(GO) tool -modfile=tools/go.mod oasdiff

@@ -1,8 +1,8 @@
 -- +goose Up
--- Operators watch keys stuck in 'processing' (metrics and `oncekey keys
--- stuck`); this partial index keeps that look-up cheap however large the
--- table grows, since almost every row is 'completed'.
-CREATE INDEX idempotency_keys_processing_idx ON idempotency_keys (created_at) WHERE status = 'processing';
+-- This migration used to add the key table's partial index on keys in
+-- 'processing'. The key table is pgstore's now, and its migrations create
+-- that index (IF NOT EXISTS, so a database that has it keeps it).
+SELECT 1;
 
 -- +goose Down
-DROP INDEX idempotency_keys_processing_idx;
+SELECT 1;

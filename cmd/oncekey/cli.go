@@ -20,7 +20,7 @@ import (
 // variable (the flag wins), and the help of each command names both.
 type cli struct {
 	Serve        serveCmd        `cmd:"" help:"Serve the API: on PostgreSQL with --database-url, else in memory with a demo account."`
-	Migrate      migrateCmd      `cmd:"" help:"Apply the database migrations (Oncekey's, the idempotency engine's, River's)."`
+	Migrate      migrateCmd      `cmd:"" help:"Apply the database migrations (the idempotency engine's, Oncekey's, River's)."`
 	Purge        purgeCmd        `cmd:"" help:"Delete expired idempotency keys in batches, or count them with --dry-run."`
 	Keys         keysCmd         `cmd:"" help:"Read-only views of the idempotency keys, for operators."`
 	Payments     paymentsCmd     `cmd:"" help:"Read-only views of the payments and refunds, for operators."`

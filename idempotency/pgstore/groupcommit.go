@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncekey/oncekey/gen/keydb"
+	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
 // Group commit of deferred claims.

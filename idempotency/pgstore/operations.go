@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/oncekey/oncekey/gen/keydb"
+	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
 // ErrKeyNotFound means no record under that scope and key.

@@ -11,8 +11,8 @@
 // together at Commit, as one pipeline, in one round trip; concurrent such
 // commits share one transaction and one WAL flush (group commit).
 //
-// Migrate creates the key table (Options.Table, default idempotency_keys)
-// from the migrations in package schema.
+// Migrate creates or upgrades the key table (Options.Table, default
+// idempotency_keys) from the SQL migrations embedded in this package.
 package pgstore
 
 import (
@@ -21,26 +21,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"regexp"
 	"strings"
 	"sync"
-	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
-	"github.com/oncekey/oncekey/gen/keydb"
 	"github.com/oncekey/oncekey/idempotency"
-	schema "github.com/oncekey/oncekey/schema/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
 // DefaultTable is the key table's name unless Options.Table says otherwise.
@@ -105,39 +99,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 // queries runs the key table's statements on db.
 func (s *Store) queries(db keydb.DBTX) *keydb.Queries { return keydb.New(s.rename(db)) }
 
-// Migrate creates or upgrades the key table named by opts. A PostgreSQL
-// session advisory lock serialises concurrent callers, so replicas that
-// start together migrate once and the others wait, then find nothing to
-// do. Applied versions are kept in a table of their own (the key table's
-// name and "_migrations").
-func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
-	table, err := opts.table()
-	if err != nil {
-		return err
-	}
-	// Probe the lock every second (for up to five minutes) rather than
-	// goose's default five, so replicas starting together wait little.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300), lock.WithLockID(lockID(table)))
-	if err != nil {
-		return fmt.Errorf("pgstore: create migration lock: %w", err)
-	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	migrations, err := renamedMigrations(table)
-	if err != nil {
-		return err
-	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations,
-		goose.WithSessionLocker(locker), goose.WithTableName(table+"_migrations"))
-	if err != nil {
-		return fmt.Errorf("pgstore: load migrations: %w", err)
-	}
-	if _, err := provider.Up(ctx); err != nil {
-		return fmt.Errorf("pgstore: apply migrations: %w", err)
-	}
-	return nil
-}
-
 // CleanupLock is the session advisory lock that PurgeExpired holds while it
 // purges table, so that one process at a time does; another process that
 // holds it (an operator pausing cleanup, say) makes PurgeExpired return
@@ -153,32 +114,6 @@ func lockID(table string) int64 {
 		h *= 1099511628211
 	}
 	return int64(h >> 1)
-}
-
-// renamedMigrations returns the migrations with the default table name
-// (and the index names it prefixes) replaced by table. fstest.MapFS is the
-// standard library's in-memory fs.FS; nothing of package testing comes
-// with it.
-func renamedMigrations(table string) (fs.FS, error) {
-	if table == DefaultTable {
-		return schema.Migrations, nil
-	}
-	out := fstest.MapFS{}
-	err := fs.WalkDir(schema.Migrations, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(schema.Migrations, path)
-		if err != nil {
-			return err
-		}
-		out[path] = &fstest.MapFile{Data: []byte(strings.ReplaceAll(string(b), DefaultTable, table)), Mode: 0o444}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: read migrations: %w", err)
-	}
-	return out, nil
 }
 
 // renamer rewrites the key table's statements for a table of another

@@ -74,15 +74,46 @@ func TestMigrate(t *testing.T) {
 			require.NoError(t, err, "migration %d of %d concurrent ones of table %q", i+1, replicas, table)
 		}
 	}
-	var applied int
-	require.NoError(t, pool.QueryRow(ctx,
-		"SELECT count(*) FROM idempotency_keys_migrations WHERE version_id = 1 AND is_applied").Scan(&applied),
-		"read the migrations table")
-	require.Equal(t, 1, applied, "times the first migration was applied")
+	for _, table := range []string{"idempotency_keys", "widget_keys"} {
+		rows, err := pool.Query(ctx, "SELECT version FROM "+table+"_schema_version ORDER BY version")
+		require.NoError(t, err, "read %s's version table", table)
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		require.NoError(t, err, "read %s's version table", table)
+		require.Equal(t, []int{1}, versions, "versions applied to %s, each once", table)
+	}
 	require.Equal(t, tableLayout(t, pool, "idempotency_keys"), tableLayout(t, pool, "widget_keys"), "layout of the renamed table")
 
 	_, err := pgstore.New(pool, pgstore.Options{Table: "Robert'); DROP TABLE students;--"})
 	require.Error(t, err, "a table name that is no plain identifier")
+}
+
+// TestMigrateAdoptsGooseVersions: a key table that an earlier pgstore
+// migrated with goose keeps its rows, its applied versions move to pgstore's
+// own version table, and goose's table is dropped, so the engine has one.
+func TestMigrateAdoptsGooseVersions(t *testing.T) {
+	t.Parallel()
+	_, pool := testdb.Empty(t)
+	ctx := t.Context()
+	// What goose left: the table version 1 made, with a key in it, and
+	// goose's version table in place of pgstore's.
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{Table: "old_keys"}), "the first migration, to make the table")
+	_, err := pool.Exec(ctx, `DROP TABLE old_keys_schema_version;
+		CREATE TABLE old_keys_migrations (id serial PRIMARY KEY, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp DEFAULT now());
+		INSERT INTO old_keys_migrations (version_id, is_applied) VALUES (0, true), (1, true);
+		INSERT INTO old_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_body, completed_at, expires_at)
+		VALUES ('s', 'k', decode(repeat('ab', 32), 'hex'), 'POST', '/w', 'completed', 201, 'kept', now(), now() + interval '1 hour')`)
+	require.NoError(t, err, "back to goose's state, with a key")
+
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{Table: "old_keys"}), "migrate a goose-migrated table")
+	var gooseLeft bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass('old_keys_migrations') IS NOT NULL").Scan(&gooseLeft))
+	require.False(t, gooseLeft, "goose's version table is dropped")
+	var versions, keys int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM old_keys_schema_version WHERE version = 1").Scan(&versions))
+	require.Equal(t, 1, versions, "version 1 recorded as applied")
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM old_keys WHERE response_body = 'kept'").Scan(&keys))
+	require.Equal(t, 1, keys, "the key row survives")
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{Table: "old_keys"}), "migrating again does nothing")
 }
 
 // tableLayout describes a table's columns, constraints and indexes with its

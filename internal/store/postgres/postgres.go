@@ -101,12 +101,15 @@ func OpenReplica(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool
 	return open(ctx, url, true, opts...)
 }
 
-// Migrate applies the embedded migrations in schema/, then the idempotency
-// engine's (which find its key table there already) and River's (the
-// background jobs' tables). A PostgreSQL session advisory lock serialises
-// concurrent callers, so replicas that start together migrate once and the
-// rest wait, then find nothing to do.
+// Migrate applies the idempotency engine's migrations (its key table, which
+// the orders' guarded writes name), then the embedded migrations in schema/,
+// then River's (the background jobs' tables). PostgreSQL session advisory
+// locks serialise concurrent callers, so replicas that start together
+// migrate once and the rest wait, then find nothing to do.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
+		return err
+	}
 	fsys, err := fs.Sub(oncekey.Migrations, "schema")
 	if err != nil {
 		return fmt.Errorf("open embedded migrations: %w", err)
@@ -125,9 +128,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	if _, err := provider.Up(ctx); err != nil {
 		return fmt.Errorf("apply migrations: %w", err)
-	}
-	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
-		return err
 	}
 	return migrateRiver(ctx, pool)
 }

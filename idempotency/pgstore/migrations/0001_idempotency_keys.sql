@@ -1,5 +1,3 @@
--- +goose Up
-
 -- One row per (scope, Idempotency-Key). A row is inserted as 'processing'
 -- inside the transaction that runs the operation and is updated to
 -- 'completed' with the exact response bytes in that same transaction, so no
@@ -13,6 +11,9 @@
 --
 -- IF NOT EXISTS: an application that created this table in its own
 -- migrations before adopting pgstore keeps it as it is.
+--
+-- Migrate applies each file of this directory once, in order of its number,
+-- in a transaction of its own; files are never edited once released.
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     scope            bytea       NOT NULL CHECK (length(scope) <= 255),
     idempotency_key  text        NOT NULL CHECK (length(idempotency_key) BETWEEN 1 AND 255),
@@ -37,6 +38,3 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (
 -- look-up cheap however large the table grows, since almost every row is
 -- 'completed'.
 CREATE INDEX IF NOT EXISTS idempotency_keys_processing_idx ON idempotency_keys (created_at) WHERE status = 'processing';
-
--- +goose Down
-DROP TABLE idempotency_keys;
