@@ -33,7 +33,7 @@ generate: ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) 
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: generate/check verify/example sdk/check docs/check docs/images/check lint lint/spec api/breaking vulncheck ## fail if anything generated or vendored or a picture in docs/img is stale, the contract breaks clients or fails its linter, or the code is not vetted, formatted and tidy
+verify: generate/check verify/example sdk/check docs/check docs/images/check lint lint/spec api/breaking api/go vulncheck ## fail if anything generated or vendored or a picture in docs/img is stale, the contract or an engine module's Go API breaks its users, the spec fails its linter, or the code is not vetted, formatted and tidy
 
 .PHONY: sdk
 sdk: generate ## regenerate both SDKs: the Go client (gen/api, gen/apiclient) and the TypeScript types (sdk/typescript/src/schema.d.ts)
@@ -81,8 +81,38 @@ api/breaking: ## fail on breaking changes of openapi.yaml against the released c
 	@echo "openapi.yaml is compatible with the released contract"
 
 .PHONY: api/release
-api/release: ## record openapi.yaml as the released contract (run when cutting a release)
+api/release: api/go/release ## record openapi.yaml and the engine's Go API as released (run when cutting a release)
 	cp openapi.yaml api/openapi.released.yaml
+
+# The engine's public modules, whose exported Go API is a promise: each one's
+# released API is kept as apidiff's export data in api/go/<module>.export.
+PUBLIC_MODULES  := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi
+APIDIFF_VERSION := v0.0.0-20261120182113-8801fbdfac81
+APIDIFF         := $(GO) run golang.org/x/exp/cmd/apidiff@$(APIDIFF_VERSION)
+
+.PHONY: api/go
+api/go: ## fail on an incompatible change to an engine module's exported Go API against its released API (api/go/*.export) that api/go/breaking-changes.allowed does not declare
+	@set -e; root=$$PWD; fail=0; for m in $(PUBLIC_MODULES); do \
+	  base=$$root/api/go/$$(echo $$m | tr / -).export; \
+	  report=$$(cd $$m && $(APIDIFF) -m -incompatible $$base github.com/oncekey/oncekey/$$m 2>/dev/null); \
+	  found=$$(echo "$$report" | grep . | sed "s|^|$$m: |" | grep -vxF -f <(grep -v '^#' $$root/api/go/breaking-changes.allowed | grep . || true) || true); \
+	  if [ -n "$$found" ]; then echo "api/go: incompatible changes not declared in api/go/breaking-changes.allowed:"; echo "$$found"; fail=1; fi; \
+	done; [ $$fail = 0 ]
+	@# The gate must catch a breaking change: against a released API that had
+	@# one more exported function, the module as it is must be found to have
+	@# removed it.
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	  (cd idempotency && git ls-files -co --exclude-standard . | grep -Ev '^(pgstore|redisstore|oapi|integration)/' | tar -cf - -T -) | tar -xf - -C $$tmp; \
+	  printf 'package idempotency\n\n// GateProbe stands for a function the module removed.\nfunc GateProbe() {}\n' > $$tmp/gate_probe.go; \
+	  (cd $$tmp && $(APIDIFF) -m -w $$tmp/probe.export github.com/oncekey/oncekey/idempotency 2>/dev/null); \
+	  if ! (cd idempotency && $(APIDIFF) -m -incompatible $$tmp/probe.export github.com/oncekey/oncekey/idempotency 2>/dev/null) | grep -qx -- '- GateProbe: removed'; then \
+	    echo "api/go: the gate did not flag a removed exported function"; exit 1; fi
+	@echo "the engine's modules are compatible with their released APIs"
+
+.PHONY: api/go/release
+api/go/release: ## record each engine module's exported Go API as released (api/go/*.export)
+	@set -e; root=$$PWD; for m in $(PUBLIC_MODULES); do \
+	  (cd $$m && $(APIDIFF) -m -w $$root/api/go/$$(echo $$m | tr / -).export github.com/oncekey/oncekey/$$m 2>/dev/null); done
 
 # govulncheck's database is normally fetched from its own web service; here
 # the same data comes through the Go module proxy (golang.org/x/vulndb, its
@@ -103,17 +133,28 @@ vulncheck: ## govulncheck on every package and every required module (advisories
 	    $(GO) run golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION) -db file://$$db/db -show verbose ./... | grep -E '^(Vulnerability #|    Found in|    Fixed in)'; \
 	    exit 1; fi
 
+# ENGINE_MODULES are the engine's modules (idempotency/integration holds
+# tests only and is never published); the service's module replaces the
+# others with these directories.
+ENGINE_MODULES := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi idempotency/integration
+
 .PHONY: lint
-lint: ## go vet, gofmt and a tidy go.mod
+lint: ## go vet, gofmt and a tidy go.mod, in the service's module and in each of the engine's
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
+	@set -e; for m in $(ENGINE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: ## run the whole test suite with the race detector, the example service's and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server and curl)
+test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example service's and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server and curl)
 	$(GO) test -race -count=1 -timeout 15m ./...
+	@$(MAKE) --no-print-directory test/engine
 	@$(MAKE) --no-print-directory test/example
 	@$(MAKE) --no-print-directory test/alerts
+
+.PHONY: test/engine
+test/engine: ## the engine's modules on their own: each vetted and tested in its directory (idempotency/integration also holds the dependency budget test)
+	@set -e; for m in $(ENGINE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...); done
 
 .PHONY: test/example
 test/example: ## build examples/widgets (a module of its own, on the public engine alone) and run its test against PostgreSQL
@@ -171,17 +212,18 @@ bench: ## load benchmark: idempotent POST /orders against the baseline, side by 
 
 .PHONY: bench/micro
 bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on the in-memory store), benchstat-comparable
-	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./idempotency/internal/canonjson/ ./idempotency/ ./internal/httpapi/
+	cd idempotency && $(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/canonjson/ .
+	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/httpapi/
 
-# The fuzz targets, each with its package: `make fuzz` runs each for
-# FUZZTIME (30s by default), .ci/run for a few seconds each.
-FUZZ_TARGETS := FuzzCanonicalize:./idempotency/internal/canonjson/ FuzzDifferentMeaning:./idempotency/internal/canonjson/ \
-	FuzzCheckFast:./idempotency/internal/canonjson/ FuzzWriteFast:./idempotency/internal/canonjson/ \
-	FuzzFingerprint:./idempotency/ FuzzHandler:./internal/httpapi/ FuzzOperationsOnPostgres:./internal/httpapi/
+# The fuzz targets, each with its package's directory: `make fuzz` runs each
+# for FUZZTIME (30s by default), .ci/run for a few seconds each.
+FUZZ_TARGETS := FuzzCanonicalize:idempotency/internal/canonjson FuzzDifferentMeaning:idempotency/internal/canonjson \
+	FuzzCheckFast:idempotency/internal/canonjson FuzzWriteFast:idempotency/internal/canonjson \
+	FuzzFingerprint:idempotency FuzzHandler:internal/httpapi FuzzOperationsOnPostgres:internal/httpapi
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target (canonical JSON, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)
 	@set -e; for target in $(FUZZ_TARGETS); do \
 	  echo "== $${target%%:*}"; \
-	  $(GO) test -run='^$$' -fuzz="^$${target%%:*}$$" -fuzztime=$(or $(FUZZTIME),30s) -fuzzminimizetime=$(or $(FUZZTIME),30s) "$${target#*:}"; \
+	  (cd "$${target#*:}" && $(GO) test -run='^$$' -fuzz="^$${target%%:*}$$" -fuzztime=$(or $(FUZZTIME),30s) -fuzzminimizetime=$(or $(FUZZTIME),30s) .); \
 	done

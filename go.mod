@@ -12,10 +12,13 @@ require (
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/google/uuid v1.6.0
-	github.com/gowebpki/jcs v1.0.2
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/oapi-codegen/runtime v1.9.0
+	github.com/oncekey/oncekey/idempotency v0.1.0
+	github.com/oncekey/oncekey/idempotency/oapi v0.1.0
+	github.com/oncekey/oncekey/idempotency/pgstore v0.1.0
+	github.com/oncekey/oncekey/idempotency/redisstore v0.1.0
 	github.com/pressly/goose/v3 v3.30.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
@@ -54,6 +57,7 @@ require (
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
+	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -84,4 +88,12 @@ require (
 	golang.org/x/tools v0.52.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
+)
+
+// The engine's modules, from this repository rather than the proxy.
+replace (
+	github.com/oncekey/oncekey/idempotency => ./idempotency
+	github.com/oncekey/oncekey/idempotency/oapi => ./idempotency/oapi
+	github.com/oncekey/oncekey/idempotency/pgstore => ./idempotency/pgstore
+	github.com/oncekey/oncekey/idempotency/redisstore => ./idempotency/redisstore
 )

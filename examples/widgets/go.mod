@@ -12,8 +12,12 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/oapi-codegen/runtime v1.9.0
-	github.com/oncekey/oncekey v0.0.0
 	github.com/stretchr/testify v1.12.1
+)
+
+require (
+	golang.org/x/net v0.62.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
 )
 
 require (
@@ -24,15 +28,14 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/oapi-codegen/oapi-codegen/v2 v2.8.2 // indirect
-	github.com/pressly/goose/v3 v3.30.0 // indirect
+	github.com/oncekey/oncekey/idempotency v0.1.0
+	github.com/oncekey/oncekey/idempotency/oapi v0.1.0
+	github.com/oncekey/oncekey/idempotency/pgstore v0.1.0
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // indirect
-	github.com/sethvargo/go-retry v0.5.0 // indirect
 	github.com/speakeasy-api/jsonpath v0.6.3 // indirect
 	github.com/speakeasy-api/openapi v1.24.0 // indirect
 	github.com/vmware-labs/yaml-jsonpath v0.3.2 // indirect
-	go.uber.org/multierr v1.11.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	go.yaml.in/yaml/v4 v4.0.0 // indirect
 	golang.org/x/mod v0.42.0 // indirect
@@ -42,4 +45,8 @@ require (
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
 
-replace github.com/oncekey/oncekey => ../..
+replace github.com/oncekey/oncekey/idempotency => ../../idempotency
+
+replace github.com/oncekey/oncekey/idempotency/pgstore => ../../idempotency/pgstore
+
+replace github.com/oncekey/oncekey/idempotency/oapi => ../../idempotency/oapi

@@ -21,7 +21,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 )
 
 // member is one deferred first request of a group commit test.
@@ -62,7 +62,7 @@ func setupGroup(t *testing.T) *groupBundle {
 // setupGroupWith is setupGroup with the store's options.
 func setupGroupWith(t *testing.T, opts pgstore.Options) *groupBundle {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	cfg, err := pgxpool.ParseConfig(pgstoretest.URL(t))
 	require.NoError(t, err, "parse the database URL")
 	b := &groupBundle{}
 	cfg.ConnConfig.Tracer = &b.statements
@@ -151,15 +151,21 @@ func (b *groupBundle) run(t *testing.T, members []member) []memberResult {
 	b.armed.Store(true)
 	var wg sync.WaitGroup
 	for i := range pgstore.MaxMergedCommits {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			res := b.attempt(member{key: "holder-" + rand.Text()})
 			require.NoError(t, res.err, "request %d holding a pipeline back", i)
-		})
+		}()
 		require.Equal(t, 1, <-b.sizes, "members of held pipeline %d", i)
 	}
 	results := make([]memberResult, len(members))
 	for i, m := range members {
-		wg.Go(func() { results[i] = b.attempt(m) })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = b.attempt(m)
+		}()
 	}
 	require.Eventually(t, func() bool { return pgstore.QueuedCommits(b.store) == len(members) },
 		10*time.Second, time.Millisecond, "members queued behind the held pipelines")

@@ -16,7 +16,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 )
 
 // statements counts the statements a pool sends, alone or in pipelines.
@@ -148,7 +148,7 @@ func TestLoneCommit(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
 			counted := &statements{}
-			cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+			cfg, err := pgxpool.ParseConfig(pgstoretest.URL(t))
 			require.NoError(t, err, "parse the database URL")
 			cfg.ConnConfig.Tracer = counted
 			if tt.before == "starved" {
@@ -184,7 +184,7 @@ func TestLoneCommit(t *testing.T) {
 				t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
 			case "locked":
 				req.Wait = 200 * time.Millisecond
-				locker, err := pgx.Connect(ctx, testdb.URL(t))
+				locker, err := pgx.Connect(ctx, pgstoretest.URL(t))
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = locker.Close(context.Background()) })
 				tx, err := locker.Begin(ctx)

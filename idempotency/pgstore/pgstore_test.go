@@ -15,18 +15,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/idempotency/internal/testharness"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 	"github.com/oncekey/oncekey/idempotency/storetest"
-	"github.com/oncekey/oncekey/internal/testdb"
 )
 
 // The database of these tests holds two key tables and what the suite
 // writes through leases, nothing of any application's.
 func TestMain(m *testing.M) {
-	testdb.MainWith(m, func(ctx context.Context, pool *pgxpool.Pool) error {
-		return testharness.Migrate(ctx, pool, pgstore.Options{}, pgstore.Options{Table: renamedTable})
-	})
+	pgstoretest.Main(m, pgstoretest.Options{Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+		return pgstoretest.MigrateSuite(ctx, pool, pgstore.Options{}, pgstore.Options{Table: renamedTable})
+	}})
 }
 
 // renamedTable is a key table of another name, beside the default one.
@@ -45,11 +44,11 @@ func TestConformance(t *testing.T) {
 			t.Parallel()
 			t.Run("transactional", func(t *testing.T) {
 				t.Parallel()
-				storetest.Run(t, testharness.PostgresTx(testdb.Pool(t), table))
+				storetest.Run(t, pgstoretest.TxHarness(pgstoretest.Pool(t), table))
 			})
 			t.Run("deferred", func(t *testing.T) {
 				t.Parallel()
-				storetest.Run(t, testharness.PostgresDeferred(testdb.Pool(t), table))
+				storetest.Run(t, pgstoretest.DeferredHarness(pgstoretest.Pool(t), table))
 			})
 		})
 	}
@@ -60,14 +59,18 @@ func TestConformance(t *testing.T) {
 // and that a table of another name gets the same layout.
 func TestMigrate(t *testing.T) {
 	t.Parallel()
-	_, pool := testdb.Empty(t)
+	_, pool := pgstoretest.Empty(t)
 	ctx := t.Context()
 	const replicas = 3
 	for _, table := range []string{"", "widget_keys"} {
 		errs := make([]error, replicas)
 		var wg sync.WaitGroup
 		for i := range replicas {
-			wg.Go(func() { errs[i] = pgstore.Migrate(ctx, pool, pgstore.Options{Table: table}) })
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = pgstore.Migrate(ctx, pool, pgstore.Options{Table: table})
+			}()
 		}
 		wg.Wait()
 		for i, err := range errs {
@@ -92,7 +95,7 @@ func TestMigrate(t *testing.T) {
 // own version table, and goose's table is dropped, so the engine has one.
 func TestMigrateAdoptsGooseVersions(t *testing.T) {
 	t.Parallel()
-	_, pool := testdb.Empty(t)
+	_, pool := pgstoretest.Empty(t)
 	ctx := t.Context()
 	// What goose left: the table version 1 made, with a key in it, and
 	// goose's version table in place of pgstore's.
@@ -194,7 +197,7 @@ func TestKeyStatsDoNotCountALargeTable(t *testing.T) {
 // when the test ends.
 func oneSessionDatabase(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	dbURL, _ := testdb.Fresh(t)
+	dbURL, _ := pgstoretest.Fresh(t)
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	require.NoError(t, err, "parse %s", dbURL)
 	cfg.MaxConns = 1
@@ -247,7 +250,7 @@ func TestTranslate(t *testing.T) {
 func TestGuardIsTheClaimsOwn(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pool := testdb.Pool(t)
+	pool := pgstoretest.Pool(t)
 	store, err := pgstore.New(pool, pgstore.Options{})
 	require.NoError(t, err, "open the store")
 	req := idempotency.ClaimRequest{Scope: "guard-" + rand.Text(), Key: rand.Text(), Method: "POST", Route: "/widgets", TTL: time.Hour, Wait: time.Second}
@@ -292,7 +295,7 @@ var errRollBack = errors.New("roll back")
 func TestPartitionNamesAreQuoted(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	_, pool := testdb.Empty(t)
+	_, pool := pgstoretest.Empty(t)
 	const table = "quoted_keys"
 	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{Table: table}), "migrate")
 	for _, sql := range []string{

@@ -150,10 +150,12 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		results := make([]deferredOutcome, claimers)
 		var wg sync.WaitGroup
 		for i := range claimers {
-			wg.Go(func() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				<-start
 				results[i] = attemptDeferred(b.ctx, b, store, req, "the one\n")
-			})
+			}()
 		}
 		close(start)
 		wg.Wait()
@@ -186,11 +188,13 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		results := make([]deferredOutcome, keys*perKey)
 		var wg sync.WaitGroup
 		for i := range results {
-			wg.Go(func() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				<-start
 				req := reqs[i%keys]
 				results[i] = attemptDeferred(b.ctx, b, store, req, req.Key)
-			})
+			}()
 		}
 		close(start)
 		wg.Wait()

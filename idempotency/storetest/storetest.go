@@ -485,7 +485,9 @@ func testConcurrentClaimsRunOnce[U any](t *testing.T, b *bundle[U]) {
 			results := make([]claimResult[U], claimers)
 			var wg sync.WaitGroup
 			for i := range claimers {
-				wg.Go(func() {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
 					<-start
 					lease, rec, err := store.Claim(ctx, req)
 					results[i] = claimResult[U]{lease: lease, rec: rec, err: err}
@@ -498,7 +500,7 @@ func testConcurrentClaimsRunOnce[U any](t *testing.T, b *bundle[U]) {
 						return
 					}
 					results[i].err = lease.Commit(ctx, response("the one\n"))
-				})
+				}()
 			}
 			close(start)
 			wg.Wait()

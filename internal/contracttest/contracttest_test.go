@@ -19,6 +19,7 @@ import (
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/conformance"
 	"github.com/oncekey/oncekey/internal/contracttest"
@@ -26,7 +27,6 @@ import (
 	"github.com/oncekey/oncekey/internal/jobs"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
-	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -107,7 +107,7 @@ func onPool(t *testing.T, pool *pgxpool.Pool, byAccount bool) httpapi.Config {
 func TestServicePassesTheContract(t *testing.T) {
 	t.Parallel()
 	redisURL := func(*testing.T) string { return "redis://127.0.0.1:6379/0" }
-	clusterURL := func(t *testing.T) string { return servicetest.StartRedisCluster(t, 3).URL }
+	clusterURL := func(t *testing.T) string { return redistest.StartCluster(t, 3).URL }
 	for _, tc := range []struct {
 		name string
 		open func(t *testing.T) httpapi.Config

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/servicetest"
@@ -37,7 +38,7 @@ func TestRedisOutageCostsNoLatency(t *testing.T) {
 	} {
 		t.Run(fault.name, func(t *testing.T) {
 			store := postgres.New(testdb.Pool(t), nil)
-			redis := servicetest.StartRedis(t)
+			redis := redistest.Start(t)
 			rdb, err := redisstore.NewClient(redis.URL)
 			require.NoError(t, err)
 			t.Cleanup(func() { rdb.Close() })

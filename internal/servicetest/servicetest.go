@@ -9,14 +9,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -168,42 +163,4 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.buf.String()
-}
-
-// RedisServer is a redis-server of a test's own on a free loopback port,
-// which the test may flush, pause or kill; it is killed when the test ends.
-type RedisServer struct {
-	URL     string
-	Process *os.Process
-}
-
-// StartRedis starts a RedisServer and waits until it answers.
-func StartRedis(t testing.TB) *RedisServer {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	require.NoError(t, cmd.Start(), "redis-server must be installed")
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT) // a paused server dies too
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	waitListening(t, fmt.Sprintf("127.0.0.1:%d", port), "redis-server")
-	return &RedisServer{URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), Process: cmd.Process}
-}
-
-// waitListening waits (up to 5s) until what was started accepts
-// connections at addr.
-func waitListening(t testing.TB, addr, what string) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-		}
-		return err == nil
-	}, 5*time.Second, 10*time.Millisecond, "%s on %s", what, addr)
 }

@@ -21,10 +21,10 @@ import (
 	"github.com/oncekey/oncekey/idempotency/internal/testharness"
 	"github.com/oncekey/oncekey/idempotency/memstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/idempotency/storetest"
-	"github.com/oncekey/oncekey/internal/servicetest"
-	"github.com/oncekey/oncekey/internal/testdb"
 )
 
 func TestClusterURLs(t *testing.T) {
@@ -103,7 +103,7 @@ func (c *crossSlot) count(err error) {
 // speed for a few seconds but never an answer or an extra execution.
 func TestOnRedisCluster(t *testing.T) {
 	t.Parallel()
-	cluster := servicetest.StartRedisCluster(t, 3)
+	cluster := redistest.StartCluster(t, 3)
 	rdb, err := redisstore.NewClient(cluster.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { rdb.Close() })
@@ -113,7 +113,7 @@ func TestOnRedisCluster(t *testing.T) {
 
 	t.Run("store contract", func(t *testing.T) {
 		storetest.Run(t, testharness.Wrapped(testharness.Memstore(), infront[*memstore.Tx](fast)))
-		storetest.Run(t, testharness.Wrapped(testharness.PostgresDeferred(testdb.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
+		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
 	})
 
 	t.Run("storm", func(t *testing.T) {
@@ -249,7 +249,9 @@ func load(t testing.TB, store idempotency.Store[pgx.Tx], scopes []string, keys, 
 		}
 		for _, scope := range scopes {
 			for _, key := range names {
-				wg.Go(func() {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
 					req := claimReq(scope, key)
 					req.Wait = 5 * time.Second
 					lease, rec, err := store.Claim(ctx, req)
@@ -264,10 +266,10 @@ func load(t testing.TB, store idempotency.Store[pgx.Tx], scopes []string, keys, 
 					case !strings.Contains(string(rec.Response.Body), scope+key):
 						fail(scope+"/"+key, fmt.Errorf("replayed %s", rec.Response.Body))
 					}
-				})
+				}()
 			}
 		}
-		servicetest.Wait(t, &wg, time.Minute, "a round of claims")
+		waitFor(t, &wg, time.Minute, "a round of claims")
 		took = append(took, time.Since(start))
 		time.Sleep(time.Until(start.Add(pace)))
 	}
@@ -306,9 +308,9 @@ func slotOf(t *testing.T, rdb redis.UniversalClient, key string) redis.ClusterSl
 }
 
 // nodeAt is the node of cluster listening at addr.
-func nodeAt(t *testing.T, cluster *servicetest.RedisCluster, addr string) *servicetest.ClusterNode {
+func nodeAt(t *testing.T, cluster *redistest.Cluster, addr string) *redistest.Node {
 	t.Helper()
-	i := slices.IndexFunc(cluster.Nodes, func(n *servicetest.ClusterNode) bool { return n.Addr == addr })
+	i := slices.IndexFunc(cluster.Nodes, func(n *redistest.Node) bool { return n.Addr == addr })
 	require.GreaterOrEqual(t, i, 0, "no node at %s", addr)
 	return cluster.Nodes[i]
 }

@@ -1,4 +1,4 @@
-package servicetest
+package redistest
 
 import (
 	"context"
@@ -15,46 +15,46 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// RedisCluster is a Redis Cluster of a test's own on loopback: masters with
+// Cluster is a Redis Cluster of a test's own on loopback: masters with
 // one replica each, every node a redis-server process the test may kill.
-type RedisCluster struct {
+type Cluster struct {
 	// URL names every node as a seed (redis+cluster://…).
 	URL   string
-	Nodes []*ClusterNode
+	Nodes []*Node
 }
 
-// ClusterNode is one redis-server of a RedisCluster.
-type ClusterNode struct {
+// Node is one redis-server of a Cluster.
+type Node struct {
 	Addr   string
 	cmd    *exec.Cmd
 	killed bool
 }
 
 // Kill kills the node with SIGKILL, as a crash would.
-func (n *ClusterNode) Kill() {
+func (n *Node) Kill() {
 	n.killed = true
 	_ = n.cmd.Process.Signal(syscall.SIGKILL)
 }
 
 // Client is a plain client of this one node.
-func (n *ClusterNode) Client(t testing.TB) *redis.Client {
+func (n *Node) Client(t testing.TB) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: n.Addr, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
 
-// StartRedisCluster starts masters*2 redis-server processes with cluster
+// StartCluster starts masters*2 redis-server processes with cluster
 // mode on, makes them a cluster of masters with one replica each
 // (redis-cli --cluster create), and waits until every node says the
 // cluster is ok.
-func StartRedisCluster(t testing.TB, masters int) *RedisCluster {
+func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		t.Fatalf("redis-cli must be installed (Debian package redis-tools): %v", err)
 	}
 	dir := t.TempDir()
-	c := &RedisCluster{}
+	c := &Cluster{}
 	var addrs []string
 	for i := range masters * 2 {
 		port := clusterPort(t)
@@ -68,7 +68,7 @@ func StartRedisCluster(t testing.TB, masters int) *RedisCluster {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		})
-		c.Nodes = append(c.Nodes, &ClusterNode{Addr: addr, cmd: cmd})
+		c.Nodes = append(c.Nodes, &Node{Addr: addr, cmd: cmd})
 		addrs = append(addrs, addr)
 		waitListening(t, addr, "redis-server")
 	}
@@ -82,7 +82,7 @@ func StartRedisCluster(t testing.TB, masters int) *RedisCluster {
 
 // WaitOK waits until every node still running says cluster_state:ok and
 // knows of masters serving all 16384 slots.
-func (c *RedisCluster) WaitOK(t testing.TB, within time.Duration) {
+func (c *Cluster) WaitOK(t testing.TB, within time.Duration) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		for _, n := range c.Nodes {

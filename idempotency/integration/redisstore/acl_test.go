@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"crypto/rand"
-	"os"
 	"strings"
 	"testing"
 
@@ -13,8 +12,8 @@ import (
 	"github.com/oncekey/oncekey/idempotency/internal/testharness"
 	"github.com/oncekey/oncekey/idempotency/memstore"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/idempotency/storetest"
-	"github.com/oncekey/oncekey/internal/servicetest"
 )
 
 // leastPrivilege is the ACL that docs/security.md gives the fast path's
@@ -28,19 +27,16 @@ const leastPrivilege = "on resetkeys resetchannels ~PREFIX* -@all +get +set +del
 // durable store, so the Observer's errors are counted).
 func TestLeastPrivilegeACL(t *testing.T) {
 	t.Parallel()
-	shared := os.Getenv("REDIS_URL")
-	if shared == "" {
-		shared = "redis://127.0.0.1:6379/0"
-	}
+	shared := redistest.SharedURL()
 	for _, tc := range []struct {
 		name string
 		url  func(t *testing.T) (url string, nodes []redis.UniversalClient)
 	}{
 		{"one node", func(t *testing.T) (string, []redis.UniversalClient) {
-			return shared, []redis.UniversalClient{sharedRedis(t)}
+			return shared, []redis.UniversalClient{redistest.Shared(t)}
 		}},
 		{"cluster", func(t *testing.T) (string, []redis.UniversalClient) {
-			cluster := servicetest.StartRedisCluster(t, 3)
+			cluster := redistest.StartCluster(t, 3)
 			var nodes []redis.UniversalClient
 			for _, n := range cluster.Nodes {
 				rdb := redis.NewClient(&redis.Options{Addr: n.Addr})

@@ -1,0 +1,144 @@
+package integration_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// engine is the import path every engine module lives under.
+const engine = "github.com/oncekey/oncekey/idempotency"
+
+// budgets are the three ways a team adopts the engine, each with every
+// module an outside module that imports those packages may name in
+// `go list -m all`: the packages' own needs and their tests' (a module's
+// requirements cover its tests), nothing of Oncekey's service.
+var budgets = []struct {
+	name    string   // as the README's table names it
+	imports []string // the packages the outside module imports
+	modules []string // what `go list -m all` may name, beside the outside module
+}{
+	{
+		name:    "`idempotency` and `…/memstore`",
+		imports: []string{engine, engine + "/memstore"},
+		modules: []string{
+			engine,
+			"github.com/gowebpki/jcs",            // canonical JSON
+			"github.com/hashicorp/golang-lru/v2", // recordcache
+			"github.com/stretchr/testify",        // storetest's and the tests' assertions
+			"go.yaml.in/yaml/v3",                 // testify's
+		},
+	},
+	{
+		name:    "`…/pgstore`",
+		imports: []string{engine + "/pgstore"},
+		modules: []string{
+			engine, engine + "/pgstore",
+			"github.com/gowebpki/jcs", "github.com/hashicorp/golang-lru/v2",
+			"github.com/stretchr/testify", "go.yaml.in/yaml/v3",
+			"github.com/jackc/pgx/v5", "github.com/jackc/pgpassfile", "github.com/jackc/pgservicefile", "github.com/jackc/puddle/v2",
+			"golang.org/x/sync", "golang.org/x/text", // pgx's
+			// what pgx's and testify's go.mod files name for their own tests:
+			"github.com/davecgh/go-spew", "github.com/pmezard/go-difflib", "github.com/stretchr/objx",
+			"github.com/kr/pretty", "gopkg.in/check.v1", "gopkg.in/yaml.v3", "golang.org/x/mod", "golang.org/x/tools",
+		},
+	},
+	{
+		name:    "`…/redisstore`",
+		imports: []string{engine + "/redisstore"},
+		modules: []string{
+			engine, engine + "/redisstore",
+			"github.com/gowebpki/jcs", "github.com/hashicorp/golang-lru/v2",
+			"github.com/stretchr/testify", "go.yaml.in/yaml/v3",
+			"github.com/redis/go-redis/v9", "github.com/sony/gobreaker/v2",
+			"github.com/cespare/xxhash/v2", "go.uber.org/atomic", "github.com/zeebo/xxh3", "github.com/klauspost/cpuid/v2", "golang.org/x/sys", // go-redis's
+			// what go-redis's and testify's go.mod files name for their own tests:
+			"github.com/bsm/ginkgo/v2", "github.com/bsm/gomega", "github.com/davecgh/go-spew", "github.com/pmezard/go-difflib", "gopkg.in/yaml.v3",
+		},
+	},
+}
+
+// never are modules of Oncekey's service that an adopter of the engine
+// must not inherit, whatever else changes.
+var never = []string{
+	"github.com/riverqueue/", "go.opentelemetry.io/", "gonum.org/", "modernc.org/sqlite", "github.com/pressly/goose",
+	"github.com/alecthomas/kong", "github.com/prometheus/", "github.com/oapi-codegen/", "github.com/go-chi/chi",
+	"github.com/oncekey/oncekey ", // the service's own module
+}
+
+// TestDependencyBudget builds, for each budget, a throwaway module outside
+// this repository that imports only those packages, tidies it with the go
+// command, and holds `go list -m all` to the budget. The README states the
+// counts; they must be the ones measured here.
+func TestDependencyBudget(t *testing.T) {
+	t.Parallel()
+	goCmd, err := exec.LookPath("go")
+	require.NoError(t, err, "the go command")
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "..", "README.md"))
+	require.NoError(t, err)
+
+	for _, b := range budgets {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			var main strings.Builder
+			main.WriteString("package main\n\nimport (\n")
+			for _, p := range b.imports {
+				fmt.Fprintf(&main, "\t_ %q\n", p)
+			}
+			main.WriteString(")\n\nfunc main() {}\n")
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(main.String()), 0o644))
+
+			var mod strings.Builder
+			mod.WriteString("module example.com/adopter\n\ngo 1.24.0\n\nreplace (\n")
+			for _, m := range []string{"", "/pgstore", "/redisstore", "/oapi"} {
+				fmt.Fprintf(&mod, "\t%s%s => %s\n", engine, m, filepath.Join(root, m))
+			}
+			mod.WriteString(")\n")
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(mod.String()), 0o644))
+
+			run := func(args ...string) string {
+				cmd := exec.Command(goCmd, args...)
+				cmd.Dir = dir
+				cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=")
+				out, err := cmd.CombinedOutput()
+				require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
+				return string(out)
+			}
+			for _, p := range b.imports {
+				run("mod", "edit", "-require="+moduleOf(p)+"@v0.1.0")
+			}
+			run("mod", "tidy")
+			run("build", "./...")
+
+			listed := strings.Split(strings.TrimSpace(run("list", "-m", "-f", "{{.Path}}", "all")), "\n")
+			require.Equal(t, "example.com/adopter", listed[0], "the main module comes first")
+			for _, m := range listed[1:] {
+				require.True(t, slices.Contains(b.modules, m), "an importer of %s inherits %s, which is not in its budget: %v", b.name, m, listed)
+				for _, n := range never {
+					require.False(t, strings.HasPrefix(m+" ", n), "an importer of %s inherits %s", b.name, m)
+				}
+			}
+			row := fmt.Sprintf("| %s | %d |", b.name, len(listed))
+			require.Contains(t, string(readme), row, "README.md's table of module counts must say what `go list -m all` names: %v", listed)
+		})
+	}
+}
+
+// moduleOf is the engine module that holds package p.
+func moduleOf(p string) string {
+	for _, m := range []string{"/pgstore", "/redisstore", "/oapi"} {
+		if p == engine+m || strings.HasPrefix(p, engine+m+"/") {
+			return engine + m
+		}
+	}
+	return engine
+}

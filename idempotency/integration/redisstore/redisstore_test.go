@@ -1,0 +1,447 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/internal/testharness"
+	"github.com/oncekey/oncekey/idempotency/memstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
+	"github.com/oncekey/oncekey/idempotency/storetest"
+)
+
+func TestMain(m *testing.M) {
+	pgstoretest.Main(m, pgstoretest.Options{})
+}
+
+// pgStore is pgstore on the test database.
+func pgStore(t *testing.T) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.New(pgstoretest.Pool(t), pgstore.Options{})
+	require.NoError(t, err)
+	return s
+}
+
+// fastPath puts the fast path on rdb in front of next.
+func fastPath(rdb redis.UniversalClient, cfg redisstore.Config, next idempotency.Store[pgx.Tx]) idempotency.Store[pgx.Tx] {
+	return redisstore.Wrap(redisstore.New(rdb, cfg), next)
+}
+
+// privateRedis runs a redis-server of the test's own on a free port, so the
+// test can flush or kill it. stop kills it.
+func privateRedis(t *testing.T) (rdb redis.UniversalClient, stop func()) {
+	t.Helper()
+	server := redistest.Start(t)
+	stop = func() { _ = server.Process.Kill() }
+	rdb, err := redisstore.NewClient(server.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { rdb.Close() })
+	require.Eventually(t, func() bool { return rdb.Ping(context.Background()).Err() == nil }, 5*time.Second, 10*time.Millisecond)
+	return rdb, stop
+}
+
+// TestConformance: with the fast path in front, pgstore keeps every promise
+// of the store contract (redisstore's own tests run it on memstore).
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "conformance:"})
+	t.Run("pgstore", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.DefaultTable), infront[pgx.Tx](fast)))
+	})
+	t.Run("pgstore deferred", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
+	})
+}
+
+func infront[U any](fast *redisstore.Store) func(*testing.T, idempotency.Store[U]) idempotency.Store[U] {
+	return func(_ *testing.T, next idempotency.Store[U]) idempotency.Store[U] { return redisstore.Wrap(fast, next) }
+}
+
+// counting counts the claims that reach the durable store.
+type counting struct {
+	idempotency.Store[pgx.Tx]
+	claims atomic.Int64
+}
+
+func (c *counting) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[pgx.Tx], *idempotency.Record, error) {
+	c.claims.Add(1)
+	return c.Store.Claim(ctx, req)
+}
+
+// observed counts what the fast path reports.
+type observed struct {
+	hit, miss, errs, rejected, fallbacks, trips atomic.Int64
+}
+
+func (o *observed) Redis(result string) {
+	switch result {
+	case "hit":
+		o.hit.Add(1)
+	case "miss":
+		o.miss.Add(1)
+	case "error":
+		o.errs.Add(1)
+	case "rejected":
+		o.rejected.Add(1)
+	}
+}
+func (o *observed) Fallback() { o.fallbacks.Add(1) }
+
+func (o *observed) Breaker(open bool) {
+	if open {
+		o.trips.Add(1)
+	}
+}
+
+func claimReq(scope, key string) idempotency.ClaimRequest {
+	return idempotency.ClaimRequest{Scope: scope, Key: key, Fingerprint: idempotency.Fingerprint{7},
+		Method: "POST", Route: "/orders", TTL: time.Hour, Wait: 2 * time.Second}
+}
+
+func resp201(body string) idempotency.Response {
+	return idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body)}
+}
+
+func TestReplaysAreServedFromRedis(t *testing.T) {
+	t.Parallel()
+	inner := &counting{Store: pgStore(t)}
+	obs := &observed{}
+	fast := fastPath(redistest.Shared(t), redisstore.Config{Observer: obs}, inner)
+	scope := rand.Text()
+	ctx := context.Background()
+
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err)
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+
+	for range 10 {
+		_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err)
+		require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
+		require.Equal(t, 201, rec.Response.Status)
+		require.Equal(t, idempotency.Fingerprint{7}, rec.Fingerprint)
+	}
+	require.EqualValues(t, 1, inner.claims.Load(), "replays must not reach PostgreSQL")
+	// Each replay's first look-up is a hit, unless Redis answered it after
+	// its read timeout (a loaded machine): then the marker script found the
+	// record instead, still on Redis.
+	require.EqualValues(t, 10, obs.hit.Load()+obs.errs.Load(), "one look-up result per replay")
+	require.Positive(t, obs.hit.Load(), "replays found by their look-up")
+}
+
+func TestRedisDownAtStartFallsBackToPostgres(t *testing.T) {
+	t.Parallel()
+	rdb, err := redisstore.NewClient("redis://127.0.0.1:1/0") // nothing listens there
+	require.NoError(t, err)
+	t.Cleanup(func() { rdb.Close() })
+	inner := &counting{Store: pgStore(t)}
+	obs := &observed{}
+	fast := fastPath(rdb, redisstore.Config{Observer: obs}, inner)
+	scope := rand.Text()
+	ctx := context.Background()
+
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err, "a dead Redis must not fail the request")
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err)
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replay comes from PostgreSQL")
+	require.EqualValues(t, 2, inner.claims.Load())
+	require.Positive(t, obs.errs.Load())
+	require.EqualValues(t, 2, obs.fallbacks.Load(), "one fallback per request")
+}
+
+// TestStaleMarkerDefersToPostgres: a marker whose holder is gone (its
+// release was lost) must not turn answers PostgreSQL has into 202s.
+func TestStaleMarkerDefersToPostgres(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	store := pgStore(t)
+	scope := rand.Text()
+	ctx := context.Background()
+
+	// The operation completed through the durable store alone...
+	lease, _, err := store.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err)
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+	// ...and a marker of some departed holder lingers in Redis.
+	_, marker := redisstore.New(rdb, redisstore.Config{}).KeyNames(scope, "k")
+	require.NoError(t, rdb.Set(ctx, marker, "someone-else", time.Minute).Err())
+	t.Cleanup(func() { rdb.Del(context.Background(), marker) })
+
+	fast := fastPath(rdb, redisstore.Config{}, store)
+	req := claimReq(scope, "k")
+	req.Wait = 300 * time.Millisecond
+	start := time.Now()
+	_, rec, err := fast.Claim(ctx, req)
+	require.NoError(t, err, "a stale marker must not make the answer a 202")
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
+	require.Less(t, time.Since(start), req.Wait+500*time.Millisecond, "within the wait budget")
+}
+
+func TestFlushedRedisKeepsAnsweringCorrectly(t *testing.T) {
+	t.Parallel()
+	rdb, _ := privateRedis(t)
+	inner := &counting{Store: pgStore(t)}
+	fast := fastPath(rdb, redisstore.Config{}, inner)
+	scope := rand.Text()
+	ctx := context.Background()
+
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err)
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+	require.NoError(t, rdb.FlushAll(ctx).Err())
+
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err)
+	require.NotNil(t, rec, "after a flush the record still replays, from PostgreSQL")
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
+	_, rec, err = fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err)
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
+	require.EqualValues(t, 2, inner.claims.Load(), "the first miss refilled the cache")
+}
+
+// TestMarkerShedsDuplicates: while the first request holds the key, its
+// duplicates wait on Redis and do not each take a database connection.
+func TestMarkerShedsDuplicates(t *testing.T) {
+	t.Parallel()
+	inner := &counting{Store: pgStore(t)}
+	obs := &observed{}
+	fast := fastPath(redistest.Shared(t), redisstore.Config{Observer: obs}, inner)
+	scope := rand.Text()
+	ctx := context.Background()
+
+	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err)
+	const duplicates = 30
+	var wg sync.WaitGroup
+	bodies := make([]string, duplicates)
+	errs := make([]error, duplicates)
+	for i := range duplicates {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+			errs[i] = err
+			if rec != nil {
+				bodies[i] = string(rec.Response.Body)
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // the duplicates are waiting
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+	waitFor(t, &wg, 30*time.Second, "the duplicates")
+	for i := range duplicates {
+		require.NoError(t, errs[i])
+		require.Equal(t, `{"id":"1"}`, bodies[i])
+	}
+	require.Zero(t, obs.errs.Load(), "Redis answered every look-up")
+	require.EqualValues(t, 1, inner.claims.Load(), "only the first request reached PostgreSQL")
+}
+
+// TestRedisKilledMidLoad: Redis dies while requests are running; every
+// operation still happens exactly once and nobody gets an error.
+func TestRedisKilledMidLoad(t *testing.T) {
+	t.Parallel()
+	rdb, stop := privateRedis(t)
+	fast := fastPath(rdb, redisstore.Config{}, pgStore(t))
+	const keys, fresh, rounds = 20, 4, 10
+	executed, failures, _ := load(t, fast, []string{rand.Text()}, keys, fresh, rounds, 0, func(round int) {
+		if round == rounds/2 {
+			stop() // Redis goes away mid-load
+		}
+	})
+	for key, err := range failures {
+		t.Errorf("%s: %v", key, err)
+	}
+	require.EqualValues(t, keys+fresh*rounds, executed.Load(), "each key's operation ran exactly once, the keys first claimed as Redis went away included")
+}
+
+// commandCounter counts the commands a client sends, alone or pipelined.
+type commandCounter struct{ n atomic.Int64 }
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisCommandsPerRequest pins what the fast path costs in Redis: a
+// first request looks its record up, takes the marker (a script that looks
+// again in the same step) and, once committed, caches the record and gives
+// the marker up (another script); a replay is one look-up.
+func TestRedisCommandsPerRequest(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	fast := fastPath(rdb, redisstore.Config{}, pgStore(t))
+	scope := rand.Text()
+	ctx := context.Background()
+	first := func(key string) {
+		t.Helper()
+		lease, rec, err := fast.Claim(ctx, claimReq(scope, key))
+		require.NoError(t, err, "claim %s", key)
+		require.Nil(t, rec, "claim %s: a record for a new key", key)
+		require.NoError(t, lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)), "commit %s", key)
+	}
+	first("warm-up") // Redis may not know the scripts yet (EVALSHA, then EVAL)
+
+	counter.n.Store(0)
+	first("k")
+	require.EqualValues(t, 3, counter.n.Load(), "Redis commands of a first request")
+
+	counter.n.Store(0)
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err, "replay")
+	require.NotNil(t, rec, "the replay's record")
+	require.Equal(t, `{"key":"k"}`, string(rec.Response.Body), "the replayed body")
+	require.EqualValues(t, 1, counter.n.Load(), "Redis commands of a replay")
+}
+
+// TestUnusableCachedRecordIsReplaced: a record this replica cannot read
+// (here another version's JSON) is neither served nor mistaken for a
+// request in flight: the database answers at once and its read-through
+// replaces the record.
+func TestUnusableCachedRecordIsReplaced(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	inner := &counting{Store: pgStore(t)}
+	obs := &observed{}
+	fast := fastPath(rdb, redisstore.Config{Observer: obs, Poll: time.Second}, inner)
+	scope := rand.Text()
+	ctx := context.Background()
+
+	lease, _, err := inner.Store.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err, "claim through PostgreSQL alone")
+	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)), "commit")
+	recKey, _ := redisstore.New(rdb, redisstore.Config{}).KeyNames(scope, "k")
+	require.NoError(t, rdb.Set(ctx, recKey, `{"fp":"AAAA","status":201}`, time.Minute).Err(), "an old replica's record")
+
+	start := time.Now()
+	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err, "claim over an unusable record")
+	require.NotNil(t, rec, "the record, from PostgreSQL")
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replayed body")
+	require.Less(t, time.Since(start), 500*time.Millisecond, "answered without waiting for a holder that does not exist")
+	require.EqualValues(t, 1, inner.claims.Load(), "PostgreSQL answered")
+	require.Zero(t, obs.fallbacks.Load(), "an unusable record is no Redis failure")
+
+	_, rec, err = fast.Claim(ctx, claimReq(scope, "k"))
+	require.NoError(t, err, "claim after the read-through")
+	require.Equal(t, `{"id":"1"}`, string(rec.Response.Body), "the replayed body")
+	require.EqualValues(t, 1, inner.claims.Load(), "the read-through replaced the record: Redis answered")
+}
+
+// TestForgedRecordsAreNotReplayed checks that what else can write to the
+// Redis cannot make the fast path replay a response of its making: a
+// record sealed under another secret, or one scope's record copied to
+// another scope's key, is rejected and read through from PostgreSQL, which
+// then replaces it. Processes that share the secret share the records.
+func TestForgedRecordsAreNotReplayed(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	secret := []byte(rand.Text() + rand.Text())
+	inner := &counting{Store: pgStore(t)}
+	obs := &observed{}
+	fast := redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: obs})
+	store := redisstore.Wrap(fast, idempotency.Store[pgx.Tx](inner))
+	commit := func(s idempotency.Store[pgx.Tx], scope, body string) {
+		t.Helper()
+		lease, rec, err := s.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "claim %s", scope)
+		require.Nil(t, rec, "a new key of %s", scope)
+		require.NoError(t, lease.Commit(ctx, resp201(body)), "commit %s", scope)
+	}
+
+	t.Run("sealed under another secret", func(t *testing.T) {
+		scope := rand.Text()
+		forger := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: []byte("not the service's secret at all")}), memstore.New())
+		lease, _, err := forger.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "the forger's claim")
+		require.NoError(t, lease.Commit(ctx, resp201(`{"forged":true}`)), "the forger caches its record")
+
+		lease2, rec, err := store.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "claim over the forged record")
+		require.Nil(t, rec, "the forged record replayed: %+v", rec)
+		require.NotNil(t, lease2, "a new key runs its operation")
+		require.NoError(t, lease2.Commit(ctx, resp201(`{"real":1}`)), "commit")
+		require.EqualValues(t, 1, obs.rejected.Load(), "look-ups that rejected a record")
+		_, rec, err = store.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "replay")
+		require.Equal(t, `{"real":1}`, string(rec.Response.Body), "the record that replaced the forged one")
+	})
+
+	t.Run("another scope's record copied", func(t *testing.T) {
+		victim, other := rand.Text(), rand.Text()
+		commit(inner, victim, `{"owner":"victim"}`) // through PostgreSQL alone: nothing cached
+		commit(store, other, `{"owner":"other"}`)
+		otherKey, _ := fast.KeyNames(other, "k")
+		victimKey, _ := fast.KeyNames(victim, "k")
+		raw, err := rdb.Get(ctx, otherKey).Bytes()
+		require.NoError(t, err, "the other scope's cached record")
+		require.NoError(t, rdb.Set(ctx, victimKey, raw, time.Minute).Err(), "copy it to the victim's key")
+
+		before := obs.rejected.Load()
+		_, rec, err := store.Claim(ctx, claimReq(victim, "k"))
+		require.NoError(t, err, "the victim's replay")
+		require.Equal(t, `{"owner":"victim"}`, string(rec.Response.Body), "the victim's own record, from PostgreSQL")
+		require.Equal(t, before+1, obs.rejected.Load(), "look-ups that rejected a record")
+	})
+
+	t.Run("replicas share the secret and the records", func(t *testing.T) {
+		scope := rand.Text()
+		commit(store, scope, `{"shared":true}`)
+		replicaObs := &observed{}
+		replica := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: replicaObs}), idempotency.Store[pgx.Tx](inner))
+		claims := inner.claims.Load()
+		_, rec, err := replica.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "the replica's replay")
+		require.Equal(t, `{"shared":true}`, string(rec.Response.Body), "the replayed body")
+		require.Equal(t, claims, inner.claims.Load(), "the replica's replay came from Redis")
+		require.Zero(t, replicaObs.rejected.Load(), "records rejected by a replica with the same secret")
+	})
+}
+
+// waitFor waits for wg, and fails the test with what if that takes longer
+// than d: a claim stuck behind a fault must fail the test, not hang it.
+func waitFor(t testing.TB, wg *sync.WaitGroup, d time.Duration, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s: still running after %s", what, d)
+	}
+}
