@@ -4,16 +4,11 @@ VALUES ($1, $2, $3, $4, $5, $6, $7);
 
 -- name: OrderCreateClaimed :exec
 -- OrderCreate for a claim deferred to its commit (a pgstore.Batch): the
--- order is written only if this very transaction inserted the key row of
--- its claim (its scope, key and time), as pgstore.Batch asks of every write
--- queued in it.
+-- order is written only if its own claim inserted the key row, which it
+-- says by selecting from pgstore's guard relation (pgstore.Store.Deferred).
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 SELECT @account_id, @id, @status, @amount, @currency, @items, @created_at
-WHERE EXISTS (
-    SELECT 1 FROM idempotency_keys k
-    WHERE k.scope = @claim_scope AND k.idempotency_key = @claim_key
-      AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = @claim_created_at
-);
+WHERE EXISTS (SELECT FROM idempotency_keys_claimed);
 
 -- name: OrderGet :one
 SELECT * FROM orders WHERE account_id = $1 AND id = $2;

@@ -44,12 +44,14 @@ const schema = `CREATE TABLE IF NOT EXISTS widgets (
 )`
 
 // insertWidget is queued in a pgstore.Batch, which runs it after the claim
-// in the same transaction. The guard (Batch.Guard, parameters $6 and $7)
-// makes it insert nothing unless that very transaction inserted the key
-// row: a replay, a mismatch or a lost race writes no widget, and raises no
-// error.
+// in the same transaction. Selecting from pgstore's guard relation
+// (idempotency_keys_claimed, Store.Claimed) makes it insert nothing unless
+// its own claim inserted the key row: a replay, a mismatch or a lost race
+// writes no widget, and raises no error. Deferred takes it when the
+// operation is bound, and would refuse it at start-up if it were not so
+// guarded.
 const insertWidget = `INSERT INTO widgets (tenant, id, name, color, created_at)
-SELECT $1, $2, $3, $4, $5 WHERE `
+SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT FROM idempotency_keys_claimed)`
 
 const widgetColumns = `id, name, color, paints, created_at`
 
@@ -87,7 +89,11 @@ func newHandler(pool *pgxpool.Pool, keys *pgstore.Store) (http.Handler, error) {
 		return nil, err
 	}
 	s := &service{pool: pool}
-	if s.create, err = oapi.Bind(ops, "createWidget", keys.Deferred()); err != nil {
+	deferred, err := keys.Deferred(insertWidget)
+	if err != nil {
+		return nil, err
+	}
+	if s.create, err = oapi.Bind(ops, "createWidget", deferred); err != nil {
 		return nil, err
 	}
 	if s.paint, err = oapi.Bind(ops, "paintWidget", keys); err != nil {
@@ -127,8 +133,9 @@ func (s *service) CreateWidget(ctx context.Context, req api.CreateWidgetRequestO
 	}
 	// Exec only queues: the insert runs at the lease's commit. The claim's
 	// scope is the tenant (Config.Scope).
-	guard, args := batch.Guard(6)
-	_, _ = batch.Exec(ctx, insertWidget+guard, append([]any{batch.Ref().Scope, w.Id, w.Name, w.Color, w.CreatedAt}, args...)...)
+	if _, err := batch.Exec(ctx, insertWidget, batch.Ref().Scope, w.Id, w.Name, w.Color, w.CreatedAt); err != nil {
+		return nil, err
+	}
 	location := "/widgets/" + w.Id.String()
 	return api.CreateWidget201JSONResponse{Body: w, Headers: api.CreateWidget201ResponseHeaders{Location: &location}}, nil
 }

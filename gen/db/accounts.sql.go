@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const aPIKeyCreate = `-- name: APIKeyCreate :exec
+const APIKeyCreate = `-- name: APIKeyCreate :exec
 INSERT INTO api_keys (key_hash, account_id) VALUES ($1, $2)
 `
 
@@ -22,11 +22,11 @@ type APIKeyCreateParams struct {
 }
 
 func (q *Queries) APIKeyCreate(ctx context.Context, arg APIKeyCreateParams) error {
-	_, err := q.db.Exec(ctx, aPIKeyCreate, arg.KeyHash, arg.AccountID)
+	_, err := q.db.Exec(ctx, APIKeyCreate, arg.KeyHash, arg.AccountID)
 	return err
 }
 
-const aPIKeyCreateDemo = `-- name: APIKeyCreateDemo :exec
+const APIKeyCreateDemo = `-- name: APIKeyCreateDemo :exec
 INSERT INTO api_keys (key_hash, account_id, demo) VALUES ($1, $2, true)
 `
 
@@ -36,11 +36,11 @@ type APIKeyCreateDemoParams struct {
 }
 
 func (q *Queries) APIKeyCreateDemo(ctx context.Context, arg APIKeyCreateDemoParams) error {
-	_, err := q.db.Exec(ctx, aPIKeyCreateDemo, arg.KeyHash, arg.AccountID)
+	_, err := q.db.Exec(ctx, APIKeyCreateDemo, arg.KeyHash, arg.AccountID)
 	return err
 }
 
-const aPIKeyDisableDemo = `-- name: APIKeyDisableDemo :execrows
+const APIKeyDisableDemo = `-- name: APIKeyDisableDemo :execrows
 UPDATE api_keys SET revoked_at = now()
 WHERE (demo OR key_hash = $1) AND revoked_at IS NULL AND key_hash <> $2
 `
@@ -54,24 +54,24 @@ type APIKeyDisableDemoParams struct {
 // The README's well-known key counts as one wherever it was given, flagged
 // or not: databases migrated before the flag existed hold it unflagged.
 func (q *Queries) APIKeyDisableDemo(ctx context.Context, arg APIKeyDisableDemoParams) (int64, error) {
-	result, err := q.db.Exec(ctx, aPIKeyDisableDemo, arg.WellKnown, arg.Keep)
+	result, err := q.db.Exec(ctx, APIKeyDisableDemo, arg.WellKnown, arg.Keep)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const aPIKeyEnableDemo = `-- name: APIKeyEnableDemo :exec
+const APIKeyEnableDemo = `-- name: APIKeyEnableDemo :exec
 UPDATE api_keys SET revoked_at = NULL, demo = true WHERE key_hash = $1
 `
 
 // The demo key, active again: it was disabled by a start without it.
 func (q *Queries) APIKeyEnableDemo(ctx context.Context, keyHash []byte) error {
-	_, err := q.db.Exec(ctx, aPIKeyEnableDemo, keyHash)
+	_, err := q.db.Exec(ctx, APIKeyEnableDemo, keyHash)
 	return err
 }
 
-const aPIKeyGet = `-- name: APIKeyGet :one
+const APIKeyGet = `-- name: APIKeyGet :one
 SELECT account_id, demo, revoked_at FROM api_keys WHERE key_hash = $1
 `
 
@@ -82,36 +82,36 @@ type APIKeyGetRow struct {
 }
 
 func (q *Queries) APIKeyGet(ctx context.Context, keyHash []byte) (APIKeyGetRow, error) {
-	row := q.db.QueryRow(ctx, aPIKeyGet, keyHash)
+	row := q.db.QueryRow(ctx, APIKeyGet, keyHash)
 	var i APIKeyGetRow
 	err := row.Scan(&i.AccountID, &i.Demo, &i.RevokedAt)
 	return i, err
 }
 
-const aPIKeyGetAccountID = `-- name: APIKeyGetAccountID :one
+const APIKeyGetAccountID = `-- name: APIKeyGetAccountID :one
 SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL
 `
 
 func (q *Queries) APIKeyGetAccountID(ctx context.Context, keyHash []byte) (uuid.UUID, error) {
-	row := q.db.QueryRow(ctx, aPIKeyGetAccountID, keyHash)
+	row := q.db.QueryRow(ctx, APIKeyGetAccountID, keyHash)
 	var account_id uuid.UUID
 	err := row.Scan(&account_id)
 	return account_id, err
 }
 
-const aPIKeyRevoke = `-- name: APIKeyRevoke :execrows
+const APIKeyRevoke = `-- name: APIKeyRevoke :execrows
 UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL
 `
 
 func (q *Queries) APIKeyRevoke(ctx context.Context, keyHash []byte) (int64, error) {
-	result, err := q.db.Exec(ctx, aPIKeyRevoke, keyHash)
+	result, err := q.db.Exec(ctx, APIKeyRevoke, keyHash)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const accountCreate = `-- name: AccountCreate :exec
+const AccountCreate = `-- name: AccountCreate :exec
 INSERT INTO accounts (id, name) VALUES ($1, $2)
 `
 
@@ -121,16 +121,16 @@ type AccountCreateParams struct {
 }
 
 func (q *Queries) AccountCreate(ctx context.Context, arg AccountCreateParams) error {
-	_, err := q.db.Exec(ctx, accountCreate, arg.ID, arg.Name)
+	_, err := q.db.Exec(ctx, AccountCreate, arg.ID, arg.Name)
 	return err
 }
 
-const accountIDsByName = `-- name: AccountIDsByName :many
+const AccountIDsByName = `-- name: AccountIDsByName :many
 SELECT id FROM accounts WHERE name = $1 ORDER BY created_at LIMIT 10
 `
 
 func (q *Queries) AccountIDsByName(ctx context.Context, name string) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, accountIDsByName, name)
+	rows, err := q.db.Query(ctx, AccountIDsByName, name)
 	if err != nil {
 		return nil, err
 	}
@@ -149,24 +149,24 @@ func (q *Queries) AccountIDsByName(ctx context.Context, name string) ([]uuid.UUI
 	return items, nil
 }
 
-const accountName = `-- name: AccountName :one
+const AccountName = `-- name: AccountName :one
 SELECT name FROM accounts WHERE id = $1
 `
 
 func (q *Queries) AccountName(ctx context.Context, id uuid.UUID) (string, error) {
-	row := q.db.QueryRow(ctx, accountName, id)
+	row := q.db.QueryRow(ctx, AccountName, id)
 	var name string
 	err := row.Scan(&name)
 	return name, err
 }
 
-const accountNameLock = `-- name: AccountNameLock :exec
+const AccountNameLock = `-- name: AccountNameLock :exec
 SELECT pg_advisory_xact_lock(hashtextextended('oncekey account name ' || $1::text, 0))
 `
 
 // Held until the transaction ends: creates of one name that refuse a name
 // in use run one at a time, so two of them never both find it free.
 func (q *Queries) AccountNameLock(ctx context.Context, name string) error {
-	_, err := q.db.Exec(ctx, accountNameLock, name)
+	_, err := q.db.Exec(ctx, AccountNameLock, name)
 	return err
 }

@@ -12,18 +12,18 @@ import (
 	"github.com/google/uuid"
 )
 
-const bonusBalanceGet = `-- name: BonusBalanceGet :one
+const BonusBalanceGet = `-- name: BonusBalanceGet :one
 SELECT coalesce((SELECT balance FROM bonus_balances WHERE account_id = $1), 0)::bigint AS balance
 `
 
 func (q *Queries) BonusBalanceGet(ctx context.Context, accountID uuid.UUID) (int64, error) {
-	row := q.db.QueryRow(ctx, bonusBalanceGet, accountID)
+	row := q.db.QueryRow(ctx, BonusBalanceGet, accountID)
 	var balance int64
 	err := row.Scan(&balance)
 	return balance, err
 }
 
-const bonusCredit = `-- name: BonusCredit :many
+const BonusCredit = `-- name: BonusCredit :many
 WITH credit AS (SELECT $1::uuid AS account_id, $2::bigint AS amount, $3::bigint AS max_balance)
 INSERT INTO bonus_balances (account_id, balance, updated_at)
 SELECT account_id, amount, now() FROM credit WHERE amount <= max_balance
@@ -43,7 +43,7 @@ type BonusCreditParams struct {
 // would take the balance beyond max_balance writes nothing and returns no
 // row; the comparisons subtract, so that no amount can overflow bigint.
 func (q *Queries) BonusCredit(ctx context.Context, arg BonusCreditParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, bonusCredit, arg.AccountID, arg.Amount, arg.MaxBalance)
+	rows, err := q.db.Query(ctx, BonusCredit, arg.AccountID, arg.Amount, arg.MaxBalance)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (q *Queries) BonusCredit(ctx context.Context, arg BonusCreditParams) ([]int
 	return items, nil
 }
 
-const bonusDebit = `-- name: BonusDebit :many
+const BonusDebit = `-- name: BonusDebit :many
 UPDATE bonus_balances
 SET balance = balance - $1, updated_at = now()
 WHERE account_id = $2 AND balance >= $1
@@ -79,7 +79,7 @@ type BonusDebitParams struct {
 // re-checks the WHERE clause on the new balance, so concurrent debits can
 // never together take more than there is.
 func (q *Queries) BonusDebit(ctx context.Context, arg BonusDebitParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, bonusDebit, arg.Amount, arg.AccountID)
+	rows, err := q.db.Query(ctx, BonusDebit, arg.Amount, arg.AccountID)
 	if err != nil {
 		return nil, err
 	}
@@ -98,18 +98,18 @@ func (q *Queries) BonusDebit(ctx context.Context, arg BonusDebitParams) ([]int64
 	return items, nil
 }
 
-const bonusEntryCount = `-- name: BonusEntryCount :one
+const BonusEntryCount = `-- name: BonusEntryCount :one
 SELECT count(*) FROM bonus_entries WHERE account_id = $1
 `
 
 func (q *Queries) BonusEntryCount(ctx context.Context, accountID uuid.UUID) (int64, error) {
-	row := q.db.QueryRow(ctx, bonusEntryCount, accountID)
+	row := q.db.QueryRow(ctx, BonusEntryCount, accountID)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
 }
 
-const bonusEntryCreate = `-- name: BonusEntryCreate :exec
+const BonusEntryCreate = `-- name: BonusEntryCreate :exec
 INSERT INTO bonus_entries (account_id, id, kind, amount, reason, balance_after, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 `
@@ -125,7 +125,7 @@ type BonusEntryCreateParams struct {
 }
 
 func (q *Queries) BonusEntryCreate(ctx context.Context, arg BonusEntryCreateParams) error {
-	_, err := q.db.Exec(ctx, bonusEntryCreate,
+	_, err := q.db.Exec(ctx, BonusEntryCreate,
 		arg.AccountID,
 		arg.ID,
 		arg.Kind,

@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const healthReadOnly = `-- name: HealthReadOnly :one
+const HealthReadOnly = `-- name: HealthReadOnly :one
 SELECT current_setting('transaction_read_only')::bool AS read_only
 `
 
@@ -17,13 +17,13 @@ SELECT current_setting('transaction_read_only')::bool AS read_only
 // primary demoted by a failover), or while default_transaction_read_only
 // is on (the protection mode of a full disk on several managed services).
 func (q *Queries) HealthReadOnly(ctx context.Context) (bool, error) {
-	row := q.db.QueryRow(ctx, healthReadOnly)
+	row := q.db.QueryRow(ctx, HealthReadOnly)
 	var read_only bool
 	err := row.Scan(&read_only)
 	return read_only, err
 }
 
-const healthReplicaLagSeconds = `-- name: HealthReplicaLagSeconds :one
+const HealthReplicaLagSeconds = `-- name: HealthReplicaLagSeconds :one
 SELECT (CASE
     WHEN NOT pg_is_in_recovery() THEN 0
     WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() THEN 0
@@ -35,7 +35,7 @@ END)::float8 AS lag_seconds
 // or not a replica): the age of the last transaction it replayed while WAL
 // waits to be applied (recovery_min_apply_delay, or a paused replay).
 func (q *Queries) HealthReplicaLagSeconds(ctx context.Context) (float64, error) {
-	row := q.db.QueryRow(ctx, healthReplicaLagSeconds)
+	row := q.db.QueryRow(ctx, HealthReplicaLagSeconds)
 	var lag_seconds float64
 	err := row.Scan(&lag_seconds)
 	return lag_seconds, err

@@ -57,6 +57,10 @@ type IdempotencyKey struct {
 	ExpiresAt       time.Time
 }
 
+type IdempotencyKeysClaimed struct {
+	Claimed bool
+}
+
 type Order struct {
 	AccountID   uuid.UUID
 	ID          uuid.UUID

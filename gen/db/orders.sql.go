@@ -13,18 +13,18 @@ import (
 	"github.com/google/uuid"
 )
 
-const orderCount = `-- name: OrderCount :one
+const OrderCount = `-- name: OrderCount :one
 SELECT count(*) FROM orders WHERE account_id = $1
 `
 
 func (q *Queries) OrderCount(ctx context.Context, accountID uuid.UUID) (int64, error) {
-	row := q.db.QueryRow(ctx, orderCount, accountID)
+	row := q.db.QueryRow(ctx, OrderCount, accountID)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
 }
 
-const orderCreate = `-- name: OrderCreate :exec
+const OrderCreate = `-- name: OrderCreate :exec
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 `
@@ -40,7 +40,7 @@ type OrderCreateParams struct {
 }
 
 func (q *Queries) OrderCreate(ctx context.Context, arg OrderCreateParams) error {
-	_, err := q.db.Exec(ctx, orderCreate,
+	_, err := q.db.Exec(ctx, OrderCreate,
 		arg.AccountID,
 		arg.ID,
 		arg.Status,
@@ -52,35 +52,27 @@ func (q *Queries) OrderCreate(ctx context.Context, arg OrderCreateParams) error 
 	return err
 }
 
-const orderCreateClaimed = `-- name: OrderCreateClaimed :exec
+const OrderCreateClaimed = `-- name: OrderCreateClaimed :exec
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 SELECT $1, $2, $3, $4, $5, $6, $7
-WHERE EXISTS (
-    SELECT 1 FROM idempotency_keys k
-    WHERE k.scope = $8 AND k.idempotency_key = $9
-      AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $10
-)
+WHERE EXISTS (SELECT FROM idempotency_keys_claimed)
 `
 
 type OrderCreateClaimedParams struct {
-	AccountID      uuid.UUID
-	ID             uuid.UUID
-	Status         string
-	Amount         int64
-	Currency       string
-	Items          json.RawMessage
-	CreatedAt      time.Time
-	ClaimScope     []byte
-	ClaimKey       string
-	ClaimCreatedAt time.Time
+	AccountID uuid.UUID
+	ID        uuid.UUID
+	Status    string
+	Amount    int64
+	Currency  string
+	Items     json.RawMessage
+	CreatedAt time.Time
 }
 
 // OrderCreate for a claim deferred to its commit (a pgstore.Batch): the
-// order is written only if this very transaction inserted the key row of
-// its claim (its scope, key and time), as pgstore.Batch asks of every write
-// queued in it.
+// order is written only if its own claim inserted the key row, which it
+// says by selecting from pgstore's guard relation (pgstore.Store.Deferred).
 func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimedParams) error {
-	_, err := q.db.Exec(ctx, orderCreateClaimed,
+	_, err := q.db.Exec(ctx, OrderCreateClaimed,
 		arg.AccountID,
 		arg.ID,
 		arg.Status,
@@ -88,14 +80,11 @@ func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimed
 		arg.Currency,
 		arg.Items,
 		arg.CreatedAt,
-		arg.ClaimScope,
-		arg.ClaimKey,
-		arg.ClaimCreatedAt,
 	)
 	return err
 }
 
-const orderGet = `-- name: OrderGet :one
+const OrderGet = `-- name: OrderGet :one
 SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders WHERE account_id = $1 AND id = $2
 `
 
@@ -105,7 +94,7 @@ type OrderGetParams struct {
 }
 
 func (q *Queries) OrderGet(ctx context.Context, arg OrderGetParams) (Order, error) {
-	row := q.db.QueryRow(ctx, orderGet, arg.AccountID, arg.ID)
+	row := q.db.QueryRow(ctx, OrderGet, arg.AccountID, arg.ID)
 	var i Order
 	err := row.Scan(
 		&i.AccountID,
@@ -120,7 +109,7 @@ func (q *Queries) OrderGet(ctx context.Context, arg OrderGetParams) (Order, erro
 	return i, err
 }
 
-const orderGetForUpdate = `-- name: OrderGetForUpdate :one
+const OrderGetForUpdate = `-- name: OrderGetForUpdate :one
 SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders WHERE account_id = $1 AND id = $2 FOR UPDATE
 `
 
@@ -133,7 +122,7 @@ type OrderGetForUpdateParams struct {
 // paying an order each take this lock before they decide, so they happen
 // one at a time and each sees what the one before it did.
 func (q *Queries) OrderGetForUpdate(ctx context.Context, arg OrderGetForUpdateParams) (Order, error) {
-	row := q.db.QueryRow(ctx, orderGetForUpdate, arg.AccountID, arg.ID)
+	row := q.db.QueryRow(ctx, OrderGetForUpdate, arg.AccountID, arg.ID)
 	var i Order
 	err := row.Scan(
 		&i.AccountID,
@@ -148,7 +137,7 @@ func (q *Queries) OrderGetForUpdate(ctx context.Context, arg OrderGetForUpdatePa
 	return i, err
 }
 
-const orderHasActivePayment = `-- name: OrderHasActivePayment :one
+const OrderHasActivePayment = `-- name: OrderHasActivePayment :one
 SELECT EXISTS (
     SELECT 1 FROM payments
     WHERE account_id = $1 AND order_id = $2 AND status IN ('pending', 'succeeded')
@@ -161,13 +150,13 @@ type OrderHasActivePaymentParams struct {
 }
 
 func (q *Queries) OrderHasActivePayment(ctx context.Context, arg OrderHasActivePaymentParams) (bool, error) {
-	row := q.db.QueryRow(ctx, orderHasActivePayment, arg.AccountID, arg.OrderID)
+	row := q.db.QueryRow(ctx, OrderHasActivePayment, arg.AccountID, arg.OrderID)
 	var exists bool
 	err := row.Scan(&exists)
 	return exists, err
 }
 
-const orderListAfter = `-- name: OrderListAfter :many
+const OrderListAfter = `-- name: OrderListAfter :many
 SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders
 WHERE account_id = $1 AND (created_at, id) < ($2::timestamptz, $3::uuid)
 ORDER BY created_at DESC, id DESC
@@ -183,7 +172,7 @@ type OrderListAfterParams struct {
 
 // The page after the cursor (created_at, id), newest first.
 func (q *Queries) OrderListAfter(ctx context.Context, arg OrderListAfterParams) ([]Order, error) {
-	rows, err := q.db.Query(ctx, orderListAfter,
+	rows, err := q.db.Query(ctx, OrderListAfter,
 		arg.AccountID,
 		arg.CursorCreatedAt,
 		arg.CursorID,
@@ -216,7 +205,7 @@ func (q *Queries) OrderListAfter(ctx context.Context, arg OrderListAfterParams) 
 	return items, nil
 }
 
-const orderListFirst = `-- name: OrderListFirst :many
+const OrderListFirst = `-- name: OrderListFirst :many
 SELECT account_id, id, status, amount, currency, items, created_at, cancelled_at FROM orders
 WHERE account_id = $1
 ORDER BY created_at DESC, id DESC
@@ -229,7 +218,7 @@ type OrderListFirstParams struct {
 }
 
 func (q *Queries) OrderListFirst(ctx context.Context, arg OrderListFirstParams) ([]Order, error) {
-	rows, err := q.db.Query(ctx, orderListFirst, arg.AccountID, arg.Limit)
+	rows, err := q.db.Query(ctx, OrderListFirst, arg.AccountID, arg.Limit)
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +246,7 @@ func (q *Queries) OrderListFirst(ctx context.Context, arg OrderListFirstParams) 
 	return items, nil
 }
 
-const orderUpdate = `-- name: OrderUpdate :execrows
+const OrderUpdate = `-- name: OrderUpdate :execrows
 UPDATE orders
 SET status = $1, amount = $2, currency = $3, items = $4, cancelled_at = $5
 WHERE account_id = $6 AND id = $7
@@ -274,7 +263,7 @@ type OrderUpdateParams struct {
 }
 
 func (q *Queries) OrderUpdate(ctx context.Context, arg OrderUpdateParams) (int64, error) {
-	result, err := q.db.Exec(ctx, orderUpdate,
+	result, err := q.db.Exec(ctx, OrderUpdate,
 		arg.Status,
 		arg.Amount,
 		arg.Currency,

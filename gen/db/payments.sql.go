@@ -13,18 +13,18 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const paymentCount = `-- name: PaymentCount :one
+const PaymentCount = `-- name: PaymentCount :one
 SELECT count(*) FROM payments WHERE account_id = $1
 `
 
 func (q *Queries) PaymentCount(ctx context.Context, accountID uuid.UUID) (int64, error) {
-	row := q.db.QueryRow(ctx, paymentCount, accountID)
+	row := q.db.QueryRow(ctx, PaymentCount, accountID)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
 }
 
-const paymentCreate = `-- name: PaymentCreate :exec
+const PaymentCreate = `-- name: PaymentCreate :exec
 INSERT INTO payments (account_id, id, order_id, amount, currency, status, idempotency_key, key_created_at, created_at)
 VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7, $8)
 `
@@ -41,7 +41,7 @@ type PaymentCreateParams struct {
 }
 
 func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) error {
-	_, err := q.db.Exec(ctx, paymentCreate,
+	_, err := q.db.Exec(ctx, PaymentCreate,
 		arg.AccountID,
 		arg.ID,
 		arg.OrderID,
@@ -54,7 +54,7 @@ func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) er
 	return err
 }
 
-const paymentFinish = `-- name: PaymentFinish :one
+const PaymentFinish = `-- name: PaymentFinish :one
 UPDATE payments
 SET status = $1, failure_reason = $2, provider_charge_id = $3, completed_at = $4
 WHERE account_id = $5 AND id = $6 AND status = 'pending'
@@ -74,7 +74,7 @@ type PaymentFinishParams struct {
 // it is (no row comes back): two workers racing on one payment (a rescued
 // job whose first run was still alive) settle it once.
 func (q *Queries) PaymentFinish(ctx context.Context, arg PaymentFinishParams) (Payment, error) {
-	row := q.db.QueryRow(ctx, paymentFinish,
+	row := q.db.QueryRow(ctx, PaymentFinish,
 		arg.Status,
 		arg.FailureReason,
 		arg.ProviderChargeID,
@@ -100,7 +100,7 @@ func (q *Queries) PaymentFinish(ctx context.Context, arg PaymentFinishParams) (P
 	return i, err
 }
 
-const paymentGet = `-- name: PaymentGet :one
+const PaymentGet = `-- name: PaymentGet :one
 SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments WHERE account_id = $1 AND id = $2
 `
 
@@ -110,7 +110,7 @@ type PaymentGetParams struct {
 }
 
 func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment, error) {
-	row := q.db.QueryRow(ctx, paymentGet, arg.AccountID, arg.ID)
+	row := q.db.QueryRow(ctx, PaymentGet, arg.AccountID, arg.ID)
 	var i Payment
 	err := row.Scan(
 		&i.AccountID,
@@ -129,7 +129,7 @@ func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment
 	return i, err
 }
 
-const paymentGetActiveForOrder = `-- name: PaymentGetActiveForOrder :one
+const PaymentGetActiveForOrder = `-- name: PaymentGetActiveForOrder :one
 SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments
 WHERE account_id = $1 AND order_id = $2 AND status IN ('pending', 'succeeded')
 `
@@ -142,7 +142,7 @@ type PaymentGetActiveForOrderParams struct {
 // The order's pending or succeeded payment: at most one
 // (payments_one_active_per_order).
 func (q *Queries) PaymentGetActiveForOrder(ctx context.Context, arg PaymentGetActiveForOrderParams) (Payment, error) {
-	row := q.db.QueryRow(ctx, paymentGetActiveForOrder, arg.AccountID, arg.OrderID)
+	row := q.db.QueryRow(ctx, PaymentGetActiveForOrder, arg.AccountID, arg.OrderID)
 	var i Payment
 	err := row.Scan(
 		&i.AccountID,
@@ -161,7 +161,7 @@ func (q *Queries) PaymentGetActiveForOrder(ctx context.Context, arg PaymentGetAc
 	return i, err
 }
 
-const paymentGetForUpdate = `-- name: PaymentGetForUpdate :one
+const PaymentGetForUpdate = `-- name: PaymentGetForUpdate :one
 SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments WHERE account_id = $1 AND id = $2 FOR UPDATE
 `
 
@@ -173,7 +173,7 @@ type PaymentGetForUpdateParams struct {
 // The payment, locked until the transaction ends: refunds of one payment are
 // created one at a time, each after summing the others.
 func (q *Queries) PaymentGetForUpdate(ctx context.Context, arg PaymentGetForUpdateParams) (Payment, error) {
-	row := q.db.QueryRow(ctx, paymentGetForUpdate, arg.AccountID, arg.ID)
+	row := q.db.QueryRow(ctx, PaymentGetForUpdate, arg.AccountID, arg.ID)
 	var i Payment
 	err := row.Scan(
 		&i.AccountID,
@@ -192,7 +192,7 @@ func (q *Queries) PaymentGetForUpdate(ctx context.Context, arg PaymentGetForUpda
 	return i, err
 }
 
-const paymentListPending = `-- name: PaymentListPending :many
+const PaymentListPending = `-- name: PaymentListPending :many
 SELECT account_id, id, order_id, amount, currency, status, failure_reason, provider_charge_id, idempotency_key, key_created_at, created_at, completed_at FROM payments
 WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1::float8)
 ORDER BY created_at
@@ -206,7 +206,7 @@ type PaymentListPendingParams struct {
 
 // Payments pending for longer than the given age, oldest first.
 func (q *Queries) PaymentListPending(ctx context.Context, arg PaymentListPendingParams) ([]Payment, error) {
-	rows, err := q.db.Query(ctx, paymentListPending, arg.OlderThanSeconds, arg.MaxRows)
+	rows, err := q.db.Query(ctx, PaymentListPending, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +238,7 @@ func (q *Queries) PaymentListPending(ctx context.Context, arg PaymentListPending
 	return items, nil
 }
 
-const paymentPendingStats = `-- name: PaymentPendingStats :one
+const PaymentPendingStats = `-- name: PaymentPendingStats :one
 SELECT count(*)::bigint AS pending,
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
 FROM payments WHERE status = 'pending'
@@ -252,7 +252,7 @@ type PaymentPendingStatsRow struct {
 // How many payments are pending, and the age of the oldest (0: none), on
 // every metrics scrape: cheap on the partial index payments_pending_idx.
 func (q *Queries) PaymentPendingStats(ctx context.Context) (PaymentPendingStatsRow, error) {
-	row := q.db.QueryRow(ctx, paymentPendingStats)
+	row := q.db.QueryRow(ctx, PaymentPendingStats)
 	var i PaymentPendingStatsRow
 	err := row.Scan(&i.Pending, &i.OldestAgeSeconds)
 	return i, err

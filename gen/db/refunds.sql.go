@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const refundCreate = `-- name: RefundCreate :exec
+const RefundCreate = `-- name: RefundCreate :exec
 INSERT INTO refunds (account_id, id, payment_id, amount, currency, reason, status, idempotency_key, key_created_at, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $9)
 `
@@ -31,7 +31,7 @@ type RefundCreateParams struct {
 }
 
 func (q *Queries) RefundCreate(ctx context.Context, arg RefundCreateParams) error {
-	_, err := q.db.Exec(ctx, refundCreate,
+	_, err := q.db.Exec(ctx, RefundCreate,
 		arg.AccountID,
 		arg.ID,
 		arg.PaymentID,
@@ -45,7 +45,7 @@ func (q *Queries) RefundCreate(ctx context.Context, arg RefundCreateParams) erro
 	return err
 }
 
-const refundFinish = `-- name: RefundFinish :one
+const RefundFinish = `-- name: RefundFinish :one
 UPDATE refunds
 SET status = $1, failure_reason = $2, provider_refund_id = $3, completed_at = $4
 WHERE account_id = $5 AND id = $6 AND status = 'pending'
@@ -64,7 +64,7 @@ type RefundFinishParams struct {
 // Makes a pending refund final; a final one is left as it is (no row comes
 // back), as for payments.
 func (q *Queries) RefundFinish(ctx context.Context, arg RefundFinishParams) (Refund, error) {
-	row := q.db.QueryRow(ctx, refundFinish,
+	row := q.db.QueryRow(ctx, RefundFinish,
 		arg.Status,
 		arg.FailureReason,
 		arg.ProviderRefundID,
@@ -91,7 +91,7 @@ func (q *Queries) RefundFinish(ctx context.Context, arg RefundFinishParams) (Ref
 	return i, err
 }
 
-const refundGet = `-- name: RefundGet :one
+const RefundGet = `-- name: RefundGet :one
 SELECT account_id, id, payment_id, amount, currency, reason, status, failure_reason, provider_refund_id, idempotency_key, key_created_at, created_at, completed_at FROM refunds WHERE account_id = $1 AND id = $2
 `
 
@@ -101,7 +101,7 @@ type RefundGetParams struct {
 }
 
 func (q *Queries) RefundGet(ctx context.Context, arg RefundGetParams) (Refund, error) {
-	row := q.db.QueryRow(ctx, refundGet, arg.AccountID, arg.ID)
+	row := q.db.QueryRow(ctx, RefundGet, arg.AccountID, arg.ID)
 	var i Refund
 	err := row.Scan(
 		&i.AccountID,
@@ -121,7 +121,7 @@ func (q *Queries) RefundGet(ctx context.Context, arg RefundGetParams) (Refund, e
 	return i, err
 }
 
-const refundList = `-- name: RefundList :many
+const RefundList = `-- name: RefundList :many
 SELECT account_id, id, payment_id, amount, currency, reason, status, failure_reason, provider_refund_id, idempotency_key, key_created_at, created_at, completed_at FROM refunds WHERE account_id = $1 AND payment_id = $2 ORDER BY created_at, id
 `
 
@@ -131,7 +131,7 @@ type RefundListParams struct {
 }
 
 func (q *Queries) RefundList(ctx context.Context, arg RefundListParams) ([]Refund, error) {
-	rows, err := q.db.Query(ctx, refundList, arg.AccountID, arg.PaymentID)
+	rows, err := q.db.Query(ctx, RefundList, arg.AccountID, arg.PaymentID)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +164,7 @@ func (q *Queries) RefundList(ctx context.Context, arg RefundListParams) ([]Refun
 	return items, nil
 }
 
-const refundListPending = `-- name: RefundListPending :many
+const RefundListPending = `-- name: RefundListPending :many
 SELECT account_id, id, payment_id, amount, currency, reason, status, failure_reason, provider_refund_id, idempotency_key, key_created_at, created_at, completed_at FROM refunds
 WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1::float8)
 ORDER BY created_at
@@ -178,7 +178,7 @@ type RefundListPendingParams struct {
 
 // Refunds pending for longer than the given age, oldest first.
 func (q *Queries) RefundListPending(ctx context.Context, arg RefundListPendingParams) ([]Refund, error) {
-	rows, err := q.db.Query(ctx, refundListPending, arg.OlderThanSeconds, arg.MaxRows)
+	rows, err := q.db.Query(ctx, RefundListPending, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +211,7 @@ func (q *Queries) RefundListPending(ctx context.Context, arg RefundListPendingPa
 	return items, nil
 }
 
-const refundPendingStats = `-- name: RefundPendingStats :one
+const RefundPendingStats = `-- name: RefundPendingStats :one
 SELECT count(*)::bigint AS pending,
        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds
 FROM refunds WHERE status = 'pending'
@@ -224,13 +224,13 @@ type RefundPendingStatsRow struct {
 
 // PaymentPendingStats for refunds (refunds_pending_idx).
 func (q *Queries) RefundPendingStats(ctx context.Context) (RefundPendingStatsRow, error) {
-	row := q.db.QueryRow(ctx, refundPendingStats)
+	row := q.db.QueryRow(ctx, RefundPendingStats)
 	var i RefundPendingStatsRow
 	err := row.Scan(&i.Pending, &i.OldestAgeSeconds)
 	return i, err
 }
 
-const refundTotals = `-- name: RefundTotals :one
+const RefundTotals = `-- name: RefundTotals :one
 SELECT coalesce(sum(amount) FILTER (WHERE status <> 'failed'), 0)::bigint AS refunded,
        count(*) AS refunds
 FROM refunds WHERE account_id = $1 AND payment_id = $2
@@ -249,7 +249,7 @@ type RefundTotalsRow struct {
 // What the payment's refunds hold: the sum of those that have not failed,
 // and how many there are in all.
 func (q *Queries) RefundTotals(ctx context.Context, arg RefundTotalsParams) (RefundTotalsRow, error) {
-	row := q.db.QueryRow(ctx, refundTotals, arg.AccountID, arg.PaymentID)
+	row := q.db.QueryRow(ctx, RefundTotals, arg.AccountID, arg.PaymentID)
 	var i RefundTotalsRow
 	err := row.Scan(&i.Refunded, &i.Refunds)
 	return i, err

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,9 +25,9 @@ import (
 //	IdempotencyKeyInsertCompletedMany  the claims and the responses, together
 //	each operation's writes            each guarded by its claim (see Batch)
 //
-// A lone commit of at most one write whose guard is written as Guard
-// writes it is sent as one statement instead (IdempotencyKeyClaimLone, see
-// lone.go): the same claim, write and peek, as CTEs.
+// A lone commit of at most one write is sent as one statement instead
+// (IdempotencyKeyClaimLone, see lone.go): the same claim, write and peek,
+// as CTEs.
 //
 // If a row holds the key, the insert does nothing (ON CONFLICT DO NOTHING)
 // and neither do the guarded writes: nothing is written, no error is
@@ -39,71 +41,143 @@ import (
 // Concurrent commits are sent together, as one pipeline and one
 // transaction (see groupCommitter): their claims as the two statements
 // above, each of them for all the keys, then every operation's writes; or,
-// for a few commits that each fit one statement, their lone statements one
+// for a few commits of at most one write each, their lone statements one
 // after the other. Still one round trip each.
 
-// Deferred returns the store for write-only operations: their claim is made
-// at their commit, with their writes, in one round trip (see Batch). A
+// Deferred returns the store for write-only operations whose writes are
+// the statements given, which Batch.Exec then takes: their claim is made at
+// their commit, with their writes, in one round trip (see Batch). A
 // contended claim (idempotency.ClaimRequest.Contended) is made at once, in
 // a transaction, as Store.Claim makes it, and its Batch's writes are sent
 // in that transaction at Commit.
-func (s *Store) Deferred() idempotency.Store[*Batch] { return s.deferred }
+//
+// Each write is one INSERT, UPDATE or DELETE that must make no change
+// unless its claim inserted the key row, and says so by selecting from the
+// guard relation, Claimed (idempotency_keys_claimed for the default table):
+//
+//	INSERT INTO widgets (id, name)
+//	SELECT $1, $2 WHERE EXISTS (SELECT FROM idempotency_keys_claimed)
+//
+// Deferred refuses a write that is not such a statement (one that starts
+// with WITH, ends with a semicolon, or does not name the guard relation),
+// so that an operation is refused when it is bound, at start-up. Every
+// write it takes can go, alone, in the one statement of a lone commit.
+func (s *Store) Deferred(writes ...string) (idempotency.Store[*Batch], error) {
+	d := &deferredStore{s: s, writes: make(map[string]bool, len(writes))}
+	for _, w := range writes {
+		if err := s.checkWrite(w); err != nil {
+			return nil, err
+		}
+		d.writes[w] = true
+	}
+	return d, nil
+}
 
-type deferredStore struct{ s *Store }
+// Claimed is the guard relation a deferred write selects from (see
+// Deferred): the key table's name and "_claimed". pgstore sends each write
+// with a CTE of this name, which holds a row exactly when the write's own
+// claim inserted the key row in that transaction. The view Migrate creates
+// under this name holds none, so a guarded write run anywhere else changes
+// nothing; it is there for the application's SQL tools (sqlc) to read.
+func (s *Store) Claimed() string { return s.table + "_claimed" }
+
+// checkWrite refuses a deferred write that pgstore cannot send with its
+// guard (see Deferred).
+func (s *Store) checkWrite(sql string) error {
+	refuse := func(why string) error {
+		return fmt.Errorf("pgstore: a deferred write must be one INSERT, UPDATE or DELETE that selects from %s (%s): %q", s.Claimed(), why, sql)
+	}
+	lower := strings.ToLower(sql)
+	switch {
+	case !startsWithWrite(sql):
+		return refuse("it starts with something else")
+	case strings.HasSuffix(strings.TrimSpace(sql), ";"):
+		return refuse("it ends with a semicolon")
+	case !strings.Contains(lower, s.Claimed()):
+		return refuse("it does not name the guard relation")
+	case strings.Contains(lower, "pgstore_"):
+		return refuse("it names pgstore_…, which pgstore's own statement uses")
+	}
+	return nil
+}
+
+type deferredStore struct {
+	s      *Store
+	writes map[string]bool // the statements Deferred took
+}
 
 // Batch is the unit of work of a write-only operation: the writes it queues
-// are sent with the claim at Commit, and must make no change unless that
-// very transaction inserted the key row of their claim. Each queued write
-// says so in its SQL, as
+// are sent with the claim at Commit, each of them one of the statements
+// Deferred took, with the guard relation that says whether this claim
+// inserted the key row. Its writes report no rows affected, as they have not
+// run yet; the operation reads nothing back.
 //
-//	WHERE EXISTS (SELECT 1 FROM idempotency_keys k
-//	              WHERE k.scope = $scope AND k.idempotency_key = $key
-//	                AND k.xmin = pg_current_xact_id_if_assigned()::xid
-//	                AND k.created_at = $claimed_at)
-//
-// with the scope, key and time of the lease's Ref (and the table of
-// Options.Table): Guard writes it. xmin is the inserting transaction; a
-// pipeline has no subtransactions, and a transaction that has inserted
-// nothing has no xid yet (NULL: no match). xmin is only 32 bits and comes
-// round again, so the claim's time pins the row too: a key row that an
-// older transaction of the same xid left matches neither. A replay, a
-// mismatch or a lost race so writes nothing, with no error and no dead
-// row. A lone commit of one such write, its guard written exactly so (case
-// and spacing aside), goes as one statement in which the guard asks the
-// claim itself whether it inserted the row. The operation reads nothing
-// back: its writes report no rows affected, as they have not run yet.
+// In a pipeline, a write goes after a CTE of the guard relation that asks
+// the key table for the claim's own row: its scope, key and time, and
+// xmin equal to the current transaction (a pipeline has no
+// subtransactions, and a transaction that has inserted nothing has no xid
+// yet: no match). xmin is only 32 bits and comes round again, so the
+// claim's time pins the row too. A replay, a mismatch or a lost race so
+// writes nothing, with no error and no dead row. A lone commit of one write
+// goes as one statement, in which the guard relation is the claim's insert
+// itself.
 type Batch struct {
-	queued pgx.Batch
-	table  string
+	queued pgx.Batch // the writes as a pipeline sends them
+	writes []write   // the writes as Exec took them, for a lone commit
+	d      *deferredStore
 	ref    idempotency.Ref
+	err    error // the first statement Exec refused
+}
+
+// write is one statement queued in a Batch, with its arguments.
+type write struct {
+	sql  string
+	args []any
 }
 
 // Ref is the claim the queued writes are guarded by.
 func (b *Batch) Ref() idempotency.Ref { return b.ref }
 
-// Guard returns the condition a queued write must carry, with its
-// parameters numbered from first (three of them: the claim's scope, key
-// and time), and their values: append the values to the statement's own
-// arguments.
-//
-//	cond, args := batch.Guard(3)
-//	batch.Exec(ctx, "INSERT INTO widgets (id, name) SELECT $1, $2 WHERE "+cond, append([]any{id, name}, args...)...)
-func (b *Batch) Guard(first int) (cond string, args []any) {
-	cond = fmt.Sprintf(`EXISTS (SELECT 1 FROM %s k WHERE k.scope = $%d AND k.idempotency_key = $%d
-		AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $%d)`, b.table, first, first+1, first+2)
-	return cond, []any{[]byte(b.ref.Scope), b.ref.Key, b.ref.ClaimedAt}
-}
-
-// Exec queues sql as given: it must carry Guard's condition itself. Its
+// Exec queues sql, which must be one of the statements Deferred took. Its
 // signature is that of sqlc's DBTX.Exec, so a DBTX whose Exec is this one
-// lets sqlc's generated :exec queries write into a Batch. It never fails.
+// lets sqlc's generated :exec queries write into a Batch. It refuses any
+// other statement, and the lease's Commit then fails with that error,
+// having sent nothing.
 func (b *Batch) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	b.queued.Queue(sql, args...)
+	if !b.d.writes[sql] {
+		err := fmt.Errorf("pgstore: a statement that Deferred did not take: %q", sql)
+		if b.err == nil {
+			b.err = err
+		}
+		return pgconn.CommandTag{}, err
+	}
+	args = slices.Clip(args)
+	b.queued.Queue(b.d.s.guarded(sql, len(args)), append(args, []byte(b.ref.Scope), b.ref.Key, b.ref.ClaimedAt)...)
+	b.writes = append(b.writes, write{sql: sql, args: args})
 	return pgconn.CommandTag{}, nil
 }
 
 // Len is how many writes are queued.
 func (b *Batch) Len() int { return b.queued.Len() }
+
+// guarded is a deferred write as a pipeline sends it: after a CTE of the
+// guard relation, whose parameters follow the write's n.
+func (s *Store) guarded(sql string, n int) string {
+	key := composedKey{sql: sql, n: n}
+	if v, ok := s.pipelined.Load(key); ok {
+		return v.(string)
+	}
+	out := fmt.Sprintf("WITH %s AS (\n    SELECT true AS claimed FROM %s k\n    WHERE k.scope = $%d AND k.idempotency_key = $%d\n      AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $%d\n)\n%s",
+		s.Claimed(), s.table, n+1, n+2, n+3, sql)
+	s.pipelined.Store(key, out)
+	return out
+}
+
+// composedKey names a deferred write composed for n arguments.
+type composedKey struct {
+	sql string
+	n   int
+}
 
 func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Batch], *idempotency.Record, error) {
 	if req.Contended {
@@ -111,12 +185,15 @@ func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest)
 		if lease == nil {
 			return nil, rec, err
 		}
-		return &contendedLease{txLease: lease, writes: &Batch{table: d.s.table, ref: lease.ref}}, nil, nil
+		return &contendedLease{txLease: lease, writes: &Batch{d: d, ref: lease.ref}}, nil, nil
+	}
+	if err := d.s.checkSchema(ctx); err != nil {
+		return nil, nil, err
 	}
 	// The row's created_at is this time, so Ref names the claim before it
 	// is made; microseconds, as PostgreSQL stores it.
 	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: time.Now().Truncate(time.Microsecond)}
-	return &deferredLease{s: d.s, req: req, ref: ref, writes: &Batch{table: d.s.table, ref: ref}}, nil, nil
+	return &deferredLease{s: d.s, req: req, ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
 }
 
 // contendedLease is a deferred operation's lease claimed at once: its
@@ -129,6 +206,10 @@ type contendedLease struct {
 func (l *contendedLease) Unit() *Batch { return l.writes }
 
 func (l *contendedLease) Commit(ctx context.Context, resp idempotency.Response) error {
+	if l.writes.err != nil {
+		_ = l.Rollback(ctx)
+		return l.writes.err
+	}
 	return l.commit(ctx, resp, &l.writes.queued)
 }
 
@@ -159,6 +240,9 @@ func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) e
 		return errEnded
 	}
 	l.ended = true
+	if l.writes.err != nil {
+		return l.writes.err
+	}
 	headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return err

@@ -95,3 +95,53 @@ func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
 		_ = conn.Close(ctx)
 	}
 }
+
+// A handler that opens its own transaction joins the claim to it: the key
+// row commits with the handler's writes, or, as here, rolls back with them,
+// and the key is free for the retry.
+func ExampleStore_Join() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE widgets (name text)"); err != nil {
+		panic(err)
+	}
+	keys, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	req := idempotency.ClaimRequest{Scope: "acme", Key: "k1", TTL: time.Hour, Wait: time.Second}
+
+	for _, commit := range []bool{false, true} {
+		tx, err := pool.Begin(ctx) // the handler's own transaction
+		if err != nil {
+			panic(err)
+		}
+		lease, rec, err := keys.Join(ctx, tx, req)
+		if err != nil || rec != nil {
+			panic(fmt.Sprint("the key is free: ", rec, err))
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO widgets VALUES ('gear')"); err != nil {
+			panic(err)
+		}
+		if err := lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Body: []byte(`{"name":"gear"}`)}); err != nil {
+			panic(err)
+		}
+		if !commit { // the handler fails after storing the response
+			_ = tx.Rollback(ctx)
+			continue
+		}
+		if err := tx.Commit(ctx); err != nil { // answer the client only after this
+			panic(err)
+		}
+	}
+	var widgets, keyRows int
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM widgets").Scan(&widgets)
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys").Scan(&keyRows)
+	fmt.Println("widgets:", widgets, "keys:", keyRows)
+	// Output:
+	// widgets: 1 keys: 1
+}

@@ -18,3 +18,8 @@ const MaxMergedCommits = maxMergedCommits
 // MaxLoneMembers is the longest pipeline sent as its members' lone
 // statements.
 const MaxLoneMembers = maxLoneMembers
+
+// Guarded is sql, a statement of n arguments, as a pipeline sends a
+// deferred write: after the CTE of the guard relation, whose arguments are
+// the claim's scope, key and time after the statement's own.
+func Guarded(s *Store, sql string, n int) string { return s.guarded(sql, n) }

@@ -86,8 +86,6 @@ type groupCommitter struct {
 	byScope bool
 	// sent, if set, is told the size of every pipeline sent (tests).
 	sent func(members int)
-	// lone rewrites the writes of lone commits into one statement.
-	lone *loneWrites
 
 	mu       sync.Mutex
 	queue    []*member

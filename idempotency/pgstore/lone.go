@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,117 +19,51 @@ import (
 // A lone deferred commit, the common case at low load, is sent as one
 // statement rather than a pipeline of three (IdempotencyKeyClaimLone): the
 // claim's insert, the operation's one write and the peek, as CTEs of one
-// statement. The write's guard, as Guard writes it, is rewritten to ask the
-// claim CTE whether it inserted the key row (a sibling CTE's row is
-// invisible to the rest of the statement), and its parameters are numbered
-// after the claim's. A write that does not fit (several writes, a guard
-// written otherwise, SQL the rewrite cannot read safely) is sent in the
-// pipeline as before: the single statement only ever saves work.
+// statement. The guard relation is a CTE of that statement that asks the
+// claim's insert whether it inserted the key row (a sibling CTE's row is
+// invisible to the rest of the statement); the write goes, as Deferred took
+// it, in the CTE pgstore_write, and the claim's own parameters are numbered
+// after the write's. Several writes go in the pipeline.
 
 // writePlaceholder is the CTE of IdempotencyKeyClaimLone that stands for
 // the operation's write.
 const writePlaceholder = "pgstore_write AS (\n    SELECT 1\n)"
 
-// loneWrite is one write rewritten for IdempotencyKeyClaimLone, the same
-// for every write of the same SQL.
-type loneWrite struct {
-	sql string // the whole statement, the write in its CTE
-	// keep are the write's arguments, by index, in their new order (the
-	// guard's are dropped unless the write uses them elsewhere); scope, key
-	// and at are the guard's, checked against the claim's.
-	keep           []int
-	scope, key, at int
-}
-
-// loneWrites caches the rewriting of each write's SQL: a *loneWrite, or nil
-// when it does not fit.
-type loneWrites struct {
-	claim string // IdempotencyKeyClaimLone, renamed for the table
-	guard *regexp.Regexp
-	done  sync.Map
-}
-
-func newLoneWrites(table, claim string) *loneWrites {
-	return &loneWrites{claim: claim, guard: regexp.MustCompile(`(?i)EXISTS\s*\(\s*SELECT\s+1\s+FROM\s+` + table +
-		`\s+k\s+WHERE\s+k\.scope\s*=\s*\$(\d+)\s+AND\s+k\.idempotency_key\s*=\s*\$(\d+)\s+AND\s+k\.xmin\s*=\s*pg_current_xact_id_if_assigned\(\)::xid` +
-		`\s+AND\s+k\.created_at\s*=\s*\$(\d+)\s*\)`)}
-}
-
-// of returns the rewriting of sql, or nil when it does not fit; "" is no
-// write at all.
-func (w *loneWrites) of(sql string) *loneWrite {
-	if sql == "" {
-		return &loneWrite{sql: w.claim}
-	}
-	if v, ok := w.done.Load(sql); ok {
-		return v.(*loneWrite)
-	}
-	lw := w.rewrite(sql)
-	w.done.Store(sql, lw)
-	return lw
-}
-
 // claimParams is the number of IdempotencyKeyClaimLone's own parameters.
 const claimParams = 11
 
-func (w *loneWrites) rewrite(sql string) *loneWrite {
-	sql = strings.TrimRight(strings.TrimSpace(sql), ";")
-	if !strings.Contains(w.claim, writePlaceholder) {
-		return nil
+// lone is the statement of a lone commit of the write sql with n
+// arguments, or of none ("").
+func (s *Store) lone(sql string, n int) string {
+	if sql == "" {
+		return s.claimLone
 	}
-	guards := w.guard.FindAllStringSubmatchIndex(sql, -1)
-	if len(guards) != 1 || !startsWithWrite(sql) || strings.Contains(strings.ToLower(sql), "pgstore_") {
-		return nil
-	}
-	g := guards[0]
-	scope, _ := strconv.Atoi(sql[g[2]:g[3]])
-	key, _ := strconv.Atoi(sql[g[4]:g[5]])
-	at, _ := strconv.Atoi(sql[g[6]:g[7]])
-	body := sql[:g[0]] + "EXISTS (SELECT 1 FROM pgstore_claim)" + sql[g[1]:]
-	params, ok := parameters(body)
-	if !ok {
-		return nil
-	}
-	lw := &loneWrite{scope: scope - 1, key: key - 1, at: at - 1}
-	renumber := map[int]int{}
-	params = slices.Compact(slices.Sorted(slices.Values(params)))
-	for _, p := range params {
-		renumber[p] = claimParams + len(lw.keep) + 1
-		lw.keep = append(lw.keep, p-1)
+	key := composedKey{sql: sql, n: n}
+	if v, ok := s.lones.Load(key); ok {
+		return v.(string)
 	}
 	var out strings.Builder
 	last := 0
-	forEachParameter(body, func(start, end, n int) {
-		out.WriteString(body[last:start])
-		out.WriteString("$" + strconv.Itoa(renumber[n]))
+	forEachParameter(s.claimLone, func(start, end, k int) {
+		out.WriteString(s.claimLone[last:start])
+		out.WriteString("$" + strconv.Itoa(n+k))
 		last = end
 	})
-	out.WriteString(body[last:])
-	lw.sql = strings.Replace(w.claim, writePlaceholder, "pgstore_write AS (\n"+out.String()+"\n)", 1)
-	return lw
+	out.WriteString(s.claimLone[last:])
+	stmt := strings.Replace(out.String(), writePlaceholder, "pgstore_write AS (\n"+sql+"\n)", 1)
+	s.lones.Store(key, stmt)
+	return stmt
 }
 
-// args returns the write's arguments for the statement, or false if its
-// guard is not for the claim (it is then sent in the pipeline, where its
-// guard is checked as written).
-func (lw *loneWrite) args(write []any, claim idempotency.Ref) ([]any, bool) {
-	if max(lw.scope, lw.key, lw.at) >= len(write) {
-		return nil, false
+// checkClaimLone makes sure that IdempotencyKeyClaimLone, as generated,
+// has the write's place and parameters that lone can renumber.
+func checkClaimLone(sql string) error {
+	params := 0
+	ok := forEachParameter(sql, func(_, _, _ int) { params++ })
+	if !ok || params == 0 || !strings.Contains(sql, writePlaceholder) {
+		return errors.New("pgstore: IdempotencyKeyClaimLone has no place for a write")
 	}
-	s, ok1 := write[lw.scope].([]byte)
-	k, ok2 := write[lw.key].(string)
-	at, ok3 := write[lw.at].(time.Time)
-	if !ok1 || !ok2 || !ok3 || string(s) != claim.Scope || k != claim.Key || !at.Equal(claim.ClaimedAt) {
-		return nil, false
-	}
-	out := make([]any, 0, len(lw.keep))
-	for _, i := range lw.keep {
-		if i >= len(write) {
-			return nil, false
-		}
-		out = append(out, write[i])
-	}
-	return out, true
+	return nil
 }
 
 // startsWithWrite reports whether sql, past its comments, is an INSERT,
@@ -139,25 +71,24 @@ func (lw *loneWrite) args(write []any, claim idempotency.Ref) ([]any, bool) {
 func startsWithWrite(sql string) bool {
 	for {
 		sql = strings.TrimSpace(sql)
-		if !strings.HasPrefix(sql, "--") {
-			break
+		var end int
+		switch {
+		case strings.HasPrefix(sql, "--"):
+			end = strings.IndexByte(sql, '\n')
+		case strings.HasPrefix(sql, "/*"):
+			if end = strings.Index(sql, "*/"); end >= 0 {
+				end += len("*/")
+			}
+		default:
+			word, _, _ := strings.Cut(strings.Join(strings.Fields(sql[:min(len(sql), 16)]), " "), " ")
+			word = strings.ToUpper(word)
+			return word == "INSERT" || word == "UPDATE" || word == "DELETE"
 		}
-		nl := strings.IndexByte(sql, '\n')
-		if nl < 0 {
+		if end < 0 {
 			return false
 		}
-		sql = sql[nl:]
+		sql = sql[end:]
 	}
-	word, _, _ := strings.Cut(sql, " ")
-	word = strings.ToUpper(strings.TrimSpace(word))
-	return word == "INSERT" || word == "UPDATE" || word == "DELETE"
-}
-
-// parameters lists the parameter numbers sql refers to, or false when sql
-// holds what forEachParameter cannot read safely.
-func parameters(sql string) (params []int, ok bool) {
-	ok = forEachParameter(sql, func(_, _, n int) { params = append(params, n) })
-	return params, ok
 }
 
 // forEachParameter calls f with the position and number of every $n in sql
@@ -208,23 +139,16 @@ func identifierByte(c byte) bool {
 	return c == '_' || c == '$' || c >= 0x80 || ('0' <= c && c <= '9') || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
 }
 
-// loneOf returns what a member's commit is as one statement: its write
-// rewritten (or none) and that write's arguments, or false when its writes
-// do not fit one statement.
-func (g *groupCommitter) loneOf(m *member) (*loneWrite, []any, bool) {
-	queued := m.lease.writes.queued.QueuedQueries
-	switch len(queued) {
+// loneOf returns a member's commit as one statement and its write's
+// arguments, or false when it has more writes than one statement holds.
+func (g *groupCommitter) loneOf(m *member) (sql string, write []any, ok bool) {
+	switch ws := m.lease.writes.writes; len(ws) {
 	case 0:
-		return g.lone.of(""), nil, true
+		return g.store.lone("", 0), nil, true
 	case 1:
-		lw := g.lone.of(queued[0].SQL)
-		if lw == nil {
-			return nil, nil, false
-		}
-		write, ok := lw.args(queued[0].Arguments, m.lease.ref)
-		return lw, write, ok
+		return g.store.lone(ws[0].sql, len(ws[0].args)), ws[0].args, true
 	}
-	return nil, nil, false
+	return "", nil, false
 }
 
 // loneParams are the claim's own parameters of a member's statement.
@@ -252,7 +176,7 @@ func loneAnswer(l *deferredLease, row keydb.IdempotencyKeyClaimLoneRow) error {
 // statement, and reports false, having sent nothing, when its write does
 // not fit it.
 func (g *groupCommitter) sendLone(ctx context.Context, m *member) bool {
-	lw, write, ok := g.loneOf(m)
+	stmt, write, ok := g.loneOf(m)
 	if !ok {
 		return false
 	}
@@ -273,7 +197,7 @@ func (g *groupCommitter) sendLone(ctx context.Context, m *member) bool {
 	// the wait and its slack (see Claim).
 	stmtCtx, cancel := context.WithTimeout(ctx, m.lease.req.Wait+statementSlack)
 	defer cancel()
-	row, err := keydb.New(withWrite{conn, lw, write}).IdempotencyKeyClaimLone(stmtCtx, loneParams(m.lease))
+	row, err := keydb.New(withWrite{conn, stmt, write}).IdempotencyKeyClaimLone(stmtCtx, loneParams(m.lease))
 	switch {
 	case err != nil && ctx.Err() == nil && stmtCtx.Err() != nil:
 		// The statement's own bound ran out, not the request's, and no
@@ -298,12 +222,12 @@ func (g *groupCommitter) sendLones(members []*member) bool {
 	p := &queue{}
 	var wait time.Duration
 	for _, m := range members {
-		lw, write, ok := g.loneOf(m)
+		stmt, write, ok := g.loneOf(m)
 		if !ok {
 			return false
 		}
 		wait = max(wait, m.lease.req.Wait)
-		_, _ = keydb.New(withWrite{p, lw, write}).IdempotencyKeyClaimLone(context.Background(), loneParams(m.lease))
+		_, _ = keydb.New(withWrite{p, stmt, write}).IdempotencyKeyClaimLone(context.Background(), loneParams(m.lease))
 	}
 	if g.sent != nil {
 		g.sent(len(members))
@@ -365,12 +289,12 @@ func (b batchRow) QueryRow(context.Context, string, ...any) pgx.Row {
 	return b.br.QueryRow()
 }
 
-// withWrite runs IdempotencyKeyClaimLone as rewritten for its write (and
-// for the store's table), with the write's arguments after the claim's.
+// withWrite runs IdempotencyKeyClaimLone as lone composed it with its
+// write (for the store's table), the write's arguments before the claim's.
 type withWrite struct {
 	db    keydb.DBTX
-	write *loneWrite
-	args  []any
+	stmt  string
+	write []any
 }
 
 var errNotLone = errors.New("pgstore: only IdempotencyKeyClaimLone runs with a write")
@@ -387,7 +311,7 @@ func (w withWrite) QueryRow(ctx context.Context, _ string, args ...any) pgx.Row 
 	if len(args) != claimParams {
 		return errRow{fmt.Errorf("pgstore: %d arguments to the lone claim, want %d", len(args), claimParams)}
 	}
-	return w.db.QueryRow(ctx, w.write.sql, append(args, w.args...)...)
+	return w.db.QueryRow(ctx, w.stmt, slices.Concat(w.write, args)...)
 }
 
 // claimLoneSQL is IdempotencyKeyClaimLone's SQL as the store sends it,

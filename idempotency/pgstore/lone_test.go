@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,33 +34,52 @@ func (s *statements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 func (s *statements) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) { s.n.Add(1) }
 func (s *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// TestLoneCommit checks a lone deferred commit: one statement when its
-// write fits (see IdempotencyKeyClaimLone), the pipeline when it does not,
-// and the same outcome either way: the write made once, or nothing written
-// and the key's holder reported.
+// queued is a deferred write of a test: its SQL, with CLAIMED for the
+// store's guard relation, and its arguments for a Batch.
+type queued struct {
+	sql  string
+	args func(b *pgstore.Batch) []any
+}
+
+// bound returns the deferring store of store that takes queue's writes.
+func bound(t *testing.T, store *pgstore.Store, queue ...queued) idempotency.Store[*pgstore.Batch] {
+	t.Helper()
+	var writes []string
+	for _, q := range queue {
+		writes = append(writes, strings.ReplaceAll(q.sql, "CLAIMED", store.Claimed()))
+	}
+	d, err := store.Deferred(writes...)
+	require.NoError(t, err, "Deferred takes the writes")
+	return d
+}
+
+// exec queues q in b, for store.
+func (q queued) exec(store *pgstore.Store, b *pgstore.Batch) error {
+	_, err := b.Exec(context.Background(), strings.ReplaceAll(q.sql, "CLAIMED", store.Claimed()), q.args(b)...)
+	return err
+}
+
+// TestLoneCommit checks a lone deferred commit: one statement when it has
+// at most one write (see IdempotencyKeyClaimLone), the pipeline when it has
+// more, and the same outcome either way: the write made once, or nothing
+// written and the key's holder reported.
 func TestLoneCommit(t *testing.T) {
 	t.Parallel()
-	// insert queues "<sql> WHERE <guard>", sql taking the row's id as $1
-	// and its scope as $2, the guard Guard's from $3.
-	insert := func(sql string) func(*pgstore.Batch) {
-		return func(b *pgstore.Batch) {
-			cond, args := b.Guard(3)
-			_, _ = b.Exec(context.Background(), sql+" WHERE "+cond, append([]any{rand.Text(), []byte(b.Ref().Scope)}, args...)...)
-		}
+	// insert is a write of the row's id as $1 and its scope as $2.
+	insert := func(sql string) queued {
+		return queued{sql: sql, args: func(b *pgstore.Batch) []any { return []any{rand.Text(), []byte(b.Ref().Scope)} }}
 	}
-	guarded := insert("INSERT INTO writes (id, scope) SELECT $1, $2")
-	// withN is a write as sqlc sends it, named, on lines, with a ";".
-	withN := func(n int) func(*pgstore.Batch) {
-		return func(b *pgstore.Batch) {
-			cond, args := b.Guard(4)
-			_, _ = b.Exec(context.Background(), "-- name: WriteN :exec\nINSERT INTO writes (id, scope, n)\nSELECT $1, $2, $3\nWHERE "+cond+";",
-				append([]any{rand.Text(), []byte(b.Ref().Scope), n}, args...)...)
+	// withN is a write as sqlc sends it, named, on lines, taking n.
+	withN := func(n int) queued {
+		return queued{
+			sql:  "-- name: WriteN :exec\nINSERT INTO writes (id, scope, n)\nSELECT $1, $2, $3\nWHERE EXISTS (SELECT FROM CLAIMED)",
+			args: func(b *pgstore.Batch) []any { return []any{rand.Text(), []byte(b.Ref().Scope), n} },
 		}
 	}
 	tests := []struct {
 		name  string
 		table string
-		queue []func(*pgstore.Batch)
+		queue []queued
 		// before prepares the key: "replay" stores a record under it,
 		// "held" holds it in an open transaction; or the database:
 		// "locked" locks the written table in an open transaction,
@@ -70,12 +90,12 @@ func TestLoneCommit(t *testing.T) {
 		noKey      bool // no key row is left (or none visible)
 		check      func(t *testing.T, err error)
 	}{
-		{name: "a guarded write", queue: []func(*pgstore.Batch){withN(2)}, statements: 1, writes: 1},
-		{name: "a write using the guard's scope elsewhere", queue: []func(*pgstore.Batch){guarded}, statements: 1, writes: 1},
+		{name: "a guarded write", queue: []queued{withN(2)}, statements: 1, writes: 1},
+		{name: "a write in one line", queue: []queued{insert("INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM CLAIMED)")}, statements: 1, writes: 1},
 		{name: "no write", statements: 1},
-		{name: "a key table of another name", table: renamedTable, queue: []func(*pgstore.Batch){withN(1)}, statements: 1, writes: 1},
+		{name: "a key table of another name", table: renamedTable, queue: []queued{withN(1)}, statements: 1, writes: 1},
 		{
-			name: "a replay writes nothing", before: "replay", queue: []func(*pgstore.Batch){withN(1)}, statements: 1, writes: 1,
+			name: "a replay writes nothing", before: "replay", queue: []queued{withN(1)}, statements: 1, writes: 1,
 			check: func(t *testing.T, err error) {
 				var taken *idempotency.TakenError
 				require.ErrorAs(t, err, &taken, "a replay")
@@ -84,7 +104,7 @@ func TestLoneCommit(t *testing.T) {
 			},
 		},
 		{
-			name: "a key held elsewhere is in flight", before: "held", queue: []func(*pgstore.Batch){withN(1)}, statements: 1, noKey: true,
+			name: "a key held elsewhere is in flight", before: "held", queue: []queued{withN(1)}, statements: 1, noKey: true,
 			check: func(t *testing.T, err error) {
 				require.ErrorIs(t, err, idempotency.ErrInFlight, "a key held by an open transaction")
 			},
@@ -93,7 +113,7 @@ func TestLoneCommit(t *testing.T) {
 			// Nobody holds the key: a wait that ran out on another lock is
 			// no key in flight, whatever the statement claims with it.
 			name: "a write blocked by a lock on its table is unavailable, not in flight", before: "locked",
-			queue: []func(*pgstore.Batch){withN(1)}, statements: 1, noKey: true,
+			queue: []queued{withN(1)}, statements: 1, noKey: true,
 			check: func(t *testing.T, err error) {
 				require.ErrorIs(t, err, idempotency.ErrUnavailable, "a lock on the written table")
 				require.NotErrorIs(t, err, idempotency.ErrInFlight)
@@ -101,14 +121,14 @@ func TestLoneCommit(t *testing.T) {
 		},
 		{
 			name: "a pool with no connection to give is unavailable, not in flight", before: "starved",
-			queue: []func(*pgstore.Batch){withN(1)}, statements: 0, noKey: true,
+			queue: []queued{withN(1)}, statements: 0, noKey: true,
 			check: func(t *testing.T, err error) {
 				require.ErrorIs(t, err, idempotency.ErrUnavailable, "no connection within the request's deadline")
 				require.NotErrorIs(t, err, idempotency.ErrInFlight)
 			},
 		},
 		{
-			name: "a failing write leaves nothing", queue: []func(*pgstore.Batch){withN(-1)}, statements: 1, noKey: true,
+			name: "a failing write leaves nothing", queue: []queued{withN(-1)}, statements: 1, noKey: true,
 			check: func(t *testing.T, err error) {
 				var pgErr *pgconn.PgError
 				require.ErrorAs(t, err, &pgErr, "a row breaking a CHECK")
@@ -117,31 +137,22 @@ func TestLoneCommit(t *testing.T) {
 		},
 		{
 			name:       "a write quoting a parameter-like text",
-			queue:      []func(*pgstore.Batch){insert("INSERT INTO writes (id, scope) SELECT 'a''$9' || $1, $2")},
+			queue:      []queued{insert("INSERT INTO writes (id, scope) SELECT 'a''$9' || $1, $2 WHERE EXISTS (SELECT FROM CLAIMED)")},
 			statements: 1, writes: 1,
 		},
-		// What does not fit goes in the pipeline: peek, claim, writes.
-		{name: "two writes", queue: []func(*pgstore.Batch){withN(1), withN(2)}, statements: 4, writes: 2},
 		{
-			name:       "a write in a block comment's company",
-			queue:      []func(*pgstore.Batch){insert("/* odd */ INSERT INTO writes (id, scope) SELECT $1, $2")},
-			statements: 3, writes: 1,
+			name:       "a write after a block comment",
+			queue:      []queued{insert("/* odd */ INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM CLAIMED)")},
+			statements: 1, writes: 1,
 		},
 		{
-			name:       "a write naming the statement's own CTEs",
-			queue:      []func(*pgstore.Batch){insert("INSERT INTO writes AS pgstore_claim (id, scope) SELECT $1, $2")},
-			statements: 3, writes: 1,
+			name: "a write with a CTE of its own",
+			queue: []queued{insert("INSERT INTO writes (id, scope) WITH v AS (SELECT $1::text AS id, $2::bytea AS scope) " +
+				"SELECT id, scope FROM v WHERE EXISTS (SELECT FROM CLAIMED)")},
+			statements: 1, writes: 1,
 		},
-
-		{
-			name: "a guard for another key writes nothing",
-			queue: []func(*pgstore.Batch){func(b *pgstore.Batch) {
-				cond, _ := b.Guard(3)
-				_, _ = b.Exec(context.Background(), "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond,
-					rand.Text(), []byte(b.Ref().Scope), []byte(b.Ref().Scope), "another key", b.Ref().ClaimedAt)
-			}},
-			statements: 3, writes: 0,
-		},
+		// More than one write goes in the pipeline: peek, claim, writes.
+		{name: "two writes", queue: []queued{withN(1), withN(2)}, statements: 4, writes: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -159,24 +170,25 @@ func TestLoneCommit(t *testing.T) {
 			t.Cleanup(pool.Close)
 			store, err := pgstore.New(pool, pgstore.Options{Table: tt.table})
 			require.NoError(t, err, "open the store")
+			warm(t, bound(t, store))
 
 			scope, key := "lone-"+rand.Text(), "key-"+rand.Text()
 			req := idempotency.ClaimRequest{Scope: scope, Key: key, Method: http.MethodPost, Route: "/writes", TTL: time.Hour, Wait: 5 * time.Second}
-			commit := func(body string, queue []func(*pgstore.Batch)) error {
+			commit := func(body string, queue []queued) error {
 				ctx, cancel := context.WithTimeout(ctx, time.Second) // a request's deadline
 				defer cancel()
-				lease, rec, err := store.Deferred().Claim(ctx, req)
+				lease, rec, err := bound(t, store, queue...).Claim(ctx, req)
 				require.NoError(t, err, "claim")
 				require.Nil(t, rec, "a deferred claim finds nothing before its commit")
 				for _, q := range queue {
-					q(lease.Unit())
+					require.NoError(t, q.exec(store, lease.Unit()), "queue a write")
 				}
 				return lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(body)})
 			}
 			release := func() {} // what before holds, let go once the commit is done (or the test ends)
 			switch tt.before {
 			case "replay":
-				require.NoError(t, commit("stored", []func(*pgstore.Batch){withN(1)}), "store the record replayed")
+				require.NoError(t, commit("stored", []queued{withN(1)}), "store the record replayed")
 			case "held":
 				req.Wait = 200 * time.Millisecond
 				lease, _, err := store.Claim(ctx, req)

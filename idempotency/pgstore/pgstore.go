@@ -11,8 +11,14 @@
 // together at Commit, as one pipeline, in one round trip; concurrent such
 // commits share one transaction and one WAL flush (group commit).
 //
+// A handler that opens its own transaction, pgx's or database/sql's, joins
+// the claim to it instead (Store.Join, Store.JoinSQL): the key row commits or
+// rolls back with the handler's own writes.
+//
 // Migrate creates or upgrades the key table (Options.Table, default
-// idempotency_keys) from the SQL migrations embedded in this package.
+// idempotency_keys) from the SQL migrations embedded in this package; a store
+// on a database it has not migrated fails its first claim with
+// ErrNotMigrated.
 package pgstore
 
 import (
@@ -23,9 +29,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,13 +61,11 @@ type Options struct {
 	MergeByScope bool
 }
 
-var tableName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
-
 func (o Options) table() (string, error) {
 	if o.Table == "" {
 		return DefaultTable, nil
 	}
-	if !tableName.MatchString(o.Table) {
+	if !plainIdentifier(o.Table) {
 		return "", fmt.Errorf("pgstore: table name %q is not a plain lower-case identifier of at most 48 characters", o.Table)
 	}
 	return o.Table, nil
@@ -76,10 +80,50 @@ type Store struct {
 	// partitioned key table (partitions).
 	partitionRenamers sync.Map
 	commits           *groupCommitter
-	deferred          *deferredStore
+	// claimLone is IdempotencyKeyClaimLone for the table; lones and
+	// pipelined cache each deferred write composed with it (lone) or with
+	// its guard (guarded).
+	claimLone        string
+	lones, pipelined sync.Map
+	// migrated is set once the first claim has found the key table at the
+	// version this pgstore needs (checkSchema).
+	migrated atomic.Bool
 }
 
-// New returns a store on pool. The table must exist (see Migrate).
+// ErrNotMigrated is returned by the first claim of a Store whose key table
+// is missing or older than this pgstore: Migrate has not run on that
+// database, or an older pgstore's did.
+var ErrNotMigrated = errors.New("pgstore: the key table is missing or out of date: run pgstore.Migrate")
+
+// checkSchema fails a Store's first claim with ErrNotMigrated, naming the
+// table and the versions, rather than letting every claim fail on a
+// missing relation or column. Once the schema is found current it is not
+// asked again; a database that cannot be reached is asked again next time.
+func (s *Store) checkSchema(ctx context.Context) error {
+	if s.migrated.Load() {
+		return nil
+	}
+	want, err := loadMigrations(s.table)
+	if err != nil {
+		return err
+	}
+	var have int
+	err = s.pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.table + "_schema_version"}.Sanitize()).Scan(&have)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+		return fmt.Errorf("%w: %s_schema_version does not exist in this database", ErrNotMigrated, s.table)
+	case err != nil:
+		return Translate(fmt.Errorf("pgstore: read the key table's version: %w", err))
+	case have < len(want):
+		return fmt.Errorf("%w: %s is at version %d, this pgstore needs %d", ErrNotMigrated, s.table, have, len(want))
+	}
+	s.migrated.Store(true)
+	return nil
+}
+
+// New returns a store on pool. The table must exist and be current (see
+// Migrate): the first claim fails with ErrNotMigrated if it is not.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	table, err := opts.table()
 	if err != nil {
@@ -91,9 +135,27 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		s.rename = func(d keydb.DBTX) keydb.DBTX { return renamed{d, r} }
 	}
 	s.commits = &groupCommitter{pool: pool, store: s, byScope: opts.MergeByScope}
-	s.commits.lone = newLoneWrites(table, claimLoneSQL(s))
-	s.deferred = &deferredStore{s: s}
+	s.claimLone = claimLoneSQL(s)
+	if err := checkClaimLone(s.claimLone); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// plainIdentifier reports whether name is a lower-case identifier of at
+// most 48 bytes that needs no quoting: the key table's name, which pgstore
+// puts in its statements (with suffixes of up to 15 bytes, within
+// PostgreSQL's 63).
+func plainIdentifier(name string) bool {
+	if name == "" || len(name) > 48 || ('0' <= name[0] && name[0] <= '9') {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if c != '_' && !('a' <= c && c <= 'z') && !('0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // queries runs the key table's statements on db.
@@ -181,6 +243,9 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 
 // claimTx claims req's key in a transaction of its own.
 func (s *Store) claimTx(ctx context.Context, req idempotency.ClaimRequest) (*txLease, *idempotency.Record, error) {
+	if err := s.checkSchema(ctx); err != nil {
+		return nil, nil, err
+	}
 	deadline := time.Now().Add(req.Wait)
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{
 		// One round trip: pgx sends a BeginQuery without arguments over the
@@ -217,7 +282,24 @@ func waitBudget(d time.Duration) string {
 }
 
 func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimRequest, deadline time.Time) (*txLease, *idempotency.Record, error) {
-	q := s.queries(tx)
+	claimedAt, rec, err := s.claimOn(ctx, tx, req, deadline)
+	if err != nil || rec != nil {
+		return nil, rec, err
+	}
+	// The wait budget was for the claim; the operation's own statements and
+	// lock waits (row locks on a balance, say) must not inherit it.
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
+		return nil, nil, Translate(fmt.Errorf("reset claim timeouts: %w", err))
+	}
+	return &txLease{s: s, tx: tx, ref: idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: claimedAt}}, nil, nil
+}
+
+// claimOn claims req's key on db, a transaction whose wait budget is set
+// for the first attempt, until deadline: it returns the time of the row it
+// inserted, or the completed record that holds the key, or an error
+// (ErrInFlight when a holder kept the key for the whole wait).
+func (s *Store) claimOn(ctx context.Context, db keydb.DBTX, req idempotency.ClaimRequest, deadline time.Time) (time.Time, *idempotency.Record, error) {
+	q := s.queries(db)
 	params := keydb.IdempotencyKeyClaimParams{
 		Scope:          []byte(req.Scope),
 		IdempotencyKey: req.Key,
@@ -230,15 +312,15 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 		if attempt > 0 {
 			left := time.Until(deadline)
 			if left <= 0 {
-				return nil, nil, idempotency.ErrInFlight
+				return time.Time{}, nil, idempotency.ErrInFlight
 			}
-			if _, err := tx.Exec(ctx, waitBudget(left)); err != nil {
-				return nil, nil, claimError(ctx, s.table, "set wait budget", err)
+			if _, err := db.Exec(ctx, waitBudget(left)); err != nil {
+				return time.Time{}, nil, claimError(ctx, s.table, "set wait budget", err)
 			}
 		}
 		rows, err := q.IdempotencyKeyClaim(ctx, params)
 		if err != nil {
-			return nil, nil, claimError(ctx, s.table, "claim", err)
+			return time.Time{}, nil, claimError(ctx, s.table, "claim", err)
 		}
 		if len(rows) == 0 {
 			// The INSERT waited for a concurrent holder that then committed;
@@ -248,32 +330,26 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 		row := rows[0]
 		switch {
 		case row.Claimed:
-			// The wait budget was for the claim; the operation's own
-			// statements and lock waits (row locks on a balance, say) must
-			// not inherit it.
-			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT"); err != nil {
-				return nil, nil, Translate(fmt.Errorf("reset claim timeouts: %w", err))
-			}
-			return &txLease{s: s, tx: tx, ref: idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: row.CreatedAt}}, nil, nil
+			return row.CreatedAt, nil, nil
 		case row.Expired:
 			// An expired key is absent: free it and claim again.
 			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, keydb.IdempotencyKeyDeleteIfExpiredParams{
 				Scope: []byte(req.Scope), IdempotencyKey: req.Key,
 			}); err != nil {
-				return nil, nil, claimError(ctx, s.table, "free expired key", err)
+				return time.Time{}, nil, claimError(ctx, s.table, "free expired key", err)
 			}
 			continue
 		case row.Status != "completed":
 			// Unreachable for the rows this package writes, which are never
 			// committed as processing; kept for multi-step operations that
 			// will hold a key processing across transactions.
-			return nil, nil, idempotency.ErrInFlight
+			return time.Time{}, nil, idempotency.ErrInFlight
 		default:
 			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt)
-			return nil, rec, err
+			return time.Time{}, rec, err
 		}
 	}
-	return nil, nil, fmt.Errorf("claim: key kept changing under %d attempts", claimAttempts)
+	return time.Time{}, nil, fmt.Errorf("claim: key kept changing under %d attempts", claimAttempts)
 }
 
 // claimError translates a failure of a claim statement on table. A lock
@@ -323,30 +399,15 @@ func (l *txLease) commit(ctx context.Context, resp idempotency.Response, writes 
 		return errEnded
 	}
 	l.ended = true
-	headers, body, err := encodeResponse(resp)
-	if err != nil {
-		_ = l.tx.Rollback(ctx)
-		return err
-	}
 	if writes != nil && writes.Len() > 0 {
 		if err := l.tx.SendBatch(ctx, writes).Close(); err != nil {
 			_ = l.tx.Rollback(ctx)
 			return Translate(fmt.Errorf("write: %w", err))
 		}
 	}
-	n, err := l.s.queries(l.tx).IdempotencyKeyComplete(ctx, keydb.IdempotencyKeyCompleteParams{
-		Scope:           []byte(l.ref.Scope),
-		IdempotencyKey:  l.ref.Key,
-		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
-		ResponseHeaders: headers,
-		ResponseBody:    body,
-	})
-	if err == nil && n != 1 {
-		err = fmt.Errorf("completed %d rows, want 1", n)
-	}
-	if err != nil {
+	if err := l.s.complete(ctx, l.tx, l.ref, resp); err != nil {
 		_ = l.tx.Rollback(ctx)
-		return Translate(fmt.Errorf("store response: %w", err))
+		return err
 	}
 	if err := l.tx.Commit(ctx); err != nil {
 		return Translate(fmt.Errorf("commit: %w", err))
@@ -366,6 +427,29 @@ func (l *txLease) Rollback(ctx context.Context) error {
 }
 
 var errEnded = errors.New("pgstore: lease already committed or rolled back")
+
+// complete stores resp in the key row of ref, claimed on db and not yet
+// committed.
+func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, resp idempotency.Response) error {
+	headers, body, err := encodeResponse(resp)
+	if err != nil {
+		return err
+	}
+	n, err := s.queries(db).IdempotencyKeyComplete(ctx, keydb.IdempotencyKeyCompleteParams{
+		Scope:           []byte(ref.Scope),
+		IdempotencyKey:  ref.Key,
+		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseHeaders: headers,
+		ResponseBody:    body,
+	})
+	if err == nil && n != 1 {
+		err = fmt.Errorf("completed %d rows, want 1", n)
+	}
+	if err != nil {
+		return Translate(fmt.Errorf("store response: %w", err))
+	}
+	return nil
+}
 
 // encodeResponse returns a response's headers and body as the key row
 // stores them.

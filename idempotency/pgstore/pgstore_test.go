@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,8 +34,9 @@ func TestMain(m *testing.M) {
 const renamedTable = "other_keys"
 
 // TestConformance runs the store suite on the real database: the
-// transactional store and the deferring one, on the default key table and
-// on one of another name. The transactional store's
+// transactional store, the deferring one, and the store joined to the
+// caller's own pgx and database/sql transactions, on the default key table
+// and on one of another name. The transactional store's
 // "ConcurrentClaimWaitsForHolder/holder does not end within the wait"
 // case is the check that a claim's wait on an open holder transaction is
 // bounded by lock_timeout.
@@ -49,6 +52,14 @@ func TestConformance(t *testing.T) {
 			t.Run("deferred", func(t *testing.T) {
 				t.Parallel()
 				storetest.Run(t, pgstoretest.DeferredHarness(pgstoretest.Pool(t), table))
+			})
+			t.Run("joined pgx.Tx", func(t *testing.T) {
+				t.Parallel()
+				storetest.Run(t, pgstoretest.JoinedHarness(pgstoretest.Pool(t), table))
+			})
+			t.Run("joined sql.Tx", func(t *testing.T) {
+				t.Parallel()
+				storetest.Run(t, pgstoretest.JoinedSQLHarness(pgstoretest.Pool(t), table))
 			})
 		})
 	}
@@ -82,7 +93,7 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, err, "read %s's version table", table)
 		versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
 		require.NoError(t, err, "read %s's version table", table)
-		require.Equal(t, []int{1}, versions, "versions applied to %s, each once", table)
+		require.Equal(t, []int{1, 2}, versions, "versions applied to %s, each once", table)
 	}
 	require.Equal(t, tableLayout(t, pool, "idempotency_keys"), tableLayout(t, pool, "widget_keys"), "layout of the renamed table")
 
@@ -241,41 +252,38 @@ func TestTranslate(t *testing.T) {
 	}
 }
 
-// TestGuardIsTheClaimsOwn checks that a Batch's guard holds only for the
-// key row of its very claim. xmin, the inserting transaction's id, is 32
-// bits and comes round again after about four billion transactions, so a
-// key row left by an older transaction can carry this transaction's xid;
-// no test can wait for that, so the row here is one that this very
-// transaction inserted for the key, at another time than the claim's.
+// TestGuardIsTheClaimsOwn checks that the guard relation a pipeline sends
+// a deferred write with holds a row only for the key row of its very
+// claim. xmin, the inserting transaction's id, is 32 bits and comes round
+// again after about four billion transactions, so a key row left by an
+// older transaction can carry this transaction's xid; no test can wait for
+// that, so the row here is one that this very transaction inserted for the
+// key, at another time than the claim's.
 func TestGuardIsTheClaimsOwn(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := pgstoretest.Pool(t)
 	store, err := pgstore.New(pool, pgstore.Options{})
 	require.NoError(t, err, "open the store")
-	req := idempotency.ClaimRequest{Scope: "guard-" + rand.Text(), Key: rand.Text(), Method: "POST", Route: "/widgets", TTL: time.Hour, Wait: time.Second}
-	lease, rec, err := store.Deferred().Claim(ctx, req)
-	require.NoError(t, err, "claim")
-	require.Nil(t, rec, "a new key has no record")
-	t.Cleanup(func() { _ = lease.Rollback(context.WithoutCancel(ctx)) })
-	cond, args := lease.Unit().Guard(1)
+	scope, key, claimedAt := "guard-"+rand.Text(), rand.Text(), time.Now().Truncate(time.Microsecond)
+	guard := pgstore.Guarded(store, "SELECT EXISTS (SELECT FROM "+store.Claimed()+")", 0)
 
 	for _, tc := range []struct {
 		name      string
 		createdAt time.Time
 		holds     bool
 	}{
-		{"the claim's own row", lease.Ref().ClaimedAt, true},
-		{"a row of the key from another time", lease.Ref().ClaimedAt.Add(-time.Hour), false},
+		{"the claim's own row", claimedAt, true},
+		{"a row of the key from another time", claimedAt.Add(-time.Hour), false},
 	} {
 		var holds bool
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
 				VALUES ($1, $2, sha256('x'), 'POST', '/widgets', 'processing', $3, $3::timestamptz + interval '1 hour')`,
-				[]byte(req.Scope), req.Key, tc.createdAt); err != nil {
+				[]byte(scope), key, tc.createdAt); err != nil {
 				return fmt.Errorf("insert the key row: %w", err)
 			}
-			if err := tx.QueryRow(ctx, "SELECT "+cond, args...).Scan(&holds); err != nil {
+			if err := tx.QueryRow(ctx, guard, []byte(scope), key, claimedAt).Scan(&holds); err != nil {
 				return fmt.Errorf("evaluate the guard: %w", err)
 			}
 			return errRollBack
@@ -283,6 +291,46 @@ func TestGuardIsTheClaimsOwn(t *testing.T) {
 		require.ErrorIs(t, err, errRollBack, "%s", tc.name)
 		require.Equal(t, tc.holds, holds, "%s: the guard holds", tc.name)
 	}
+	var outside bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+store.Claimed()+")").Scan(&outside), "the view")
+	require.False(t, outside, "the guard relation holds no row outside pgstore's statements")
+}
+
+// TestDeferredRefusesWhatItCannotGuard: Deferred refuses, when the
+// operation is bound, a write that pgstore could not send with its guard;
+// and a Batch refuses a statement Deferred did not take, so that the
+// lease's Commit fails with that error and writes nothing, even when the
+// operation ignored the error of its Exec.
+func TestDeferredRefusesWhatItCannotGuard(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	store, err := pgstore.New(pgstoretest.Pool(t), pgstore.Options{})
+	require.NoError(t, err)
+	for _, tc := range []struct{ name, sql, why string }{
+		{"a SELECT", "SELECT 1 FROM idempotency_keys_claimed", "starts with something else"},
+		{"a WITH before the write", "WITH v AS (SELECT 1) INSERT INTO writes (id, scope) SELECT 'a', 'b' FROM v WHERE EXISTS (SELECT FROM idempotency_keys_claimed)", "starts with something else"},
+		{"a semicolon", "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM idempotency_keys_claimed);", "semicolon"},
+		{"no guard", "INSERT INTO writes (id, scope) VALUES ($1, $2)", "does not name the guard relation"},
+		{"pgstore's names", "INSERT INTO writes AS pgstore_claim (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM idempotency_keys_claimed)", "pgstore_"},
+	} {
+		_, err := store.Deferred(pgstoretest.GuardedWrite(store), tc.sql)
+		require.ErrorContains(t, err, tc.why, tc.name)
+		require.ErrorContains(t, err, store.Claimed(), "%s: the error names the guard relation", tc.name)
+	}
+
+	deferred, err := store.Deferred(pgstoretest.GuardedWrite(store))
+	require.NoError(t, err)
+	req := idempotency.ClaimRequest{Scope: "refused-" + rand.Text(), Key: rand.Text(), Method: "POST", Route: "/r", TTL: time.Hour, Wait: time.Second}
+	lease, _, err := deferred.Claim(ctx, req)
+	require.NoError(t, err)
+	_, err = lease.Unit().Exec(ctx, "INSERT INTO writes (id, scope) VALUES ($1, $2)", rand.Text(), []byte(req.Scope))
+	require.ErrorContains(t, err, "Deferred did not take", "an undeclared statement")
+	err = lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}})
+	require.ErrorContains(t, err, "Deferred did not take", "the commit fails with the refusal")
+	var keys, rows int
+	require.NoError(t, pgstoretest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = $1", []byte(req.Scope)).Scan(&keys))
+	require.NoError(t, pgstoretest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(req.Scope)).Scan(&rows))
+	require.Zero(t, keys+rows, "nothing sent")
 }
 
 // errRollBack ends a pgx.BeginFunc in a rollback.
@@ -342,4 +390,62 @@ func TestPartitionNamesAreQuoted(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM quoted_keys").Scan(&left), "count keys left")
 	require.Equal(t, 20, left, "keys left")
+}
+
+// TestNotMigrated: a store on a database that Migrate never ran on, or ran
+// on with fewer versions than this pgstore has, fails its first claim,
+// transactional, deferred or joined, with ErrNotMigrated, which names the
+// table and what to run, instead of an error about a missing relation on
+// every request. Once migrated, the same store claims.
+func TestNotMigrated(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, pool := pgstoretest.Empty(t)
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err, "New does not touch the database")
+	req := idempotency.ClaimRequest{Scope: "s", Key: "k", Method: "POST", Route: "/r", TTL: time.Hour, Wait: time.Second}
+
+	_, _, err = store.Claim(ctx, req)
+	require.ErrorIs(t, err, pgstore.ErrNotMigrated)
+	require.ErrorContains(t, err, "run pgstore.Migrate")
+	require.ErrorContains(t, err, "idempotency_keys_schema_version does not exist")
+	deferred, err := store.Deferred()
+	require.NoError(t, err)
+	_, _, err = deferred.Claim(ctx, req)
+	require.ErrorIs(t, err, pgstore.ErrNotMigrated, "deferred")
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, _, err = store.Join(ctx, tx, req)
+	require.ErrorIs(t, err, pgstore.ErrNotMigrated, "joined")
+	require.NoError(t, tx.Rollback(ctx))
+
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{}))
+	_, err = pool.Exec(ctx, "DELETE FROM idempotency_keys_schema_version WHERE version = (SELECT max(version) FROM idempotency_keys_schema_version)")
+	require.NoError(t, err)
+	_, _, err = store.Claim(ctx, req)
+	require.ErrorIs(t, err, pgstore.ErrNotMigrated, "one version behind")
+	require.ErrorContains(t, err, "this pgstore needs")
+
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{}))
+	lease, rec, err := store.Claim(ctx, req)
+	require.NoError(t, err, "migrated")
+	require.Nil(t, rec)
+	require.NoError(t, lease.Rollback(ctx))
+}
+
+// TestTableNames: a key table's name goes into pgstore's statements
+// unquoted, so only a plain lower-case identifier short enough for its
+// suffixes is taken.
+func TestTableNames(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"widget_keys", true}, {"_keys2", true}, {strings.Repeat("k", 48), true},
+		{strings.Repeat("k", 49), false}, {"2keys", false}, {"Keys", false}, {"keys; DROP TABLE x", false}, {`"keys"`, false}, {"clés", false},
+	} {
+		_, err := pgstore.New(nil, pgstore.Options{Table: tc.name})
+		require.Equal(t, tc.ok, err == nil, "%q: %v", tc.name, err)
+	}
 }

@@ -96,7 +96,9 @@ func TestKeepsWhatIsFinal(t *testing.T) {
 			pg := pgStore(t)
 			var store idempotency.Store[pgx.Tx] = pg
 			if tt.deferred {
-				store = idempotency.MapUnit(pg.Deferred(), func(*pgstore.Batch, idempotency.Ref) pgx.Tx { return nil })
+				deferred, err := pg.Deferred()
+				require.NoError(t, err)
+				store = idempotency.MapUnit(deferred, func(*pgstore.Batch, idempotency.Ref) pgx.Tx { return nil })
 			}
 			inner := &counting[pgx.Tx]{Store: store}
 			var seen results

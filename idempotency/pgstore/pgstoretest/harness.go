@@ -2,11 +2,14 @@ package pgstoretest
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
@@ -51,25 +54,124 @@ func TxHarness(pool *pgxpool.Pool, table string) storetest.Harness[pgx.Tx] {
 }
 
 // DeferredHarness is the suite's harness for pgstore's deferring store:
-// its rows are queued with the guard pgstore.Batch asks for.
+// its rows are queued by GuardedWrite, the one write Deferred takes.
 func DeferredHarness(pool *pgxpool.Pool, table string) storetest.Harness[*pgstore.Batch] {
 	store := open(pool, table)
-	h := pgHarness(pool, store, func(*testing.T) idempotency.Store[*pgstore.Batch] { return store.Deferred() }, guardedWrite())
+	deferred, err := store.Deferred(GuardedWrite(store))
+	if err != nil {
+		panic(err)
+	}
+	h := pgHarness(pool, store, func(*testing.T) idempotency.Store[*pgstore.Batch] { return deferred },
+		func(ctx context.Context, b *pgstore.Batch, ref idempotency.Ref, id string) error {
+			if b.Ref() != ref {
+				return fmt.Errorf("the batch's claim is %+v, the lease's %+v", b.Ref(), ref)
+			}
+			_, err := b.Exec(ctx, GuardedWrite(store), id, []byte(ref.Scope))
+			return err
+		})
 	h.Queued = true
 	return h
 }
 
-// guardedWrite writes a row of the writes table through a Batch: only if
-// this very transaction inserted the key row of the Batch's claim.
-func guardedWrite() func(ctx context.Context, b *pgstore.Batch, ref idempotency.Ref, id string) error {
-	return func(ctx context.Context, b *pgstore.Batch, ref idempotency.Ref, id string) error {
-		if b.Ref() != ref {
-			return fmt.Errorf("the batch's claim is %+v, the lease's %+v", b.Ref(), ref)
+// GuardedWrite is the deferred write of the suite's rows, $1 their id and
+// $2 their scope: a row of the writes table only if the write's own claim
+// inserted the key row of store's table.
+func GuardedWrite(store *pgstore.Store) string {
+	return "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM " + store.Claimed() + ")"
+}
+
+// JoinedHarness is the suite's harness for pgstore joined to a pgx
+// transaction of the caller's own (Store.Join): each claim opens a
+// transaction, joins it, and commits it after the lease's Commit, as a
+// handler that owns its transaction does.
+func JoinedHarness(pool *pgxpool.Pool, table string) storetest.Harness[pgx.Tx] {
+	store := open(pool, table)
+	h := TxHarness(pool, table)
+	h.Open = func(*testing.T) idempotency.Store[pgx.Tx] {
+		return callerTx[pgx.Tx]{
+			begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
+			join:     store.Join,
+			commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+			rollback: func(ctx context.Context, tx pgx.Tx) error { return ignore(tx.Rollback(ctx), pgx.ErrTxClosed) },
 		}
-		cond, args := b.Guard(3)
-		_, err := b.Exec(ctx, "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE "+cond, append([]any{id, []byte(ref.Scope)}, args...)...)
+	}
+	return h
+}
+
+// JoinedSQLHarness is JoinedHarness for database/sql transactions
+// (Store.JoinSQL) on pgx's driver over pool.
+func JoinedSQLHarness(pool *pgxpool.Pool, table string) storetest.Harness[*sql.Tx] {
+	store := open(pool, table)
+	db := stdlib.OpenDBFromPool(pool)
+	h := pgHarness(pool, store, func(t *testing.T) idempotency.Store[*sql.Tx] {
+		return callerTx[*sql.Tx]{
+			begin:    func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
+			join:     store.JoinSQL,
+			commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+			rollback: func(_ context.Context, tx *sql.Tx) error { return ignore(tx.Rollback(), sql.ErrTxDone) },
+		}
+	}, func(ctx context.Context, tx *sql.Tx, ref idempotency.Ref, id string) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO writes (id, scope) VALUES ($1, $2)", id, []byte(ref.Scope))
+		return err
+	})
+	h.Read = func(ctx context.Context, tx *sql.Tx, id string) (bool, error) {
+		var seen bool
+		err := tx.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM writes WHERE id = $1)", id).Scan(&seen)
+		return seen, err
+	}
+	return h
+}
+
+// ignore is err unless it is done: a rollback of a transaction that has
+// already ended is no failure here.
+func ignore(err, done error) error {
+	if errors.Is(err, done) {
+		return nil
+	}
+	return err
+}
+
+// callerTx is a store as a caller of Join uses pgstore: its Claim opens the
+// caller's transaction and joins it; the lease's Commit stores the
+// response and then the caller commits; its Rollback rolls back both.
+type callerTx[U any] struct {
+	begin            func(context.Context) (U, error)
+	join             func(context.Context, U, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)
+	commit, rollback func(context.Context, U) error
+}
+
+func (c callerTx[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+	tx, err := c.begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	lease, rec, err := c.join(ctx, tx, req)
+	if lease == nil {
+		_ = c.rollback(context.WithoutCancel(ctx), tx)
+		return nil, rec, err
+	}
+	return callerLease[U]{Lease: lease, c: c}, nil, nil
+}
+
+type callerLease[U any] struct {
+	idempotency.Lease[U]
+	c callerTx[U]
+}
+
+func (l callerLease[U]) Commit(ctx context.Context, resp idempotency.Response) error {
+	if err := l.Lease.Commit(ctx, resp); err != nil {
+		_ = l.c.rollback(context.WithoutCancel(ctx), l.Unit())
 		return err
 	}
+	return l.c.commit(ctx, l.Unit())
+}
+
+func (l callerLease[U]) Rollback(ctx context.Context) error {
+	err := l.Lease.Rollback(ctx)
+	if rerr := l.c.rollback(context.WithoutCancel(ctx), l.Unit()); err == nil {
+		err = rerr
+	}
+	return err
 }
 
 func open(pool *pgxpool.Pool, table string) *pgstore.Store {

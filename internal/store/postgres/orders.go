@@ -27,7 +27,6 @@ func (w *queuedWrites) CreateOrder(ctx context.Context, o orders.Order) error {
 	return translate(w.q.OrderCreateClaimed(ctx, db.OrderCreateClaimedParams{
 		AccountID: o.AccountID, ID: o.ID, Status: o.Status, Amount: o.Amount,
 		Currency: o.Currency, Items: items, CreatedAt: o.CreatedAt,
-		ClaimScope: []byte(w.claim.Scope), ClaimKey: w.claim.Key, ClaimCreatedAt: w.claim.ClaimedAt,
 	}))
 }
 

@@ -205,7 +205,12 @@ func NewMerging(pool *pgxpool.Pool, jobs Jobs, byAccount bool) *Store {
 		return fn(ctx, db.New(pool))
 	}}
 	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, _ idempotency.Ref) store.Tx { return &txUnit{s: s, tx: tx, q: db.New(tx)} })
-	s.w = idempotency.MapUnit(keys.Deferred(), func(b *pgstore.Batch, ref idempotency.Ref) store.Writes {
+	// The write-only operations' writes, declared to pgstore as it asks.
+	deferred, err := keys.Deferred(db.OrderCreateClaimed)
+	if err != nil {
+		panic(err) // the service's own statements, bound by every test that opens a Store
+	}
+	s.w = idempotency.MapUnit(deferred, func(b *pgstore.Batch, ref idempotency.Ref) store.Writes {
 		return &queuedWrites{q: db.New(writeOnly{b}), claim: ref}
 	})
 	return s

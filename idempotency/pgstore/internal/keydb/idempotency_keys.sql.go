@@ -109,6 +109,8 @@ WITH pgstore_budget AS (
     FROM pgstore_budget
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING 1
+), idempotency_keys_claimed AS (
+    SELECT true AS claimed FROM pgstore_claim
 ), pgstore_write AS (
     SELECT 1
 ), pgstore_peek AS (
@@ -153,12 +155,14 @@ type IdempotencyKeyClaimLoneRow struct {
 // A lone deferred commit of at most one write, in one statement rather
 // than a pipeline of three: the claim, the operation's write and the peek.
 // The CTE pgstore_write holds the operation's write, which pgstore puts in
-// its place at run time with its guard turned into
-// EXISTS (SELECT 1 FROM pgstore_claim) (see pgstore.Batch): the key row the
-// claim inserts is invisible to the rest of the statement, so the write
-// must ask the claim itself. As written here it writes nothing. (The CTEs
-// are named so as not to hide a table the write names; a write that names
-// one of them is sent in the pipeline.) The peek reads the statement's
+// its place at run time, as the application wrote it, with this
+// statement's own parameters numbered after the write's (see
+// pgstore.Store.Deferred). The write's guard relation,
+// idempotency_keys_claimed, is here the CTE that asks the claim itself:
+// the key row the claim inserts is invisible to the rest of the statement.
+// As written here it writes nothing. (The other CTEs are named pgstore_…,
+// which Deferred refuses in a write, so as not to hide a table the write
+// names.) The peek reads the statement's
 // snapshot, taken before the claim: what held the key, as
 // IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
 // the claim's insert can wait. A statement timeout set here would come too

@@ -25,3 +25,7 @@ type IdempotencyKey struct {
 	CompletedAt     *time.Time
 	ExpiresAt       time.Time
 }
+
+type IdempotencyKeysClaimed struct {
+	Claimed bool
+}
