@@ -78,8 +78,6 @@ var never = []string{
 // counts; they must be the ones measured here.
 func TestDependencyBudget(t *testing.T) {
 	t.Parallel()
-	goCmd, err := exec.LookPath("go")
-	require.NoError(t, err, "the go command")
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
 	readme, err := os.ReadFile(filepath.Join(root, "..", "README.md"))
@@ -88,43 +86,26 @@ func TestDependencyBudget(t *testing.T) {
 	for _, b := range budgets {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			dir := t.TempDir()
 			var main strings.Builder
 			main.WriteString("package main\n\nimport (\n")
 			for _, p := range b.imports {
 				fmt.Fprintf(&main, "\t_ %q\n", p)
 			}
 			main.WriteString(")\n\nfunc main() {}\n")
-			require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(main.String()), 0o644))
-
-			var mod strings.Builder
-			mod.WriteString("module example.com/adopter\n\ngo 1.24.0\n\nreplace (\n")
-			for _, m := range []string{"", "/pgstore", "/redisstore", "/oapi"} {
-				fmt.Fprintf(&mod, "\t%s%s => %s\n", engine, m, filepath.Join(root, m))
-			}
-			mod.WriteString(")\n")
-			require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(mod.String()), 0o644))
-
-			run := func(args ...string) string {
-				cmd := exec.Command(goCmd, args...)
-				cmd.Dir = dir
-				cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=")
-				out, err := cmd.CombinedOutput()
-				require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
-				return string(out)
-			}
+			var modules []string
 			for _, p := range b.imports {
-				run("mod", "edit", "-require="+moduleOf(p)+"@v0.1.0")
+				modules = append(modules, moduleOf(p))
 			}
-			run("mod", "tidy")
-			run("build", "./...")
+			m := outsideModule(t, root, map[string]string{"main.go": main.String()}, modules...)
+			m.run("mod", "tidy")
+			m.run("build", "./...")
 
-			listed := strings.Split(strings.TrimSpace(run("list", "-m", "-f", "{{.Path}}", "all")), "\n")
+			listed := strings.Split(strings.TrimSpace(m.run("list", "-m", "-f", "{{.Path}}", "all")), "\n")
 			require.Equal(t, "example.com/adopter", listed[0], "the main module comes first")
-			for _, m := range listed[1:] {
-				require.True(t, slices.Contains(b.modules, m), "an importer of %s inherits %s, which is not in its budget: %v", b.name, m, listed)
+			for _, mod := range listed[1:] {
+				require.True(t, slices.Contains(b.modules, mod), "an importer of %s inherits %s, which is not in its budget: %v", b.name, mod, listed)
 				for _, n := range never {
-					require.False(t, strings.HasPrefix(m+" ", n), "an importer of %s inherits %s", b.name, m)
+					require.False(t, strings.HasPrefix(mod+" ", n), "an importer of %s inherits %s", b.name, mod)
 				}
 			}
 			row := fmt.Sprintf("| %s | %d |", b.name, len(listed))
@@ -141,4 +122,45 @@ func moduleOf(p string) string {
 		}
 	}
 	return engine
+}
+
+// outside is a throwaway module outside this repository, example.com/adopter,
+// that requires engine modules from the checkout (replace directives).
+type outside struct {
+	t   *testing.T
+	dir string
+}
+
+// outsideModule writes files into a new outside module that requires
+// modules (each at v0.1.0, replaced by its directory under root).
+func outsideModule(t *testing.T, root string, files map[string]string, modules ...string) outside {
+	t.Helper()
+	m := outside{t: t, dir: t.TempDir()}
+	var mod strings.Builder
+	mod.WriteString("module example.com/adopter\n\ngo 1.24.0\n\nreplace (\n")
+	for _, sub := range []string{"", "/pgstore", "/redisstore", "/oapi"} {
+		fmt.Fprintf(&mod, "\t%s%s => %s\n", engine, sub, filepath.Join(root, sub))
+	}
+	mod.WriteString(")\n")
+	files["go.mod"] = mod.String()
+	for name, text := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(m.dir, name), []byte(text), 0o644))
+	}
+	for _, mod := range modules {
+		m.run("mod", "edit", "-require="+mod+"@v0.1.0")
+	}
+	return m
+}
+
+// run runs the go command in the module, and fails the test if it fails.
+func (m outside) run(args ...string) string {
+	m.t.Helper()
+	goCmd, err := exec.LookPath("go")
+	require.NoError(m.t, err, "the go command")
+	cmd := exec.Command(goCmd, args...)
+	cmd.Dir = m.dir
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=")
+	out, err := cmd.CombinedOutput()
+	require.NoError(m.t, err, "go %s:\n%s", strings.Join(args, " "), out)
+	return string(out)
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"time"
@@ -144,4 +146,67 @@ func ExampleStore_Join() {
 	fmt.Println("widgets:", widgets, "keys:", keyRows)
 	// Output:
 	// widgets: 1 keys: 1
+}
+
+// A whole service in plain net/http, as README.md shows it: the key table
+// migrated at start, the middleware on the handler, expired keys cleaned
+// up. The retry with the same key replays the first answer, and one widget
+// is created.
+func Example_service() {
+	ctx := context.Background()
+	pool, drop := exampleDatabase(ctx)
+	defer drop()
+	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE widgets (name text)"); err != nil {
+		panic(err)
+	}
+	keys, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	// A service runs it in the background: go cleanup.Run(ctx).
+	cleanup := idempotency.Cleanup{Purger: keys}
+	if result, _ := cleanup.Once(ctx); result != idempotency.CleanupOK {
+		panic(result)
+	}
+
+	engine := idempotency.New(idempotency.Config{
+		Scope:           func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
+		ProblemTypeBase: "https://api.example.com/problems/",
+	})
+	create := idempotency.NewOperation(engine, keys, idempotency.OperationConfig{})
+	mux := http.NewServeMux()
+	mux.Handle("POST /widgets", create.HandlerFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+		if _, err := tx.Exec(r.Context(), "INSERT INTO widgets (name) VALUES ('gear')"); err != nil {
+			http.Error(w, "the widget could not be created", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"name":"gear"}`))
+	}))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/widgets", strings.NewReader(`{"name":"gear"}`))
+		req.Header.Set("X-Tenant", "acme")
+		req.Header.Set(idempotency.HeaderKey, "3f1c9a52-widget-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		fmt.Println(resp.StatusCode, resp.Header.Get(idempotency.HeaderReplayed), string(body))
+	}
+	var widgets int
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM widgets").Scan(&widgets)
+	fmt.Println("widgets:", widgets)
+	// Output:
+	// 201  {"name":"gear"}
+	// 201 true {"name":"gear"}
+	// widgets: 1
 }
