@@ -28,7 +28,8 @@ type Store[U any] interface {
 	//     different fingerprint (the caller decides between replay and 409);
 	//   - ErrInFlight: another request held the key for all of Wait.
 	// A request holding the key blocks others only while it runs: if it rolls
-	// back (or its process dies) the key is free again.
+	// back (or its process dies) the key is free again. A returned Record is
+	// the caller's own: its Header and Body share no memory with the store's.
 	Claim(ctx context.Context, req ClaimRequest) (Lease[U], *Record, error)
 }
 

@@ -6,6 +6,12 @@
 //
 // Every case makes its own scope and keys, so the cases run in parallel and
 // may share one database with other tests.
+//
+// A store needs no more than idempotency.Store asks: Claim, and a lease's
+// Unit, Ref, Commit and Rollback. ClaimRequest.Contended and TakenError serve
+// stores that defer a claim to its commit; another store may ignore the one
+// and never return the other. Oncekey's repository holds such a minimal
+// store, over a map, that passes this suite (idempotency/integration/customstore).
 package storetest
 
 import (
