@@ -22,26 +22,39 @@ type Problem struct {
 	Title  string
 }
 
+// The protocol's problems, one for each error the engine answers: status,
+// RFC 9457 type slug and title, declared once here for the default writer,
+// for an application's own writer, and for any API that speaks the same
+// protocol.
+var (
+	ProblemMissingKey    = Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}
+	ProblemInvalidKey    = Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}
+	ProblemMalformedBody = Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}
+	ProblemBodyTooLarge  = Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}
+	ProblemNoScope       = Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}
+	ProblemKeyMismatch   = Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}
+	ProblemInFlight      = Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}
+	ProblemUnavailable   = Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}
+	ProblemClientClosed  = Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}
+	ProblemInternal      = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
+)
+
 // problems describe the protocol's errors, in the order Describe looks for
 // them.
 var problems = []struct {
 	Err     error
 	Problem Problem
 }{
-	{ErrMissingKey, Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}},
-	{ErrInvalidKey, Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}},
-	{ErrMalformedBody, Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}},
-	{ErrBodyTooLarge, Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}},
-	{ErrNoScope, Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}},
-	{ErrKeyMismatch, Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}},
-	{ErrInFlight, Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}},
-	{ErrUnavailable, Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}},
-	{context.Canceled, Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}},
+	{ErrMissingKey, ProblemMissingKey},
+	{ErrInvalidKey, ProblemInvalidKey},
+	{ErrMalformedBody, ProblemMalformedBody},
+	{ErrBodyTooLarge, ProblemBodyTooLarge},
+	{ErrNoScope, ProblemNoScope},
+	{ErrKeyMismatch, ProblemKeyMismatch},
+	{ErrInFlight, ProblemInFlight},
+	{ErrUnavailable, ProblemUnavailable},
+	{context.Canceled, ProblemClientClosed},
 }
-
-// internalProblem is an error the table does not know: a failure whose
-// details stay in the log.
-var internalProblem = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
 
 // Describe returns how the default writer answers err, and whether err is
 // one of the protocol's errors (otherwise it is a 500), for writers of
@@ -52,7 +65,7 @@ func Describe(err error) (Problem, bool) {
 			return p.Problem, true
 		}
 	}
-	return internalProblem, false
+	return ProblemInternal, false
 }
 
 // ProblemWriter returns a Config.WriteError that answers with RFC 9457

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // bugs are the ways the toy server can break the protocol, one at a time.
@@ -58,7 +60,7 @@ func newToy(b bugs) *toy {
 func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	scope := map[string]string{"Bearer a": "a", "Bearer b": "b"}[r.Header.Get("Authorization")]
 	if scope == "" {
-		problem(w, 401, "unauthorized")
+		problem(w, 401, idempotency.ProblemNoScope.Slug)
 		return
 	}
 	route := ""

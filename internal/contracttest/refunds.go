@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/oncekey/oncekey/idempotency"
 	"net/http"
 	"strings"
 	"sync"
@@ -229,7 +230,7 @@ var paymentChecks = []check{
 		if err != nil {
 			return err
 		}
-		if _, err := s.want(ctx, http.StatusConflict, "idempotency-key-mismatch", http.MethodPost, path, key, refundOf(400)); err != nil {
+		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemKeyMismatch.Slug, http.MethodPost, path, key, refundOf(400)); err != nil {
 			return err
 		}
 		_, err = s.onlyRefund(ctx, p, first)

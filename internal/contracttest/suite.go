@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/conformance"
 	"github.com/oncekey/oncekey/internal/httpapi"
 )
@@ -219,7 +220,7 @@ func replayOf(first, again answer) error {
 // inProgress reports whether a is the answer to a duplicate of a request
 // still running: 202 request-in-progress. It must say when to come back.
 func inProgress(a answer) (bool, error) {
-	if a.status != http.StatusAccepted || a.problemType() != problemBase+"request-in-progress" {
+	if a.status != http.StatusAccepted || a.problemType() != problemBase+idempotency.ProblemInFlight.Slug {
 		return false, nil
 	}
 	if a.header.Get("Retry-After") == "" {
@@ -357,7 +358,7 @@ var protocolChecks = []check{
 		if err != nil {
 			return err
 		}
-		if err := errors.Join(expect(none, 401, "unauthorized"), expect(bad, 401, "unauthorized")); err != nil {
+		if err := errors.Join(expect(none, 401, idempotency.ProblemNoScope.Slug), expect(bad, 401, idempotency.ProblemNoScope.Slug)); err != nil {
 			return err
 		}
 		if !bytes.Equal(none.body, bad.body) {

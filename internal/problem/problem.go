@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // ContentType is the media type of every error body (RFC 9457 §3).
@@ -44,23 +46,17 @@ var (
 		When:        "The request does not match `openapi.yaml` (a field's type, range or pattern, an unknown field, a bad query parameter or cursor). `detail` names the field.",
 		KeyConsumed: "no",
 	}
-	MalformedJSON = Kind{
-		Slug: "malformed-json", Status: http.StatusBadRequest, Title: "The request body is not valid JSON",
-		When:        "The body is not JSON, or its meaning is ambiguous: duplicate keys, invalid UTF-8, an integer beyond ±2^53, nesting deeper than 64.",
-		KeyConsumed: "no",
-	}
-	MissingIdempotencyKey = Kind{
-		Slug: "missing-idempotency-key", Status: http.StatusBadRequest, Title: "Idempotency-Key header is required",
-		When:        "An unsafe operation came without `Idempotency-Key`.",
-		KeyConsumed: "no",
-	}
-	InvalidIdempotencyKey = Kind{
-		Slug: "invalid-idempotency-key", Status: http.StatusBadRequest, Title: "Idempotency-Key header is invalid",
-		When:        "The key is empty, longer than 255 bytes, has a character outside printable ASCII, or the header was sent more than once.",
-		KeyConsumed: "no",
-	}
+	MalformedJSON = protocol(idempotency.ProblemMalformedBody,
+		"The body is not JSON, or its meaning is ambiguous: duplicate keys, invalid UTF-8, an integer beyond ±2^53, nesting deeper than 64.",
+		"no")
+	MissingIdempotencyKey = protocol(idempotency.ProblemMissingKey,
+		"An unsafe operation came without `Idempotency-Key`.",
+		"no")
+	InvalidIdempotencyKey = protocol(idempotency.ProblemInvalidKey,
+		"The key is empty, longer than 255 bytes, has a character outside printable ASCII, or the header was sent more than once.",
+		"no")
 	Unauthorized = Kind{
-		Slug: "unauthorized", Status: http.StatusUnauthorized, Title: "Missing or invalid API key",
+		Slug: idempotency.ProblemNoScope.Slug, Status: idempotency.ProblemNoScope.Status, Title: "Missing or invalid API key",
 		When:        "No API key, another scheme, or an unknown or revoked key (all answered alike).",
 		KeyConsumed: "no",
 	}
@@ -74,45 +70,39 @@ var (
 		When:        "The endpoint exists but not with this method.",
 		KeyConsumed: "no",
 	}
-	KeyMismatch = Kind{
-		Slug: "idempotency-key-mismatch", Status: http.StatusConflict, Title: "Idempotency-Key was used for a different request",
-		When:        "The key was already used with a different request (method, path, query or body). Nothing ran. Use a new key for a new operation.",
-		KeyConsumed: "already bound to the first request",
-	}
-	PayloadTooLarge = Kind{
-		Slug: "payload-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large",
-		When:        "The body is larger than `ONCEKEY_MAX_BODY_BYTES` (default 64 KiB).",
-		KeyConsumed: "no",
-	}
+	KeyMismatch = protocol(idempotency.ProblemKeyMismatch,
+		"The key was already used with a different request (method, path, query or body). Nothing ran. Use a new key for a new operation.",
+		"already bound to the first request")
+	PayloadTooLarge = protocol(idempotency.ProblemBodyTooLarge,
+		"The body is larger than `ONCEKEY_MAX_BODY_BYTES` (default 64 KiB).",
+		"no")
 	UnsupportedMediaType = Kind{
 		Slug: "unsupported-media-type", Status: http.StatusUnsupportedMediaType, Title: "Unsupported Content-Type",
 		When:        "The body is not `application/json` (`application/merge-patch+json` for `PATCH /orders/{id}`).",
 		KeyConsumed: "no",
 	}
-	InProgress = Kind{
-		Slug: "request-in-progress", Status: http.StatusAccepted, Title: "A request with this Idempotency-Key is still in progress",
-		When:        "The first request with this key is still running after the wait budget (`IDEMPOTENCY_WAIT`). Retry after `Retry-After` seconds with the same key.",
-		KeyConsumed: "held by the first request",
-	}
-	Internal = Kind{
-		Slug: "internal-error", Status: http.StatusInternalServerError, Title: "Internal server error",
-		When:        "The operation failed and nothing was stored (retrying with the same key runs it), or storing its outcome failed in a way that leaves it unknown (retrying with the same key replays it if it was stored, runs it if not). Retrying with the same key is safe either way.",
-		KeyConsumed: "no",
-	}
+	InProgress = protocol(idempotency.ProblemInFlight,
+		"The first request with this key is still running after the wait budget (`IDEMPOTENCY_WAIT`). Retry after `Retry-After` seconds with the same key.",
+		"held by the first request")
+	Internal = protocol(idempotency.ProblemInternal,
+		"The operation failed and nothing was stored (retrying with the same key runs it), or storing its outcome failed in a way that leaves it unknown (retrying with the same key replays it if it was stored, runs it if not). Retrying with the same key is safe either way.",
+		"no")
 	// ClientClosedRequest is written when the client went away before the
 	// answer was ready (nginx's 499). Nobody reads it; the status keeps a
 	// client's disconnect out of the server-error figures.
-	ClientClosedRequest = Kind{
-		Slug: "client-closed-request", Status: 499, Title: "Client closed request",
-		When:        "The client disconnected before the answer was ready; the operation was rolled back. Written for the logs and metrics only: no client reads it.",
-		KeyConsumed: "no",
-	}
-	Unavailable = Kind{
-		Slug: "unavailable", Status: http.StatusServiceUnavailable, Title: "Service temporarily unavailable",
-		When:        "The database did not answer in time (or `/readyz` is not ready). Retry after `Retry-After` seconds with the same key.",
-		KeyConsumed: "no",
-	}
+	ClientClosedRequest = protocol(idempotency.ProblemClientClosed,
+		"The client disconnected before the answer was ready; the operation was rolled back. Written for the logs and metrics only: no client reads it.",
+		"no")
+	Unavailable = protocol(idempotency.ProblemUnavailable,
+		"The database did not answer in time (or `/readyz` is not ready). Retry after `Retry-After` seconds with the same key.",
+		"no")
 )
+
+// protocol is a kind of the idempotency protocol's, as the engine declares
+// it, with what docs/problems.md says of it.
+func protocol(p idempotency.Problem, when, keyConsumed string) Kind {
+	return Kind{Slug: p.Slug, Status: p.Status, Title: p.Title, When: when, KeyConsumed: keyConsumed}
+}
 
 // Type returns the kind's full type URI.
 func (k Kind) Type() string { return TypeBase + k.Slug }

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/provider"
+
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // TestClientErrors puts the client in front of answers the sandbox never
@@ -122,7 +124,7 @@ func TestClientRefundErrors(t *testing.T) {
 			[]error{provider.ErrRejected, provider.ErrChargeNotRefundable}, []error{provider.ErrChargeNotFound, provider.ErrRefundExceedsCharge}},
 		{"refund exceeds charge", 422, problemOf("refund-exceeds-charge", 422),
 			[]error{provider.ErrRejected, provider.ErrRefundExceedsCharge}, []error{provider.ErrChargeNotRefundable}},
-		{"key mismatch is rejected and nothing more", 409, problemOf("idempotency-key-mismatch", 409),
+		{"key mismatch is rejected and nothing more", 409, problemOf(idempotency.ProblemKeyMismatch.Slug, 409),
 			[]error{provider.ErrRejected}, []error{provider.ErrChargeNotRefundable, provider.ErrChargeNotFound, provider.ErrRefundExceedsCharge}},
 		{"a plain 404 is not found", 404, problemOf("not-found", 404),
 			[]error{provider.ErrNotFound}, []error{provider.ErrRejected, provider.ErrChargeNotFound}},

@@ -15,6 +15,8 @@ import (
 
 	"github.com/oncekey/oncekey/internal/provider"
 	"github.com/oncekey/oncekey/internal/testdb"
+
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -116,7 +118,7 @@ func (a answer) problem(t *testing.T) problem {
 func requireInvalid(t *testing.T, a answer, wantType string) problem {
 	t.Helper()
 	wantStatus := http.StatusBadRequest
-	if wantType == "payload-too-large" {
+	if wantType == idempotency.ProblemBodyTooLarge.Slug {
 		wantStatus = http.StatusRequestEntityTooLarge
 	}
 	require.Equal(t, wantStatus, a.status, "body %s", a.body)

@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // problemTypeBase prefixes the sandbox's problem type URIs. They are kept
 // apart from Oncekey's own (internal/problem), which this package does not
 // import: the sandbox stands in for a third party and shares nothing with
-// the product's API.
+// the product's API but the idempotency protocol, whose problems it takes
+// from the engine.
 const problemTypeBase = "https://oncekey.dev/problems/fakeprovider/"
 
 // problemContentType is the media type of every error body (RFC 9457 §3).
@@ -64,6 +67,13 @@ func writeProblem(w http.ResponseWriter, status int, slug, title, detail string)
 	w.Header().Set("Content-Type", problemContentType)
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(problem{Type: problemTypeBase + slug, Title: title, Status: status, Detail: detail})
+}
+
+// writeProtocolProblem answers with one of the idempotency protocol's
+// problems, as the engine declares them: the sandbox speaks the protocol
+// as any API built on the engine would.
+func writeProtocolProblem(w http.ResponseWriter, p idempotency.Problem, detail string) {
+	writeProblem(w, p.Status, p.Slug, p.Title, detail)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/oncekey/oncekey/idempotency"
 )
 
 // maxBodyBytes bounds a charge or refund request; a real one is under 200
@@ -233,12 +235,12 @@ func servePost[Req request](s *Server, w http.ResponseWriter, r *http.Request, e
 
 	keys := r.Header.Values("Idempotency-Key")
 	if len(keys) > 1 {
-		writeProblem(w, http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid", "send exactly one Idempotency-Key header")
+		writeProtocolProblem(w, idempotency.ProblemInvalidKey, "send exactly one Idempotency-Key header")
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if err := ValidateKey(key); err != nil {
-		writeProblem(w, http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid", err.Error())
+		writeProtocolProblem(w, idempotency.ProblemInvalidKey, err.Error())
 		return
 	}
 	req, ok := parseRequest[Req](w, body, readErr, ep.shape)
@@ -264,11 +266,11 @@ func servePost[Req request](s *Server, w http.ResponseWriter, r *http.Request, e
 			return
 		}
 		s.log.ErrorContext(ctx, "store "+ep.noun, "idempotency_key", key, "error", err)
-		writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the "+ep.noun+" could not be stored")
+		writeProtocolProblem(w, idempotency.ProblemInternal, "the "+ep.noun+" could not be stored")
 		return
 	}
 	if !got.inserted && got.fingerprint != fp {
-		writeProblem(w, http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request", ep.mismatch)
+		writeProtocolProblem(w, idempotency.ProblemKeyMismatch, ep.mismatch)
 		return
 	}
 	status := http.StatusOK
@@ -316,15 +318,15 @@ func parseRequest[Req request](w http.ResponseWriter, body []byte, readErr error
 	if readErr != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(readErr, &tooLarge) {
-			writeProblem(w, http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large",
+			writeProtocolProblem(w, idempotency.ProblemBodyTooLarge,
 				fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes))
 		} else {
-			writeProblem(w, http.StatusBadRequest, "malformed-json", "The request body is not valid JSON", "the body could not be read")
+			writeProtocolProblem(w, idempotency.ProblemMalformedBody, "the body could not be read")
 		}
 		return req, false
 	}
 	if err := decodeStrict(body, &req, shape); err != nil {
-		writeProblem(w, http.StatusBadRequest, "malformed-json", "The request body is not valid JSON", err.Error())
+		writeProtocolProblem(w, idempotency.ProblemMalformedBody, err.Error())
 		return req, false
 	}
 	if err := req.Validate(); err != nil {
@@ -395,7 +397,7 @@ func serveGet(s *Server, w http.ResponseWriter, r *http.Request, noun, plural st
 	if hasKey {
 		key := q.Get("idempotency_key")
 		if err := ValidateKey(key); err != nil {
-			writeProblem(w, http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid", err.Error())
+			writeProtocolProblem(w, idempotency.ProblemInvalidKey, err.Error())
 			return
 		}
 		v, err := get(ctx, key)
@@ -405,7 +407,7 @@ func serveGet(s *Server, w http.ResponseWriter, r *http.Request, noun, plural st
 		}
 		if err != nil {
 			s.log.ErrorContext(ctx, "get "+noun, "idempotency_key", key, "error", err)
-			writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the "+noun+" could not be read")
+			writeProtocolProblem(w, idempotency.ProblemInternal, "the "+noun+" could not be read")
 			return
 		}
 		writeJSON(w, http.StatusOK, v)
@@ -419,7 +421,7 @@ func serveGet(s *Server, w http.ResponseWriter, r *http.Request, noun, plural st
 	v, err := list(ctx, ref)
 	if err != nil {
 		s.log.ErrorContext(ctx, "list "+plural, "reference", ref, "error", err)
-		writeProblem(w, http.StatusInternalServerError, "internal-error", "Internal server error", "the "+plural+" could not be read")
+		writeProtocolProblem(w, idempotency.ProblemInternal, "the "+plural+" could not be read")
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
