@@ -17,13 +17,13 @@ import (
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/gen/apiclient"
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/problem"
 	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -159,23 +159,20 @@ func setupPayments(t *testing.T, faults provider.Faults) *testBundle {
 // script, and returns an SDK client of a new account.
 func start(t *testing.T, backend store.Backend, cfg httpapi.Config, script ...fault) *testBundle {
 	t.Helper()
-	cfg.Backend, cfg.Metrics = backend, metrics.New()
-	handler, err := httpapi.New(cfg)
-	require.NoError(t, err)
-	inj := &injector{next: handler, script: script}
-	srv := httptest.NewServer(inj)
-	t.Cleanup(srv.Close)
-
-	creds, err := auth.CreateAccount(context.Background(), backend, "sdk-"+t.Name(), "")
-	require.NoError(t, err)
+	cfg.Metrics = metrics.New()
+	var inj *injector
+	svc := servicetest.Start(t, backend, servicetest.Options{Config: cfg, Wrap: func(h http.Handler) http.Handler {
+		inj = &injector{next: h, script: script}
+		return inj
+	}})
 	bearer := apiclient.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
-		r.Header.Set("Authorization", "Bearer "+creds.APIKey)
+		r.Header.Set("Authorization", "Bearer "+svc.APIKey)
 		return nil
 	})
-	raw, err := apiclient.NewClientWithResponses(srv.URL, bearer)
+	raw, err := apiclient.NewClientWithResponses(svc.URL, bearer)
 	require.NoError(t, err)
 	c, err := client.New(client.Config{
-		BaseURL: srv.URL, APIKey: creds.APIKey,
+		BaseURL: svc.URL, APIKey: svc.APIKey,
 		// A connection per request: Go's transport would otherwise retry a
 		// request cut on a reused connection by itself, hiding what the SDK does.
 		HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second},
@@ -184,8 +181,8 @@ func start(t *testing.T, backend store.Backend, cfg httpapi.Config, script ...fa
 		MaxDelay:    10 * time.Millisecond,
 	})
 	require.NoError(t, err)
-	return &testBundle{client: c, injector: inj, metrics: cfg.Metrics, api: raw, backend: backend, account: creds.AccountID, count: func() int {
-		list, err := backend.ListOrders(context.Background(), creds.AccountID, nil, 1000)
+	return &testBundle{client: c, injector: inj, metrics: cfg.Metrics, api: raw, backend: backend, account: svc.Account, count: func() int {
+		list, err := backend.ListOrders(context.Background(), svc.Account, nil, 1000)
 		require.NoError(t, err)
 		return len(list)
 	}}

@@ -1,12 +1,10 @@
 package grafana_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,9 +23,9 @@ import (
 
 	"github.com/oncekey/oncekey/deploy/grafana"
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/metrics"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -455,17 +453,8 @@ type testBundle struct {
 func setup(t *testing.T, backend store.Backend, m *metrics.Metrics) *testBundle {
 	t.Helper()
 	m.RegisterStore(backend)
-	handler, err := httpapi.New(httpapi.Config{
-		Backend: backend,
-		Logger:  slog.New(slog.DiscardHandler),
-		Metrics: m,
-	})
-	require.NoError(t, err, "build the service")
-	srv := httptest.NewServer(handler)
-	t.Cleanup(srv.Close)
-	creds, err := auth.CreateAccount(context.Background(), backend, "dashboard-"+t.Name(), "")
-	require.NoError(t, err, "create account")
-	return &testBundle{url: srv.URL, apiKey: creds.APIKey, client: &http.Client{Timeout: 30 * time.Second}}
+	svc := servicetest.Start(t, backend, servicetest.Options{Config: httpapi.Config{Logger: slog.New(slog.DiscardHandler), Metrics: m}})
+	return &testBundle{url: svc.URL, apiKey: svc.APIKey, client: &http.Client{Timeout: 30 * time.Second}}
 }
 
 const orderBody = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`

@@ -6,15 +6,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
 func TestCreateOrder(t *testing.T) {
 	t.Parallel()
-	url, creds := servicetest.Start(t, memory.New(), nil, httpapi.Config{})
-	env := map[string]string{"ONCEKEY_URL": url, "ONCEKEY_API_KEY": creds.APIKey}
+	svc := servicetest.Start(t, memory.New(), servicetest.Options{})
+	env := map[string]string{"ONCEKEY_URL": svc.URL, "ONCEKEY_API_KEY": svc.APIKey}
 	var out bytes.Buffer
 	require.NoError(t, run(t.Context(), func(k string) string { return env[k] }, &out))
 	require.Regexp(t, `^created order [0-9a-f-]{36} created\n$`, out.String())

@@ -27,6 +27,7 @@ import (
 	"github.com/oncekey/oncekey/internal/jobs"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store"
 	"github.com/oncekey/oncekey/internal/store/memory"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -39,13 +40,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // returns its URL and an API key.
 func serve(t *testing.T, cfg httpapi.Config, wrap func(http.Handler) http.Handler) (string, string) {
 	t.Helper()
-	h, err := httpapi.New(cfg)
-	require.NoError(t, err)
-	srv := httptest.NewServer(wrap(h))
-	t.Cleanup(srv.Close)
-	creds, err := auth.CreateAccount(context.Background(), cfg.Backend, "contract", "")
-	require.NoError(t, err)
-	return srv.URL, creds.APIKey
+	backend := cfg.Backend
+	svc := servicetest.Start(t, backend, servicetest.Options{Config: cfg, Wrap: wrap})
+	return svc.URL, svc.APIKey
 }
 
 // sandboxWorker is a payment worker on repo that charges and refunds

@@ -77,8 +77,9 @@ type options struct {
 // setup starts the full service on store and creates an account on it.
 func setup(t *testing.T, store backend, opts options) *testBundle {
 	t.Helper()
-	url, creds := servicetest.Start(t, store, opts.repo, opts.cfg)
-	b := &testBundle{url: url, store: store, account: creds.AccountID, apiKey: creds.APIKey}
+	svc := servicetest.Start(t, store, servicetest.Options{Config: opts.cfg, Orders: opts.repo})
+	url := svc.URL
+	b := &testBundle{url: url, store: store, account: svc.Account, apiKey: svc.APIKey}
 	b.http = validatingClient(t)
 	var err error
 	b.client, err = apiclient.NewClientWithResponses(url, apiclient.WithHTTPClient(b.http), apiclient.WithRequestEditorFn(b.authorize))

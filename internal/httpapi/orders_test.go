@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/orders"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
@@ -113,12 +113,9 @@ func (unreachableAuth) AccountByKeyHash(context.Context, auth.KeyHash) (uuid.UUI
 func TestAuthLookupFailureIs503(t *testing.T) {
 	t.Parallel()
 	store := unreachableAuth{memory.New()}
-	handler, err := httpapi.New(httpapi.Config{Backend: store})
-	require.NoError(t, err)
-	srv := httptest.NewServer(handler)
-	t.Cleanup(srv.Close)
+	svc := servicetest.Start(t, store, servicetest.Options{NoAccount: true})
 
-	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(seedBody))
+	req, err := http.NewRequest(http.MethodPost, svc.URL+"/orders", strings.NewReader(seedBody))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer ok_any")
 	req.Header.Set("Idempotency-Key", "auth-down")

@@ -77,9 +77,9 @@ func setup(t *testing.T, store backend, opts options) *testBundle {
 		cfg.Metrics = metrics.New()
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	url, creds := servicetest.Start(t, store, opts.repo, cfg)
-	return &testBundle{url: url, metrics: cfg.Metrics, store: store, client: &http.Client{Timeout: 30 * time.Second},
-		account: creds.AccountID, apiKey: creds.APIKey}
+	svc := servicetest.Start(t, store, servicetest.Options{Config: cfg, Orders: opts.repo})
+	return &testBundle{url: svc.URL, metrics: cfg.Metrics, store: store, client: &http.Client{Timeout: 30 * time.Second},
+		account: svc.Account, apiKey: svc.APIKey}
 }
 
 // newAccount creates an account on store and returns its id and API key.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/auth"
@@ -75,23 +76,51 @@ func Exchange(client *http.Client, req *http.Request) (Reply, error) {
 	return Reply{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }
 
-// Start runs the whole service on backend with cfg (what the test set:
-// the API-key cache or the Redis fast path in front, say) on an httptest
-// server closed when the test ends, and creates an account to act as.
-// Orders are created through wrap when it is not nil, for fault injection.
-func Start(t testing.TB, backend store.Backend, wrap func(orders.Writer) orders.Writer, cfg httpapi.Config) (url string, creds auth.Credentials) {
+// Service is the full service under test, started by Start, with an
+// account to act as.
+type Service struct {
+	URL     string
+	Account uuid.UUID
+	APIKey  string
+}
+
+// Options adjust the service a test starts; zero values are the defaults.
+type Options struct {
+	// Config is the service's configuration; Start sets its Backend.
+	Config httpapi.Config
+	// Orders, if set, wraps the order writes (fault injection).
+	Orders func(orders.Writer) orders.Writer
+	// Wrap, if set, wraps the whole handler (a fault injector in front).
+	Wrap func(http.Handler) http.Handler
+	// NoAccount leaves out the account, for a store that cannot make one
+	// (its accounts unreachable, say).
+	NoAccount bool
+}
+
+// Start runs the full service (httpapi.New) on backend in an httptest
+// server that the test's end closes, and creates an account on it. Every
+// test of the service starts it here, so that they all run what serve runs.
+func Start(t testing.TB, backend store.Backend, opts Options) Service {
 	t.Helper()
+	cfg := opts.Config
 	cfg.Backend = backend
-	if wrap != nil {
-		cfg.Orders = wrap
+	if opts.Orders != nil {
+		cfg.Orders = opts.Orders
 	}
 	handler, err := httpapi.New(cfg)
 	require.NoError(t, err, "build the service")
+	if opts.Wrap != nil {
+		handler = opts.Wrap(handler)
+	}
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
-	creds, err = auth.CreateAccount(context.Background(), backend, "test-"+t.Name(), "")
-	require.NoError(t, err, "create an account")
-	return srv.URL, creds
+	svc := Service{URL: srv.URL}
+	if !opts.NoAccount {
+		creds, err := auth.CreateAccount(context.Background(), backend, "test-"+t.Name(), "")
+		require.NoError(t, err, "create an account")
+		svc.Account, svc.APIKey = creds.AccountID, creds.APIKey
+	}
+	return svc
 }
 
 // Async sends req with client from a goroutine. A transport error arrives

@@ -3,7 +3,6 @@ package tracing_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -11,8 +10,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
 	"github.com/oncekey/oncekey/internal/tracing"
@@ -32,17 +31,12 @@ func TestRequestSpansCarryOutcomeAndQueries(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	store := postgres.New(pool, nil)
-	handler, err := httpapi.New(httpapi.Config{Backend: store, Tracing: true})
-	require.NoError(t, err)
-	srv := httptest.NewServer(handler)
-	t.Cleanup(srv.Close)
-	creds, err := auth.CreateAccount(ctx, store, "tracing", "")
-	require.NoError(t, err)
+	svc := servicetest.Start(t, store, servicetest.Options{Config: httpapi.Config{Tracing: true}})
 
 	post := func() {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`))
+		req, err := http.NewRequest(http.MethodPost, svc.URL+"/orders", strings.NewReader(`{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`))
 		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+creds.APIKey)
+		req.Header.Set("Authorization", "Bearer "+svc.APIKey)
 		req.Header.Set("Idempotency-Key", "traced")
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
