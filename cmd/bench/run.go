@@ -143,7 +143,7 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 	quiet := slog.New(slog.DiscardHandler)
 	serve := func(keys keyStores, opts ...httpapi.Option) (string, error) {
 		h, err := httpapi.New(httpapi.Config{
-			Backend: b.store, Keys: keys.tx, WriteKeys: keys.writes,
+			Backend: b.store, Keys: keys.tx, DeferredKeys: keys.writes,
 			// As serve wires it.
 			Auth:   auth.NewCache(b.store, auth.DefaultCacheSize, auth.DefaultCacheTTL),
 			Logger: quiet,
@@ -167,7 +167,7 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 		}
 		return keyStores{recordcache.Wrap(cache, keys.tx), recordcache.Wrap(cache, keys.writes)}
 	}
-	backend := keyStores{b.store.Keys(), b.store.WriteKeys()}
+	backend := keyStores{b.store.Keys(), b.store.DeferredKeys()}
 	var err error
 	if b.targets[modeBaseline], err = serve(backend, httpapi.WithoutIdempotency(b.store)); err != nil {
 		return stopAll, err
@@ -288,7 +288,7 @@ func createDatabase(ctx context.Context, adminURL string) (string, func(), error
 // keyStores are the key stores a server is built with.
 type keyStores struct {
 	tx     idempotency.Store[store.Tx]
-	writes idempotency.Store[store.Writes]
+	writes idempotency.Store[store.Deferred]
 }
 
 // flushBench removes what the Redis modes cached: the keys of the

@@ -339,7 +339,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	if be.replica != nil {
 		m.RegisterReplica(be.replica)
 	}
-	keys, writeKeys := be.Keys(), be.WriteKeys()
+	keys, deferredKeys := be.Keys(), be.DeferredKeys()
 	if cfg.RedisURL != "" {
 		rdb, err := redisstore.NewClient(cfg.RedisURL)
 		if err != nil {
@@ -349,7 +349,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		// No ping: Redis being down at start only costs speed, and the
 		// client reconnects by itself when it comes back.
 		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey:", Observer: m, Secret: cfg.RedisSecret})
-		keys, writeKeys = redisstore.Wrap(fast, keys), redisstore.Wrap(fast, writeKeys)
+		keys, deferredKeys = redisstore.Wrap(fast, keys), redisstore.Wrap(fast, deferredKeys)
 		log.Info("idempotency fast path: Redis")
 		if len(cfg.RedisSecret) == 0 {
 			log.Warn("ONCEKEY_REDIS_SECRET is not set: this process authenticates its Redis records with a random secret, so other replicas' cached responses are misses here")
@@ -362,7 +362,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		if err != nil {
 			return err
 		}
-		keys, writeKeys = recordcache.Wrap(cache, keys), recordcache.Wrap(cache, writeKeys)
+		keys, deferredKeys = recordcache.Wrap(cache, keys), recordcache.Wrap(cache, deferredKeys)
 	}
 	pay, err := startPayments(ctx, cfg, be, log, m)
 	if err != nil {
@@ -370,11 +370,11 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	}
 	defer pay.stop()
 	handler, err := httpapi.New(httpapi.Config{
-		Backend:   be.Backend,
-		Reads:     be.reads,
-		Keys:      keys,
-		WriteKeys: writeKeys,
-		Payments:  pay.svc,
+		Backend:      be.Backend,
+		Reads:        be.reads,
+		Keys:         keys,
+		DeferredKeys: deferredKeys,
+		Payments:     pay.svc,
 		// Looked-up keys are trusted for ONCEKEY_API_KEY_CACHE_TTL: a round
 		// trip saved on every request, at the price of that revocation delay
 		// on other replicas.

@@ -169,7 +169,7 @@ func withRedis(redisURL func(t *testing.T) string) func(t *testing.T) httpapi.Co
 		t.Cleanup(func() { rdb.Close() })
 		require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis")
 		fast := redisstore.New(rdb, redisstore.Config{Prefix: "contracttest:"})
-		cfg.Keys, cfg.WriteKeys = redisstore.Wrap(fast, pg.Keys()), redisstore.Wrap(fast, pg.WriteKeys())
+		cfg.Keys, cfg.DeferredKeys = redisstore.Wrap(fast, pg.Keys()), redisstore.Wrap(fast, pg.DeferredKeys())
 		return cfg
 	}
 }
@@ -286,12 +286,12 @@ func inFlight(open func(t *testing.T) httpapi.Config) func(t *testing.T) httpapi
 	return func(t *testing.T) httpapi.Config {
 		cfg := open(t)
 		const delay = 50 * time.Millisecond
-		keys, writeKeys := cfg.Keys, cfg.WriteKeys
+		keys, deferredKeys := cfg.Keys, cfg.DeferredKeys
 		if keys == nil {
-			keys, writeKeys = cfg.Backend.Keys(), cfg.Backend.WriteKeys()
+			keys, deferredKeys = cfg.Backend.Keys(), cfg.Backend.DeferredKeys()
 		}
 		cfg.Keys = slowKeys[store.Tx]{Store: keys, delay: delay}
-		cfg.WriteKeys = slowKeys[store.Writes]{Store: writeKeys, delay: delay}
+		cfg.DeferredKeys = slowKeys[store.Deferred]{Store: deferredKeys, delay: delay}
 		cfg.Wait = time.Millisecond
 		return cfg
 	}

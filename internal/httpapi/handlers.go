@@ -31,7 +31,7 @@ type handlers struct {
 	ready    func(context.Context) error
 
 	// How each idempotent operation commits, declared in bind.
-	createOrder *idempotency.Operation[store.Writes]
+	createOrder *idempotency.Operation[store.Deferred]
 	txOps       map[string]*idempotency.Operation[store.Tx]
 	// wrapOrders wraps createOrder's writes (fault injection).
 	wrapOrders func(orders.Writer) orders.Writer
@@ -46,9 +46,9 @@ var _ apiserver.StrictServerInterface = (*handlers)(nil)
 // for its commit, with its writes, in one round trip. Every other one
 // reads as it writes (a payment reads its order, a debit the balance), in
 // the transaction that claims its key.
-func (h *handlers) bind(ops *oapi.Operations, keys idempotency.Store[store.Tx], writeKeys idempotency.Store[store.Writes]) error {
+func (h *handlers) bind(ops *oapi.Operations, keys idempotency.Store[store.Tx], deferredKeys idempotency.Store[store.Deferred]) error {
 	var err error
-	if h.createOrder, err = oapi.Bind(ops, "createOrder", writeKeys); err != nil {
+	if h.createOrder, err = oapi.Bind(ops, "createOrder", deferredKeys); err != nil {
 		return err
 	}
 	h.txOps = oapi.BindRest(ops, keys)

@@ -45,7 +45,7 @@ func TestRedisOutageCostsNoLatency(t *testing.T) {
 			m := metrics.New()
 			fast := redisstore.New(rdb, redisstore.Config{Prefix: "outage:", Observer: m})
 			withRedis := setup(t, store, options{cfg: httpapi.Config{Metrics: m,
-				Keys: redisstore.Wrap(fast, store.Keys()), WriteKeys: redisstore.Wrap(fast, store.WriteKeys())}})
+				Keys: redisstore.Wrap(fast, store.Keys()), DeferredKeys: redisstore.Wrap(fast, store.DeferredKeys())}})
 			without := setup(t, store, options{})
 
 			const (

@@ -68,7 +68,7 @@ func TestRoundTrips(t *testing.T) {
 		// Not parallel: the cases share the counter.
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := httpapi.Config{}
-			keys := store.WriteKeys()
+			keys := store.DeferredKeys()
 			if tt.redis {
 				keys = redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Prefix: "roundtrips:"}), keys)
 			}
@@ -77,7 +77,7 @@ func TestRoundTrips(t *testing.T) {
 				require.NoError(t, err)
 				keys = recordcache.Wrap(cache, keys)
 			}
-			cfg.WriteKeys = keys
+			cfg.DeferredKeys = keys
 			if tt.cachedKeys {
 				cfg.Auth = auth.NewCache(store, auth.DefaultCacheSize, time.Minute)
 			}

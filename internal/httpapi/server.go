@@ -51,11 +51,11 @@ type Config struct {
 	// Reads serves the read operations (default: the backend); a replica
 	// in front of it (postgres.Replica) serves reads that may lag.
 	Reads store.Reads
-	// Keys and WriteKeys claim the keys of the operations that read as they
+	// Keys and DeferredKeys claim the keys of the operations that read as they
 	// write and of those that only write (default: the backend's), so that
 	// a record cache or the Redis fast path can go in front.
-	Keys      idempotency.Store[store.Tx]
-	WriteKeys idempotency.Store[store.Writes]
+	Keys         idempotency.Store[store.Tx]
+	DeferredKeys idempotency.Store[store.Deferred]
 	// Auth finds the caller by API key (default: the backend).
 	Auth auth.Store
 	// Payments is the payment service, reading through Reads (default:
@@ -115,8 +115,8 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 	if cfg.Keys == nil {
 		cfg.Keys = cfg.Backend.Keys()
 	}
-	if cfg.WriteKeys == nil {
-		cfg.WriteKeys = cfg.Backend.WriteKeys()
+	if cfg.DeferredKeys == nil {
+		cfg.DeferredKeys = cfg.Backend.DeferredKeys()
 	}
 	if cfg.Reads == nil {
 		cfg.Reads = cfg.Backend
@@ -164,7 +164,7 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		orders: orders.NewService(cfg.Reads), payments: cfg.Payments, ledger: ledger.NewService(cfg.Reads),
 		ready: cfg.Ready, wrapOrders: cfg.Orders, baseline: o.baseline,
 	}
-	if err := h.bind(ops, cfg.Keys, cfg.WriteKeys); err != nil {
+	if err := h.bind(ops, cfg.Keys, cfg.DeferredKeys); err != nil {
 		return nil, err
 	}
 	front := &frontDoor{ops: ops, doc: doc, auth: cfg.Auth, maxBody: cfg.MaxBodyBytes, log: cfg.Logger,

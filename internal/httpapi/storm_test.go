@@ -134,7 +134,7 @@ func TestConcurrentRetriesOfAFinishedKeyAllReplay(t *testing.T) {
 	t.Parallel()
 	mem := memory.New()
 	b := setup(t, mem, options{cfg: httpapi.Config{
-		WriteKeys: slowClaims[store.Writes]{Store: mem.WriteKeys(), delay: 20 * time.Millisecond}, Wait: time.Second,
+		DeferredKeys: slowClaims[store.Deferred]{Store: mem.DeferredKeys(), delay: 20 * time.Millisecond}, Wait: time.Second,
 	}})
 	key := uuid.NewString()
 	first := b.postOrder(t, key, seedBody)

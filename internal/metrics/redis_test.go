@@ -51,7 +51,7 @@ func TestRedisMetrics(t *testing.T) {
 			m := metrics.New()
 			store := postgres.New(testdb.Pool(t), nil)
 			fast := redisstore.New(rdb, redisstore.Config{Prefix: "metrics-test:", Observer: m})
-			b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, WriteKeys: redisstore.Wrap(fast, store.WriteKeys())}})
+			b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, DeferredKeys: redisstore.Wrap(fast, store.DeferredKeys())}})
 
 			b.createOrder(t, "redis-metrics", seedBody)                                                               // miss
 			b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-metrics") // hit

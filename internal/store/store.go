@@ -28,10 +28,10 @@ type Tx interface {
 	ledger.Booker
 }
 
-// Writes is the unit of work of an operation that only writes (creating an
+// Deferred is the unit of work of an operation that only writes (creating an
 // order): its writes may wait for the commit and go with the claim, in one
 // round trip, and it can read nothing back.
-type Writes interface {
+type Deferred interface {
 	orders.Writer
 }
 
@@ -39,8 +39,8 @@ type Writes interface {
 type Backend interface {
 	// Keys claims the keys of operations that read as they write.
 	Keys() idempotency.Store[Tx]
-	// WriteKeys claims the keys of operations that only write.
-	WriteKeys() idempotency.Store[Writes]
+	// DeferredKeys claims the keys of operations that only write.
+	DeferredKeys() idempotency.Store[Deferred]
 
 	Reads
 	payments.Settlements

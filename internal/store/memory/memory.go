@@ -32,7 +32,7 @@ type Store struct {
 	now  func() time.Time
 	keys *memstore.Store
 	tx   idempotency.Store[store.Tx]
-	w    idempotency.Store[store.Writes]
+	w    idempotency.Store[store.Deferred]
 
 	data          sync.RWMutex
 	orders        map[uuid.UUID]map[uuid.UUID]orders.Order
@@ -66,16 +66,16 @@ func New() *Store {
 		accounts:      map[uuid.UUID]string{},
 	}
 	s.tx = idempotency.MapUnit(s.keys, func(tx *memstore.Tx, _ idempotency.Ref) store.Tx { return &unit{s: s, tx: tx} })
-	s.w = idempotency.MapUnit(s.keys, func(tx *memstore.Tx, _ idempotency.Ref) store.Writes { return &unit{s: s, tx: tx} })
+	s.w = idempotency.MapUnit(s.keys, func(tx *memstore.Tx, _ idempotency.Ref) store.Deferred { return &unit{s: s, tx: tx} })
 	return s
 }
 
 // Keys implements store.Backend.
 func (s *Store) Keys() idempotency.Store[store.Tx] { return s.tx }
 
-// WriteKeys implements store.Backend. In memory there is no round trip to
+// DeferredKeys implements store.Backend. In memory there is no round trip to
 // save: write-only operations claim as the others do.
-func (s *Store) WriteKeys() idempotency.Store[store.Writes] { return s.w }
+func (s *Store) DeferredKeys() idempotency.Store[store.Deferred] { return s.w }
 
 // Ready implements store.Backend; memory is always ready.
 func (s *Store) Ready(context.Context) error { return nil }
@@ -91,7 +91,7 @@ func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 }
 
 // unit is a lease's unit of work on the domain data: store.Tx and
-// store.Writes.
+// store.Deferred.
 type unit struct {
 	s  *Store
 	tx *memstore.Tx

@@ -16,7 +16,7 @@ import (
 
 // CreateOrder implements orders.Writer for a write-only operation: the
 // order is written only if its claim is.
-func (w *queuedWrites) CreateOrder(ctx context.Context, o orders.Order) error {
+func (w *deferredWrites) CreateOrder(ctx context.Context, o orders.Order) error {
 	items, err := json.Marshal(o.Items)
 	if err != nil {
 		return fmt.Errorf("encode items: %w", err)

@@ -183,7 +183,7 @@ type Store struct {
 	keys *pgstore.Store
 	jobs Jobs
 	tx   idempotency.Store[store.Tx]
-	w    idempotency.Store[store.Writes]
+	w    idempotency.Store[store.Deferred]
 }
 
 var _ store.Backend = (*Store)(nil)
@@ -210,8 +210,8 @@ func NewMerging(pool *pgxpool.Pool, jobs Jobs, byAccount bool) *Store {
 	if err != nil {
 		panic(err) // the service's own statements, bound by every test that opens a Store
 	}
-	s.w = idempotency.MapUnit(deferred, func(b *pgstore.Batch, ref idempotency.Ref) store.Writes {
-		return &queuedWrites{q: db.New(writeOnly{b}), claim: ref}
+	s.w = idempotency.MapUnit(deferred, func(b *pgstore.Batch, ref idempotency.Ref) store.Deferred {
+		return &deferredWrites{q: db.New(deferredDBTX{b}), claim: ref}
 	})
 	return s
 }
@@ -220,9 +220,9 @@ func NewMerging(pool *pgxpool.Pool, jobs Jobs, byAccount bool) *Store {
 // that claimed its key.
 func (s *Store) Keys() idempotency.Store[store.Tx] { return s.tx }
 
-// WriteKeys implements store.Backend: the operation's writes are queued and
+// DeferredKeys implements store.Backend: the operation's writes are queued and
 // go with its claim at commit, in one round trip.
-func (s *Store) WriteKeys() idempotency.Store[store.Writes] { return s.w }
+func (s *Store) DeferredKeys() idempotency.Store[store.Deferred] { return s.w }
 
 // KeyStore is the engine's key store, for operators' commands.
 func (s *Store) KeyStore() *pgstore.Store { return s.keys }
@@ -275,22 +275,22 @@ type txUnit struct {
 	q  *db.Queries
 }
 
-// queuedWrites is store.Writes: the domain's writes queued in the claim's
+// deferredWrites is store.Deferred: the domain's writes queued in the claim's
 // Batch, each guarded by the claim.
-type queuedWrites struct {
+type deferredWrites struct {
 	q     *db.Queries
 	claim idempotency.Ref
 }
 
-// writeOnly lets sqlc's :exec queries queue into a Batch. Reads fail: a
+// deferredDBTX lets sqlc's :exec queries queue into a Batch. Reads fail: a
 // write-only unit of work has nothing to answer them with before its
-// commit, and store.Writes offers none.
-type writeOnly struct{ *pgstore.Batch }
+// commit, and store.Deferred offers none.
+type deferredDBTX struct{ *pgstore.Batch }
 
 var errRead = errors.New("postgres: a write-only unit of work cannot read")
 
-func (writeOnly) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errRead }
-func (writeOnly) QueryRow(context.Context, string, ...any) pgx.Row        { return errRow{errRead} }
+func (deferredDBTX) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errRead }
+func (deferredDBTX) QueryRow(context.Context, string, ...any) pgx.Row        { return errRow{errRead} }
 
 type errRow struct{ err error }
 

@@ -199,7 +199,7 @@ type orderAttempt struct {
 func createOrder(ctx context.Context, store Store, req idempotency.ClaimRequest, body string) orderAttempt {
 	for _, contended := range []bool{false, true} {
 		req.Contended = contended
-		lease, rec, err := store.WriteKeys().Claim(ctx, req)
+		lease, rec, err := store.DeferredKeys().Claim(ctx, req)
 		if err != nil || lease == nil {
 			return orderAttempt{rec: rec, err: err}
 		}
@@ -256,7 +256,7 @@ func testOrdersWithClaim(t *testing.T, setup setupFunc) {
 		store, b := setup(t)
 		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
 		req.Contended = true // claimed at once: the order is written now where the store can
-		lease, _, err := store.WriteKeys().Claim(b.ctx, req)
+		lease, _, err := store.DeferredKeys().Claim(b.ctx, req)
 		require.NoError(t, err, "claim")
 		o := newOrder(b.account, time.Now())
 		require.NoError(t, lease.Unit().CreateOrder(b.ctx, o), "create the order")
