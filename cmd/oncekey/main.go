@@ -27,7 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/auth"
@@ -68,7 +68,7 @@ func (p *purgeCmd) Run(e env) error {
 	}
 	return withDatabase(e.ctx, p.DatabaseURL, func(s *postgres.Store) error {
 		if p.DryRun {
-			n, err := s.KeyStore().CountExpired(e.ctx)
+			n, err := keyadmin.CountExpired(e.ctx, s.KeyStore())
 			if err != nil {
 				return err
 			}
@@ -142,7 +142,7 @@ func (k *keysInspectCmd) Run(e env) error {
 		return fmt.Errorf("ACCOUNT %q is not an account id", k.Account)
 	}
 	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
-		info, err := s.KeyStore().Inspect(e.ctx, auth.Scope(account), k.Key)
+		info, err := keyadmin.Inspect(e.ctx, s.KeyStore(), auth.Scope(account), k.Key)
 		if err != nil {
 			return err
 		}
@@ -174,7 +174,7 @@ func (k *keysStuckCmd) Run(e env) error {
 		return err
 	}
 	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
-		stuck, err := s.KeyStore().Stuck(e.ctx, k.OlderThan, k.Limit)
+		stuck, err := keyadmin.Stuck(e.ctx, s.KeyStore(), k.OlderThan, k.Limit)
 		if err != nil {
 			return err
 		}
@@ -269,14 +269,14 @@ type givenUpJob struct {
 // account its scope is.
 type keyInfo struct {
 	Account string `json:"account_id"`
-	pgstore.KeyInfo
+	keyadmin.KeyInfo
 	Scope struct{} `json:"scope,omitzero"` // the account, above
 }
 
 // stuckKey is one line of `keys stuck`.
 type stuckKey struct {
 	Account string `json:"account_id"`
-	pgstore.StuckKey
+	keyadmin.StuckKey
 	Scope struct{} `json:"scope,omitzero"` // the account, above
 }
 

@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -338,7 +338,7 @@ func TestOperatorCommands(t *testing.T) {
 	}
 	out, err := runCommand(t, env, "keys", "inspect", creds.AccountID.String(), "done")
 	require.NoError(t, err)
-	var info pgstore.KeyInfo
+	var info keyadmin.KeyInfo
 	require.NoError(t, json.Unmarshal([]byte(out), &info), out)
 	require.Contains(t, out, `"account_id": "`+creds.AccountID.String()+`"`, "the key's account")
 	require.NotContains(t, out, `"scope"`, "the scope is shown as the account")
@@ -349,7 +349,7 @@ func TestOperatorCommands(t *testing.T) {
 	require.NotContains(t, out, `{"id":"x"}`, "the stored body is not shown")
 
 	_, err = runCommand(t, env, "keys", "inspect", creds.AccountID.String(), "nope")
-	require.ErrorIs(t, err, pgstore.ErrKeyNotFound)
+	require.ErrorIs(t, err, keyadmin.ErrKeyNotFound)
 
 	out, err = runCommand(t, env, "keys", "stats")
 	require.NoError(t, err)

@@ -2,12 +2,10 @@ package pgstore_test
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 )
 
 // An operation whose write and stored response commit in one transaction:
@@ -25,7 +24,7 @@ import (
 // postgres://postgres@127.0.0.1:5432/postgres, and drops it.)
 func Example() {
 	ctx := context.Background()
-	pool, drop := exampleDatabase(ctx)
+	pool, drop := exampleDatabase()
 	defer drop()
 	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
 		panic(err)
@@ -67,43 +66,12 @@ func Example() {
 	// widgets: 1
 }
 
-// exampleDatabase creates a database for the example and returns a pool on
-// it and what drops it.
-func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
-	admin := os.Getenv("TEST_DATABASE_URL")
-	if admin == "" {
-		admin = "postgres://postgres@127.0.0.1:5432/postgres"
-	}
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		panic(err)
-	}
-	name := "pgstore_example_" + strings.ToLower(rand.Text())
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		panic(err)
-	}
-	cfg, err := pgxpool.ParseConfig(admin)
-	if err != nil {
-		panic(err)
-	}
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = conn.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-		_ = conn.Close(ctx)
-	}
-}
-
 // A handler that opens its own transaction joins the claim to it: the key
 // row commits with the handler's writes, or, as here, rolls back with them,
 // and the key is free for the retry.
 func ExampleStore_Join() {
 	ctx := context.Background()
-	pool, drop := exampleDatabase(ctx)
+	pool, drop := exampleDatabase()
 	defer drop()
 	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
 		panic(err)
@@ -154,7 +122,7 @@ func ExampleStore_Join() {
 // is created.
 func Example_service() {
 	ctx := context.Background()
-	pool, drop := exampleDatabase(ctx)
+	pool, drop := exampleDatabase()
 	defer drop()
 	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
 		panic(err)
@@ -209,4 +177,14 @@ func Example_service() {
 	// 201  {"name":"gear"}
 	// 201 true {"name":"gear"}
 	// widgets: 1
+}
+
+// exampleDatabase is a database of the example's own (on TEST_DATABASE_URL,
+// by default postgres://postgres@127.0.0.1:5432/postgres), and what drops it.
+func exampleDatabase() (*pgxpool.Pool, func()) {
+	pool, drop, err := pgstoretest.Database()
+	if err != nil {
+		panic(err)
+	}
+	return pool, drop
 }

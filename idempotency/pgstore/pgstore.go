@@ -40,6 +40,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore/internal/access"
 	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
@@ -561,6 +562,23 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+func init() {
+	access.Pool = func(s any) *pgxpool.Pool { return s.(*Store).pool }
+	access.Table = func(s any) access.Queries { return s.(*Store).queries }
+	access.Partitions = func(ctx context.Context, s any) ([]access.Queries, error) {
+		store := s.(*Store)
+		parts, err := store.partitions(ctx, store.pool)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]access.Queries, len(parts))
+		for i, p := range parts {
+			out[i] = p.queries
+		}
+		return out, nil
+	}
 }
 
 // keyTable is the key table, or one partition of it, to run statements on.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 	"github.com/oncekey/oncekey/idempotency/storetest"
 )
@@ -378,10 +379,10 @@ func TestPartitionNamesAreQuoted(t *testing.T) {
 	require.NoError(t, err, "key statistics")
 	require.Equal(t, int64(10), stats.Processing, "processing keys")
 	require.Equal(t, int64(20), stats.Completed, "completed keys")
-	stuck, err := store.Stuck(ctx, time.Minute, 100)
+	stuck, err := keyadmin.Stuck(ctx, store, time.Minute, 100)
 	require.NoError(t, err, "stuck keys")
 	require.Len(t, stuck, 10, "keys processing for an hour")
-	expired, err := store.CountExpired(ctx)
+	expired, err := keyadmin.CountExpired(ctx, store)
 	require.NoError(t, err, "count expired keys")
 	require.Equal(t, int64(10), expired, "expired keys")
 	purged, err := store.PurgeExpired(ctx, 3)

@@ -101,7 +101,7 @@ func Main(m *testing.M, o Options) {
 		if shared.pool != nil {
 			shared.pool.Close()
 		}
-		if err := drop(AdminURL(), shared.name); err != nil {
+		if err := dropDatabase(AdminURL(), shared.name); err != nil {
 			fmt.Fprintf(os.Stderr, "pgstoretest: drop %s: %v\n", shared.name, err)
 			if code == 0 {
 				code = 1
@@ -168,7 +168,7 @@ func FreshOn(t testing.TB, adminURL string, migrate bool) (dbURL string, pool *p
 			if db.pool != nil {
 				db.pool.Close()
 			}
-			if err := drop(adminURL, db.name); err != nil {
+			if err := dropDatabase(adminURL, db.name); err != nil {
 				t.Errorf("pgstoretest: drop %s: %v", db.name, err)
 			}
 		})
@@ -177,6 +177,27 @@ func FreshOn(t testing.TB, adminURL string, migrate bool) (dbURL string, pool *p
 		t.Fatalf("pgstoretest: %v", err)
 	}
 	return db.url, db.pool
+}
+
+// Database makes a database of its own on TEST_DATABASE_URL's server,
+// migrated with MigrateSuite, for programs that have no *testing.T (a
+// package's runnable examples); drop drops it. Unlike Fresh, it neither
+// skips nor fails anything: an unreachable server is its error.
+func Database() (pool *pgxpool.Pool, drop func(), err error) {
+	db, err := create(AdminURL(), true)
+	drop = func() {
+		if db.pool != nil {
+			db.pool.Close()
+		}
+		if db.name != "" {
+			_ = dropDatabase(AdminURL(), db.name)
+		}
+	}
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	return db.pool, drop, nil
 }
 
 // namePrefix starts the name of every database this package makes,
@@ -247,7 +268,7 @@ func sweep(ctx context.Context, admin *pgx.Conn) {
 	}
 }
 
-func drop(adminURL, name string) error {
+func dropDatabase(adminURL, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, adminURL)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/internal/jobs"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 	"github.com/oncekey/oncekey/internal/store/storetest"
@@ -78,7 +79,7 @@ func TestOperatorStatementsPerPartition(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	expired, err := keys.CountExpired(ctx)
+	expired, err := keyadmin.CountExpired(ctx, keys)
 	require.NoError(t, err)
 	require.EqualValues(t, 3*accounts, expired)
 	stats, err := keys.KeyStats(ctx)
@@ -87,7 +88,7 @@ func TestOperatorStatementsPerPartition(t *testing.T) {
 	require.EqualValues(t, 3*accounts, stats.Completed)
 	require.Positive(t, stats.TableBytes)
 	require.InDelta(t, (10+accounts-1)*60, stats.OldestProcessingAge.Seconds(), 5, "the oldest of all partitions")
-	stuck, err := keys.Stuck(ctx, 5*time.Minute, 4)
+	stuck, err := keyadmin.Stuck(ctx, keys, 5*time.Minute, 4)
 	require.NoError(t, err)
 	require.Len(t, stuck, 4)
 	for i := 1; i < len(stuck); i++ {
@@ -98,7 +99,7 @@ func TestOperatorStatementsPerPartition(t *testing.T) {
 	deleted, err := keys.PurgeExpired(ctx, 2)
 	require.NoError(t, err)
 	require.EqualValues(t, 3*accounts, deleted)
-	expired, err = keys.CountExpired(ctx)
+	expired, err = keyadmin.CountExpired(ctx, keys)
 	require.NoError(t, err)
 	require.Zero(t, expired)
 	purged := statements.Matching("DELETE FROM ")

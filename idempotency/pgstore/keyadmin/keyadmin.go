@@ -1,4 +1,9 @@
-package pgstore
+// Package keyadmin is the operator's view of pgstore's key table: one key's
+// record, the keys stuck processing, and how many expired keys a purge
+// would delete. It only reads. It is kept apart from pgstore.Store so that
+// the store's API is what a service needs, and these are what an operator's
+// tools need.
+package keyadmin
 
 import (
 	"context"
@@ -10,11 +15,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore/internal/access"
 	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
 // ErrKeyNotFound means no record under that scope and key.
-var ErrKeyNotFound = errors.New("pgstore: no such key")
+var ErrKeyNotFound = errors.New("keyadmin: no such key")
 
 // KeyInfo is what operators see of one key. It never includes the stored
 // response body, which may hold customer data; only its size.
@@ -33,14 +40,14 @@ type KeyInfo struct {
 	Expired        bool       `json:"expired"`
 }
 
-// Inspect returns one key's record for operators.
-func (s *Store) Inspect(ctx context.Context, scope, key string) (KeyInfo, error) {
-	row, err := s.queries(s.pool).IdempotencyKeyGet(ctx, keydb.IdempotencyKeyGetParams{Scope: []byte(scope), IdempotencyKey: key})
+// Inspect returns one key's record in store's table.
+func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyInfo, error) {
+	row, err := access.Table(store)(access.Pool(store)).IdempotencyKeyGet(ctx, keydb.IdempotencyKeyGetParams{Scope: []byte(scope), IdempotencyKey: key})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return KeyInfo{}, ErrKeyNotFound
 	}
 	if err != nil {
-		return KeyInfo{}, Translate(err)
+		return KeyInfo{}, pgstore.Translate(err)
 	}
 	return KeyInfo{
 		Scope:          string(row.Scope),
@@ -67,20 +74,20 @@ type StuckKey struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// Stuck returns up to limit keys processing for longer than olderThan,
-// oldest first.
-func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) ([]StuckKey, error) {
-	parts, err := s.partitions(ctx, s.pool)
+// Stuck returns up to limit keys of store's table processing for longer
+// than olderThan, oldest first.
+func Stuck(ctx context.Context, store *pgstore.Store, olderThan time.Duration, limit int) ([]StuckKey, error) {
+	parts, err := access.Partitions(ctx, store)
 	if err != nil {
 		return nil, err
 	}
 	var out []StuckKey
 	for _, part := range parts {
-		rows, err := part.queries(s.pool).IdempotencyKeyListStuck(ctx, keydb.IdempotencyKeyListStuckParams{
+		rows, err := part(access.Pool(store)).IdempotencyKeyListStuck(ctx, keydb.IdempotencyKeyListStuckParams{
 			OlderThanSeconds: olderThan.Seconds(), MaxRows: int32(limit),
 		})
 		if err != nil {
-			return nil, Translate(fmt.Errorf("list stuck keys: %w", err))
+			return nil, pgstore.Translate(fmt.Errorf("list stuck keys: %w", err))
 		}
 		for _, r := range rows {
 			out = append(out, StuckKey{Scope: string(r.Scope), Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, CreatedAt: r.CreatedAt})
@@ -91,17 +98,18 @@ func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) (
 	return out[:min(len(out), limit)], nil
 }
 
-// CountExpired returns how many expired keys a purge would delete now.
-func (s *Store) CountExpired(ctx context.Context) (int64, error) {
-	parts, err := s.partitions(ctx, s.pool)
+// CountExpired returns how many expired keys of store's table a purge would
+// delete now.
+func CountExpired(ctx context.Context, store *pgstore.Store) (int64, error) {
+	parts, err := access.Partitions(ctx, store)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
 	for _, part := range parts {
-		n, err := part.queries(s.pool).IdempotencyKeyCountExpired(ctx)
+		n, err := part(access.Pool(store)).IdempotencyKeyCountExpired(ctx)
 		if err != nil {
-			return total, Translate(err)
+			return total, pgstore.Translate(err)
 		}
 		total += n
 	}

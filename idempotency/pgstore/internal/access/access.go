@@ -1,0 +1,25 @@
+// Package access lets pgstore's subpackages reach what a Store keeps
+// unexported: pgstore fills these in when it is initialised, and only
+// packages under pgstore can import this one.
+package access
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
+)
+
+// Queries returns the statements of a table, or of one partition of it, on a DBTX.
+type Queries func(keydb.DBTX) *keydb.Queries
+
+var (
+	// Pool is the pool a *pgstore.Store runs on.
+	Pool func(store any) *pgxpool.Pool
+	// Table is the statements of a *pgstore.Store's key table.
+	Table func(store any) Queries
+	// Partitions is the statements of each partition of a *pgstore.Store's
+	// key table, or of the table itself when it is not partitioned.
+	Partitions func(ctx context.Context, store any) ([]Queries, error)
+)
