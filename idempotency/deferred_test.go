@@ -16,10 +16,11 @@ import (
 
 // scriptedStore answers each claim with the next step of a script: a
 // lease deferred to its commit, whose Commit returns commitErr, or a record.
+// It is a DeferringStore, and notes which way each claim came (now).
 type scriptedStore struct {
-	mu     sync.Mutex
-	steps  []step
-	claims []idempotency.ClaimRequest
+	mu    sync.Mutex
+	steps []step
+	now   []bool // each claim made: through ClaimNow
 }
 
 type step struct {
@@ -27,10 +28,18 @@ type step struct {
 	rec       *idempotency.Record // or this record
 }
 
-func (s *scriptedStore) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
+func (s *scriptedStore) Claim(_ context.Context, _ idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
+	return s.claim(false)
+}
+
+func (s *scriptedStore) ClaimNow(_ context.Context, _ idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
+	return s.claim(true)
+}
+
+func (s *scriptedStore) claim(now bool) (idempotency.Lease[struct{}], *idempotency.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.claims = append(s.claims, req)
+	s.now = append(s.now, now)
 	next := s.steps[0]
 	s.steps = s.steps[1:]
 	if next.rec != nil {
@@ -64,17 +73,17 @@ func TestLostDeferredClaim(t *testing.T) {
 		wantStatus int
 		wantBody   string
 		replayed   bool
-		contended  []bool // Contended of each claim made
+		now        []bool // each claim made: through ClaimNow
 	}{
-		{name: "committed", steps: []step{{}}, wantStatus: http.StatusCreated, wantBody: `{"id":"mine"}`, contended: []bool{false}},
+		{name: "committed", steps: []step{{}}, wantStatus: http.StatusCreated, wantBody: `{"id":"mine"}`, now: []bool{false}},
 		{name: "taken by a completed record", steps: []step{{commitErr: &idempotency.TakenError{Record: winner}}},
-			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, contended: []bool{false}},
+			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, now: []bool{false}},
 		{name: "taken by a different request", steps: []step{{commitErr: &idempotency.TakenError{Record: other}}},
-			wantStatus: http.StatusConflict, contended: []bool{false}},
+			wantStatus: http.StatusConflict, now: []bool{false}},
 		{name: "held in flight", steps: []step{{commitErr: idempotency.ErrInFlight}},
-			wantStatus: http.StatusAccepted, contended: []bool{false}},
+			wantStatus: http.StatusAccepted, now: []bool{false}},
 		{name: "changed under the commit: claimed again", steps: []step{{commitErr: &idempotency.TakenError{}}, {rec: winner}},
-			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, contended: []bool{false, true}},
+			wantStatus: http.StatusCreated, wantBody: `{"id":"winner"}`, replayed: true, now: []bool{false, true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,11 +107,7 @@ func TestLostDeferredClaim(t *testing.T) {
 				require.Equal(t, tt.wantBody, rec.Body.String(), "body")
 			}
 			require.Equal(t, tt.replayed, rec.Header().Get(idempotency.HeaderReplayed) == "true", "Idempotent-Replayed")
-			var contended []bool
-			for _, c := range store.claims {
-				contended = append(contended, c.Contended)
-			}
-			require.Equal(t, tt.contended, contended, "claims made, by Contended")
+			require.Equal(t, tt.now, store.now, "claims made, and whether through ClaimNow")
 		})
 	}
 }

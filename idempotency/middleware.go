@@ -366,12 +366,18 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	// running the operation at all.
 	contended := queued
 	for {
-		lease, rec, err := o.store.Claim(ctx, ClaimRequest{
+		req := ClaimRequest{
 			Scope: in.Scope, Key: in.Key, Fingerprint: s.fp,
 			Method: r.Method, Route: route, TTL: o.cfg.TTL,
-			Wait:      max(o.cfg.Wait-time.Since(claimStart), minStoreWait),
-			Contended: contended,
-		})
+			Wait: max(o.cfg.Wait-time.Since(claimStart), minStoreWait),
+		}
+		claim := o.store.Claim
+		if contended {
+			claim = func(ctx context.Context, req ClaimRequest) (Lease[U], *Record, error) {
+				return ClaimNow(ctx, o.store, req)
+			}
+		}
+		lease, rec, err := claim(ctx, req)
 		if lease != nil {
 			var outcome Outcome
 			outcome, err = s.run(lease, next)
@@ -381,8 +387,8 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 				return outcome
 			case errors.As(err, &taken) && taken.Record == nil && !contended:
 				// A concurrent first request got the key between the look
-				// and the insert of a deferred claim: claim again,
-				// contended, which waits for its outcome.
+				// and the insert of a deferred claim: claim again, now,
+				// which waits for its outcome.
 				contended = true
 				continue
 			case errors.As(err, &taken):

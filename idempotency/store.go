@@ -50,20 +50,39 @@ type ClaimRequest struct {
 	// Wait bounds how long Claim waits for a concurrent holder of the key to
 	// finish before it returns ErrInFlight.
 	Wait time.Duration
-	// Contended says another request with this key was seen just now: it
-	// waited behind one on this process, or a claim deferred to its commit
-	// lost a race. A store that may defer a claim to the commit (a
-	// write-only operation's, in one round trip) claims at once instead,
-	// which waits for the holder's outcome rather than running the
-	// operation for nothing.
-	Contended bool
 }
 
-// TakenError is what the Commit of a lease whose claim was deferred to its
-// commit returns when the key was not free after all; nothing of the
-// operation was written. Record is the completed record that holds the key
+// DeferringStore is a Store that may defer a claim to its lease's Commit, as
+// pgstore's store for deferred (write-only) operations does, to claim and
+// write in one round trip. That Commit may find the key taken after all
+// (*TakenError). A store that claims at Claim, as most do, does not
+// implement it, and needs neither.
+type DeferringStore[U any] interface {
+	Store[U]
+	// ClaimNow claims as a store that does not defer would: at once,
+	// waiting for a holder's outcome. The engine claims so for a request
+	// that saw another with its key just now (it queued behind one on this
+	// process, or its deferred Commit lost a race), which a deferred claim
+	// would run for nothing.
+	ClaimNow(ctx context.Context, req ClaimRequest) (Lease[U], *Record, error)
+}
+
+// ClaimNow claims req on s at once: through DeferringStore.ClaimNow when s
+// implements it, else through Claim, which claims at once already. Stores
+// that wrap another (a cache, a fast path) claim through it to keep their
+// next store's choice.
+func ClaimNow[U any](ctx context.Context, s Store[U], req ClaimRequest) (Lease[U], *Record, error) {
+	if d, ok := s.(DeferringStore[U]); ok {
+		return d.ClaimNow(ctx, req)
+	}
+	return s.Claim(ctx, req)
+}
+
+// TakenError is what the Commit of a DeferringStore's lease, whose claim
+// was deferred to its commit, returns when the key was not free after all;
+// nothing of the operation was written. Record is the completed record that holds the key
 // (replay it, or answer 409), or nil when the key changed under the commit
-// (a concurrent first request committed it): claim again, Contended, to
+// (a concurrent first request committed it): claim again with ClaimNow, to
 // learn its outcome.
 type TakenError struct {
 	Record *Record
@@ -141,7 +160,15 @@ type mappedStore[U, V any] struct {
 }
 
 func (m mappedStore[U, V]) Claim(ctx context.Context, req ClaimRequest) (Lease[V], *Record, error) {
-	lease, rec, err := m.next.Claim(ctx, req)
+	return m.claim(m.next.Claim(ctx, req))
+}
+
+// ClaimNow implements DeferringStore, claiming through the store it maps.
+func (m mappedStore[U, V]) ClaimNow(ctx context.Context, req ClaimRequest) (Lease[V], *Record, error) {
+	return m.claim(ClaimNow(ctx, m.next, req))
+}
+
+func (m mappedStore[U, V]) claim(lease Lease[U], rec *Record, err error) (Lease[V], *Record, error) {
 	if lease == nil {
 		return nil, rec, err
 	}

@@ -36,7 +36,8 @@ import (
 // uncommitted row makes the insert wait, bounded by the budget, as the
 // transactional claim's does. The rare rest (a row that expired but is not
 // yet cleaned up, a holder that committed after the peek) is reported as
-// *TakenError without a record, and the caller claims again, Contended.
+// *TakenError without a record, and the caller claims again, with
+// ClaimNow.
 //
 // Concurrent commits are sent together, as one pipeline and one
 // transaction (see groupCommitter): their claims as the two statements
@@ -46,10 +47,10 @@ import (
 
 // Deferred returns the store for write-only operations whose writes are
 // the statements given, which Batch.Exec then takes: their claim is made at
-// their commit, with their writes, in one round trip (see Batch). A
-// contended claim (idempotency.ClaimRequest.Contended) is made at once, in
-// a transaction, as Store.Claim makes it, and its Batch's writes are sent
-// in that transaction at Commit.
+// their commit, with their writes, in one round trip (see Batch). The store
+// is an idempotency.DeferringStore: its ClaimNow claims at once, in a
+// transaction, as Store.Claim does, and its Batch's writes are sent in that
+// transaction at Commit.
 //
 // Each write is one INSERT, UPDATE or DELETE that must make no change
 // unless its claim inserted the key row, and says so by selecting from the
@@ -179,14 +180,20 @@ type composedKey struct {
 	n   int
 }
 
-func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Batch], *idempotency.Record, error) {
-	if req.Contended {
-		lease, rec, err := d.s.claimTx(ctx, req)
-		if lease == nil {
-			return nil, rec, err
-		}
-		return &contendedLease{txLease: lease, writes: &Batch{d: d, ref: lease.ref}}, nil, nil
+// ClaimNow implements idempotency.DeferringStore: the claim is made at
+// once, in a transaction, as Store.Claim makes it, and the Batch's writes
+// are sent in that transaction at Commit.
+func (d *deferredStore) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Batch], *idempotency.Record, error) {
+	lease, rec, err := d.s.claimTx(ctx, req)
+	if lease == nil {
+		return nil, rec, err
 	}
+	return &contendedLease{txLease: lease, writes: &Batch{d: d, ref: lease.ref}}, nil, nil
+}
+
+// Claim implements idempotency.Store: the claim is deferred to the lease's
+// Commit.
+func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Batch], *idempotency.Record, error) {
 	if err := d.s.checkSchema(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -196,8 +203,8 @@ func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest)
 	return &deferredLease{s: d.s, req: req, ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
 }
 
-// contendedLease is a deferred operation's lease claimed at once: its
-// writes go in its transaction at Commit.
+// contendedLease is a deferred operation's lease claimed at once
+// (ClaimNow): its writes go in its transaction at Commit.
 type contendedLease struct {
 	*txLease
 	writes *Batch

@@ -76,6 +76,20 @@ type cached[U any] struct {
 
 // Claim implements idempotency.Store.
 func (w *cached[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+	return w.claim(ctx, req, w.next.Claim)
+}
+
+// ClaimNow implements idempotency.DeferringStore: the cache answers what it
+// holds, and the store behind claims at once.
+func (w *cached[U]) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+	return w.claim(ctx, req, func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+		return idempotency.ClaimNow(ctx, w.next, req)
+	})
+}
+
+// claim answers req from the cache, or claims it with next and keeps what
+// it commits or reads.
+func (w *cached[U]) claim(ctx context.Context, req idempotency.ClaimRequest, next func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) (idempotency.Lease[U], *idempotency.Record, error) {
 	s := w.c
 	k := entryKey{req.Scope, req.Key}
 	if rec, ok := s.records.Get(k); ok {
@@ -89,7 +103,7 @@ func (w *cached[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (id
 	}
 	s.observe("miss")
 	start := time.Now()
-	lease, rec, err := w.next.Claim(ctx, req)
+	lease, rec, err := next(ctx, req)
 	if rec != nil {
 		s.keep(k, rec)
 	}

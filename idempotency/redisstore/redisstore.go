@@ -305,6 +305,19 @@ type fastPath[U any] struct {
 // to say, only the durable store hands out a lease, so Redis can make an
 // answer slower or a 202 more likely, never an operation run twice.
 func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+	return f.claim(ctx, req, f.next.Claim)
+}
+
+// ClaimNow implements idempotency.DeferringStore: Redis answers as for
+// Claim, and the durable store claims at once.
+func (f *fastPath[U]) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+	return f.claim(ctx, req, func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+		return idempotency.ClaimNow(ctx, f.next, req)
+	})
+}
+
+// claim is Claim with the durable store's claim given as next.
+func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, next func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) (idempotency.Lease[U], *idempotency.Record, error) {
 	s := f.s
 	start := time.Now()
 	if !s.breaker.closed() {
@@ -312,7 +325,7 @@ func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (
 		// does without Redis.
 		s.cfg.Observer.Redis(resultSkipped)
 		s.cfg.Observer.Fallback()
-		return f.next.Claim(ctx, req)
+		return next(ctx, req)
 	}
 	recKey, markerKey := s.KeyNames(req.Scope, req.Key)
 	rec, res := s.cached(ctx, recKey)
@@ -365,7 +378,7 @@ func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (
 	// statement needs a few milliseconds even when nothing blocks it.
 	claimReq := req
 	claimReq.Wait = max(req.Wait-time.Since(start), dbFloor)
-	lease, rec, err := f.next.Claim(ctx, claimReq)
+	lease, rec, err := next(ctx, claimReq)
 	if lease != nil {
 		return &cachedLease[U]{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
 			fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil

@@ -23,11 +23,11 @@ type deferredOutcome struct {
 // attemptDeferred plays what the middleware does for a write-only
 // operation: a claim that may be deferred to its commit, one write through
 // the lease, the commit, and on a lost claim the record that holds the key;
-// when the commit could not say, it claims again, contended, and runs the
-// operation again if that claim gets the key (it held an expired record).
+// when the commit could not say, it claims again, now (ClaimNow), and runs
+// the operation again if that claim gets the key (it held an expired
+// record).
 func attemptDeferred[U any](ctx context.Context, b *bundle[U], store idempotency.Store[U], req idempotency.ClaimRequest, body string) deferredOutcome {
-	req.Contended = false
-	out := attemptOnce(ctx, b, store, req, body)
+	out := attemptOnce(ctx, b, store.Claim, req, body)
 	var taken *idempotency.TakenError
 	if !errors.As(out.err, &taken) {
 		return out
@@ -35,12 +35,15 @@ func attemptDeferred[U any](ctx context.Context, b *bundle[U], store idempotency
 	if taken.Record != nil {
 		return deferredOutcome{rec: taken.Record}
 	}
-	req.Contended = true
-	return attemptOnce(ctx, b, store, req, body)
+	now := func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
+		return idempotency.ClaimNow(ctx, store, req)
+	}
+	return attemptOnce(ctx, b, now, req, body)
 }
 
-func attemptOnce[U any](ctx context.Context, b *bundle[U], store idempotency.Store[U], req idempotency.ClaimRequest, body string) deferredOutcome {
-	lease, rec, err := store.Claim(ctx, req)
+// attemptOnce claims req with claim and, given a lease, writes and commits.
+func attemptOnce[U any](ctx context.Context, b *bundle[U], claim func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error), req idempotency.ClaimRequest, body string) deferredOutcome {
+	lease, rec, err := claim(ctx, req)
 	if err != nil || lease == nil {
 		return deferredOutcome{rec: rec, err: err}
 	}
@@ -54,7 +57,7 @@ func attemptOnce[U any](ctx context.Context, b *bundle[U], store idempotency.Sto
 	return deferredOutcome{committed: true}
 }
 
-// 12. Claims that may be deferred to their commit (not Contended, for
+// 12. Claims that may be deferred to their commit (through Claim, for
 // write-only operations) keep every promise of the others: a replay or a
 // mismatch writes nothing, an expired key is free, a rollback leaves
 // nothing, a holder in flight is waited for within Wait, and concurrent
@@ -105,8 +108,9 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		t.Parallel()
 		store, scope := b.open(t)
 		req := claimRequest(scope, newKey(), fingerprint("POST /widgets"))
-		req.Contended = false
-		lease := claimLease(t, b.ctx, store, req)
+		lease, _, err := store.Claim(b.ctx, req) // deferred, where the store defers
+		require.NoError(t, err, "claim")
+		t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
 		require.NoError(t, b.Write(b.ctx, lease.Unit(), lease.Ref(), newKey()), "write")
 		require.NoError(t, lease.Rollback(b.ctx), "rollback")
 		require.Zero(t, b.Count(b.ctx, t, scope), "writes after a rollback")

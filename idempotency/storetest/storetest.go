@@ -8,9 +8,9 @@
 // may share one database with other tests.
 //
 // A store needs no more than idempotency.Store asks: Claim, and a lease's
-// Unit, Ref, Commit and Rollback. ClaimRequest.Contended and TakenError serve
-// stores that defer a claim to its commit; another store may ignore the one
-// and never return the other. Oncekey's repository holds such a minimal
+// Unit, Ref, Commit and Rollback. idempotency.DeferringStore (ClaimNow) and
+// TakenError serve stores that defer a claim to its commit; another store
+// implements the one and returns the other never. Oncekey's repository holds such a minimal
 // store, over a map, that passes this suite (idempotency/integration/customstore).
 package storetest
 
@@ -495,7 +495,7 @@ func testConcurrentClaimsRunOnce[U any](t *testing.T, b *bundle[U]) {
 				go func() {
 					defer wg.Done()
 					<-start
-					lease, rec, err := store.Claim(ctx, req)
+					lease, rec, err := idempotency.ClaimNow(ctx, store, req)
 					results[i] = claimResult[U]{lease: lease, rec: rec, err: err}
 					if err != nil || lease == nil {
 						return
@@ -596,8 +596,9 @@ func newKey() string { return "storetest-" + rand.Text() }
 
 func fingerprint(s string) idempotency.Fingerprint { return sha256.Sum256([]byte(s)) }
 
-// claimRequest is a request that claims at once (Contended): the cases
-// about deferred claims ask for them themselves.
+// claimRequest is a request for the cases' claims, which claim at once
+// (idempotency.ClaimNow); the cases about deferred claims claim through
+// Claim themselves.
 func claimRequest(scope, key string, fp idempotency.Fingerprint) idempotency.ClaimRequest {
 	return idempotency.ClaimRequest{
 		Scope:       scope,
@@ -607,7 +608,6 @@ func claimRequest(scope, key string, fp idempotency.Fingerprint) idempotency.Cla
 		Route:       "/widgets",
 		TTL:         time.Hour,
 		Wait:        5 * time.Second,
-		Contended:   true,
 	}
 }
 
@@ -623,7 +623,7 @@ func response(body string) idempotency.Response {
 // test ends (a no-op once it ended).
 func claimLease[U any](t *testing.T, ctx context.Context, store idempotency.Store[U], req idempotency.ClaimRequest) idempotency.Lease[U] {
 	t.Helper()
-	lease, rec, err := store.Claim(ctx, req)
+	lease, rec, err := idempotency.ClaimNow(ctx, store, req)
 	require.NoError(t, err, "claim key %q", req.Key)
 	require.Nil(t, rec, "claim key %q: want a lease, got a record", req.Key)
 	require.NotNil(t, lease, "claim key %q: want a lease, got nothing", req.Key)
@@ -634,7 +634,7 @@ func claimLease[U any](t *testing.T, ctx context.Context, store idempotency.Stor
 // claimRecord claims req and requires a completed record.
 func claimRecord[U any](t *testing.T, ctx context.Context, store idempotency.Store[U], req idempotency.ClaimRequest) *idempotency.Record {
 	t.Helper()
-	lease, rec, err := store.Claim(ctx, req)
+	lease, rec, err := idempotency.ClaimNow(ctx, store, req)
 	if lease != nil {
 		t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
 	}
@@ -660,7 +660,7 @@ func claimAsync[U any](ctx context.Context, store idempotency.Store[U], req idem
 	ch := make(chan claimResult[U], 1)
 	go func() {
 		start := time.Now()
-		lease, rec, err := store.Claim(ctx, req)
+		lease, rec, err := idempotency.ClaimNow(ctx, store, req)
 		ch <- claimResult[U]{lease: lease, rec: rec, err: err, elapsed: time.Since(start)}
 	}()
 	return ch

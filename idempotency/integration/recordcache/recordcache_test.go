@@ -114,8 +114,7 @@ func TestKeepsWhatIsFinal(t *testing.T) {
 			require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: tt.status, Header: http.Header{}, Body: tt.body}))
 			time.Sleep(5 * time.Millisecond) // past the short TTL
 
-			req.Contended = true
-			lease, rec, err = front.Claim(ctx, req)
+			lease, rec, err = idempotency.ClaimNow(ctx, front, req)
 			require.NoError(t, err)
 			if lease != nil {
 				require.NoError(t, lease.Rollback(ctx))
