@@ -51,11 +51,7 @@ func join[U any](ctx context.Context, s *Store, db keydb.DBTX, unit U, req idemp
 	if _, err := db.Exec(ctx, "SAVEPOINT "+joinSavepoint); err != nil {
 		return nil, nil, Translate(fmt.Errorf("savepoint: %w", err))
 	}
-	undo := func() {
-		// Undoes the insert and the wait budget (SET LOCAL after a
-		// savepoint ends with it) and leaves tx as it was.
-		_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+joinSavepoint+"; RELEASE SAVEPOINT "+joinSavepoint)
-	}
+	undo := func() { _ = undoJoin(ctx, db) }
 	// The caller's own timeouts, to restore once the key is claimed.
 	var lockTimeout, statementTimeout string
 	ms := waitMillis(req.Wait)
@@ -115,7 +111,15 @@ func (l *joinedLease[U]) Rollback(ctx context.Context) error {
 		return nil
 	}
 	l.ended = true
-	_, err := l.db.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+joinSavepoint+"; RELEASE SAVEPOINT "+joinSavepoint)
+	return undoJoin(ctx, l.db)
+}
+
+// undoJoin returns the caller's transaction on db to where the joined claim
+// began: the key row, the writes since and the claim's wait budget (a SET
+// LOCAL after a savepoint ends with it) are undone; the transaction stays
+// open. It runs even when ctx has ended, as a rollback must.
+func undoJoin(ctx context.Context, db keydb.DBTX) error {
+	_, err := db.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+joinSavepoint+"; RELEASE SAVEPOINT "+joinSavepoint)
 	if err != nil {
 		return Translate(fmt.Errorf("rollback to savepoint: %w", err))
 	}

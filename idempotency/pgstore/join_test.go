@@ -26,6 +26,21 @@ type callerTx struct {
 	commitTx, rollbackTx func() error
 }
 
+// joinWith is callerTx.join for tx, a transaction of either kind, claimed
+// in by join (Store.Join or Store.JoinSQL).
+func joinWith[U any](t *testing.T, tx U, join func(context.Context, U, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) func(context.Context, idempotency.ClaimRequest) (func(context.Context) error, func(context.Context) error, *idempotency.Record, error) {
+	return func(ctx context.Context, req idempotency.ClaimRequest) (func(context.Context) error, func(context.Context) error, *idempotency.Record, error) {
+		lease, rec, err := join(ctx, tx, req)
+		if lease == nil {
+			return nil, nil, rec, err
+		}
+		require.Equal(t, tx, lease.Unit(), "the lease's unit is the caller's transaction")
+		return func(ctx context.Context) error {
+			return lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(`{"id":"w"}`)})
+		}, lease.Rollback, nil, nil
+	}
+}
+
 // TestJoin: a claim joined to the caller's own transaction, pgx's or
 // database/sql's, commits with the caller's rows and rolls back with them:
 // after a rollback neither the key nor any of the caller's rows is there,
@@ -50,16 +65,7 @@ func TestJoin(t *testing.T) {
 					_, err := tx.Exec(ctx, "INSERT INTO writes (id, scope) VALUES ($1, $2)", id, []byte(scope))
 					return err
 				},
-				join: func(ctx context.Context, req idempotency.ClaimRequest) (func(context.Context) error, func(context.Context) error, *idempotency.Record, error) {
-					lease, rec, err := store.Join(ctx, tx, req)
-					if lease == nil {
-						return nil, nil, rec, err
-					}
-					require.Equal(t, tx, lease.Unit(), "the lease's unit is the caller's transaction")
-					return func(ctx context.Context) error {
-						return lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(`{"id":"w"}`)})
-					}, lease.Rollback, nil, nil
-				},
+				join:       joinWith(t, tx, store.Join),
 				commitTx:   func() error { return tx.Commit(context.Background()) },
 				rollbackTx: func() error { return tx.Rollback(context.Background()) },
 			}
@@ -73,16 +79,7 @@ func TestJoin(t *testing.T) {
 					_, err := tx.ExecContext(ctx, "INSERT INTO writes (id, scope) VALUES ($1, $2)", id, []byte(scope))
 					return err
 				},
-				join: func(ctx context.Context, req idempotency.ClaimRequest) (func(context.Context) error, func(context.Context) error, *idempotency.Record, error) {
-					lease, rec, err := store.JoinSQL(ctx, tx, req)
-					if lease == nil {
-						return nil, nil, rec, err
-					}
-					require.Equal(t, tx, lease.Unit(), "the lease's unit is the caller's transaction")
-					return func(ctx context.Context) error {
-						return lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte(`{"id":"w"}`)})
-					}, lease.Rollback, nil, nil
-				},
+				join:       joinWith(t, tx, store.JoinSQL),
 				commitTx:   tx.Commit,
 				rollbackTx: tx.Rollback,
 			}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -80,7 +81,10 @@ func startsWithWrite(sql string) bool {
 				end += len("*/")
 			}
 		default:
-			word, _, _ := strings.Cut(strings.Join(strings.Fields(sql[:min(len(sql), 16)]), " "), " ")
+			word := sql
+			if i := strings.IndexFunc(sql, unicode.IsSpace); i >= 0 {
+				word = sql[:i]
+			}
 			word = strings.ToUpper(word)
 			return word == "INSERT" || word == "UPDATE" || word == "DELETE"
 		}

@@ -40,8 +40,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // returns its URL and an API key.
 func serve(t *testing.T, cfg httpapi.Config, wrap func(http.Handler) http.Handler) (string, string) {
 	t.Helper()
-	backend := cfg.Backend
-	svc := servicetest.Start(t, backend, servicetest.Options{Config: cfg, Wrap: wrap})
+	svc := servicetest.Start(t, cfg.Backend, servicetest.Options{Config: cfg, Wrap: wrap})
 	return svc.URL, svc.APIKey
 }
 
