@@ -13,6 +13,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 )
 
@@ -43,6 +44,12 @@ type env struct {
 
 type databaseFlags struct {
 	DatabaseURL string `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL; pgxpool settings such as pool_max_conns may be given in it."`
+	KeyScope    string `name:"key-scope" envvar:"ONCEKEY_KEY_SCOPE" enum:"bytea,uuid" default:"bytea" help:"SQL type of the key table's account column (scope), chosen when the table is created and given the same ever after: uuid on a database sharded by account (Citus), so that a key lands on its account's shard."`
+}
+
+// keys is the key table's options as these flags give them.
+func (d databaseFlags) keys() pgstore.Options {
+	return pgstore.Options{Scope: pgstore.ScopeType(d.KeyScope)}
 }
 
 func (d databaseFlags) require() error {
@@ -56,6 +63,7 @@ type serveCmd struct {
 	DatabaseURL          string        `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL (pgxpool settings such as pool_max_conns may be given in it); empty: in memory, lost on exit."`
 	DatabaseReplicaURL   string        `name:"database-replica-url" envvar:"DATABASE_REPLICA_URL" placeholder:"URL" help:"Optional streaming replica of DATABASE_URL for the reads that may lag (orders, a payment, the bonus balance; Consistency: strong reads the primary)."`
 	GroupCommitByAccount bool          `name:"group-commit-by-account" envvar:"ONCEKEY_GROUP_COMMIT_BY_ACCOUNT" help:"Merge only one account's concurrent first requests into a commit, so that each commit stays on one shard of a database sharded by account."`
+	KeyScope             string        `name:"key-scope" envvar:"ONCEKEY_KEY_SCOPE" enum:"bytea,uuid" default:"bytea" help:"SQL type of the key table's account column (scope), chosen when the table is created and given the same ever after: uuid on a database sharded by account (Citus), so that a key lands on its account's shard."`
 	RedisURL             string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0, or redis+cluster://host1:6379,host2:6379 for a Redis Cluster); any Redis failure falls back to PostgreSQL."`
 	RedisSecret          string        `name:"redis-secret" envvar:"ONCEKEY_REDIS_SECRET" placeholder:"SECRET" help:"Authenticates the responses cached in Redis (HMAC), so that nothing else that can write there can forge a replay: the same on every replica, 32 characters or more; best given in the environment. Unset: a random one per process, and each replica replays from Redis only what it cached itself."`
 	Addr                 string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the API (:8080 for every interface)."`
@@ -101,7 +109,7 @@ func (m *migrateCmd) Run(e env) error {
 	if err := m.require(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, m.DatabaseURL, func(*postgres.Store) error {
+	return withDatabase(e.ctx, m.databaseFlags, func(*postgres.Store) error {
 		e.log.Info("migrations applied")
 		return nil
 	})

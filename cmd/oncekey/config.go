@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/payments"
 	"github.com/oncekey/oncekey/internal/provider"
@@ -26,29 +27,31 @@ type config struct {
 	ReplicaURL  string
 	// GroupCommitByAccount merges only one account's deferred commits.
 	GroupCommitByAccount bool
-	RedisURL             string
-	RedisSecret          []byte
-	Addr                 string
-	MetricsAddr          string
-	TTL                  time.Duration
-	Wait                 time.Duration
-	MaxBodyBytes         int64
-	RequestTimeout       time.Duration
-	ShutdownTimeout      time.Duration
-	CleanupInterval      time.Duration
-	CleanupBatch         int
-	DemoAPIKey           string
-	Tracing              string
-	ProviderURL          string
-	ProviderFaults       provider.Faults
-	ProviderTimeout      time.Duration
-	PaymentPolicy        payments.RetryPolicy
-	PaymentWorkers       int
-	APIKeyCacheTTL       time.Duration
-	RecordCacheSize      int
-	PprofAddr            string
-	MaxConns             int
-	MaxInFlight          int
+	// KeyScope is the key table's scope type (pgstore.Options.Scope).
+	KeyScope        pgstore.ScopeType
+	RedisURL        string
+	RedisSecret     []byte
+	Addr            string
+	MetricsAddr     string
+	TTL             time.Duration
+	Wait            time.Duration
+	MaxBodyBytes    int64
+	RequestTimeout  time.Duration
+	ShutdownTimeout time.Duration
+	CleanupInterval time.Duration
+	CleanupBatch    int
+	DemoAPIKey      string
+	Tracing         string
+	ProviderURL     string
+	ProviderFaults  provider.Faults
+	ProviderTimeout time.Duration
+	PaymentPolicy   payments.RetryPolicy
+	PaymentWorkers  int
+	APIKeyCacheTTL  time.Duration
+	RecordCacheSize int
+	PprofAddr       string
+	MaxConns        int
+	MaxInFlight     int
 }
 
 // config checks the flags and returns what serve runs with. Every problem
@@ -135,7 +138,7 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		demo = DemoAPIKey
 	}
 	return config{
-		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, GroupCommitByAccount: s.GroupCommitByAccount, RedisURL: s.RedisURL, RedisSecret: []byte(s.RedisSecret), Addr: s.Addr, MetricsAddr: s.MetricsAddr,
+		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, GroupCommitByAccount: s.GroupCommitByAccount, KeyScope: pgstore.ScopeType(s.KeyScope), RedisURL: s.RedisURL, RedisSecret: []byte(s.RedisSecret), Addr: s.Addr, MetricsAddr: s.MetricsAddr,
 		TTL: s.TTL, Wait: s.Wait, MaxBodyBytes: s.MaxBodyBytes,
 		RequestTimeout: s.RequestTimeout, ShutdownTimeout: s.ShutdownTimeout,
 		CleanupInterval: s.CleanupInterval, CleanupBatch: s.CleanupBatch,

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
@@ -66,7 +67,7 @@ func (p *purgeCmd) Run(e env) error {
 	if p.Batch < 1 || p.Batch > 100_000 {
 		return fmt.Errorf("--cleanup-batch (ONCEKEY_CLEANUP_BATCH) is %d: want 1 to 100000", p.Batch)
 	}
-	return withDatabase(e.ctx, p.DatabaseURL, func(s *postgres.Store) error {
+	return withDatabase(e.ctx, p.databaseFlags, func(s *postgres.Store) error {
 		if p.DryRun {
 			n, err := keyadmin.CountExpired(e.ctx, s.KeyStore())
 			if err != nil {
@@ -86,7 +87,7 @@ func (a *accountsCreateCmd) Run(e env) error {
 	if err := a.require(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, a.DatabaseURL, func(s *postgres.Store) error {
+	return withDatabase(e.ctx, a.databaseFlags, func(s *postgres.Store) error {
 		accounts := s.UniqueNames()
 		if a.AllowDuplicateName {
 			accounts = s
@@ -117,7 +118,7 @@ func (a *accountsRevokeCmd) Run(e env) error {
 	if key == "" {
 		return errors.New("accounts revoke-key: give the API key on standard input")
 	}
-	return withDatabase(e.ctx, a.DatabaseURL, func(s *postgres.Store) error {
+	return withDatabase(e.ctx, a.databaseFlags, func(s *postgres.Store) error {
 		revoked, err := s.RevokeKey(e.ctx, auth.HashKey(key))
 		if err != nil {
 			return err
@@ -141,7 +142,7 @@ func (k *keysInspectCmd) Run(e env) error {
 	if err != nil {
 		return fmt.Errorf("ACCOUNT %q is not an account id", k.Account)
 	}
-	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
+	return withDatabase(e.ctx, k.databaseFlags, func(s *postgres.Store) error {
 		info, err := keyadmin.Inspect(e.ctx, s.KeyStore(), auth.Scope(account), k.Key)
 		if err != nil {
 			return err
@@ -154,7 +155,7 @@ func (k *keysStatsCmd) Run(e env) error {
 	if err := k.require(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
+	return withDatabase(e.ctx, k.databaseFlags, func(s *postgres.Store) error {
 		st, err := s.KeyStats(e.ctx)
 		if err != nil {
 			return err
@@ -173,7 +174,7 @@ func (k *keysStuckCmd) Run(e env) error {
 	if err := k.require(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, k.DatabaseURL, func(s *postgres.Store) error {
+	return withDatabase(e.ctx, k.databaseFlags, func(s *postgres.Store) error {
 		stuck, err := keyadmin.Stuck(e.ctx, s.KeyStore(), k.OlderThan, k.Limit)
 		if err != nil {
 			return err
@@ -193,7 +194,7 @@ func (p *paymentsStuckCmd) Run(e env) error {
 	if err := p.require(); err != nil {
 		return err
 	}
-	pool, err := openDatabase(e.ctx, p.DatabaseURL)
+	pool, err := openDatabase(e.ctx, p.DatabaseURL, p.keys())
 	if err != nil {
 		return err
 	}
@@ -202,7 +203,7 @@ func (p *paymentsStuckCmd) Run(e env) error {
 	if err != nil {
 		return err
 	}
-	pending, refunds, err := postgres.New(pool, runner).PendingOlderThan(e.ctx, p.OlderThan, p.Limit)
+	pending, refunds, err := postgres.NewKeys(pool, runner, p.keys()).PendingOlderThan(e.ctx, p.OlderThan, p.Limit)
 	if err != nil {
 		return err
 	}
@@ -290,23 +291,23 @@ func accountOf(scope string) string {
 }
 
 // withDatabase opens the migrated database of url and runs fn.
-func withDatabase(ctx context.Context, url string, fn func(*postgres.Store) error) error {
-	pool, err := openDatabase(ctx, url)
+func withDatabase(ctx context.Context, db databaseFlags, fn func(*postgres.Store) error) error {
+	pool, err := openDatabase(ctx, db.DatabaseURL, db.keys())
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	return fn(postgres.New(pool, nil))
+	return fn(postgres.NewKeys(pool, nil, db.keys()))
 }
 
 // openDatabase connects and migrates, so every command works on a fresh
 // database; the pool is closed again if migrating fails.
-func openDatabase(ctx context.Context, url string, opts ...postgres.Option) (*pgxpool.Pool, error) {
+func openDatabase(ctx context.Context, url string, keys pgstore.Options, opts ...postgres.Option) (*pgxpool.Pool, error) {
 	pool, err := postgres.Open(ctx, url, opts...)
 	if err != nil {
 		return nil, err
 	}
-	if err := postgres.Migrate(ctx, pool); err != nil {
+	if err := postgres.MigrateKeys(ctx, pool, keys); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -473,7 +474,8 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger, dbOpts []pos
 		log.Warn("store: in memory (set DATABASE_URL for PostgreSQL); data is lost on exit")
 		return backend{Backend: mem, reads: mem, kind: "in memory: data is lost on exit", demoKey: cfg.DemoAPIKey, local: mem, close: func() {}}, nil
 	}
-	pool, err := openDatabase(ctx, cfg.DatabaseURL, dbOpts...)
+	keys := pgstore.Options{Scope: cfg.KeyScope, MergeByScope: cfg.GroupCommitByAccount}
+	pool, err := openDatabase(ctx, cfg.DatabaseURL, keys, dbOpts...)
 	if err != nil {
 		return backend{}, err
 	}
@@ -483,7 +485,7 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger, dbOpts []pos
 		return backend{}, err
 	}
 	log.Info("store: PostgreSQL")
-	pg := postgres.NewMerging(pool, runner, cfg.GroupCommitByAccount)
+	pg := postgres.NewKeys(pool, runner, keys)
 	be := backend{Backend: pg, reads: pg, kind: "on PostgreSQL", demoKey: cfg.DemoAPIKey, pool: pool, charges: runner, close: pool.Close}
 	if cfg.ReplicaURL != "" {
 		// Not migrated: a replica follows the primary's schema.

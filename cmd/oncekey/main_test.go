@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -311,12 +312,28 @@ func drainInFlight(t *testing.T, env map[string]string, apiKey string) (int, []b
 	return got.status, got.body
 }
 
+// TestOperatorCommands runs the key commands on a database of each key
+// scope type (ONCEKEY_KEY_SCOPE): a command given another type than the
+// table's fails, naming it, before it reads or writes anything.
 func TestOperatorCommands(t *testing.T) {
 	t.Parallel()
+	for _, scope := range []pgstore.ScopeType{pgstore.ScopeBytea, pgstore.ScopeUUID} {
+		t.Run(string(scope), func(t *testing.T) {
+			t.Parallel()
+			operatorCommands(t, scope)
+		})
+	}
+}
+
+func operatorCommands(t *testing.T, scope pgstore.ScopeType) {
 	ctx := context.Background()
-	dbURL, pool := testdb.Fresh(t) // purge must see only this test's keys
-	env := map[string]string{"DATABASE_URL": dbURL}
-	store := postgres.New(pool, nil)
+	dbURL, pool := testdb.Empty(t) // purge must see only this test's keys
+	keys := pgstore.Options{Scope: scope}
+	require.NoError(t, postgres.MigrateKeys(ctx, pool, keys))
+	env := map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_KEY_SCOPE": string(scope)}
+	store := postgres.NewKeys(pool, nil, keys)
+	// The account's scope as the key table holds it.
+	account := map[pgstore.ScopeType]string{pgstore.ScopeBytea: "uuid_send($1)", pgstore.ScopeUUID: "$1"}[scope]
 	creds, err := auth.CreateAccount(ctx, store, "ops", "")
 	require.NoError(t, err)
 
@@ -329,9 +346,9 @@ func TestOperatorCommands(t *testing.T) {
 	// A key stuck in processing for 20 minutes and one expired an hour ago.
 	for _, q := range []string{
 		`INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, created_at, expires_at)
-		 VALUES (uuid_send($1), 'stuck', $2, 'POST', '/orders', 'processing', now() - interval '20 minutes', now() + interval '1 hour')`,
+		 VALUES (` + account + `, 'stuck', $2, 'POST', '/orders', 'processing', now() - interval '20 minutes', now() + interval '1 hour')`,
 		`INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_body, completed_at, created_at, expires_at)
-		 VALUES (uuid_send($1), 'old', $2, 'POST', '/orders', 'completed', 201, '{}', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour')`,
+		 VALUES (` + account + `, 'old', $2, 'POST', '/orders', 'completed', 201, '{}', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour')`,
 	} {
 		_, err := pool.Exec(ctx, q, creds.AccountID, fp[:])
 		require.NoError(t, err)
@@ -368,14 +385,18 @@ func TestOperatorCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, `"dry_run":true`)
 	var count int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = uuid_send($1) AND idempotency_key = 'old'", creds.AccountID).Scan(&count))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = "+account+" AND idempotency_key = 'old'", creds.AccountID).Scan(&count))
 	require.Equal(t, 1, count, "a dry run deletes nothing")
 
 	out, err = runCommand(t, env, "purge")
 	require.NoError(t, err)
 	require.JSONEq(t, `{"deleted":1}`, out)
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = uuid_send($1)", creds.AccountID).Scan(&count))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = "+account+"", creds.AccountID).Scan(&count))
 	require.Equal(t, 2, count, "only the expired key is gone")
+
+	other := map[pgstore.ScopeType]string{pgstore.ScopeBytea: "uuid", pgstore.ScopeUUID: "bytea"}[scope]
+	_, err = runCommand(t, map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_KEY_SCOPE": other}, "keys", "stuck")
+	require.ErrorIs(t, err, pgstore.ErrScopeType, "the key table's scope is %s, the command's %s", scope, other)
 }
 
 // `payments stuck` lists what the pending-age metric and the abandoned
@@ -446,7 +467,7 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 			names = append(names, m[1])
 		}
 	}
-	require.Len(t, names, 29, "the variables in cli.go")
+	require.Len(t, names, 30, "the variables in cli.go")
 	documented := regexp.MustCompile("`((?:ONCEKEY|IDEMPOTENCY)_[A-Z_]+|DATABASE_URL|DATABASE_REPLICA_URL|REDIS_URL)`")
 	for _, doc := range []string{"../../docs/operations.md", "../../README.md"} {
 		text, err := os.ReadFile(doc)

@@ -153,7 +153,7 @@ func (b *Batch) Exec(_ context.Context, sql string, args ...any) (pgconn.Command
 		return pgconn.CommandTag{}, err
 	}
 	args = slices.Clip(args)
-	b.queued.Queue(b.d.s.guarded(sql, len(args)), append(args, []byte(b.ref.Scope), b.ref.Key, b.ref.ClaimedAt)...)
+	b.queued.Queue(b.d.s.guarded(sql, len(args)), append(args, b.d.s.scope.arg(b.ref.Scope), b.ref.Key, b.ref.ClaimedAt)...)
 	b.writes = append(b.writes, write{sql: sql, args: args})
 	return pgconn.CommandTag{}, nil
 }
@@ -168,8 +168,8 @@ func (s *Store) guarded(sql string, n int) string {
 	if v, ok := s.pipelined.Load(key); ok {
 		return v.(string)
 	}
-	out := fmt.Sprintf("WITH %s AS (\n    SELECT true AS claimed FROM %s k\n    WHERE k.scope = $%d AND k.idempotency_key = $%d\n      AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $%d\n)\n%s",
-		s.Claimed(), s.table, n+1, n+2, n+3, sql)
+	out := s.scope.sql(fmt.Sprintf("WITH %s AS (\n    SELECT true AS claimed FROM %s k\n    WHERE k.scope = CAST($%d AS bytea) AND k.idempotency_key = $%d\n      AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $%d\n)\n",
+		s.Claimed(), s.table, n+1, n+2, n+3)) + sql
 	s.pipelined.Store(key, out)
 	return out
 }
@@ -194,13 +194,13 @@ func (d *deferredStore) ClaimNow(ctx context.Context, req idempotency.ClaimReque
 // Claim implements idempotency.Store: the claim is deferred to the lease's
 // Commit.
 func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Batch], *idempotency.Record, error) {
-	if err := d.s.checkSchema(ctx); err != nil {
+	if err := d.s.claimable(ctx, req.Scope); err != nil {
 		return nil, nil, err
 	}
 	// The row's created_at is this time, so Ref names the claim before it
 	// is made; microseconds, as PostgreSQL stores it.
 	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: time.Now().Truncate(time.Microsecond)}
-	return &deferredLease{s: d.s, req: req, ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
+	return &deferredLease{s: d.s, req: req, scope: d.s.scope.arg(req.Scope), ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
 }
 
 // contendedLease is a deferred operation's lease claimed at once
@@ -223,8 +223,11 @@ func (l *contendedLease) Commit(ctx context.Context, resp idempotency.Response) 
 // deferredLease is a claim not yet made: the operation's writes wait in
 // its Batch until Commit sends them with the claim.
 type deferredLease struct {
-	s      *Store
-	req    idempotency.ClaimRequest
+	s   *Store
+	req idempotency.ClaimRequest
+	// scope is req.Scope as pgstore sends it, and as the key's row reads
+	// it back (ScopeType.arg).
+	scope  []byte
 	ref    idempotency.Ref
 	writes *Batch
 	ended  bool

@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -167,8 +168,8 @@ func (g *groupCommitter) takeLocked() []*member {
 		seen  = map[memberKey]bool{}
 	)
 	for _, m := range g.queue {
-		k := memberKey{m.lease.req.Scope, m.lease.req.Key}
-		if len(taken) == maxMembers || seen[k] || (g.byScope && len(taken) > 0 && k.scope != taken[0].lease.req.Scope) {
+		k := memberKey{string(m.lease.scope), m.lease.req.Key}
+		if len(taken) == maxMembers || seen[k] || (g.byScope && len(taken) > 0 && k.scope != string(taken[0].lease.scope)) {
 			rest = append(rest, m)
 			continue
 		}
@@ -179,7 +180,7 @@ func (g *groupCommitter) takeLocked() []*member {
 	clear(g.queue[len(rest):])
 	g.queue = rest
 	slices.SortFunc(taken, func(a, b *member) int {
-		if c := cmp.Compare(a.lease.req.Scope, b.lease.req.Scope); c != 0 {
+		if c := bytes.Compare(a.lease.scope, b.lease.scope); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.lease.req.Key, b.lease.req.Key)
@@ -304,7 +305,7 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 	for i, m := range members {
 		l, req := m.lease, m.lease.req
 		wait = min(wait, req.Wait)
-		peek.Scopes[i], peek.IdempotencyKeys[i] = []byte(req.Scope), req.Key
+		peek.Scopes[i], peek.IdempotencyKeys[i] = l.scope, req.Key
 		claim.Fingerprints[i] = req.Fingerprint[:]
 		claim.RequestMethods[i], claim.RequestRoutes[i] = req.Method, req.Route
 		claim.ResponseStatuses[i], claim.ResponseHeaders[i], claim.ResponseBodies[i] = l.status, l.headers, l.body
@@ -343,7 +344,7 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 // oneScope reports whether members' keys are all of one scope.
 func oneScope(members []*member) bool {
 	for _, m := range members[1:] {
-		if m.lease.req.Scope != members[0].lease.req.Scope {
+		if !bytes.Equal(m.lease.scope, members[0].lease.scope) {
 			return false
 		}
 	}
@@ -409,7 +410,7 @@ func readPipeline(br pgx.BatchResults, members []*member) (results []claimResult
 	}
 	results = make([]claimResult, len(members))
 	for i, m := range members {
-		k := memberKey{m.lease.req.Scope, m.lease.req.Key}
+		k := memberKey{string(m.lease.scope), m.lease.req.Key}
 		results[i] = claimResult{peeked: held[k], inserted: inserted[k]}
 		if err := m.lease.readWrites(br); err != nil {
 			return nil, i, err

@@ -45,7 +45,7 @@ const joinSavepoint = "pgstore_claim"
 
 func join[U any](ctx context.Context, s *Store, db keydb.DBTX, unit U, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
 	deadline := time.Now().Add(req.Wait)
-	if err := s.checkSchema(ctx); err != nil {
+	if err := s.claimable(ctx, req.Scope); err != nil {
 		return nil, nil, err
 	}
 	if _, err := db.Exec(ctx, "SAVEPOINT "+joinSavepoint); err != nil {

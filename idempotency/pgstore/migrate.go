@@ -41,7 +41,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if err != nil {
 		return err
 	}
-	all, err := loadMigrations(table)
+	scope, err := opts.scope()
+	if err != nil {
+		return err
+	}
+	all, err := loadMigrations(table, scope)
 	if err != nil {
 		return err
 	}
@@ -89,7 +93,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 			return fmt.Errorf("pgstore: migrate: apply %s: %w", m.name, err)
 		}
 	}
-	return nil
+	return checkScopeType(ctx, conn, table, scope)
 }
 
 // adoptGoose records the versions that an earlier pgstore applied with
@@ -125,10 +129,21 @@ func adoptGoose(ctx context.Context, conn *pgx.Conn, table, versions string, all
 	})
 }
 
+// migrationCount is how many migrations there are: the version of a key
+// table that this pgstore migrated.
+var migrationCount = func() int {
+	all, err := loadMigrations(DefaultTable, ScopeBytea)
+	if err != nil {
+		panic(err) // the embedded files, tested by every test that migrates
+	}
+	return len(all)
+}()
+
 // loadMigrations reads the embedded migrations in version order, with the
-// default table name (and the index names it prefixes) replaced by table.
-// Versions are 1, 2, 3… without a gap, so that the number applied says which.
-func loadMigrations(table string) ([]migration, error) {
+// default table name (and the index names it prefixes) replaced by table,
+// and the scope column declared of type scope. Versions are 1, 2, 3…
+// without a gap, so that the number applied says which.
+func loadMigrations(table string, scope ScopeType) ([]migration, error) {
 	names, err := fs.Glob(migrations, "migrations/*.sql")
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: read migrations: %w", err)
@@ -145,7 +160,14 @@ func loadMigrations(table string) ([]migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pgstore: read migrations: %w", err)
 		}
-		out = append(out, migration{version: version, name: strings.TrimSuffix(base, ".sql"), sql: strings.ReplaceAll(string(b), DefaultTable, table)})
+		sql := string(b)
+		if version == 1 {
+			if !strings.Contains(sql, scopeColumn) {
+				return nil, errors.New("pgstore: migration " + base + " does not declare the scope column as pgstore expects")
+			}
+			sql = strings.Replace(sql, scopeColumn, scope.column(), 1)
+		}
+		out = append(out, migration{version: version, name: strings.TrimSuffix(base, ".sql"), sql: strings.ReplaceAll(sql, DefaultTable, table)})
 	}
 	return out, nil
 }

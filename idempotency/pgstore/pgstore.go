@@ -60,6 +60,10 @@ type Options struct {
 	// merging when many tenants commit at once. Default: commits of any
 	// scopes merge.
 	MergeByScope bool
+	// Scope is the SQL type of the scope column (default bytea): see
+	// ScopeType. Migrate creates the table with it, and a Store whose
+	// table's column is of another type fails its first claim.
+	Scope ScopeType
 }
 
 func (o Options) table() (string, error) {
@@ -76,6 +80,7 @@ func (o Options) table() (string, error) {
 type Store struct {
 	pool   *pgxpool.Pool
 	table  string
+	scope  ScopeType
 	rename func(keydb.DBTX) keydb.DBTX
 	// partitionRenamers rewrite the statements for each partition of a
 	// partitioned key table (partitions).
@@ -96,30 +101,59 @@ type Store struct {
 // database, or an older pgstore's did.
 var ErrNotMigrated = errors.New("pgstore: the key table is missing or out of date: run pgstore.Migrate")
 
+// claimable refuses a claim of scope before anything is sent: a scope the
+// column cannot hold, or a key table that is not migrated (checkSchema).
+func (s *Store) claimable(ctx context.Context, scope string) error {
+	if err := s.scope.check(scope); err != nil {
+		return err
+	}
+	return s.checkSchema(ctx)
+}
+
 // checkSchema fails a Store's first claim with ErrNotMigrated, naming the
 // table and the versions, rather than letting every claim fail on a
-// missing relation or column. Once the schema is found current it is not
-// asked again; a database that cannot be reached is asked again next time.
+// missing relation or column; and with ErrScopeType when the scope column
+// is not of Options.Scope's type. Once the schema is found current it is
+// not asked again; a database that cannot be reached is asked again next
+// time.
 func (s *Store) checkSchema(ctx context.Context) error {
 	if s.migrated.Load() {
 		return nil
 	}
-	want, err := loadMigrations(s.table)
-	if err != nil {
-		return err
-	}
 	var have int
-	err = s.pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.table + "_schema_version"}.Sanitize()).Scan(&have)
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.table + "_schema_version"}.Sanitize()).Scan(&have)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
 		return fmt.Errorf("%w: %s_schema_version does not exist in this database", ErrNotMigrated, s.table)
 	case err != nil:
 		return Translate(fmt.Errorf("pgstore: read the key table's version: %w", err))
-	case have < len(want):
-		return fmt.Errorf("%w: %s is at version %d, this pgstore needs %d", ErrNotMigrated, s.table, have, len(want))
+	case have < migrationCount:
+		return fmt.Errorf("%w: %s is at version %d, this pgstore needs %d", ErrNotMigrated, s.table, have, migrationCount)
+	}
+	if err := checkScopeType(ctx, s.pool, s.table, s.scope); err != nil {
+		return err
 	}
 	s.migrated.Store(true)
+	return nil
+}
+
+// ErrScopeType is returned by Migrate and by a Store's first claim when the
+// key table's scope column is not of the type Options.Scope says: the
+// table was created with another, which Migrate does not change.
+var ErrScopeType = errors.New("pgstore: the key table's scope column is not of Options.Scope's type")
+
+// checkScopeType fails with ErrScopeType unless table's scope column is
+// of type want.
+func checkScopeType(ctx context.Context, db keydb.DBTX, table string, want ScopeType) error {
+	var have string
+	if err := db.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = 'scope' AND NOT attisdropped`, pgx.Identifier{table}.Sanitize()).Scan(&have); err != nil {
+		return Translate(fmt.Errorf("pgstore: read the key table's scope type: %w", err))
+	}
+	if have != string(want) {
+		return fmt.Errorf("%w: %s.scope is %s, Options.Scope says %s", ErrScopeType, table, have, want)
+	}
 	return nil
 }
 
@@ -130,9 +164,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, table: table, rename: func(d keydb.DBTX) keydb.DBTX { return d }}
-	if table != DefaultTable {
-		r := &renamer{to: table}
+	scope, err := opts.scope()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, table: table, scope: scope, rename: func(d keydb.DBTX) keydb.DBTX { return d }}
+	if table != DefaultTable || scope != ScopeBytea {
+		r := &renamer{to: table, scope: scope}
 		s.rename = func(d keydb.DBTX) keydb.DBTX { return renamed{d, r} }
 	}
 	s.commits = &groupCommitter{pool: pool, store: s, byScope: opts.MergeByScope}
@@ -180,22 +218,23 @@ func lockID(table string) int64 {
 }
 
 // renamer rewrites the key table's statements for a table of another
-// name, once per statement.
+// name or scope type, once per statement.
 type renamer struct {
-	to   string
-	done sync.Map // statement → rewritten statement
+	to    string
+	scope ScopeType
+	done  sync.Map // statement → rewritten statement
 }
 
 func (r *renamer) sql(sql string) string {
 	if v, ok := r.done.Load(sql); ok {
 		return v.(string)
 	}
-	out := strings.ReplaceAll(sql, DefaultTable, r.to)
+	out := r.scope.sql(strings.ReplaceAll(sql, DefaultTable, r.to))
 	r.done.Store(sql, out)
 	return out
 }
 
-// renamed is a DBTX whose statements name the renamed table.
+// renamed is a DBTX whose statements are rewritten by its renamer.
 type renamed struct {
 	keydb.DBTX
 	r *renamer
@@ -244,7 +283,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 
 // claimTx claims req's key in a transaction of its own.
 func (s *Store) claimTx(ctx context.Context, req idempotency.ClaimRequest) (*txLease, *idempotency.Record, error) {
-	if err := s.checkSchema(ctx); err != nil {
+	if err := s.claimable(ctx, req.Scope); err != nil {
 		return nil, nil, err
 	}
 	deadline := time.Now().Add(req.Wait)
@@ -302,7 +341,7 @@ func (s *Store) claimIn(ctx context.Context, tx pgx.Tx, req idempotency.ClaimReq
 func (s *Store) claimOn(ctx context.Context, db keydb.DBTX, req idempotency.ClaimRequest, deadline time.Time) (time.Time, *idempotency.Record, error) {
 	q := s.queries(db)
 	params := keydb.IdempotencyKeyClaimParams{
-		Scope:          []byte(req.Scope),
+		Scope:          s.scope.arg(req.Scope),
 		IdempotencyKey: req.Key,
 		Fingerprint:    req.Fingerprint[:],
 		RequestMethod:  req.Method,
@@ -335,7 +374,7 @@ func (s *Store) claimOn(ctx context.Context, db keydb.DBTX, req idempotency.Clai
 		case row.Expired:
 			// An expired key is absent: free it and claim again.
 			if _, err := q.IdempotencyKeyDeleteIfExpired(ctx, keydb.IdempotencyKeyDeleteIfExpiredParams{
-				Scope: []byte(req.Scope), IdempotencyKey: req.Key,
+				Scope: s.scope.arg(req.Scope), IdempotencyKey: req.Key,
 			}); err != nil {
 				return time.Time{}, nil, claimError(ctx, s.table, "free expired key", err)
 			}
@@ -437,7 +476,7 @@ func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref
 		return err
 	}
 	n, err := s.queries(db).IdempotencyKeyComplete(ctx, keydb.IdempotencyKeyCompleteParams{
-		Scope:           []byte(ref.Scope),
+		Scope:           s.scope.arg(ref.Scope),
 		IdempotencyKey:  ref.Key,
 		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
 		ResponseHeaders: headers,
@@ -499,7 +538,7 @@ func (s *Store) ReplaceProvisional(ctx context.Context, tx pgx.Tx, ref idempoten
 		return false, err
 	}
 	n, err := s.queries(tx).IdempotencyKeyReplaceProvisional(ctx, keydb.IdempotencyKeyReplaceProvisionalParams{
-		Scope:           []byte(ref.Scope),
+		Scope:           s.scope.arg(ref.Scope),
 		IdempotencyKey:  ref.Key,
 		KeyCreatedAt:    ref.ClaimedAt,
 		ResponseStatus:  pgtype.Int4{Int32: int32(final.Status), Valid: true},
@@ -567,6 +606,11 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 func init() {
 	access.Pool = func(s any) *pgxpool.Pool { return s.(*Store).pool }
 	access.Table = func(s any) access.Queries { return s.(*Store).queries }
+	access.ScopeArg = func(s any, scope string) ([]byte, error) {
+		t := s.(*Store).scope
+		return t.arg(scope), t.check(scope)
+	}
+	access.ScopeRead = func(s any, b []byte) string { return s.(*Store).scope.read(b) }
 	access.Partitions = func(ctx context.Context, s any) ([]access.Queries, error) {
 		store := s.(*Store)
 		parts, err := store.partitions(ctx, store.pool)
@@ -613,7 +657,7 @@ func (s *Store) partitions(ctx context.Context, db keydb.DBTX) ([]keyTable, erro
 	}
 	out := make([]keyTable, 0, len(names))
 	for _, name := range names {
-		v, _ := s.partitionRenamers.LoadOrStore(name, &renamer{to: name})
+		v, _ := s.partitionRenamers.LoadOrStore(name, &renamer{to: name, scope: s.scope})
 		r := v.(*renamer)
 		out = append(out, keyTable{name: name, queries: func(d keydb.DBTX) *keydb.Queries { return keydb.New(renamed{d, r}) }})
 	}

@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -27,24 +28,34 @@ import (
 // writes through leases, nothing of any application's.
 func TestMain(m *testing.M) {
 	pgstoretest.Main(m, pgstoretest.Options{Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
-		return pgstoretest.MigrateSuite(ctx, pool, pgstore.Options{}, pgstore.Options{Table: renamedTable})
+		return pgstoretest.MigrateSuite(ctx, pool, keyTables...)
 	}})
 }
 
 // renamedTable is a key table of another name, beside the default one.
 const renamedTable = "other_keys"
 
+// keyTables are the package's key tables: the default, one of another
+// name, and one for each other scope type.
+var keyTables = []pgstore.Options{
+	{},
+	{Table: renamedTable},
+	{Table: "uuid_keys", Scope: pgstore.ScopeUUID},
+	{Table: "text_keys", Scope: pgstore.ScopeText},
+}
+
 // TestConformance runs the store suite on the real database: the
 // transactional store, the deferring one, and the store joined to the
-// caller's own pgx and database/sql transactions, on the default key table
-// and on one of another name. The transactional store's
+// caller's own pgx and database/sql transactions, on the default key table,
+// on one of another name, and on one whose scopes are uuid and one whose
+// scopes are text. The transactional store's
 // "ConcurrentClaimWaitsForHolder/holder does not end within the wait"
 // case is the check that a claim's wait on an open holder transaction is
 // bounded by lock_timeout.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, table := range []string{pgstore.DefaultTable, renamedTable} {
-		t.Run(table, func(t *testing.T) {
+	for _, table := range keyTables {
+		t.Run(cmp.Or(table.Table, pgstore.DefaultTable), func(t *testing.T) {
 			t.Parallel()
 			t.Run("transactional", func(t *testing.T) {
 				t.Parallel()
@@ -449,4 +460,69 @@ func TestTableNames(t *testing.T) {
 		_, err := pgstore.New(nil, pgstore.Options{Table: tc.name})
 		require.Equal(t, tc.ok, err == nil, "%q: %v", tc.name, err)
 	}
+}
+
+// TestScopeTypes checks what a key table's scope type promises: Migrate
+// creates the column of that type; a scope the column cannot hold is
+// refused before anything is sent; a UUID's 16 bytes and its text form
+// name one key, which the operator reads back as the 16 bytes; and a store
+// or a migration whose Options.Scope is not the table's fails with
+// ErrScopeType rather than on every statement.
+func TestScopeTypes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgstoretest.Pool(t)
+	for _, o := range keyTables {
+		var have string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
+			WHERE attrelid = to_regclass($1) AND attname = 'scope'`, cmp.Or(o.Table, pgstore.DefaultTable)).Scan(&have))
+		require.Equal(t, string(cmp.Or(o.Scope, pgstore.ScopeBytea)), have, "the scope column of %+v", o)
+	}
+
+	uuids, err := pgstore.New(pool, pgstore.Options{Table: "uuid_keys", Scope: pgstore.ScopeUUID})
+	require.NoError(t, err)
+	var id [16]byte
+	_, _ = rand.Read(id[:])
+	text := strings.ToUpper(fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16]))
+	req := idempotency.ClaimRequest{Scope: string(id[:]), Key: rand.Text(), Method: "POST", Route: "/r", TTL: time.Hour, Wait: time.Second}
+	lease, _, err := uuids.Claim(ctx, req)
+	require.NoError(t, err, "a UUID's bytes")
+	require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Body: []byte("first")}))
+	byText := req
+	byText.Scope = text
+	_, rec, err := uuids.Claim(ctx, byText)
+	require.NoError(t, err, "the UUID's text form")
+	require.NotNil(t, rec, "the text form names the key the bytes claimed")
+	require.Equal(t, "first", string(rec.Response.Body))
+	info, err := keyadmin.Inspect(ctx, uuids, text, req.Key)
+	require.NoError(t, err)
+	require.Equal(t, string(id[:]), info.Scope, "read back as the UUID's bytes")
+	var keys int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM uuid_keys WHERE scope = $1::uuid", text).Scan(&keys))
+	require.Equal(t, 1, keys, "one row for both forms")
+
+	texts, err := pgstore.New(pool, pgstore.Options{Table: "text_keys", Scope: pgstore.ScopeText})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		store *pgstore.Store
+		scope string
+	}{
+		{uuids, "not-a-uuid"}, {uuids, text[:35] + "g"}, {uuids, string(id[:15])},
+		{texts, "\xff\xfe"}, {texts, "a\x00b"},
+	} {
+		_, _, err := tc.store.Claim(ctx, idempotency.ClaimRequest{Scope: tc.scope, Key: "k", Method: "POST", Route: "/r", TTL: time.Hour, Wait: time.Second})
+		require.ErrorContains(t, err, "the key table's scopes are", "scope %q", tc.scope)
+		var pgErr *pgconn.PgError
+		require.False(t, errors.As(err, &pgErr), "refused before anything is sent: %v", err)
+	}
+
+	bytea, err := pgstore.New(pool, pgstore.Options{Table: "uuid_keys"})
+	require.NoError(t, err)
+	_, _, err = bytea.Claim(ctx, req)
+	require.ErrorIs(t, err, pgstore.ErrScopeType, "a bytea store on a uuid table")
+	require.ErrorContains(t, err, "uuid_keys.scope is uuid, Options.Scope says bytea")
+	require.ErrorIs(t, pgstore.Migrate(ctx, pool, pgstore.Options{Table: "text_keys", Scope: pgstore.ScopeUUID}), pgstore.ErrScopeType,
+		"Migrate does not change a table's scope type")
+	_, err = pgstore.New(pool, pgstore.Options{Scope: "int8"})
+	require.ErrorContains(t, err, "none of bytea, uuid and text")
 }

@@ -57,6 +57,11 @@ type Harness[U any] struct {
 	// Replace, if set, replaces the provisional response stored under ref
 	// with final, as a long operation's background work does when it ends.
 	Replace func(ctx context.Context, ref idempotency.Ref, final idempotency.Response) (bool, error)
+	// NewScope, if set, returns a fresh scope of the kind the store holds
+	// (a UUID's bytes, say, for a store whose scopes are UUIDs). By
+	// default a case's scope is a random string, and a second scope of
+	// the case has the first as its prefix.
+	NewScope func() string
 }
 
 // clockSlack absorbs the difference between the test's clock and the
@@ -113,7 +118,15 @@ type bundle[U any] struct {
 // open returns a store and a fresh scope.
 func (b *bundle[U]) open(t *testing.T) (idempotency.Store[U], string) {
 	t.Helper()
-	return b.Open(t), newScope()
+	return b.Open(t), b.newScope()
+}
+
+// newScope is a fresh scope of the kind the store holds.
+func (b *bundle[U]) newScope() string {
+	if b.NewScope != nil {
+		return b.NewScope()
+	}
+	return "storetest-" + rand.Text()
 }
 
 // 1. A fresh key gives a lease; after Commit the same request replays the
@@ -202,6 +215,9 @@ func testFingerprintMismatch[U any](t *testing.T, b *bundle[U]) {
 func testKeysScoped[U any](t *testing.T, b *bundle[U]) {
 	store, scopeA := b.open(t)
 	scopeB := scopeA + "\x00b" // a prefix of the other must not collide with it
+	if b.NewScope != nil {
+		scopeB = b.NewScope()
+	}
 	key := newKey()
 	reqA := claimRequest(scopeA, key, fingerprint("A"))
 	reqB := claimRequest(scopeB, key, fingerprint("B"))
@@ -589,8 +605,6 @@ func testReplaceProvisional[U any](t *testing.T, b *bundle[U]) {
 	rec = claimRecord(t, ctx, store, short)
 	require.Equal(t, "new", string(rec.Response.Body), "the old operation's outcome must not land on the key's new record")
 }
-
-func newScope() string { return "storetest-" + rand.Text() }
 
 func newKey() string { return "storetest-" + rand.Text() }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/auth"
@@ -78,15 +79,16 @@ func inMemory(t *testing.T) httpapi.Config {
 // one's payments), with its River payment worker.
 func onPostgres(t *testing.T) httpapi.Config {
 	_, pool := testdb.Fresh(t)
-	return onPool(t, pool, false)
+	return onPool(t, pool, pgstore.Options{})
 }
 
-// onPool is onPostgres on a pool the test opened, with group commit
-// merging only one account's commits if byAccount.
-func onPool(t *testing.T, pool *pgxpool.Pool, byAccount bool) httpapi.Config {
+// onPool is onPostgres on a pool the test opened, with the key table's
+// options keys (its scope type, and group commit merging only one
+// account's commits).
+func onPool(t *testing.T, pool *pgxpool.Pool, keys pgstore.Options) httpapi.Config {
 	runner, err := jobs.New(pool, jobs.Config{Workers: 4, PollInterval: 20 * time.Millisecond, Logger: discard})
 	require.NoError(t, err, "River runner")
-	pg := postgres.NewMerging(pool, runner, byAccount)
+	pg := postgres.NewKeys(pool, runner, keys)
 	require.NoError(t, runner.Start(context.Background(), sandboxWorker(t, pg)), "start River")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -321,7 +323,8 @@ func (l slowLease[U]) Commit(ctx context.Context, resp idempotency.Response) err
 }
 
 // TestPartitionedSchema runs the contract and every conformance check on
-// the schema partitioned by account (as a database sharded by account
+// the schema partitioned by account, with the key table's scope the
+// account's uuid (as a database sharded by account
 // would hold it), then explains every statement they made the service run
 // as a generic plan: each reads or writes one partition of each table.
 // Group commit merges only one account's commits here, as it must on a
@@ -330,12 +333,12 @@ func (l slowLease[U]) Commit(ctx context.Context, resp idempotency.Response) err
 // test.
 func TestPartitionedSchema(t *testing.T) {
 	t.Parallel()
-	url, admin := testdb.FreshPartitioned(t)
+	url, admin := testdb.FreshPartitioned(t, pgstore.ScopeUUID)
 	statements := &testdb.Statements{}
 	pool, err := postgres.Open(t.Context(), url, postgres.WithQueryTracer(statements))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	cfg := onPool(t, pool, true)
+	cfg := onPool(t, pool, pgstore.Options{Scope: pgstore.ScopeUUID, MergeByScope: true})
 	base, key := serve(t, cfg, func(h http.Handler) http.Handler { return h })
 	results, err := contracttest.Run(context.Background(), contracttest.Config{BaseURL: base, APIKey: key})
 	require.NoError(t, err)
@@ -350,4 +353,16 @@ func TestPartitionedSchema(t *testing.T) {
 	t.Logf("%d statements on partitioned tables explained", checked)
 	require.Greater(t, checked, 15, "the request path's statements")
 	require.Empty(t, wide, "statements that may touch more than one partition of a table")
+
+	// Co-located: each key lies in the partition of the same number as its
+	// account's orders. (PostgreSQL hashes a uuid as its 16 bytes, so a
+	// bytea scope of those bytes would be too; Citus, though, colocates
+	// only distribution columns of one type, hence the uuid scope.)
+	var pairs, apart int
+	require.NoError(t, admin.QueryRow(t.Context(), `SELECT count(*),
+			count(*) FILTER (WHERE substring(k.tableoid::regclass::text FROM '_p[0-9]+$') <> substring(o.tableoid::regclass::text FROM '_p[0-9]+$'))
+		FROM idempotency_keys k
+		JOIN orders o ON encode(uuid_send(o.account_id), 'hex') = replace(replace(k.scope::text, '\x', ''), '-', '')`).Scan(&pairs, &apart))
+	require.Positive(t, pairs, "keys of accounts with orders")
+	require.Zero(t, apart, "keys in another partition than their account's orders, of %d", pairs)
 }

@@ -15,14 +15,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/internal/store/postgres"
 )
 
-// FreshPartitioned is Fresh with every per-account table hash-partitioned
-// by its account (schema/variants/partitioned_by_account.sql), as a
-// database sharded by account would hold them.
-func FreshPartitioned(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
+// FreshPartitioned is Fresh with the key table's scope column of type
+// scope, and every per-account table hash-partitioned by its account
+// (schema/variants/partitioned_by_account.sql), as a database sharded by
+// account would hold them.
+func FreshPartitioned(t testing.TB, scope pgstore.ScopeType) (dbURL string, pool *pgxpool.Pool) {
 	t.Helper()
-	dbURL, pool = Fresh(t)
+	dbURL, pool = Empty(t)
+	if err := postgres.MigrateKeys(t.Context(), pool, pgstore.Options{Scope: scope}); err != nil {
+		t.Fatalf("testdb: migrate: %v", err)
+	}
 	_, here, _, _ := runtime.Caller(0)
 	sql, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", "schema", "variants", "partitioned_by_account.sql"))
 	if err != nil {

@@ -13,7 +13,7 @@ DECLARE
 BEGIN
     CREATE TEMP TABLE per_account (tbl text, col text) ON COMMIT DROP;
     INSERT INTO per_account VALUES
-        ('idempotency_keys', 'scope'), -- the account's id, as bytes
+        ('idempotency_keys', 'scope'), -- the account's id: its bytes, or the uuid itself
         ('orders', 'account_id'), ('payments', 'account_id'), ('refunds', 'account_id'),
         ('bonus_entries', 'account_id'), ('bonus_balances', 'account_id');
 

@@ -36,11 +36,11 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	t.Run("pgstore", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.DefaultTable), cached))
+		storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.Options{}), cached))
 	})
 	t.Run("pgstore deferred", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.DefaultTable), cached))
+		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.Options{}), cached))
 	})
 }
 

@@ -113,7 +113,7 @@ func TestOnRedisCluster(t *testing.T) {
 
 	t.Run("store contract", func(t *testing.T) {
 		storetest.Run(t, testharness.Wrapped(testharness.Memstore(), infront[*memstore.Tx](fast)))
-		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
+		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[*pgstore.Batch](fast)))
 	})
 
 	t.Run("storm", func(t *testing.T) {

@@ -60,11 +60,11 @@ func TestConformance(t *testing.T) {
 	fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "conformance:"})
 	t.Run("pgstore", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.DefaultTable), infront[pgx.Tx](fast)))
+		storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[pgx.Tx](fast)))
 	})
 	t.Run("pgstore deferred", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.DefaultTable), infront[*pgstore.Batch](fast)))
+		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[*pgstore.Batch](fast)))
 	})
 }
 

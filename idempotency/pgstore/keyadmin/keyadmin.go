@@ -42,7 +42,11 @@ type KeyInfo struct {
 
 // Inspect returns one key's record in store's table.
 func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyInfo, error) {
-	row, err := access.Table(store)(access.Pool(store)).IdempotencyKeyGet(ctx, keydb.IdempotencyKeyGetParams{Scope: []byte(scope), IdempotencyKey: key})
+	arg, err := access.ScopeArg(store, scope)
+	if err != nil {
+		return KeyInfo{}, err
+	}
+	row, err := access.Table(store)(access.Pool(store)).IdempotencyKeyGet(ctx, keydb.IdempotencyKeyGetParams{Scope: arg, IdempotencyKey: key})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return KeyInfo{}, ErrKeyNotFound
 	}
@@ -50,7 +54,7 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 		return KeyInfo{}, pgstore.Translate(err)
 	}
 	return KeyInfo{
-		Scope:          string(row.Scope),
+		Scope:          access.ScopeRead(store, row.Scope),
 		Key:            row.IdempotencyKey,
 		Status:         row.Status,
 		Fingerprint:    hex.EncodeToString(row.Fingerprint),
@@ -90,7 +94,7 @@ func Stuck(ctx context.Context, store *pgstore.Store, olderThan time.Duration, l
 			return nil, pgstore.Translate(fmt.Errorf("list stuck keys: %w", err))
 		}
 		for _, r := range rows {
-			out = append(out, StuckKey{Scope: string(r.Scope), Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, CreatedAt: r.CreatedAt})
+			out = append(out, StuckKey{Scope: access.ScopeRead(store, r.Scope), Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, CreatedAt: r.CreatedAt})
 		}
 	}
 	// Each partition's oldest: together, the oldest of all.

@@ -2,6 +2,7 @@ package pgstoretest
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -37,10 +38,10 @@ func MigrateSuite(ctx context.Context, pool *pgxpool.Pool, opts ...pgstore.Optio
 }
 
 // TxHarness is the suite's harness for pgstore's transactional store on
-// pool's key table of that name, writing rows of the writes table.
-func TxHarness(pool *pgxpool.Pool, table string) storetest.Harness[pgx.Tx] {
-	store := open(pool, table)
-	h := pgHarness(pool, store, func(*testing.T) idempotency.Store[pgx.Tx] { return store },
+// pool's key table of opts, writing rows of the writes table.
+func TxHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness[pgx.Tx] {
+	store := open(pool, opts)
+	h := pgHarness(pool, store, opts.Scope, func(*testing.T) idempotency.Store[pgx.Tx] { return store },
 		func(ctx context.Context, tx pgx.Tx, ref idempotency.Ref, id string) error {
 			_, err := tx.Exec(ctx, "INSERT INTO writes (id, scope) VALUES ($1, $2)", id, []byte(ref.Scope))
 			return err
@@ -55,13 +56,13 @@ func TxHarness(pool *pgxpool.Pool, table string) storetest.Harness[pgx.Tx] {
 
 // DeferredHarness is the suite's harness for pgstore's deferring store:
 // its rows are queued by GuardedWrite, the one write Deferred takes.
-func DeferredHarness(pool *pgxpool.Pool, table string) storetest.Harness[*pgstore.Batch] {
-	store := open(pool, table)
+func DeferredHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness[*pgstore.Batch] {
+	store := open(pool, opts)
 	deferred, err := store.Deferred(GuardedWrite(store))
 	if err != nil {
 		panic(err)
 	}
-	h := pgHarness(pool, store, func(*testing.T) idempotency.Store[*pgstore.Batch] { return deferred },
+	h := pgHarness(pool, store, opts.Scope, func(*testing.T) idempotency.Store[*pgstore.Batch] { return deferred },
 		func(ctx context.Context, b *pgstore.Batch, ref idempotency.Ref, id string) error {
 			if b.Ref() != ref {
 				return fmt.Errorf("the batch's claim is %+v, the lease's %+v", b.Ref(), ref)
@@ -84,9 +85,9 @@ func GuardedWrite(store *pgstore.Store) string {
 // transaction of the caller's own (Store.Join): each claim opens a
 // transaction, joins it, and commits it after the lease's Commit, as a
 // handler that owns its transaction does.
-func JoinedHarness(pool *pgxpool.Pool, table string) storetest.Harness[pgx.Tx] {
-	store := open(pool, table)
-	h := TxHarness(pool, table)
+func JoinedHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness[pgx.Tx] {
+	store := open(pool, opts)
+	h := TxHarness(pool, opts)
 	h.Open = func(*testing.T) idempotency.Store[pgx.Tx] {
 		return callerTx[pgx.Tx]{
 			begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
@@ -100,10 +101,10 @@ func JoinedHarness(pool *pgxpool.Pool, table string) storetest.Harness[pgx.Tx] {
 
 // JoinedSQLHarness is JoinedHarness for database/sql transactions
 // (Store.JoinSQL) on pgx's driver over pool.
-func JoinedSQLHarness(pool *pgxpool.Pool, table string) storetest.Harness[*sql.Tx] {
-	store := open(pool, table)
+func JoinedSQLHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness[*sql.Tx] {
+	store := open(pool, opts)
 	db := stdlib.OpenDBFromPool(pool)
-	h := pgHarness(pool, store, func(t *testing.T) idempotency.Store[*sql.Tx] {
+	h := pgHarness(pool, store, opts.Scope, func(t *testing.T) idempotency.Store[*sql.Tx] {
 		return callerTx[*sql.Tx]{
 			begin:    func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 			join:     store.JoinSQL,
@@ -174,18 +175,36 @@ func (l callerLease[U]) Rollback(ctx context.Context) error {
 	return err
 }
 
-func open(pool *pgxpool.Pool, table string) *pgstore.Store {
-	store, err := pgstore.New(pool, pgstore.Options{Table: table})
+func open(pool *pgxpool.Pool, opts pgstore.Options) *pgstore.Store {
+	store, err := pgstore.New(pool, opts)
 	if err != nil {
 		panic(err)
 	}
 	return store
 }
 
-func pgHarness[U any](pool *pgxpool.Pool, store *pgstore.Store, open func(t *testing.T) idempotency.Store[U], write func(ctx context.Context, unit U, ref idempotency.Ref, id string) error) storetest.Harness[U] {
+// newScope returns fresh scopes that a key table whose scopes are of type
+// t holds: a UUID's 16 bytes for uuid, UTF-8 beyond ASCII for text, and
+// nil (the suite's own) for bytea.
+func newScope(t pgstore.ScopeType) func() string {
+	switch t {
+	case pgstore.ScopeUUID:
+		return func() string {
+			var b [16]byte
+			_, _ = cryptorand.Read(b[:])
+			return string(b[:])
+		}
+	case pgstore.ScopeText:
+		return func() string { return "storetest-é-" + cryptorand.Text() }
+	}
+	return nil
+}
+
+func pgHarness[U any](pool *pgxpool.Pool, store *pgstore.Store, scope pgstore.ScopeType, open func(t *testing.T) idempotency.Store[U], write func(ctx context.Context, unit U, ref idempotency.Ref, id string) error) storetest.Harness[U] {
 	return storetest.Harness[U]{
-		Open:  open,
-		Write: write,
+		Open:     open,
+		Write:    write,
+		NewScope: newScope(scope),
 		Count: func(ctx context.Context, t *testing.T, scope string) int {
 			var n int
 			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(scope)).Scan(&n), "count writes")

@@ -107,7 +107,14 @@ func OpenReplica(ctx context.Context, url string, opts ...Option) (*pgxpool.Pool
 // locks serialise concurrent callers, so replicas that start together
 // migrate once and the rest wait, then find nothing to do.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
+	return MigrateKeys(ctx, pool, pgstore.Options{})
+}
+
+// MigrateKeys is Migrate with the key table's options: its scope type
+// (pgstore.Options.Scope) is chosen when the table is created, and must be
+// given the same ever after.
+func MigrateKeys(ctx context.Context, pool *pgxpool.Pool, keys pgstore.Options) error {
+	if err := pgstore.Migrate(ctx, pool, keys); err != nil {
 		return err
 	}
 	fsys, err := fs.Sub(oncekey.Migrations, "schema")
@@ -190,15 +197,19 @@ var _ store.Backend = (*Store)(nil)
 
 // New returns a store on pool. The schema must be migrated (Migrate).
 // Without jobs, no payment or refund can be accepted.
-func New(pool *pgxpool.Pool, jobs Jobs) *Store { return NewMerging(pool, jobs, false) }
+func New(pool *pgxpool.Pool, jobs Jobs) *Store { return NewKeys(pool, jobs, pgstore.Options{}) }
 
-// NewMerging is New with group commit merging only the commits of one
-// account (pgstore.Options.MergeByScope) when byAccount is set: on a
-// database sharded by account, each pipeline then stays on one shard.
-func NewMerging(pool *pgxpool.Pool, jobs Jobs, byAccount bool) *Store {
-	keys, err := pgstore.New(pool, pgstore.Options{MergeByScope: byAccount})
+// NewKeys is New with the key table's options, as MigrateKeys was given
+// them: on a database sharded by account, the scope column is uuid, so
+// that a key lands on its account's shard (pgstore.Options.Scope), and
+// group commit merges only one account's commits (MergeByScope), so that
+// each pipeline stays on one shard. The table's name is the default one,
+// which the orders' guarded writes name.
+func NewKeys(pool *pgxpool.Pool, jobs Jobs, opts pgstore.Options) *Store {
+	opts.Table = ""
+	keys, err := pgstore.New(pool, opts)
 	if err != nil {
-		panic(err) // the default table is valid
+		panic(err) // an unknown scope type, refused by the command line
 	}
 	s := &Store{pool: pool, keys: keys, jobs: jobs}
 	s.reads = reads{route: func(ctx context.Context, fn func(context.Context, *db.Queries) error) error {

@@ -39,15 +39,21 @@ func TestConformance(t *testing.T) {
 
 // TestConformanceOnPartitionedSchema runs the backend suite on the schema
 // with every per-account table hash-partitioned by its account, as a
-// database sharded by account would hold them.
+// database sharded by account would hold them: with the key table's scope
+// the account's bytes, and the account's uuid itself.
 func TestConformanceOnPartitionedSchema(t *testing.T) {
 	t.Parallel()
-	_, pool := testdb.FreshPartitioned(t)
-	storetest.Run(t, func(t *testing.T) storetest.Store {
-		runner, err := jobs.New(pool, jobs.Config{})
-		require.NoError(t, err, "River")
-		return postgres.New(pool, runner)
-	})
+	for _, scope := range []pgstore.ScopeType{pgstore.ScopeBytea, pgstore.ScopeUUID} {
+		t.Run(string(scope), func(t *testing.T) {
+			t.Parallel()
+			_, pool := testdb.FreshPartitioned(t, scope)
+			storetest.Run(t, func(t *testing.T) storetest.Store {
+				runner, err := jobs.New(pool, jobs.Config{})
+				require.NoError(t, err, "River")
+				return postgres.NewKeys(pool, runner, pgstore.Options{Scope: scope})
+			})
+		})
+	}
 }
 
 // TestOperatorStatementsPerPartition runs the purge, the key statistics,
@@ -57,7 +63,7 @@ func TestConformanceOnPartitionedSchema(t *testing.T) {
 func TestOperatorStatementsPerPartition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, admin := testdb.FreshPartitioned(t)
+	url, admin := testdb.FreshPartitioned(t, pgstore.ScopeBytea)
 	statements := &testdb.Statements{}
 	pool, err := postgres.Open(ctx, url, postgres.WithQueryTracer(statements))
 	require.NoError(t, err)

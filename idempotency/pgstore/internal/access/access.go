@@ -22,4 +22,9 @@ var (
 	// Partitions is the statements of each partition of a *pgstore.Store's
 	// key table, or of the table itself when it is not partitioned.
 	Partitions func(ctx context.Context, store any) ([]Queries, error)
+	// ScopeArg is a scope as a *pgstore.Store's statements take it, or why
+	// its key table cannot hold it.
+	ScopeArg func(store any, scope string) ([]byte, error)
+	// ScopeRead is a scope as a *pgstore.Store's statements read it back.
+	ScopeRead func(store any, b []byte) string
 )

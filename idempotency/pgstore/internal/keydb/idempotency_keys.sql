@@ -1,3 +1,12 @@
+-- The scope column is bytea here; a key table may hold it as uuid or text
+-- instead (pgstore.Options.Scope). The statements spell the scope's casts
+-- in three ways of their own, each a no-op on bytea, which pgstore rewrites
+-- for the other types (see scopeSQL in pgstore):
+--   CAST(@scope AS bytea)         a scope as the column holds it
+--   CAST(@scopes AS bytea[])      scopes as pgstore sends them
+--   <scope>::bytea AS scope       a scope read back
+-- Every other cast is written with ::.
+
 -- name: IdempotencyKeyClaim :many
 -- Claim-or-read in one statement. The INSERT either claims the key (one row,
 -- claimed = true) or meets an existing row and does nothing, in which case the
@@ -8,7 +17,7 @@
 -- caller reads again.
 WITH claimed AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
-    VALUES (@scope, @idempotency_key, @fingerprint, @request_method, @request_route, 'processing',
+    VALUES (CAST(@scope AS bytea), @idempotency_key, @fingerprint, @request_method, @request_route, 'processing',
             now() + make_interval(secs => @ttl_seconds::float8))
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
@@ -18,7 +27,7 @@ FROM claimed c
 UNION ALL
 SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at
 FROM idempotency_keys k
-WHERE k.scope = @scope AND k.idempotency_key = @idempotency_key
+WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key
   AND NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: IdempotencyKeyComplete :execrows
@@ -28,13 +37,13 @@ SET status = 'completed',
     response_headers = @response_headers,
     response_body = @response_body,
     completed_at = now()
-WHERE scope = @scope AND idempotency_key = @idempotency_key AND status = 'processing';
+WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND status = 'processing';
 
 -- name: IdempotencyKeyDeleteIfExpired :execrows
 -- Frees one expired key so it can be claimed again at once, before cleanup
 -- reaches it: an expired key is treated as absent.
 DELETE FROM idempotency_keys
-WHERE scope = @scope AND idempotency_key = @idempotency_key AND expires_at <= now();
+WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND expires_at <= now();
 
 -- name: IdempotencyKeyPurgeExpired :execrows
 -- Deletes at most batch_size expired keys, oldest first. SKIP LOCKED lets
@@ -82,11 +91,14 @@ CROSS JOIN LATERAL (
 WHERE c.oid = to_regclass(@key_table::text);
 
 -- name: IdempotencyKeyGet :one
-SELECT * FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2;
+SELECT scope::bytea AS scope, idempotency_key, fingerprint, request_method, request_route, status,
+       response_status, response_headers, response_body, created_at, completed_at, expires_at
+FROM idempotency_keys
+WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key;
 
 -- name: IdempotencyKeyListStuck :many
 -- Keys in 'processing' for longer than the given age, oldest first.
-SELECT scope, idempotency_key, request_method, request_route, created_at
+SELECT scope::bytea AS scope, idempotency_key, request_method, request_route, created_at
 FROM idempotency_keys
 WHERE status = 'processing' AND created_at < now() - make_interval(secs => @older_than_seconds::float8)
 ORDER BY created_at
@@ -105,7 +117,7 @@ SET response_status = @response_status,
     response_headers = @response_headers,
     response_body = @response_body,
     completed_at = now()
-WHERE scope = @scope AND idempotency_key = @idempotency_key AND created_at = @key_created_at
+WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
   AND status = 'completed' AND response_status = 202;
 
 -- name: IdempotencyKeyPeekMany :many
@@ -129,11 +141,11 @@ SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
-FROM (SELECT unnest(@scopes::bytea[]) AS scope, unnest(@idempotency_keys::text[]) AS idempotency_key) AS u
+FROM (SELECT unnest(CAST(@scopes AS bytea[])) AS scope, unnest(@idempotency_keys::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
-    LEFT JOIN idempotency_keys h ON h.scope = u.scope AND h.idempotency_key = u.idempotency_key
+    LEFT JOIN idempotency_keys h ON h.scope = CAST(u.scope AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
 ) k;
 
@@ -145,14 +157,14 @@ CROSS JOIN LATERAL (
 -- same columns, in the same order.
 SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
-       @scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
+       CAST(@scope AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
 FROM unnest(@idempotency_keys::text[]) AS u (idempotency_key)
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
-    LEFT JOIN idempotency_keys h ON h.scope = @scope::bytea AND h.idempotency_key = u.idempotency_key
+    LEFT JOIN idempotency_keys h ON h.scope = CAST(@scope AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
 ) k;
 
@@ -167,12 +179,12 @@ CROSS JOIN LATERAL (
 -- it.
 INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-SELECT unnest(@scopes::bytea[]), unnest(@idempotency_keys::text[]), unnest(@fingerprints::bytea[]),
+SELECT CAST(unnest(CAST(@scopes AS bytea[])) AS bytea), unnest(@idempotency_keys::text[]), unnest(@fingerprints::bytea[]),
        unnest(@request_methods::text[]), unnest(@request_routes::text[]), 'completed',
        unnest(@response_statuses::integer[]), unnest(@response_headers::jsonb[]), unnest(@response_bodies::bytea[]),
        unnest(@created_ats::timestamptz[]), now(), unnest(@expires_ats::timestamptz[])
 ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING scope, idempotency_key;
+RETURNING scope::bytea AS scope, idempotency_key;
 
 -- name: IdempotencyKeyClaimLone :one
 -- A lone deferred commit of at most one write, in one statement rather
@@ -198,7 +210,7 @@ WITH pgstore_budget AS (
 ), pgstore_claim AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)
-    SELECT @scope::bytea, @idempotency_key::text, @fingerprint::bytea, @request_method::text, @request_route::text,
+    SELECT CAST(@scope AS bytea), @idempotency_key::text, @fingerprint::bytea, @request_method::text, @request_route::text,
            'completed', @response_status::integer, @response_headers::jsonb, @response_body::bytea,
            @created_at::timestamptz, now(), @expires_at::timestamptz
     FROM pgstore_budget
@@ -211,7 +223,7 @@ WITH pgstore_budget AS (
 ), pgstore_peek AS (
     SELECT fingerprint, status, response_status, response_headers, response_body, created_at, expires_at
     FROM idempotency_keys
-    WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = @scope::bytea AND idempotency_key = @idempotency_key::text
+    WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key::text
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
        h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,

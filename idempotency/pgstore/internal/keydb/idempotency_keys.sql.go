@@ -14,9 +14,10 @@ import (
 )
 
 const idempotencyKeyClaim = `-- name: IdempotencyKeyClaim :many
+
 WITH claimed AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
-    VALUES ($1, $2, $3, $4, $5, 'processing',
+    VALUES (CAST($1 AS bytea), $2, $3, $4, $5, 'processing',
             now() + make_interval(secs => $6::float8))
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
@@ -26,7 +27,7 @@ FROM claimed c
 UNION ALL
 SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at
 FROM idempotency_keys k
-WHERE k.scope = $1 AND k.idempotency_key = $2
+WHERE k.scope = CAST($1 AS bytea) AND k.idempotency_key = $2
   AND NOT EXISTS (SELECT 1 FROM claimed)
 `
 
@@ -52,6 +53,16 @@ type IdempotencyKeyClaimRow struct {
 	ExpiresAt       time.Time
 }
 
+// The scope column is bytea here; a key table may hold it as uuid or text
+// instead (pgstore.Options.Scope). The statements spell the scope's casts
+// in three ways of their own, each a no-op on bytea, which pgstore rewrites
+// for the other types (see scopeSQL in pgstore):
+//
+//	CAST(@scope AS bytea)         a scope as the column holds it
+//	CAST(@scopes AS bytea[])      scopes as pgstore sends them
+//	<scope>::bytea AS scope       a scope read back
+//
+// Every other cast is written with ::.
 // Claim-or-read in one statement. The INSERT either claims the key (one row,
 // claimed = true) or meets an existing row and does nothing, in which case the
 // second branch reads that row (claimed = false). If a concurrent transaction
@@ -103,7 +114,7 @@ WITH pgstore_budget AS (
 ), pgstore_claim AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)
-    SELECT $2::bytea, $3::text, $4::bytea, $5::text, $6::text,
+    SELECT CAST($2 AS bytea), $3::text, $4::bytea, $5::text, $6::text,
            'completed', $7::integer, $8::jsonb, $9::bytea,
            $10::timestamptz, now(), $11::timestamptz
     FROM pgstore_budget
@@ -116,7 +127,7 @@ WITH pgstore_budget AS (
 ), pgstore_peek AS (
     SELECT fingerprint, status, response_status, response_headers, response_body, created_at, expires_at
     FROM idempotency_keys
-    WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = $2::bytea AND idempotency_key = $3::text
+    WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = CAST($2 AS bytea) AND idempotency_key = $3::text
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
        h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
@@ -207,7 +218,7 @@ SET status = 'completed',
     response_headers = $2,
     response_body = $3,
     completed_at = now()
-WHERE scope = $4 AND idempotency_key = $5 AND status = 'processing'
+WHERE scope = CAST($4 AS bytea) AND idempotency_key = $5 AND status = 'processing'
 `
 
 type IdempotencyKeyCompleteParams struct {
@@ -245,7 +256,7 @@ func (q *Queries) IdempotencyKeyCountExpired(ctx context.Context) (int64, error)
 
 const idempotencyKeyDeleteIfExpired = `-- name: IdempotencyKeyDeleteIfExpired :execrows
 DELETE FROM idempotency_keys
-WHERE scope = $1 AND idempotency_key = $2 AND expires_at <= now()
+WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2 AND expires_at <= now()
 `
 
 type IdempotencyKeyDeleteIfExpiredParams struct {
@@ -264,7 +275,10 @@ func (q *Queries) IdempotencyKeyDeleteIfExpired(ctx context.Context, arg Idempot
 }
 
 const idempotencyKeyGet = `-- name: IdempotencyKeyGet :one
-SELECT scope, idempotency_key, fingerprint, request_method, request_route, status, response_status, response_headers, response_body, created_at, completed_at, expires_at FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2
+SELECT scope::bytea AS scope, idempotency_key, fingerprint, request_method, request_route, status,
+       response_status, response_headers, response_body, created_at, completed_at, expires_at
+FROM idempotency_keys
+WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2
 `
 
 type IdempotencyKeyGetParams struct {
@@ -272,9 +286,24 @@ type IdempotencyKeyGetParams struct {
 	IdempotencyKey string
 }
 
-func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetParams) (IdempotencyKey, error) {
+type IdempotencyKeyGetRow struct {
+	Scope           []byte
+	IdempotencyKey  string
+	Fingerprint     []byte
+	RequestMethod   string
+	RequestRoute    string
+	Status          string
+	ResponseStatus  pgtype.Int4
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	CreatedAt       time.Time
+	CompletedAt     *time.Time
+	ExpiresAt       time.Time
+}
+
+func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetParams) (IdempotencyKeyGetRow, error) {
 	row := q.db.QueryRow(ctx, idempotencyKeyGet, arg.Scope, arg.IdempotencyKey)
-	var i IdempotencyKey
+	var i IdempotencyKeyGetRow
 	err := row.Scan(
 		&i.Scope,
 		&i.IdempotencyKey,
@@ -295,12 +324,12 @@ func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetPa
 const idempotencyKeyInsertCompletedMany = `-- name: IdempotencyKeyInsertCompletedMany :many
 INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-SELECT unnest($1::bytea[]), unnest($2::text[]), unnest($3::bytea[]),
+SELECT CAST(unnest(CAST($1 AS bytea[])) AS bytea), unnest($2::text[]), unnest($3::bytea[]),
        unnest($4::text[]), unnest($5::text[]), 'completed',
        unnest($6::integer[]), unnest($7::jsonb[]), unnest($8::bytea[]),
        unnest($9::timestamptz[]), now(), unnest($10::timestamptz[])
 ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING scope, idempotency_key
+RETURNING scope::bytea AS scope, idempotency_key
 `
 
 type IdempotencyKeyInsertCompletedManyParams struct {
@@ -361,7 +390,7 @@ func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg Ide
 }
 
 const idempotencyKeyListStuck = `-- name: IdempotencyKeyListStuck :many
-SELECT scope, idempotency_key, request_method, request_route, created_at
+SELECT scope::bytea AS scope, idempotency_key, request_method, request_route, created_at
 FROM idempotency_keys
 WHERE status = 'processing' AND created_at < now() - make_interval(secs => $1::float8)
 ORDER BY created_at
@@ -414,11 +443,11 @@ SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
-FROM (SELECT unnest($3::bytea[]) AS scope, unnest($4::text[]) AS idempotency_key) AS u
+FROM (SELECT unnest(CAST($3 AS bytea[])) AS scope, unnest($4::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
-    LEFT JOIN idempotency_keys h ON h.scope = u.scope AND h.idempotency_key = u.idempotency_key
+    LEFT JOIN idempotency_keys h ON h.scope = CAST(u.scope AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
 ) k
 `
@@ -501,14 +530,14 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 const idempotencyKeyPeekScope = `-- name: IdempotencyKeyPeekScope :many
 SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('statement_timeout', $2::text, true) AS statement_timeout,
-       $3::bytea AS scope, u.idempotency_key::text AS idempotency_key,
+       CAST($3 AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
 FROM unnest($4::text[]) AS u (idempotency_key)
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
-    LEFT JOIN idempotency_keys h ON h.scope = $3::bytea AND h.idempotency_key = u.idempotency_key
+    LEFT JOIN idempotency_keys h ON h.scope = CAST($3 AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
 ) k
 `
@@ -612,7 +641,7 @@ SET response_status = $1,
     response_headers = $2,
     response_body = $3,
     completed_at = now()
-WHERE scope = $4 AND idempotency_key = $5 AND created_at = $6
+WHERE scope = CAST($4 AS bytea) AND idempotency_key = $5 AND created_at = $6
   AND status = 'completed' AND response_status = 202
 `
 
