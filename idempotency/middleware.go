@@ -299,18 +299,30 @@ func (e *Engine) prepare(w http.ResponseWriter, r *http.Request) (Prepared, erro
 	if scope == "" {
 		return Prepared{}, ErrNoScope
 	}
-	if r.ContentLength > e.cfg.MaxBodyBytes {
-		return Prepared{}, fmt.Errorf("%w: %d bytes, the limit is %d", ErrBodyTooLarge, r.ContentLength, e.cfg.MaxBodyBytes)
+	body, err := ReadBody(w, r, e.cfg.MaxBodyBytes)
+	if err != nil {
+		return Prepared{}, err
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes))
+	return Prepared{Scope: scope, Key: key, Body: body}, nil
+}
+
+// ReadBody reads r's whole body for Prepared, up to limit bytes, and fails
+// with ErrBodyTooLarge beyond it without reading more than the limit: at
+// once when Content-Length says so, else once the limit is passed. A front
+// door of its own reads bodies with it as Operation.Handler does.
+func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, fmt.Errorf("%w: the body is %d bytes; the limit is %d", ErrBodyTooLarge, r.ContentLength, limit)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return Prepared{}, fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, tooLarge.Limit)
+		return nil, fmt.Errorf("%w: the body exceeds the limit of %d bytes", ErrBodyTooLarge, tooLarge.Limit)
 	case err != nil:
-		return Prepared{}, fmt.Errorf("read the request body: %w", err)
+		return nil, fmt.Errorf("read the request body: %w", err)
 	}
-	return Prepared{Scope: scope, Key: key, Body: body}, nil
+	return body, nil
 }
 
 // label names the operation of r for metrics.

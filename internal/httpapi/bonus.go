@@ -6,14 +6,15 @@ import (
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/gen/apiserver"
 	"github.com/oncekey/oncekey/internal/ledger"
+	"github.com/oncekey/oncekey/internal/store"
 )
 
 func (h *handlers) CreateBonusCredit(ctx context.Context, req apiserver.CreateBonusCreditRequestObject) (apiserver.CreateBonusCreditResponseObject, error) {
-	acct, unit, _, err := h.txCaller(ctx)
+	c, err := callFrom[store.Tx](ctx)
 	if err != nil {
 		return nil, err
 	}
-	e, err := h.ledger.Credit(ctx, unit, acct, req.Body.Amount, req.Body.Reason)
+	e, err := h.ledger.Credit(ctx, c.unit, c.account, req.Body.Amount, req.Body.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -21,11 +22,11 @@ func (h *handlers) CreateBonusCredit(ctx context.Context, req apiserver.CreateBo
 }
 
 func (h *handlers) CreateBonusDebit(ctx context.Context, req apiserver.CreateBonusDebitRequestObject) (apiserver.CreateBonusDebitResponseObject, error) {
-	acct, unit, _, err := h.txCaller(ctx)
+	c, err := callFrom[store.Tx](ctx)
 	if err != nil {
 		return nil, err
 	}
-	e, err := h.ledger.Debit(ctx, unit, acct, req.Body.Amount, req.Body.Reason)
+	e, err := h.ledger.Debit(ctx, c.unit, c.account, req.Body.Amount, req.Body.Reason)
 	if err != nil {
 		return nil, err
 	}

@@ -21,22 +21,18 @@ import (
 	"github.com/oncekey/oncekey/internal/auth"
 )
 
-// request is what the service knows of one request, kept in its context:
-// observe puts it there, the front door fills it in, handlers read the
-// caller from it, and observe logs it when the request comes back.
+// request is what observe logs of one request, kept in its context:
+// observe puts it there, and the front door fills it in.
 type request struct {
 	route   string          // the route pattern ("/orders/{id}")
 	op      *oapi.Operation // the operation in openapi.yaml
-	account uuid.UUID       // the caller, once authenticated
 	outcome idempotency.Outcome
-	// contract checks the body against the operation's schema.
-	contract *openapi3filter.RequestValidationInput
 }
 
 type requestKey struct{}
 
-// requestFrom returns the request in ctx; a context without one (a
-// handler called outside the stack) gets an empty one.
+// requestFrom returns the request in ctx; a context without one gets an
+// empty one.
 func requestFrom(ctx context.Context) *request {
 	if req, ok := ctx.Value(requestKey{}).(*request); ok {
 		return req
@@ -60,13 +56,16 @@ func requestFrom(ctx context.Context) *request {
 // consumes no key.
 type frontDoor struct {
 	ops      *oapi.Operations
-	doc      *openapi3.T
+	contract contract
 	auth     auth.Store
 	maxBody  int64
 	log      *slog.Logger
 	problems problemWriter
-	// protocol is false in the benchmark's baseline (WithoutIdempotency).
-	protocol bool
+	// protocols runs each operation that takes an Idempotency-Key, by its
+	// operationId.
+	protocols map[string]protocol
+	// baseline runs them without it (the benchmark's WithoutIdempotency).
+	baseline bool
 }
 
 func (f *frontDoor) handler(next http.Handler) http.Handler {
@@ -78,7 +77,7 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 			f.problems.write(w, r, fmt.Errorf("%w: %s", errNoEndpoint, r.URL.Path))
 			return
 		}
-		if requiresAuth(f.doc, req.op.Spec) {
+		if f.contract.requiresAuth(req.op.Spec) {
 			// Every answer of an authenticated operation holds one
 			// account's data, replays included (whose stored headers keep
 			// this one): no cache on the way may keep it.
@@ -89,7 +88,8 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 			f.problems.write(w, r, err)
 			return
 		}
-		if err := f.admit(r, req); err != nil {
+		account, err := f.admit(r, req.op)
+		if err != nil {
 			f.problems.write(w, r, err)
 			return
 		}
@@ -100,21 +100,26 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 				return
 			}
 		}
-		if err := f.checkContract(w, r, req, body); err != nil {
+		if err := f.contract.check(w, r, req.route, req.op.Spec, body); err != nil {
 			f.problems.write(w, r, err)
 			return
 		}
 		canonicalIDs(r, req.op.Spec)
-		if req.op.Idempotent && f.protocol {
-			req.outcome = req.op.Serve(w, r, idempotency.Prepared{Scope: auth.Scope(req.account), Key: key, Body: body}, next)
+		if req.op.Idempotent && !f.baseline {
+			serve, ok := f.protocols[req.op.ID]
+			if !ok { // never run unprotected
+				f.problems.write(w, r, errNoUnit)
+				return
+			}
+			req.outcome = serve(w, r, idempotency.Prepared{Scope: auth.Scope(account), Key: key, Body: body}, account, next)
 			return
 		}
-		if err := validateBody(r, body); err != nil {
+		if err := f.contract.validateBody(r, body); err != nil {
 			f.problems.write(w, r, err)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, withCall(r, call[noUnit]{account: account}))
 	})
 }
 
@@ -124,43 +129,37 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 // tells an attacker nothing about which keys exist. A lookup that itself
 // failed is a 503: the key may well be valid, and a 401 would make clients
 // give up on an operation they should retry.
-func (f *frontDoor) admit(r *http.Request, req *request) error {
-	if !requiresAuth(f.doc, req.op.Spec) {
-		return nil
+func (f *frontDoor) admit(r *http.Request, op *oapi.Operation) (uuid.UUID, error) {
+	if !f.contract.requiresAuth(op.Spec) {
+		return uuid.Nil, nil
 	}
 	if n := len(r.Header.Values("Authorization")); n > 1 {
 		// Which one would win differs between proxies and servers: an
 		// account must never be chosen by the order of two headers.
-		return &contractError{kind: errBadRequest, detail: fmt.Sprintf("send exactly one Authorization header, got %d", n)}
+		return uuid.Nil, &contractError{kind: errBadRequest, detail: fmt.Sprintf("send exactly one Authorization header, got %d", n)}
 	}
 	token, ok := auth.BearerToken(r.Header.Get("Authorization"))
 	if !ok {
-		return errUnauthorized
+		return uuid.Nil, errUnauthorized
 	}
 	account, err := f.auth.AccountByKeyHash(r.Context(), auth.HashKey(token))
 	switch {
 	case errors.Is(err, auth.ErrUnknownKey):
-		return errUnauthorized
+		return uuid.Nil, errUnauthorized
 	case err != nil:
 		f.log.WarnContext(r.Context(), "api key lookup failed", "err", err)
-		return fmt.Errorf("%w: the API key could not be checked right now: %w", errAuthUnavailable, err)
+		return uuid.Nil, fmt.Errorf("%w: the API key could not be checked right now: %w", errAuthUnavailable, err)
 	}
-	req.account = account
-	return nil
+	return account, nil
 }
 
-// readBody reads the whole body, up to the limit, without reading more
-// than the limit of an oversized one.
+// readBody reads the whole body as the engine does (idempotency.ReadBody),
+// without reading more than the limit of an oversized one.
 func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	// The size is known from the header before anything is read.
-	if r.ContentLength > f.maxBody {
-		return nil, fmt.Errorf("%w: the body is %d bytes; the limit is %d", idempotency.ErrBodyTooLarge, r.ContentLength, f.maxBody)
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, f.maxBody))
-	var tooLarge *http.MaxBytesError
+	body, err := idempotency.ReadBody(w, r, f.maxBody)
 	switch {
-	case errors.As(err, &tooLarge):
-		return nil, fmt.Errorf("%w: the body exceeds the limit of %d bytes", idempotency.ErrBodyTooLarge, f.maxBody)
+	case errors.Is(err, idempotency.ErrBodyTooLarge):
+		return nil, err
 	case err != nil:
 		return nil, fmt.Errorf("%w: the request body could not be read", errBadRequest)
 	}
@@ -168,26 +167,34 @@ func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request) ([]byte, er
 	return body, nil
 }
 
-// checkContract validates the request's parameters and media type against
-// openapi.yaml, and keeps what validateBody needs to check the body later.
-func (f *frontDoor) checkContract(w http.ResponseWriter, r *http.Request, req *request, body []byte) error {
+// contract is openapi.yaml, which requests are checked against.
+type contract struct{ doc *openapi3.T }
+
+// input is what kin-openapi checks r against: the operation op of route,
+// with the path parameters chi matched.
+func (c contract) input(r *http.Request, route string, op *openapi3.Operation) *openapi3filter.RequestValidationInput {
 	params := map[string]string{}
 	if rc := chi.RouteContext(r.Context()); rc != nil {
 		for i, name := range rc.URLParams.Keys {
 			params[name] = rc.URLParams.Values[i]
 		}
 	}
-	path := f.doc.Paths.Value(req.route)
-	input := &openapi3filter.RequestValidationInput{
+	return &openapi3filter.RequestValidationInput{
 		Request:    r,
 		PathParams: params,
-		Route:      &routers.Route{Spec: f.doc, Path: req.route, PathItem: path, Method: r.Method, Operation: req.op.Spec},
+		Route:      &routers.Route{Spec: c.doc, Path: route, PathItem: c.doc.Paths.Value(route), Method: r.Method, Operation: op},
 		Options: &openapi3filter.Options{
 			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc, // admit did it
 			ExcludeRequestBody: true,                                  // validateBody
 			MultiError:         false,
 		},
 	}
+}
+
+// check validates the request's parameters and media type against the
+// operation op of route; its body's schema is validateBody's.
+func (c contract) check(w http.ResponseWriter, r *http.Request, route string, op *openapi3.Operation, body []byte) error {
+	input := c.input(r, route, op)
 	r.Body = http.NoBody
 	if err := openapi3filter.ValidateRequest(r.Context(), input); err != nil {
 		return describe(err)
@@ -205,10 +212,9 @@ func (f *frontDoor) checkContract(w http.ResponseWriter, r *http.Request, req *r
 			return &contractError{kind: errUnsupportedMediaType, detail: fmt.Sprintf("Content-Encoding %q is not accepted: send the body unencoded (request bodies here are small)", coding)}
 		}
 	}
-	if !acceptsMediaType(req.op.Spec, r, len(body)) {
+	if !acceptsMediaType(op, r, len(body)) {
 		return errUnsupportedMediaType
 	}
-	req.contract = input
 	return nil
 }
 
@@ -271,26 +277,30 @@ func acceptsMediaType(op *openapi3.Operation, r *http.Request, size int) bool {
 	return body.Value.Content.Get(r.Header.Get("Content-Type")) != nil
 }
 
-// validateBody checks a body against its operation's schema. It is the
-// idempotency protocol's Validate: called only when the operation is about
-// to run, and before a request whose key holds another request's outcome
-// is answered 409, so that a body against the schema gets the same 400
-// whether or not its key was used before.
-func validateBody(r *http.Request, body []byte) error {
+// validateBody checks a body against the schema of the operation chi
+// routed r to. It is the idempotency protocol's Validate (Config.Validate):
+// called only when the operation is about to run, and before a request
+// whose key holds another request's outcome is answered 409, so that a
+// body against the schema gets the same 400 whether or not its key was
+// used before.
+func (c contract) validateBody(r *http.Request, body []byte) error {
 	if holdsNUL(body) {
 		// PostgreSQL stores no NUL in text or jsonb (SQLSTATE 22P05): the
 		// operation would fail with a 500 on every retry.
 		return &contractError{kind: errBadRequest, detail: "request body: a string holds the NUL character (\\u0000), which cannot be stored"}
 	}
-	input := requestFrom(r.Context()).contract
-	if input == nil || input.Route.Operation.RequestBody == nil || input.Route.Operation.RequestBody.Value == nil {
+	route := routePattern(r)
+	item := c.doc.Paths.Value(route)
+	if item == nil {
+		return nil
+	}
+	op := item.GetOperation(r.Method)
+	if op == nil || op.RequestBody == nil || op.RequestBody.Value == nil {
 		return nil
 	}
 	req := *r
 	req.Body, req.GetBody = io.NopCloser(bytes.NewReader(body)), nil
-	in := *input
-	in.Request = &req
-	if err := openapi3filter.ValidateRequestBody(r.Context(), &in, input.Route.Operation.RequestBody.Value); err != nil {
+	if err := openapi3filter.ValidateRequestBody(r.Context(), c.input(&req, route, op), op.RequestBody.Value); err != nil {
 		return describe(err)
 	}
 	return nil
@@ -318,8 +328,9 @@ func holdsNUL(doc []byte) bool {
 	}
 }
 
-func requiresAuth(doc *openapi3.T, op *openapi3.Operation) bool {
-	security := doc.Security
+// requiresAuth reports whether op is for authenticated callers only.
+func (c contract) requiresAuth(op *openapi3.Operation) bool {
+	security := c.doc.Security
 	if op.Security != nil {
 		security = *op.Security
 	}

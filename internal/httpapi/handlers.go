@@ -20,19 +20,16 @@ import (
 	"github.com/oncekey/oncekey/internal/store"
 )
 
-// handlers implements the generated strict server. Each method takes the
-// caller (and, for an idempotent operation, its unit of work) from the
-// request, calls the domain and maps the result; errors go to the one
-// table that turns them into problems (problemWriter).
+// handlers implements the generated strict server. Each method takes its
+// call (the caller and, for an idempotent operation, its unit of work)
+// from the request, calls the domain and maps the result; errors go to the
+// one table that turns them into problems (problemWriter).
 type handlers struct {
 	orders   *orders.Service
 	payments *payments.Service
 	ledger   *ledger.Service
 	ready    func(context.Context) error
 
-	// How each idempotent operation commits, declared in bind.
-	createOrder *idempotency.Operation[store.Deferred]
-	txOps       map[string]*idempotency.Operation[store.Tx]
 	// wrapOrders wraps createOrder's writes (fault injection).
 	wrapOrders func(orders.Writer) orders.Writer
 	// baseline creates orders when the protocol is off (WithoutIdempotency).
@@ -42,67 +39,44 @@ type handlers struct {
 var _ apiserver.StrictServerInterface = (*handlers)(nil)
 
 // bind declares how each operation of openapi.yaml that takes an
-// Idempotency-Key commits. Creating an order only writes: its claim waits
-// for its commit, with its writes, in one round trip. Every other one
-// reads as it writes (a payment reads its order, a debit the balance), in
-// the transaction that claims its key.
-func (h *handlers) bind(ops *oapi.Operations, keys idempotency.Store[store.Tx], deferredKeys idempotency.Store[store.Deferred]) error {
-	var err error
-	if h.createOrder, err = oapi.Bind(ops, "createOrder", deferredKeys); err != nil {
-		return err
+// Idempotency-Key commits, and returns each one's protocol for the front
+// door. Creating an order only writes: its claim waits for its commit,
+// with its writes, in one round trip. Every other one reads as it writes
+// (a payment reads its order, a debit the balance), in the transaction
+// that claims its key.
+func bind(ops *oapi.Operations, keys idempotency.Store[store.Tx], deferredKeys idempotency.Store[store.Deferred]) (map[string]protocol, error) {
+	createOrder, err := oapi.Bind(ops, "createOrder", deferredKeys)
+	if err != nil {
+		return nil, err
 	}
-	h.txOps = oapi.BindRest(ops, keys)
-	return nil
+	protocols := map[string]protocol{"createOrder": underProtocol(createOrder)}
+	for id, op := range oapi.BindRest(ops, keys) {
+		protocols[id] = underProtocol(op)
+	}
+	return protocols, nil
 }
 
-// account is the authenticated caller of the request in ctx.
+// account is the authenticated caller of a read, in ctx.
 func account(ctx context.Context) (uuid.UUID, error) {
-	req := requestFrom(ctx)
-	if req.account == (uuid.UUID{}) {
-		return uuid.UUID{}, errNoAccount
-	}
-	return req.account, nil
+	c, err := callFrom[noUnit](ctx)
+	return c.account, err
 }
 
-// writes is the unit of work the request in ctx creates orders through.
-func (h *handlers) writes(ctx context.Context) (orders.Writer, error) {
+// orderWriter is the caller of the order creation in ctx, and the writes
+// it creates the order through.
+func (h *handlers) orderWriter(ctx context.Context) (uuid.UUID, orders.Writer, error) {
 	if h.baseline != nil {
-		return h.baseline, nil
+		acct, err := account(ctx)
+		return acct, h.baseline, err
 	}
-	w, ok := h.createOrder.Unit(ctx)
-	if !ok {
-		return nil, errNoUnit
+	c, err := callFrom[store.Deferred](ctx)
+	if err != nil {
+		return uuid.Nil, nil, err
 	}
 	if h.wrapOrders != nil {
-		return h.wrapOrders(w), nil
+		return c.account, h.wrapOrders(c.unit), nil
 	}
-	return w, nil
-}
-
-// tx is the unit of work of the request in ctx, which runs an operation
-// that reads as it writes, and the claim it runs under.
-func (h *handlers) tx(ctx context.Context) (store.Tx, idempotency.Ref, error) {
-	op := h.txOps[requestFrom(ctx).op.ID]
-	if op == nil {
-		return nil, idempotency.Ref{}, errNoUnit
-	}
-	unit, ok := op.Unit(ctx)
-	ref, _ := op.Ref(ctx)
-	if !ok {
-		return nil, idempotency.Ref{}, errNoUnit
-	}
-	return unit, ref, nil
-}
-
-// txCaller is the caller of the request in ctx, with the unit of work of
-// the operation it runs (one that reads as it writes) and its claim.
-func (h *handlers) txCaller(ctx context.Context) (uuid.UUID, store.Tx, idempotency.Ref, error) {
-	acct, err := account(ctx)
-	if err != nil {
-		return uuid.UUID{}, nil, idempotency.Ref{}, err
-	}
-	unit, claim, err := h.tx(ctx)
-	return acct, unit, claim, err
+	return c.account, c.unit, nil
 }
 
 // errNoUnit means an idempotent operation ran outside the protocol: a
@@ -110,11 +84,7 @@ func (h *handlers) txCaller(ctx context.Context) (uuid.UUID, store.Tx, idempoten
 var errNoUnit = errors.New("operation reached without the unit of work of its claim")
 
 func (h *handlers) CreateOrder(ctx context.Context, req apiserver.CreateOrderRequestObject) (apiserver.CreateOrderResponseObject, error) {
-	acct, err := account(ctx)
-	if err != nil {
-		return nil, err
-	}
-	w, err := h.writes(ctx)
+	acct, w, err := h.orderWriter(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +113,7 @@ func (h *handlers) GetOrder(ctx context.Context, req apiserver.GetOrderRequestOb
 }
 
 func (h *handlers) UpdateOrder(ctx context.Context, req apiserver.UpdateOrderRequestObject) (apiserver.UpdateOrderResponseObject, error) {
-	acct, unit, _, err := h.txCaller(ctx)
+	c, err := callFrom[store.Tx](ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +122,7 @@ func (h *handlers) UpdateOrder(ctx context.Context, req apiserver.UpdateOrderReq
 		items := fromAPIItems(*req.Body.Items)
 		patch.Items = &items
 	}
-	o, err := h.orders.Update(ctx, unit, acct, req.Id, patch)
+	o, err := h.orders.Update(ctx, c.unit, c.account, req.Id, patch)
 	if err != nil {
 		return nil, err
 	}
@@ -160,11 +130,11 @@ func (h *handlers) UpdateOrder(ctx context.Context, req apiserver.UpdateOrderReq
 }
 
 func (h *handlers) CancelOrder(ctx context.Context, req apiserver.CancelOrderRequestObject) (apiserver.CancelOrderResponseObject, error) {
-	acct, unit, _, err := h.txCaller(ctx)
+	c, err := callFrom[store.Tx](ctx)
 	if err != nil {
 		return nil, err
 	}
-	o, err := h.orders.Cancel(ctx, unit, acct, req.Id)
+	o, err := h.orders.Cancel(ctx, c.unit, c.account, req.Id)
 	if err != nil {
 		return nil, err
 	}

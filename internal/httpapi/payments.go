@@ -11,6 +11,7 @@ import (
 	"github.com/oncekey/oncekey/gen/apiserver"
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/payments"
+	"github.com/oncekey/oncekey/internal/store"
 )
 
 // PaymentRetryAfter is what a pending payment advertises in Retry-After, in
@@ -18,14 +19,14 @@ import (
 const PaymentRetryAfter = 1
 
 func (h *handlers) CreatePayment(ctx context.Context, req apiserver.CreatePaymentRequestObject) (apiserver.CreatePaymentResponseObject, error) {
-	acct, unit, claim, err := h.txCaller(ctx)
+	c, err := callFrom[store.Tx](ctx)
 	if err != nil {
 		return nil, err
 	}
 	if h.payments == nil {
 		return nil, errNoPayments
 	}
-	p, err := h.payments.Create(ctx, unit, claim, acct, payments.NewPayment{OrderID: req.Body.OrderId, Amount: req.Body.Amount, Currency: req.Body.Currency})
+	p, err := h.payments.Create(ctx, c.unit, c.claim, c.account, payments.NewPayment{OrderID: req.Body.OrderId, Amount: req.Body.Amount, Currency: req.Body.Currency})
 	if err != nil {
 		return nil, err
 	}
@@ -129,14 +130,14 @@ func toAPIPayment(p payments.Payment) api.Payment {
 }
 
 func (h *handlers) CreateRefund(ctx context.Context, req apiserver.CreateRefundRequestObject) (apiserver.CreateRefundResponseObject, error) {
-	acct, unit, claim, err := h.txCaller(ctx)
+	c, err := callFrom[store.Tx](ctx)
 	if err != nil {
 		return nil, err
 	}
 	if h.payments == nil {
 		return nil, errNoPayments
 	}
-	r, err := h.payments.CreateRefund(ctx, unit, claim, acct, req.Id, payments.NewRefund{Amount: req.Body.Amount, Reason: req.Body.Reason})
+	r, err := h.payments.CreateRefund(ctx, c.unit, c.claim, c.account, req.Id, payments.NewRefund{Amount: req.Body.Amount, Reason: req.Body.Reason})
 	if err != nil {
 		return nil, err
 	}

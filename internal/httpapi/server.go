@@ -144,11 +144,12 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		return nil, err
 	}
 	problems := problemWriter{log: cfg.Logger}
+	spec := contract{doc: doc}
 	engine := idempotency.New(idempotency.Config{
 		Route:      routePattern,
 		TTL:        cfg.TTL,
 		Wait:       cfg.Wait,
-		Validate:   validateBody,
+		Validate:   spec.validateBody,
 		WriteError: problems.write,
 		Logger:     cfg.Logger,
 		Observer:   cfg.Metrics,
@@ -164,11 +165,12 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		orders: orders.NewService(cfg.Reads), payments: cfg.Payments, ledger: ledger.NewService(cfg.Reads),
 		ready: cfg.Ready, wrapOrders: cfg.Orders, baseline: o.baseline,
 	}
-	if err := h.bind(ops, cfg.Keys, cfg.DeferredKeys); err != nil {
+	protocols, err := bind(ops, cfg.Keys, cfg.DeferredKeys)
+	if err != nil {
 		return nil, err
 	}
-	front := &frontDoor{ops: ops, doc: doc, auth: cfg.Auth, maxBody: cfg.MaxBodyBytes, log: cfg.Logger,
-		problems: problems, protocol: o.baseline == nil}
+	front := &frontDoor{ops: ops, contract: spec, auth: cfg.Auth, maxBody: cfg.MaxBodyBytes, log: cfg.Logger,
+		problems: problems, protocols: protocols, baseline: o.baseline != nil}
 
 	r := chi.NewRouter()
 	r.Use(secure, requestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
