@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/provider"
 	"github.com/oncekey/oncekey/internal/servicetest"
@@ -137,15 +138,14 @@ func (a *answerLoser) withheld(prefix string) int {
 // provider), and every client retry with its key gets the final payment.
 // Then the same for refunds of those payments: killed while the provider has
 // refunded but not answered, restarted, each refunded exactly once. On
-// PostgreSQL alone, and with the API's reads on a replica that lags
-// (DATABASE_REPLICA_URL): 500 ms behind, or with its replay paused.
+// PostgreSQL alone; sharded by account as docs/scaling.md recommends (the
+// key table's scope a uuid, every per-account table partitioned by
+// account, group commit by account); and with the API's reads on a replica
+// that lags (DATABASE_REPLICA_URL): 500 ms behind, or with its replay
+// paused.
 func TestPaymentsSurviveKilledServe(t *testing.T) {
 	t.Parallel()
-	t.Run("primary", func(t *testing.T) {
-		t.Parallel()
-		dbURL, pool := testdb.Fresh(t)
-		paymentsSurviveKilledServe(t, pool, map[string]string{"DATABASE_URL": dbURL})
-	})
+	onPrimaryAndSharded(t, paymentsSurviveKilledServe)
 	for _, lag := range testdb.Lags {
 		t.Run(string(lag)+" replica", func(t *testing.T) {
 			t.Parallel()
@@ -153,6 +153,23 @@ func TestPaymentsSurviveKilledServe(t *testing.T) {
 			paymentsSurviveKilledServe(t, db.Pool, map[string]string{"DATABASE_URL": db.URL, "DATABASE_REPLICA_URL": db.ReplicaURL})
 		})
 	}
+}
+
+// onPrimaryAndSharded runs fn in parallel subtests, each on a database of
+// its own with serve's configuration for it (env): one PostgreSQL, and one
+// sharded (here: partitioned) by account as docs/scaling.md recommends,
+// with the key table's scope a uuid and group commit by account.
+func onPrimaryAndSharded(t *testing.T, fn func(t *testing.T, pool *pgxpool.Pool, env map[string]string)) {
+	t.Run("primary", func(t *testing.T) {
+		t.Parallel()
+		dbURL, pool := testdb.Fresh(t)
+		fn(t, pool, map[string]string{"DATABASE_URL": dbURL})
+	})
+	t.Run("sharded by account", func(t *testing.T) {
+		t.Parallel()
+		dbURL, pool := testdb.FreshPartitioned(t, pgstore.ScopeUUID)
+		fn(t, pool, map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_KEY_SCOPE": "uuid", "ONCEKEY_GROUP_COMMIT_BY_ACCOUNT": "true"})
+	})
 }
 
 func paymentsSurviveKilledServe(t *testing.T, pool *pgxpool.Pool, database map[string]string) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/auth"
@@ -32,14 +33,17 @@ func postOrder(client *http.Client, addr, apiKey, key string) (servicetest.Reply
 
 // serve is killed with SIGKILL while order requests stream in; after a
 // restart, every key retried gets its order, and each key has exactly one
-// order row however its first attempt ended.
+// order row however its first attempt ended. On one PostgreSQL, and
+// sharded by account as docs/scaling.md recommends.
 func TestOrdersSurviveKilledServe(t *testing.T) {
 	t.Parallel()
+	onPrimaryAndSharded(t, ordersSurviveKilledServe)
+}
+
+func ordersSurviveKilledServe(t *testing.T, pool *pgxpool.Pool, env map[string]string) {
 	ctx := context.Background()
-	dbURL, pool := testdb.Fresh(t)
 	creds, err := auth.CreateAccount(ctx, postgres.New(pool, nil), "kill", "")
 	require.NoError(t, err)
-	env := map[string]string{"DATABASE_URL": dbURL}
 	first := startServeProcess(t, env)
 	client := &http.Client{Timeout: 10 * time.Second}
 
@@ -86,7 +90,11 @@ func TestOrdersSurviveKilledServe(t *testing.T) {
 	require.True(t, time.Now().Before(deadline), "every retry should succeed promptly")
 	var rows, distinctKeys int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM orders WHERE account_id = $1", creds.AccountID).Scan(&rows))
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = uuid_send($1)", creds.AccountID).Scan(&distinctKeys))
+	scope := "uuid_send($1)" // the account's bytes; on a uuid scope, the account itself
+	if env["ONCEKEY_KEY_SCOPE"] == "uuid" {
+		scope = "$1"
+	}
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = "+scope, creds.AccountID).Scan(&distinctKeys))
 	require.Equal(t, len(keys), rows, "exactly one order per key: %d keys sent", len(keys))
 	require.Equal(t, len(keys), distinctKeys, "one completed key record per key")
 	t.Logf("%d keys, %d confirmed before the kill, %d unconfirmed", len(keys), len(confirmed), len(keys)-len(confirmed))

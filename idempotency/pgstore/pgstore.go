@@ -18,7 +18,8 @@
 // Migrate creates or upgrades the key table (Options.Table, default
 // idempotency_keys) from the SQL migrations embedded in this package; a store
 // on a database it has not migrated fails its first claim with
-// ErrNotMigrated.
+// ErrNotMigrated. The scope column is bytea unless Options.Scope makes it
+// uuid or text (see ScopeType), as a database sharded by tenant needs.
 package pgstore
 
 import (

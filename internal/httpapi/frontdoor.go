@@ -183,13 +183,20 @@ func (c contract) input(r *http.Request, route string, op *openapi3.Operation) *
 		Request:    r,
 		PathParams: params,
 		Route:      &routers.Route{Spec: c.doc, Path: route, PathItem: c.doc.Paths.Value(route), Method: r.Method, Operation: op},
-		Options: &openapi3filter.Options{
-			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc, // admit did it
-			ExcludeRequestBody: true,                                  // validateBody
-			MultiError:         false,
-		},
+		Options:    &checkOptions,
 	}
 }
+
+// checkOptions check everything of a request but its body's schema
+// (validateBody's).
+var checkOptions = openapi3filter.Options{
+	AuthenticationFunc: openapi3filter.NoopAuthenticationFunc, // admit did it
+	ExcludeRequestBody: true,
+}
+
+// bodyOptions check a body against its schema, for which kin-openapi
+// reads nothing of the input but the request and these.
+var bodyOptions openapi3filter.Options
 
 // check validates the request's parameters and media type against the
 // operation op of route; its body's schema is validateBody's.
@@ -300,7 +307,8 @@ func (c contract) validateBody(r *http.Request, body []byte) error {
 	}
 	req := *r
 	req.Body, req.GetBody = io.NopCloser(bytes.NewReader(body)), nil
-	if err := openapi3filter.ValidateRequestBody(r.Context(), c.input(&req, route, op), op.RequestBody.Value); err != nil {
+	input := &openapi3filter.RequestValidationInput{Request: &req, Options: &bodyOptions}
+	if err := openapi3filter.ValidateRequestBody(r.Context(), input, op.RequestBody.Value); err != nil {
 		return describe(err)
 	}
 	return nil
