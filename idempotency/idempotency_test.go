@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -264,6 +266,47 @@ func TestEmptyScopeIsNoScope(t *testing.T) {
 		op.Serve(w, r, idempotency.Prepared{Key: "k", Body: []byte(`{}`)}, next)
 	})).Code, "Serve of a request prepared without a scope")
 	require.Zero(t, runs.Load(), "nothing ran")
+}
+
+// TestBodiesAreReadWithinBounds: a body over the limit is 413 whether its
+// size is announced or not, a body that breaks off is 400, and neither runs
+// the operation nor consumes its key.
+func TestBodiesAreReadWithinBounds(t *testing.T) {
+	t.Parallel()
+	const limit = 64
+	for _, tc := range []struct {
+		name   string
+		body   io.Reader
+		length int64
+		status int
+	}{
+		{"announced too large", strings.NewReader(`{"a":"` + strings.Repeat("x", limit) + `"}`), limit + 10, http.StatusRequestEntityTooLarge},
+		{"chunked too large", strings.NewReader(`{"a":"` + strings.Repeat("x", limit) + `"}`), -1, http.StatusRequestEntityTooLarge},
+		{"broken off", io.MultiReader(strings.NewReader(`{"a":`), iotest.ErrReader(io.ErrUnexpectedEOF)), -1, http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			runs := atomic.Int64{}
+			engine := idempotency.New(idempotency.Config{MaxBodyBytes: limit, Scope: func(*http.Request) (string, error) { return "s", nil }})
+			h := idempotency.NewOperation(engine, memstore.New(), idempotency.OperationConfig{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			}))
+			send := func(body io.Reader, length int64) *httptest.ResponseRecorder {
+				req := httptest.NewRequest(http.MethodPost, "/things", body)
+				req.ContentLength = length
+				req.Header.Set(idempotency.HeaderKey, "k")
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				return rec
+			}
+			refused := send(tc.body, tc.length)
+			require.Equal(t, tc.status, refused.Code, "%s", refused.Body)
+			require.Equal(t, "application/problem+json", refused.Header().Get("Content-Type"))
+			require.Zero(t, runs.Load(), "nothing ran")
+			require.Equal(t, http.StatusCreated, send(strings.NewReader(`{}`), 2).Code, "the key was not consumed")
+		})
+	}
 }
 
 func TestSafeMethodsPassThrough(t *testing.T) {

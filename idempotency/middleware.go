@@ -308,8 +308,10 @@ func (e *Engine) prepare(w http.ResponseWriter, r *http.Request) (Prepared, erro
 
 // ReadBody reads r's whole body for Prepared, up to limit bytes, and fails
 // with ErrBodyTooLarge beyond it without reading more than the limit: at
-// once when Content-Length says so, else once the limit is passed. A front
-// door of its own reads bodies with it as Operation.Handler does.
+// once when Content-Length says so, else once the limit is passed. A body
+// that breaks off (a chunked body cut short, say) is ErrMalformedBody: it
+// cannot be the JSON it was meant to be. A front door of its own reads
+// bodies with it as Operation.Handler does.
 func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, fmt.Errorf("%w: the body is %d bytes; the limit is %d", ErrBodyTooLarge, r.ContentLength, limit)
@@ -320,7 +322,7 @@ func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("%w: the body exceeds the limit of %d bytes", ErrBodyTooLarge, tooLarge.Limit)
 	case err != nil:
-		return nil, fmt.Errorf("read the request body: %w", err)
+		return nil, fmt.Errorf("%w: the request body broke off: %w", ErrMalformedBody, err)
 	}
 	return body, nil
 }

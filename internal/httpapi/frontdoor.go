@@ -153,15 +153,13 @@ func (f *frontDoor) admit(r *http.Request, op *oapi.Operation) (uuid.UUID, error
 	return account, nil
 }
 
-// readBody reads the whole body as the engine does (idempotency.ReadBody),
-// without reading more than the limit of an oversized one.
+// readBody reads the whole body as the engine does (idempotency.ReadBody):
+// an oversized one is not read beyond the limit, and one that breaks off is
+// malformed.
 func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body, err := idempotency.ReadBody(w, r, f.maxBody)
-	switch {
-	case errors.Is(err, idempotency.ErrBodyTooLarge):
+	if err != nil {
 		return nil, err
-	case err != nil:
-		return nil, fmt.Errorf("%w: the request body could not be read", errBadRequest)
 	}
 	r.ContentLength = int64(len(body)) // known now, chunked or not
 	return body, nil
