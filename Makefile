@@ -146,7 +146,7 @@ lint: ## go vet, gofmt and a tidy go.mod, in the service's module and in each of
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example service's and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server and curl)
+test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example service's and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3)
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory test/engine
 	@$(MAKE) --no-print-directory test/example

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/upstreamtest"
 )
 
 // junitReport is what CI systems read of a JUnit XML report.
@@ -119,4 +120,37 @@ func TestConformanceWithALaggingReplica(t *testing.T) {
 			t.Logf("%s replica: %d passed, %d skipped, %d failed", lag, doc.Summary.Passed, doc.Summary.Skipped, doc.Summary.Failed)
 		})
 	}
+}
+
+// `oncekey conformance` straight against upstream.py, which declares the
+// Idempotency-Key protocol and runs every request anyway, fails the checks
+// that a duplicate run breaks, and the upstream's own count shows keys run
+// more than once: what the gateway in front of it must turn into a pass.
+func TestConformanceFailsAgainstAnUpstreamThatRunsEveryRequest(t *testing.T) {
+	t.Parallel()
+	u := upstreamtest.Start(t)
+	out, err := runCommand(t, map[string]string{}, "conformance", "--spec", u.Spec, "--url", u.URL,
+		"--auth", "Bearer test", "--format", "json")
+	require.ErrorContains(t, err, "checks failed", out)
+	var doc struct {
+		Results []struct{ Check, Operation, Status string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	failed := map[string]bool{}
+	for _, r := range doc.Results {
+		if r.Status == "fail" {
+			failed[r.Check] = true
+		}
+	}
+	for _, check := range []string{"key-required", "key-malformed", "replay", "mismatch-request", "canonical-json", "concurrent-once"} {
+		require.True(t, failed[check], "check %s should fail straight against upstream.py: %s", check, out)
+	}
+	_, byKey := u.Executions(t)
+	twice := 0
+	for key, n := range byKey {
+		if key != "" && n > 1 {
+			twice++
+		}
+	}
+	require.Positive(t, twice, "keys that upstream.py ran more than once: %v", byKey)
 }
