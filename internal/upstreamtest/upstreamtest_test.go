@@ -21,7 +21,10 @@ import (
 func TestFaults(t *testing.T) {
 	t.Parallel()
 	u := upstreamtest.Start(t)
-	client := &http.Client{Timeout: 2 * time.Second}
+	// A connection of its own for every request: net/http replays a
+	// request with an Idempotency-Key on its own when a reused connection
+	// breaks before the answer (a reset, here), which would run it twice.
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	post := func(key, fault string) (*http.Response, time.Duration, error) {
 		req, err := http.NewRequest(http.MethodPost, u.URL+"/transfers", strings.NewReader(`{"amount":500,"currency":"EUR"}`))
 		require.NoError(t, err)
