@@ -200,7 +200,7 @@ func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest)
 	// The row's created_at is this time, so Ref names the claim before it
 	// is made; microseconds, as PostgreSQL stores it.
 	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: time.Now().Truncate(time.Microsecond)}
-	return &deferredLease{s: d.s, req: req, scope: d.s.scope.arg(req.Scope), ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
+	return &deferredLease{s: d.s, req: req, scope: d.s.scope.sent(req.Scope), ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
 }
 
 // contendedLease is a deferred operation's lease claimed at once
@@ -226,8 +226,8 @@ type deferredLease struct {
 	s   *Store
 	req idempotency.ClaimRequest
 	// scope is req.Scope as pgstore sends it, and as the key's row reads
-	// it back (ScopeType.arg).
-	scope  []byte
+	// it back (ScopeType.sent): what group commit tells keys apart by.
+	scope  string
 	ref    idempotency.Ref
 	writes *Batch
 	ended  bool

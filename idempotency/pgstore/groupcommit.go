@@ -1,7 +1,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -168,8 +167,8 @@ func (g *groupCommitter) takeLocked() []*member {
 		seen  = map[memberKey]bool{}
 	)
 	for _, m := range g.queue {
-		k := memberKey{string(m.lease.scope), m.lease.req.Key}
-		if len(taken) == maxMembers || seen[k] || (g.byScope && len(taken) > 0 && k.scope != string(taken[0].lease.scope)) {
+		k := memberKey{m.lease.scope, m.lease.req.Key}
+		if len(taken) == maxMembers || seen[k] || (g.byScope && len(taken) > 0 && k.scope != taken[0].lease.scope) {
 			rest = append(rest, m)
 			continue
 		}
@@ -180,7 +179,7 @@ func (g *groupCommitter) takeLocked() []*member {
 	clear(g.queue[len(rest):])
 	g.queue = rest
 	slices.SortFunc(taken, func(a, b *member) int {
-		if c := bytes.Compare(a.lease.scope, b.lease.scope); c != 0 {
+		if c := cmp.Compare(a.lease.scope, b.lease.scope); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.lease.req.Key, b.lease.req.Key)
@@ -305,7 +304,7 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 	for i, m := range members {
 		l, req := m.lease, m.lease.req
 		wait = min(wait, req.Wait)
-		peek.Scopes[i], peek.IdempotencyKeys[i] = l.scope, req.Key
+		peek.Scopes[i], peek.IdempotencyKeys[i] = []byte(l.scope), req.Key
 		claim.Fingerprints[i] = req.Fingerprint[:]
 		claim.RequestMethods[i], claim.RequestRoutes[i] = req.Method, req.Route
 		claim.ResponseStatuses[i], claim.ResponseHeaders[i], claim.ResponseBodies[i] = l.status, l.headers, l.body
@@ -344,7 +343,7 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 // oneScope reports whether members' keys are all of one scope.
 func oneScope(members []*member) bool {
 	for _, m := range members[1:] {
-		if !bytes.Equal(m.lease.scope, members[0].lease.scope) {
+		if m.lease.scope != members[0].lease.scope {
 			return false
 		}
 	}
@@ -410,7 +409,7 @@ func readPipeline(br pgx.BatchResults, members []*member) (results []claimResult
 	}
 	results = make([]claimResult, len(members))
 	for i, m := range members {
-		k := memberKey{string(m.lease.scope), m.lease.req.Key}
+		k := memberKey{m.lease.scope, m.lease.req.Key}
 		results[i] = claimResult{peeked: held[k], inserted: inserted[k]}
 		if err := m.lease.readWrites(br); err != nil {
 			return nil, i, err

@@ -159,7 +159,7 @@ func (g *groupCommitter) loneOf(m *member) (sql string, write []any, ok bool) {
 func loneParams(l *deferredLease) keydb.IdempotencyKeyClaimLoneParams {
 	req := l.req
 	return keydb.IdempotencyKeyClaimLoneParams{
-		Scope: l.scope, IdempotencyKey: req.Key, LockTimeout: strconv.FormatInt(waitMillis(req.Wait), 10),
+		Scope: []byte(l.scope), IdempotencyKey: req.Key, LockTimeout: strconv.FormatInt(waitMillis(req.Wait), 10),
 		Fingerprint: req.Fingerprint[:], RequestMethod: req.Method, RequestRoute: req.Route,
 		ResponseStatus: l.status, ResponseHeaders: l.headers, ResponseBody: l.body,
 		CreatedAt: l.ref.ClaimedAt, ExpiresAt: l.ref.ClaimedAt.Add(req.TTL),
@@ -169,7 +169,7 @@ func loneParams(l *deferredLease) keydb.IdempotencyKeyClaimLoneParams {
 // loneAnswer is what a member's statement's row means for it.
 func loneAnswer(l *deferredLease, row keydb.IdempotencyKeyClaimLoneRow) error {
 	return l.answer(claimResult{inserted: row.Claimed, peeked: keydb.IdempotencyKeyPeekManyRow{
-		Scope: l.scope, IdempotencyKey: l.req.Key,
+		Scope: []byte(l.scope), IdempotencyKey: l.req.Key,
 		Fingerprint: row.Fingerprint, Status: row.Status, ResponseStatus: row.ResponseStatus,
 		ResponseHeaders: row.ResponseHeaders, ResponseBody: row.ResponseBody,
 		CreatedAt: row.CreatedAt, ExpiresAt: row.ExpiresAt, Expired: row.Expired,

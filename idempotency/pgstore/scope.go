@@ -86,14 +86,18 @@ func (t ScopeType) check(scope string) error {
 	return nil
 }
 
-// arg is scope as pgstore sends it (see sql): its bytes for bytea and text,
-// and for uuid its lower-case text form, which is also how it reads back.
-// A scope that check refuses is sent as it is, for PostgreSQL to refuse.
-func (t ScopeType) arg(scope string) []byte {
-	if t != ScopeUUID {
-		return []byte(scope)
-	}
-	if len(scope) == 16 {
+// arg is scope as pgstore sends it (see sql).
+func (t ScopeType) arg(scope string) []byte { return []byte(t.sent(scope)) }
+
+// sent is scope as pgstore sends it, and as a statement reads it back (see
+// sql): the scope itself for bytea and text, and for uuid its lower-case
+// text form, so that a UUID's bytes and its text name one key. A scope
+// that check refuses is sent as it is, for PostgreSQL to refuse.
+func (t ScopeType) sent(scope string) string {
+	switch {
+	case t != ScopeUUID:
+		return scope
+	case len(scope) == 16:
 		b := make([]byte, 36)
 		hex.Encode(b[0:8], []byte(scope[0:4]))
 		hex.Encode(b[9:13], []byte(scope[4:6]))
@@ -101,9 +105,9 @@ func (t ScopeType) arg(scope string) []byte {
 		hex.Encode(b[19:23], []byte(scope[8:10]))
 		hex.Encode(b[24:36], []byte(scope[10:16]))
 		b[8], b[13], b[18], b[23] = '-', '-', '-', '-'
-		return b
+		return string(b)
 	}
-	return []byte(strings.ToLower(scope))
+	return strings.ToLower(scope)
 }
 
 // read is a scope as a statement reads it back (see sql): the 16 bytes of
