@@ -13,13 +13,13 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/auth"
 )
 
 // Source returns the scope of a request, as idempotency.Config.Scope takes
@@ -36,17 +36,28 @@ const maxScope = 255
 // what clients send: the gateway trusts it as it comes.
 func Header(name string) Source {
 	return func(r *http.Request) (string, error) {
-		values := r.Header.Values(name)
+		value, err := one(r, name)
 		switch {
-		case len(values) == 0 || values[0] == "":
-			return "", fmt.Errorf("%w: no %s header", idempotency.ErrNoScope, name)
-		case len(values) > 1:
-			return "", fmt.Errorf("%w: %d %s headers; which one names the caller is not clear", idempotency.ErrNoScope, len(values), name)
-		case len(values[0]) > maxScope:
+		case err != nil:
+			return "", err
+		case len(value) > maxScope:
 			return "", fmt.Errorf("%w: the %s header is longer than %d bytes", idempotency.ErrNoScope, name, maxScope)
 		}
-		return values[0], nil
+		return value, nil
 	}
+}
+
+// one is the value of the header name, which r must carry exactly once and
+// not empty: of two, which one names the caller is not clear.
+func one(r *http.Request, name string) (string, error) {
+	values := r.Header.Values(name)
+	switch {
+	case len(values) == 0 || values[0] == "":
+		return "", fmt.Errorf("%w: no %s header", idempotency.ErrNoScope, name)
+	case len(values) > 1:
+		return "", fmt.Errorf("%w: %d %s headers", idempotency.ErrNoScope, len(values), name)
+	}
+	return values[0], nil
 }
 
 // Authorization scopes a request by its whole Authorization value, of which
@@ -56,14 +67,11 @@ func Header(name string) Source {
 // token refresh runs again. JWT scopes by the token's subject instead.
 func Authorization() Source {
 	return func(r *http.Request) (string, error) {
-		values := r.Header.Values("Authorization")
-		switch {
-		case len(values) == 0 || values[0] == "":
-			return "", fmt.Errorf("%w: no Authorization header", idempotency.ErrNoScope)
-		case len(values) > 1:
-			return "", fmt.Errorf("%w: %d Authorization headers", idempotency.ErrNoScope, len(values))
+		value, err := one(r, "Authorization")
+		if err != nil {
+			return "", err
 		}
-		sum := sha256.Sum256([]byte(values[0]))
+		sum := sha256.Sum256([]byte(value))
 		return string(sum[:]), nil
 	}
 }
@@ -91,12 +99,12 @@ func JWT(keys jose.JSONWebKeySet, claim string) (Source, error) {
 		refuse := func(why string, args ...any) (string, error) {
 			return "", fmt.Errorf("%w: %s", idempotency.ErrNoScope, fmt.Sprintf(why, args...))
 		}
-		values := r.Header.Values("Authorization")
-		if len(values) != 1 {
-			return refuse("want one Authorization header with a bearer token, got %d", len(values))
+		value, err := one(r, "Authorization")
+		if err != nil {
+			return "", err
 		}
-		scheme, raw, ok := strings.Cut(values[0], " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || raw == "" {
+		raw, ok := auth.BearerToken(value)
+		if !ok {
 			return refuse("the Authorization header holds no bearer token")
 		}
 		token, err := jwt.ParseSigned(raw, signatureAlgorithms)
