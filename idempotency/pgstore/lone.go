@@ -319,7 +319,7 @@ func (w withWrite) QueryRow(ctx context.Context, _ string, args ...any) pgx.Row 
 }
 
 // claimLoneSQL is IdempotencyKeyClaimLone's SQL as the store sends it,
-// renamed for its table: queued, never sent.
+// rewritten for its table: queued, never sent.
 func claimLoneSQL(s *Store) string {
 	p := &queue{}
 	_, _ = s.queries(p).IdempotencyKeyClaimLone(context.Background(), keydb.IdempotencyKeyClaimLoneParams{})

@@ -79,14 +79,14 @@ func (o Options) table() (string, error) {
 
 // Store keeps idempotency records in one table of a PostgreSQL database.
 type Store struct {
-	pool   *pgxpool.Pool
-	table  string
-	scope  ScopeType
-	rename func(keydb.DBTX) keydb.DBTX
-	// partitionRenamers rewrite the statements for each partition of a
+	pool    *pgxpool.Pool
+	table   string
+	scope   ScopeType
+	rewrite func(keydb.DBTX) keydb.DBTX
+	// partitionRewriters rewrite the statements for each partition of a
 	// partitioned key table (partitions).
-	partitionRenamers sync.Map
-	commits           *groupCommitter
+	partitionRewriters sync.Map
+	commits            *groupCommitter
 	// claimLone is IdempotencyKeyClaimLone for the table; lones and
 	// pipelined cache each deferred write composed with it (lone) or with
 	// its guard (guarded).
@@ -169,10 +169,10 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, table: table, scope: scope, rename: func(d keydb.DBTX) keydb.DBTX { return d }}
+	s := &Store{pool: pool, table: table, scope: scope, rewrite: func(d keydb.DBTX) keydb.DBTX { return d }}
 	if table != DefaultTable || scope != ScopeBytea {
-		r := &renamer{to: table, scope: scope}
-		s.rename = func(d keydb.DBTX) keydb.DBTX { return renamed{d, r} }
+		r := &rewriter{to: table, scope: scope}
+		s.rewrite = func(d keydb.DBTX) keydb.DBTX { return rewritten{d, r} }
 	}
 	s.commits = &groupCommitter{pool: pool, store: s, byScope: opts.MergeByScope}
 	s.claimLone = claimLoneSQL(s)
@@ -199,7 +199,7 @@ func plainIdentifier(name string) bool {
 }
 
 // queries runs the key table's statements on db.
-func (s *Store) queries(db keydb.DBTX) *keydb.Queries { return keydb.New(s.rename(db)) }
+func (s *Store) queries(db keydb.DBTX) *keydb.Queries { return keydb.New(s.rewrite(db)) }
 
 // CleanupLock is the session advisory lock that PurgeExpired holds while it
 // purges table, so that one process at a time does; another process that
@@ -218,15 +218,15 @@ func lockID(table string) int64 {
 	return int64(h >> 1)
 }
 
-// renamer rewrites the key table's statements for a table of another
+// rewriter rewrites the key table's statements for a table of another
 // name or scope type, once per statement.
-type renamer struct {
+type rewriter struct {
 	to    string
 	scope ScopeType
 	done  sync.Map // statement → rewritten statement
 }
 
-func (r *renamer) sql(sql string) string {
+func (r *rewriter) sql(sql string) string {
 	if v, ok := r.done.Load(sql); ok {
 		return v.(string)
 	}
@@ -235,21 +235,21 @@ func (r *renamer) sql(sql string) string {
 	return out
 }
 
-// renamed is a DBTX whose statements are rewritten by its renamer.
-type renamed struct {
+// rewritten is a DBTX whose statements are rewritten by its rewriter.
+type rewritten struct {
 	keydb.DBTX
-	r *renamer
+	r *rewriter
 }
 
-func (d renamed) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (d rewritten) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	return d.DBTX.Exec(ctx, d.r.sql(sql), args...)
 }
 
-func (d renamed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (d rewritten) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	return d.DBTX.Query(ctx, d.r.sql(sql), args...)
 }
 
-func (d renamed) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (d rewritten) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return d.DBTX.QueryRow(ctx, d.r.sql(sql), args...)
 }
 
@@ -658,9 +658,9 @@ func (s *Store) partitions(ctx context.Context, db keydb.DBTX) ([]keyTable, erro
 	}
 	out := make([]keyTable, 0, len(names))
 	for _, name := range names {
-		v, _ := s.partitionRenamers.LoadOrStore(name, &renamer{to: name, scope: s.scope})
-		r := v.(*renamer)
-		out = append(out, keyTable{name: name, queries: func(d keydb.DBTX) *keydb.Queries { return keydb.New(renamed{d, r}) }})
+		v, _ := s.partitionRewriters.LoadOrStore(name, &rewriter{to: name, scope: s.scope})
+		r := v.(*rewriter)
+		out = append(out, keyTable{name: name, queries: func(d keydb.DBTX) *keydb.Queries { return keydb.New(rewritten{d, r}) }})
 	}
 	return out, nil
 }
