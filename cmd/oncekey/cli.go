@@ -44,12 +44,18 @@ type env struct {
 
 type databaseFlags struct {
 	DatabaseURL string `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL; pgxpool settings such as pool_max_conns may be given in it."`
-	KeyScope    string `name:"key-scope" envvar:"ONCEKEY_KEY_SCOPE" enum:"bytea,uuid" default:"bytea" help:"SQL type of the key table's account column (scope), chosen when the table is created and given the same ever after: uuid on a database sharded by account (Citus), so that a key lands on its account's shard."`
+	keyScopeFlag
 }
 
-// keys is the key table's options as these flags give them.
-func (d databaseFlags) keys() pgstore.Options {
-	return pgstore.Options{Scope: pgstore.ScopeType(d.KeyScope)}
+// keyScopeFlag is the key table's scope type, which every command that
+// opens the database, serve included, must be given alike.
+type keyScopeFlag struct {
+	KeyScope string `name:"key-scope" envvar:"ONCEKEY_KEY_SCOPE" enum:"bytea,uuid" default:"bytea" help:"SQL type of the key table's account column (scope), chosen when the table is created and given the same ever after: uuid on a database sharded by account (Citus), so that a key lands on its account's shard."`
+}
+
+// keys is the key table's options as this flag gives them.
+func (k keyScopeFlag) keys() pgstore.Options {
+	return pgstore.Options{Scope: pgstore.ScopeType(k.KeyScope)}
 }
 
 func (d databaseFlags) require() error {
@@ -60,29 +66,29 @@ func (d databaseFlags) require() error {
 }
 
 type serveCmd struct {
-	DatabaseURL          string        `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL (pgxpool settings such as pool_max_conns may be given in it); empty: in memory, lost on exit."`
-	DatabaseReplicaURL   string        `name:"database-replica-url" envvar:"DATABASE_REPLICA_URL" placeholder:"URL" help:"Optional streaming replica of DATABASE_URL for the reads that may lag (orders, a payment, the bonus balance; Consistency: strong reads the primary)."`
-	GroupCommitByAccount bool          `name:"group-commit-by-account" envvar:"ONCEKEY_GROUP_COMMIT_BY_ACCOUNT" help:"Merge only one account's concurrent first requests into a commit, so that each commit stays on one shard of a database sharded by account."`
-	KeyScope             string        `name:"key-scope" envvar:"ONCEKEY_KEY_SCOPE" enum:"bytea,uuid" default:"bytea" help:"SQL type of the key table's account column (scope), chosen when the table is created and given the same ever after: uuid on a database sharded by account (Citus), so that a key lands on its account's shard."`
-	RedisURL             string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0, or redis+cluster://host1:6379,host2:6379 for a Redis Cluster); any Redis failure falls back to PostgreSQL."`
-	RedisSecret          string        `name:"redis-secret" envvar:"ONCEKEY_REDIS_SECRET" placeholder:"SECRET" help:"Authenticates the responses cached in Redis (HMAC), so that nothing else that can write there can forge a replay: the same on every replica, 32 characters or more; best given in the environment. Unset: a random one per process, and each replica replays from Redis only what it cached itself."`
-	Addr                 string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the API (:8080 for every interface)."`
-	MetricsAddr          string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address instead of on the API's (the profiling endpoints only ever on --pprof-addr)."`
-	TTL                  time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
-	Wait                 time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
-	MaxBodyBytes         int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"65536" help:"Larger request bodies get 413 (the largest valid order is under 10 KB)."`
-	RequestTimeout       time.Duration `name:"request-timeout" envvar:"ONCEKEY_REQUEST_TIMEOUT" default:"10s" help:"Bound on each request's work, database calls included; past it, 503."`
-	ShutdownTimeout      time.Duration `name:"shutdown-timeout" envvar:"ONCEKEY_SHUTDOWN_TIMEOUT" default:"30s" help:"How long SIGTERM waits for requests that are running."`
-	CleanupInterval      time.Duration `name:"cleanup-interval" envvar:"ONCEKEY_CLEANUP_INTERVAL" default:"1m" help:"How often expired keys are purged."`
-	CleanupBatch         int           `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per purge statement."`
-	DemoAPIKey           string        `name:"demo-api-key" envvar:"ONCEKEY_DEMO_API_KEY" placeholder:"KEY" help:"The demo account's API key: in memory, ${demo_key} unless given; on PostgreSQL, only while given (the account is created once, and its key disabled at every start without this). A full-strength key: ok_ and 43 base64url characters."`
-	AllowWeakDemoAPIKey  bool          `name:"allow-weak-demo-api-key" envvar:"ONCEKEY_ALLOW_WEAK_DEMO_API_KEY" help:"Take a --demo-api-key that is not a full-strength key (a throwaway setup's, such as ${demo_key})."`
-	Tracing              string        `name:"tracing" envvar:"ONCEKEY_TRACING" default:"off" help:"off, or stdout: print OpenTelemetry spans as JSON."`
-	APIKeyCacheTTL       time.Duration `name:"api-key-cache-ttl" envvar:"ONCEKEY_API_KEY_CACHE_TTL" default:"10s" help:"How long a looked-up API key is trusted in process; a revoked key may keep working this long on each replica."`
-	RecordCacheSize      int           `name:"record-cache-size" envvar:"ONCEKEY_RECORD_CACHE_SIZE" default:"10000" help:"Completed records kept in process (0: none)."`
-	PprofAddr            string        `name:"pprof-addr" envvar:"ONCEKEY_PPROF_ADDR" placeholder:"HOST:PORT" help:"Serve the profiling endpoints (/debug/pprof/) on this internal address; off unless set."`
-	MaxConns             int           `name:"max-conns" envvar:"ONCEKEY_MAX_CONNS" default:"0" help:"Connections held at once (0: three quarters of the open-file limit, at most 10000)."`
-	MaxInFlight          int           `name:"max-in-flight" envvar:"ONCEKEY_MAX_IN_FLIGHT" default:"0" help:"Requests running at once; beyond it 503 with Retry-After (0: 256)."`
+	DatabaseURL          string `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL (pgxpool settings such as pool_max_conns may be given in it); empty: in memory, lost on exit."`
+	DatabaseReplicaURL   string `name:"database-replica-url" envvar:"DATABASE_REPLICA_URL" placeholder:"URL" help:"Optional streaming replica of DATABASE_URL for the reads that may lag (orders, a payment, the bonus balance; Consistency: strong reads the primary)."`
+	GroupCommitByAccount bool   `name:"group-commit-by-account" envvar:"ONCEKEY_GROUP_COMMIT_BY_ACCOUNT" help:"Merge only one account's concurrent first requests into a commit, so that each commit stays on one shard of a database sharded by account."`
+	keyScopeFlag
+	RedisURL            string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0, or redis+cluster://host1:6379,host2:6379 for a Redis Cluster); any Redis failure falls back to PostgreSQL."`
+	RedisSecret         string        `name:"redis-secret" envvar:"ONCEKEY_REDIS_SECRET" placeholder:"SECRET" help:"Authenticates the responses cached in Redis (HMAC), so that nothing else that can write there can forge a replay: the same on every replica, 32 characters or more; best given in the environment. Unset: a random one per process, and each replica replays from Redis only what it cached itself."`
+	Addr                string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the API (:8080 for every interface)."`
+	MetricsAddr         string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address instead of on the API's (the profiling endpoints only ever on --pprof-addr)."`
+	TTL                 time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
+	Wait                time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
+	MaxBodyBytes        int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"65536" help:"Larger request bodies get 413 (the largest valid order is under 10 KB)."`
+	RequestTimeout      time.Duration `name:"request-timeout" envvar:"ONCEKEY_REQUEST_TIMEOUT" default:"10s" help:"Bound on each request's work, database calls included; past it, 503."`
+	ShutdownTimeout     time.Duration `name:"shutdown-timeout" envvar:"ONCEKEY_SHUTDOWN_TIMEOUT" default:"30s" help:"How long SIGTERM waits for requests that are running."`
+	CleanupInterval     time.Duration `name:"cleanup-interval" envvar:"ONCEKEY_CLEANUP_INTERVAL" default:"1m" help:"How often expired keys are purged."`
+	CleanupBatch        int           `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per purge statement."`
+	DemoAPIKey          string        `name:"demo-api-key" envvar:"ONCEKEY_DEMO_API_KEY" placeholder:"KEY" help:"The demo account's API key: in memory, ${demo_key} unless given; on PostgreSQL, only while given (the account is created once, and its key disabled at every start without this). A full-strength key: ok_ and 43 base64url characters."`
+	AllowWeakDemoAPIKey bool          `name:"allow-weak-demo-api-key" envvar:"ONCEKEY_ALLOW_WEAK_DEMO_API_KEY" help:"Take a --demo-api-key that is not a full-strength key (a throwaway setup's, such as ${demo_key})."`
+	Tracing             string        `name:"tracing" envvar:"ONCEKEY_TRACING" default:"off" help:"off, or stdout: print OpenTelemetry spans as JSON."`
+	APIKeyCacheTTL      time.Duration `name:"api-key-cache-ttl" envvar:"ONCEKEY_API_KEY_CACHE_TTL" default:"10s" help:"How long a looked-up API key is trusted in process; a revoked key may keep working this long on each replica."`
+	RecordCacheSize     int           `name:"record-cache-size" envvar:"ONCEKEY_RECORD_CACHE_SIZE" default:"10000" help:"Completed records kept in process (0: none)."`
+	PprofAddr           string        `name:"pprof-addr" envvar:"ONCEKEY_PPROF_ADDR" placeholder:"HOST:PORT" help:"Serve the profiling endpoints (/debug/pprof/) on this internal address; off unless set."`
+	MaxConns            int           `name:"max-conns" envvar:"ONCEKEY_MAX_CONNS" default:"0" help:"Connections held at once (0: three quarters of the open-file limit, at most 10000)."`
+	MaxInFlight         int           `name:"max-in-flight" envvar:"ONCEKEY_MAX_IN_FLIGHT" default:"0" help:"Requests running at once; beyond it 503 with Retry-After (0: 256)."`
 
 	ProviderURL           string        `name:"provider-url" envvar:"ONCEKEY_PROVIDER_URL" placeholder:"URL" help:"The payment provider's base URL (empty: the sandbox provider in process, with the FAKEPROVIDER_* faults)."`
 	ProviderTimeout       time.Duration `name:"provider-timeout" envvar:"ONCEKEY_PROVIDER_TIMEOUT" default:"10s" help:"How long one call to the provider may take."`
