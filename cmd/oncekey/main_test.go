@@ -325,6 +325,16 @@ func TestOperatorCommands(t *testing.T) {
 	}
 }
 
+// accountScope is SQL for the account $1 as a key table of the key scope
+// type (ONCEKEY_KEY_SCOPE, "" for the default) holds it: the uuid itself,
+// or its 16 bytes.
+func accountScope(keyScope string) string {
+	if keyScope == string(pgstore.ScopeUUID) {
+		return "$1"
+	}
+	return "uuid_send($1)"
+}
+
 func operatorCommands(t *testing.T, scope pgstore.ScopeType) {
 	ctx := context.Background()
 	dbURL, pool := testdb.Empty(t) // purge must see only this test's keys
@@ -332,8 +342,7 @@ func operatorCommands(t *testing.T, scope pgstore.ScopeType) {
 	require.NoError(t, postgres.MigrateKeys(ctx, pool, keys))
 	env := map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_KEY_SCOPE": string(scope)}
 	store := postgres.NewKeys(pool, nil, keys)
-	// The account's scope as the key table holds it.
-	account := map[pgstore.ScopeType]string{pgstore.ScopeBytea: "uuid_send($1)", pgstore.ScopeUUID: "$1"}[scope]
+	account := accountScope(string(scope))
 	creds, err := auth.CreateAccount(ctx, store, "ops", "")
 	require.NoError(t, err)
 

@@ -90,11 +90,8 @@ func ordersSurviveKilledServe(t *testing.T, pool *pgxpool.Pool, env map[string]s
 	require.True(t, time.Now().Before(deadline), "every retry should succeed promptly")
 	var rows, distinctKeys int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM orders WHERE account_id = $1", creds.AccountID).Scan(&rows))
-	scope := "uuid_send($1)" // the account's bytes; on a uuid scope, the account itself
-	if env["ONCEKEY_KEY_SCOPE"] == "uuid" {
-		scope = "$1"
-	}
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = "+scope, creds.AccountID).Scan(&distinctKeys))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = "+accountScope(env["ONCEKEY_KEY_SCOPE"]),
+		creds.AccountID).Scan(&distinctKeys))
 	require.Equal(t, len(keys), rows, "exactly one order per key: %d keys sent", len(keys))
 	require.Equal(t, len(keys), distinctKeys, "one completed key record per key")
 	t.Logf("%d keys, %d confirmed before the kill, %d unconfirmed", len(keys), len(confirmed), len(keys)-len(confirmed))
