@@ -192,6 +192,7 @@ type Operation[U any] struct {
 	e     *Engine
 	store Store[U]
 	cfg   OperationConfig
+	held  *heldOperation // nil unless declared by NewHeldOperation
 }
 
 // NewOperation declares an operation of e whose keys store keeps.
@@ -394,7 +395,11 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 		lease, rec, err := claim(ctx, req)
 		if lease != nil {
 			var outcome Outcome
-			outcome, err = s.run(lease, next)
+			if o.held != nil {
+				outcome, err = s.runHeld(lease, next)
+			} else {
+				outcome, err = s.run(lease, next)
+			}
 			var taken *TakenError
 			switch {
 			case err == nil:
@@ -407,6 +412,17 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 				continue
 			case errors.As(err, &taken):
 				rec, err = taken.Record, nil
+			}
+		}
+		if rec != nil && rec.Fingerprint == s.fp {
+			if h, ok := ParseHeld(rec.Response); ok {
+				// A held operation runs, or ran, under the key elsewhere.
+				ref := Ref{Scope: in.Scope, Key: in.Key, ClaimedAt: rec.CreatedAt}
+				again, herr := o.meetHeld(ctx, h, ref, o.cfg.Wait-time.Since(claimStart))
+				if again {
+					continue
+				}
+				rec, err = nil, herr
 			}
 		}
 		return s.answer(rec, err, time.Since(claimStart))
@@ -433,6 +449,12 @@ func (s *serving[U]) answer(rec *Record, err error, waited time.Duration) Outcom
 		s.w.Header().Set("Retry-After", e.retryAfter())
 		e.writeError(s.w, s.r, ErrInFlight)
 		return s.duplicate(OutcomeInFlight, waited)
+	case errors.Is(err, ErrOutcomeUnknown):
+		e.writeError(s.w, s.r, err)
+		return s.duplicate(OutcomeUnknown, waited)
+	case errors.Is(err, ErrNotStored):
+		e.writeError(s.w, s.r, err)
+		return s.duplicate(OutcomeNotStored, waited)
 	case err != nil:
 		return s.fail(fmt.Errorf("claim idempotency key: %w", err))
 	case rec == nil:
@@ -469,11 +491,7 @@ func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
 	ended := false
 	rollback := func() {
 		ended = true
-		dctx, cancel := detach(ctx)
-		defer cancel()
-		if err := lease.Rollback(dctx); err != nil {
-			e.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
-		}
+		s.rollback(lease)
 	}
 	defer func() {
 		// Rolls back on every path that did not commit, panics included (the
@@ -519,6 +537,16 @@ func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
 	ended = true
 	rec.copyTo(s.w)
 	return s.report(OutcomeExecuted), nil
+}
+
+// rollback rolls lease back, even if the client went away.
+func (s *serving[U]) rollback(lease Lease[U]) {
+	ctx := s.r.Context()
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if err := lease.Rollback(dctx); err != nil {
+		s.op.e.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
+	}
 }
 
 // replay writes a stored response: the same status and body bytes, the

@@ -15,6 +15,9 @@ const (
 	OutcomeInFlight Outcome = "in_flight" // 202: the first request was still running
 	OutcomeRejected Outcome = "rejected"  // 4xx before or instead of the operation; no key consumed
 	OutcomeError    Outcome = "error"     // 5xx; nothing stored
+
+	OutcomeUnknown   Outcome = "outcome_unknown" // 409: a held operation may have run, and its outcome is unknown
+	OutcomeNotStored Outcome = "not_stored"      // 409: a held operation ran, and its response was not stored
 )
 
 // Observer receives what the protocol did, for metrics. operation is the

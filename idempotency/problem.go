@@ -27,16 +27,18 @@ type Problem struct {
 // for an application's own writer, and for any API that speaks the same
 // protocol.
 var (
-	ProblemMissingKey    = Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}
-	ProblemInvalidKey    = Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}
-	ProblemMalformedBody = Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}
-	ProblemBodyTooLarge  = Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}
-	ProblemNoScope       = Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}
-	ProblemKeyMismatch   = Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}
-	ProblemInFlight      = Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}
-	ProblemUnavailable   = Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}
-	ProblemClientClosed  = Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}
-	ProblemInternal      = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
+	ProblemMissingKey     = Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}
+	ProblemInvalidKey     = Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}
+	ProblemMalformedBody  = Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}
+	ProblemBodyTooLarge   = Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}
+	ProblemNoScope        = Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}
+	ProblemKeyMismatch    = Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}
+	ProblemInFlight       = Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}
+	ProblemOutcomeUnknown = Problem{http.StatusConflict, "outcome-unknown", "The outcome of the request with this Idempotency-Key is unknown"}
+	ProblemNotStored      = Problem{http.StatusConflict, "response-not-stored", "The response to the request with this Idempotency-Key was not stored"}
+	ProblemUnavailable    = Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}
+	ProblemClientClosed   = Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}
+	ProblemInternal       = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
 )
 
 // problems describe the protocol's errors, in the order Describe looks for
@@ -52,6 +54,8 @@ var problems = []struct {
 	{ErrNoScope, ProblemNoScope},
 	{ErrKeyMismatch, ProblemKeyMismatch},
 	{ErrInFlight, ProblemInFlight},
+	{ErrOutcomeUnknown, ProblemOutcomeUnknown},
+	{ErrNotStored, ProblemNotStored},
 	{ErrUnavailable, ProblemUnavailable},
 	{context.Canceled, ProblemClientClosed},
 }

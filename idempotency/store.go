@@ -140,12 +140,13 @@ type Response struct {
 	Body   []byte
 }
 
-// Provisional reports whether a stored response is a long operation's
-// "accepted, still running" answer (202), which the operation replaces with
-// its final response when its background work ends. Every other stored
-// response is final and never changes until it expires, so caches may keep
-// it; a provisional one must be read from the durable store.
-func Provisional(status int) bool { return status == http.StatusAccepted }
+// Provisional reports whether a stored response may still change: a long
+// operation's "accepted, still running" answer (202), which the operation
+// replaces with its final response when its background work ends, or a
+// held record (StatusHeld), which its operation settles. Every other
+// stored response is final and never changes until it expires, so caches
+// may keep it; a provisional one must be read from the durable store.
+func Provisional(status int) bool { return status == http.StatusAccepted || status == StatusHeld }
 
 // MapUnit returns s with each lease's unit passed through f, so that an
 // application can hand its operations its own unit of work (repositories

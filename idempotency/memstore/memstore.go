@@ -84,12 +84,47 @@ func (s *Store) ReplaceProvisional(ref idempotency.Ref, final idempotency.Respon
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.keys[scopedKey{ref.Scope, ref.Key}]
-	if e == nil || e.rec == nil || !e.claimedAt.Equal(ref.ClaimedAt) || !idempotency.Provisional(e.rec.Response.Status) {
+	if e == nil || e.rec == nil || !e.claimedAt.Equal(ref.ClaimedAt) || e.rec.Response.Status != http.StatusAccepted {
 		return false
 	}
 	rec := copyRecord(idempotency.Record{Fingerprint: e.rec.Fingerprint, Response: final, CreatedAt: e.rec.CreatedAt, ExpiresAt: e.rec.ExpiresAt})
 	e.rec = &rec
 	return true
+}
+
+// Settle implements idempotency.Settler: it replaces the held record
+// stored under ref's claim with resp.
+func (s *Store) Settle(_ context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.heldEntry(ref)
+	if e == nil {
+		return false, nil
+	}
+	rec := copyRecord(idempotency.Record{Fingerprint: e.rec.Fingerprint, Response: resp, CreatedAt: e.rec.CreatedAt, ExpiresAt: e.rec.ExpiresAt})
+	e.rec = &rec
+	return true, nil
+}
+
+// Release implements idempotency.Settler: it deletes the held record
+// stored under ref's claim.
+func (s *Store) Release(_ context.Context, ref idempotency.Ref) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.heldEntry(ref) == nil {
+		return false, nil
+	}
+	delete(s.keys, scopedKey{ref.Scope, ref.Key})
+	return true, nil
+}
+
+// heldEntry is the entry holding ref's held record, or nil; s.mu is held.
+func (s *Store) heldEntry(ref idempotency.Ref) *entry {
+	e := s.keys[scopedKey{ref.Scope, ref.Key}]
+	if e == nil || e.rec == nil || !e.claimedAt.Equal(ref.ClaimedAt) || e.rec.Response.Status != idempotency.StatusHeld {
+		return nil
+	}
+	return e
 }
 
 // PurgeExpired implements idempotency.Purger. Batching is moot in memory.

@@ -534,20 +534,46 @@ func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, cre
 // It reports false, changing nothing, when the record is gone (purged, or
 // claimed again after it expired) or no longer provisional.
 func (s *Store) ReplaceProvisional(ctx context.Context, tx pgx.Tx, ref idempotency.Ref, final idempotency.Response) (bool, error) {
-	headers, body, err := encodeResponse(final)
+	return s.replace(ctx, tx, ref, http.StatusAccepted, final)
+}
+
+// Settle implements idempotency.Settler: it replaces the held record
+// stored under ref's claim with resp, in a statement of its own.
+func (s *Store) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
+	return s.replace(ctx, s.pool, ref, idempotency.StatusHeld, resp)
+}
+
+// replace replaces the response of status from stored under ref's claim.
+func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, from int, resp idempotency.Response) (bool, error) {
+	headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return false, err
 	}
-	n, err := s.queries(tx).IdempotencyKeyReplaceProvisional(ctx, keydb.IdempotencyKeyReplaceProvisionalParams{
-		Scope:           s.scope.arg(ref.Scope),
-		IdempotencyKey:  ref.Key,
-		KeyCreatedAt:    ref.ClaimedAt,
-		ResponseStatus:  pgtype.Int4{Int32: int32(final.Status), Valid: true},
-		ResponseHeaders: headers,
-		ResponseBody:    body,
+	n, err := s.queries(db).IdempotencyKeyReplaceProvisional(ctx, keydb.IdempotencyKeyReplaceProvisionalParams{
+		Scope:             s.scope.arg(ref.Scope),
+		IdempotencyKey:    ref.Key,
+		KeyCreatedAt:      ref.ClaimedAt,
+		ResponseStatus:    pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseHeaders:   headers,
+		ResponseBody:      body,
+		ProvisionalStatus: int32(from),
 	})
 	if err != nil {
-		return false, Translate(fmt.Errorf("replace the provisional response: %w", err))
+		return false, Translate(fmt.Errorf("replace the response of status %d: %w", from, err))
+	}
+	return n == 1, nil
+}
+
+// Release implements idempotency.Settler: it deletes the held record
+// stored under ref's claim, freeing the key.
+func (s *Store) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
+	n, err := s.queries(s.pool).IdempotencyKeyRelease(ctx, keydb.IdempotencyKeyReleaseParams{
+		Scope:          s.scope.arg(ref.Scope),
+		IdempotencyKey: ref.Key,
+		KeyCreatedAt:   ref.ClaimedAt,
+	})
+	if err != nil {
+		return false, Translate(fmt.Errorf("release a held key: %w", err))
 	}
 	return n == 1, nil
 }

@@ -287,9 +287,23 @@ func (s *Store) KeyNames(scope, key string) (record, marker string) {
 	return base + ":rec", base + ":inflight"
 }
 
-// Wrap puts the fast path in front of next.
+// Wrap puts the fast path in front of next. The store it returns keeps
+// held records (idempotency.Settler) when next does.
 func Wrap[U any](s *Store, next idempotency.Store[U]) idempotency.Store[U] {
-	return &fastPath[U]{s: s, next: next}
+	f := &fastPath[U]{s: s, next: next}
+	if settler, ok := next.(idempotency.Settler); ok {
+		return &settlingFastPath[U]{fastPath: f, Settler: settler}
+	}
+	return f
+}
+
+// settlingFastPath is the fast path in front of a durable store that
+// keeps held records. Held records are never cached, so settling one
+// changes nothing on Redis: the settled record is cached when it is first
+// read.
+type settlingFastPath[U any] struct {
+	*fastPath[U]
+	idempotency.Settler
 }
 
 // fastPath is the durable store next behind the fast path s.

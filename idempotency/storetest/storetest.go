@@ -33,9 +33,10 @@ import (
 // Harness is what the suite needs of a store: the store, and a way to write
 // through its unit of work and see what was written.
 type Harness[U any] struct {
-	// Open returns the store under test. It is called once per case; the
-	// stores may share state (one database), since every case works in
-	// scopes of its own.
+	// Open returns the store under test. It is called once per case, and
+	// once more to learn what the store implements (idempotency.Settler
+	// runs the held records' case); the stores may share state (one
+	// database), since every case works in scopes of its own.
 	Open func(t *testing.T) idempotency.Store[U]
 	// Write makes one write named id (a row, say) through unit, inside the
 	// lease whose claim is ref. It must be visible to Count once the lease
@@ -96,6 +97,7 @@ func Run[U any](t *testing.T, h Harness[U]) {
 		{"UncommittedWritesInvisible", testUncommittedWritesInvisible[U], !h.Queued},
 		{"Deferred", testDeferred[U], true},
 		{"ReplaceProvisional", testReplaceProvisional[U], h.Replace != nil},
+		{"SettleHeld", testSettleHeld[U], settles(t, h)},
 	}
 	for _, tc := range cases {
 		if !tc.needs {
@@ -604,6 +606,76 @@ func testReplaceProvisional[U any](t *testing.T, b *bundle[U]) {
 	require.False(t, replaced, "the old claim's record is gone")
 	rec = claimRecord(t, ctx, store, short)
 	require.Equal(t, "new", string(rec.Response.Body), "the old operation's outcome must not land on the key's new record")
+}
+
+// settles reports whether the harness's store keeps held records.
+func settles[U any](t *testing.T, h Harness[U]) bool {
+	_, ok := h.Open(t).(idempotency.Settler)
+	return ok
+}
+
+// 13. A held record (committed before its operation runs outside the
+// store) is settled or released under its own claim and no other, and is
+// never taken for an outcome of its own.
+func testSettleHeld[U any](t *testing.T, b *bundle[U]) {
+	store, scope := b.open(t)
+	settler := store.(idempotency.Settler)
+	ctx := b.ctx
+	hold := func(req idempotency.ClaimRequest) idempotency.Ref {
+		t.Helper()
+		lease := claimLease(t, ctx, store, req)
+		ref := lease.Ref()
+		running := idempotency.Held{State: idempotency.HeldRunning, Until: time.Now().Add(time.Minute)}
+		require.NoError(t, lease.Commit(ctx, running.Response()), "commit the held record")
+		return ref
+	}
+	req := claimRequest(scope, newKey(), fingerprint("POST /held a"))
+	ref := hold(req)
+	rec := claimRecord(t, ctx, store, req)
+	held, ok := idempotency.ParseHeld(rec.Response)
+	require.True(t, ok, "the key holds the held record, not an outcome: %+v", rec.Response)
+	require.Equal(t, idempotency.HeldRunning, held.State)
+
+	// untouched: neither settling nor releasing ref changes anything.
+	untouched := func(ref idempotency.Ref, why string) {
+		t.Helper()
+		settled, err := settler.Settle(ctx, ref, response("not this one"))
+		require.NoError(t, err, "settle: %s", why)
+		require.False(t, settled, "settled: %s", why)
+		released, err := settler.Release(ctx, ref)
+		require.NoError(t, err, "release: %s", why)
+		require.False(t, released, "released: %s", why)
+	}
+	other := ref
+	other.ClaimedAt = ref.ClaimedAt.Add(time.Millisecond)
+	untouched(other, "a held record is settled or released under its own claim only")
+
+	settled, err := settler.Settle(ctx, ref, response("final"))
+	require.NoError(t, err, "settle")
+	require.True(t, settled, "the held record was there to settle")
+	rec = claimRecord(t, ctx, store, req)
+	require.Equal(t, "final", string(rec.Response.Body), "the key replays what it was settled with")
+	untouched(ref, "an outcome is never settled again, nor released")
+
+	freed := claimRequest(scope, newKey(), fingerprint("POST /held b"))
+	ref = hold(freed)
+	released, err := settler.Release(ctx, ref)
+	require.NoError(t, err, "release")
+	require.True(t, released, "the held record was there to release")
+	lease := claimLease(t, ctx, store, freed)
+	require.NoError(t, lease.Rollback(ctx))
+
+	// A key that expired while held, and was claimed again.
+	short := claimRequest(scope, newKey(), fingerprint("POST /held c"))
+	short.TTL = time.Millisecond
+	old := hold(short)
+	time.Sleep(expiryPause)
+	short.TTL = time.Hour
+	hold(short)
+	untouched(old, "the old claim's record is gone")
+	rec = claimRecord(t, ctx, store, short)
+	_, ok = idempotency.ParseHeld(rec.Response)
+	require.True(t, ok, "the key's new held record stays")
 }
 
 func newKey() string { return "storetest-" + rand.Text() }

@@ -108,17 +108,26 @@ LIMIT @max_rows;
 SELECT count(*) FROM idempotency_keys WHERE expires_at <= now();
 
 -- name: IdempotencyKeyReplaceProvisional :execrows
--- Replaces the provisional 202 stored for a long operation with its final
--- response, once the operation finished. created_at pins the very key row
--- the operation was accepted under (its claim's Ref); a row that was purged,
--- or reused after it expired, is left alone.
+-- Replaces a provisional response with what became of its operation: a
+-- long operation's 202 with its final response once it finished, or a
+-- held record (102: an operation that runs outside the key's transaction,
+-- such as a gateway's upstream call) once its outcome is known.
+-- created_at pins the very key row the operation was accepted under (its
+-- claim's Ref); a row that was purged, or reused after it expired, is left
+-- alone, and so is a row whose response is not of provisional_status.
 UPDATE idempotency_keys
 SET response_status = @response_status,
     response_headers = @response_headers,
     response_body = @response_body,
     completed_at = now()
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
-  AND status = 'completed' AND response_status = 202;
+  AND status = 'completed' AND response_status = @provisional_status::int;
+
+-- name: IdempotencyKeyRelease :execrows
+-- Deletes a held record under the claim it was held under, freeing the key.
+DELETE FROM idempotency_keys
+WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
+  AND status = 'completed' AND response_status = 102;
 
 -- name: IdempotencyKeyPeekMany :many
 -- The first of a deferred commit's statements (write-only operations,

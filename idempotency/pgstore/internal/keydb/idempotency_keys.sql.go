@@ -635,6 +635,27 @@ func (q *Queries) IdempotencyKeyPurgeExpired(ctx context.Context, batchSize int3
 	return result.RowsAffected(), nil
 }
 
+const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
+DELETE FROM idempotency_keys
+WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2 AND created_at = $3
+  AND status = 'completed' AND response_status = 102
+`
+
+type IdempotencyKeyReleaseParams struct {
+	Scope          []byte
+	IdempotencyKey string
+	KeyCreatedAt   time.Time
+}
+
+// Deletes a held record under the claim it was held under, freeing the key.
+func (q *Queries) IdempotencyKeyRelease(ctx context.Context, arg IdempotencyKeyReleaseParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeyRelease, arg.Scope, arg.IdempotencyKey, arg.KeyCreatedAt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idempotencyKeyReplaceProvisional = `-- name: IdempotencyKeyReplaceProvisional :execrows
 UPDATE idempotency_keys
 SET response_status = $1,
@@ -642,22 +663,26 @@ SET response_status = $1,
     response_body = $3,
     completed_at = now()
 WHERE scope = CAST($4 AS bytea) AND idempotency_key = $5 AND created_at = $6
-  AND status = 'completed' AND response_status = 202
+  AND status = 'completed' AND response_status = $7::int
 `
 
 type IdempotencyKeyReplaceProvisionalParams struct {
-	ResponseStatus  pgtype.Int4
-	ResponseHeaders json.RawMessage
-	ResponseBody    []byte
-	Scope           []byte
-	IdempotencyKey  string
-	KeyCreatedAt    time.Time
+	ResponseStatus    pgtype.Int4
+	ResponseHeaders   json.RawMessage
+	ResponseBody      []byte
+	Scope             []byte
+	IdempotencyKey    string
+	KeyCreatedAt      time.Time
+	ProvisionalStatus int32
 }
 
-// Replaces the provisional 202 stored for a long operation with its final
-// response, once the operation finished. created_at pins the very key row
-// the operation was accepted under (its claim's Ref); a row that was purged,
-// or reused after it expired, is left alone.
+// Replaces a provisional response with what became of its operation: a
+// long operation's 202 with its final response once it finished, or a
+// held record (102: an operation that runs outside the key's transaction,
+// such as a gateway's upstream call) once its outcome is known.
+// created_at pins the very key row the operation was accepted under (its
+// claim's Ref); a row that was purged, or reused after it expired, is left
+// alone, and so is a row whose response is not of provisional_status.
 func (q *Queries) IdempotencyKeyReplaceProvisional(ctx context.Context, arg IdempotencyKeyReplaceProvisionalParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyReplaceProvisional,
 		arg.ResponseStatus,
@@ -666,6 +691,7 @@ func (q *Queries) IdempotencyKeyReplaceProvisional(ctx context.Context, arg Idem
 		arg.Scope,
 		arg.IdempotencyKey,
 		arg.KeyCreatedAt,
+		arg.ProvisionalStatus,
 	)
 	if err != nil {
 		return 0, err

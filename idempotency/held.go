@@ -1,0 +1,358 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"time"
+)
+
+// StatusHeld is the stored status of a held record (see Held): 102
+// Processing, which is never a final HTTP status, so that no store, cache
+// or replay can take a held record for an operation's outcome.
+const StatusHeld = http.StatusProcessing
+
+// ErrOutcomeUnknown answers a request whose key holds an operation that may
+// have run and whose outcome nobody will learn: a gateway wrote the request
+// upstream and no answer came (a timeout, a reset, a crash). Running it
+// again could run it twice, so the key stays so until an operator settles
+// or releases it, or it expires: 409.
+var ErrOutcomeUnknown = errors.New("the request with this Idempotency-Key may have run, and its outcome is unknown (the upstream took it and never answered): it is not run again under this key; check whether it took effect, then use a new key if it did not")
+
+// ErrNotStored answers a request whose key holds an operation that ran but
+// whose response was not stored (larger than the limit, or a stream), so
+// it cannot be replayed: 409. It never runs again under this key.
+var ErrNotStored = errors.New("the request with this Idempotency-Key ran, but its response was not stored (too large, or a stream), so it cannot be replayed; it is not run again under this key")
+
+// HeldState is what a held record knows of its operation.
+type HeldState string
+
+// The held states.
+const (
+	// HeldRunning: the operation runs now, until Held.Until at the latest.
+	HeldRunning HeldState = "running"
+	// HeldUnknown: the operation may have run; its outcome is unknown.
+	HeldUnknown HeldState = "unknown"
+	// HeldNotStored: the operation ran; its response was not kept.
+	HeldNotStored HeldState = "not-stored"
+)
+
+// Held is what a key holds while an operation that runs outside the
+// store's unit of work (a gateway's call to an upstream) is running, or
+// once its outcome turned out unknown or unstorable. A held operation
+// commits it before it starts, so that no crash can free its key for a
+// second run; it is stored as a record of status StatusHeld, and replaced
+// (Settler.Settle) or deleted (Settler.Release) once the outcome is known.
+type Held struct {
+	State HeldState `json:"state"`
+	// Until bounds a running operation: past it, its holder is presumed
+	// gone, and the outcome is unknown.
+	Until time.Time `json:"until,omitzero"`
+	// Reason says, for people, why the outcome is unknown or not stored.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Response is h as stored.
+func (h Held) Response() Response {
+	body, _ := json.Marshal(h)
+	return Response{Status: StatusHeld, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
+}
+
+// ParseHeld reads a stored response as a held record; false when it is an
+// operation's outcome.
+func ParseHeld(resp Response) (Held, bool) {
+	if resp.Status != StatusHeld {
+		return Held{}, false
+	}
+	var h Held
+	if err := json.Unmarshal(resp.Body, &h); err != nil || h.State == "" {
+		return Held{State: HeldUnknown, Reason: "unreadable held record"}, true
+	}
+	return h, true
+}
+
+// At is h's state at now: a running operation past its Until is unknown.
+func (h Held) At(now time.Time) HeldState {
+	if h.State == HeldRunning && !now.Before(h.Until) {
+		return HeldUnknown
+	}
+	return h.State
+}
+
+// Settler is a store that changes a record it has committed already: what
+// a held operation needs, as its claim is committed before it runs.
+type Settler interface {
+	// Settle replaces the held record stored under ref's claim with resp,
+	// and reports false, changing nothing, when that record is gone (purged,
+	// released, or claimed again after it expired) or holds an outcome.
+	Settle(ctx context.Context, ref Ref, resp Response) (bool, error)
+	// Release deletes the held record stored under ref's claim, freeing the
+	// key, and reports false, changing nothing, as Settle does.
+	Release(ctx context.Context, ref Ref) (bool, error)
+}
+
+// HeldStore is a store that can keep held operations' keys.
+type HeldStore[U any] interface {
+	Store[U]
+	Settler
+}
+
+// HeldConfig makes an operation held: it runs outside the store's unit of
+// work, as a gateway's call to an upstream does, so its claim is committed
+// before it runs and settled after. A held operation's handler never gets a
+// unit of work.
+type HeldConfig struct {
+	// Lease bounds how long the operation may run (a gateway's upstream
+	// timeout, and some margin). Past it, a holder that neither settled
+	// nor released the key is presumed gone, and the outcome is unknown:
+	// never a second run.
+	Lease time.Duration
+	// MaxStored bounds the response kept for replays (default
+	// DefaultMaxStored). A larger response, or a stream (text/event-stream),
+	// passes through to the client once, and the key records that it was
+	// not stored.
+	MaxStored int64
+	// RetryUnknown runs an operation whose outcome is unknown again, under
+	// the same key, instead of answering ErrOutcomeUnknown: for an upstream
+	// that deduplicates the Idempotency-Key it is passed itself.
+	RetryUnknown bool
+}
+
+// DefaultMaxStored is the largest response a held operation stores unless
+// HeldConfig.MaxStored says otherwise.
+const DefaultMaxStored = 1 << 20
+
+// NewHeldOperation declares a held operation of e (see HeldConfig), whose
+// keys store keeps.
+func NewHeldOperation[U any](e *Engine, store HeldStore[U], cfg OperationConfig, held HeldConfig) *Operation[U] {
+	if held.Lease <= 0 {
+		held.Lease = time.Minute
+	}
+	if held.MaxStored <= 0 {
+		held.MaxStored = DefaultMaxStored
+	}
+	op := NewOperation[U](e, store, cfg)
+	op.held = &heldOperation{HeldConfig: held, settler: store}
+	return op
+}
+
+type heldOperation struct {
+	HeldConfig
+	settler Settler
+}
+
+// heldKey carries a held operation's verdict slot to its handler.
+type heldKey struct{}
+
+// heldVerdict is what the handler of a held operation reports of its
+// outcome, besides its response.
+type heldVerdict struct {
+	unknown error
+}
+
+// MarkUnknown reports, from the handler of a held operation, that its
+// request may have taken effect and no answer will come (written upstream,
+// then a timeout or a reset). The handler writes nothing more: the engine
+// records the key as unknown and answers ErrOutcomeUnknown. It reports
+// false outside a held operation.
+func MarkUnknown(r *http.Request, cause error) bool {
+	v, ok := r.Context().Value(heldKey{}).(*heldVerdict)
+	if !ok {
+		return false
+	}
+	v.unknown = cause
+	return true
+}
+
+// heldPoll is how often a request polls a key held by a running operation
+// elsewhere: a held record is committed, so the store has no lock to wait
+// on.
+const heldPoll = 20 * time.Millisecond
+
+// meetHeld decides what a request does about a key that holds h: wait for
+// it (true), or answer err.
+func (o *Operation[U]) meetHeld(ctx context.Context, h Held, ref Ref, budget time.Duration) (again bool, err error) {
+	switch h.At(time.Now()) {
+	case HeldRunning:
+		if budget <= 0 {
+			return false, ErrInFlight
+		}
+		t := time.NewTimer(min(heldPoll, budget))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	case HeldNotStored:
+		return false, ErrNotStored
+	}
+	if o.held == nil || !o.held.RetryUnknown {
+		return false, ErrOutcomeUnknown
+	}
+	// The upstream deduplicates the key itself: free it, and claim again.
+	// Of several requests that do so at once, one releases the record and
+	// the others find the key claimed anew.
+	if _, err := o.held.settler.Release(ctx, ref); err != nil {
+		return false, fmt.Errorf("release a key whose outcome is unknown: %w", err)
+	}
+	return true, nil
+}
+
+// runHeld runs a held operation under lease: it commits the key as held
+// first, so that from then on only Settle or Release frees it, then runs
+// next, and settles the key with the response (releases it for a response
+// that is not stored, as run rolls back). Unlike run, it answers after the
+// settle only where the response is stored: one that passes through is
+// answered as it comes, its key recorded first as not stored.
+func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error) {
+	e, ctx, held := s.op.e, s.r.Context(), s.op.held
+	if err := s.validate(); err != nil {
+		s.rollback(lease)
+		return s.refuse(err), nil
+	}
+	dctx, cancel := detach(ctx)
+	err := lease.Commit(dctx, Held{State: HeldRunning, Until: time.Now().Add(held.Lease)}.Response())
+	cancel()
+	if err != nil {
+		var taken *TakenError
+		if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
+			return OutcomeNone, err // nothing was written
+		}
+		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
+	}
+	ref := lease.Ref()
+	settle := func(resp *Response) {
+		sctx, cancel := detach(ctx)
+		defer cancel()
+		var settled bool
+		var err error
+		if resp == nil {
+			settled, err = held.settler.Release(sctx, ref)
+		} else {
+			settled, err = held.settler.Settle(sctx, ref, *resp)
+		}
+		switch {
+		case err != nil:
+			e.cfg.Logger.ErrorContext(ctx, "idempotency: a held key could not be settled; its outcome is unknown once its lease ends", "err", err)
+		case !settled:
+			e.cfg.Logger.WarnContext(ctx, "idempotency: a held key changed while its operation ran (released by an operator, or expired)")
+		}
+	}
+	stored := func(status int, reason string) {
+		if !Replayable(status) {
+			settle(nil)
+			return
+		}
+		resp := Held{State: HeldNotStored, Reason: reason}.Response()
+		settle(&resp)
+	}
+	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
+	verdict := &heldVerdict{}
+	inner := s.r.WithContext(context.WithValue(ctx, heldKey{}, verdict))
+	inner.Body = io.NopCloser(bytes.NewReader(s.body))
+	inner.ContentLength = int64(len(s.body))
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		// A handler that gives up midway (httputil.ReverseProxy, when the
+		// upstream's body breaks off) has taken the request upstream.
+		switch {
+		case w.passing:
+		case w.wroteHeader:
+			stored(w.status, "the response broke off")
+		default:
+			resp := Held{State: HeldUnknown, Reason: fmt.Sprint("the operation failed: ", p)}.Response()
+			settle(&resp)
+		}
+		panic(p)
+	}()
+	next.ServeHTTP(w, inner)
+
+	switch {
+	case w.passing:
+		if w.status >= 500 {
+			return s.report(OutcomeError), nil
+		}
+		return s.report(OutcomeExecuted), nil
+	case verdict.unknown != nil:
+		resp := Held{State: HeldUnknown, Reason: verdict.unknown.Error()}.Response()
+		settle(&resp)
+		e.writeError(s.w, s.r, fmt.Errorf("%w: %w", ErrOutcomeUnknown, verdict.unknown))
+		return s.report(OutcomeUnknown), nil
+	case !Replayable(w.status):
+		settle(nil)
+		w.copyTo(s.w)
+		if w.status >= 500 {
+			return s.report(OutcomeError), nil
+		}
+		return s.report(OutcomeRejected), nil
+	}
+	settle(&Response{Status: w.status, Header: w.allowed(e.stored), Body: w.body.Bytes()})
+	w.copyTo(s.w)
+	return s.report(OutcomeExecuted), nil
+}
+
+// heldWriter buffers a held operation's response as the recorder does, up
+// to its limit, and passes it through to the client from the moment it
+// cannot be stored: once it outgrows the limit, or at once for a stream.
+// Before the first byte passes, through records the key's fate.
+type heldWriter struct {
+	recorder
+	client  http.ResponseWriter
+	limit   int64
+	through func(status int, reason string)
+	passing bool
+}
+
+func (w *heldWriter) WriteHeader(status int) {
+	if w.wroteHeader || status < 200 {
+		// Interim responses (103 Early Hints) are not the outcome.
+		return
+	}
+	w.recorder.WriteHeader(status)
+	if mt, _, _ := mime.ParseMediaType(w.header.Get("Content-Type")); mt == "text/event-stream" {
+		w.pass("the response is a stream (text/event-stream)")
+	}
+}
+
+func (w *heldWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	if !w.passing && int64(w.body.Len()+len(p)) > w.limit {
+		w.pass(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to", w.limit))
+	}
+	if w.passing {
+		return w.client.Write(p)
+	}
+	return w.body.Write(p)
+}
+
+// Flush passes a stream's data on as it comes; a response that may yet be
+// stored is held back.
+func (w *heldWriter) Flush() {
+	if w.passing {
+		_ = http.NewResponseController(w.client).Flush()
+	}
+}
+
+// pass records why the response is not stored, then sends what is
+// buffered and lets the rest through.
+func (w *heldWriter) pass(reason string) {
+	w.passing = true
+	w.through(w.status, reason)
+	h := w.client.Header()
+	for name, values := range w.header {
+		h[name] = values
+	}
+	w.client.WriteHeader(w.status)
+	_, _ = w.client.Write(w.body.Bytes())
+	w.body = bytes.Buffer{}
+}
