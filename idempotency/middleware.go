@@ -420,6 +420,9 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 				ref := Ref{Scope: in.Scope, Key: in.Key, ClaimedAt: rec.CreatedAt}
 				again, herr := o.meetHeld(ctx, h, ref, o.cfg.Wait-time.Since(claimStart))
 				if again {
+					// Claimed at once from now on: it reads the key's
+					// record, where a deferred claim would try to insert.
+					contended = true
 					continue
 				}
 				rec, err = nil, herr

@@ -20,6 +20,10 @@ type Stats struct {
 	// CleanupLag is the age of the oldest expired key not yet deleted (0 when
 	// none): how far cleanup is behind.
 	CleanupLag time.Duration
+	// Held counts the keys of held operations running now, and Unknown
+	// those whose outcome is unknown (see Held): each of those may have
+	// run, and waits for an operator.
+	Held, Unknown int64
 }
 
 // StatsSource reports Stats.

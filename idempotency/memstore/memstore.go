@@ -157,6 +157,15 @@ func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
 		st.Completed++
 		if !now.Before(e.rec.ExpiresAt) {
 			st.CleanupLag = max(st.CleanupLag, now.Sub(e.rec.ExpiresAt))
+			continue
+		}
+		if h, ok := idempotency.ParseHeld(e.rec.Response); ok {
+			switch h.At(now) {
+			case idempotency.HeldRunning:
+				st.Held++
+			case idempotency.HeldUnknown:
+				st.Unknown++
+			}
 		}
 	}
 	return st, nil

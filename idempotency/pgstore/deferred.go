@@ -107,6 +107,18 @@ type deferredStore struct {
 	writes map[string]bool // the statements Deferred took
 }
 
+// Settle implements idempotency.Settler, as Store.Settle: a held
+// operation with no writes of its own claims and holds its key in one
+// round trip on the deferred store.
+func (d *deferredStore) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
+	return d.s.Settle(ctx, ref, resp)
+}
+
+// Release implements idempotency.Settler, as Store.Release.
+func (d *deferredStore) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
+	return d.s.Release(ctx, ref)
+}
+
 // Batch is the unit of work of a write-only operation: the writes it queues
 // are sent with the claim at Commit, each of them one of the statements
 // Deferred took, with the guard relation that says whether this claim

@@ -726,6 +726,8 @@ func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 		st.TableBytes += row.TableBytes
 		st.OldestProcessingAge = max(st.OldestProcessingAge, seconds(row.OldestProcessingAgeSeconds))
 		st.CleanupLag = max(st.CleanupLag, seconds(row.CleanupLagSeconds))
+		st.Held += row.HeldRunning
+		st.Unknown += row.HeldUnknown
 	}
 	return st, nil
 }

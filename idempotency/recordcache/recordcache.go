@@ -63,9 +63,22 @@ func New(size int, observer Observer) (*Cache, error) {
 }
 
 // Wrap puts c in front of next: replays of records c holds are answered
-// from memory, and records next commits or reads are kept.
+// from memory, and records next commits or reads are kept. The store it
+// returns keeps held records (idempotency.Settler) when next does; they
+// are provisional, so never kept.
 func Wrap[U any](c *Cache, next idempotency.Store[U]) idempotency.Store[U] {
-	return &cached[U]{c: c, next: next}
+	w := &cached[U]{c: c, next: next}
+	if settler, ok := next.(idempotency.Settler); ok {
+		return &settlingCached[U]{cached: w, Settler: settler}
+	}
+	return w
+}
+
+// settlingCached is the cache in front of a store that keeps held
+// records, settled and released through it.
+type settlingCached[U any] struct {
+	*cached[U]
+	idempotency.Settler
 }
 
 // cached is a store with the cache in front.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/internal/access"
 	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
@@ -38,6 +39,9 @@ type KeyInfo struct {
 	CompletedAt    *time.Time `json:"completed_at,omitempty"`
 	ExpiresAt      time.Time  `json:"expires_at"`
 	Expired        bool       `json:"expired"`
+	// Held is set for a held operation's key (a gateway's): its state now
+	// (running, unknown or not-stored) and why.
+	Held *idempotency.Held `json:"held,omitempty"`
 }
 
 // Inspect returns one key's record in store's table.
@@ -53,7 +57,7 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 	if err != nil {
 		return KeyInfo{}, pgstore.Translate(err)
 	}
-	return KeyInfo{
+	info := KeyInfo{
 		Scope:          access.ScopeRead(store, row.Scope),
 		Key:            row.IdempotencyKey,
 		Status:         row.Status,
@@ -66,7 +70,13 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 		CompletedAt:    row.CompletedAt,
 		ExpiresAt:      row.ExpiresAt,
 		Expired:        !row.ExpiresAt.After(time.Now()),
-	}, nil
+	}
+	resp := idempotency.Response{Status: info.ResponseStatus, Body: row.ResponseBody}
+	if held, ok := idempotency.ParseHeld(resp); ok {
+		held.State = held.At(time.Now())
+		info.Held = &held
+	}
+	return info, nil
 }
 
 // StuckKey is a key processing for longer than it should.

@@ -82,8 +82,17 @@ SELECT
           ELSE e.rows END)::bigint AS total,
     pg_total_relation_size(c.oid)::bigint AS table_bytes,
     coalesce(extract(epoch FROM now() - (SELECT min(created_at) FROM idempotency_keys WHERE status = 'processing')), 0)::float8 AS oldest_processing_age_seconds,
-    coalesce(extract(epoch FROM now() - (SELECT min(expires_at) FROM idempotency_keys WHERE expires_at <= now())), 0)::float8 AS cleanup_lag_seconds
+    coalesce(extract(epoch FROM now() - (SELECT min(expires_at) FROM idempotency_keys WHERE expires_at <= now())), 0)::float8 AS cleanup_lag_seconds,
+    h.held_running, h.held_unknown
 FROM pg_catalog.pg_class c
+CROSS JOIN LATERAL (
+    -- Held records, through their partial index: running until their
+    -- lease's end, of unknown outcome after it (see idempotency.Held).
+    SELECT count(*) FILTER (WHERE r.held->>'state' = 'running' AND (r.held->>'until')::timestamptz > now())::bigint AS held_running,
+           count(*) FILTER (WHERE r.held->>'state' = 'unknown' OR (r.held->>'state' = 'running' AND (r.held->>'until')::timestamptz <= now()))::bigint AS held_unknown
+    FROM (SELECT convert_from(response_body, 'UTF8')::jsonb AS held FROM idempotency_keys
+          WHERE response_status = 102 AND status = 'completed' AND expires_at > now()) r
+) h
 CROSS JOIN LATERAL (
     SELECT (CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint
                  ELSE pg_catalog.pg_stat_get_live_tuples(c.oid) END)::bigint AS rows
