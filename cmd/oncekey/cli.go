@@ -26,6 +26,7 @@ type cli struct {
 	Keys         keysCmd         `cmd:"" help:"Read-only views of the idempotency keys, for operators."`
 	Payments     paymentsCmd     `cmd:"" help:"Read-only views of the payments and refunds, for operators."`
 	Accounts     accountsCmd     `cmd:"" help:"Create accounts and revoke API keys."`
+	Proxy        proxyCmd        `cmd:"" help:"Put the Idempotency-Key protocol in front of any HTTP API: a reverse proxy to --upstream whose covered routes (--spec or --routes) run exactly once per key. See docs/gateway.md."`
 	Conformance  conformanceCmd  `cmd:"" help:"Check any API's Idempotency-Key behaviour from its OpenAPI document. It runs the operations it checks many times: use a test account (on a sandbox provider)."`
 	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Deprecated alias, kept for one release: conformance against an Oncekey deployment, with its own openapi.yaml and api/conformance.yaml."`
 	Version      versionCmd      `cmd:"" help:"Print the version and the VCS revision this binary was built from."`
@@ -65,30 +66,53 @@ func (d databaseFlags) require() error {
 	return nil
 }
 
+// redisFlags are the Redis fast path in front of PostgreSQL, as serve and
+// proxy both take it.
+type redisFlags struct {
+	RedisURL    string `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0, or redis+cluster://host1:6379,host2:6379 for a Redis Cluster); any Redis failure falls back to PostgreSQL."`
+	RedisSecret string `name:"redis-secret" envvar:"ONCEKEY_REDIS_SECRET" placeholder:"SECRET" help:"Authenticates the responses cached in Redis (HMAC), so that nothing else that can write there can forge a replay: the same on every replica, 32 characters or more; best given in the environment. Unset: a random one per process, and each replica replays from Redis only what it cached itself."`
+}
+
+// protocolFlags are the protocol's timing, as serve and proxy both take it.
+type protocolFlags struct {
+	TTL  time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
+	Wait time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
+}
+
+// serverFlags bound a listening command's connections, shutdown and
+// cleanup, as serve and proxy both take them.
+type serverFlags struct {
+	ShutdownTimeout time.Duration `name:"shutdown-timeout" envvar:"ONCEKEY_SHUTDOWN_TIMEOUT" default:"30s" help:"How long SIGTERM waits for requests that are running."`
+	CleanupInterval time.Duration `name:"cleanup-interval" envvar:"ONCEKEY_CLEANUP_INTERVAL" default:"1m" help:"How often expired keys are purged."`
+	CleanupBatch    int           `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per purge statement."`
+	MaxConns        int           `name:"max-conns" envvar:"ONCEKEY_MAX_CONNS" default:"0" help:"Connections held at once (0: three quarters of the open-file limit, at most 10000)."`
+	MaxInFlight     int           `name:"max-in-flight" envvar:"ONCEKEY_MAX_IN_FLIGHT" default:"0" help:"Requests running at once; beyond it 503 with Retry-After (0: 256)."`
+}
+
+// recordCacheFlag sizes the in-process cache of completed records, which
+// serve and proxy both keep.
+type recordCacheFlag struct {
+	RecordCacheSize int `name:"record-cache-size" envvar:"ONCEKEY_RECORD_CACHE_SIZE" default:"10000" help:"Completed records kept in process (0: none)."`
+}
+
 type serveCmd struct {
 	DatabaseURL          string `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL (pgxpool settings such as pool_max_conns may be given in it); empty: in memory, lost on exit."`
 	DatabaseReplicaURL   string `name:"database-replica-url" envvar:"DATABASE_REPLICA_URL" placeholder:"URL" help:"Optional streaming replica of DATABASE_URL for the reads that may lag (orders, a payment, the bonus balance; Consistency: strong reads the primary)."`
 	GroupCommitByAccount bool   `name:"group-commit-by-account" envvar:"ONCEKEY_GROUP_COMMIT_BY_ACCOUNT" help:"Merge only one account's concurrent first requests into a commit, so that each commit stays on one shard of a database sharded by account."`
 	keyScopeFlag
-	RedisURL            string        `name:"redis-url" envvar:"REDIS_URL" placeholder:"URL" help:"Optional Redis fast path (redis://host:6379/0, or redis+cluster://host1:6379,host2:6379 for a Redis Cluster); any Redis failure falls back to PostgreSQL."`
-	RedisSecret         string        `name:"redis-secret" envvar:"ONCEKEY_REDIS_SECRET" placeholder:"SECRET" help:"Authenticates the responses cached in Redis (HMAC), so that nothing else that can write there can forge a replay: the same on every replica, 32 characters or more; best given in the environment. Unset: a random one per process, and each replica replays from Redis only what it cached itself."`
+	redisFlags
+	protocolFlags
+	serverFlags
+	recordCacheFlag
 	Addr                string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the API (:8080 for every interface)."`
 	MetricsAddr         string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address instead of on the API's (the profiling endpoints only ever on --pprof-addr)."`
-	TTL                 time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
-	Wait                time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
 	MaxBodyBytes        int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"65536" help:"Larger request bodies get 413 (the largest valid order is under 10 KB)."`
 	RequestTimeout      time.Duration `name:"request-timeout" envvar:"ONCEKEY_REQUEST_TIMEOUT" default:"10s" help:"Bound on each request's work, database calls included; past it, 503."`
-	ShutdownTimeout     time.Duration `name:"shutdown-timeout" envvar:"ONCEKEY_SHUTDOWN_TIMEOUT" default:"30s" help:"How long SIGTERM waits for requests that are running."`
-	CleanupInterval     time.Duration `name:"cleanup-interval" envvar:"ONCEKEY_CLEANUP_INTERVAL" default:"1m" help:"How often expired keys are purged."`
-	CleanupBatch        int           `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per purge statement."`
 	DemoAPIKey          string        `name:"demo-api-key" envvar:"ONCEKEY_DEMO_API_KEY" placeholder:"KEY" help:"The demo account's API key: in memory, ${demo_key} unless given; on PostgreSQL, only while given (the account is created once, and its key disabled at every start without this). A full-strength key: ok_ and 43 base64url characters."`
 	AllowWeakDemoAPIKey bool          `name:"allow-weak-demo-api-key" envvar:"ONCEKEY_ALLOW_WEAK_DEMO_API_KEY" help:"Take a --demo-api-key that is not a full-strength key (a throwaway setup's, such as ${demo_key})."`
 	Tracing             string        `name:"tracing" envvar:"ONCEKEY_TRACING" default:"off" help:"off, or stdout: print OpenTelemetry spans as JSON."`
 	APIKeyCacheTTL      time.Duration `name:"api-key-cache-ttl" envvar:"ONCEKEY_API_KEY_CACHE_TTL" default:"10s" help:"How long a looked-up API key is trusted in process; a revoked key may keep working this long on each replica."`
-	RecordCacheSize     int           `name:"record-cache-size" envvar:"ONCEKEY_RECORD_CACHE_SIZE" default:"10000" help:"Completed records kept in process (0: none)."`
 	PprofAddr           string        `name:"pprof-addr" envvar:"ONCEKEY_PPROF_ADDR" placeholder:"HOST:PORT" help:"Serve the profiling endpoints (/debug/pprof/) on this internal address; off unless set."`
-	MaxConns            int           `name:"max-conns" envvar:"ONCEKEY_MAX_CONNS" default:"0" help:"Connections held at once (0: three quarters of the open-file limit, at most 10000)."`
-	MaxInFlight         int           `name:"max-in-flight" envvar:"ONCEKEY_MAX_IN_FLIGHT" default:"0" help:"Requests running at once; beyond it 503 with Retry-After (0: 256)."`
 
 	ProviderURL           string        `name:"provider-url" envvar:"ONCEKEY_PROVIDER_URL" placeholder:"URL" help:"The payment provider's base URL (empty: the sandbox provider in process, with the FAKEPROVIDER_* faults)."`
 	ProviderTimeout       time.Duration `name:"provider-timeout" envvar:"ONCEKEY_PROVIDER_TIMEOUT" default:"10s" help:"How long one call to the provider may take."`
@@ -128,15 +152,38 @@ type purgeCmd struct {
 }
 
 type keysCmd struct {
-	Inspect keysInspectCmd `cmd:"" help:"Show one key's record: status, fingerprint, timestamps, stored status code (never the body)."`
+	Inspect keysInspectCmd `cmd:"" help:"Show one key's record: status, fingerprint, timestamps, stored status code (never the body), and a gateway key's held state (running, unknown, not-stored)."`
+	Resolve keysResolveCmd `cmd:"" help:"Settle a gateway key whose outcome is unknown with the answer the upstream gave (found out by hand): its retries replay it. Logged for audit."`
+	Release keysReleaseCmd `cmd:"" help:"Free a gateway key whose outcome is unknown, once the operation is known not to have run: its next retry runs it. Logged for audit."`
 	Stats   keysStatsCmd   `cmd:"" help:"Keys by status, table size, oldest processing key, cleanup lag."`
 	Stuck   keysStuckCmd   `cmd:"" help:"List keys processing for longer than --older-than."`
 }
 
 type keysInspectCmd struct {
 	databaseFlags
-	Account string `arg:"" help:"The account id the key belongs to."`
+	keyArgs
+}
+
+// keyArgs name one key: whose it is, and the key.
+type keyArgs struct {
+	Account string `arg:"" help:"The account id the key belongs to; with --gateway, the scope oncekey proxy read (a header's value, a JWT claim, or sha256:HEX of an Authorization value)."`
 	Key     string `arg:"" help:"The Idempotency-Key."`
+	Gateway bool   `name:"gateway" help:"ACCOUNT is a gateway's scope, as oncekey proxy keys by it."`
+}
+
+type keysResolveCmd struct {
+	databaseFlags
+	keyArgs
+	Status      int    `name:"status" required:"" help:"The status the upstream answered with (200 to 499)."`
+	BodyFile    string `name:"body-file" placeholder:"FILE" help:"The body the upstream answered with (empty: none)."`
+	ContentType string `name:"content-type" default:"application/json" help:"The body's Content-Type."`
+	Reason      string `name:"reason" required:"" help:"Why, for the audit log (a ticket, who checked the upstream)."`
+}
+
+type keysReleaseCmd struct {
+	databaseFlags
+	keyArgs
+	Reason string `name:"reason" required:"" help:"Why, for the audit log (a ticket, who checked the upstream)."`
 }
 
 type keysStatsCmd struct {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/testdb"
 	"github.com/oncekey/oncekey/internal/upstreamtest"
 )
@@ -104,20 +105,9 @@ func TestConformanceWithALaggingReplica(t *testing.T) {
 				"DATABASE_URL": db.URL, "DATABASE_REPLICA_URL": db.ReplicaURL, "ONCEKEY_DEMO_API_KEY": key,
 				"ONCEKEY_PAYMENT_RETRY_BASE": "50ms",
 			})
-			out, err := runCommand(t, map[string]string{}, "conformance", "--spec", "../../openapi.yaml", "--overrides", "../../api/conformance.yaml",
-				"--url", "http://"+addr, "--auth", "Bearer "+key, "--format", "json")
-			require.NoError(t, err, out)
-			var doc struct {
-				Summary struct{ Passed, Failed, Skipped int }
-				Results []struct{ Check, Operation, Status, Message string }
-			}
-			require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
-			for _, r := range doc.Results {
-				require.NotEqual(t, "fail", r.Status, "%s on %s: %s", r.Check, r.Operation, r.Message)
-			}
-			require.Zero(t, doc.Summary.Failed)
-			require.Positive(t, doc.Summary.Passed)
-			t.Logf("%s replica: %d passed, %d skipped, %d failed", lag, doc.Summary.Passed, doc.Summary.Skipped, doc.Summary.Failed)
+			passed, skipped := requireConformance(t, "conformance", "--spec", "../../openapi.yaml", "--overrides", "../../api/conformance.yaml",
+				"--url", "http://"+addr, "--auth", "Bearer "+key)
+			t.Logf("%s replica: %d passed, %d skipped", lag, passed, skipped)
 		})
 	}
 }
@@ -129,7 +119,7 @@ func TestConformanceWithALaggingReplica(t *testing.T) {
 func TestConformanceFailsAgainstAnUpstreamThatRunsEveryRequest(t *testing.T) {
 	t.Parallel()
 	u := upstreamtest.Start(t)
-	out, err := runCommand(t, map[string]string{}, "conformance", "--spec", u.Spec, "--url", u.URL,
+	out, err := runCommand(t, map[string]string{}, "conformance", "--spec", u.Spec, "--overrides", u.Overrides, "--url", u.URL,
 		"--auth", "Bearer test", "--format", "json")
 	require.ErrorContains(t, err, "checks failed", out)
 	var doc struct {
@@ -153,4 +143,62 @@ func TestConformanceFailsAgainstAnUpstreamThatRunsEveryRequest(t *testing.T) {
 		}
 	}
 	require.Positive(t, twice, "keys that upstream.py ran more than once: %v", byKey)
+}
+
+// `oncekey conformance` passes against `oncekey proxy` in front of
+// upstream.py, which runs every request it gets: on the in-memory keys and
+// on PostgreSQL with Redis in front, and every key the checks sent ran at
+// most once upstream.
+func TestConformanceThroughTheProxy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		env  func(t *testing.T) map[string]string
+	}{
+		{"memory", func(*testing.T) map[string]string { return map[string]string{} }},
+		{"postgres and redis", func(t *testing.T) map[string]string {
+			url, _ := testdb.Fresh(t)
+			return map[string]string{"DATABASE_URL": url, "REDIS_URL": redistest.SharedURL()}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			u := upstreamtest.Start(t)
+			addr, _ := startCommand(t, tc.env(t), "proxy", "--upstream", u.URL, "--spec", u.Spec, "--scope-authorization")
+			passed, skipped := requireConformance(t, "conformance", "--spec", u.Spec, "--overrides", u.Overrides, "--url", "http://"+addr,
+				"--auth", "Bearer first", "--auth2", "Bearer second")
+			// Every key ran once upstream, but the key that
+			// credential-isolation sends under both credentials: two
+			// scopes, so two operations.
+			_, byKey := u.Executions(t)
+			twice := 0
+			for key, n := range byKey {
+				require.LessOrEqual(t, n, 2, "upstream executions of key %q", key)
+				if n == 2 {
+					twice++
+				}
+			}
+			require.LessOrEqual(t, twice, 1, "keys that ran twice upstream: %v", byKey)
+			t.Logf("through the proxy (%s): %d passed, %d skipped; %d keys ran upstream", tc.name, passed, skipped, len(byKey))
+		})
+	}
+}
+
+// requireConformance runs `oncekey conformance` with args and requires that
+// no check fails and some pass; it returns how many passed and skipped.
+func requireConformance(t *testing.T, args ...string) (passed, skipped int) {
+	t.Helper()
+	out, err := runCommand(t, map[string]string{}, append(args, "--format", "json")...)
+	require.NoError(t, err, out)
+	var doc struct {
+		Summary struct{ Passed, Failed, Skipped int }
+		Results []struct{ Check, Operation, Status, Message string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	for _, r := range doc.Results {
+		require.NotEqual(t, "fail", r.Status, "%s on %s: %s", r.Check, r.Operation, r.Message)
+	}
+	require.Zero(t, doc.Summary.Failed)
+	require.Positive(t, doc.Summary.Passed)
+	return doc.Summary.Passed, doc.Summary.Skipped
 }

@@ -59,10 +59,18 @@ func startServeProcess(t *testing.T, env map[string]string) *serveProcess {
 // waiting for it.
 func spawnServe(t *testing.T, env map[string]string) *serveProcess {
 	t.Helper()
+	return spawn(t, env, "serve")
+}
+
+// spawn starts the test binary as oncekey in mode (see runSubprocess), with
+// args after "--", with env, on a free loopback port (ONCEKEY_ADDR),
+// without waiting for it. Cleanup kills it.
+func spawn(t *testing.T, env map[string]string, mode string, args ...string) *serveProcess {
+	t.Helper()
 	addr := freeAddr(t)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), subprocessEnv+"=serve", "ONCEKEY_ADDR="+addr)
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	cmd.Env = append(os.Environ(), subprocessEnv+"="+mode, "ONCEKEY_ADDR="+addr)
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -77,14 +85,20 @@ func spawnServe(t *testing.T, env map[string]string) *serveProcess {
 // awaitReady waits until serve answers /readyz.
 func (p *serveProcess) awaitReady(t *testing.T) {
 	t.Helper()
+	p.awaitOK(t, "/readyz")
+}
+
+// awaitOK waits until the process answers GET path with 200.
+func (p *serveProcess) awaitOK(t *testing.T, path string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + p.addr + "/readyz")
+		resp, err := http.Get("http://" + p.addr + path)
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}, 60*time.Second, 20*time.Millisecond, "serve did not become ready; its output:\n%s", p.logs)
+	}, 60*time.Second, 20*time.Millisecond, "GET %s did not answer 200; the process's output:\n%s", path, p.logs)
 }
 
 // kill is kill -9: no shutdown, no deferred work, connections cut.

@@ -134,20 +134,95 @@ func indented(w io.Writer) *json.Encoder {
 	return enc
 }
 
+// scope is the key's scope as the key table holds it.
+func (k keyArgs) scope() (string, error) {
+	if k.Gateway {
+		return k.Account, nil
+	}
+	account, err := uuid.Parse(k.Account)
+	if err != nil {
+		return "", fmt.Errorf("ACCOUNT %q is not an account id (a gateway's scope needs --gateway)", k.Account)
+	}
+	return auth.Scope(account), nil
+}
+
 func (k *keysInspectCmd) Run(e env) error {
 	if err := k.require(); err != nil {
 		return err
 	}
-	account, err := uuid.Parse(k.Account)
+	scope, err := k.scope()
 	if err != nil {
-		return fmt.Errorf("ACCOUNT %q is not an account id", k.Account)
+		return err
 	}
 	return withDatabase(e.ctx, k.databaseFlags, func(s *postgres.Store) error {
-		info, err := keyadmin.Inspect(e.ctx, s.KeyStore(), auth.Scope(account), k.Key)
+		info, err := keyadmin.Inspect(e.ctx, s.KeyStore(), scope, k.Key)
 		if err != nil {
 			return err
 		}
-		return indented(e.stdout).Encode(keyInfo{Account: account.String(), KeyInfo: info})
+		return indented(e.stdout).Encode(keyInfo{Account: k.Account, KeyInfo: info})
+	})
+}
+
+func (k *keysResolveCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
+	}
+	if k.Status < 200 || k.Status > 499 {
+		return fmt.Errorf("--status %d: want the upstream's answer, 200 to 499 (a 5xx ran nothing: release the key instead)", k.Status)
+	}
+	var body []byte
+	if k.BodyFile != "" {
+		var err error
+		if body, err = os.ReadFile(k.BodyFile); err != nil {
+			return err
+		}
+	}
+	resp := idempotency.Response{Status: k.Status, Header: http.Header{}, Body: body}
+	if len(body) > 0 {
+		resp.Header.Set("Content-Type", k.ContentType)
+	}
+	return settleKey(e, k.databaseFlags, k.keyArgs, "resolved", k.Reason, func(ctx context.Context, s idempotency.Settler, ref idempotency.Ref) (bool, error) {
+		return s.Settle(ctx, ref, resp)
+	}, "status", k.Status, "body_bytes", len(body))
+}
+
+func (k *keysReleaseCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
+	}
+	return settleKey(e, k.databaseFlags, k.keyArgs, "released", k.Reason, func(ctx context.Context, s idempotency.Settler, ref idempotency.Ref) (bool, error) {
+		return s.Release(ctx, ref)
+	})
+}
+
+// settleKey runs change on the held key k names, whose outcome must be
+// unknown (or not stored): a key still running belongs to its gateway. It
+// logs what it did for audit, and prints {"<done>": changed}.
+func settleKey(e env, db databaseFlags, k keyArgs, done, reason string, change func(context.Context, idempotency.Settler, idempotency.Ref) (bool, error), attrs ...any) error {
+	scope, err := k.scope()
+	if err != nil {
+		return err
+	}
+	return withDatabase(e.ctx, db, func(s *postgres.Store) error {
+		info, err := keyadmin.Inspect(e.ctx, s.KeyStore(), scope, k.Key)
+		if err != nil {
+			return err
+		}
+		switch {
+		case info.Held == nil:
+			return fmt.Errorf("key %q holds an outcome (status %d), not a gateway's held operation: nothing to settle", k.Key, info.ResponseStatus)
+		case info.Held.State == idempotency.HeldRunning:
+			return fmt.Errorf("key %q is running on a gateway until %s: wait until it settles or its lease ends", k.Key, info.Held.Until.Format(time.RFC3339))
+		}
+		ref := idempotency.Ref{Scope: scope, Key: k.Key, ClaimedAt: info.CreatedAt}
+		changed, err := change(e.ctx, s.KeyStore(), ref)
+		if err != nil {
+			return err
+		}
+		if changed {
+			e.log.Warn("idempotency key "+done+" by an operator", append([]any{"account", k.Account, "key", k.Key, "was", info.Held.State, "reason", reason}, attrs...)...)
+		}
+		return indented(e.stdout).Encode(map[string]bool{done: changed})
 	})
 }
 
@@ -166,6 +241,8 @@ func (k *keysStatsCmd) Run(e env) error {
 			"table_bytes":                   st.TableBytes,
 			"oldest_processing_age_seconds": st.OldestProcessingAge.Seconds(),
 			"cleanup_lag_seconds":           st.CleanupLag.Seconds(),
+			"held":                          st.Held,
+			"unknown":                       st.Unknown,
 		})
 	})
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,6 +127,14 @@ func freeAddr(t *testing.T) string {
 // if the test did not.
 func startServe(t *testing.T, env map[string]string) (addr string, shutdown func() error) {
 	t.Helper()
+	return startCommand(t, env, "serve")
+}
+
+// startCommand is startServe for any command that serves HTTP on
+// ONCEKEY_ADDR (serve, proxy): it is up once GET /healthz gets an answer,
+// whatever it is.
+func startCommand(t *testing.T, env map[string]string, args ...string) (addr string, shutdown func() error) {
+	t.Helper()
 	addr = freeAddr(t)
 
 	env["ONCEKEY_ADDR"] = addr
@@ -135,7 +143,7 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 	done := make(chan error, 1)
 	var stdout, stderr servicetest.SyncBuffer
 	go func() {
-		done <- run(ctx, []string{"serve"}, getenv, strings.NewReader(""), &stdout, &stderr)
+		done <- run(ctx, args, getenv, strings.NewReader(""), &stdout, &stderr)
 	}()
 	var once sync.Once
 	var result error
@@ -145,15 +153,15 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 			select {
 			case result = <-done:
 			case <-time.After(30 * time.Second):
-				result = errors.New("serve did not shut down within 30s")
+				result = fmt.Errorf("%s did not shut down within 30s", args[0])
 			}
 		})
 		return result
 	}
 	t.Cleanup(func() {
-		require.NoError(t, shutdown(), "serve should shut down cleanly")
+		require.NoError(t, shutdown(), "%s should shut down cleanly", args[0])
 		if t.Failed() {
-			t.Logf("serve's log:\n%s", stderr.String())
+			t.Logf("%s's log:\n%s", args[0], stderr.String())
 		}
 	})
 
@@ -166,11 +174,11 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("serve exited: %v", err)
+			t.Fatalf("%s exited: %v", args[0], err)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("serve did not answer on %s: %v", addr, err)
+			t.Fatalf("%s did not answer on %s: %v", args[0], addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -314,4 +322,34 @@ func shellWords(t *testing.T, line string) []string {
 		words = append(words, word.String())
 	}
 	return words
+}
+
+var gatewayQuickStartRe = regexp.MustCompile("(?s)<!-- gateway-test: quickstart -->\\s*```sh\\n(.*?)```\\s*prints[^\\n]*\\n\\s*```text\\n(.*?)```")
+
+// TestGatewayQuickStart runs docs/gateway.md's quick start as printed, from
+// the repository's root, but on free ports (the upstream's 3000 and the
+// gateway's 8080 on a busy machine), and compares what it prints.
+func TestGatewayQuickStart(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/gateway.md")
+	require.NoError(t, err)
+	m := gatewayQuickStartRe.FindStringSubmatch(string(doc))
+	require.NotNil(t, m, "docs/gateway.md has its marked quick start, with what it prints")
+	upstream, gateway := freeAddr(t), freeAddr(t)
+	_, upstreamPort, _ := net.SplitHostPort(upstream)
+	script := strings.NewReplacer("127.0.0.1:3000", upstream, "--port 3000", "--port "+upstreamPort, "127.0.0.1:8080", gateway).Replace(m[1])
+	cmd := exec.Command("bash", "-c", "set -eo pipefail\n"+script)
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "ONCEKEY_ADDR="+gateway)
+	// Its own process group, so that what it starts in the background ends
+	// with the test even if the script fails before its kill.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	t.Cleanup(func() {
+		if cmd.Process != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+	})
+	out, err := cmd.Output()
+	require.NoError(t, err, "the quick start failed:\n%s", out)
+	require.Equal(t, strings.TrimSpace(m[2]), strings.TrimSpace(string(out)), "what the quick start prints")
 }

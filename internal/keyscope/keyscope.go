@@ -8,6 +8,7 @@ package keyscope
 
 import (
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -61,7 +62,9 @@ func one(r *http.Request, name string) (string, error) {
 }
 
 // Authorization scopes a request by its whole Authorization value, of which
-// it keeps only the SHA-256, so that no credential is stored with the keys.
+// it keeps only the SHA-256 ("sha256:" and its hex, which an operator can
+// compute to find a caller's keys), so that no credential is stored with
+// the keys.
 // It needs nothing configured, but a rotated or refreshed token is a new
 // scope, in which the old token's keys are not found: a retry across a
 // token refresh runs again. JWT scopes by the token's subject instead.
@@ -72,7 +75,7 @@ func Authorization() Source {
 			return "", err
 		}
 		sum := sha256.Sum256([]byte(value))
-		return string(sum[:]), nil
+		return "sha256:" + hex.EncodeToString(sum[:]), nil
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -58,7 +59,7 @@ func TestAuthorization(t *testing.T) {
 	scope, err := src(request("Authorization", "Bearer token-1"))
 	require.NoError(t, err)
 	sum := sha256.Sum256([]byte("Bearer token-1"))
-	require.Equal(t, string(sum[:]), scope)
+	require.Equal(t, "sha256:"+hex.EncodeToString(sum[:]), scope)
 	require.NotContains(t, scope, "token-1", "the credential is not the scope")
 	other, err := src(request("Authorization", "Bearer token-2"))
 	require.NoError(t, err)

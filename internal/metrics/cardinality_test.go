@@ -142,7 +142,7 @@ func TestLabelCardinality(t *testing.T) {
 				"result": func(v string) bool { // cleanup runs; Redis look-ups
 					return slices.Contains([]string{"ok", "error", "skipped", "hit", "miss", "rejected"}, v)
 				},
-				"status": func(v string) bool { return v == "processing" || v == "completed" },
+				"status": func(v string) bool { return slices.Contains([]string{"processing", "completed", "held", "unknown"}, v) },
 				"kind":   func(v string) bool { return slices.Contains([]string{"charge", "refund", "payment"}, v) },
 				"where": func(v string) bool {
 					return slices.Contains([]string{"replica", "strong", "missing", "failed", "skipped"}, v)

@@ -54,7 +54,7 @@ type storeCollector struct {
 func (m *Metrics) RegisterStore(source idempotency.StatsSource) {
 	m.Registry.MustRegister(&storeCollector{
 		stats:            cached[idempotency.Stats]{read: source.KeyStats},
-		keys:             prometheus.NewDesc("oncekey_idempotency_keys", "Idempotency keys by status (completed is PostgreSQL's estimate on large tables).", []string{"status"}, nil),
+		keys:             prometheus.NewDesc("oncekey_idempotency_keys", "Idempotency keys by status (completed is PostgreSQL's estimate on large tables); a gateway's keys also as held (running upstream now) and unknown (written upstream and never answered: each waits for an operator).", []string{"status"}, nil),
 		tableBytes:       prometheus.NewDesc("oncekey_idempotency_keys_table_bytes", "Storage used by the idempotency keys table, indexes included.", nil, nil),
 		oldestProcessing: prometheus.NewDesc("oncekey_idempotency_oldest_processing_age_seconds", "Age of the oldest key still processing (0: none).", nil, nil),
 		cleanupLag:       prometheus.NewDesc("oncekey_cleanup_lag_seconds", "Age of the oldest expired key not yet deleted (0: none): how far cleanup is behind.", nil, nil),
@@ -80,6 +80,8 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Processing), "processing")
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Completed), "completed")
+	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Held), "held")
+	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Unknown), "unknown")
 	ch <- prometheus.MustNewConstMetric(c.tableBytes, prometheus.GaugeValue, float64(st.TableBytes))
 	ch <- prometheus.MustNewConstMetric(c.oldestProcessing, prometheus.GaugeValue, st.OldestProcessingAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.cleanupLag, prometheus.GaugeValue, st.CleanupLag.Seconds())

@@ -43,6 +43,7 @@ var idempotentOperations = func() []string {
 var allOutcomes = []idempotency.Outcome{
 	idempotency.OutcomeExecuted, idempotency.OutcomeReplayed, idempotency.OutcomeConflict,
 	idempotency.OutcomeInFlight, idempotency.OutcomeRejected, idempotency.OutcomeError,
+	idempotency.OutcomeUnknown, idempotency.OutcomeNotStored,
 }
 
 // outcomeCounts reads oncekey_idempotency_requests_total for every outcome

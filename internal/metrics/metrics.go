@@ -61,7 +61,7 @@ func New() *Metrics {
 		[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}, "route", "method", "code")
 
 	m.idemRequests = f.counterVec("oncekey_idempotency_requests_total",
-		"Requests to idempotent operations by what the protocol did: executed, replayed, conflict (409), in_flight (202), rejected (4xx before the operation), error (5xx).",
+		"Requests to idempotent operations by what the protocol did: executed, replayed, conflict (409), in_flight (202), rejected (4xx before the operation), error (5xx), and for the gateway's held operations outcome_unknown (409: it may have run upstream, and no answer came) and not_stored (409: it ran, and its response was too large to store).",
 		"operation", "outcome")
 	m.idemWait = f.histogramVec("oncekey_idempotency_duplicate_wait_seconds",
 		"Time duplicates spent claiming their key, which includes waiting for an in-flight first request, by outcome. The 1.05 bucket catches waits that ran out the default 1s budget.",
@@ -158,7 +158,8 @@ func (m *Metrics) Operations(names ...string) {
 
 // outcomes are the idempotency outcomes an operation's request can have.
 var outcomes = []idempotency.Outcome{idempotency.OutcomeExecuted, idempotency.OutcomeReplayed,
-	idempotency.OutcomeConflict, idempotency.OutcomeInFlight, idempotency.OutcomeRejected, idempotency.OutcomeError}
+	idempotency.OutcomeConflict, idempotency.OutcomeInFlight, idempotency.OutcomeRejected, idempotency.OutcomeError,
+	idempotency.OutcomeUnknown, idempotency.OutcomeNotStored}
 
 // Outcome implements idempotency.Observer.
 func (m *Metrics) Outcome(operation string, o idempotency.Outcome) {

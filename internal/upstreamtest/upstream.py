@@ -140,7 +140,8 @@ class Handler(BaseHTTPRequestHandler):
                 pass
             self.close_connection = True
             return
-        self.answer(201, transfer, headers=[("Location", "/transfers/" + transfer["id"])])
+        # A session cookie, as many APIs set: a replay must never hand it on.
+        self.answer(201, transfer, headers=[("Location", "/transfers/" + transfer["id"]), ("Set-Cookie", "session=" + transfer["id"])])
 
 
 class Server(ThreadingHTTPServer):

@@ -46,6 +46,8 @@ type Upstream struct {
 	URL string
 	// Spec is the path of its OpenAPI document.
 	Spec string
+	// Overrides is the path of `oncekey conformance`'s overrides for it.
+	Overrides string
 }
 
 // Start runs upstream.py on a free loopback port, with a SQLite database of
@@ -82,7 +84,7 @@ func Start(t testing.TB) *Upstream {
 		if !strings.HasPrefix(a, "127.0.0.1:") {
 			t.Fatalf("upstreamtest: upstream.py said %q, not where it listens", a)
 		}
-		return &Upstream{URL: "http://" + a, Spec: spec}
+		return &Upstream{URL: "http://" + a, Spec: spec, Overrides: filepath.Join(dir, "conformance.yaml")}
 	case <-time.After(30 * time.Second):
 		t.Fatal("upstreamtest: upstream.py did not start listening within 30s")
 		return nil

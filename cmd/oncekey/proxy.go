@@ -1,0 +1,281 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/go-jose/go-jose/v4"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/internal/gateway"
+	"github.com/oncekey/oncekey/internal/httpserver"
+	"github.com/oncekey/oncekey/internal/keyscope"
+	"github.com/oncekey/oncekey/internal/metrics"
+)
+
+// proxyCmd is `oncekey proxy`: the protocol in front of any HTTP API.
+type proxyCmd struct {
+	Upstream           string `name:"upstream" envvar:"ONCEKEY_UPSTREAM" required:"" placeholder:"URL" help:"The API behind the gateway, e.g. http://127.0.0.1:3000."`
+	Spec               string `name:"spec" envvar:"ONCEKEY_SPEC" placeholder:"FILE" help:"The upstream's OpenAPI document: the operations that declare the Idempotency-Key header (or x-idempotency) are covered, and their bodies validated."`
+	Routes             string `name:"routes" envvar:"ONCEKEY_ROUTES" placeholder:"FILE" help:"Without a document, a YAML file of the covered routes (method, path, ttl, wait); see docs/gateway.md."`
+	ScopeHeader        string `name:"scope-header" envvar:"ONCEKEY_SCOPE_HEADER" placeholder:"NAME" help:"Scope keys by this header, which an authentication layer in front sets (and strips from clients), e.g. X-Account-Id."`
+	ScopeJWKS          string `name:"scope-jwks" envvar:"ONCEKEY_SCOPE_JWKS" placeholder:"FILE" help:"Scope keys by a claim of the bearer JWT, read once its signature verifies against this JWKS file; survives token refreshes."`
+	ScopeClaim         string `name:"scope-claim" envvar:"ONCEKEY_SCOPE_CLAIM" default:"sub" help:"The JWT claim that names the caller, with --scope-jwks."`
+	ScopeAuthorization bool   `name:"scope-authorization" envvar:"ONCEKEY_SCOPE_AUTHORIZATION" help:"Scope keys by the whole Authorization value (its SHA-256): needs nothing configured, but a refreshed token is a new scope."`
+	redisFlags
+	protocolFlags
+	serverFlags
+	recordCacheFlag
+	DatabaseURL     string        `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL for the keys; empty: in memory, lost on exit, one process only."`
+	Addr            string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the gateway."`
+	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address (never on the gateway's, whose paths are the upstream's)."`
+	MaxBodyBytes    int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413, on every route."`
+	UpstreamTimeout time.Duration `name:"upstream-timeout" envvar:"ONCEKEY_UPSTREAM_TIMEOUT" default:"30s" help:"How long the upstream may take to answer a request written to it; past it, the request's outcome is unknown."`
+	MaxStoredBytes  int64         `name:"max-stored-bytes" envvar:"ONCEKEY_MAX_STORED_BYTES" default:"1048576" help:"Larger responses pass through once and are not stored: their key's retries get a problem saying so."`
+	OnUnknown       string        `name:"on-unknown" envvar:"ONCEKEY_ON_UNKNOWN" enum:"report,retry" default:"report" help:"report: a request whose outcome is unknown answers 409 outcome-unknown until an operator settles it; retry: run it again under its key (only for upstreams that deduplicate the forwarded Idempotency-Key)."`
+}
+
+func (p *proxyCmd) Run(e env) error {
+	cfg, err := p.gatewayConfig()
+	if err != nil {
+		return err
+	}
+	m := metrics.New()
+	cfg.Logger, cfg.Observer, cfg.ObserveHTTP = e.log, m, m.ObserveHTTP
+	names := make([]string, 0, len(cfg.Routes))
+	for _, r := range cfg.Routes {
+		names = append(names, idempotency.OperationName(r.Method, r.Path))
+	}
+	m.Operations(names...)
+
+	ctx := e.ctx
+	handler, keys, closeKeys, err := p.open(ctx, cfg, m, e.log)
+	if err != nil {
+		return err
+	}
+	defer closeKeys()
+	m.RegisterStore(keys)
+
+	if p.MetricsAddr != "" {
+		only := http.NewServeMux()
+		only.Handle("GET /metrics", m.Handler())
+		stop, err := serveInternal(p.MetricsAddr, only, "metrics", e.log)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer stop()
+	}
+	ln, err := net.Listen("tcp", p.Addr)
+	if err != nil {
+		return fmt.Errorf("--addr: %w", err)
+	}
+	cleanupCtx, stopCleanup := context.WithCancel(ctx)
+	defer stopCleanup()
+	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observer: m}.Run(cleanupCtx)
+	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String(), "routes", strings.Join(names, ", "))
+	return httpserver.Serve(ctx, ln, httpserver.Config{
+		Handler:         handler,
+		MaxBodyBytes:    p.MaxBodyBytes,
+		ShutdownTimeout: p.ShutdownTimeout,
+		MaxConns:        p.MaxConns,
+		MaxInFlight:     p.MaxInFlight,
+		Logger:          e.log,
+	})
+}
+
+// keyStore is what the gateway's key store is besides a store: purged,
+// and counted for the metrics.
+type keyStore interface {
+	idempotency.Purger
+	idempotency.StatsSource
+}
+
+// open returns the gateway on the keys' store the flags name: memory, or
+// PostgreSQL with Redis in front if given.
+func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metrics, log *slog.Logger) (http.Handler, keyStore, func(), error) {
+	if p.DatabaseURL == "" {
+		log.Info("gateway keys: in memory (lost on exit; one process only)")
+		store := memstore.New()
+		h, err := gateway.New(cfg, store)
+		return h, store, func() {}, err
+	}
+	pool, err := openDatabase(ctx, p.DatabaseURL, pgstore.Options{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	closers := []func(){pool.Close}
+	closeAll := func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
+	m.RegisterPool(pool)
+	pg, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, err
+	}
+	// Deferred: a held operation writes nothing but its key, which the
+	// deferred store claims and holds in one round trip (and merges
+	// concurrent claims into one commit).
+	deferred, err := pg.Deferred()
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, err
+	}
+	store := deferred
+	if p.RedisURL != "" {
+		rdb, err := redisstore.NewClient(p.RedisURL)
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		closers = append(closers, func() { _ = rdb.Close() })
+		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey-gateway:", Observer: m, Secret: []byte(p.RedisSecret)})
+		store = redisstore.Wrap(fast, store)
+		log.Info("gateway keys: PostgreSQL, with Redis in front")
+	} else {
+		log.Info("gateway keys: PostgreSQL")
+	}
+	if p.RecordCacheSize > 0 {
+		cache, err := recordcache.New(p.RecordCacheSize, m)
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		store = recordcache.Wrap(cache, store)
+	}
+	h, err := gateway.New(cfg, store.(idempotency.HeldStore[*pgstore.Batch]))
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, err
+	}
+	return h, pg, closeAll, nil
+}
+
+// gatewayConfig checks the flags, reporting every problem at once, and
+// reads the routes and the scope source they name.
+func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	upstream, err := url.Parse(p.Upstream)
+	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+		bad("--upstream (ONCEKEY_UPSTREAM) %q: want an absolute http or https URL, such as http://127.0.0.1:3000", p.Upstream)
+	}
+	for _, d := range []struct {
+		flag, env string
+		v         time.Duration
+	}{
+		{"ttl", "IDEMPOTENCY_TTL", p.TTL}, {"wait", "IDEMPOTENCY_WAIT", p.Wait}, {"upstream-timeout", "ONCEKEY_UPSTREAM_TIMEOUT", p.UpstreamTimeout},
+		{"shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", p.ShutdownTimeout}, {"cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", p.CleanupInterval},
+	} {
+		if d.v <= 0 {
+			bad("--%s (%s) is %s: want a positive duration such as 1s", d.flag, d.env, d.v)
+		}
+	}
+	for _, n := range []struct {
+		flag, env string
+		v, lo, hi int64
+	}{
+		{"max-body-bytes", "ONCEKEY_MAX_BODY_BYTES", p.MaxBodyBytes, 1, 1 << 30},
+		{"max-stored-bytes", "ONCEKEY_MAX_STORED_BYTES", p.MaxStoredBytes, 0, 64 << 20},
+		{"cleanup-batch", "ONCEKEY_CLEANUP_BATCH", int64(p.CleanupBatch), 1, 100_000},
+		{"record-cache-size", "ONCEKEY_RECORD_CACHE_SIZE", int64(p.RecordCacheSize), 0, 10_000_000},
+	} {
+		if n.v < n.lo || n.v > n.hi {
+			bad("--%s (%s) is %d: want %d to %d", n.flag, n.env, n.v, n.lo, n.hi)
+		}
+	}
+	var routes []gateway.Route
+	switch {
+	case p.Spec != "" && p.Routes != "":
+		bad("--spec (ONCEKEY_SPEC) and --routes (ONCEKEY_ROUTES) are both given: the routes come from one of them")
+	case p.Spec != "":
+		doc, err := openapi3.NewLoader().LoadFromFile(p.Spec)
+		if err == nil {
+			err = doc.Validate(context.Background())
+		}
+		if err == nil {
+			routes, err = gateway.SpecRoutes(doc)
+		}
+		if err != nil {
+			bad("--spec (ONCEKEY_SPEC) %s: %v", p.Spec, err)
+		}
+	case p.Routes != "":
+		f, err := os.Open(p.Routes)
+		if err == nil {
+			routes, err = gateway.ReadRoutes(f)
+			f.Close()
+		}
+		if err != nil {
+			bad("--routes (ONCEKEY_ROUTES) %s: %v", p.Routes, err)
+		}
+	default:
+		bad("give --spec (ONCEKEY_SPEC), the upstream's OpenAPI document, or --routes (ONCEKEY_ROUTES), a file of the routes to cover")
+	}
+	scope, err := p.scope()
+	if err != nil {
+		bad("%v", err)
+	}
+	if p.RedisURL != "" && p.DatabaseURL == "" {
+		bad("--redis-url (REDIS_URL) needs --database-url (DATABASE_URL): Redis is a fast path in front of PostgreSQL, which keeps the keys")
+	}
+	if p.RedisSecret != "" && len(p.RedisSecret) < 32 {
+		bad("--redis-secret (ONCEKEY_REDIS_SECRET) has %d characters: give it 32 or more, such as `openssl rand -hex 32`", len(p.RedisSecret))
+	}
+	if len(problems) > 0 {
+		return gateway.Config{}, fmt.Errorf("invalid configuration:\n  - %s", strings.Join(problems, "\n  - "))
+	}
+	return gateway.Config{
+		Upstream: upstream, Routes: routes, Scope: scope,
+		TTL: p.TTL, Wait: p.Wait, MaxBodyBytes: p.MaxBodyBytes,
+		UpstreamTimeout: p.UpstreamTimeout, MaxStored: p.MaxStoredBytes, RetryUnknown: p.OnUnknown == "retry",
+	}, nil
+}
+
+// scope is the one scope source the flags name.
+func (p *proxyCmd) scope() (keyscope.Source, error) {
+	given := 0
+	for _, set := range []bool{p.ScopeHeader != "", p.ScopeJWKS != "", p.ScopeAuthorization} {
+		if set {
+			given++
+		}
+	}
+	if given != 1 {
+		return nil, errors.New("give exactly one scope source: --scope-header NAME (ONCEKEY_SCOPE_HEADER), --scope-jwks FILE (ONCEKEY_SCOPE_JWKS) or --scope-authorization (ONCEKEY_SCOPE_AUTHORIZATION); keys of two callers must never meet")
+	}
+	switch {
+	case p.ScopeHeader != "":
+		return keyscope.Header(p.ScopeHeader), nil
+	case p.ScopeAuthorization:
+		return keyscope.Authorization(), nil
+	}
+	raw, err := os.ReadFile(p.ScopeJWKS)
+	if err != nil {
+		return nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS): %w", err)
+	}
+	var keys jose.JSONWebKeySet
+	if err := json.Unmarshal(raw, &keys); err != nil {
+		return nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS) %s is not a JWKS: %w", p.ScopeJWKS, err)
+	}
+	source, err := keyscope.JWT(keys, p.ScopeClaim)
+	if err != nil {
+		return nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS) %s: %w", p.ScopeJWKS, err)
+	}
+	return source, nil
+}

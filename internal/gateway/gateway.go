@@ -1,0 +1,361 @@
+// Package gateway puts the idempotency protocol in front of any HTTP API: a
+// reverse proxy (httputil.ReverseProxy) whose covered routes run as held
+// operations of the engine. A gateway cannot join its upstream's
+// transaction, so it commits a key as held before the request goes
+// upstream, and settles it with what came back: a key whose request was
+// written upstream and never answered is recorded as of unknown outcome,
+// never run a second time. docs/gateway.md has the table of outcomes.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/internal/problem"
+)
+
+// Route is one covered operation: requests of Method on a path that Path
+// matches ("/transfers/{id}", a segment in braces matching any one
+// segment) run under the protocol.
+type Route struct {
+	Method string
+	Path   string
+	// TTL and Wait override Config's for this route.
+	TTL, Wait time.Duration
+	// Validate, if set, checks a request's body before it goes upstream;
+	// an error (a *problem.Error, else a 400) consumes no key.
+	Validate func(r *http.Request, body []byte) error
+}
+
+// Config configures a gateway.
+type Config struct {
+	// Upstream is the API behind the gateway.
+	Upstream *url.URL
+	// Routes are the covered operations; every other request passes
+	// through untouched.
+	Routes []Route
+	// Scope names the caller a request's key belongs to (keyscope).
+	Scope func(r *http.Request) (string, error)
+	// TTL, Wait and MaxBodyBytes are the engine's (zero: its defaults).
+	TTL, Wait    time.Duration
+	MaxBodyBytes int64
+	// UpstreamTimeout bounds the wait for the upstream's answer (its
+	// response headers); past it the outcome is unknown. Default 30s.
+	UpstreamTimeout time.Duration
+	// MaxStored bounds the responses stored for replays; larger ones pass
+	// through once (idempotency.HeldConfig.MaxStored).
+	MaxStored int64
+	// RetryUnknown runs a request whose outcome is unknown again under its
+	// key: for upstreams that deduplicate the forwarded Idempotency-Key.
+	RetryUnknown bool
+	// Transport reaches the upstream (default: a transport of its own).
+	// The gateway never lets it resend a request (see forwarder).
+	Transport http.RoundTripper
+	Logger    *slog.Logger
+	Observer  idempotency.Observer
+	// ObserveHTTP, if set, is told of every request once it is answered:
+	// its route pattern (the covered route, or "" for one passed
+	// through), method, status and duration.
+	ObserveHTTP func(route, method string, status int, d time.Duration)
+}
+
+// DefaultUpstreamTimeout is Config.UpstreamTimeout's default.
+const DefaultUpstreamTimeout = 30 * time.Second
+
+// leaseMargin is how long past the upstream timeout a held key is presumed
+// held by a live gateway: the time to settle it once the answer came.
+const leaseMargin = 10 * time.Second
+
+// New returns the gateway for cfg, whose keys store keeps.
+func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error) {
+	if cfg.Upstream == nil || cfg.Upstream.Scheme == "" || cfg.Upstream.Host == "" {
+		return nil, errors.New("gateway: the upstream must be an absolute URL, such as http://127.0.0.1:3000")
+	}
+	if cfg.Scope == nil {
+		return nil, errors.New("gateway: a scope source is required")
+	}
+	if cfg.UpstreamTimeout <= 0 {
+		cfg.UpstreamTimeout = DefaultUpstreamTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	routes, err := compile(cfg.Routes)
+	if err != nil {
+		return nil, err
+	}
+	validators := map[string]func(*http.Request, []byte) error{}
+	for _, rt := range routes {
+		if rt.Validate != nil {
+			validators[rt.Method+" "+rt.Path] = rt.Validate
+		}
+	}
+	e := idempotency.New(idempotency.Config{
+		Scope:        cfg.Scope,
+		Route:        matchedRoute,
+		TTL:          cfg.TTL,
+		Wait:         cfg.Wait,
+		MaxBodyBytes: cfg.MaxBodyBytes,
+		Validate: func(r *http.Request, body []byte) error {
+			if v := validators[r.Method+" "+matchedRoute(r)]; v != nil {
+				return v(r, body)
+			}
+			return nil
+		},
+		WriteError: writeError,
+		Logger:     cfg.Logger,
+		Observer:   cfg.Observer,
+	})
+	fwd := newForwarder(cfg)
+	g := &gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP}
+	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
+	for i := range routes {
+		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{
+			Name: idempotency.OperationName(routes[i].Method, routes[i].Path), TTL: routes[i].TTL, Wait: routes[i].Wait,
+		}, held)
+		routes[i].handler = op.HandlerFunc(func(w http.ResponseWriter, r *http.Request, _ U) { fwd.ServeHTTP(w, r) })
+	}
+	return g, nil
+}
+
+// gateway routes covered requests through their operation, and passes
+// every other request through.
+type gateway struct {
+	routes  []route
+	pass    http.Handler
+	observe func(route, method string, status int, d time.Duration)
+}
+
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, pattern := g.pass, ""
+	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	for i := range g.routes {
+		if rt := &g.routes[i]; rt.Method == r.Method && rt.matches(segments) {
+			r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt.Path))
+			h, pattern = rt.handler, rt.Path
+			break
+		}
+	}
+	if g.observe == nil {
+		h.ServeHTTP(w, r)
+		return
+	}
+	start, sw := time.Now(), &statusWriter{ResponseWriter: w}
+	defer func() {
+		// A handler that panics (http.ErrAbortHandler) is observed too.
+		if sw.status == 0 {
+			sw.status = http.StatusBadGateway
+		}
+		g.observe(pattern, r.Method, sw.status, time.Since(start))
+	}()
+	h.ServeHTTP(sw, r)
+}
+
+// statusWriter notes the status a response was sent with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	if w.status == 0 && status >= 200 {
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer, to
+// flush a stream.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// route is a Route ready to match, with its operation's handler.
+type route struct {
+	Route
+	segments []string
+	literal  int // literal segments: the more, the more specific
+	handler  http.Handler
+}
+
+// compile checks the routes and orders them most specific first, so that
+// "/transfers/batch" wins over "/transfers/{id}".
+func compile(in []Route) ([]route, error) {
+	out := make([]route, 0, len(in))
+	seen := map[string]bool{}
+	for _, r := range in {
+		r.Method = strings.ToUpper(r.Method)
+		if !idempotency.Unsafe(r.Method) {
+			return nil, fmt.Errorf("gateway: route %s %s: only unsafe methods (POST, PUT, PATCH, DELETE) take an Idempotency-Key", r.Method, r.Path)
+		}
+		if !strings.HasPrefix(r.Path, "/") {
+			return nil, fmt.Errorf("gateway: route %s %q: the path must start with /", r.Method, r.Path)
+		}
+		if seen[r.Method+" "+r.Path] {
+			return nil, fmt.Errorf("gateway: route %s %s is given twice", r.Method, r.Path)
+		}
+		seen[r.Method+" "+r.Path] = true
+		rt := route{Route: r, segments: strings.Split(strings.Trim(r.Path, "/"), "/")}
+		for _, s := range rt.segments {
+			if !isParam(s) {
+				rt.literal++
+			}
+		}
+		out = append(out, rt)
+	}
+	slices.SortStableFunc(out, func(a, b route) int { return b.literal - a.literal })
+	return out, nil
+}
+
+func isParam(segment string) bool {
+	return strings.HasPrefix(segment, "{") && strings.HasSuffix(segment, "}")
+}
+
+func (rt *route) matches(got []string) bool {
+	if len(got) != len(rt.segments) {
+		return false
+	}
+	for i, s := range rt.segments {
+		if !isParam(s) && s != got[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// routeKey carries the route a request matched to the engine's Route.
+type routeKey struct{}
+
+// matchedRoute is the route pattern the request matched, which its key's
+// fingerprint binds it to.
+func matchedRoute(r *http.Request) string {
+	if p, ok := r.Context().Value(routeKey{}).(string); ok {
+		return p
+	}
+	return r.URL.Path
+}
+
+// forwarder is the reverse proxy to the upstream.
+type forwarder struct {
+	proxy *httputil.ReverseProxy
+	log   *slog.Logger
+}
+
+func newForwarder(cfg Config) *forwarder {
+	transport := cfg.Transport
+	if transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.ResponseHeaderTimeout = cfg.UpstreamTimeout
+		t.MaxIdleConnsPerHost = 256
+		// Idle connections are dropped before a typical upstream drops
+		// them (Node.js: 5s), so that a request is rarely written to a
+		// connection the upstream has just closed: an error there after
+		// the write makes the outcome unknown.
+		t.IdleConnTimeout = 4 * time.Second
+		transport = t
+	}
+	f := &forwarder{log: cfg.Logger}
+	upstream := cfg.Upstream
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.SetXForwarded()
+			pr.Out.Header.Set("Forwarded", forwarded(pr.In))
+			if key := pr.Out.Header.Values(idempotency.HeaderKey); len(key) > 0 {
+				// net/http's transport resends a request that carries an
+				// Idempotency-Key when a reused connection fails after it
+				// was written (Request.isReplayable): a second run
+				// upstream. The header goes on in lower case, which HTTP
+				// reads alike and the transport does not look for.
+				pr.Out.Header.Del(idempotency.HeaderKey)
+				pr.Out.Header["idempotency-key"] = key
+			}
+		},
+		Transport:     transport,
+		FlushInterval: -1,
+		ErrorHandler:  f.failed,
+		ErrorLog:      slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	return f
+}
+
+// sentKey carries, to the error handler, whether the request's headers were
+// written upstream.
+type sentKey struct{}
+
+func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var sent atomic.Bool
+	ctx := context.WithValue(r.Context(), sentKey{}, &sent)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { sent.Store(true) },
+	})
+	f.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// failed answers a request the upstream did not answer. Before a byte of it
+// was written, nothing can have run: 502, and the key is freed. After, the
+// upstream may have run it: the outcome is unknown.
+func (f *forwarder) failed(w http.ResponseWriter, r *http.Request, err error) {
+	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
+	if sent != nil && sent.Load() && idempotency.MarkUnknown(r, fmt.Errorf("the upstream did not answer: %w", err)) {
+		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer; its outcome is unknown", "err", err, "path", r.URL.Path)
+		return
+	}
+	if r.Context().Err() != nil {
+		// The client went away before the upstream answered.
+		writeError(w, r, context.Canceled)
+		return
+	}
+	f.log.WarnContext(r.Context(), "gateway: the upstream could not be reached", "err", err, "path", r.URL.Path)
+	writeError(w, r, errUnreachable)
+}
+
+// forwarded is the RFC 7239 Forwarded element for r.
+func forwarded(r *http.Request) string {
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	if strings.Contains(host, ":") {
+		host = `"[` + host + `]"`
+	}
+	return fmt.Sprintf("for=%s;host=%q;proto=%s", host, r.Host, proto)
+}
+
+// errUnreachable is the answer when the upstream could not be reached.
+var errUnreachable = errors.New("the upstream could not be reached; nothing was sent to it, so retrying with the same Idempotency-Key is safe")
+
+// Unreachable is the problem of a request the gateway could not send.
+var Unreachable = problem.Kind{
+	Slug: "upstream-unreachable", Status: http.StatusBadGateway, Title: "The upstream could not be reached",
+	When:        "The gateway could not connect to the upstream, or failed before a byte of the request was written. Nothing ran: retry with the same key.",
+	KeyConsumed: "no",
+}
+
+// writeError answers with problem+json in the service's problem types.
+func writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if !writeProblem(w, err) {
+		idempotency.ProblemWriter(problem.TypeBase)(w, r, err)
+	}
+}

@@ -1,0 +1,403 @@
+package gateway_test
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
+	"github.com/oncekey/oncekey/internal/gateway"
+	"github.com/oncekey/oncekey/internal/keyscope"
+	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/upstreamtest"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// stores are the key stores a gateway runs on, each giving a fresh store
+// (or one shared by the gateways of one test, through the returned
+// function).
+var stores = []struct {
+	name string
+	open func(t *testing.T) func(cfg gateway.Config) http.Handler
+}{
+	{"memory", func(t *testing.T) func(gateway.Config) http.Handler {
+		s := memstore.New()
+		return func(cfg gateway.Config) http.Handler { return newGateway(t, cfg, s) }
+	}},
+	// As oncekey proxy wires PostgreSQL: the deferred store (a claim and
+	// its hold in one round trip), with the record cache in front.
+	{"postgres", func(t *testing.T) func(gateway.Config) http.Handler {
+		cache, err := recordcache.New(1000, nil)
+		require.NoError(t, err)
+		s := recordcache.Wrap(cache, deferredStore(t)).(idempotency.HeldStore[*pgstore.Batch])
+		return func(cfg gateway.Config) http.Handler { return newGateway(t, cfg, s) }
+	}},
+	{"redis", func(t *testing.T) func(gateway.Config) http.Handler {
+		fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "gateway-test:" + rand.Text() + ":"})
+		s := redisstore.Wrap(fast, deferredStore(t)).(idempotency.HeldStore[*pgstore.Batch])
+		return func(cfg gateway.Config) http.Handler { return newGateway(t, cfg, s) }
+	}},
+}
+
+// deferredStore is pgstore's deferred store on the test database.
+func deferredStore(t *testing.T) idempotency.Store[*pgstore.Batch] {
+	t.Helper()
+	pg, err := pgstore.New(testdb.Pool(t), pgstore.Options{})
+	require.NoError(t, err)
+	s, err := pg.Deferred()
+	require.NoError(t, err)
+	return s
+}
+
+func newGateway[U any](t *testing.T, cfg gateway.Config, store idempotency.HeldStore[U]) http.Handler {
+	t.Helper()
+	h, err := gateway.New(cfg, store)
+	require.NoError(t, err)
+	return h
+}
+
+// routes covers POST /transfers (validated by the upstream's document) and
+// POST /transfers/{id}, which the upstream answers 404.
+func routes(t *testing.T, up *upstreamtest.Upstream) []gateway.Route {
+	t.Helper()
+	doc, err := openapi3.NewLoader().LoadFromFile(up.Spec)
+	require.NoError(t, err)
+	rs, err := gateway.SpecRoutes(doc)
+	require.NoError(t, err)
+	return append(rs, gateway.Route{Method: "POST", Path: "/transfers/{id}"})
+}
+
+// client is a gateway's client: its requests carry a scope of the test's
+// own and a fresh connection each (a connection the gateway left broken
+// would otherwise fail the next request).
+type client struct {
+	t     *testing.T
+	url   string
+	scope string
+}
+
+func (c client) post(path, key, body string, header ...string) (*http.Response, string) {
+	c.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, c.url+path, strings.NewReader(body))
+	require.NoError(c.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Account-Id", c.scope)
+	if key != "" {
+		req.Header.Set(idempotency.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}).Do(req)
+	require.NoError(c.t, err, "POST %s", path)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	return resp, string(b)
+}
+
+const transfer = `{"amount":500,"currency":"EUR"}`
+
+// problemType is the slug of a problem+json body's type.
+func problemType(t *testing.T, body string) string {
+	t.Helper()
+	var p struct {
+		Type string `json:"type"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &p), "a problem+json body: %s", body)
+	return p.Type[strings.LastIndex(p.Type, "/")+1:]
+}
+
+// TestOutcomes is docs/gateway.md's table of outcomes, one case a row, on
+// every store: what the first request gets, what its retry with the same
+// key gets, and how often the upstream ran the transfer.
+func TestOutcomes(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t)
+	dead := closedPort(t)
+	type exchange struct {
+		status int
+		// problem is the problem type's slug, when the answer is one.
+		problem  string
+		replayed bool
+	}
+	tests := []struct {
+		name string
+		// path is /transfers unless given; body is a valid transfer
+		// unless given.
+		path, body string
+		// fault is the first request's X-Fault; the retry has none.
+		fault string
+		cfg   func(*gateway.Config)
+		// deadFirst sends the first request through a gateway whose
+		// upstream is not there, on the same store.
+		deadFirst     bool
+		first, retry  exchange
+		runs          int
+		sameResponse  bool // the retry's body is the first's
+		firstUpstream bool // the first answer is the upstream's own
+	}{
+		{
+			name:  "2xx: stored and replayed",
+			first: exchange{status: 201}, retry: exchange{status: 201, replayed: true}, runs: 1, sameResponse: true,
+		},
+		{
+			name: "4xx: stored and replayed", path: "/transfers/" + uuid.NewString(),
+			first: exchange{status: 404}, retry: exchange{status: 404, replayed: true}, runs: 0, sameResponse: true,
+		},
+		{
+			name:  "4xx that refuses the request before it runs (400, 401, 403, 408, 413, 415, 429): key freed",
+			cfg:   func(c *gateway.Config) { c.Routes = []gateway.Route{{Method: "POST", Path: "/transfers"}} },
+			body:  `{"amount":0,"currency":"EUR"}`,
+			first: exchange{status: 400}, retry: exchange{status: 400}, runs: 0,
+		},
+		{
+			name: "5xx: not stored, key freed", fault: upstreamtest.Fail,
+			first: exchange{status: 500}, retry: exchange{status: 201}, runs: 1,
+		},
+		{
+			name: "connecting failed: 502, key freed", deadFirst: true,
+			first: exchange{status: 502, problem: "upstream-unreachable"}, retry: exchange{status: 201}, runs: 1,
+		},
+		{
+			name: "written, then reset: outcome unknown, never run again", fault: upstreamtest.Reset,
+			first: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, retry: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, runs: 1,
+		},
+		{
+			name: "written, then no answer in time: outcome unknown, never run again", fault: upstreamtest.Hang,
+			cfg:   func(c *gateway.Config) { c.UpstreamTimeout = 300 * time.Millisecond },
+			first: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, retry: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, runs: 1,
+		},
+		{
+			name: "outcome unknown on a route that retries it (--on-unknown=retry)", fault: upstreamtest.Reset,
+			cfg:   func(c *gateway.Config) { c.RetryUnknown = true },
+			first: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, retry: exchange{status: 201}, runs: 2,
+		},
+		{
+			name:  "larger than --max-stored-bytes: passed through once, never run again",
+			cfg:   func(c *gateway.Config) { c.MaxStored = 16 },
+			first: exchange{status: 201}, retry: exchange{status: 409, problem: idempotency.ProblemNotStored.Slug}, runs: 1,
+		},
+		{
+			name: "against the document: 400, no key consumed", body: `{"amount":"five","currency":"EUR"}`,
+			first: exchange{status: 400, problem: "validation-error"}, retry: exchange{status: 400, problem: "validation-error"}, runs: 0,
+		},
+	}
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					t.Parallel()
+					open := store.open(t)
+					cfg := gateway.Config{Upstream: mustURL(t, up.URL), Routes: routes(t, up), Scope: keyscope.Header("X-Account-Id"), Wait: 200 * time.Millisecond}
+					if tt.cfg != nil {
+						tt.cfg(&cfg)
+					}
+					live := httptest.NewServer(open(cfg))
+					t.Cleanup(live.Close)
+					first := live
+					if tt.deadFirst {
+						deadCfg := cfg
+						deadCfg.Upstream = mustURL(t, "http://"+dead)
+						first = httptest.NewServer(open(deadCfg))
+						t.Cleanup(first.Close)
+					}
+					scope := "acct-" + rand.Text()
+					path, body, key := "/transfers", transfer, uuid.NewString()
+					if tt.path != "" {
+						path = tt.path
+					}
+					if tt.body != "" {
+						body = tt.body
+					}
+					check := func(what string, want exchange, resp *http.Response, got string) {
+						t.Helper()
+						require.Equal(t, want.status, resp.StatusCode, "%s: %s", what, got)
+						if want.problem != "" {
+							require.Equal(t, want.problem, problemType(t, got), "%s", what)
+						}
+						replayed := resp.Header.Get(idempotency.HeaderReplayed) == "true"
+						require.Equal(t, want.replayed, replayed, "%s: Idempotent-Replayed", what)
+					}
+					var fault []string
+					if tt.fault != "" {
+						fault = []string{upstreamtest.Header, tt.fault}
+					}
+					resp1, body1 := client{t, first.URL, scope}.post(path, key, body, fault...)
+					check("first", tt.first, resp1, body1)
+					resp2, body2 := client{t, live.URL, scope}.post(path, key, body)
+					check("retry", tt.retry, resp2, body2)
+					if tt.sameResponse {
+						require.Equal(t, body1, body2, "a replay is byte-exact")
+					}
+					_, byKey := up.Executions(t)
+					require.Equal(t, tt.runs, byKey[key], "upstream executions of the key")
+				})
+			}
+		})
+	}
+}
+
+// TestEdges: what the gateway passes, refuses and forwards.
+func TestEdges(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t)
+	var seen http.Header
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = r.Header.Clone()
+		w.Header().Set("Set-Cookie", "session=secret")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(echo.Close)
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
+			open := store.open(t)
+			gw := httptest.NewServer(open(gateway.Config{Upstream: mustURL(t, up.URL), Routes: routes(t, up), Scope: keyscope.Header("X-Account-Id")}))
+			t.Cleanup(gw.Close)
+
+			// No scope: 401, and nothing reaches the upstream.
+			req, _ := http.NewRequest(http.MethodPost, gw.URL+"/transfers", strings.NewReader(transfer))
+			key := uuid.NewString()
+			req.Header.Set(idempotency.HeaderKey, key)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s", b)
+			require.Equal(t, idempotency.ProblemNoScope.Slug, problemType(t, string(b)))
+			_, byKey := up.Executions(t)
+			require.Zero(t, byKey[key], "a request without a scope never reaches the upstream")
+
+			// A request outside the covered routes passes through untouched.
+			c := client{t, gw.URL, "acct-" + rand.Text()}
+			resp, body := c.post("/transfers", "", transfer)
+			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a covered route needs a key: %s", body)
+			require.Equal(t, idempotency.ProblemMissingKey.Slug, problemType(t, body))
+			get, err := http.Get(gw.URL + "/transfers/" + uuid.NewString())
+			require.NoError(t, err)
+			get.Body.Close()
+			require.Equal(t, http.StatusNotFound, get.StatusCode, "GET passes through to the upstream")
+
+			// A key mismatch is 409, and runs nothing.
+			key = uuid.NewString()
+			resp, _ = c.post("/transfers", key, transfer)
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			resp, body = c.post("/transfers", key, `{"amount":501,"currency":"EUR"}`)
+			require.Equal(t, http.StatusConflict, resp.StatusCode, "%s", body)
+			require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
+			_, byKey = up.Executions(t)
+			require.Equal(t, 1, byKey[key])
+
+			// Forwarded headers, and what a replay never carries.
+			eg := httptest.NewServer(open(gateway.Config{Upstream: mustURL(t, echo.URL), Routes: []gateway.Route{{Method: "POST", Path: "/echo"}}, Scope: keyscope.Header("X-Account-Id")}))
+			t.Cleanup(eg.Close)
+			ec := client{t, eg.URL, c.scope}
+			key = uuid.NewString()
+			resp, _ = ec.post("/echo", key, `{}`)
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.Equal(t, key, seen.Get(idempotency.HeaderKey), "the key goes upstream")
+			require.Equal(t, "127.0.0.1", seen.Get("X-Forwarded-For"))
+			require.Equal(t, "http", seen.Get("X-Forwarded-Proto"))
+			require.Equal(t, strings.TrimPrefix(eg.URL, "http://"), seen.Get("X-Forwarded-Host"))
+			require.Equal(t, `for=127.0.0.1;host="`+strings.TrimPrefix(eg.URL, "http://")+`";proto=http`, seen.Get("Forwarded"))
+			require.Equal(t, "session=secret", resp.Header.Get("Set-Cookie"), "the first answer is the upstream's whole")
+			resp, body = ec.post("/echo", key, `{}`)
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.Equal(t, `{"ok":true}`, body)
+			require.Equal(t, "true", resp.Header.Get(idempotency.HeaderReplayed))
+			require.Empty(t, resp.Header.Values("Set-Cookie"), "a replay never carries cookies")
+		})
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	require.NoError(t, err)
+	return u
+}
+
+// closedPort is a loopback address nothing listens on any more.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	return gone.Listener.Addr().String()
+}
+
+// TestNoLeaksUnderFaults: requests through the gateway to an upstream that
+// is down, slow, resetting, failing and hanging each get the answer the
+// table of outcomes gives, and once they are answered the gateway holds no
+// more goroutines than before: no request, connection or timer is left
+// behind.
+func TestNoLeaksUnderFaults(t *testing.T) {
+	// Not parallel: it counts the process's goroutines.
+	up := upstreamtest.Start(t)
+	transport := &http.Transport{ResponseHeaderTimeout: 300 * time.Millisecond}
+	t.Cleanup(transport.CloseIdleConnections)
+	open := stores[0].open(t)
+	cfg := gateway.Config{Upstream: mustURL(t, up.URL), Routes: routes(t, up), Scope: keyscope.Header("X-Account-Id"),
+		Wait: 100 * time.Millisecond, UpstreamTimeout: 300 * time.Millisecond, Transport: transport}
+	gw := httptest.NewServer(open(cfg))
+	t.Cleanup(gw.Close)
+	downCfg := cfg
+	downCfg.Upstream = mustURL(t, "http://"+closedPort(t))
+	down := httptest.NewServer(open(downCfg))
+	t.Cleanup(down.Close)
+
+	settle := func() int {
+		transport.CloseIdleConnections()
+		gw.CloseClientConnections()
+		down.CloseClientConnections()
+		return runtime.NumGoroutine()
+	}
+	before := settle()
+	c, d := client{t, gw.URL, "acct-" + rand.Text()}, client{t, down.URL, "acct-" + rand.Text()}
+	for round := range 3 {
+		for _, f := range []struct {
+			via    client
+			fault  string
+			status int
+		}{
+			{d, "", http.StatusBadGateway},
+			{c, upstreamtest.Slow(50 * time.Millisecond), http.StatusCreated},
+			{c, upstreamtest.Reset, http.StatusConflict},
+			{c, upstreamtest.Fail, http.StatusInternalServerError},
+			{c, upstreamtest.Hang, http.StatusConflict},
+		} {
+			resp, body := f.via.post("/transfers", uuid.NewString(), transfer, upstreamtest.Header, f.fault)
+			require.Equal(t, f.status, resp.StatusCode, "round %d, fault %q: %s", round, f.fault, body)
+		}
+	}
+	// Polled here, not with require.Eventually, whose own goroutines would
+	// be counted.
+	after := settle()
+	for deadline := time.Now().Add(10 * time.Second); after > before && time.Now().Before(deadline); after = settle() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if after > before {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("goroutines: %d before the faults, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
+	}
+}
