@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -110,7 +111,11 @@ type HeldConfig struct {
 	// Lease bounds how long the operation may run (a gateway's upstream
 	// timeout, and some margin). Past it, a holder that neither settled
 	// nor released the key is presumed gone, and the outcome is unknown:
-	// never a second run.
+	// never a second run. So that a live holder never outlasts it, the
+	// handler's context ends heldSettleMargin before the lease does
+	// (unless its response already passes through, which is recorded),
+	// and it does not end when the client goes away: the outcome is still
+	// settled. A key is kept at least as long as its lease.
 	Lease time.Duration
 	// MaxStored bounds the response kept for replays (default
 	// DefaultMaxStored). A larger response, or a stream (text/event-stream),
@@ -137,6 +142,9 @@ func NewHeldOperation[U any](e *Engine, store HeldStore[U], cfg OperationConfig,
 		held.MaxStored = DefaultMaxStored
 	}
 	op := NewOperation[U](e, store, cfg)
+	// A key that expired while its operation ran could be claimed again,
+	// and run twice: a held key lives at least as long as its lease.
+	op.cfg.TTL = max(op.cfg.TTL, held.Lease)
 	op.held = &heldOperation{HeldConfig: held, settler: store}
 	return op
 }
@@ -167,6 +175,12 @@ func MarkUnknown(r *http.Request, cause error) bool {
 	}
 	v.unknown = cause
 	return true
+}
+
+// heldSettleMargin is how long before its lease's end a held operation's
+// context ends: the time its holder has to record the outcome.
+func heldSettleMargin(lease time.Duration) time.Duration {
+	return min(lease/4, 5*time.Second)
 }
 
 // heldPoll is how often a request polls a key held by a running operation
@@ -217,17 +231,23 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		s.rollback(lease)
 		return s.refuse(err), nil
 	}
+	until := time.Now().Add(held.Lease)
 	dctx, cancel := detach(ctx)
-	err := lease.Commit(dctx, Held{State: HeldRunning, Until: time.Now().Add(held.Lease)}.Response())
+	err := lease.Commit(dctx, Held{State: HeldRunning, Until: until}.Response())
 	cancel()
+	ref := lease.Ref()
 	if err != nil {
 		var taken *TakenError
 		if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
 			return OutcomeNone, err // nothing was written
 		}
+		// The hold may have committed all the same (its answer lost):
+		// nothing ran, so free the key if it is held under this claim.
+		rctx, cancel := detach(ctx)
+		_, _ = held.settler.Release(rctx, ref)
+		cancel()
 		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
 	}
-	ref := lease.Ref()
 	settle := func(resp *Response) {
 		sctx, cancel := detach(ctx)
 		defer cancel()
@@ -255,8 +275,20 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	}
 	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
 	verdict := &heldVerdict{}
-	inner := s.r.WithContext(context.WithValue(ctx, heldKey{}, verdict))
+	// The operation's context outlives the client (its outcome is settled
+	// all the same) and ends before the lease does, unless the response
+	// passes through by then.
+	hctx, stop := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), heldKey{}, verdict))
+	defer stop()
+	deadline := time.AfterFunc(time.Until(until.Add(-heldSettleMargin(held.Lease))), func() {
+		if !w.passingNow() {
+			stop()
+		}
+	})
+	defer deadline.Stop()
+	inner := s.r.WithContext(hctx)
 	inner.Body = io.NopCloser(bytes.NewReader(s.body))
+	inner.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(s.body)), nil }
 	inner.ContentLength = int64(len(s.body))
 	defer func() {
 		p := recover()
@@ -311,6 +343,22 @@ type heldWriter struct {
 	limit   int64
 	through func(status int, reason string)
 	passing bool
+	// passed is passing, for the lease's timer, which runs on a goroutine
+	// of its own.
+	passed atomic.Bool
+}
+
+// passingNow reports, from any goroutine, whether the response passes
+// through already.
+func (w *heldWriter) passingNow() bool { return w.passed.Load() }
+
+// Header is the buffered response's header, and the client's once the
+// response passes through (trailers set after the body go there).
+func (w *heldWriter) Header() http.Header {
+	if w.passing {
+		return w.client.Header()
+	}
+	return w.recorder.Header()
 }
 
 func (w *heldWriter) WriteHeader(status int) {
@@ -347,6 +395,7 @@ func (w *heldWriter) Flush() {
 // buffered and lets the rest through.
 func (w *heldWriter) pass(reason string) {
 	w.passing = true
+	w.passed.Store(true)
 	w.through(w.status, reason)
 	h := w.client.Header()
 	for name, values := range w.header {

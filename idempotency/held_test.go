@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -211,4 +212,74 @@ func TestHeldKeyWhileRunning(t *testing.T) {
 	require.Equal(t, http.StatusCreated, <-slow, "the holder answers its own client")
 	require.Equal(t, http.StatusCreated, heldPost(other, "slow").Code, "a holder that settles late still settles the key")
 	require.EqualValues(t, 2, runs.Load(), "no key ran twice")
+}
+
+// TestHeldOperationOutlivesItsClientNotItsLease: a held operation's
+// context does not end when its client goes away (its outcome is settled
+// all the same), and ends before its lease does, so that no live holder
+// outlasts the lease that tells other processes it is gone.
+func TestHeldOperationOutlivesItsClientNotItsLease(t *testing.T) {
+	t.Parallel()
+	held := idempotency.HeldConfig{Lease: 400 * time.Millisecond}
+	h, runs := heldServer(t, held, func(w http.ResponseWriter, r *http.Request, _ int64) {
+		if r.Header.Get("X-Hang") != "" {
+			<-r.Context().Done()
+			idempotency.MarkUnknown(r, r.Context().Err())
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+		if r.Context().Err() != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+
+	// The client gives up after 10ms; the operation runs to its end.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/transfers", strings.NewReader(`{"amount":5}`))
+	req.Header.Set(idempotency.HeaderKey, "gone")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	replay := heldPost(h, "gone")
+	require.Equal(t, http.StatusCreated, replay.Code, "the outcome was settled though its client left: %s", replay.Body)
+	require.Equal(t, "true", replay.Header().Get(idempotency.HeaderReplayed))
+
+	// An operation that never ends by itself is ended before its lease.
+	began := time.Now()
+	req = httptest.NewRequest(http.MethodPost, "/transfers", strings.NewReader(`{"amount":5}`))
+	req.Header.Set(idempotency.HeaderKey, "hang")
+	req.Header.Set("X-Hang", "1")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Less(t, time.Since(began), held.Lease, "the operation's context ended before its lease")
+	require.Equal(t, http.StatusConflict, rec.Code, "%s", rec.Body)
+	require.EqualValues(t, 2, runs.Load())
+}
+
+// TestHeldKeyLivesAsLongAsItsLease: an operation whose TTL is shorter than
+// its lease keeps its key for the lease at least: a key that expired while
+// its operation ran would be claimed, and run, again.
+func TestHeldKeyLivesAsLongAsItsLease(t *testing.T) {
+	t.Parallel()
+	e := idempotency.New(idempotency.Config{
+		Scope: func(*http.Request) (string, error) { return "tenant", nil },
+		Wait:  10 * time.Millisecond,
+	})
+	var runs atomic.Int64
+	release := make(chan struct{})
+	op := idempotency.NewHeldOperation(e, memstore.New(), idempotency.OperationConfig{TTL: time.Millisecond}, idempotency.HeldConfig{Lease: time.Minute})
+	h := op.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		runs.Add(1)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := make(chan int)
+	go func() { first <- heldPost(h, "k").Code }()
+	require.Eventually(t, func() bool { return runs.Load() == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // past the TTL
+	close(release)
+	require.Equal(t, http.StatusCreated, <-first)
+	require.Equal(t, http.StatusCreated, heldPost(h, "k").Code, "replayed, not run again")
+	require.EqualValues(t, 1, runs.Load())
 }

@@ -193,7 +193,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 		v, lo, hi int64
 	}{
 		{"max-body-bytes", "ONCEKEY_MAX_BODY_BYTES", p.MaxBodyBytes, 1, 1 << 30},
-		{"max-stored-bytes", "ONCEKEY_MAX_STORED_BYTES", p.MaxStoredBytes, 0, 64 << 20},
+		{"max-stored-bytes", "ONCEKEY_MAX_STORED_BYTES", p.MaxStoredBytes, 1, 64 << 20},
 		{"cleanup-batch", "ONCEKEY_CLEANUP_BATCH", int64(p.CleanupBatch), 1, 100_000},
 		{"record-cache-size", "ONCEKEY_RECORD_CACHE_SIZE", int64(p.RecordCacheSize), 0, 10_000_000},
 	} {

@@ -278,14 +278,22 @@ func newForwarder(cfg Config) *forwarder {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 			pr.Out.Header.Set("Forwarded", forwarded(pr.In))
-			if key := pr.Out.Header.Values(idempotency.HeaderKey); len(key) > 0 {
-				// net/http's transport resends a request that carries an
-				// Idempotency-Key when a reused connection fails after it
+			for _, name := range []string{idempotency.HeaderKey, "X-Idempotency-Key"} {
+				// net/http's transport resends a request that carries
+				// either header when a reused connection fails after it
 				// was written (Request.isReplayable): a second run
-				// upstream. The header goes on in lower case, which HTTP
-				// reads alike and the transport does not look for.
-				pr.Out.Header.Del(idempotency.HeaderKey)
-				pr.Out.Header["idempotency-key"] = key
+				// upstream. They go on in lower case, which HTTP reads
+				// alike and the transport does not look for.
+				if v := pr.Out.Header.Values(name); len(v) > 0 {
+					pr.Out.Header.Del(name)
+					pr.Out.Header[strings.ToLower(name)] = v
+				}
+			}
+			if _, covered := pr.In.Context().Value(routeKey{}).(string); covered {
+				// The transport asks for gzip itself and decodes it, so
+				// that what is stored and replayed is the body as it is,
+				// not an encoding the replay's headers do not name.
+				pr.Out.Header.Del("Accept-Encoding")
 			}
 		},
 		Transport:     transport,
@@ -316,6 +324,12 @@ func (f *forwarder) failed(w http.ResponseWriter, r *http.Request, err error) {
 	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
 	if sent != nil && sent.Load() && idempotency.MarkUnknown(r, fmt.Errorf("the upstream did not answer: %w", err)) {
 		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer; its outcome is unknown", "err", err, "path", r.URL.Path)
+		return
+	}
+	if sent != nil && sent.Load() {
+		// A request passed through, not covered: it may have run.
+		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer", "err", err, "path", r.URL.Path)
+		problem.Write(w, UpstreamFailed, "the upstream took the request and did not answer: it may have run")
 		return
 	}
 	if r.Context().Err() != nil {
@@ -350,6 +364,14 @@ var errUnreachable = errors.New("the upstream could not be reached; nothing was 
 var Unreachable = problem.Kind{
 	Slug: "upstream-unreachable", Status: http.StatusBadGateway, Title: "The upstream could not be reached",
 	When:        "The gateway could not connect to the upstream, or failed before a byte of the request was written. Nothing ran: retry with the same key.",
+	KeyConsumed: "no",
+}
+
+// UpstreamFailed is the problem of a request passed through, not covered
+// by the protocol, that the upstream took and did not answer.
+var UpstreamFailed = problem.Kind{
+	Slug: "upstream-failed", Status: http.StatusBadGateway, Title: "The upstream did not answer",
+	When:        "A request outside the covered routes was sent to the upstream, and no answer came: it may have run.",
 	KeyConsumed: "no",
 }
 

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"compress/gzip"
 	"crypto/rand"
 	"encoding/json"
 	"io"
@@ -400,4 +401,95 @@ func TestNoLeaksUnderFaults(t *testing.T) {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("goroutines: %d before the faults, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
 	}
+}
+
+// roundTripFunc is a Transport that is a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestForwardedKeyIsNeverResentByTheTransport: the idempotency headers go
+// upstream in a spelling that net/http's transport does not take for a
+// request it may resend (Request.isReplayable looks the canonical names up
+// in the header map), and a covered request's Accept-Encoding is left to
+// the transport, which then decodes what it asked for.
+func TestForwardedKeyIsNeverResentByTheTransport(t *testing.T) {
+	t.Parallel()
+	var sent http.Header
+	transport := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent = r.Header.Clone()
+		_, _ = io.Copy(io.Discard, r.Body)
+		return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{}`)), Request: r}, nil
+	})
+	gw := httptest.NewServer(stores[0].open(t)(gateway.Config{Upstream: mustURL(t, "http://upstream.invalid"),
+		Routes: []gateway.Route{{Method: "POST", Path: "/echo"}}, Scope: keyscope.Header("X-Account-Id"), Transport: transport}))
+	t.Cleanup(gw.Close)
+	key := uuid.NewString()
+	resp, body := client{t, gw.URL, "acct-" + rand.Text()}.post("/echo", key, `{}`, "X-Idempotency-Key", key, "Accept-Encoding", "gzip")
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		require.NotContains(t, sent, name, "%s under its canonical name", name)
+		require.Equal(t, []string{key}, sent[strings.ToLower(name)], "%s goes upstream", name)
+	}
+	require.Empty(t, sent.Values("Accept-Encoding"), "the client's Accept-Encoding is not passed on a covered route")
+}
+
+// TestCompressedAnswersAreStoredDecoded: an upstream that gzips when asked
+// is answered through the gateway, and replayed, as the JSON it is, to a
+// client that asked for gzip itself.
+func TestCompressedAnswersAreStoredDecoded(t *testing.T) {
+	t.Parallel()
+	gzipping := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"ok":true}`))
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusCreated)
+		zw := gzip.NewWriter(w)
+		_, _ = zw.Write([]byte(`{"ok":true}`))
+		_ = zw.Close()
+	}))
+	t.Cleanup(gzipping.Close)
+	gw := httptest.NewServer(stores[0].open(t)(gateway.Config{Upstream: mustURL(t, gzipping.URL),
+		Routes: []gateway.Route{{Method: "POST", Path: "/echo"}}, Scope: keyscope.Header("X-Account-Id")}))
+	t.Cleanup(gw.Close)
+	c, key := client{t, gw.URL, "acct-" + rand.Text()}, uuid.NewString()
+	for _, what := range []string{"first", "replay"} {
+		// DisableCompression in the client: it neither asks for gzip nor
+		// decodes, so the header below is the test's own and the body
+		// arrives as the gateway sends it.
+		req, err := http.NewRequest(http.MethodPost, c.url+"/echo", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Account-Id", c.scope)
+		req.Header.Set(idempotency.HeaderKey, key)
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true, DisableKeepAlives: true}}).Do(req)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, what)
+		require.Empty(t, resp.Header.Get("Content-Encoding"), what)
+		require.Equal(t, `{"ok":true}`, string(b), "%s: the body as JSON", what)
+	}
+}
+
+// TestPassedThroughRequestThatMayHaveRun: a request outside the covered
+// routes that the upstream took and did not answer is a 502 that says it
+// may have run, never "nothing was sent, retry".
+func TestPassedThroughRequestThatMayHaveRun(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t)
+	gw := httptest.NewServer(stores[0].open(t)(gateway.Config{Upstream: mustURL(t, up.URL),
+		Routes: []gateway.Route{{Method: "POST", Path: "/other"}}, Scope: keyscope.Header("X-Account-Id")}))
+	t.Cleanup(gw.Close)
+	key := uuid.NewString()
+	resp, body := client{t, gw.URL, "acct-" + rand.Text()}.post("/transfers", key, transfer, upstreamtest.Header, upstreamtest.Reset)
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode, body)
+	require.Equal(t, gateway.UpstreamFailed.Slug, problemType(t, body))
+	_, byKey := up.Executions(t)
+	require.Equal(t, 1, byKey[key], "it ran upstream")
 }
