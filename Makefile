@@ -86,7 +86,7 @@ api/release: api/go/release ## record openapi.yaml and the engine's Go API as re
 
 # The engine's public modules, whose exported Go API is a promise: each one's
 # released API is kept as apidiff's export data in api/go/<module>.export.
-PUBLIC_MODULES  := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi
+PUBLIC_MODULES  := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi idempotency/caddymodule
 APIDIFF_VERSION := v0.0.0-20261120182113-8801fbdfac81
 APIDIFF         := $(GO) run golang.org/x/exp/cmd/apidiff@$(APIDIFF_VERSION)
 
@@ -102,7 +102,7 @@ api/go: ## fail on an incompatible change to an engine module's exported Go API 
 	@# one more exported function, the module as it is must be found to have
 	@# removed it.
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
-	  (cd idempotency && git ls-files -co --exclude-standard . | grep -Ev '^(pgstore|redisstore|oapi|integration)/' | tar -cf - -T -) | tar -xf - -C $$tmp; \
+	  (cd idempotency && git ls-files -co --exclude-standard . | grep -Ev '^(pgstore|redisstore|oapi|integration|caddymodule)/' | tar -cf - -T -) | tar -xf - -C $$tmp; \
 	  printf 'package idempotency\n\n// GateProbe stands for a function the module removed.\nfunc GateProbe() {}\n' > $$tmp/gate_probe.go; \
 	  (cd $$tmp && $(APIDIFF) -m -w $$tmp/probe.export github.com/oncekey/oncekey/idempotency 2>/dev/null); \
 	  if ! (cd idempotency && $(APIDIFF) -m -incompatible $$tmp/probe.export github.com/oncekey/oncekey/idempotency 2>/dev/null) | grep -qx -- '- GateProbe: removed'; then \
@@ -137,24 +137,33 @@ vulncheck: ## govulncheck on every package and every required module (advisories
 # tests only and is never published); the service's module replaces the
 # others with these directories.
 ENGINE_MODULES := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi idempotency/integration
+# CADDY_MODULE is the engine as a Caddy handler: a module of its own, since
+# Caddy brings some 600 modules that no other user of the engine should
+# inherit.
+CADDY_MODULE := idempotency/caddymodule
 
 .PHONY: lint
 lint: ## go vet, gofmt and a tidy go.mod, in the service's module and in each of the engine's
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
-	@set -e; for m in $(ENGINE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
+	@set -e; for m in $(ENGINE_MODULES) $(CADDY_MODULE); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
 test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example service's and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3)
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory test/engine
+	@$(MAKE) --no-print-directory test/caddy
 	@$(MAKE) --no-print-directory test/example
 	@$(MAKE) --no-print-directory test/alerts
 
 .PHONY: test/engine
 test/engine: ## the engine's modules on their own: each vetted and tested in its directory (idempotency/integration also holds the dependency budget test)
 	@set -e; for m in $(ENGINE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...); done
+
+.PHONY: test/caddy
+test/caddy: ## build Caddy with the idempotency module (idempotency/caddymodule) and run it against the test upstream; the first run downloads Caddy's modules and builds for a few minutes
+	cd $(CADDY_MODULE) && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
 
 .PHONY: test/example
 test/example: ## build examples/widgets (a module of its own, on the public engine alone) and run its test against PostgreSQL

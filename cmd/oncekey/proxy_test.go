@@ -155,7 +155,7 @@ func TestGatewayStormAcrossProcesses(t *testing.T) {
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			answers := map[string]map[string]int{} // key → body → clients
-			var requests, retries atomic.Int64 // retries: after a 202 or a 503
+			var requests, retries atomic.Int64     // retries: after a 202 or a 503
 			for k := range keys {
 				key := uuid.NewString()
 				answers[key] = map[string]int{}

@@ -1,0 +1,80 @@
+package caddymodule
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("idempotency", parseCaddyfile)
+	// Before reverse_proxy, which it wraps: no `order` line needed.
+	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// UnmarshalCaddyfile reads the directive:
+//
+//	idempotency [<matcher>] {
+//		scope            <placeholder expression>
+//		database_url     <url>
+//		redis_url        <url>
+//		redis_secret     <secret>
+//		ttl              <duration>
+//		wait             <duration>
+//		lease            <duration>
+//		max_stored_bytes <n>
+//		max_body_bytes   <n>
+//		on_unknown       report|retry
+//		problem_type_base <uri prefix>
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive's name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	strs := map[string]*string{
+		"scope": &h.Scope, "database_url": &h.DatabaseURL, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
+		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase,
+	}
+	durs := map[string]*caddy.Duration{"ttl": &h.TTL, "wait": &h.Wait, "lease": &h.Lease}
+	ints := map[string]*int64{"max_stored_bytes": &h.MaxStoredBytes, "max_body_bytes": &h.MaxBodyBytes}
+	for d.NextBlock(0) {
+		name := d.Val()
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		value := d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		var err error
+		if to, ok := strs[name]; ok {
+			*to = value
+		} else if to, ok := durs[name]; ok {
+			var v time.Duration
+			v, err = caddy.ParseDuration(value)
+			*to = caddy.Duration(v)
+		} else if to, ok := ints[name]; ok {
+			*to, err = strconv.ParseInt(value, 10, 64)
+		} else {
+			return d.Errf("idempotency: unknown option %q", name)
+		}
+		if err != nil {
+			return d.Errf("idempotency: %s %q: %v", name, value, err)
+		}
+	}
+	return nil
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var m Handler
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return &m, err
+}
+
+// Interface guard.
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,45 @@
+package caddymodule_test
+
+import (
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/idempotency/caddymodule"
+)
+
+// TestCaddyfile: what the directive takes, and what it refuses, before
+// Caddy provisions anything.
+func TestCaddyfile(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, block string
+		// wantErr is in the error of UnmarshalCaddyfile or Validate.
+		wantErr string
+	}{
+		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n}", ""},
+		{"no scope", "idempotency {\n ttl 24h\n}", "scope is required"},
+		{"an unknown option", "idempotency {\n scope {http.auth.user.id}\n upstream x\n}", `unknown option "upstream"`},
+		{"an option without its value", "idempotency {\n scope\n}", "wrong argument count"},
+		{"a bad duration", "idempotency {\n scope {http.auth.user.id}\n ttl soon\n}", `ttl "soon"`},
+		{"a bad size", "idempotency {\n scope {http.auth.user.id}\n max_stored_bytes lots\n}", `max_stored_bytes "lots"`},
+		{"a bad on_unknown", "idempotency {\n scope {http.auth.user.id}\n on_unknown guess\n}", `on_unknown "guess"`},
+		{"redis without postgres", "idempotency {\n scope {http.auth.user.id}\n redis_url redis://r:6379/0\n}", "redis_url needs database_url"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var h caddymodule.Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tt.block))
+			if err == nil {
+				err = h.Validate()
+			}
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}

@@ -1,0 +1,267 @@
+// Package caddymodule is the Idempotency-Key protocol as a Caddy HTTP
+// handler (http.handlers.idempotency), for the requests Caddy proxies with
+// reverse_proxy: a retry, a timeout or a burst of duplicates runs the
+// upstream's operation once, and every repeat gets the first answer,
+// byte for byte. Three Caddyfile lines add it:
+//
+//	idempotency {
+//		scope {http.request.header.X-Account-Id}
+//	}
+//	reverse_proxy 127.0.0.1:3000
+//
+// Every unsafe request the handler sees (its matcher selects them) runs as
+// a held operation of the engine: its key is committed before the request
+// goes upstream and settled with what came back, so that no crash or lost
+// answer runs it twice. A request that reverse_proxy could not connect for
+// is 502 and frees its key; one that went upstream and got no answer
+// leaves its key's outcome unknown (409 outcome-unknown) until an operator
+// settles it. Keys are kept in memory (one Caddy process) or in PostgreSQL,
+// with Redis in front if given.
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/idempotency/redisstore"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler is the http.handlers.idempotency module. Its fields are its JSON
+// configuration; the Caddyfile directive sets the same (see
+// UnmarshalCaddyfile).
+type Handler struct {
+	// Scope names the caller a request's key belongs to, as a Caddy
+	// placeholder expression: a header an authentication layer in front
+	// sets ({http.request.header.X-Account-Id}), or the user an
+	// authentication handler before this one found ({http.auth.user.id}).
+	// A request it names no one for is refused (401), never served under
+	// an empty scope.
+	Scope string `json:"scope,omitempty"`
+	// DatabaseURL keeps the keys in PostgreSQL, shared by every Caddy that
+	// names it; empty keeps them in memory, one process's and lost on exit.
+	DatabaseURL string `json:"database_url,omitempty"`
+	// RedisURL puts a Redis fast path in front of PostgreSQL; RedisSecret
+	// authenticates what is cached there (the same on every Caddy).
+	RedisURL    string `json:"redis_url,omitempty"`
+	RedisSecret string `json:"redis_secret,omitempty"`
+	// TTL is how long a key's answer is replayed (default 48h).
+	TTL caddy.Duration `json:"ttl,omitempty"`
+	// Wait is how long a duplicate waits for the request still upstream
+	// before it gets 202 (default 1s).
+	Wait caddy.Duration `json:"wait,omitempty"`
+	// Lease bounds a request's time upstream (default 40s): its call is
+	// cut before the lease ends, and a key held past it by a Caddy that
+	// died is of unknown outcome. Keep reverse_proxy's own timeouts below
+	// it.
+	Lease caddy.Duration `json:"lease,omitempty"`
+	// MaxStoredBytes bounds the answers stored (default 1 MiB); larger
+	// ones, and streams, pass through once and are never run again.
+	MaxStoredBytes int64 `json:"max_stored_bytes,omitempty"`
+	// MaxBodyBytes bounds request bodies (default 1 MiB): larger ones 413.
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	// OnUnknown is "report" (the default: 409 outcome-unknown until an
+	// operator settles the key) or "retry" (run it again under its key:
+	// only for upstreams that deduplicate the forwarded key themselves).
+	OnUnknown string `json:"on_unknown,omitempty"`
+	// ProblemTypeBase prefixes the type URIs of the problem+json answers
+	// ("https://example.com/problems/"); empty: about:blank.
+	ProblemTypeBase string `json:"problem_type_base,omitempty"`
+
+	serve http.Handler
+	close []func()
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.idempotency",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// DefaultLease is Lease's default: Caddy's reverse_proxy has no response
+// timeout of its own unless configured, so the lease is what bounds a
+// request's time upstream.
+const DefaultLease = 40 * time.Second
+
+// Validate checks the configuration before Caddy provisions it.
+func (h *Handler) Validate() error {
+	switch {
+	case strings.TrimSpace(h.Scope) == "":
+		return errors.New("idempotency: scope is required: a placeholder that names the caller, such as {http.request.header.X-Account-Id}; keys of two callers must never meet")
+	case h.OnUnknown != "" && h.OnUnknown != "report" && h.OnUnknown != "retry":
+		return fmt.Errorf("idempotency: on_unknown %q: want report or retry", h.OnUnknown)
+	case h.RedisURL != "" && h.DatabaseURL == "":
+		return errors.New("idempotency: redis_url needs database_url: Redis is a fast path in front of PostgreSQL, which keeps the keys")
+	case h.MaxStoredBytes < 0 || h.MaxBodyBytes < 0 || h.TTL < 0 || h.Wait < 0 || h.Lease < 0:
+		return errors.New("idempotency: sizes and durations must not be negative")
+	}
+	return nil
+}
+
+// Provision opens the key store and builds the protocol's operation.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	lease := time.Duration(h.Lease)
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	e := idempotency.New(idempotency.Config{
+		Scope: func(r *http.Request) (string, error) {
+			repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+			if !ok {
+				return "", idempotency.ErrNoScope
+			}
+			return repl.ReplaceAll(h.Scope, ""), nil
+		},
+		TTL:             time.Duration(h.TTL),
+		Wait:            time.Duration(h.Wait),
+		MaxBodyBytes:    h.MaxBodyBytes,
+		ProblemTypeBase: h.ProblemTypeBase,
+		Logger:          ctx.Slogger(),
+	})
+	held := idempotency.HeldConfig{Lease: lease, MaxStored: h.MaxStoredBytes, RetryUnknown: h.OnUnknown == "retry"}
+	forward := http.HandlerFunc(h.forward)
+	if h.DatabaseURL == "" {
+		h.serve = idempotency.NewHeldOperation(e, memstore.New(), idempotency.OperationConfig{}, held).Handler(forward)
+		return nil
+	}
+	store, err := h.openPostgres(ctx)
+	if err != nil {
+		_ = h.Cleanup()
+		return err
+	}
+	h.serve = idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{}, held).Handler(forward)
+	return nil
+}
+
+// openPostgres opens (and migrates) the key table, with Redis and the
+// record cache in front.
+func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgstore.Batch], error) {
+	pool, err := pgxpool.New(ctx, h.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: database_url: %w", err)
+	}
+	h.close = append(h.close, pool.Close)
+	if err := pgstore.Migrate(ctx, pool, pgstore.Options{}); err != nil {
+		return nil, fmt.Errorf("idempotency: migrate the key table: %w", err)
+	}
+	pg, err := pgstore.New(pool, pgstore.Options{})
+	if err != nil {
+		return nil, err
+	}
+	// The deferred store claims and holds a key in one round trip.
+	store, err := pg.Deferred()
+	if err != nil {
+		return nil, err
+	}
+	if h.RedisURL != "" {
+		rdb, err := redisstore.NewClient(h.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("idempotency: redis_url: %w", err)
+		}
+		h.close = append(h.close, func() { _ = rdb.Close() })
+		store = redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: []byte(h.RedisSecret)}), store)
+	}
+	cache, err := recordcache.New(recordcache.DefaultSize, nil)
+	if err != nil {
+		return nil, err
+	}
+	return recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), nil
+}
+
+// Cleanup closes what Provision opened.
+func (h *Handler) Cleanup() error {
+	for i := len(h.close) - 1; i >= 0; i-- {
+		h.close[i]()
+	}
+	h.close = nil
+	return nil
+}
+
+// nextKey carries the rest of Caddy's handler chain to forward.
+type nextKey struct{}
+
+// ServeHTTP runs the protocol for an unsafe request, with the rest of the
+// chain (reverse_proxy) as the operation, and passes a safe one on.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if !idempotency.Unsafe(r.Method) {
+		return next.ServeHTTP(w, r)
+	}
+	h.serve.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nextKey{}, next)))
+	return nil
+}
+
+// forward runs the rest of the chain, and turns its error into what the
+// protocol records: a failed connect frees the key (502), a failure once
+// the request went upstream leaves its outcome unknown.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
+	next := r.Context().Value(nextKey{}).(caddyhttp.Handler)
+	for _, name := range []string{idempotency.HeaderKey, "X-Idempotency-Key"} {
+		// net/http's transport resends a request that carries either
+		// header when a reused connection fails after it was written: a
+		// second run upstream. They go on in lower case, which HTTP reads
+		// alike and the transport does not look for.
+		if v := r.Header.Values(name); len(v) > 0 {
+			r.Header.Del(name)
+			r.Header[strings.ToLower(name)] = v
+		}
+	}
+	err := next.ServeHTTP(w, r)
+	if err == nil {
+		return
+	}
+	var dial reverseproxy.DialError
+	if errors.As(err, &dial) {
+		problem(w, http.StatusBadGateway, h.ProblemTypeBase, "upstream-unreachable", "The upstream could not be reached",
+			"the upstream could not be reached; nothing was sent to it, so retrying with the same Idempotency-Key is safe")
+		return
+	}
+	if idempotency.MarkUnknown(r, err) {
+		return
+	}
+	status := http.StatusBadGateway
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		status = he.StatusCode
+	}
+	w.WriteHeader(status)
+}
+
+// problem writes an RFC 9457 problem of the handler's own.
+func problem(w http.ResponseWriter, status int, typeBase, slug, title, detail string) {
+	typ := "about:blank"
+	if typeBase != "" {
+		typ = typeBase + slug
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_, _ = fmt.Fprintf(w, `{"type":%q,"title":%q,"status":%d,"detail":%q}`, typ, title, status, detail)
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

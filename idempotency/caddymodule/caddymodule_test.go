@@ -1,0 +1,178 @@
+package caddymodule_test
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
+)
+
+func TestMain(m *testing.M) { pgstoretest.Main(m, pgstoretest.Options{}) }
+
+// upstream is the repository's test upstream (upstream.py): a transfers API
+// that runs every request it gets, and counts the runs per key.
+type upstream struct{ addr string }
+
+func startUpstream(t *testing.T) upstream {
+	t.Helper()
+	dir := filepath.Join("..", "..", "internal", "upstreamtest")
+	cmd := exec.Command("python3", filepath.Join(dir, "upstream.py"), "--spec", filepath.Join(dir, "openapi.yaml"))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start(), "python3 runs the test upstream")
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	return upstream{addr: strings.TrimPrefix(strings.TrimSpace(line), "listening on ")}
+}
+
+func (u upstream) runs(t *testing.T, key string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + u.addr + "/_executions")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var counts struct {
+		ByKey map[string]int `json:"by_key"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&counts))
+	return counts.ByKey[key]
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// buildCaddy builds cmd/caddy, Caddy with this module, as a user would.
+func buildCaddy(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "caddy")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "build Caddy with the module:\n%s", out)
+	return bin
+}
+
+// startCaddy runs bin on the Caddyfile and waits until every address
+// answers.
+func startCaddy(t *testing.T, bin, caddyfile string, addrs ...string) {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "Caddyfile")
+	require.NoError(t, os.WriteFile(file, []byte(caddyfile), 0o600))
+	cmd := exec.Command(bin, "run", "--config", file, "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for _, addr := range addrs {
+		require.Eventually(t, func() bool {
+			conn, err := net.Dial("tcp", addr)
+			if err == nil {
+				conn.Close()
+			}
+			return err == nil
+		}, 60*time.Second, 50*time.Millisecond, "Caddy did not listen on %s:\n%s", addr, &logs)
+	}
+}
+
+// post sends a transfer to addr under key, as scope (none if empty), with
+// an upstream fault if given.
+func post(t *testing.T, addr, scope, key, fault string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/transfers", strings.NewReader(`{"amount":500,"currency":"EUR"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idempotency.HeaderKey, key)
+	if scope != "" {
+		req.Header.Set("X-Account-Id", scope)
+	}
+	if fault != "" {
+		req.Header.Set("X-Fault", fault)
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(body)
+}
+
+// TestCaddy runs a real Caddy, built with the module, in front of the test
+// upstream with reverse_proxy, keys in memory and in PostgreSQL: each
+// outcome as the gateway's table says, and the upstream runs no key twice.
+func TestCaddy(t *testing.T) {
+	t.Parallel()
+	bin := buildCaddy(t)
+	up := startUpstream(t)
+	dbURL := pgstoretest.URL(t)
+	memory, postgres, dead := freeAddr(t), freeAddr(t), freeAddr(t)
+	gone := freeAddr(t) // nothing listens there
+	site := func(addr, upstream, options string) string {
+		return fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tproblem_type_base https://example.com/problems/\n%s\t}\n\treverse_proxy %s\n}\n", addr, options, upstream)
+	}
+	pg := fmt.Sprintf("\t\tdatabase_url %q\n", dbURL)
+	startCaddy(t, bin, "{\n\tadmin off\n\tauto_https off\n}\n"+
+		site(memory, up.addr, "")+site(postgres, up.addr, pg)+site(dead, gone, pg), memory, postgres, dead)
+
+	for _, tc := range []struct{ name, addr string }{{"memory", memory}, {"postgres", postgres}} {
+		t.Run(tc.name, func(t *testing.T) {
+			scope := "acct-" + rand.Text()
+			key := rand.Text()
+			first, body := post(t, tc.addr, scope, key, "")
+			require.Equal(t, http.StatusCreated, first.StatusCode, body)
+			again, replayed := post(t, tc.addr, scope, key, "")
+			require.Equal(t, http.StatusCreated, again.StatusCode, replayed)
+			require.Equal(t, "true", again.Header.Get(idempotency.HeaderReplayed))
+			require.Equal(t, body, replayed, "a replay is byte-exact")
+			require.Empty(t, again.Header.Values("Set-Cookie"), "a replay never carries the upstream's cookie")
+			require.Equal(t, 1, up.runs(t, key))
+
+			key = rand.Text()
+			resp, body := post(t, tc.addr, scope, key, "reset")
+			require.Equal(t, http.StatusConflict, resp.StatusCode, "written, then reset: %s", body)
+			require.Contains(t, body, idempotency.ProblemOutcomeUnknown.Slug)
+			resp, body = post(t, tc.addr, scope, key, "")
+			require.Equal(t, http.StatusConflict, resp.StatusCode, "never run again: %s", body)
+			require.Equal(t, 1, up.runs(t, key))
+
+			key = rand.Text()
+			resp, _ = post(t, tc.addr, scope, key, "fail")
+			require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+			resp, body = post(t, tc.addr, scope, key, "")
+			require.Equal(t, http.StatusCreated, resp.StatusCode, "a 5xx frees the key: %s", body)
+			require.Equal(t, 1, up.runs(t, key))
+
+			resp, body = post(t, tc.addr, "", rand.Text(), "")
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "no scope: %s", body)
+		})
+	}
+
+	t.Run("upstream down", func(t *testing.T) {
+		scope, key := "acct-"+rand.Text(), rand.Text()
+		resp, body := post(t, dead, scope, key, "")
+		require.Equal(t, http.StatusBadGateway, resp.StatusCode, body)
+		require.Contains(t, body, "upstream-unreachable")
+		resp, body = post(t, postgres, scope, key, "")
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "the key was freed: nothing was sent: %s", body)
+		require.Equal(t, 1, up.runs(t, key))
+	})
+}
