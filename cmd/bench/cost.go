@@ -177,6 +177,12 @@ func (p *costProbe) costOf(mode string, n int, before, after snapshot) cost {
 // costPhase measures every mode's cost per request at one client,
 // costRounds times, interleaved with the baseline.
 func (b *bench) costPhase(ctx context.Context) ([]cost, error) {
+	return b.costs(ctx, b.modes)
+}
+
+// costs measures the cost per request of modes, the first of which is
+// their baseline, costRounds times, interleaved.
+func (b *bench) costs(ctx context.Context, modes []string) ([]cost, error) {
 	probe, err := newCostProbe(ctx, b.counters, b.dbURL)
 	if err != nil {
 		return nil, err
@@ -184,7 +190,7 @@ func (b *bench) costPhase(ctx context.Context) ([]cost, error) {
 	defer probe.close(ctx)
 	var all []cost
 	for round := range costRounds {
-		for _, mode := range b.modes {
+		for _, mode := range modes {
 			var before snapshot
 			r, err := measureProbed(ctx, b.client, b.targets[mode], b.creds.APIKey, mode, 1, b.opts.duration,
 				func() error {
@@ -252,11 +258,17 @@ func medianCosts(all []cost) []cost {
 	return out
 }
 
-// costMarkdown is the report's table of costs per request.
+// costMarkdown is the report's section of costs per request.
 func costMarkdown(costs []cost) string {
+	return fmt.Sprintf("\n## Cost per request\n\nWhat one request costs, whatever the machine: one client in a closed loop for the measurement's duration, %d rounds interleaved, medians. Round trips and statements are counted by a pgx tracer on the servers' pool (a pipeline is one round trip), Redis round trips by a go-redis hook, WAL bytes from `pg_current_wal_insert_lsn()`, PostgreSQL's CPU time from `/proc` (every `postgres` process: backends, WAL writer, checkpointer), and the benchmark process's CPU time and allocations (the service and the load generator, which is the same in every mode) from `/proc` and the Go runtime. In brackets: the figure over the baseline's.\n\n", costRounds) +
+		costTable(costs, modeBaseline)
+}
+
+// costTable is a table of costs per request, each against baseMode's.
+func costTable(costs []cost, baseMode string) string {
 	var base cost
 	for _, c := range costs {
-		if c.Mode == modeBaseline {
+		if c.Mode == baseMode {
 			base = c
 		}
 	}
@@ -267,7 +279,6 @@ func costMarkdown(costs []cost) string {
 		return fmt.Sprintf("%.0f (%.2f×)", x, x/b)
 	}
 	var s strings.Builder
-	fmt.Fprintf(&s, "\n## Cost per request\n\nWhat one request costs, whatever the machine: one client in a closed loop for the measurement's duration, %d rounds interleaved, medians. Round trips and statements are counted by a pgx tracer on the servers' pool (a pipeline is one round trip), Redis round trips by a go-redis hook, WAL bytes from `pg_current_wal_insert_lsn()`, PostgreSQL's CPU time from `/proc` (every `postgres` process: backends, WAL writer, checkpointer), and the benchmark process's CPU time and allocations (the service and the load generator, which is the same in every mode) from `/proc` and the Go runtime. In brackets: the figure over the baseline's.\n\n", costRounds)
 	s.WriteString("| Mode | PostgreSQL round trips | Statements | Redis round trips | WAL bytes | PostgreSQL CPU µs | Process CPU µs | Allocations | Allocated KiB |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, c := range costs {
 		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %.1f |\n", c.Mode, c.RoundTrips, c.Statements, c.RedisRoundTrips,

@@ -40,6 +40,7 @@ type report struct {
 	scale   *scaleResult
 	cleanup *cleanupResult
 	soak    *soakResult
+	proxy   *proxyResult
 	costs   []cost // every round's
 }
 
@@ -69,9 +70,14 @@ func ratio(all []result, mode string, p99 bool) (float64, bool) {
 
 // ratioAt is ratio at any concurrency.
 func ratioAt(all []result, mode string, clients int, p99 bool) (float64, bool) {
+	return ratioOver(all, modeBaseline, mode, clients, p99)
+}
+
+// ratioOver is ratioAt against another mode than the baseline.
+func ratioOver(all []result, baseMode, mode string, clients int, p99 bool) (float64, bool) {
 	base := map[int]result{}
 	for _, x := range all {
-		if x.Mode == modeBaseline && x.Clients == clients {
+		if x.Mode == baseMode && x.Clients == clients {
 			base[x.Round] = x
 		}
 	}
@@ -157,6 +163,21 @@ func (r *report) judge() {
 		add("first requests while cleanup runs: p99 ≤ 2 × p99 without", true, 2, 0, false)
 		add("cleanup deletes every expired key under load (1 = yes)", false, 1, 0, false)
 	}
+	for _, t := range []struct {
+		name string
+		mode string
+		want float64
+	}{
+		{"gateway first requests: throughput ≥ %.1f × a plain reverse proxy", modeFirstGateway, 0.8},
+		{"gateway replays: throughput ≥ %.0f × a plain reverse proxy", modeReplayGateway, 2},
+	} {
+		var got float64
+		var ok bool
+		if r.proxy != nil {
+			got, ok = ratioOver(r.proxy.Results, modePlainProxy, t.mode, targetClients, false)
+		}
+		add(fmt.Sprintf("%d clients, "+t.name, targetClients, t.want), false, t.want, got, ok)
+	}
 	growth, ok := r.soakGrowth()
 	add("memory: RSS after the first minute ≤ 1.1 × RSS at one minute", true, 1.1, growth, ok)
 }
@@ -222,7 +243,7 @@ func (r *report) write(opts options) error {
 	raw, err := json.MarshalIndent(map[string]any{
 		"measured_at": r.when, "duration_seconds": opts.duration.Seconds(), "rounds": opts.rounds,
 		"results": r.all, "medians": r.results, "scale": r.scale, "cleanup": r.cleanup, "memory": r.soak,
-		"costs": r.costs, "cost_medians": medianCosts(r.costs),
+		"costs": r.costs, "cost_medians": medianCosts(r.costs), "proxy": r.proxy,
 	}, "", "  ")
 	if err != nil {
 		return err
@@ -304,6 +325,9 @@ func (r *report) markdown(opts options, kept string) string {
 		fmt.Fprintf(&b, "\n## Cleanup under load\n\n%d expired keys (on top of the table above), deleted by the cleanup `serve` runs (batches of %d, oldest first, on the `expires_at` index) while %d clients send first requests: it deleted %d in %.1f s, %d expired keys left.\n\n| Load | Requests/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: |\n| without cleanup | %.0f | %.2f | %.2f |\n| while cleanup runs | %.0f | %.2f | %.2f |\n",
 			c.Expired, c.Batch, targetClients, c.Deleted, c.CleanupSeconds, c.Left,
 			c.Without.RPS, c.Without.P50Ms, c.Without.P99Ms, c.With.RPS, c.With.P50Ms, c.With.P99Ms)
+	}
+	if r.proxy != nil {
+		b.WriteString(r.proxy.markdown())
 	}
 	if s := r.soak; s != nil {
 		fmt.Fprintf(&b, "\n## Memory\n\n`oncekey serve` as a process of its own (PostgreSQL, record and API-key caches on, cleanup every minute), %d clients sending first requests for %.0f s: %d requests (%.0f/s), every one a new key. Its resident set size:\n\n| Seconds | RSS MiB |\n| ---: | ---: |\n",

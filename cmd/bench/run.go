@@ -42,6 +42,7 @@ type options struct {
 	modes                 []string // empty: all
 	cpuProfile            string
 	costs                 bool
+	proxy                 bool
 }
 
 // Modes, in the order they are measured at each concurrency.
@@ -109,6 +110,11 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 			return 0, err
 		}
 	}
+	if opts.proxy {
+		if rep.proxy, err = b.proxyPhase(ctx); err != nil {
+			return 0, fmt.Errorf("proxy phase: %w", err)
+		}
+	}
 	if opts.scaleKeys > 0 {
 		if rep.scale, err = b.scalePhase(ctx); err != nil {
 			return 0, fmt.Errorf("scale phase: %w", err)
@@ -151,14 +157,7 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 		if err != nil {
 			return "", err
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		stops = append(stops, func() { _ = srv.Close() })
-		return "http://" + ln.Addr().String(), nil
+		return listen(h, &stops)
 	}
 	withCache := func(keys keyStores) keyStores {
 		cache, err := recordcache.New(recordcache.DefaultSize, nil)
@@ -211,6 +210,19 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 		b.modes = slices.DeleteFunc(b.modes, func(m string) bool { return !slices.Contains(b.opts.modes, m) })
 	}
 	return stopAll, nil
+}
+
+// listen serves h on a loopback port of its own, adds what stops it to
+// stops, and returns its URL.
+func listen(h http.Handler, stops *[]func()) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	*stops = append(*stops, func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String(), nil
 }
 
 // mainRounds measures every mode at every concurrency, round after round.

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/idempotency/recordcache"
+	"github.com/oncekey/oncekey/internal/gateway"
+	"github.com/oncekey/oncekey/internal/keyscope"
+)
+
+// Modes of the proxy phase: a plain httputil.ReverseProxy, its baseline,
+// and the gateway (`oncekey proxy` on PostgreSQL, as it wires the store)
+// in front of the same Go upstream.
+const (
+	modePlainProxy    = "plain-proxy"
+	modeFirstGateway  = "first+gateway"
+	modeReplayGateway = "replay+gateway"
+)
+
+var proxyModes = []string{modePlainProxy, modeFirstGateway, modeReplayGateway}
+
+// proxyRounds is the least number of rounds the proxy phase measures: its
+// targets are judged on the median of at least three.
+const proxyRounds = 3
+
+// proxyResult is the proxy phase: every round's measurements at one client
+// and at targetClients, and the costs per request.
+type proxyResult struct {
+	Results []result `json:"results"`
+	Costs   []cost   `json:"costs"`
+}
+
+// startProxies starts the Go upstream, the plain proxy and the gateway in
+// front of it, and returns what stops them.
+func (b *bench) startProxies() (func(), error) {
+	var stops []func()
+	stopAll := func() {
+		for _, stop := range slices.Backward(stops) {
+			stop()
+		}
+	}
+	serve := func(h http.Handler) (string, error) { return listen(h, &stops) }
+	upstream, err := serve(http.HandlerFunc(upstreamOrders))
+	if err != nil {
+		return stopAll, err
+	}
+	to, err := url.Parse(upstream)
+	if err != nil {
+		return stopAll, err
+	}
+	transport := func() *http.Transport {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 256
+		stops = append(stops, t.CloseIdleConnections)
+		return t
+	}
+	plain := &httputil.ReverseProxy{
+		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(to); pr.SetXForwarded() },
+		Transport: transport(),
+	}
+	if b.targets[modePlainProxy], err = serve(plain); err != nil {
+		return stopAll, err
+	}
+	// As `oncekey proxy` wires PostgreSQL: the deferred store, with the
+	// record cache in front.
+	pg, err := pgstore.New(b.pool, pgstore.Options{})
+	if err != nil {
+		return stopAll, err
+	}
+	deferred, err := pg.Deferred()
+	if err != nil {
+		return stopAll, err
+	}
+	cache, err := recordcache.New(recordcache.DefaultSize, nil)
+	if err != nil {
+		return stopAll, err
+	}
+	gw, err := gateway.New(gateway.Config{
+		Upstream: to, Routes: []gateway.Route{{Method: http.MethodPost, Path: "/orders"}},
+		Scope: keyscope.Authorization(), Transport: transport(), Logger: slog.New(slog.DiscardHandler),
+	}, recordcache.Wrap(cache, deferred).(idempotency.HeldStore[*pgstore.Batch]))
+	if err != nil {
+		return stopAll, err
+	}
+	if b.targets[modeFirstGateway], err = serve(gw); err != nil {
+		return stopAll, err
+	}
+	b.targets[modeReplayGateway] = b.targets[modeFirstGateway]
+	return stopAll, nil
+}
+
+// upstreamOrders is the Go upstream: it reads the order and answers 201
+// with it, doing no more, so that it is not what is measured.
+func upstreamOrders(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/orders" {
+		http.NotFound(w, r)
+		return
+	}
+	order, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	id := rand.Text()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/orders/"+id)
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, `{"id":%q,"status":"created","order":%s}`, id, order)
+}
+
+// proxyPhase measures the gateway against the plain proxy, interleaved
+// round by round, at one client and at targetClients, then their costs.
+func (b *bench) proxyPhase(ctx context.Context) (*proxyResult, error) {
+	stop, err := b.startProxies()
+	defer stop()
+	if err != nil {
+		return nil, err
+	}
+	res := &proxyResult{}
+	for round := range max(b.opts.rounds, proxyRounds) {
+		for _, n := range []int{1, targetClients} {
+			rs, err := b.measureModes(ctx, proxyModes, n, round)
+			if err != nil {
+				return nil, err
+			}
+			res.Results = append(res.Results, rs...)
+		}
+	}
+	if b.opts.costs {
+		if res.Costs, err = b.costs(ctx, proxyModes); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// proxyMarkdown is the report's section on the proxy phase.
+func (p *proxyResult) markdown() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "\n## The gateway: `oncekey proxy` against a plain reverse proxy\n\nThe same Go upstream (it reads the order and answers 201 with it) behind a plain `httputil.ReverseProxy` (**plain-proxy**, this phase's baseline) and behind the gateway on PostgreSQL, wired as `oncekey proxy` wires it (the deferred store, the record cache in front): **first+gateway** sends a new key each time, **replay+gateway** repeats one key per client. %d rounds or more, interleaved; medians. Added latency is the gateway's p50 (p99) minus the plain proxy's, of the same round.\n\n", proxyRounds)
+	s.WriteString("| Mode | Clients | Requests/s | Ratio to plain-proxy | p50 ms | p99 ms | Added p50 ms | Added p99 ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, n := range []int{1, targetClients} {
+		for _, mode := range proxyModes {
+			var rps, p50, p99, addP50, addP99 []float64
+			base := map[int]result{}
+			for _, x := range p.Results {
+				if x.Mode == modePlainProxy && x.Clients == n {
+					base[x.Round] = x
+				}
+			}
+			for _, x := range p.Results {
+				if x.Mode != mode || x.Clients != n {
+					continue
+				}
+				rps, p50, p99 = append(rps, x.RPS), append(p50, x.P50Ms), append(p99, x.P99Ms)
+				addP50, addP99 = append(addP50, x.P50Ms-base[x.Round].P50Ms), append(addP99, x.P99Ms-base[x.Round].P99Ms)
+			}
+			if len(rps) == 0 {
+				continue
+			}
+			r, _ := ratioOver(p.Results, modePlainProxy, mode, n, false)
+			fmt.Fprintf(&s, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", mode, n, median(rps), r, median(p50), median(p99), median(addP50), median(addP99))
+		}
+	}
+	if len(p.Costs) > 0 {
+		s.WriteString("\nCost per request, counted as in the section above, at one client; in brackets, the figure over the plain proxy's.\n\n")
+		s.WriteString(costTable(medianCosts(p.Costs), modePlainProxy))
+	}
+	return s.String()
+}
