@@ -4,12 +4,15 @@ import (
 	"compress/gzip"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -492,4 +495,69 @@ func TestPassedThroughRequestThatMayHaveRun(t *testing.T) {
 	require.Equal(t, gateway.UpstreamFailed.Slug, problemType(t, body))
 	_, byKey := up.Executions(t)
 	require.Equal(t, 1, byKey[key], "it ran upstream")
+}
+
+// TestStreamsAndBrokenAnswers: the outcomes table's rows for answers that
+// cannot be stored, on every store: a stream (text/event-stream) passes
+// through as it comes and its key is never run again; an answer whose
+// body breaks off midway is recorded as run and not stored.
+func TestStreamsAndBrokenAnswers(t *testing.T) {
+	t.Parallel()
+	var runs sync.Map // key → *atomic.Int64
+	count := func(key string) *atomic.Int64 {
+		n, _ := runs.LoadOrStore(key, &atomic.Int64{})
+		return n.(*atomic.Int64)
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		count(r.Header.Get(idempotency.HeaderKey)).Add(1)
+		switch r.URL.Path {
+		case "/events":
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			for i := range 3 {
+				_, _ = fmt.Fprintf(w, "data: %d\n\n", i)
+				http.NewResponseController(w).Flush()
+			}
+		case "/broken":
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"partial":`))
+			http.NewResponseController(w).Flush()
+			panic(http.ErrAbortHandler) // the connection is cut midway
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
+			gw := httptest.NewServer(store.open(t)(gateway.Config{Upstream: mustURL(t, upstream.URL),
+				Routes: []gateway.Route{{Method: "POST", Path: "/events"}, {Method: "POST", Path: "/broken"}}, Scope: keyscope.Header("X-Account-Id")}))
+			t.Cleanup(gw.Close)
+			c := client{t, gw.URL, "acct-" + rand.Text()}
+
+			key := uuid.NewString()
+			resp, body := c.post("/events", key, `{}`)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			require.Equal(t, "data: 0\n\ndata: 1\n\ndata: 2\n\n", body, "the stream passes through whole")
+			resp, body = c.post("/events", key, `{}`)
+			require.Equal(t, http.StatusConflict, resp.StatusCode, "%s", body)
+			require.Equal(t, idempotency.ProblemNotStored.Slug, problemType(t, body))
+			require.EqualValues(t, 1, count(key).Load(), "the stream ran once")
+
+			key = uuid.NewString()
+			req, err := http.NewRequest(http.MethodPost, gw.URL+"/broken", strings.NewReader(`{}`))
+			require.NoError(t, err)
+			req.Header.Set("X-Account-Id", c.scope)
+			req.Header.Set(idempotency.HeaderKey, key)
+			if resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req); err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				require.Error(t, err, "an answer that broke off upstream is not handed on as whole: %d", resp.StatusCode)
+			}
+			resp, body = c.post("/broken", key, `{}`)
+			require.Equal(t, http.StatusConflict, resp.StatusCode, "%s", body)
+			require.Equal(t, idempotency.ProblemNotStored.Slug, problemType(t, body))
+			require.EqualValues(t, 1, count(key).Load(), "the broken answer's operation ran once")
+		})
+	}
 }
