@@ -264,9 +264,9 @@ func TestOutcomes(t *testing.T) {
 func TestEdges(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t)
-	var seen http.Header
+	var seen sync.Map // Idempotency-Key → the request's headers upstream
 	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen = r.Header.Clone()
+		seen.Store(r.Header.Get(idempotency.HeaderKey), r.Header.Clone())
 		w.Header().Set("Set-Cookie", "session=secret")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -320,11 +320,13 @@ func TestEdges(t *testing.T) {
 			key = uuid.NewString()
 			resp, _ = ec.post("/echo", key, `{}`)
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
-			require.Equal(t, key, seen.Get(idempotency.HeaderKey), "the key goes upstream")
-			require.Equal(t, "127.0.0.1", seen.Get("X-Forwarded-For"))
-			require.Equal(t, "http", seen.Get("X-Forwarded-Proto"))
-			require.Equal(t, strings.TrimPrefix(eg.URL, "http://"), seen.Get("X-Forwarded-Host"))
-			require.Equal(t, `for=127.0.0.1;host="`+strings.TrimPrefix(eg.URL, "http://")+`";proto=http`, seen.Get("Forwarded"))
+			got, ok := seen.Load(key)
+			require.True(t, ok, "the key goes upstream")
+			upstream := got.(http.Header)
+			require.Equal(t, "127.0.0.1", upstream.Get("X-Forwarded-For"))
+			require.Equal(t, "http", upstream.Get("X-Forwarded-Proto"))
+			require.Equal(t, strings.TrimPrefix(eg.URL, "http://"), upstream.Get("X-Forwarded-Host"))
+			require.Equal(t, `for=127.0.0.1;host="`+strings.TrimPrefix(eg.URL, "http://")+`";proto=http`, upstream.Get("Forwarded"))
 			require.Equal(t, "session=secret", resp.Header.Get("Set-Cookie"), "the first answer is the upstream's whole")
 			resp, body = ec.post("/echo", key, `{}`)
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
