@@ -281,7 +281,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	hctx, stop := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), heldKey{}, verdict))
 	defer stop()
 	deadline := time.AfterFunc(time.Until(until.Add(-heldSettleMargin(held.Lease))), func() {
-		if !w.passingNow() {
+		if !w.passing.Load() {
 			stop()
 		}
 	})
@@ -298,7 +298,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		// A handler that gives up midway (httputil.ReverseProxy, when the
 		// upstream's body breaks off) has taken the request upstream.
 		switch {
-		case w.passing:
+		case w.passing.Load():
 		case w.wroteHeader:
 			stored(w.status, "the response broke off")
 		default:
@@ -310,7 +310,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	next.ServeHTTP(w, inner)
 
 	switch {
-	case w.passing:
+	case w.passing.Load():
 		if w.status >= 500 {
 			return s.report(OutcomeError), nil
 		}
@@ -342,20 +342,15 @@ type heldWriter struct {
 	client  http.ResponseWriter
 	limit   int64
 	through func(status int, reason string)
-	passing bool
-	// passed is passing, for the lease's timer, which runs on a goroutine
-	// of its own.
-	passed atomic.Bool
+	// passing is set once the response passes through; atomic, as the
+	// lease's timer reads it on a goroutine of its own.
+	passing atomic.Bool
 }
-
-// passingNow reports, from any goroutine, whether the response passes
-// through already.
-func (w *heldWriter) passingNow() bool { return w.passed.Load() }
 
 // Header is the buffered response's header, and the client's once the
 // response passes through (trailers set after the body go there).
 func (w *heldWriter) Header() http.Header {
-	if w.passing {
+	if w.passing.Load() {
 		return w.client.Header()
 	}
 	return w.recorder.Header()
@@ -374,10 +369,10 @@ func (w *heldWriter) WriteHeader(status int) {
 
 func (w *heldWriter) Write(p []byte) (int, error) {
 	w.WriteHeader(http.StatusOK)
-	if !w.passing && int64(w.body.Len()+len(p)) > w.limit {
+	if !w.passing.Load() && int64(w.body.Len()+len(p)) > w.limit {
 		w.pass(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to", w.limit))
 	}
-	if w.passing {
+	if w.passing.Load() {
 		return w.client.Write(p)
 	}
 	return w.body.Write(p)
@@ -386,7 +381,7 @@ func (w *heldWriter) Write(p []byte) (int, error) {
 // Flush passes a stream's data on as it comes; a response that may yet be
 // stored is held back.
 func (w *heldWriter) Flush() {
-	if w.passing {
+	if w.passing.Load() {
 		_ = http.NewResponseController(w.client).Flush()
 	}
 }
@@ -394,8 +389,7 @@ func (w *heldWriter) Flush() {
 // pass records why the response is not stored, then sends what is
 // buffered and lets the rest through.
 func (w *heldWriter) pass(reason string) {
-	w.passing = true
-	w.passed.Store(true)
+	w.passing.Store(true)
 	w.through(w.status, reason)
 	h := w.client.Header()
 	for name, values := range w.header {
