@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-chi/chi/v5/middleware"
+
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/problem"
 )
@@ -96,12 +98,6 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 	if err != nil {
 		return nil, err
 	}
-	validators := map[string]func(*http.Request, []byte) error{}
-	for _, rt := range routes {
-		if rt.Validate != nil {
-			validators[rt.Method+" "+rt.Path] = rt.Validate
-		}
-	}
 	e := idempotency.New(idempotency.Config{
 		Scope:        cfg.Scope,
 		Route:        matchedRoute,
@@ -109,8 +105,8 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 		Wait:         cfg.Wait,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Validate: func(r *http.Request, body []byte) error {
-			if v := validators[r.Method+" "+matchedRoute(r)]; v != nil {
-				return v(r, body)
+			if rt, ok := r.Context().Value(routeKey{}).(*route); ok && rt.Validate != nil {
+				return rt.Validate(r, body)
 			}
 			return nil
 		},
@@ -143,7 +139,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	for i := range g.routes {
 		if rt := &g.routes[i]; rt.Method == r.Method && rt.matches(segments) {
-			r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt.Path))
+			r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 			h, pattern = rt.handler, rt.Path
 			break
 		}
@@ -152,40 +148,19 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r)
 		return
 	}
-	start, sw := time.Now(), &statusWriter{ResponseWriter: w}
+	// chi's writer, as the service's metrics use it: it notes the status
+	// (not an interim one), and flushes and unwraps for a stream.
+	start, ww := time.Now(), middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 	defer func() {
 		// A handler that panics (http.ErrAbortHandler) is observed too.
-		if sw.status == 0 {
-			sw.status = http.StatusBadGateway
+		status := ww.Status()
+		if status == 0 {
+			status = http.StatusBadGateway
 		}
-		g.observe(pattern, r.Method, sw.status, time.Since(start))
+		g.observe(pattern, r.Method, status, time.Since(start))
 	}()
-	h.ServeHTTP(sw, r)
+	h.ServeHTTP(ww, r)
 }
-
-// statusWriter notes the status a response was sent with.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(status int) {
-	if w.status == 0 && status >= 200 {
-		w.status = status
-	}
-	w.ResponseWriter.WriteHeader(status)
-}
-
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-// Unwrap lets http.ResponseController reach the connection's writer, to
-// flush a stream.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // route is a Route ready to match, with its operation's handler.
 type route struct {
@@ -240,14 +215,15 @@ func (rt *route) matches(got []string) bool {
 	return true
 }
 
-// routeKey carries the route a request matched to the engine's Route.
+// routeKey carries the *route a request matched to the engine's Route
+// and Validate, and to the forwarder.
 type routeKey struct{}
 
 // matchedRoute is the route pattern the request matched, which its key's
 // fingerprint binds it to.
 func matchedRoute(r *http.Request) string {
-	if p, ok := r.Context().Value(routeKey{}).(string); ok {
-		return p
+	if rt, ok := r.Context().Value(routeKey{}).(*route); ok {
+		return rt.Path
 	}
 	return r.URL.Path
 }
@@ -289,7 +265,7 @@ func newForwarder(cfg Config) *forwarder {
 					pr.Out.Header[strings.ToLower(name)] = v
 				}
 			}
-			if _, covered := pr.In.Context().Value(routeKey{}).(string); covered {
+			if _, covered := pr.In.Context().Value(routeKey{}).(*route); covered {
 				// The transport asks for gzip itself and decodes it, so
 				// that what is stored and replayed is the body as it is,
 				// not an encoding the replay's headers do not name.
@@ -375,9 +351,16 @@ var UpstreamFailed = problem.Kind{
 	KeyConsumed: "no",
 }
 
-// writeError answers with problem+json in the service's problem types.
+// writeError answers with problem+json in the service's problem types:
+// the gateway's own errors, else the protocol's.
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
-	if !writeProblem(w, err) {
+	var invalid *invalidError
+	switch {
+	case errors.Is(err, errUnreachable):
+		problem.Write(w, Unreachable, err.Error())
+	case errors.As(err, &invalid):
+		problem.Write(w, problem.Validation, invalid.detail)
+	default:
 		idempotency.ProblemWriter(problem.TypeBase)(w, r, err)
 	}
 }

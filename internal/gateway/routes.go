@@ -15,7 +15,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/oncekey/oncekey/idempotency/oapi"
-	"github.com/oncekey/oncekey/internal/problem"
 )
 
 // SpecRoutes are the operations of an OpenAPI document that the protocol
@@ -125,18 +124,4 @@ func ReadRoutes(in io.Reader) ([]Route, error) {
 		return nil, err
 	}
 	return routes, nil
-}
-
-// writeProblem answers a gateway's own errors.
-func writeProblem(w http.ResponseWriter, err error) bool {
-	var invalid *invalidError
-	switch {
-	case errors.Is(err, errUnreachable):
-		problem.Write(w, Unreachable, err.Error())
-	case errors.As(err, &invalid):
-		problem.Write(w, problem.Validation, invalid.detail)
-	default:
-		return false
-	}
-	return true
 }
