@@ -58,13 +58,8 @@ type config struct {
 // is reported, one line each, so that a broken deployment is fixed in one
 // go rather than one restart per mistake.
 func (s *serveCmd) config(getenv func(string) string) (config, error) {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	positive := func(flag, env string, d time.Duration) {
-		if d <= 0 {
-			bad("--%s (%s) is %s: want a positive duration such as 1s", flag, env, d)
-		}
-	}
+	var problems flagProblems
+	bad, positive, within := problems.bad, problems.positive, problems.within
 	positive("ttl", "IDEMPOTENCY_TTL", s.TTL)
 	positive("wait", "IDEMPOTENCY_WAIT", s.Wait)
 	positive("request-timeout", "ONCEKEY_REQUEST_TIMEOUT", s.RequestTimeout)
@@ -75,11 +70,6 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 	positive("payment-retry-base", "ONCEKEY_PAYMENT_RETRY_BASE", s.PaymentRetryBase)
 	positive("payment-retry-max", "ONCEKEY_PAYMENT_RETRY_MAX", s.PaymentRetryMax)
 	positive("payment-attempt-timeout", "ONCEKEY_PAYMENT_ATTEMPT_TIMEOUT", s.PaymentAttemptTimeout)
-	within := func(flag, env string, v, lo, hi int64, why string) {
-		if v < lo || v > hi {
-			bad("--%s (%s) is %d: want %d to %d%s", flag, env, v, lo, hi, why)
-		}
-	}
 	within("max-body-bytes", "ONCEKEY_MAX_BODY_BYTES", s.MaxBodyBytes, 1, 1<<30, "")
 	within("cleanup-batch", "ONCEKEY_CLEANUP_BATCH", int64(s.CleanupBatch), 1, 100_000, ", to keep each delete short")
 	within("record-cache-size", "ONCEKEY_RECORD_CACHE_SIZE", int64(s.RecordCacheSize), 0, 10_000_000, " (0: no cache)")
@@ -121,17 +111,15 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		bad("--demo-api-key (ONCEKEY_DEMO_API_KEY) is not a full-strength key (ok_ and 43 base64url characters, 256 random bits): anyone may guess it. " +
 			"Make one with `echo ok_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d =)`, or set --allow-weak-demo-api-key (ONCEKEY_ALLOW_WEAK_DEMO_API_KEY) on a throwaway setup")
 	}
-	if s.RedisSecret != "" && len(s.RedisSecret) < 32 {
-		bad("--redis-secret (ONCEKEY_REDIS_SECRET) has %d characters: give it 32 or more, such as `openssl rand -hex 32`", len(s.RedisSecret))
-	}
+	s.redisFlags.check(&problems)
 	if s.RedisSecret != "" && s.RedisURL == "" {
 		bad("--redis-secret (ONCEKEY_REDIS_SECRET) is given without --redis-url (REDIS_URL): it authenticates what is cached in Redis")
 	}
 	if s.DatabaseReplicaURL != "" && s.DatabaseURL == "" {
 		bad("--database-replica-url (DATABASE_REPLICA_URL) needs --database-url (DATABASE_URL): it is a replica of that database")
 	}
-	if len(problems) > 0 {
-		return config{}, fmt.Errorf("invalid configuration:\n  - %s", strings.Join(problems, "\n  - "))
+	if err := problems.err(); err != nil {
+		return config{}, err
 	}
 	demo := s.DemoAPIKey
 	if demo == "" && s.DatabaseURL == "" {
@@ -150,6 +138,44 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		PaymentWorkers: s.PaymentWorkers, APIKeyCacheTTL: s.APIKeyCacheTTL, RecordCacheSize: s.RecordCacheSize,
 		PprofAddr: s.PprofAddr, MaxConns: s.MaxConns, MaxInFlight: s.MaxInFlight,
 	}, nil
+}
+
+// flagProblems collects what is wrong with a command's flags: every problem
+// is reported, one line each, so that a broken deployment is fixed in one
+// go rather than one restart per mistake.
+type flagProblems []string
+
+func (p *flagProblems) bad(format string, args ...any) {
+	*p = append(*p, fmt.Sprintf(format, args...))
+}
+
+// positive requires a duration above zero.
+func (p *flagProblems) positive(flag, env string, d time.Duration) {
+	if d <= 0 {
+		p.bad("--%s (%s) is %s: want a positive duration such as 1s", flag, env, d)
+	}
+}
+
+// within requires lo ≤ v ≤ hi; why, if not empty, ends the line.
+func (p *flagProblems) within(flag, env string, v, lo, hi int64, why string) {
+	if v < lo || v > hi {
+		p.bad("--%s (%s) is %d: want %d to %d%s", flag, env, v, lo, hi, why)
+	}
+}
+
+// err is every problem as one error, or nil.
+func (p flagProblems) err() error {
+	if len(p) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid configuration:\n  - %s", strings.Join(p, "\n  - "))
+}
+
+// check requires a secret strong enough to authenticate what is cached.
+func (r redisFlags) check(p *flagProblems) {
+	if r.RedisSecret != "" && len(r.RedisSecret) < 32 {
+		p.bad("--redis-secret (ONCEKEY_REDIS_SECRET) has %d characters: give it 32 or more, such as `openssl rand -hex 32`", len(r.RedisSecret))
+	}
 }
 
 // errNoDatabase is what a command that needs PostgreSQL says without it.

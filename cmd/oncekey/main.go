@@ -477,11 +477,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		defer stop()
 	}
 	if cfg.MetricsAddr != "" {
-		metricsOnly := http.NewServeMux()
-		metricsOnly.Handle("GET /metrics", m.Handler())
-		stop, err := serveInternal(cfg.MetricsAddr, metricsOnly, "metrics", log)
+		stop, err := serveMetrics(cfg.MetricsAddr, m, log)
 		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
+			return err
 		}
 		defer stop()
 	}
@@ -673,6 +671,17 @@ func serveInternal(addr string, h http.Handler, what string, log *slog.Logger) (
 	go func() { _ = srv.Serve(ln) }()
 	log.Warn("internal endpoints on", "addr", ln.Addr().String(), "serving", what)
 	return func() { _ = srv.Close() }, nil
+}
+
+// serveMetrics serves GET /metrics alone on addr (--metrics-addr).
+func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+	only := http.NewServeMux()
+	only.Handle("GET /metrics", m.Handler())
+	stop, err = serveInternal(addr, only, "metrics", log)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	return stop, nil
 }
 
 // profiling is Go's profiling endpoints (/debug/pprof/). They reveal the

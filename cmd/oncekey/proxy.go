@@ -72,11 +72,9 @@ func (p *proxyCmd) Run(e env) error {
 	m.RegisterStore(keys)
 
 	if p.MetricsAddr != "" {
-		only := http.NewServeMux()
-		only.Handle("GET /metrics", m.Handler())
-		stop, err := serveInternal(p.MetricsAddr, only, "metrics", e.log)
+		stop, err := serveMetrics(p.MetricsAddr, m, e.log)
 		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
+			return err
 		}
 		defer stop()
 	}
@@ -107,7 +105,7 @@ type keyStore interface {
 
 // open returns the gateway on the keys' store the flags name: memory, or
 // PostgreSQL with Redis in front if given.
-func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metrics, log *slog.Logger) (http.Handler, keyStore, func(), error) {
+func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metrics, log *slog.Logger) (h http.Handler, keys keyStore, closeAll func(), err error) {
 	if p.DatabaseURL == "" {
 		log.Info("gateway keys: in memory (lost on exit; one process only)")
 		store := memstore.New()
@@ -119,15 +117,19 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 		return nil, nil, nil, err
 	}
 	closers := []func(){pool.Close}
-	closeAll := func() {
+	closeAll = func() {
 		for _, c := range slices.Backward(closers) {
 			c()
 		}
 	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
 	m.RegisterPool(pool)
 	pg, err := pgstore.New(pool, pgstore.Options{})
 	if err != nil {
-		closeAll()
 		return nil, nil, nil, err
 	}
 	// Deferred: a held operation writes nothing but its key, which the
@@ -135,14 +137,12 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 	// concurrent claims into one commit).
 	deferred, err := pg.Deferred()
 	if err != nil {
-		closeAll()
 		return nil, nil, nil, err
 	}
 	store := deferred
 	if p.RedisURL != "" {
 		rdb, err := redisstore.NewClient(p.RedisURL)
 		if err != nil {
-			closeAll()
 			return nil, nil, nil, err
 		}
 		closers = append(closers, func() { _ = rdb.Close() })
@@ -155,14 +155,11 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 	if p.RecordCacheSize > 0 {
 		cache, err := recordcache.New(p.RecordCacheSize, m)
 		if err != nil {
-			closeAll()
 			return nil, nil, nil, err
 		}
 		store = recordcache.Wrap(cache, store)
 	}
-	h, err := gateway.New(cfg, store.(idempotency.HeldStore[*pgstore.Batch]))
-	if err != nil {
-		closeAll()
+	if h, err = gateway.New(cfg, store.(idempotency.HeldStore[*pgstore.Batch])); err != nil {
 		return nil, nil, nil, err
 	}
 	return h, pg, closeAll, nil
@@ -171,36 +168,21 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 // gatewayConfig checks the flags, reporting every problem at once, and
 // reads the routes and the scope source they name.
 func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	var problems flagProblems
+	bad := problems.bad
 	upstream, err := url.Parse(p.Upstream)
 	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
 		bad("--upstream (ONCEKEY_UPSTREAM) %q: want an absolute http or https URL, such as http://127.0.0.1:3000", p.Upstream)
 	}
-	for _, d := range []struct {
-		flag, env string
-		v         time.Duration
-	}{
-		{"ttl", "IDEMPOTENCY_TTL", p.TTL}, {"wait", "IDEMPOTENCY_WAIT", p.Wait}, {"upstream-timeout", "ONCEKEY_UPSTREAM_TIMEOUT", p.UpstreamTimeout},
-		{"shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", p.ShutdownTimeout}, {"cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", p.CleanupInterval},
-	} {
-		if d.v <= 0 {
-			bad("--%s (%s) is %s: want a positive duration such as 1s", d.flag, d.env, d.v)
-		}
-	}
-	for _, n := range []struct {
-		flag, env string
-		v, lo, hi int64
-	}{
-		{"max-body-bytes", "ONCEKEY_MAX_BODY_BYTES", p.MaxBodyBytes, 1, 1 << 30},
-		{"max-stored-bytes", "ONCEKEY_MAX_STORED_BYTES", p.MaxStoredBytes, 1, 64 << 20},
-		{"cleanup-batch", "ONCEKEY_CLEANUP_BATCH", int64(p.CleanupBatch), 1, 100_000},
-		{"record-cache-size", "ONCEKEY_RECORD_CACHE_SIZE", int64(p.RecordCacheSize), 0, 10_000_000},
-	} {
-		if n.v < n.lo || n.v > n.hi {
-			bad("--%s (%s) is %d: want %d to %d", n.flag, n.env, n.v, n.lo, n.hi)
-		}
-	}
+	problems.positive("ttl", "IDEMPOTENCY_TTL", p.TTL)
+	problems.positive("wait", "IDEMPOTENCY_WAIT", p.Wait)
+	problems.positive("upstream-timeout", "ONCEKEY_UPSTREAM_TIMEOUT", p.UpstreamTimeout)
+	problems.positive("shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", p.ShutdownTimeout)
+	problems.positive("cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", p.CleanupInterval)
+	problems.within("max-body-bytes", "ONCEKEY_MAX_BODY_BYTES", p.MaxBodyBytes, 1, 1<<30, "")
+	problems.within("max-stored-bytes", "ONCEKEY_MAX_STORED_BYTES", p.MaxStoredBytes, 1, 64<<20, "")
+	problems.within("cleanup-batch", "ONCEKEY_CLEANUP_BATCH", int64(p.CleanupBatch), 1, 100_000, "")
+	problems.within("record-cache-size", "ONCEKEY_RECORD_CACHE_SIZE", int64(p.RecordCacheSize), 0, 10_000_000, "")
 	var routes []gateway.Route
 	switch {
 	case p.Spec != "" && p.Routes != "":
@@ -235,11 +217,9 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	if p.RedisURL != "" && p.DatabaseURL == "" {
 		bad("--redis-url (REDIS_URL) needs --database-url (DATABASE_URL): Redis is a fast path in front of PostgreSQL, which keeps the keys")
 	}
-	if p.RedisSecret != "" && len(p.RedisSecret) < 32 {
-		bad("--redis-secret (ONCEKEY_REDIS_SECRET) has %d characters: give it 32 or more, such as `openssl rand -hex 32`", len(p.RedisSecret))
-	}
-	if len(problems) > 0 {
-		return gateway.Config{}, fmt.Errorf("invalid configuration:\n  - %s", strings.Join(problems, "\n  - "))
+	p.redisFlags.check(&problems)
+	if err := problems.err(); err != nil {
+		return gateway.Config{}, err
 	}
 	return gateway.Config{
 		Upstream: upstream, Routes: routes, Scope: scope,

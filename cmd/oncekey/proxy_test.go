@@ -53,7 +53,8 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	u := upstreamtest.Start(t)
 	url, _ := testdb.Fresh(t)
 	env := map[string]string{"DATABASE_URL": url}
-	addr, _ := startCommand(t, env, "proxy", "--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id")
+	metricsAddr := freeAddr(t)
+	addr, _ := startCommand(t, env, "proxy", "--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--metrics-addr", metricsAddr)
 	scope := "acct-" + uuid.NewString()
 	operator := func(args ...string) (stdout, stderr string, err error) {
 		var out, log bytes.Buffer
@@ -67,6 +68,15 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 		require.Equal(t, http.StatusConflict, status, body)
 		require.Contains(t, body, idempotency.ProblemOutcomeUnknown.Slug)
 	}
+	// The metrics say so on the internal address, labelled by the route.
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	require.NoError(t, err)
+	metrics, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(metrics), `oncekey_idempotency_requests_total{operation="POST /transfers",outcome="outcome_unknown"} 2`)
+	require.Contains(t, string(metrics), `oncekey_http_requests_total{code="409",method="POST",route="/transfers"} 2`)
+	require.Contains(t, string(metrics), `oncekey_idempotency_keys{status="unknown"} 2`)
 	out, _, err := operator("keys", "stats")
 	require.NoError(t, err, out)
 	var stats struct{ Held, Unknown int }
@@ -283,4 +293,24 @@ func TestGatewayKilledMidFlight(t *testing.T) {
 	}
 	t.Logf("kill -9 with %d keys upstream: %d settled keys replayed, %d keys outcome-unknown after %s; upstream executions %d for %d keys",
 		inFlight, len(settled), unknown, waited.Round(100*time.Millisecond), total, done+inFlight)
+}
+
+// TestProxyConfiguration: proxy checks its whole configuration before it
+// listens, and says every problem at once, one line each.
+func TestProxyConfiguration(t *testing.T) {
+	t.Parallel()
+	_, err := runCommand(t, map[string]string{}, "proxy", "--upstream", "ftp://example", "--ttl", "0s",
+		"--max-stored-bytes", "0", "--redis-secret", "short", "--scope-header", "X-Account-Id", "--scope-authorization")
+	require.Error(t, err)
+	for _, want := range []string{
+		`--upstream (ONCEKEY_UPSTREAM) "ftp://example": want an absolute http or https URL`,
+		"--ttl (IDEMPOTENCY_TTL) is 0s: want a positive duration",
+		"--max-stored-bytes (ONCEKEY_MAX_STORED_BYTES) is 0: want 1 to 67108864",
+		"give --spec (ONCEKEY_SPEC)",
+		"give exactly one scope source",
+		"--redis-secret (ONCEKEY_REDIS_SECRET) has 5 characters",
+	} {
+		require.Contains(t, err.Error(), want)
+	}
+	require.Equal(t, 6, strings.Count(err.Error(), "\n"), "a line for each of the six: %v", err)
 }
