@@ -228,10 +228,11 @@ bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on 
 # for FUZZTIME (30s by default), .ci/run for a few seconds each.
 FUZZ_TARGETS := FuzzCanonicalize:idempotency/internal/canonjson FuzzDifferentMeaning:idempotency/internal/canonjson \
 	FuzzCheckFast:idempotency/internal/canonjson FuzzWriteFast:idempotency/internal/canonjson \
+	FuzzCanonicalForm:idempotency/internal/canonform \
 	FuzzFingerprint:idempotency FuzzHandler:internal/httpapi FuzzOperationsOnPostgres:internal/httpapi
 
 .PHONY: fuzz
-fuzz: ## run every fuzz target (canonical JSON, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)
+fuzz: ## run every fuzz target (canonical JSON and forms, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)
 	@set -e; for target in $(FUZZ_TARGETS); do \
 	  echo "== $${target%%:*}"; \
 	  (cd "$${target#*:}" && $(GO) test -run='^$$' -fuzz="^$${target%%:*}$$" -fuzztime=$(or $(FUZZTIME),30s) -fuzzminimizetime=$(or $(FUZZTIME),30s) .); \

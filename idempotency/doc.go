@@ -4,8 +4,8 @@
 //
 // A client sends Idempotency-Key with a POST (or PATCH, DELETE, ...). The
 // key is scoped to the caller (Config.Scope: a tenant, a user), the
-// request is fingerprinted (method, route, path, query and the RFC 8785
-// canonical form of its JSON body), and the key is claimed in a Store:
+// request is fingerprinted (method, route, path, query and its body, read
+// as its Content-Type says: see below), and the key is claimed in a Store:
 //
 //   - a new key runs the operation; its response is stored with the key and
 //     sent;
@@ -20,6 +20,44 @@
 //     (see Replayable: 400, 401, 403, 408, 413, 415, 429, 499) and any 5xx
 //     store nothing and consume no key; every other answer, 404, 409 and
 //     422 included, is stored and replayed.
+//
+// # Request bodies
+//
+// Two requests are one when every parser of their body reads them alike,
+// so the fingerprint covers a body's meaning where its media type defines
+// one, and its bytes elsewhere (ComputeFingerprintFor computes it for any
+// front door or tool):
+//
+//   - JSON (no Content-Type, application/json, any +json type): its RFC
+//     8785 canonical form, so key order, whitespace and the spelling of
+//     numbers and strings do not matter. A body that is not JSON, or whose
+//     meaning is ambiguous (duplicate keys, invalid UTF-8, integers beyond
+//     ±2^53, nesting deeper than 64), is ErrMalformedBody.
+//   - Forms (application/x-www-form-urlencoded): its canonical form. The
+//     order of fields of different keys, "+" or "%20" for a space, "%7E" or
+//     "~", "%2f" or "%2F", a raw byte or its escape and empty pairs
+//     ("a=1&&b=2") do not matter; the order of one key's values
+//     ("a[]=1&a[]=2"), "a" against "a=" (nil and "" to Rack and others),
+//     the case of keys and every decoded byte do. Form bodies are UTF-8, as
+//     the WHATWG URL standard defines them: a charset parameter other than
+//     utf-8, a malformed percent escape, decoded bytes that are not UTF-8,
+//     and a ";" (a separator to some servers, refused by Go's) are
+//     ErrMalformedForm.
+//   - Any other media type (multipart/form-data, application/octet-stream,
+//     text/plain, ...): its exact bytes and its media type with its
+//     parameters (in any order, and type, subtype and parameter names in
+//     any case; parameter values as sent), so that the same bytes under
+//     another Content-Type are another request.
+//
+// A Content-Type that does not parse, or more than one, is
+// ErrMalformedContentType. Each of these refusals is a 400 that runs
+// nothing and consumes no key. A body without content (empty, JSON
+// whitespace, a form without fields) is fingerprinted as no body, whatever
+// its type. The operation, and Config.Validate, are handed the canonical
+// form that was fingerprinted (of JSON and of forms; other bodies as sent),
+// so that two requests with one fingerprint are never read differently.
+//
+// # Units of work
 //
 // The operation writes through the lease's unit of work, whose type U the
 // store defines: the store commits those writes and the stored response

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
 )
 
 // Defaults for Config fields left zero.
@@ -82,9 +80,10 @@ type Config struct {
 	// DefaultReplayHeaders). Set-Cookie, Authorization and hop-by-hop
 	// headers are never stored, whatever it says.
 	ReplayHeaders []string
-	// Validate, if set, checks a request's body (in its canonical form)
-	// before the operation runs, and before a request whose key holds a
-	// different request's outcome is answered 409: an error refuses it,
+	// Validate, if set, checks a request's body (in its canonical form
+	// where its media type has one: JSON, forms; else as sent) before the
+	// operation runs, and before a request whose key holds a different
+	// request's outcome is answered 409: an error refuses it,
 	// through WriteError, and consumes no key. A body's schema is checked
 	// here rather than in front of the protocol so that replays, whose
 	// bodies passed when their operation ran, do not pay for it again.
@@ -311,7 +310,7 @@ func (e *Engine) prepare(w http.ResponseWriter, r *http.Request) (Prepared, erro
 // with ErrBodyTooLarge beyond it without reading more than the limit: at
 // once when Content-Length says so, else once the limit is passed. A body
 // that breaks off (a chunked body cut short, say) is ErrMalformedBody: it
-// cannot be the JSON it was meant to be. A front door of its own reads
+// cannot be the body it was meant to be. A front door of its own reads
 // bodies with it as Operation.Handler does.
 func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
@@ -340,7 +339,9 @@ func (o *Operation[U]) label(r *http.Request) string {
 // the stored record, refuses a mismatch or a duplicate still in flight, or
 // runs next under a fresh claim and stores its response. It answers only
 // once the outcome is durable, and returns what it did. A request without
-// a scope is refused with ErrNoScope.
+// a scope is refused with ErrNoScope; one whose body has no fingerprint
+// (see ComputeFingerprintFor) with ErrMalformedBody, ErrMalformedForm or
+// ErrMalformedContentType, before anything runs.
 func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared, next http.Handler) Outcome {
 	ctx := r.Context()
 	route := o.e.cfg.Route(r)
@@ -352,16 +353,22 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 		return s.refuse(ErrNoScope)
 	}
 	w.Header().Set(HeaderKey, in.Key)
-	canonical, err := canonjson.Canonicalize(in.Body)
+	if n := len(r.Header.Values("Content-Type")); n > 1 && len(in.Body) > 0 {
+		// Which one a server reads differs: the body must be read one way
+		// only, the way it is fingerprinted.
+		return s.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", ErrMalformedContentType, n))
+	}
+	media, canonical, err := canonicalBody(r.Header.Get("Content-Type"), in.Body)
 	if err != nil {
 		return s.refuse(err)
 	}
-	s.fp = fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), canonical)
+	s.fp = fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), media, canonical)
 	s.body = in.Body
 	if len(canonical) > 0 {
 		// The operation decodes exactly the form that was fingerprinted, so
 		// two requests with one fingerprint can never be read differently
-		// ("size":12.0 and "size":12 are one request, and both run).
+		// ("size":12.0 and "size":12 are one request, and both run; so are
+		// "a=x+y&b=1" and "b=1&a=x%20y").
 		s.body = canonical
 	}
 
@@ -440,7 +447,7 @@ type serving[U any] struct {
 	in    Prepared
 	label string
 	fp    Fingerprint
-	body  []byte // canonical
+	body  []byte // canonical (JSON, forms), else as sent
 }
 
 // answer responds to a request that did not run the operation: its key holds

@@ -27,18 +27,20 @@ type Problem struct {
 // for an application's own writer, and for any API that speaks the same
 // protocol.
 var (
-	ProblemMissingKey     = Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}
-	ProblemInvalidKey     = Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}
-	ProblemMalformedBody  = Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}
-	ProblemBodyTooLarge   = Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}
-	ProblemNoScope        = Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}
-	ProblemKeyMismatch    = Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}
-	ProblemInFlight       = Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}
-	ProblemOutcomeUnknown = Problem{http.StatusConflict, "outcome-unknown", "The outcome of the request with this Idempotency-Key is unknown"}
-	ProblemNotStored      = Problem{http.StatusConflict, "response-not-stored", "The response to the request with this Idempotency-Key was not stored"}
-	ProblemUnavailable    = Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}
-	ProblemClientClosed   = Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}
-	ProblemInternal       = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
+	ProblemMissingKey           = Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}
+	ProblemInvalidKey           = Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}
+	ProblemMalformedBody        = Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}
+	ProblemMalformedForm        = Problem{http.StatusBadRequest, "malformed-form", "The request body is not a valid form"}
+	ProblemMalformedContentType = Problem{http.StatusBadRequest, "malformed-content-type", "The Content-Type header is not a valid media type"}
+	ProblemBodyTooLarge         = Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}
+	ProblemNoScope              = Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}
+	ProblemKeyMismatch          = Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}
+	ProblemInFlight             = Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}
+	ProblemOutcomeUnknown       = Problem{http.StatusConflict, "outcome-unknown", "The outcome of the request with this Idempotency-Key is unknown"}
+	ProblemNotStored            = Problem{http.StatusConflict, "response-not-stored", "The response to the request with this Idempotency-Key was not stored"}
+	ProblemUnavailable          = Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}
+	ProblemClientClosed         = Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}
+	ProblemInternal             = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
 )
 
 // problems describe the protocol's errors, in the order Describe looks for
@@ -50,6 +52,8 @@ var problems = []struct {
 	{ErrMissingKey, ProblemMissingKey},
 	{ErrInvalidKey, ProblemInvalidKey},
 	{ErrMalformedBody, ProblemMalformedBody},
+	{ErrMalformedForm, ProblemMalformedForm},
+	{ErrMalformedContentType, ProblemMalformedContentType},
 	{ErrBodyTooLarge, ProblemBodyTooLarge},
 	{ErrNoScope, ProblemNoScope},
 	{ErrKeyMismatch, ProblemKeyMismatch},

@@ -53,16 +53,19 @@ func TestConformanceCommand(t *testing.T) {
 	suite := report.Suites[0]
 	require.Equal(t, len(suite.Cases), suite.Tests)
 	require.Zero(t, suite.Failures, out)
-	skipped := 0
+	skipped, other := 0, 0 // other: checks of another media type's canonical form
 	for _, c := range suite.Cases {
 		require.Nil(t, c.Failure, "%s %s", c.Name, c.Classname)
 		if c.Skipped != nil {
 			skipped++
 			require.NotEmpty(t, c.Skipped.Message, "a skip says why")
+			if strings.HasPrefix(c.Skipped.Message, "the operation's body is ") {
+				other++
+			}
 		}
 	}
 	require.Equal(t, skipped, suite.Skipped)
-	require.Less(t, skipped, suite.Tests/3, out)
+	require.Less(t, skipped-other, (suite.Tests-other)/3, "most checks that apply run: %s", out)
 
 	out, err = runCommand(t, map[string]string{}, append(base, "--profile", "ietf", "--only", "mismatch-request,POST /orders")...)
 	require.ErrorContains(t, err, "conformance: 1 of 1 checks failed")
@@ -84,7 +87,7 @@ func TestConformanceCommand(t *testing.T) {
 
 	out, err = runCommand(t, map[string]string{}, "contract-test", "--url", "http://"+addr, "--api-key", DemoAPIKey)
 	require.NoError(t, err, out)
-	require.True(t, strings.HasSuffix(out, "0 failed, 23 skipped\n"), out)
+	require.True(t, strings.HasSuffix(out, "0 failed, 30 skipped\n"), out)
 
 	_, err = runCommand(t, map[string]string{}, append(base, "--only", "no-such-check")...)
 	require.ErrorContains(t, err, `--only "no-such-check" is neither a check`)

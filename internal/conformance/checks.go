@@ -73,6 +73,12 @@ var catalogue = []Check{
 		perOperation: checkCanonicalJSON,
 	},
 	{
+		ID:           "canonical-form",
+		Rationale:    "Form fields reordered, and their bytes percent-encoded otherwise (\"%20\" for \"+\", \"%61\" for \"a\"), are the same request: a retry from another client library replays instead of being refused.",
+		Source:       draft + " §2.4; WHATWG URL §5 (application/x-www-form-urlencoded)",
+		perOperation: checkCanonicalForm,
+	},
+	{
 		ID:           "concurrent-once",
 		Rationale:    "Identical requests sent at the same moment run the operation once: every answer is the one answer (or the in-flight answer), and there is one resource.",
 		Source:       draft + " §2.6",
@@ -232,14 +238,24 @@ func checkMismatchOperation(ctx context.Context, s *session, t *target) error {
 	return s.mismatch(a, "the same key on "+u.name)
 }
 
-func checkCanonicalJSON(ctx context.Context, s *session, t *target) error {
+// canonicalApplies says why a check that a body of one kind may be written
+// otherwise does not apply: the profile does not promise it, or t takes no
+// such body.
+func canonicalApplies(s *session, t *target, promised, takes bool, kind string) error {
 	switch {
-	case !s.cfg.Profile.CanonicalJSON:
+	case !promised:
 		return skipped("profile " + s.cfg.Profile.Name + " leaves the fingerprint's form to the server")
 	case t.media == "":
 		return skipped("the operation takes no body")
-	case t.media != "application/json" && !strings.HasSuffix(t.media, "+json"):
-		return skipped("the operation's body is " + t.media + ", not JSON")
+	case !takes:
+		return skipped("the operation's body is " + t.media + ", not " + kind)
+	}
+	return nil
+}
+
+func checkCanonicalJSON(ctx context.Context, s *session, t *target) error {
+	if err := canonicalApplies(s, t, s.cfg.Profile.CanonicalJSON, jsonish(t.media), "JSON"); err != nil {
+		return err
 	}
 	q, key, first, err := s.first(ctx, t)
 	if err != nil {
@@ -247,14 +263,33 @@ func checkCanonicalJSON(ctx context.Context, s *session, t *target) error {
 	}
 	reordered := q
 	reordered.body = relaid(q.value)
-	again, err := s.send(ctx, reordered, key, s.cfg.Auth)
+	return s.replays(ctx, reordered, key, first, "the body with its keys reordered and spaced out")
+}
+
+func checkCanonicalForm(ctx context.Context, s *session, t *target) error {
+	if err := canonicalApplies(s, t, s.cfg.Profile.CanonicalForm, t.form, "a form"); err != nil {
+		return err
+	}
+	q, err := s.build(ctx, t)
 	if err != nil {
 		return err
 	}
-	if err := s.replayOf(first, again); err != nil {
-		return fmt.Errorf("the body with its keys reordered and spaced out: %w", err)
+	if q.contentType != formMedia {
+		// The operation takes JSON too, which other requests are sent as.
+		q.contentType = formMedia
+		if q, err = q.withBody(q.value); err != nil {
+			return err
+		}
 	}
-	return nil
+	other := q
+	if other.body = respelled(q.value); bytes.Equal(other.body, q.body) {
+		return skipped("the form has no field to reorder or spell otherwise")
+	}
+	key, first, err := s.sendFirst(ctx, q)
+	if err != nil {
+		return err
+	}
+	return s.replays(ctx, other, key, first, fmt.Sprintf("the form with its fields reordered and percent-encoded otherwise (%.200s)", other.body))
 }
 
 func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
@@ -550,15 +585,35 @@ func (s *session) first(ctx context.Context, t *target) (request, string, answer
 	if err != nil {
 		return q, "", answer{}, err
 	}
+	key, a, err := s.sendFirst(ctx, q)
+	return q, key, a, err
+}
+
+// sendFirst sends q under a new key: its answer must be one a first
+// request can have.
+func (s *session) sendFirst(ctx context.Context, q request) (string, answer, error) {
 	key := s.newKey()
 	a, err := s.send(ctx, q, key, s.cfg.Auth)
 	if err != nil {
-		return q, key, a, err
+		return key, a, err
 	}
 	if err := s.usable(a); err != nil {
-		return q, key, a, fmt.Errorf("the first request under a new key: %w", err)
+		return key, a, fmt.Errorf("the first request under a new key: %w", err)
 	}
-	return q, key, a, nil
+	return key, a, nil
+}
+
+// replays sends other, the same request as the one first answered but
+// written otherwise (what), under its key: it must get first again.
+func (s *session) replays(ctx context.Context, other request, key string, first answer, what string) error {
+	again, err := s.send(ctx, other, key, s.cfg.Auth)
+	if err != nil {
+		return err
+	}
+	if err := s.replayOf(first, again); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
 }
 
 // twice sends a first request of t, then the same again under its key.
@@ -807,6 +862,36 @@ func relaid(v any) []byte {
 	write(v, "")
 	b.WriteString("\n")
 	return b.Bytes()
+}
+
+// respelled is v as a form that another client library could send, and
+// that every form parser reads as the first: its keys in reverse order
+// (each key's values in theirs), every byte percent-encoded in lower-case
+// hex (a space as "%20", not "+"). It differs from url.Values.Encode's form
+// in every byte but the separators.
+func respelled(v any) []byte {
+	form := url.Values{}
+	flatten(form, "", v)
+	keys := slices.Sorted(maps.Keys(form))
+	slices.Reverse(keys)
+	var b bytes.Buffer
+	for _, k := range keys {
+		for _, value := range form[k] {
+			if b.Len() > 0 {
+				b.WriteByte('&')
+			}
+			b.WriteString(percentEncoded(k) + "=" + percentEncoded(value))
+		}
+	}
+	return b.Bytes()
+}
+
+func percentEncoded(s string) string {
+	var b strings.Builder
+	for i := range len(s) {
+		fmt.Fprintf(&b, "%%%02x", s[i])
+	}
+	return b.String()
 }
 
 func summary(as []answer) string {

@@ -268,6 +268,7 @@ func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Opera
 	}
 	if spec.RequestBody != nil && spec.RequestBody.Value != nil {
 		t.media = jsonMedia(spec.RequestBody.Value.Content)
+		_, t.form = spec.RequestBody.Value.Content[formMedia]
 		if mt := spec.RequestBody.Value.Content.Get(t.media); mt != nil {
 			t.schema = mt.Schema
 			if ex, ok := exampleOf(mt.Example, mt.Examples, mt.Schema); ok {

@@ -29,6 +29,10 @@ type Profile struct {
 	// CanonicalJSON says the fingerprint compares JSON values, not bytes:
 	// reordered keys and other whitespace are the same request.
 	CanonicalJSON bool `json:"canonical_json"`
+	// CanonicalForm says the fingerprint compares form fields, not bytes:
+	// fields of different keys reordered, and their bytes percent-encoded
+	// otherwise ("%20" for "+"), are the same request.
+	CanonicalForm bool `json:"canonical_form"`
 	// WaitsForFirst says a duplicate may wait for the first request and get
 	// its answer instead of the in-flight answer.
 	WaitsForFirst bool `json:"waits_for_first"`
@@ -42,7 +46,7 @@ type Profile struct {
 var Profiles = map[string]Profile{
 	"oncekey": {
 		Name: "oncekey", MismatchStatus: 409, InFlightStatus: 202, ReplayHeader: idempotency.HeaderReplayed,
-		KeyRequired: true, CanonicalJSON: true, WaitsForFirst: true, MaxKeyLength: idempotency.MaxKeyLength,
+		KeyRequired: true, CanonicalJSON: true, CanonicalForm: true, WaitsForFirst: true, MaxKeyLength: idempotency.MaxKeyLength,
 		RetryAfter: true,
 	},
 	// ietf follows draft-ietf-httpapi-idempotency-key-header-06 §2.7: 400
@@ -55,10 +59,12 @@ var Profiles = map[string]Profile{
 	},
 	// stripe is Stripe's documented behaviour: the key is optional, a
 	// reused key with other parameters is 400, a concurrent duplicate 409,
-	// and replays carry Idempotent-Replayed.
+	// and replays carry Idempotent-Replayed. Its bodies are forms; a retry
+	// whose client library orders or encodes the parameters otherwise
+	// sends the same parameters, so it replays.
 	"stripe": {
 		Name: "stripe", MismatchStatus: 400, InFlightStatus: 409, ReplayHeader: "Idempotent-Replayed",
-		CanonicalJSON: true, MaxKeyLength: 255,
+		CanonicalJSON: true, CanonicalForm: true, MaxKeyLength: 255,
 	},
 }
 

@@ -409,6 +409,7 @@ type target struct {
 	params       []*openapi3.Parameter // path parameters
 	query        []*openapi3.Parameter // query parameters
 	media        string                // the request body's media type; empty: none
+	form         bool                  // the operation takes a form body (as media, or besides it)
 	schema       *openapi3.SchemaRef   // the request body's schema
 	example      any                   // the request body the spec gives or that minimal makes
 	override     Override

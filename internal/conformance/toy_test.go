@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -93,7 +95,7 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if t.bugs.leaksAcrossCredentials {
 		scope = ""
 	}
-	fingerprint := route + " " + r.URL.Path + " " + canonical(body)
+	fingerprint := route + " " + r.URL.Path + " " + canonical(r.Header.Get("Content-Type"), body)
 	if t.bugs.comparesBytes {
 		fingerprint = route + " " + r.URL.Path + " " + string(body)
 	}
@@ -167,9 +169,9 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // execute runs an operation: it creates or paints a widget.
 func (t *toy) execute(w http.ResponseWriter, r *http.Request, route, id string, body []byte) {
 	time.Sleep(50 * time.Millisecond)
-	var in map[string]any
-	if json.Unmarshal(body, &in) != nil {
-		problem(w, 400, "not JSON")
+	in, ok := decodeBody(r.Header.Get("Content-Type"), body)
+	if !ok {
+		problem(w, 400, "not JSON, nor a form")
 		return
 	}
 	t.mu.Lock()
@@ -236,14 +238,48 @@ func problem(w http.ResponseWriter, status int, title string) {
 	json.NewEncoder(w).Encode(map[string]any{"title": title, "status": status})
 }
 
-// canonical is body with its JSON keys sorted and no whitespace.
-func canonical(body []byte) string {
+// canonical is a form body with its fields sorted by key and encoded
+// alike, or a JSON body with its keys sorted and no whitespace.
+func canonical(contentType string, body []byte) string {
+	if contentType == formMedia {
+		form, err := url.ParseQuery(string(body))
+		if err != nil {
+			return string(body)
+		}
+		return form.Encode()
+	}
 	var v any
 	if json.Unmarshal(body, &v) != nil {
 		return string(body)
 	}
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+const formMedia = "application/x-www-form-urlencoded"
+
+// decodeBody reads a JSON object, or a form whose every key has one value
+// (numbers in it as numbers, as the widget's schema types them).
+func decodeBody(contentType string, body []byte) (map[string]any, bool) {
+	var in map[string]any
+	if contentType != formMedia {
+		return in, json.Unmarshal(body, &in) == nil
+	}
+	form, err := url.ParseQuery(string(body))
+	if err != nil {
+		return nil, false
+	}
+	in = map[string]any{}
+	for k, v := range form {
+		if len(v) != 1 {
+			return nil, false
+		}
+		in[k] = v[0]
+		if n, err := strconv.ParseFloat(v[0], 64); err == nil {
+			in[k] = n
+		}
+	}
+	return in, true
 }
 
 // recorded is a response held until the toy has stored it.

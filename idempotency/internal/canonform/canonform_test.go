@@ -1,0 +1,135 @@
+package canonform_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/idempotency/internal/canonform"
+)
+
+// orderForm is a Stripe-like form body: nested keys, a list, a space.
+const orderForm = `amount=1200&currency=rub&items[0][sku]=SKU-1&items[0][qty]=2&metadata[note]=gift+wrap`
+
+func canonical(t *testing.T, body string) string {
+	t.Helper()
+	out, err := canonform.Canonicalize([]byte(body))
+	require.NoError(t, err, "Canonicalize(%q)", body)
+	return string(out)
+}
+
+func TestCanonicalize(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, body, want string
+	}{
+		{"already canonical", "a=1&b=2", "a=1&b=2"},
+		{"sorted by decoded key", "b=2&a=1&%41=3", "A=3&a=1&b=2"},
+		{"one encoder for every byte", "k%7e=%e2%82%ac+%2a/", "k~=%E2%82%AC+%2A%2F"},
+		{"a space is +", "a=x%20y", "a=x+y"},
+		{"raw UTF-8 is escaped", "name=Jos\u00e9", "name=Jos%C3%A9"},
+		{"repeated key keeps its order", "a[]=2&b=0&a[]=1", "a%5B%5D=2&a%5B%5D=1&b=0"},
+		{"= inside a value", "a=b=c", "a=b%3Dc"},
+		{"empty value and no = are kept apart", "b=&a", "a&b="},
+		{"empty key", "=1", "=1"},
+		{"empty pairs dropped", "&a=1&&b=2&", "a=1&b=2"},
+		{"empty body", "", ""},
+		{"only separators", "&&&", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := canonical(t, tt.body)
+			require.Equal(t, tt.want, got, "Canonicalize(%q)", tt.body)
+			require.Equal(t, got, canonical(t, got), "the canonical form is its own canonical form")
+		})
+	}
+}
+
+// TestSameMeaningSameForm: the differences no form parser can see leave
+// the canonical form as it is.
+func TestSameMeaningSameForm(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		a, b string
+	}{
+		{"order of different keys", orderForm, `metadata[note]=gift+wrap&items[0][qty]=2&currency=rub&items[0][sku]=SKU-1&amount=1200`},
+		{"+ and %20", "note=gift+wrap", "note=gift%20wrap"},
+		{"%7E and ~", "k=a~b", "k=a%7Eb"},
+		{"lower- and upper-case hex", "k=%c3%a9", "k=%C3%A9"},
+		{"escaped and raw bytes", "items%5B0%5D%5Bsku%5D=SKU%2D1", "items[0][sku]=SKU-1"},
+		{"empty pairs", "a=1&&b=2&", "a=1&b=2"},
+		{"leading separator", "&a=1", "a=1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, canonical(t, tt.a), canonical(t, tt.b), "%q and %q", tt.a, tt.b)
+		})
+	}
+}
+
+// TestDifferentMeaningDifferentForm: what some parser, or the operation,
+// reads differently keeps its own canonical form.
+func TestDifferentMeaningDifferentForm(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		a, b string
+	}{
+		{"order of one key's values", "a[]=1&a[]=2", "a[]=2&a[]=1"},
+		{"order of a repeated key among others", "a=1&b=0&a=2", "a=2&b=0&a=1"},
+		{"empty value and no =", "a=", "a"},
+		{"changed value", orderForm, strings.Replace(orderForm, "amount=1200", "amount=1201", 1)},
+		{"key case", "Amount=1", "amount=1"},
+		{"value case", "currency=rub", "currency=RUB"},
+		{"an escaped separator is data", "a=1%26b%3D2", "a=1&b=2"},
+		{"an escaped + is a plus", "a=1%2B1", "a=1+1"},
+		{"a repeated key is not one value", "a=1&a=1", "a=1"},
+		{"empty key", "=1", "1"},
+		{"fields and none", "a=1", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			require.NotEqual(t, canonical(t, tt.a), canonical(t, tt.b), "%q and %q", tt.a, tt.b)
+		})
+	}
+}
+
+// TestInvalidFormsAreRefused: a body whose meaning some parser would read
+// differently, or not at all, has no canonical form.
+func TestInvalidFormsAreRefused(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, body, reason string
+	}{
+		{"semicolon separator", "a=1;b=2", "';'"},
+		{"semicolon in a value", "a=1;2", "';'"},
+		{"escape without digits", "a=%", "percent escape"},
+		{"escape with one digit", "a=%4", "percent escape"},
+		{"escape not hex", "a=%zz", "percent escape"},
+		{"bad escape in a key", "%g1=1", "percent escape"},
+		{"escaped invalid UTF-8", "a=%ff", "not UTF-8"},
+		{"escaped surrogate half", "a=%ed%a0%80", "not UTF-8"},
+		{"truncated UTF-8 sequence", "a=%c3", "not UTF-8"},
+		{"raw invalid UTF-8", "a=\xff", "not UTF-8"},
+		{"invalid UTF-8 in a key", "\xfe=1", "not UTF-8"},
+		{"too many fields", strings.Repeat("a=1&", canonform.MaxFields) + "b=2", "fields"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			out, err := canonform.Canonicalize([]byte(tt.body))
+			require.ErrorIs(t, err, canonform.ErrInvalid, "Canonicalize(%.60q) = %.60q", tt.body, out)
+			require.ErrorContains(t, err, tt.reason)
+		})
+	}
+	t.Run("as many fields as allowed, and empty pairs beside them", func(t *testing.T) {
+		t.Parallel()
+		_, err := canonform.Canonicalize([]byte(strings.Repeat("a=1&&", canonform.MaxFields)))
+		require.NoError(t, err, "empty pairs are not fields")
+	})
+}
