@@ -29,8 +29,25 @@ build: ## build bin/oncekey and bin/fakeprovider (the sandbox payment provider)
 	$(GO) build -buildvcs=auto -o bin/fakeprovider ./cmd/fakeprovider
 
 .PHONY: generate
-generate: ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/
+generate: proto ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/, and the gRPC tests' and example's Go code from their .proto files
 	$(GO) generate ./...
+
+# PROTOS are the .proto files of the gRPC adapter's tests and of its
+# example, each compiled beside itself by protoc (Debian's
+# protobuf-compiler) with the Go plugins at these versions.
+PROTOS := idempotency/integration/grpcidem/testpb/ledger.proto examples/transfers/transferspb/transfers.proto
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+
+.PHONY: proto
+proto: ## compile PROTOS with protoc and the pinned protoc-gen-go and protoc-gen-go-grpc (needs protoc: apt-get install protobuf-compiler)
+	@command -v protoc >/dev/null 2>&1 || { echo "protoc is required: apt-get install protobuf-compiler"; exit 1; }
+	@set -e; bin=$$(mktemp -d); trap 'rm -rf $$bin' EXIT; \
+	  GOBIN=$$bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION); \
+	  GOBIN=$$bin $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION); \
+	  for p in $(PROTOS); do \
+	    (cd $$(dirname $$p) && PATH=$$bin:$$PATH protoc --go_out=paths=source_relative:. --go-grpc_out=paths=source_relative:. $$(basename $$p)); \
+	  done
 
 .PHONY: verify
 verify: generate/check verify/example sdk/check docs/check docs/images/check lint lint/spec api/breaking api/go vulncheck ## fail if anything generated or vendored or a picture in docs/img is stale, the contract or an engine module's Go API breaks its users, the spec fails its linter, or the code is not vetted, formatted and tidy
@@ -59,8 +76,8 @@ lint/spec: ## lint openapi.yaml with @redocly/cli (config: api/redocly.yaml)
 	cd tools/node && npm ci --no-audit --no-fund --silent && npm run --silent lint:spec
 
 # GENERATED is every directory of generated code: the service's, and
-# pgstore's queries, which are internal to it.
-GENERATED := gen/ idempotency/pgstore/internal/keydb/
+# pgstore's queries, which are internal to it, and the Go code of PROTOS.
+GENERATED := gen/ idempotency/pgstore/internal/keydb/ $(dir $(PROTOS))
 
 .PHONY: generate/check
 generate/check: generate ## regenerate and fail on any difference from what is committed
@@ -86,7 +103,7 @@ api/release: api/go/release ## record openapi.yaml and the engine's Go API as re
 
 # The engine's public modules, whose exported Go API is a promise: each one's
 # released API is kept as apidiff's export data in api/go/<module>.export.
-PUBLIC_MODULES  := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi idempotency/caddymodule
+PUBLIC_MODULES  := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi idempotency/grpcidem idempotency/caddymodule
 APIDIFF_VERSION := v0.0.0-20261120182113-8801fbdfac81
 APIDIFF         := $(GO) run golang.org/x/exp/cmd/apidiff@$(APIDIFF_VERSION)
 
@@ -102,7 +119,7 @@ api/go: ## fail on an incompatible change to an engine module's exported Go API 
 	@# one more exported function, the module as it is must be found to have
 	@# removed it.
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
-	  (cd idempotency && git ls-files -co --exclude-standard . | grep -Ev '^(pgstore|redisstore|oapi|integration|caddymodule)/' | tar -cf - -T -) | tar -xf - -C $$tmp; \
+	  (cd idempotency && git ls-files -co --exclude-standard . | grep -Ev '^(pgstore|redisstore|oapi|grpcidem|integration|caddymodule)/' | tar -cf - -T -) | tar -xf - -C $$tmp; \
 	  printf 'package idempotency\n\n// GateProbe stands for a function the module removed.\nfunc GateProbe() {}\n' > $$tmp/gate_probe.go; \
 	  (cd $$tmp && $(APIDIFF) -m -w $$tmp/probe.export github.com/oncekey/oncekey/idempotency 2>/dev/null); \
 	  if ! (cd idempotency && $(APIDIFF) -m -incompatible $$tmp/probe.export github.com/oncekey/oncekey/idempotency 2>/dev/null) | grep -qx -- '- GateProbe: removed'; then \
@@ -136,7 +153,7 @@ vulncheck: ## govulncheck on every package and every required module (advisories
 # ENGINE_MODULES are the engine's modules (idempotency/integration holds
 # tests only and is never published); the service's module replaces the
 # others with these directories.
-ENGINE_MODULES := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi idempotency/integration
+ENGINE_MODULES := idempotency idempotency/pgstore idempotency/redisstore idempotency/oapi idempotency/grpcidem idempotency/integration
 # CADDY_MODULE is the engine as a Caddy handler: a module of its own, since
 # Caddy brings some 600 modules that no other user of the engine should
 # inherit.
@@ -150,7 +167,7 @@ lint: ## go vet, gofmt and a tidy go.mod, in the service's module and in each of
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example service's and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3)
+test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example services' and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3)
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@$(MAKE) --no-print-directory test/engine
 	@$(MAKE) --no-print-directory test/caddy
@@ -166,11 +183,13 @@ test/caddy: ## build Caddy with the idempotency module (idempotency/caddymodule)
 	cd $(CADDY_MODULE) && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
 
 .PHONY: test/example
-test/example: ## build examples/widgets (a module of its own, on the public engine alone) and run its test against PostgreSQL
+test/example: ## build the examples (modules of their own, on the public engine alone: examples/widgets over HTTP, examples/transfers over gRPC) and run their tests against PostgreSQL
 	cd examples/widgets && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd examples/transfers && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 .PHONY: verify/example
-verify/example: ## fail if examples/widgets' go.mod is untidy or its generated server is stale
+verify/example: ## fail if an example's go.mod is untidy or examples/widgets' generated server is stale
+	cd examples/transfers && $(GO) mod tidy -diff
 	cd examples/widgets && $(GO) mod tidy -diff && $(GO) generate ./...
 	@if [ -n "$$(git status --porcelain -- examples/widgets/api)" ]; then \
 		echo "examples/widgets/api is stale; run 'cd examples/widgets && go generate ./...' and commit"; exit 1; fi

@@ -23,6 +23,10 @@ var budgets = []struct {
 	name    string   // as the README's table names it
 	imports []string // the packages the outside module imports
 	modules []string // what `go list -m all` may name, beside the outside module
+	// via is a module every user of these packages requires anyway (gRPC):
+	// the modules it requires are in the budget too, whatever they are,
+	// since no adapter of it could leave them out.
+	via string
 }{
 	{
 		name:    "`idempotency` and `…/memstore`",
@@ -61,6 +65,17 @@ var budgets = []struct {
 			// what go-redis's and testify's go.mod files name for their own tests:
 			"github.com/bsm/ginkgo/v2", "github.com/bsm/gomega", "github.com/davecgh/go-spew", "github.com/pmezard/go-difflib", "gopkg.in/yaml.v3",
 		},
+	},
+	{
+		name:    "`…/grpcidem`",
+		imports: []string{engine + "/grpcidem"},
+		modules: []string{
+			engine, engine + "/grpcidem",
+			"github.com/gowebpki/jcs", "github.com/hashicorp/golang-lru/v2",
+			"github.com/stretchr/testify", "go.yaml.in/yaml/v3",
+			"google.golang.org/grpc", "google.golang.org/protobuf", "google.golang.org/genproto/googleapis/rpc",
+		},
+		via: "google.golang.org/grpc",
 	},
 }
 
@@ -102,8 +117,18 @@ func TestDependencyBudget(t *testing.T) {
 
 			listed := strings.Split(strings.TrimSpace(m.run("list", "-m", "-f", "{{.Path}}", "all")), "\n")
 			require.Equal(t, "example.com/adopter", listed[0], "the main module comes first")
+			viaOwn := m.requirementsOf(b.via)
+			if b.via != "" {
+				require.Subset(t, listed, []string{b.via, "google.golang.org/protobuf"}, "an importer of %s gets gRPC and protobuf", b.name)
+			}
 			for _, mod := range listed[1:] {
+				if viaOwn[mod] {
+					continue
+				}
 				require.True(t, slices.Contains(b.modules, mod), "an importer of %s inherits %s, which is not in its budget: %v", b.name, mod, listed)
+				if b.via == "" {
+					require.False(t, strings.HasPrefix(mod, "google.golang.org/"), "an importer of %s inherits %s: gRPC and protobuf are grpcidem's alone", b.name, mod)
+				}
 				for _, n := range never {
 					require.False(t, strings.HasPrefix(mod+" ", n), "an importer of %s inherits %s", b.name, mod)
 				}
@@ -116,7 +141,7 @@ func TestDependencyBudget(t *testing.T) {
 
 // moduleOf is the engine module that holds package p.
 func moduleOf(p string) string {
-	for _, m := range []string{"/pgstore", "/redisstore", "/oapi"} {
+	for _, m := range []string{"/pgstore", "/redisstore", "/oapi", "/grpcidem"} {
 		if p == engine+m || strings.HasPrefix(p, engine+m+"/") {
 			return engine + m
 		}
@@ -138,7 +163,7 @@ func outsideModule(t *testing.T, root string, files map[string]string, modules .
 	m := outside{t: t, dir: t.TempDir()}
 	var mod strings.Builder
 	mod.WriteString("module example.com/adopter\n\ngo 1.24.0\n\nreplace (\n")
-	for _, sub := range []string{"", "/pgstore", "/redisstore", "/oapi"} {
+	for _, sub := range []string{"", "/pgstore", "/redisstore", "/oapi", "/grpcidem"} {
 		fmt.Fprintf(&mod, "\t%s%s => %s\n", engine, sub, filepath.Join(root, sub))
 	}
 	mod.WriteString(")\n")
@@ -150,6 +175,38 @@ func outsideModule(t *testing.T, root string, files map[string]string, modules .
 		m.run("mod", "edit", "-require="+mod+"@v0.1.0")
 	}
 	return m
+}
+
+// requirementsOf is the set of modules that module requires, directly or
+// through others, in the outside module's graph; empty for "".
+func (m outside) requirementsOf(module string) map[string]bool {
+	m.t.Helper()
+	set := map[string]bool{}
+	if module == "" {
+		return set
+	}
+	edges := map[string][]string{} // path → the paths it requires
+	for _, line := range strings.Split(strings.TrimSpace(m.run("mod", "graph")), "\n") {
+		from, to, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		from, _, _ = strings.Cut(from, "@")
+		to, _, _ = strings.Cut(to, "@")
+		edges[from] = append(edges[from], to)
+	}
+	queue := []string{module}
+	for len(queue) > 0 {
+		next := queue[0]
+		queue = queue[1:]
+		for _, to := range edges[next] {
+			if !set[to] {
+				set[to] = true
+				queue = append(queue, to)
+			}
+		}
+	}
+	return set
 }
 
 // run runs the go command in the module, and fails the test if it fails.

@@ -1,15 +1,20 @@
 module github.com/oncekey/oncekey/idempotency/integration
 
-go 1.24.0
+go 1.25.0
 
 require (
-	github.com/jackc/pgx/v5 v5.8.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/oncekey/oncekey/idempotency v0.1.0
 	github.com/oncekey/oncekey/idempotency/pgstore v0.1.0
 	github.com/oncekey/oncekey/idempotency/redisstore v0.1.0
 	github.com/redis/go-redis/v9 v9.22.0
 	github.com/stretchr/testify v1.12.1
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260706201446-f0a921348800
+	google.golang.org/grpc v1.84.0
+	google.golang.org/protobuf v1.36.12
 )
+
+require golang.org/x/net v0.57.0 // indirect
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -17,13 +22,14 @@ require (
 	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/puddle/v2 v2.2.2 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/oncekey/oncekey/idempotency/grpcidem v0.1.0
 	github.com/sony/gobreaker/v2 v2.4.0 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sync v0.17.0 // indirect
-	golang.org/x/sys v0.30.0 // indirect
-	golang.org/x/text v0.29.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
 )
 
 replace (
@@ -31,3 +37,5 @@ replace (
 	github.com/oncekey/oncekey/idempotency/pgstore => ../pgstore
 	github.com/oncekey/oncekey/idempotency/redisstore => ../redisstore
 )
+
+replace github.com/oncekey/oncekey/idempotency/grpcidem => ../grpcidem
