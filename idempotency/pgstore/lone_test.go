@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -216,6 +217,15 @@ func TestLoneCommit(t *testing.T) {
 			before := counted.n.Load()
 			start := time.Now()
 			err = commit("first", tt.queue)
+			for retries := 0; tt.before == "held" && errors.Is(err, idempotency.ErrUnavailable) && retries < 3; retries++ {
+				// The server answers its own lock_timeout after the 200ms
+				// wait; on a starved machine that answer can arrive after
+				// the statement's slack too, which the store rightly reports
+				// as unavailable (the server was too slow to say). Only the
+				// in-flight answer is under test here: a bounded retry.
+				before, start = counted.n.Load(), time.Now()
+				err = commit("first", tt.queue)
+			}
 			release()
 			require.Equal(t, tt.statements, counted.n.Load()-before, "statements of the commit")
 			if tt.check != nil {
