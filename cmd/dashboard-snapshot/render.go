@@ -223,10 +223,12 @@ func render(path string, panels []panel, ss []scrape, duration time.Duration) er
 	}
 	dc.FillText(header, vg.Point{X: 12, Y: imageHeight - 8}, fmt.Sprintf(
 		"Oncekey dashboard snapshot: %s of synthetic load on the in-memory store, scraped every %s; rates over %d scrapes. "+
-			"Shaded: a burst of client retries.", duration, scrapeInterval, window))
+			"Unshaded: steady traffic with a few retries.", duration, scrapeInterval, window))
+	dc.FillText(header, vg.Point{X: 12, Y: imageHeight - 26}, "Shaded: an injected storm: "+
+		"retries of everything, edited requests on old keys, and duplicates piled onto requests slowed to 0.3–1.8 s on purpose.")
 	tiles := draw.Tiles{
 		Rows: rows, Cols: gridCols,
-		PadTop: 30, PadBottom: 6, PadLeft: 6, PadRight: 12,
+		PadTop: 48, PadBottom: 6, PadLeft: 6, PadRight: 12,
 		PadX: 18, PadY: 14,
 	}
 	canvases := plot.Align(plots, tiles, dc)
