@@ -8,7 +8,7 @@
 // server: the key makes the retry safe either way), 5xx (including 503) and
 // 202 request-in-progress, honouring Retry-After. Not retried: 4xx, which
 // will not change by sending the same request again, and the 202 of a long
-// operation (a refund) that carries the accepted, pending resource: that is
+// operation (a payment, a refund) that carries the accepted, pending resource: that is
 // the operation's answer, and its resource is polled with a GET.
 package client
 
@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -172,6 +173,83 @@ func (c *Client) ListRefunds(ctx context.Context, paymentID string) ([]api.Refun
 	return list.Items, nil
 }
 
+// ListOrders returns one page of the caller's orders, newest first: params
+// nil for the first page of the default size; pass the page's NextCursor as
+// params.Cursor for the next one (nil on the last page).
+func (c *Client) ListOrders(ctx context.Context, params *api.ListOrdersParams) (*api.OrderPage, error) {
+	return get[api.OrderPage](c.api.ListOrders(ctx, params))
+}
+
+// CreatePayment pays for one of the caller's orders exactly once, however
+// many attempts it takes, as CreateOrder creates an order. A payment is a
+// long operation: the service accepts it at once (202) and charges the
+// provider later, so CreatePayment returns the payment as accepted,
+// pending, or final when a retry came after it became final (200); poll
+// GetPayment until it is succeeded or failed. An order is paid at most
+// once whatever key each attempt carries: while it has a pending payment
+// another is a *ProblemError 409 payment-in-progress, once it is paid 409
+// order-already-paid; an amount or currency other than the order's is 422
+// payment-amount-mismatch.
+func (c *Client) CreatePayment(ctx context.Context, in api.NewPayment) (*api.Payment, error) {
+	return once[api.Payment](ctx, c, func(ctx context.Context, key string) (*http.Response, error) {
+		return c.api.CreatePayment(ctx, &api.CreatePaymentParams{IdempotencyKey: key}, in)
+	})
+}
+
+// GetPayment returns one of the caller's payments. While it is pending,
+// look again later (after the answer's Retry-After).
+func (c *Client) GetPayment(ctx context.Context, id string) (*api.Payment, error) {
+	return get[api.Payment](c.api.GetPayment(ctx, id, nil))
+}
+
+// CreateBonusCredit credits bonuses to the caller's balance exactly once,
+// as CreateOrder creates an order, and returns the entry and the balance
+// right after it. A credit that would take the balance beyond 10^18 is a
+// *ProblemError 422 balance-limit-exceeded, stored under the key like a
+// success: a new attempt needs a new call.
+func (c *Client) CreateBonusCredit(ctx context.Context, in api.NewBonusEntry) (*api.BonusEntryResult, error) {
+	return once[api.BonusEntryResult](ctx, c, func(ctx context.Context, key string) (*http.Response, error) {
+		return c.api.CreateBonusCredit(ctx, &api.CreateBonusCreditParams{IdempotencyKey: key}, in)
+	})
+}
+
+// CreateBonusDebit debits bonuses from the caller's balance exactly once,
+// as CreateBonusCredit credits them. A debit larger than the balance is a
+// *ProblemError 422 insufficient-funds, stored under the key: the same
+// operation never succeeds later because credits arrived in between.
+func (c *Client) CreateBonusDebit(ctx context.Context, in api.NewBonusEntry) (*api.BonusEntryResult, error) {
+	return once[api.BonusEntryResult](ctx, c, func(ctx context.Context, key string) (*http.Response, error) {
+		return c.api.CreateBonusDebit(ctx, &api.CreateBonusDebitParams{IdempotencyKey: key}, in)
+	})
+}
+
+// GetBonusBalance returns the caller's bonus balance (0 before any credit).
+func (c *Client) GetBonusBalance(ctx context.Context) (*api.BonusBalance, error) {
+	return get[api.BonusBalance](c.api.GetBonusBalance(ctx, nil))
+}
+
+// GetHealth reports whether the service's process is up (GET /healthz).
+func (c *Client) GetHealth(ctx context.Context) (*api.Health, error) {
+	return get[api.Health](c.api.GetHealth(ctx))
+}
+
+// GetReadiness reports whether the service can serve (GET /readyz): its
+// database answers. Not ready is a *ProblemError 503.
+func (c *Client) GetReadiness(ctx context.Context) (*api.Health, error) {
+	return get[api.Health](c.api.GetReadiness(ctx))
+}
+
+// GetSpec returns the contract the service enforces: its openapi.yaml, as
+// it was built with.
+func (c *Client) GetSpec(ctx context.Context) ([]byte, error) {
+	return raw(c.api.GetSpec(ctx))
+}
+
+// GetDocs returns the service's API reference page (HTML, for browsers).
+func (c *Client) GetDocs(ctx context.Context) ([]byte, error) {
+	return raw(c.api.GetDocs(ctx))
+}
+
 // once runs one logical operation through Idempotent: send makes one
 // attempt of it with the operation's key. It returns the final answer's
 // body decoded as T.
@@ -196,6 +274,23 @@ func get[T any](resp *http.Response, err error) (*T, error) {
 	return out, err
 }
 
+// raw is a request that is not retried and whose answer is not JSON (the
+// contract, the reference page): its body as sent, or its problem.
+func raw(resp *http.Response, err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("oncekey: read the answer: %w", err)
+	}
+	if err := problemOf(resp, body); err != nil {
+		return nil, err
+	}
+	return body, nil
+}
+
 // Attempt is one try of an operation with the operation's key. It returns
 // the HTTP response (nil on a network error) and an error: a *ProblemError
 // for a non-2xx answer, or the transport's error.
@@ -203,7 +298,9 @@ type Attempt func(ctx context.Context, key string) (*http.Response, error)
 
 // Idempotent runs one logical operation: it makes one Idempotency-Key and
 // calls attempt with it until an answer is final, the attempts run out or
-// ctx ends. Use it for operations the SDK has no method for yet.
+// ctx ends. Every operation of openapi.yaml has a method of its own (the
+// unsafe ones run through this); use it for a request of your own shape,
+// such as one with headers of your own.
 func (c *Client) Idempotent(ctx context.Context, attempt Attempt) error {
 	key := c.cfg.NewKey()
 	var lastErr error

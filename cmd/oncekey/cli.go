@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"reflect"
-	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/oncekey/oncekey/idempotency/pgstore"
+	"github.com/oncekey/oncekey/internal/buildinfo"
 	"github.com/oncekey/oncekey/internal/store/postgres"
 )
 
@@ -30,6 +29,10 @@ type cli struct {
 	Conformance  conformanceCmd  `cmd:"" help:"Check any API's Idempotency-Key behaviour from its OpenAPI document. It runs the operations it checks many times: use a test account (on a sandbox provider)."`
 	ContractTest contractTestCmd `cmd:"" name:"contract-test" help:"Deprecated alias, kept for one release: conformance against an Oncekey deployment, with its own openapi.yaml and api/conformance.yaml."`
 	Version      versionCmd      `cmd:"" help:"Print the version and the VCS revision this binary was built from."`
+
+	// badValues are the bad flag values parsing went past (see lenient),
+	// for run to report all at once. Unexported: not part of the grammar.
+	badValues *valueNotes
 }
 
 // env is what a command needs besides its flags: the process's context,
@@ -242,34 +245,8 @@ type contractTestCmd struct {
 type versionCmd struct{}
 
 func (versionCmd) Run(e env) error {
-	_, err := fmt.Fprintln(e.stdout, version())
+	_, err := fmt.Fprintln(e.stdout, buildinfo.Version())
 	return err
-}
-
-// version is the module version and the VCS revision the binary was built
-// from, as the Go toolchain recorded them.
-func version() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "oncekey (no build information)"
-	}
-	v := "oncekey " + info.Main.Version
-	settings := map[string]string{}
-	for _, s := range info.Settings {
-		settings[s.Key] = s.Value
-	}
-	if rev := settings["vcs.revision"]; rev != "" {
-		v += " revision " + rev
-		if settings["vcs.modified"] == "true" {
-			v += " (modified)"
-		}
-		if at := settings["vcs.time"]; at != "" {
-			v += " of " + at
-		}
-	} else {
-		v += " (no VCS revision: built by go run, or outside the repository)"
-	}
-	return v + ", " + info.GoVersion
 }
 
 // exited is how kong's exit (after --help) unwinds to run.
@@ -278,7 +255,8 @@ type exited struct{ code int }
 // parser builds the command line's parser, writing to stdout and stderr
 // and reading environment variables through getenv.
 func parser(c *cli, getenv func(string) string, stdout, stderr io.Writer) (*kong.Kong, error) {
-	return kong.New(c,
+	c.badValues = &valueNotes{env: map[*kong.Value]string{}}
+	opts := append(lenientMappers(c.badValues),
 		kong.Name("oncekey"),
 		kong.Description("Oncekey makes unsafe API operations happen exactly once, however often clients retry."),
 		kong.Writers(stdout, stderr),
@@ -287,23 +265,31 @@ func parser(c *cli, getenv func(string) string, stdout, stderr io.Writer) (*kong
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true, WrapUpperBound: 80}),
 		kong.ValueFormatter(helpWithVariable),
 		kong.Vars{"demo_key": DemoAPIKey},
-		kong.Resolvers(envResolver(getenv)),
+		kong.Resolvers(envResolver{getenv: getenv, notes: c.badValues}),
 	)
+	return kong.New(c, opts...)
 }
 
+// errNoCommand is plain `oncekey`: a command line that names nothing to
+// do. run has printed the usage to standard error; the exit status is 2,
+// a usage error, so that a script or a container started without its
+// command fails visibly instead of passing.
+var errNoCommand = errors.New("no command given; `oncekey --help` prints the usage")
+
 // run parses args and runs the command they name. `oncekey help [command]`
-// is `oncekey [command] --help`, and so is plain `oncekey`.
+// is `oncekey [command] --help`; plain `oncekey` prints the usage to
+// standard error and returns errNoCommand.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
-	switch {
-	case len(args) == 0:
-		args = []string{"--help"}
-	case args[0] == "help":
+	if len(args) > 0 && args[0] == "help" {
 		args = append(append([]string(nil), args[1:]...), "--help")
 	}
 	var c cli
 	k, err := parser(&c, getenv, stdout, stderr)
 	if err != nil {
 		return err
+	}
+	if len(args) == 0 {
+		return usage(k, stderr)
 	}
 	defer func() {
 		if v := recover(); v != nil {
@@ -317,15 +303,43 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 	}()
 	kctx, err := k.Parse(args)
+	// The bad values kong parsed past (see lenient) make one report with
+	// kong's own error, or with what the command's checks find.
+	bad := c.badValues.problems
 	if err != nil {
 		var perr *kong.ParseError
-		if errors.As(err, &perr) {
-			return fmt.Errorf("%w\n(see '%s --help')", err, commandOf(perr.Context))
+		if !errors.As(err, &perr) {
+			return err
 		}
-		return err
+		if len(bad) > 0 { // an unknown flag, say, after bad values
+			bad.bad("%s", err)
+			err = bad
+		}
+		return fmt.Errorf("%w\n(see '%s --help')", err, commandOf(perr.Context))
+	}
+	if len(bad) > 0 {
+		if node := kctx.Selected(); node != nil {
+			if checker, ok := node.Target.Addr().Interface().(flagChecker); ok {
+				bad = append(bad, checker.checkFlags(getenv)...)
+			}
+		}
+		return bad
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	return kctx.Run(env{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr, log: log})
+}
+
+// usage prints the usage, as --help does, to w, and returns errNoCommand.
+func usage(k *kong.Kong, w io.Writer) error {
+	kctx, err := kong.Trace(k, nil)
+	if err != nil {
+		return err
+	}
+	k.Stdout = w
+	if err := kctx.PrintUsage(false); err != nil {
+		return err
+	}
+	return errNoCommand
 }
 
 // commandOf is the command a parse error is about, as typed.
@@ -340,25 +354,25 @@ func commandOf(kctx *kong.Context) string {
 // tag) the value the variable has in getenv: the process's environment, or
 // a map in tests. A flag given on the command line wins. (kong's own env
 // tag would read the process's environment whatever getenv is.)
-type envResolver func(string) string
+type envResolver struct {
+	getenv func(string) string
+	// notes learns which variable each value came from, so that a bad
+	// one is reported under its name (kong converts it right after).
+	notes *valueNotes
+}
 
 func (envResolver) Validate(*kong.Application) error { return nil }
 
 func (r envResolver) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
 	name := flag.Tag.Get("envvar")
-	v := ""
-	if name != "" {
-		v = r(name)
+	if name == "" {
+		return nil, nil
 	}
+	v := r.getenv(name)
 	if v == "" {
 		return nil, nil
 	}
-	// Parsed here too, so that a bad value names its variable.
-	scratch := reflect.New(flag.Target.Type()).Elem()
-	if err := flag.Parse(kong.ScanFromTokens(kong.Token{Type: kong.FlagValueToken, Value: v}), scratch); err != nil {
-		// kong prefixes the flag's name to this error and to its own.
-		return nil, fmt.Errorf("%s=%q: %s", name, v, strings.TrimPrefix(err.Error(), "--"+flag.Name+": "))
-	}
+	r.notes.env[flag.Value] = name
 	return v, nil
 }
 

@@ -71,11 +71,12 @@ func newTrap(t *testing.T) *trap {
 }
 
 // TestHelpHasNoSideEffects runs every command's --help (and -h, and `help
-// COMMAND`) as a process of its own, with every address (the database,
-// Redis, the API's and the internal listeners) pointing at one occupied
-// port that counts connections: each exits 0 at once with its usage, and
-// nothing connected to the database or Redis, nor tried to listen (serve
-// would have failed on the occupied address).
+// COMMAND`; plain `oncekey` is TestNoCommandIsAUsageError's) as a process
+// of its own, with every address (the database, Redis, the API's and the
+// internal listeners) pointing at one occupied port that counts
+// connections: each exits 0 at once with its usage, and nothing connected
+// to the database or Redis, nor tried to listen (serve would have failed
+// on the occupied address).
 func TestHelpHasNoSideEffects(t *testing.T) {
 	t.Parallel()
 	tr := newTrap(t)
@@ -93,7 +94,6 @@ func TestHelpHasNoSideEffects(t *testing.T) {
 		invocations = append(invocations, append(words[:len(words):len(words)], "-h"))
 		invocations = append(invocations, append([]string{"help"}, words...))
 	}
-	invocations = append(invocations, nil) // plain `oncekey`
 	for _, args := range invocations {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			t.Parallel()
@@ -139,7 +139,10 @@ func TestCLIReference(t *testing.T) {
 		"<!-- Generated from the commands' --help by `make docs/cli`; `make test` fails when it is stale. -->\n\n" +
 		"Every setting is a flag and an environment variable (named in its help); a flag\n" +
 		"given on the command line wins over its variable. `oncekey help COMMAND` is\n" +
-		"`oncekey COMMAND --help`.\n")
+		"`oncekey COMMAND --help`; plain `oncekey` prints the usage to standard error\n" +
+		"and exits 2. Every bad value (of a flag or a variable) is reported in one run,\n" +
+		"one line each, together with what the command checks of its settings, and\n" +
+		"nothing runs.\n")
 	for _, path := range commands(t) {
 		out, err := runCommand(t, nil, append(strings.Fields(path), "--help")...)
 		require.NoError(t, err, "%s --help", path)

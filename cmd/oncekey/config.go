@@ -163,12 +163,18 @@ func (p *flagProblems) within(flag, env string, v, lo, hi int64, why string) {
 	}
 }
 
-// err is every problem as one error, or nil.
+// err is every problem as one error (flagProblems itself, so that run can
+// add the bad values kong parsed past), or nil.
 func (p flagProblems) err() error {
 	if len(p) == 0 {
 		return nil
 	}
-	return fmt.Errorf("invalid configuration:\n  - %s", strings.Join(p, "\n  - "))
+	return p
+}
+
+// Error is every problem, one line each.
+func (p flagProblems) Error() string {
+	return "invalid configuration:\n  - " + strings.Join(p, "\n  - ")
 }
 
 // check requires a secret strong enough to authenticate what is cached.

@@ -49,15 +49,20 @@ func main() {
 }
 
 // runMain runs the command of args in this process, stopped by SIGINT and
-// SIGTERM, and returns its exit code.
+// SIGTERM, and returns its exit code: 0, 2 for a command line naming no
+// command (after the usage), 1 for every other failure.
 func runMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, args, os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "oncekey:", err)
-		return 1
+	err := run(ctx, args, os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	if err == nil {
+		return 0
 	}
-	return 0
+	fmt.Fprintln(os.Stderr, "oncekey:", err)
+	if errors.Is(err, errNoCommand) {
+		return 2
+	}
+	return 1
 }
 
 func (p *purgeCmd) Run(e env) error {

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -27,6 +28,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/oapi"
 	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/buildinfo"
 	"github.com/oncekey/oncekey/internal/docspage"
 	"github.com/oncekey/oncekey/internal/ledger"
 	"github.com/oncekey/oncekey/internal/metrics"
@@ -193,6 +195,14 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 	}))
 	r.Get("/docs/assets/*", assets.ServeHTTP)
 	r.Head("/docs/assets/*", assets.ServeHTTP)
+	// Nor are the home page, for whoever opens the service's address in a
+	// browser, and /docs/, the spelling of /docs that people and tools add
+	// a slash to: it moves there for good, query and all.
+	home := homePage(doc.Info.Version)
+	r.Get("/", home)
+	r.Head("/", home)
+	r.Get("/docs/", toDocs)
+	r.Head("/docs/", toDocs)
 	// Operational, not part of the API contract: scrape it from inside the
 	// network (docs/operations.md).
 	if !cfg.HideMetrics {
@@ -217,6 +227,28 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		handler = otelhttp.NewHandler(handler, "HTTP")
 	}
 	return handler, nil
+}
+
+// homePage answers GET / with docspage.Home, rendered once: the versions
+// it names do not change while the process runs.
+func homePage(apiVersion string) http.HandlerFunc {
+	page := docspage.Home(apiVersion, buildinfo.Version())
+	return func(w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		h.Set("Content-Security-Policy", docspage.HomeContentSecurityPolicy)
+		h.Set("Content-Length", strconv.Itoa(len(page)))
+		_, _ = w.Write(page) // a HEAD's body goes nowhere; net/http drops it
+	}
+}
+
+// toDocs redirects /docs/ to /docs permanently (301), keeping the query.
+func toDocs(w http.ResponseWriter, r *http.Request) {
+	target := "/docs"
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	http.Redirect(w, r, target, http.StatusMovedPermanently)
 }
 
 // LoadSpec parses and validates the embedded openapi.yaml.

@@ -19,6 +19,13 @@ export type OrderPatch = components["schemas"]["OrderPatch"];
 export type Refund = components["schemas"]["Refund"];
 export type NewRefund = components["schemas"]["NewRefund"];
 export type RefundList = components["schemas"]["RefundList"];
+export type Payment = components["schemas"]["Payment"];
+export type NewPayment = components["schemas"]["NewPayment"];
+export type BonusEntry = components["schemas"]["BonusEntry"];
+export type BonusEntryResult = components["schemas"]["BonusEntryResult"];
+export type NewBonusEntry = components["schemas"]["NewBonusEntry"];
+export type BonusBalance = components["schemas"]["BonusBalance"];
+export type Health = components["schemas"]["Health"];
 export type Problem = components["schemas"]["Problem"];
 
 /**
@@ -51,7 +58,10 @@ export interface ClientOptions {
   fetch?: typeof globalThis.fetch;
 }
 
-/** Options of one unsafe operation (createOrder, updateOrder, cancelOrder, createRefund). */
+/**
+ * Options of one unsafe operation (createOrder, updateOrder, cancelOrder,
+ * createPayment, createRefund, createBonusCredit, createBonusDebit).
+ */
 export interface OperationOptions {
   /** A key you persisted for this operation; default a fresh UUID. See IdempotentOptions.key. */
   idempotencyKey?: string;
@@ -95,8 +105,45 @@ export interface OncekeyClient {
   /** Every refund of a payment, oldest first. */
   listRefunds(paymentId: string): Promise<RefundList>;
   /**
-   * The retry helper with this client's retry settings, for operations the
-   * methods above do not cover yet: `op` gets the key to send.
+   * Pays for an order exactly once. A payment is a long operation: it
+   * resolves to the payment as accepted, `pending` (or final, when a retry
+   * came after it became final); poll `getPayment` until it is `succeeded`
+   * or `failed`. An order is paid at most once whatever key each attempt
+   * carries: while it has a pending payment another is a 409
+   * `payment-in-progress`, once it is paid a 409 `order-already-paid`; an
+   * amount or currency other than the order's is a 422
+   * `payment-amount-mismatch`.
+   */
+  createPayment(body: NewPayment, options?: OperationOptions): Promise<Payment>;
+  /** One payment; while it is `pending`, look again after the answer's Retry-After. */
+  getPayment(id: string): Promise<Payment>;
+  /**
+   * Credits bonuses to the caller's balance exactly once; resolves to the
+   * entry and the balance right after it. A credit that would take the
+   * balance beyond 10^18 is a 422 `balance-limit-exceeded`, stored under the
+   * key: a new attempt needs a new call.
+   */
+  createBonusCredit(body: NewBonusEntry, options?: OperationOptions): Promise<BonusEntryResult>;
+  /**
+   * Debits bonuses from the caller's balance exactly once. A debit larger
+   * than the balance is a 422 `insufficient-funds`, stored under the key: the
+   * same operation never succeeds later because credits arrived in between.
+   */
+  createBonusDebit(body: NewBonusEntry, options?: OperationOptions): Promise<BonusEntryResult>;
+  /** The caller's bonus balance (0 before any credit). */
+  getBonusBalance(): Promise<BonusBalance>;
+  /** Whether the service's process is up (GET /healthz); a probe, not retried. */
+  getHealth(): Promise<Health>;
+  /** Whether the service can serve, its database answering (GET /readyz); a probe, not retried: not ready is a 503. */
+  getReadiness(): Promise<Health>;
+  /** The contract the service enforces: its openapi.yaml, as text. */
+  getSpec(): Promise<string>;
+  /** The service's API reference page (HTML, for browsers). */
+  getDocs(): Promise<string>;
+  /**
+   * The retry helper with this client's retry settings, for calls the
+   * methods above do not make (a request of your own shape): `op` gets the
+   * key to send.
    */
   idempotent<R extends HasResponse>(
     op: (key: string, attempt: number) => Promise<R>,
@@ -156,6 +203,28 @@ export function createClient(options: ClientOptions): OncekeyClient {
 
     listRefunds: (paymentId) =>
       read<RefundList>(() => api.GET("/payments/{id}/refunds", { params: { path: { id: paymentId } } })),
+
+    createPayment: (body, opts) => once<Payment>((key) => api.POST("/payments", { params: withKey(key), body }), opts),
+
+    getPayment: (id) => read<Payment>(() => api.GET("/payments/{id}", { params: { path: { id } } })),
+
+    createBonusCredit: (body, opts) =>
+      once<BonusEntryResult>((key) => api.POST("/bonus/credits", { params: withKey(key), body }), opts),
+
+    createBonusDebit: (body, opts) =>
+      once<BonusEntryResult>((key) => api.POST("/bonus/debits", { params: withKey(key), body }), opts),
+
+    getBonusBalance: () => read<BonusBalance>(() => api.GET("/bonus/balance")),
+
+    // Probes: their answer is the service's state now, so they are not retried.
+    getHealth: () => api.GET("/healthz").then(valueOf<Health>),
+
+    getReadiness: () => api.GET("/readyz").then(valueOf<Health>),
+
+    // Neither is JSON: read as text, not parsed.
+    getSpec: () => read<string>(() => api.GET("/openapi.yaml", { parseAs: "text" })),
+
+    getDocs: () => read<string>(() => api.GET("/docs", { parseAs: "text" })),
   };
 }
 
