@@ -310,7 +310,7 @@ func (r *report) markdown(opts options, kept string) string {
 		b.WriteString(costMarkdown(medianCosts(r.costs)))
 	}
 	rel, _ := filepath.Rel(filepath.Dir(opts.markdown), opts.chart)
-	fmt.Fprintf(&b, "\n![Throughput, p99 latency and throughput over the baseline per mode and client count, with the targets](%s)\n", filepath.ToSlash(rel))
+	fmt.Fprintf(&b, "\n![Throughput, p99 latency and throughput over the baseline per mode and client count, with the targets](%s)\n\n%s\n", filepath.ToSlash(rel), chartCaption(len(r.costs) > 0, kept))
 	if s := r.scale; s != nil {
 		fmt.Fprintf(&b, "\n## Scale: %d keys in the table\n\nThe modes that touch the key table, at %d clients, on an empty table and then with %d completed keys in it (half of them the benchmark account's, hex digests in no order; filled in %.0f s, then vacuumed and checkpointed), each half after %.0f s of unmeasured first requests (so that neither is measured in the burst of whole-page WAL writes that follows a checkpoint) and interleaved with the baseline, which never touches the key table.\n\n| Mode | Requests/s, empty | Requests/s, full | Ratio to baseline, empty | Ratio to baseline, full |\n| --- | ---: | ---: | ---: | ---: |\n",
 			s.Keys, targetClients, s.Keys, s.FillSeconds, scaleWarmup.Seconds())
@@ -357,4 +357,25 @@ func medianRPS(rs []result, mode string) float64 {
 		return 0
 	}
 	return median(xs)
+}
+
+// chartCaption is the line under the chart in the report: what it shows,
+// how to read it, and why first requests are slower with Redis than without,
+// which a reader of the picture alone asks first. It links only to sections
+// the report has: the cost table is measured unless -cost=false, and the
+// profile notes are in the kept hand-written part.
+func chartCaption(costs bool, kept string) string {
+	var see []string
+	if costs {
+		see = append(see, "[Cost per request](#cost-per-request)")
+	}
+	if strings.Contains(kept, "\n### First requests with Redis\n") {
+		see = append(see, "[First requests with Redis](#first-requests-with-redis)")
+	}
+	why := "each makes Redis round trips (a look-up, a script that looks again and takes the in-flight marker, one that caches the record and gives the marker up) on top of its PostgreSQL round trip"
+	if len(see) > 0 {
+		why += ": see " + strings.Join(see, " and ")
+	}
+	return "*Three panels against the number of clients, one line per mode (the key says what each mode measures): throughput in requests per second, p99 latency, and throughput over the baseline's (the same `POST /orders` without the idempotency layer). On the ratio panel the dashed lines are the targets of `first` and of `replay` (answered from the record cache): each meets its target where its line runs above its dashed line. " +
+		"First requests with Redis on (`first+redis`) are slower than without (`first`): " + why + ".*"
 }

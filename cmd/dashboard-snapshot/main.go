@@ -1,12 +1,13 @@
 // Command dashboard-snapshot draws the main panels of Oncekey's Grafana
 // dashboard (deploy/grafana/oncekey.json) into one PNG, docs/img/dashboard.png,
-// so that a reader of the README or a reviewer of a metrics change can see
+// so that a reader of docs/operations.md or a reviewer of a metrics change can see
 // what the dashboard shows without running Prometheus and Grafana.
 //
 // It starts the real service in-process on the in-memory store, sends it
-// about 20 seconds of mixed traffic (first requests, retries, conflicts,
-// invalid requests, and duplicates that arrive while their first request
-// still runs, with a burst of client retries in the middle third), scrapes
+// about 20 seconds of traffic (steady: first requests, reads, a few
+// retries, conflicts and invalid requests; in the middle third, an injected
+// storm of retries and of duplicates piled onto deliberately slow
+// requests, shaded on the picture), scrapes
 // GET /metrics every second, and evaluates each panel's query in Go on the
 // scrapes: rates as counter deltas over a 4-scrape window (what Grafana's
 // $__rate_interval is at a 1s scrape interval), quantiles with Prometheus's

@@ -464,8 +464,8 @@ func TestPaymentsStuck(t *testing.T) {
 }
 
 // TestEveryVariableIsDocumented keeps the configuration reference true:
-// every environment variable a flag reads is in docs/operations.md and the
-// README, and every one documented there is read.
+// every environment variable a flag reads is in docs/operations.md and
+// docs/configuration.md, and every one documented there is read.
 func TestEveryVariableIsDocumented(t *testing.T) {
 	t.Parallel()
 	var names []string
@@ -480,15 +480,15 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 	}
 	require.Len(t, names, 40, "the variables of cli.go and proxy.go")
 	documented := regexp.MustCompile("`((?:ONCEKEY|IDEMPOTENCY)_[A-Z_]+|DATABASE_URL|DATABASE_REPLICA_URL|REDIS_URL)`")
-	for _, doc := range []string{"../../docs/operations.md", "../../README.md"} {
+	for _, doc := range []string{"../../docs/operations.md", "../../docs/configuration.md"} {
 		text, err := os.ReadFile(doc)
 		require.NoError(t, err)
 		for _, n := range names {
 			require.True(t, strings.Contains(string(text), "`"+n+"`"), "%s does not document %s", doc, n)
 		}
-		if strings.HasSuffix(doc, "README.md") {
+		if strings.HasSuffix(doc, "configuration.md") {
 			for _, n := range names {
-				require.Contains(t, string(text), "| `"+n+"` | `--"+flagOf(n)+"` |", "the README's configuration table names %s's flag", n)
+				require.Contains(t, string(text), "| `"+n+"` | `--"+flagOf(n)+"` |", "docs/configuration.md's tables name %s's flag", n)
 			}
 		}
 		for _, m := range documented.FindAllStringSubmatch(string(text), -1) {

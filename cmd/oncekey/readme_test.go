@@ -20,8 +20,8 @@ import (
 	"github.com/oncekey/oncekey/internal/servicetest"
 )
 
-// readmeExample is a command block of README.md and the response printed
-// under it.
+// readmeExample is a marked command block of README.md or docs/service.md
+// and the response printed under it.
 type readmeExample struct {
 	command  string
 	response string
@@ -33,23 +33,31 @@ var exampleRe = regexp.MustCompile("(?s)<!-- readme-test: example -->\\s*```sh\\
 // `make run` serves.
 const readmeURL = "http://127.0.0.1:8080"
 
-// TestReadmeExamples runs the README's curl examples against `oncekey serve`
-// on the in-memory store, as `make run` starts it, and checks that each
-// answer matches what the README prints: the status line, every printed
-// header, and the body (ignoring the id and created_at that differ per run,
-// but checking that the replay has the first response's id).
+// TestReadmeExamples runs the curl examples of the README (the first order)
+// and of docs/service.md (its retry, the same key with another request), in
+// that order, against one `oncekey serve` on the in-memory store, as `make
+// run` starts it, and checks that each answer matches what the docs print:
+// the status line, every printed header, and the body (ignoring the id and
+// created_at that differ per run, but checking that the replay has the first
+// response's id).
 func TestReadmeExamples(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatalf("curl is needed to run the README examples: %v", err)
 	}
-	readme, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
 	var examples []readmeExample
-	for _, m := range exampleRe.FindAllStringSubmatch(string(readme), -1) {
-		examples = append(examples, readmeExample{command: m[1], response: m[2]})
+	for _, doc := range []struct {
+		path string
+		n    int
+	}{{"../../README.md", 1}, {"../../docs/service.md", 2}} {
+		text, err := os.ReadFile(doc.path)
+		require.NoError(t, err)
+		found := exampleRe.FindAllStringSubmatch(string(text), -1)
+		require.Len(t, found, doc.n, "%s's marked curl examples", doc.path)
+		for _, m := range found {
+			examples = append(examples, readmeExample{command: m[1], response: m[2]})
+		}
 	}
-	require.Len(t, examples, 3, "README.md should have three marked curl examples")
 
 	addr, _ := startServe(t, map[string]string{}) // the demo key as make run has it
 
@@ -71,7 +79,7 @@ func TestReadmeExamples(t *testing.T) {
 			}
 		}
 		var wantBody, gotBody map[string]any
-		require.NoError(t, json.Unmarshal([]byte(want.body), &wantBody), "example %d: README body", i+1)
+		require.NoError(t, json.Unmarshal([]byte(want.body), &wantBody), "example %d: the documented body", i+1)
 		require.NoError(t, json.Unmarshal([]byte(got.body), &gotBody), "example %d: server body %s", i+1, got.body)
 		if id, ok := gotBody["id"].(string); ok {
 			if firstID == "" {
@@ -137,6 +145,7 @@ func startCommand(t *testing.T, env map[string]string, args ...string) (addr str
 	t.Helper()
 	addr = freeAddr(t)
 
+	env = servePool(env)
 	env["ONCEKEY_ADDR"] = addr
 	getenv := func(k string) string { return env[k] }
 	ctx, cancel := context.WithCancel(context.Background())
@@ -186,19 +195,19 @@ func startCommand(t *testing.T, env map[string]string, args ...string) (addr str
 
 var scriptRe = regexp.MustCompile("(?s)<!-- readme-test: script -->\\s*```sh\\n(.*?)```\\s*prints[^\\n]*\\n\\s*```text\\n(.*?)```")
 
-// TestReadmeScripts runs each of the README's marked scripts (order changes,
-// the payment flow, refunds, the bonus ledger) as printed against `oncekey serve` on the
-// in-memory default, as `make run` starts it (the sandbox provider
-// in-process), and compares what it prints with the output the README
-// shows under it. Only ids, times, Date and Content-Length may differ, and
+// TestReadmeScripts runs each of docs/service.md's marked scripts (order
+// changes, the payment flow, refunds, the bonus ledger) as printed against
+// `oncekey serve` on the in-memory default, as `make run` starts it (the
+// sandbox provider in-process), and compares what it prints with the output
+// the page shows under it. Only ids, times, Date and Content-Length may differ, and
 // an id or time repeated in the README must be repeated in the output: the
 // retry's payment is the polled one.
 func TestReadmeScripts(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/service.md")
 	require.NoError(t, err)
-	scripts := scriptRe.FindAllStringSubmatch(string(readme), -1)
-	require.Len(t, scripts, 4, "README.md should have four marked scripts with their output: order changes, payments, refunds and the bonus ledger")
+	scripts := scriptRe.FindAllStringSubmatch(string(doc), -1)
+	require.Len(t, scripts, 4, "docs/service.md should have four marked scripts with their output: order changes, payments, refunds and the bonus ledger")
 	for i, m := range scripts {
 		t.Run(fmt.Sprint(i+1), func(t *testing.T) {
 			t.Parallel()
@@ -206,7 +215,7 @@ func TestReadmeScripts(t *testing.T) {
 			script := strings.ReplaceAll(m[1], readmeURL, "http://"+addr)
 			out, err := exec.Command("bash", "-c", "set -eo pipefail\n"+script).CombinedOutput()
 			require.NoError(t, err, "the script failed:\n%s", out)
-			require.Equal(t, normalize(m[2]), normalize(string(out)), "what script %d prints, against the README (ids and times numbered by first appearance)", i+1)
+			require.Equal(t, normalize(m[2]), normalize(string(out)), "what script %d prints, against docs/service.md (ids and times numbered by first appearance)", i+1)
 		})
 	}
 }

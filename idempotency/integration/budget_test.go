@@ -20,7 +20,7 @@ const engine = "github.com/oncekey/oncekey/idempotency"
 // `go list -m all`: the packages' own needs and their tests' (a module's
 // requirements cover its tests), nothing of Oncekey's service.
 var budgets = []struct {
-	name    string   // as the README's table names it
+	name    string   // as docs/library.md's table names it
 	imports []string // the packages the outside module imports
 	modules []string // what `go list -m all` may name, beside the outside module
 	// via is a module every user of these packages requires anyway (gRPC):
@@ -89,13 +89,13 @@ var never = []string{
 
 // TestDependencyBudget builds, for each budget, a throwaway module outside
 // this repository that imports only those packages, tidies it with the go
-// command, and holds `go list -m all` to the budget. The README states the
-// counts; they must be the ones measured here.
+// command, and holds `go list -m all` to the budget. docs/library.md states
+// the counts; they must be the ones measured here.
 func TestDependencyBudget(t *testing.T) {
 	t.Parallel()
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
-	readme, err := os.ReadFile(filepath.Join(root, "..", "README.md"))
+	doc, err := os.ReadFile(filepath.Join(root, "..", "docs", "library.md"))
 	require.NoError(t, err)
 
 	for _, b := range budgets {
@@ -134,7 +134,7 @@ func TestDependencyBudget(t *testing.T) {
 				}
 			}
 			row := fmt.Sprintf("| %s | %d |", b.name, len(listed))
-			require.Contains(t, string(readme), row, "README.md's table of module counts must say what `go list -m all` names: %v", listed)
+			require.Contains(t, string(doc), row, "docs/library.md's table of module counts must say what `go list -m all` names: %v", listed)
 		})
 	}
 }

@@ -12,6 +12,10 @@
 // writes the PNG only when all of that rendered, and fails naming what did
 // not, so a half-rendered page never replaces the committed picture.
 //
+// The picture is one operation, not the introduction: SHOWN's section, with
+// its Idempotency-Key parameter and its 202 and 409 answers, which the
+// script checks are on it.
+//
 // Usage: node docs-screenshot.mjs OUT.png
 // Environment:
 //   ONCEKEY_URL    base URL of the server, e.g. http://127.0.0.1:18181
@@ -28,8 +32,12 @@ const baseURL = (process.env.ONCEKEY_URL || '').replace(/\/+$/, '');
 const chromiumPath = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
 const out = process.argv[2];
 
-// What the README shows: the sidebar and the top of the reference.
+// What docs/service.md shows: the reference of creating an order, which takes an
+// Idempotency-Key and answers 202 (in progress) and 409 (key reused).
 const VIEWPORT = { width: 1280, height: 900 };
+const SHOWN = 'createOrder';
+const SHOWN_MUST_SAY = ['Idempotency-Key', '202', '409'];
+const MAX_HEIGHT = 1600;
 const RENDER_TIMEOUT_MS = 60_000;
 const HTTP_METHODS = ['get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace'];
 
@@ -92,15 +100,26 @@ async function main() {
       fail(`Redoc did not render every tag within ${RENDER_TIMEOUT_MS / 1000}s: want ${[...tags].join(', ')}; the sidebar shows ${shown.join(', ') || 'none'}`);
     }
     await page.waitForLoadState('networkidle', { timeout: RENDER_TIMEOUT_MS }).catch(() => {});
-    await page.evaluate(() => window.scrollTo(0, 0));
+    const section = page.locator(`[data-section-id="operation/${SHOWN}"]`);
+    if ((await section.count()) !== 1) fail(`no section for operation ${SHOWN}`);
+    const said = await section.innerText();
+    const missing = SHOWN_MUST_SAY.filter((want) => !said.includes(want));
+    if (missing.length > 0) fail(`the section of ${SHOWN} does not show ${missing.join(', ')}`);
+    await section.scrollIntoViewIfNeeded();
     await page.evaluate(() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done))));
+    const box = await section.boundingBox();
+    if (!box) fail(`the section of ${SHOWN} has no box`);
+    const scrollY = await page.evaluate(() => window.scrollY);
 
     // Written next to OUT and renamed, so OUT is never a partial file.
     await mkdir(path.dirname(path.resolve(out)), { recursive: true });
     const partial = `${out}.partial.png`;
-    await page.screenshot({ path: partial, type: 'png', fullPage: false });
+    await page.screenshot({
+      path: partial, type: 'png', fullPage: true,
+      clip: { x: 0, y: box.y + scrollY, width: VIEWPORT.width, height: Math.min(box.height, MAX_HEIGHT) },
+    });
     await rename(partial, out);
-    console.log(`docs-screenshot: ${out} (sidebar: ${[...tags].join(', ')})`);
+    console.log(`docs-screenshot: ${out} (operation ${SHOWN}; every tag rendered: ${[...tags].join(', ')})`);
   } finally {
     await context.close().catch(() => {});
     await rm(userDataDir, { recursive: true, force: true });
