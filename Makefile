@@ -166,26 +166,83 @@ lint: ## go vet, gofmt and a tidy go.mod, in the service's module and in each of
 	@set -e; for m in $(ENGINE_MODULES) $(CADDY_MODULE); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# TEST_PG_CONNECTIONS is the most PostgreSQL connections make test holds at
+# once, on any machine (24 measured at its peak, polling pg_stat_activity;
+# 85 before it had a ceiling). go test's defaults grow with the cores (-p
+# test binaries at a time, -parallel tests at a time in each), so they are
+# fixed here at TEST_P and TEST_PARALLEL, and the pools the tests open are
+# small: testdb.PoolSize (6) for the service's tests, 4 for each serve
+# they start, pgstoretest's 10 for the engine's. Raising TEST_P or
+# TEST_PARALLEL may need more. The preflight (internal/testdb/testenv) fails
+# at once, naming the number, when PostgreSQL has fewer free.
+TEST_PG_CONNECTIONS := 40
+TEST_P        := 2
+TEST_PARALLEL := 2
+GOTEST        := $(GO) test -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL)
+
+# TEST_STEPS are make test's steps. Each runs even when one before it
+# failed; make test then names every failure at the end.
+TEST_STEPS := test/service test/engine test/caddy test/example test/alerts
+
 .PHONY: test
-test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example services' and the alert rule tests (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3)
-	$(GO) test -race -count=1 -timeout 15m ./...
-	@$(MAKE) --no-print-directory test/engine
-	@$(MAKE) --no-print-directory test/caddy
-	@$(MAKE) --no-print-directory test/example
-	@$(MAKE) --no-print-directory test/alerts
+test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example services' and the alert rule tests, each step even when one before it failed, then every failure in a summary (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3); DATABASE_URL and REDIS_URL point it elsewhere; PostgreSQL must have TEST_PG_CONNECTIONS (40) connections free, which test/preflight checks first; it binds no fixed port, so make run may serve beside it
+	@$(MAKE) --no-print-directory test/preflight
+	@logs=$$(mktemp -d); trap 'rm -rf $$logs' EXIT; failed=(); start=$$SECONDS; \
+	for step in $(TEST_STEPS); do \
+	  $(MAKE) --no-print-directory $$step 2>&1 | tee $$logs/$${step//\//_}.log; \
+	  [ $${PIPESTATUS[0]} = 0 ] || failed+=("$$step"); \
+	done; \
+	echo; \
+	if [ $${#failed[@]} = 0 ]; then echo "make test: every step passed in $$((SECONDS-start))s"; exit 0; fi; \
+	echo "make test: $${#failed[@]} of $(words $(TEST_STEPS)) steps failed ($${failed[*]}) in $$((SECONDS-start))s:"; \
+	grep -hE '^(FAIL|\s*--- FAIL|panic: |make\[[0-9]+\]: \*\*\*)|^\S+\.go:[0-9]+:[0-9]+: ' $$logs/*.log | grep -v '^FAIL$$' | sed 's/^/  /'; \
+	exit 1
+
+.PHONY: test/preflight
+test/preflight: ## fail at once, in one line, unless PostgreSQL has TEST_PG_CONNECTIONS connections free and Redis answers
+	@bin=$$(mktemp -d); trap 'rm -rf $$bin' EXIT; \
+	  $(GO) build -o $$bin/testenv ./internal/testdb/testenv && $$bin/testenv check -connections $(TEST_PG_CONNECTIONS)
+
+.PHONY: test/service
+test/service: ## the service's module: go test -race ./... (TEST_P binaries at a time)
+	$(GOTEST) -race -timeout 15m ./...
 
 .PHONY: test/engine
-test/engine: ## the engine's modules on their own: each vetted and tested in its directory (idempotency/integration also holds the dependency budget test)
-	@set -e; for m in $(ENGINE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...); done
+test/engine: ## the engine's modules on their own: each vetted and tested in its directory, all of them even when one fails (idempotency/integration also holds the dependency budget test)
+	@failed=(); for m in $(ENGINE_MODULES); do echo "== $$m"; \
+	  (cd $$m && $(GO) vet ./... && $(GOTEST) -race -timeout 10m ./...) || failed+=("$$m"); \
+	done; [ $${#failed[@]} = 0 ] || { echo "test/engine: failed in $${failed[*]}"; exit 1; }
 
 .PHONY: test/caddy
 test/caddy: ## build Caddy with the idempotency module (idempotency/caddymodule) and run it against the test upstream; the first run downloads Caddy's modules and builds for a few minutes
-	cd $(CADDY_MODULE) && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
+	cd $(CADDY_MODULE) && $(GO) vet ./... && $(GOTEST) -timeout 15m ./...
 
 .PHONY: test/example
-test/example: ## build the examples (modules of their own, on the public engine alone: examples/widgets over HTTP, examples/transfers over gRPC) and run their tests against PostgreSQL
-	cd examples/widgets && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	cd examples/transfers && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+test/example: ## build the examples (modules of their own, on the public engine alone: examples/widgets over HTTP, examples/transfers over gRPC) and run their tests against PostgreSQL, both even when one fails
+	@failed=(); for e in examples/widgets examples/transfers; do echo "== $$e"; \
+	  (cd $$e && $(GO) vet ./... && $(GOTEST) -race ./...) || failed+=("$$e"); \
+	done; [ $${#failed[@]} = 0 ] || { echo "test/example: failed in $${failed[*]}"; exit 1; }
+
+.PHONY: test/busy
+test/busy: ## make test on a busy machine: a CPU loop on every core, another program holding all but TEST_PG_CONNECTIONS of PostgreSQL's free connections, and make run serving on 127.0.0.1:8080 (in memory); it all stops when make test ends
+	@set -m; tmp=$$(mktemp -d); jobs=(); \
+	stop() { for p in "$${jobs[@]}"; do kill -TERM -- -$$p 2>/dev/null; done; wait 2>/dev/null; rm -rf $$tmp; }; \
+	trap stop EXIT; trap 'exit 130' INT TERM; \
+	$(GO) build -o $$tmp/testenv ./internal/testdb/testenv || exit 1; \
+	$$tmp/testenv crowd -leave $(TEST_PG_CONNECTIONS) -ready $$tmp/crowded & jobs+=($$!); \
+	for i in $$(seq 300); do [ -e $$tmp/crowded ] || ! kill -0 $${jobs[-1]} 2>/dev/null && break; sleep 0.1; done; \
+	[ -e $$tmp/crowded ] || { echo "test/busy: the crowd of PostgreSQL connections did not start"; exit 1; }; \
+	if (exec 3<>/dev/tcp/127.0.0.1/8080) 2>/dev/null; then \
+	  echo "test/busy: 127.0.0.1:8080 is taken already, so make run cannot serve there; that program stands in for it"; \
+	else \
+	  DATABASE_URL= $(MAKE) --no-print-directory run > $$tmp/run.log 2>&1 & jobs+=($$!); \
+	  for i in $$(seq 1200); do curl -fs -o /dev/null http://127.0.0.1:8080/healthz && break; kill -0 $${jobs[-1]} 2>/dev/null || break; sleep 0.1; done; \
+	  curl -fs -o /dev/null http://127.0.0.1:8080/healthz || { echo "test/busy: make run did not serve on 127.0.0.1:8080:"; cat $$tmp/run.log; exit 1; }; \
+	  echo "test/busy: make run serves on 127.0.0.1:8080"; \
+	fi; \
+	for i in $$(seq $$(nproc)); do yes > /dev/null & jobs+=($$!); done; \
+	echo "test/busy: $$(nproc) CPU loops running"; \
+	$(MAKE) --no-print-directory test
 
 .PHONY: verify/example
 verify/example: ## fail if an example's go.mod is untidy or examples/widgets' generated server is stale

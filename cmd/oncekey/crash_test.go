@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,8 +71,10 @@ func spawn(t *testing.T, env map[string]string, mode string, args ...string) *se
 	addr := freeAddr(t)
 
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
-	cmd.Env = append(os.Environ(), subprocessEnv+"="+mode, "ONCEKEY_ADDR="+addr)
-	for k, v := range env {
+	// Not this process's DATABASE_URL or REDIS_URL (the tests' servers):
+	// the process runs on what env gives it, in memory if nothing.
+	cmd.Env = append(freshEnvironment(), subprocessEnv+"="+mode, "ONCEKEY_ADDR="+addr)
+	for k, v := range servePool(env) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	logs := &servicetest.SyncBuffer{}
@@ -286,4 +289,27 @@ func paymentsSurviveKilledServe(t *testing.T, pool *pgxpool.Pool, database map[s
 	}
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM refunds WHERE account_id = $1", creds.AccountID).Scan(&rows))
 	require.Equal(t, n, rows, "one refund per key")
+}
+
+// servePoolSize is the pool of a serve (or proxy) that a test starts on
+// PostgreSQL (pool_max_conns in its DATABASE_URL), unless the test sets its
+// own: serve's default of 20, for each of the serves a test runs at once
+// (three gateways, say), would take more of PostgreSQL's connections than
+// the whole suite may hold (TEST_PG_CONNECTIONS in the Makefile). A busy
+// serve answers 503 sooner, which the tests' clients retry.
+const servePoolSize = 4
+
+// servePool is env with its DATABASE_URL's pool capped at servePoolSize.
+func servePool(env map[string]string) map[string]string {
+	dbURL := env["DATABASE_URL"]
+	if dbURL == "" || strings.Contains(dbURL, "pool_max_conns") {
+		return env
+	}
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	capped := maps.Clone(env)
+	capped["DATABASE_URL"] = dbURL + sep + "pool_max_conns=" + strconv.Itoa(servePoolSize)
+	return capped
 }

@@ -168,7 +168,9 @@ func TestGatewayStormAcrossProcesses(t *testing.T) {
 			var requests, retries atomic.Int64     // retries: after a 202 or a 503
 			for k := range keys {
 				key := uuid.NewString()
+				mu.Lock() // the clients of earlier keys are reading answers already
 				answers[key] = map[string]int{}
+				mu.Unlock()
 				for c := range storm {
 					wg.Add(1)
 					go func() {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -70,10 +71,7 @@ func setup(t *testing.T) *testBundle {
 // (WITH (FORCE): the pool may still hold connections) when all tests end.
 func startService() {
 	ctx := context.Background()
-	adminURL := os.Getenv("TEST_DATABASE_URL")
-	if adminURL == "" {
-		adminURL = "postgres://postgres@127.0.0.1:5432/postgres"
-	}
+	adminURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres")
 	connectCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(connectCtx, adminURL)
@@ -93,6 +91,9 @@ func startService() {
 		return
 	}
 	cfg.ConnConfig.Database = name
+	// pgxpool's default grows with the cores; make test keeps within a
+	// stated number of PostgreSQL connections on any machine.
+	cfg.MaxConns = 6
 	if servicePool, serviceErr = pgxpool.NewWithConfig(ctx, cfg); serviceErr != nil {
 		return
 	}

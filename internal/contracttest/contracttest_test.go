@@ -104,7 +104,7 @@ func onPool(t *testing.T, pool *pgxpool.Pool, keys pgstore.Options) httpapi.Conf
 // suite) fails the test as surely as one that fails.
 func TestServicePassesTheContract(t *testing.T) {
 	t.Parallel()
-	redisURL := func(*testing.T) string { return "redis://127.0.0.1:6379/0" }
+	redisURL := func(*testing.T) string { return redistest.SharedURL() }
 	clusterURL := func(t *testing.T) string { return redistest.StartCluster(t, 3).URL }
 	for _, tc := range []struct {
 		name string
@@ -189,17 +189,34 @@ func conforms(t *testing.T, url, auth, auth2 string, inFlight bool) (passed int)
 	require.NoError(t, err)
 	overrides, err := conformance.ParseOverrides(oncekey.ConformanceOverrides)
 	require.NoError(t, err)
-	results, err := conformance.Run(context.Background(), conformance.Config{
-		Spec: doc, BaseURL: url, Auth: auth, Auth2: auth2, Overrides: overrides,
-	})
+	cfg := conformance.Config{Spec: doc, BaseURL: url, Auth: auth, Auth2: auth2, Overrides: overrides}
+	results, err := conformance.Run(context.Background(), cfg)
 	require.NoError(t, err)
 	for _, r := range results {
+		// in-flight and retry-after need a duplicate of a burst to arrive
+		// while the first request runs (50 ms here). On a loaded machine
+		// the whole burst may arrive after it, and the check skips: no
+		// hook reaches into the suite's timing from here, so such a check
+		// runs again, twice at most, instead of behind a longer delay.
+		for again := 0; inFlight && r.Status == conformance.Skip && (r.Check == "in-flight" || r.Check == "retry-after") && again < 2; again++ {
+			only := cfg
+			only.Only = []string{r.Check, r.Operation}
+			rerun, err := conformance.Run(context.Background(), only)
+			require.NoError(t, err)
+			require.Len(t, rerun, 1, "%s on %s alone", r.Check, r.Operation)
+			t.Logf("%s on %s skipped (%s); ran it again: %s", r.Check, r.Operation, r.Reason, rerun[0].Status)
+			r = rerun[0]
+		}
 		switch {
+		case !inFlight && (r.Check == "in-flight" || r.Check == "retry-after") && r.Status != conformance.Fail:
+			// Duplicates wait for the first request here, and are answered
+			// in flight only when they outwait Wait, as they may on a
+			// loaded machine: either answer is right, and neither counts.
+			continue
 		case r.Status == conformance.Pass:
 		case r.Status == conformance.Skip && r.Check == "canonical-json" && r.Operation == "DELETE /orders/{id}":
 		case r.Status == conformance.Skip && r.Check == "canonical-form": // the API takes JSON only
 		case r.Status == conformance.Skip && r.Check == "no-set-cookie": // Oncekey sets no cookie
-		case r.Status == conformance.Skip && !inFlight && (r.Check == "in-flight" || r.Check == "retry-after"):
 		default:
 			t.Errorf("%s %s on %s: %s", r.Status, r.Check, r.Operation, r.Reason)
 		}
@@ -337,7 +354,7 @@ func TestPartitionedSchema(t *testing.T) {
 	t.Parallel()
 	url, admin := testdb.FreshPartitioned(t, pgstore.ScopeUUID)
 	statements := &testdb.Statements{}
-	pool, err := postgres.Open(t.Context(), url, postgres.WithQueryTracer(statements))
+	pool, err := postgres.Open(t.Context(), testdb.PoolURL(url), postgres.WithQueryTracer(statements))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	cfg := onPool(t, pool, pgstore.Options{Scope: pgstore.ScopeUUID, MergeByScope: true})

@@ -3,8 +3,10 @@ package httpapi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,6 +90,44 @@ func startFirst(t *testing.T, b *testBundle, repo *blockingRepo, key string) <-c
 	return out
 }
 
+// labelRequests runs each request under a pprof label naming its server
+// and Idempotency-Key, which the request's goroutines inherit, so that
+// awaitQueued can find where a given duplicate is.
+func labelRequests(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pprof.Do(r.Context(), pprof.Labels(requestLabel, r.Host+" "+r.Header.Get("Idempotency-Key")), func(ctx context.Context) {
+			h.ServeHTTP(w, r.WithContext(ctx))
+		})
+	})
+}
+
+const requestLabel = "oncekey-test-request"
+
+// awaitQueued returns once a request to b under key waits in the engine's
+// queue of duplicates behind the request that holds the key on this
+// instance, and fails the test if none does within 10s. A duplicate that
+// has only been sent may still be on its way: released then, the first
+// request could finish before it arrives, and the test would check a plain
+// replay instead of a wait.
+func awaitQueued(t *testing.T, b *testBundle, key string) {
+	t.Helper()
+	label := fmt.Sprintf("# labels: {%q:%q}", requestLabel, strings.TrimPrefix(b.url, "http://")+" "+key)
+	require.Eventually(t, func() bool {
+		var profile strings.Builder
+		if err := pprof.Lookup("goroutine").WriteTo(&profile, 1); err != nil {
+			return false
+		}
+		// Goroutines with one stack and one set of labels share a record;
+		// records are separated by blank lines.
+		for record := range strings.SplitSeq(profile.String(), "\n\n") {
+			if strings.Contains(record, label) && strings.Contains(record, "idempotency.(*collapser).enter") {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 5*time.Millisecond, "a duplicate under %q waiting behind the first request", key)
+}
+
 func receive(t *testing.T, c <-chan reply, what string) reply {
 	t.Helper()
 	return servicetest.Receive(t, c, what, 15*time.Second)
@@ -128,7 +168,7 @@ func TestInFlightDuplicate(t *testing.T) {
 
 			firstC := startFirst(t, b, repo, key)
 			dupC := sendAsync(t, b, key)
-			time.Sleep(100 * time.Millisecond) // let the duplicate reach the claim and wait
+			awaitQueued(t, b, key)
 			repo.unblock()
 
 			first := receive(t, firstC, "first request")
@@ -146,7 +186,7 @@ func TestInFlightDuplicate(t *testing.T) {
 
 			firstC := startFirst(t, b, repo, key)
 			dupC := sendAsync(t, b, key)
-			time.Sleep(100 * time.Millisecond)
+			awaitQueued(t, b, key)
 			repo.unblock()
 
 			requireProblem(t, receive(t, firstC, "first request"), problem.Internal, "first request fails")

@@ -77,7 +77,7 @@ type options struct {
 // setup starts the full service on store and creates an account on it.
 func setup(t *testing.T, store backend, opts options) *testBundle {
 	t.Helper()
-	svc := servicetest.Start(t, store, servicetest.Options{Config: opts.cfg, Orders: opts.repo})
+	svc := servicetest.Start(t, store, servicetest.Options{Config: opts.cfg, Orders: opts.repo, Wrap: labelRequests})
 	url := svc.URL
 	b := &testBundle{url: url, store: store, account: svc.Account, apiKey: svc.APIKey}
 	b.http = validatingClient(t)

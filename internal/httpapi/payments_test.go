@@ -35,6 +35,9 @@ import (
 type payBundle struct {
 	*testBundle
 	provider *provider.Client
+	// idle returns once the worker has nothing left to do: every attempt
+	// it made has ended and none is queued. It may stop the worker.
+	idle func(t *testing.T)
 }
 
 // payOptions configure a payment test's provider and worker.
@@ -70,6 +73,13 @@ var payBackends = []struct {
 			payments.RunLocal(ctx, store, b.worker, b.policy, 4, slog.New(slog.DiscardHandler))
 		}()
 		t.Cleanup(func() { cancel(); <-done })
+		b.idle = func(t *testing.T) {
+			// Stopped, the worker lets its running attempts end; a retry
+			// any of them scheduled stays in the queue.
+			cancel()
+			<-done
+			require.Zero(t, store.QueuedTasks(), "tasks the worker would still run")
+		}
 		return b.payBundle
 	}},
 	{"postgres", func(t *testing.T, opts payOptions) *payBundle {
@@ -102,6 +112,14 @@ func onRiver(t *testing.T, pool *pgxpool.Pool, reads func(*postgres.Store) store
 		defer cancel()
 		require.NoError(t, runner.Stop(ctx), "stop River")
 	})
+	b.idle = func(t *testing.T) {
+		// The database is the test's own: each of its jobs is this test's.
+		require.Eventually(t, func() bool {
+			var unfinished int
+			err := pool.QueryRow(context.Background(), `SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'cancelled', 'discarded')`).Scan(&unfinished)
+			return err == nil && unfinished == 0
+		}, 10*time.Second, 10*time.Millisecond, "River's jobs all end")
+	}
 	return b.payBundle
 }
 
@@ -405,8 +423,9 @@ func TestPaymentFailures(t *testing.T) {
 				require.Equal(t, http.StatusOK, again.Status, "the key replays the final outcome: %s", again)
 				require.Equal(t, final, decodePayment(t, again))
 
-				// Give a wrong worker time to make attempts it should not.
-				time.Sleep(100 * time.Millisecond)
+				// Counted once the worker has nothing left to do, so that an
+				// attempt it should not make is counted too.
+				b.idle(t)
 				stats, err := b.provider.Stats(context.Background())
 				require.NoError(t, err)
 				require.Equal(t, tc.requests, stats.Requests, "charge requests: %+v", stats)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -39,10 +40,7 @@ func TestRoundTrips(t *testing.T) {
 	t.Cleanup(pool.Close)
 	store := postgres.New(pool, nil)
 
-	rdb, err := redisstore.NewClient("redis://127.0.0.1:6379/0")
-	require.NoError(t, err)
-	t.Cleanup(func() { rdb.Close() })
-	require.NoError(t, rdb.Ping(t.Context()).Err(), "Redis at 127.0.0.1:6379")
+	rdb := redistest.Shared(t) // REDIS_URL
 
 	tests := []struct {
 		name          string

@@ -33,15 +33,20 @@ const (
 	stormBound  = 3 * time.Second
 )
 
-// slowSKURepo makes the orders of one SKU slow.
+// slowSKURepo makes the orders of one SKU slow. entered, if set, is called
+// as each such order starts.
 type slowSKURepo struct {
 	orders.Writer
-	sku   string
-	delay time.Duration
+	sku     string
+	delay   time.Duration
+	entered func()
 }
 
 func (r slowSKURepo) CreateOrder(ctx context.Context, o orders.Order) error {
 	if len(o.Items) > 0 && o.Items[0].SKU == r.sku {
+		if r.entered != nil {
+			r.entered()
+		}
 		select {
 		case <-time.After(r.delay):
 		case <-ctx.Done():
@@ -62,9 +67,15 @@ func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
 	store := postgres.New(pool, nil)
 	stormKey := uuid.NewString()
 	const stormBody = `{"items":[{"sku":"STORM","qty":1}],"amount":1200,"currency":"RUB"}`
+	// leading is closed once the storm's first request holds its key,
+	// running its slow order.
+	leading := make(chan struct{})
+	var lead sync.Once
 	b := setup(t, store, options{
-		repo: func(w orders.Writer) orders.Writer { return slowSKURepo{Writer: w, sku: "STORM", delay: stormLeader} },
-		cfg:  httpapi.Config{Wait: time.Second},
+		repo: func(w orders.Writer) orders.Writer {
+			return slowSKURepo{Writer: w, sku: "STORM", delay: stormLeader, entered: func() { lead.Do(func() { close(leading) }) }}
+		},
+		cfg: httpapi.Config{Wait: time.Second},
 	})
 
 	const storm, others = 300, 40
@@ -90,7 +101,14 @@ func TestStormOnOneKeyDoesNotStarveOthers(t *testing.T) {
 		req := b.newRequest(t, http.MethodPost, "/orders", strings.NewReader(seedBody), "Idempotency-Key", uuid.NewString())
 		wg.Go(func() {
 			<-start
-			time.Sleep(100 * time.Millisecond) // the storm is under way
+			// Sent once the storm is under way: its first request holds
+			// the key, and the duplicates pile up behind it. Sent sooner,
+			// they would measure a quiet server.
+			select {
+			case <-leading:
+			case <-time.After(time.Minute):
+				return // no status: fails below
+			}
 			began := time.Now()
 			r, err := servicetest.Exchange(client, req)
 			latencies[i] = time.Since(began)

@@ -6,9 +6,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,6 +78,8 @@ func TestShutdownWithABodyArriving(t *testing.T) {
 				got, _ := io.ReadAll(r.Body)
 				_, _ = io.WriteString(w, strings.ToUpper(string(got)))
 			})
+			shuttingDown := make(chan struct{})
+			cfg.Logger = slog.New(onMessage{prefix: "shutting down:", seen: shuttingDown, once: new(sync.Once)})
 			b := setup(t, cfg)
 			c := b.dial(t)
 			write(t, c, fmt.Sprintf("POST / HTTP/1.1\r\nHost: test\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body)))
@@ -94,8 +98,15 @@ func TestShutdownWithABodyArriving(t *testing.T) {
 				took, err := b.shutdown(t)
 				shutDown <- shutdownResult{took, err}
 			}()
+			// The pieces must arrive while the server shuts down: sent
+			// before Serve has begun, they would test a plain upload.
+			select {
+			case <-shuttingDown:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Serve did not begin to shut down within 10s of its context ending")
+			}
 			for i := range tc.pieces {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // the upload's pace, not a wait for anything
 				write(t, c, body[i*10:(i+1)*10])
 			}
 
@@ -229,3 +240,24 @@ func TestShutdownCutsOffRequestsPastTheTimeout(t *testing.T) {
 	}
 	require.Error(t, <-failed, "the client gets no response")
 }
+
+// onMessage is a slog.Handler that closes seen on the first record whose
+// message starts with prefix, for a test to wait on what the server says
+// it is doing; it keeps nothing.
+type onMessage struct {
+	prefix string
+	seen   chan struct{}
+	once   *sync.Once
+}
+
+func (h onMessage) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h onMessage) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
+}
+
+func (h onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h onMessage) WithGroup(string) slog.Handler      { return h }

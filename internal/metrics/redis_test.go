@@ -9,6 +9,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/httpapi"
 	"github.com/oncekey/oncekey/internal/metrics"
 	"github.com/oncekey/oncekey/internal/store/postgres"
@@ -20,10 +21,7 @@ import (
 // errors and fallbacks.
 func TestRedisMetrics(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/0"
-	}
+	url := redistest.SharedURL()
 	tests := []struct {
 		name     string
 		url      string

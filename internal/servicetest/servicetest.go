@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -104,6 +105,9 @@ func Start(t testing.TB, backend store.Backend, opts Options) Service {
 	t.Helper()
 	cfg := opts.Config
 	cfg.Backend = backend
+	if cfg.Logger == nil {
+		cfg.Logger = Logger(t)
+	}
 	if opts.Orders != nil {
 		cfg.Orders = opts.Orders
 	}
@@ -121,6 +125,39 @@ func Start(t testing.TB, backend store.Backend, opts Options) Service {
 		svc.Account, svc.APIKey = creds.AccountID, creds.APIKey
 	}
 	return svc
+}
+
+// Logger is a logger whose lines go to t's output, which go test prints
+// only when t fails (or with -v): a failing package then shows its failing
+// tests' logs, not the request lines of every test beside them. Lines
+// logged once t has ended (by a goroutine it left behind) are dropped, as
+// the testing package would refuse them.
+func Logger(t testing.TB) *slog.Logger {
+	w := &testOutput{out: t.Output()}
+	t.Cleanup(w.end)
+	return slog.New(slog.NewTextHandler(w, nil))
+}
+
+// testOutput is a test's output until the test ends, then nothing.
+type testOutput struct {
+	mu    sync.Mutex
+	out   io.Writer
+	ended bool
+}
+
+func (w *testOutput) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return len(p), nil
+	}
+	return w.out.Write(p)
+}
+
+func (w *testOutput) end() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ended = true
 }
 
 // Async sends req with client from a goroutine. A transport error arrives

@@ -5,7 +5,8 @@
 // opens and migrates its own, plus replicas, clusters and partitioned
 // variants for the tests that need them.
 //
-// The server is TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres).
+// The server is DATABASE_URL (TEST_DATABASE_URL, where set, first; default
+// postgres://postgres@127.0.0.1:5432/postgres).
 // When it cannot be reached the tests are skipped — except when CI is set,
 // where they fail loudly: a suite that silently skips its database tests in
 // CI proves nothing.
@@ -13,7 +14,11 @@ package testdb
 
 import (
 	"context"
+	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -32,10 +37,17 @@ func Main(m *testing.M) {
 
 // MainWith is Main for a package whose databases are migrated by fn
 // instead of with Oncekey's schema.
+//
+// It also silences slog's default logger, which the service's parts fall
+// back on when a test gives them none: it belongs to no test, so go test
+// would print every passing test's lines with a failing package's output
+// (thousands, one per request). A test that wants its service's log gives
+// it a logger of its own (servicetest.Logger: shown when the test fails).
 func MainWith(m *testing.M, fn func(context.Context, *pgxpool.Pool) error) {
+	slog.SetDefault(slog.New(slog.DiscardHandler))
 	pgstoretest.Main(m, pgstoretest.Options{
 		Migrate: fn,
-		Open:    func(ctx context.Context, url string) (*pgxpool.Pool, error) { return postgres.Open(ctx, url) },
+		Open:    openPool,
 		After:   stopShared,
 	})
 }
@@ -79,4 +91,33 @@ func Empty(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
 func freshOn(t testing.TB, adminURL string, migrate bool) (dbURL string, pool *pgxpool.Pool) {
 	t.Helper()
 	return pgstoretest.FreshOn(t, adminURL, migrate)
+}
+
+// PoolSize is the most connections a pool this package opens may hold
+// (serve's default is 20). make test holds at most TEST_PG_CONNECTIONS of
+// PostgreSQL's connections (see the Makefile) with TEST_P test binaries at
+// a time, each running TEST_PARALLEL tests at a time: a pool per running
+// test and the binary's shared one, at PoolSize each, keep a binary within
+// its share. A test that opens a pool of its own caps it too (PoolURL).
+const PoolSize = 6
+
+// PoolURL is dbURL with its pool capped at PoolSize (pool_max_conns), for
+// a test that opens a pool of its own on a database of this package.
+func PoolURL(dbURL string) string {
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	return dbURL + sep + "pool_max_conns=" + strconv.Itoa(PoolSize)
+}
+
+// openPool opens a pool as the service does (postgres.Open), of at most
+// PoolSize connections, which it closes once they have been idle for a
+// second: a test's pool that has served a burst would otherwise keep its
+// connections from every other test for half an hour.
+func openPool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	return postgres.Open(ctx, PoolURL(dbURL), func(cfg *pgxpool.Config) {
+		cfg.MaxConnIdleTime = time.Second
+		cfg.HealthCheckPeriod = 500 * time.Millisecond
+	})
 }

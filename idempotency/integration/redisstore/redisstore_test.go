@@ -223,7 +223,10 @@ func TestMarkerShedsDuplicates(t *testing.T) {
 	t.Parallel()
 	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := fastPath(redistest.Shared(t), redisstore.Config{Observer: obs}, inner)
+	rdb := redistest.Shared(t) // a client of the test's own
+	polls := &markerPolls{seen: map[int]bool{}}
+	rdb.AddHook(polls)
+	fast := fastPath(rdb, redisstore.Config{Observer: obs}, inner)
 	scope := rand.Text()
 	ctx := context.Background()
 
@@ -237,14 +240,18 @@ func TestMarkerShedsDuplicates(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+			_, rec, err := fast.Claim(context.WithValue(ctx, duplicateKey{}, i), claimReq(scope, "k"))
 			errs[i] = err
 			if rec != nil {
 				bodies[i] = string(rec.Response.Body)
 			}
 		}()
 	}
-	time.Sleep(100 * time.Millisecond) // the duplicates are waiting
+	// Commit once every duplicate waits on Redis, polling the first
+	// request's marker: committed sooner, the record would be there for
+	// the late ones at once, and they would not have waited.
+	require.Eventually(t, func() bool { return polls.count() == duplicates }, 10*time.Second, 5*time.Millisecond,
+		"every duplicate polls the first request's marker")
 	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
 	waitFor(t, &wg, 30*time.Second, "the duplicates")
 	for i := range duplicates {
@@ -253,6 +260,40 @@ func TestMarkerShedsDuplicates(t *testing.T) {
 	}
 	require.Zero(t, obs.errs.Load(), "Redis answered every look-up")
 	require.EqualValues(t, 1, inner.claims.Load(), "only the first request reached PostgreSQL")
+}
+
+// duplicateKey marks the context of a duplicate's claim with its index.
+type duplicateKey struct{}
+
+// markerPolls is a Redis hook that records which duplicates have polled a
+// marker (EXISTS, which a claim sends only while it waits on another's
+// marker).
+type markerPolls struct {
+	mu   sync.Mutex
+	seen map[int]bool
+}
+
+func (p *markerPolls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (p *markerPolls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if i, ok := ctx.Value(duplicateKey{}).(int); ok && cmd.Name() == "exists" {
+			p.mu.Lock()
+			p.seen[i] = true
+			p.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (p *markerPolls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (p *markerPolls) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.seen)
 }
 
 // TestRedisKilledMidLoad: Redis dies while requests are running; every

@@ -6,7 +6,7 @@
 // earlier runs. A test process that died before dropping its databases is
 // known by the id in their names, and the next run drops them.
 //
-// The server is TEST_DATABASE_URL (default
+// The server is DATABASE_URL (TEST_DATABASE_URL, where set, first; default
 // postgres://postgres@127.0.0.1:5432/postgres). When it cannot be reached,
 // the tests that ask for a database are skipped, except when CI is set, where
 // they fail: a suite that silently skips its database tests in CI proves
@@ -31,14 +31,19 @@ import (
 )
 
 // DefaultAdminURL is where the tests find PostgreSQL unless
-// TEST_DATABASE_URL says otherwise.
+// TEST_DATABASE_URL or DATABASE_URL says otherwise.
 const DefaultAdminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 // AdminURL is the URL of the server's maintenance database, on which the
-// test databases are created.
+// test databases are created: TEST_DATABASE_URL, else DATABASE_URL (so
+// that the variable that points a service at its server points its tests
+// there too), else DefaultAdminURL. The test databases are made beside
+// the URL's database, never in it.
 func AdminURL() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
+	for _, name := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(name); u != "" {
+			return u
+		}
 	}
 	return DefaultAdminURL
 }
@@ -158,7 +163,7 @@ func Empty(t testing.TB) (dbURL string, pool *pgxpool.Pool) {
 }
 
 // FreshOn makes a database of t's own on the server of adminURL (another
-// server than TEST_DATABASE_URL's: a primary with replicas, say), migrated
+// server than AdminURL's: a primary with replicas, say), migrated
 // or not, and drops it when t ends.
 func FreshOn(t testing.TB, adminURL string, migrate bool) (dbURL string, pool *pgxpool.Pool) {
 	t.Helper()
@@ -179,7 +184,7 @@ func FreshOn(t testing.TB, adminURL string, migrate bool) (dbURL string, pool *p
 	return db.url, db.pool
 }
 
-// Database makes a database of its own on TEST_DATABASE_URL's server,
+// Database makes a database of its own on AdminURL's server,
 // migrated with MigrateSuite, for programs that have no *testing.T (a
 // package's runnable examples); drop drops it. Unlike Fresh, it neither
 // skips nor fails anything: an unreachable server is its error.

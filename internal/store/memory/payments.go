@@ -175,6 +175,14 @@ func (s *Store) NextTask(ctx context.Context) (payments.Task, int, error) {
 	}
 }
 
+// QueuedTasks is how many tasks wait in the queue, due or not: with the
+// worker stopped, the attempts it would still make.
+func (s *Store) QueuedTasks() int {
+	s.tasks.mu.Lock()
+	defer s.tasks.mu.Unlock()
+	return len(s.tasks.jobs)
+}
+
 // RetryTask implements payments.LocalQueue: attempt failed, run the next
 // one at due.
 func (s *Store) RetryTask(t payments.Task, attempt int, due time.Time) {
