@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -305,11 +304,7 @@ func servePool(env map[string]string) map[string]string {
 	if dbURL == "" || strings.Contains(dbURL, "pool_max_conns") {
 		return env
 	}
-	sep := "?"
-	if strings.Contains(dbURL, "?") {
-		sep = "&"
-	}
 	capped := maps.Clone(env)
-	capped["DATABASE_URL"] = dbURL + sep + "pool_max_conns=" + strconv.Itoa(servePoolSize)
+	capped["DATABASE_URL"] = testdb.PoolURL(dbURL, servePoolSize)
 	return capped
 }

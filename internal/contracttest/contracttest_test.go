@@ -354,7 +354,7 @@ func TestPartitionedSchema(t *testing.T) {
 	t.Parallel()
 	url, admin := testdb.FreshPartitioned(t, pgstore.ScopeUUID)
 	statements := &testdb.Statements{}
-	pool, err := postgres.Open(t.Context(), testdb.PoolURL(url), postgres.WithQueryTracer(statements))
+	pool, err := postgres.Open(t.Context(), testdb.PoolURL(url, testdb.PoolSize), postgres.WithQueryTracer(statements))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	cfg := onPool(t, pool, pgstore.Options{Scope: pgstore.ScopeUUID, MergeByScope: true})

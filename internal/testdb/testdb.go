@@ -101,14 +101,15 @@ func freshOn(t testing.TB, adminURL string, migrate bool) (dbURL string, pool *p
 // its share. A test that opens a pool of its own caps it too (PoolURL).
 const PoolSize = 6
 
-// PoolURL is dbURL with its pool capped at PoolSize (pool_max_conns), for
-// a test that opens a pool of its own on a database of this package.
-func PoolURL(dbURL string) string {
+// PoolURL is dbURL with its pool capped at size connections
+// (pool_max_conns), for a test that opens a pool of its own on a database
+// of this package (PoolSize), or starts a process that does.
+func PoolURL(dbURL string, size int) string {
 	sep := "?"
 	if strings.Contains(dbURL, "?") {
 		sep = "&"
 	}
-	return dbURL + sep + "pool_max_conns=" + strconv.Itoa(PoolSize)
+	return dbURL + sep + "pool_max_conns=" + strconv.Itoa(size)
 }
 
 // openPool opens a pool as the service does (postgres.Open), of at most
@@ -116,7 +117,7 @@ func PoolURL(dbURL string) string {
 // second: a test's pool that has served a burst would otherwise keep its
 // connections from every other test for half an hour.
 func openPool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
-	return postgres.Open(ctx, PoolURL(dbURL), func(cfg *pgxpool.Config) {
+	return postgres.Open(ctx, PoolURL(dbURL, PoolSize), func(cfg *pgxpool.Config) {
 		cfg.MaxConnIdleTime = time.Second
 		cfg.HealthCheckPeriod = 500 * time.Millisecond
 	})
