@@ -50,11 +50,7 @@ func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 // A body that is not canonicalisable JSON is an error wrapping
 // ErrMalformedBody. It is ComputeFingerprintFor of a JSON body.
 func ComputeFingerprint(method, route, path string, query url.Values, body []byte) (Fingerprint, error) {
-	canonical, err := canonjson.Canonicalize(body)
-	if err != nil {
-		return Fingerprint{}, err
-	}
-	return fingerprintCanonical(method, route, path, query, "", canonical), nil
+	return ComputeFingerprintFor(method, route, path, query, "", body)
 }
 
 // ComputeFingerprintFor is the fingerprint Operation.Serve gives a request
