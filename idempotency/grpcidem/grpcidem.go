@@ -254,7 +254,7 @@ func (i *Interceptor[U]) serve(ctx context.Context, m *method[U], req any, handl
 	switch {
 	case err != nil:
 		return nil, statusOf(err, i.cfg.RetryAfter)
-	case key == "" && m.optional:
+	case key == "": // a call without a key, which m lets run unprotected
 		return handler(ctx, req)
 	}
 	scope, err := i.scope(ctx)
@@ -335,7 +335,7 @@ func (i *Interceptor[U]) scope(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if err != nil || scope == "" {
-		return "", status.Error(codes.Unauthenticated, idempotency.ErrNoScope.Error())
+		return "", statusOf(idempotency.ErrNoScope, 0)
 	}
 	return scope, nil
 }
