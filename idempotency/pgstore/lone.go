@@ -30,6 +30,16 @@ import (
 // the operation's write.
 const writePlaceholder = "pgstore_write AS (\n    SELECT 1\n)"
 
+// loneSlack is how long a lone commit's statement may take beyond its
+// wait. PostgreSQL cannot bound that statement (see IdempotencyKeyClaimLone),
+// so a deadline on the client is what ends the wait for a server that
+// stopped answering. Unlike statementSlack, which PostgreSQL measures on its
+// own clock, it also counts the round trip, the statement's preparation on
+// a new connection and a busy machine's scheduling, and a slow answer must
+// not pass for an outage. The price is a looser bound on a lone commit that
+// waits behind several holders in turn (each wait is still bounded).
+const loneSlack = 2 * time.Second
+
 // claimParams is the number of IdempotencyKeyClaimLone's own parameters.
 const claimParams = 11
 
@@ -197,9 +207,7 @@ func (g *groupCommitter) sendLone(ctx context.Context, m *member) bool {
 		return true
 	}
 	defer conn.Release()
-	// The whole statement is bounded as a pipeline's statements are, by
-	// the wait and its slack (see Claim).
-	stmtCtx, cancel := context.WithTimeout(ctx, m.lease.req.Wait+statementSlack)
+	stmtCtx, cancel := context.WithTimeout(ctx, m.lease.req.Wait+loneSlack)
 	defer cancel()
 	row, err := keydb.New(withWrite{conn, stmt, write}).IdempotencyKeyClaimLone(stmtCtx, loneParams(m.lease))
 	switch {
@@ -246,7 +254,7 @@ func (g *groupCommitter) sendLones(members []*member) bool {
 		return true
 	}
 	defer conn.Release()
-	stmtCtx, cancelStmt := context.WithTimeout(ctx, wait+statementSlack)
+	stmtCtx, cancelStmt := context.WithTimeout(ctx, wait+loneSlack)
 	defer cancelStmt()
 	br := conn.SendBatch(stmtCtx, &p.batch)
 	rows := make([]keydb.IdempotencyKeyClaimLoneRow, len(members))

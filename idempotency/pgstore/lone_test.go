@@ -220,9 +220,10 @@ func TestLoneCommit(t *testing.T) {
 			for retries := 0; tt.before == "held" && errors.Is(err, idempotency.ErrUnavailable) && retries < 3; retries++ {
 				// The server answers its own lock_timeout after the 200ms
 				// wait; on a starved machine that answer can arrive after
-				// the statement's slack too, which the store rightly reports
-				// as unavailable (the server was too slow to say). Only the
-				// in-flight answer is under test here: a bounded retry.
+				// the request's one-second deadline, which the store rightly
+				// reports as unavailable (the server was too slow to say).
+				// Only the in-flight answer is under test here: a bounded
+				// retry.
 				before, start = counted.n.Load(), time.Now()
 				err = commit("first", tt.queue)
 			}
@@ -246,6 +247,67 @@ func TestLoneCommit(t *testing.T) {
 			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE scope = $1 AND idempotency_key = $2",
 				[]byte(scope), key).Scan(&keys), "count key rows")
 			require.Equal(t, !tt.noKey, keys == 1, "the key row stored (%d rows)", keys)
+		})
+	}
+}
+
+// TestLoneCommitSlowStatement checks the client-side bound of a lone
+// commit's statement: a statement that answers well beyond its wait (a busy
+// server, a cold connection) is not an outage, and one that does not answer
+// in time is, without a 503 being mistaken for an in-flight key.
+func TestLoneCommitSlowStatement(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		sleep float64 // seconds the write takes in PostgreSQL
+		check func(t *testing.T, err error)
+		keys  int
+	}{
+		{
+			name: "a slow answer is an answer", sleep: 0.6, keys: 1,
+			check: func(t *testing.T, err error) { require.NoError(t, err, "a statement 0.6 s beyond a 0.1 s wait") },
+		},
+		{
+			name: "no answer within the bound is unavailable", sleep: 4,
+			check: func(t *testing.T, err error) {
+				require.ErrorIs(t, err, idempotency.ErrUnavailable, "a statement that outlives its bound")
+				require.NotErrorIs(t, err, idempotency.ErrInFlight)
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			pool := pgstoretest.Pool(t)
+			store, err := pgstore.New(pool, pgstore.Options{})
+			require.NoError(t, err, "open the store")
+			slow := queued{
+				sql: "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM CLAIMED) AND pg_sleep($3)::text = ''",
+				args: func(b *pgstore.Batch) []any {
+					return []any{rand.Text(), []byte(b.Ref().Scope), tt.sleep}
+				},
+			}
+			deferred := bound(t, store, slow)
+			warm(t, deferred)
+
+			scope := "slow-" + rand.Text()
+			req := idempotency.ClaimRequest{Scope: scope, Key: rand.Text(), Method: http.MethodPost, Route: "/writes", TTL: time.Hour, Wait: 100 * time.Millisecond}
+			reqCtx, cancel := context.WithTimeout(ctx, 10*time.Second) // the request's own deadline is far
+			defer cancel()
+			lease, _, err := deferred.Claim(reqCtx, req)
+			require.NoError(t, err, "claim")
+			require.NoError(t, slow.exec(store, lease.Unit()), "queue the slow write")
+			start := time.Now()
+			err = lease.Commit(reqCtx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte("{}")})
+			tt.check(t, err)
+			require.Less(t, time.Since(start), 3500*time.Millisecond, "the commit is bounded by its wait and slack, not the request's deadline")
+
+			if tt.keys == 1 {
+				var writes int
+				require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(scope)).Scan(&writes), "count writes")
+				require.Equal(t, 1, writes, "rows written")
+			}
 		})
 	}
 }

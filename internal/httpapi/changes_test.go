@@ -213,7 +213,14 @@ func TestCancelRacesPay(t *testing.T) {
 			case cancel.Status == http.StatusOK:
 				wins["cancel"]++
 				requireProblem(t, pay, httpapi.ProblemFor(payments.ErrOrderCancelled), fmt.Sprintf("round %d: the payment after the cancel", round))
-				require.Equal(t, api.OrderStatus("cancelled"), b.getOrder(t, id).Status)
+				// The order may be read from a replica that lags (the
+				// replica backends): the cancel shows once it has caught up.
+				status := b.getOrder(t, id).Status
+				for deadline := time.Now().Add(10 * time.Second); status != "cancelled" && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+					status = b.getOrder(t, id).Status
+				}
+				require.Equal(t, api.OrderStatus("cancelled"), status, "round %d: the cancelled order", round)
 			case pay.Status == http.StatusAccepted:
 				wins["pay"]++
 				requireProblem(t, cancel, httpapi.ProblemFor(orders.ErrNotCancellable), fmt.Sprintf("round %d: the cancel after the payment", round))

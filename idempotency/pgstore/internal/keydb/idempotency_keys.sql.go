@@ -178,7 +178,7 @@ type IdempotencyKeyClaimLoneRow struct {
 // IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
 // the claim's insert can wait. A statement timeout set here would come too
 // late (it is armed before a statement runs): pgstore bounds the statement
-// through its context instead, which cancels it in PostgreSQL. The peek is
+// through its context instead (pgstore's loneSlack). The peek is
 // only read when the claim inserted nothing: a claimed key's answer needs
 // no peek, and the gate spares that primary-key probe.
 func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKeyClaimLoneParams) (IdempotencyKeyClaimLoneRow, error) {
