@@ -12,10 +12,12 @@ import (
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 )
 
-// The fast path in front of a durable store (pgstore in production): the
-// committed record is cached in Redis, and a replay on any process is
-// answered from there. Redis failing only costs speed: the durable store
-// still decides. (This example needs a Redis at 127.0.0.1:6379.)
+// The fast path in front of a durable store (pgstore in production): a
+// first request costs one Redis look-up and caches nothing; the first
+// replay is answered by the durable store and cached on its way (read
+// through), and later replays, on any process, are answered from Redis.
+// Redis failing only costs speed: the durable store still decides. (This
+// example needs a Redis at 127.0.0.1:6379.)
 func Example() {
 	ctx := context.Background()
 	rdb, err := redisstore.NewClient("redis://127.0.0.1:6379/0")
@@ -31,8 +33,12 @@ func Example() {
 	_ = lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Body: []byte(`{"id":1}`)})
 
 	record, _ := fast.KeyNames(req.Scope, req.Key)
-	cached, _ := rdb.Exists(ctx, record).Result()
-	_, rec, _ := keys.Claim(ctx, req)
-	fmt.Println("cached:", cached, "replay:", rec.Response.Status, string(rec.Response.Body))
-	// Output: cached: 1 replay: 201 {"id":1}
+	for range 2 {
+		cached, _ := rdb.Exists(ctx, record).Result()
+		_, rec, _ := keys.Claim(ctx, req)
+		fmt.Println("cached:", cached, "replay:", rec.Response.Status, string(rec.Response.Body))
+	}
+	// Output:
+	// cached: 0 replay: 201 {"id":1}
+	// cached: 1 replay: 201 {"id":1}
 }

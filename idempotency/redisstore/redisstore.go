@@ -8,11 +8,19 @@
 //     never disagree with the database about it. The one exception, a long
 //     operation's provisional 202 (replaced by its final response when the
 //     background work ends), is never cached.
-//   - An in-flight marker (SET NX PX, a short lease) lets concurrent
-//     duplicates wait on Redis instead of each holding a database connection
-//     blocked on the first request's row. The marker is only a hint: if it is
-//     lost (flush, restart, expiry) duplicates go to the database, which still
-//     runs the operation exactly once.
+//   - A first request costs one Redis round trip, its look-up. A record
+//     is cached when the durable store answers a replay (read-through), not
+//     when it is first committed: most keys are never retried, and a replay
+//     on the replica that committed is answered by its own record cache
+//     (recordcache) before Redis. The durable store's claim already keeps
+//     concurrent duplicates from running twice.
+//   - With Config.ShedDuplicates, a first request also takes an in-flight
+//     marker (SET NX PX, a short lease) and caches its record at commit, so
+//     that concurrent duplicates wait on Redis instead of each holding a
+//     database connection blocked on the first request's row: two more
+//     round trips per first request, for storms of duplicates. The marker
+//     is only a hint: if it is lost (flush, restart, expiry) duplicates go
+//     to the database, which still runs the operation exactly once.
 //   - A Redis that fails TripAfter commands in a row is left alone (a
 //     circuit breaker) until a probe in the background finds it answering:
 //     while it is down or paused, requests cost what the durable store
@@ -67,12 +75,19 @@ type Config struct {
 	// Prefix starts every Redis key (default "idempotency:"), so that
 	// several applications can share one Redis.
 	Prefix string
-	// Marker is the in-flight marker's lease (default 5s): long enough to
-	// cover a normal operation, short enough that a crashed holder's
-	// marker goes away by itself.
+	// ShedDuplicates makes a first request take an in-flight marker and
+	// cache its record at commit, so that its concurrent duplicates wait on
+	// Redis rather than on the durable store: worth its two more round
+	// trips per first request only where storms of duplicates would
+	// otherwise hold database connections. Off, a first request costs one
+	// round trip.
+	ShedDuplicates bool
+	// Marker is the in-flight marker's lease (default 5s) with
+	// ShedDuplicates: long enough to cover a normal operation, short enough
+	// that a crashed holder's marker goes away by itself.
 	Marker time.Duration
 	// Poll is how often a duplicate looks for the first request's outcome
-	// while the marker is held (default 10ms).
+	// while the marker is held (default 10ms), with ShedDuplicates.
 	Poll time.Duration
 	// TripAfter is how many commands in a row must fail for Redis to be
 	// left alone (default 3).
@@ -349,37 +364,47 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 	}
 	redisFailed := res == resultError || res == resultSkipped
 
-	token := newToken()
-	rec, held, err := s.takeMarker(ctx, recKey, markerKey, token)
-	// After a failed attempt the marker may still have been set (the answer
-	// was lost): release it by token at the end, which is harmless if not.
-	ours := held || (err != nil && !errors.Is(err, errUnusableRecord))
-	switch {
-	case errors.Is(err, errUnusableRecord):
-		// A record is there that this replica cannot use (another
-		// version's format, a tag that does not verify, or expired by this
-		// replica's clock): nobody holds the key on its account, so the
-		// database answers, and its read-through replaces the record.
-	case errors.Is(err, errBreakerOpen):
-		s.cfg.Observer.Redis(resultSkipped)
-		redisFailed = true
-	case err != nil:
-		s.cfg.Observer.Redis(resultError)
-		redisFailed = true
-	case rec != nil:
-		// The previous holder committed (cached, then released its
-		// marker) between our look-up and our attempt at the marker.
-		return nil, rec, nil
-	case !held:
-		// Another request (on any replica) is running this key: wait for
-		// its outcome on Redis, holding no database connection.
-		rec, failed := s.await(ctx, recKey, markerKey, req.Wait)
-		redisFailed = redisFailed || failed
-		if rec != nil {
+	// Without ShedDuplicates no marker is taken: the durable store's claim
+	// holds concurrent duplicates back, and nothing is released.
+	var token string
+	ours := false
+	if s.cfg.ShedDuplicates {
+		token = newToken()
+		var held bool
+		var err error
+		rec, held, err = s.takeMarker(ctx, recKey, markerKey, token)
+		// After a failed attempt the marker may still have been set (the
+		// answer was lost): release it by token at the end, which is
+		// harmless if not.
+		ours = held || (err != nil && !errors.Is(err, errUnusableRecord))
+		switch {
+		case errors.Is(err, errUnusableRecord):
+			// A record is there that this replica cannot use (another
+			// version's format, a tag that does not verify, or expired by
+			// this replica's clock): nobody holds the key on its account,
+			// so the database answers, and its read-through replaces the
+			// record.
+		case errors.Is(err, errBreakerOpen):
+			s.cfg.Observer.Redis(resultSkipped)
+			redisFailed = true
+		case err != nil:
+			s.cfg.Observer.Redis(resultError)
+			redisFailed = true
+		case rec != nil:
+			// The previous holder committed (cached, then released its
+			// marker) between our look-up and our attempt at the marker.
 			return nil, rec, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, nil, err
+		case !held:
+			// Another request (on any replica) is running this key: wait
+			// for its outcome on Redis, holding no database connection.
+			rec, failed := s.await(ctx, recKey, markerKey, req.Wait)
+			redisFailed = redisFailed || failed
+			if rec != nil {
+				return nil, rec, nil
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	if redisFailed {
@@ -395,7 +420,7 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 	lease, rec, err := next(ctx, claimReq)
 	if lease != nil {
 		return &cachedLease[U]{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
-			fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil
+			cacheOnCommit: s.cfg.ShedDuplicates, fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil
 	}
 	s.release(ctx, recKey, markerKey, token, ours, rec) // read-through
 	return nil, rec, err
@@ -604,14 +629,17 @@ func cacheTTL(rec *idempotency.Record) time.Duration {
 	return max(time.Until(rec.ExpiresAt), 0)
 }
 
-// cachedLease caches the outcome once the durable store has committed it,
-// and gives up the in-flight marker either way.
+// cachedLease gives up the in-flight marker, if it may hold one, and
+// caches the outcome once the durable store has committed it: its own
+// with ShedDuplicates (its duplicates wait for it on Redis), or the one a
+// deferred commit found already there.
 type cachedLease[U any] struct {
 	idempotency.Lease[U]
 	s                 *Store
 	recKey, markerKey string
 	token             string
 	ours              bool // the marker may be ours: release it by token
+	cacheOnCommit     bool // cache the committed outcome (ShedDuplicates)
 	fingerprint       idempotency.Fingerprint
 	// The durable store counts the TTL from its own claim, which happened
 	// after createdAt: the cached copy expires no later than the durable one.
@@ -628,6 +656,9 @@ func (l *cachedLease[U]) Commit(ctx context.Context, resp idempotency.Response) 
 			l.release(ctx, nil)
 		}
 		return err
+	}
+	if !l.cacheOnCommit {
+		return nil
 	}
 	// The durable commit happened; caching it is only an optimisation.
 	l.release(ctx, &idempotency.Record{

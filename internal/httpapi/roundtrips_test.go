@@ -4,9 +4,11 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency/recordcache"
@@ -19,12 +21,15 @@ import (
 )
 
 // TestRoundTrips pins how many round trips to PostgreSQL a request costs
-// (and how many statements a first request sends),
-// authentication included, so that none creeps in unnoticed: a first
-// request 1 (its claim, order and response in one pipeline), a replay at
-// most 1, and a replay served from the in-process record cache or from
-// Redis 0. Counted on a warm connection pool: a connection's first use of
-// a statement also prepares it, once.
+// (and how many statements a first request sends), authentication
+// included, and how many to Redis, so that none creeps in unnoticed: a
+// first request 1 to PostgreSQL (its claim, order and response in one
+// statement) and at most 1 to Redis (its look-up), a replay at most 1 to
+// PostgreSQL, and a replay served from the in-process record cache or from
+// Redis 0. With Redis, a record is cached when PostgreSQL first answers a
+// replay of it (the look-up and the write), not at commit. Counted on a
+// warm connection pool: a connection's first use of a statement also
+// prepares it, once.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	counter := &postgres.Counter{}
@@ -40,30 +45,38 @@ func TestRoundTrips(t *testing.T) {
 	t.Cleanup(pool.Close)
 	store := postgres.New(pool, nil)
 
-	rdb := redistest.Shared(t) // REDIS_URL
+	rdb := redistest.Shared(t) // REDIS_URL, a client of the test's own
+	redisTrips := &redisRoundTrips{}
+	rdb.AddHook(redisTrips)
 
+	// trips are the round trips of a first request, of its first replay
+	// and of a replay after that, to PostgreSQL or to Redis.
+	type trips struct{ first, replay, again int64 }
 	tests := []struct {
-		name          string
-		redis         bool
-		cachedKeys    bool // the API-key cache in front of the store, warm
-		recordCache   bool // the in-process cache of completed records
-		first, replay int64
+		name        string
+		redis       bool
+		cachedKeys  bool // the API-key cache in front of the store, warm
+		recordCache bool // the in-process cache of completed records
+		pg, onRedis trips
 	}{
-		// The API-key look-up, then the pipeline; a replay's pipeline finds
-		// the record and writes nothing.
-		{name: "postgres", first: 2, replay: 2},
-		{name: "postgres with redis", redis: true, first: 2, replay: 1}, // replay: the API-key look-up only
+		// The API-key look-up, then the statement; a replay's statement
+		// finds the record and writes nothing.
+		{name: "postgres", pg: trips{2, 2, 2}},
+		// The first replay reads the record through from PostgreSQL into
+		// Redis; after that, only the API-key look-up.
+		{name: "postgres with redis", redis: true, pg: trips{2, 2, 1}, onRedis: trips{1, 2, 1}},
 		// A warm API-key cache (serve's default) saves the look-up. A
 		// replay on a replica that has not seen the key yet (so not in its
-		// record cache) costs the one pipeline.
-		{name: "postgres, keys cached", cachedKeys: true, first: 1, replay: 1},
-		{name: "postgres with redis, keys cached", redis: true, cachedKeys: true, first: 1, replay: 0},
-		// serve's default wiring.
-		{name: "postgres, keys and records cached", cachedKeys: true, recordCache: true, first: 1, replay: 0},
-		{name: "postgres with redis, keys and records cached", redis: true, cachedKeys: true, recordCache: true, first: 1, replay: 0},
+		// record cache) costs the one statement.
+		{name: "postgres, keys cached", cachedKeys: true, pg: trips{1, 1, 1}},
+		{name: "postgres with redis, keys cached", redis: true, cachedKeys: true, pg: trips{1, 1, 0}, onRedis: trips{1, 2, 1}},
+		// serve's default wiring: the replica that ran the request answers
+		// its replays from its own record cache.
+		{name: "postgres, keys and records cached", cachedKeys: true, recordCache: true, pg: trips{1, 0, 0}},
+		{name: "postgres with redis, keys and records cached", redis: true, cachedKeys: true, recordCache: true, pg: trips{1, 0, 0}, onRedis: trips{1, 0, 0}},
 	}
 	for _, tt := range tests {
-		// Not parallel: the cases share the counter.
+		// Not parallel: the cases share the counters.
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := httpapi.Config{}
 			keys := store.DeferredKeys()
@@ -86,19 +99,45 @@ func TestRoundTrips(t *testing.T) {
 			require.Equal(t, "true", b.createOrder(t, warm, seedBody).HTTPResponse.Header.Get("Idempotent-Replayed"), "warm-up replay")
 			key := "round-trips-" + tt.name
 
-			before, statements := counter.RoundTrips.Load(), counter.Statements.Load()
+			pgBefore, redisBefore, statements := counter.RoundTrips.Load(), redisTrips.n.Load(), counter.Statements.Load()
 			require.Equal(t, http.StatusCreated, b.createOrder(t, key, seedBody).StatusCode())
-			require.Equal(t, tt.first, counter.RoundTrips.Load()-before, "round trips of a first request")
+			require.Equal(t, tt.pg.first, counter.RoundTrips.Load()-pgBefore, "PostgreSQL round trips of a first request")
+			require.Equal(t, tt.onRedis.first, redisTrips.n.Load()-redisBefore, "Redis round trips of a first request")
 			// One statement: the key row with the response, the order
 			// guarded by it and what held the key, as CTEs; and the
 			// API-key look-up when it is not cached.
-			wantStatements := tt.first
-			require.Equal(t, wantStatements, counter.Statements.Load()-statements, "statements of a first request")
+			require.Equal(t, tt.pg.first, counter.Statements.Load()-statements, "statements of a first request")
 
-			before = counter.RoundTrips.Load()
-			replay := b.createOrder(t, key, seedBody)
-			require.Equal(t, "true", replay.HTTPResponse.Header.Get("Idempotent-Replayed"))
-			require.Equal(t, tt.replay, counter.RoundTrips.Load()-before, "round trips of a replay")
+			for _, replay := range []struct {
+				what      string
+				pg, redis int64
+			}{{"its first replay", tt.pg.replay, tt.onRedis.replay}, {"a replay after that", tt.pg.again, tt.onRedis.again}} {
+				pgBefore, redisBefore = counter.RoundTrips.Load(), redisTrips.n.Load()
+				r := b.createOrder(t, key, seedBody)
+				require.Equal(t, "true", r.HTTPResponse.Header.Get("Idempotent-Replayed"), replay.what)
+				require.Equal(t, replay.pg, counter.RoundTrips.Load()-pgBefore, "PostgreSQL round trips of %s", replay.what)
+				require.Equal(t, replay.redis, redisTrips.n.Load()-redisBefore, "Redis round trips of %s", replay.what)
+			}
 		})
+	}
+}
+
+// redisRoundTrips counts a Redis client's round trips: a command sent
+// alone is one, and so is a pipeline.
+type redisRoundTrips struct{ n atomic.Int64 }
+
+func (c *redisRoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *redisRoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *redisRoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
 	}
 }

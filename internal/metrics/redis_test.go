@@ -52,6 +52,7 @@ func TestRedisMetrics(t *testing.T) {
 			b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, DeferredKeys: redisstore.Wrap(fast, store.DeferredKeys())}})
 
 			b.createOrder(t, "redis-metrics", seedBody)                                                               // miss
+			b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-metrics") // miss, read through
 			b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-metrics") // hit
 			b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-metrics") // hit
 

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -54,18 +55,21 @@ func privateRedis(t *testing.T) (rdb redis.UniversalClient, stop func()) {
 }
 
 // TestConformance: with the fast path in front, pgstore keeps every promise
-// of the store contract (redisstore's own tests run it on memstore).
+// of the store contract (redisstore's own tests run it on memstore), with
+// and without the in-flight marker.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "conformance:"})
-	t.Run("pgstore", func(t *testing.T) {
-		t.Parallel()
-		storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[pgx.Tx](fast)))
-	})
-	t.Run("pgstore deferred", func(t *testing.T) {
-		t.Parallel()
-		storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[*pgstore.Batch](fast)))
-	})
+	for _, shed := range []bool{false, true} {
+		fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "conformance:", ShedDuplicates: shed})
+		t.Run(fmt.Sprintf("pgstore, shed duplicates %t", shed), func(t *testing.T) {
+			t.Parallel()
+			storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[pgx.Tx](fast)))
+		})
+		t.Run(fmt.Sprintf("pgstore deferred, shed duplicates %t", shed), func(t *testing.T) {
+			t.Parallel()
+			storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[*pgstore.Batch](fast)))
+		})
+	}
 }
 
 func infront[U any](fast *redisstore.Store) func(*testing.T, idempotency.Store[U]) idempotency.Store[U] {
@@ -117,31 +121,46 @@ func resp201(body string) idempotency.Response {
 	return idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body)}
 }
 
+// TestReplaysAreServedFromRedis: replays reach PostgreSQL at most once.
+// Without the marker the first replay reads the record through (a first
+// request caches nothing); with it the first request cached its record at
+// commit.
 func TestReplaysAreServedFromRedis(t *testing.T) {
 	t.Parallel()
-	inner := &counting{Store: pgStore(t)}
-	obs := &observed{}
-	fast := fastPath(redistest.Shared(t), redisstore.Config{Observer: obs}, inner)
-	scope := rand.Text()
-	ctx := context.Background()
+	for _, tt := range []struct {
+		shed   bool
+		claims int64 // claims that reach PostgreSQL: the first request's, and the read-through's
+	}{{shed: false, claims: 2}, {shed: true, claims: 1}} {
+		t.Run(fmt.Sprintf("shed duplicates %t", tt.shed), func(t *testing.T) {
+			t.Parallel()
+			inner := &counting{Store: pgStore(t)}
+			obs := &observed{}
+			fast := fastPath(redistest.Shared(t), redisstore.Config{Observer: obs, ShedDuplicates: tt.shed}, inner)
+			scope := rand.Text()
+			ctx := context.Background()
 
-	lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
-	require.NoError(t, err)
-	require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+			lease, _, err := fast.Claim(ctx, claimReq(scope, "k"))
+			require.NoError(t, err)
+			require.NoError(t, lease.Commit(ctx, resp201(`{"id":"1"}`)))
+			hitsBefore := obs.hit.Load()
 
-	for range 10 {
-		_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
-		require.NoError(t, err)
-		require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
-		require.Equal(t, 201, rec.Response.Status)
-		require.Equal(t, idempotency.Fingerprint{7}, rec.Fingerprint)
+			const replays = 10
+			for range replays {
+				_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+				require.NoError(t, err)
+				require.Equal(t, `{"id":"1"}`, string(rec.Response.Body))
+				require.Equal(t, 201, rec.Response.Status)
+				require.Equal(t, idempotency.Fingerprint{7}, rec.Fingerprint)
+			}
+			require.EqualValues(t, tt.claims, inner.claims.Load(), "replays reach PostgreSQL at most once")
+			// Each replay's look-up is a hit, unless Redis answered it after
+			// its read timeout (a loaded machine): then PostgreSQL or the
+			// marker script answered instead.
+			hits := obs.hit.Load() - hitsBefore
+			require.GreaterOrEqual(t, hits+obs.errs.Load(), int64(replays)-(tt.claims-1), "replays answered by Redis")
+			require.Positive(t, hits, "replays found by their look-up")
+		})
 	}
-	require.EqualValues(t, 1, inner.claims.Load(), "replays must not reach PostgreSQL")
-	// Each replay's first look-up is a hit, unless Redis answered it after
-	// its read timeout (a loaded machine): then the marker script found the
-	// record instead, still on Redis.
-	require.EqualValues(t, 10, obs.hit.Load()+obs.errs.Load(), "one look-up result per replay")
-	require.Positive(t, obs.hit.Load(), "replays found by their look-up")
 }
 
 func TestRedisDownAtStartFallsBackToPostgres(t *testing.T) {
@@ -184,7 +203,7 @@ func TestStaleMarkerDefersToPostgres(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, marker, "someone-else", time.Minute).Err())
 	t.Cleanup(func() { rdb.Del(context.Background(), marker) })
 
-	fast := fastPath(rdb, redisstore.Config{}, store)
+	fast := fastPath(rdb, redisstore.Config{ShedDuplicates: true}, store)
 	req := claimReq(scope, "k")
 	req.Wait = 300 * time.Millisecond
 	start := time.Now()
@@ -217,8 +236,9 @@ func TestFlushedRedisKeepsAnsweringCorrectly(t *testing.T) {
 	require.EqualValues(t, 2, inner.claims.Load(), "the first miss refilled the cache")
 }
 
-// TestMarkerShedsDuplicates: while the first request holds the key, its
-// duplicates wait on Redis and do not each take a database connection.
+// TestMarkerShedsDuplicates: with ShedDuplicates, while the first request
+// holds the key, its duplicates wait on Redis and do not each take a
+// database connection.
 func TestMarkerShedsDuplicates(t *testing.T) {
 	t.Parallel()
 	inner := &counting{Store: pgStore(t)}
@@ -226,7 +246,7 @@ func TestMarkerShedsDuplicates(t *testing.T) {
 	rdb := redistest.Shared(t) // a client of the test's own
 	polls := &markerPolls{seen: map[int]bool{}}
 	rdb.AddHook(polls)
-	fast := fastPath(rdb, redisstore.Config{Observer: obs}, inner)
+	fast := fastPath(rdb, redisstore.Config{Observer: obs, ShedDuplicates: true}, inner)
 	scope := rand.Text()
 	ctx := context.Background()
 
@@ -333,37 +353,55 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-// TestRedisCommandsPerRequest pins what the fast path costs in Redis: a
-// first request looks its record up, takes the marker (a script that looks
-// again in the same step) and, once committed, caches the record and gives
-// the marker up (another script); a replay is one look-up.
+// TestRedisCommandsPerRequest pins what the fast path costs in Redis. A
+// first request looks its record up, and that is all; with ShedDuplicates
+// it also takes the marker (a script that looks again in the same step)
+// and, once committed, caches the record and gives the marker up (another
+// script). A replay is one look-up, and the first replay of a record that
+// was not cached reads it through: the look-up and the write.
 func TestRedisCommandsPerRequest(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Shared(t)
-	counter := &commandCounter{}
-	rdb.AddHook(counter)
-	fast := fastPath(rdb, redisstore.Config{}, pgStore(t))
-	scope := rand.Text()
-	ctx := context.Background()
-	first := func(key string) {
-		t.Helper()
-		lease, rec, err := fast.Claim(ctx, claimReq(scope, key))
-		require.NoError(t, err, "claim %s", key)
-		require.Nil(t, rec, "claim %s: a record for a new key", key)
-		require.NoError(t, lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)), "commit %s", key)
+	tests := []struct {
+		shed                       bool
+		first, firstReplay, replay int64
+	}{
+		{shed: false, first: 1, firstReplay: 2, replay: 1},
+		{shed: true, first: 3, firstReplay: 1, replay: 1},
 	}
-	first("warm-up") // Redis may not know the scripts yet (EVALSHA, then EVAL)
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("shed duplicates %t", tt.shed), func(t *testing.T) {
+			t.Parallel()
+			rdb := redistest.Shared(t) // a client of the test's own
+			counter := &commandCounter{}
+			rdb.AddHook(counter)
+			fast := fastPath(rdb, redisstore.Config{ShedDuplicates: tt.shed}, pgStore(t))
+			scope := rand.Text()
+			ctx := context.Background()
+			first := func(key string) {
+				t.Helper()
+				lease, rec, err := fast.Claim(ctx, claimReq(scope, key))
+				require.NoError(t, err, "claim %s", key)
+				require.Nil(t, rec, "claim %s: a record for a new key", key)
+				require.NoError(t, lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)), "commit %s", key)
+			}
+			replay := func(what string, want int64) {
+				t.Helper()
+				counter.n.Store(0)
+				_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
+				require.NoError(t, err, what)
+				require.NotNil(t, rec, "%s: the record", what)
+				require.Equal(t, `{"key":"k"}`, string(rec.Response.Body), "%s: the replayed body", what)
+				require.Equal(t, want, counter.n.Load(), "Redis commands of %s", what)
+			}
+			first("warm-up") // Redis may not know the scripts yet (EVALSHA, then EVAL)
 
-	counter.n.Store(0)
-	first("k")
-	require.EqualValues(t, 3, counter.n.Load(), "Redis commands of a first request")
-
-	counter.n.Store(0)
-	_, rec, err := fast.Claim(ctx, claimReq(scope, "k"))
-	require.NoError(t, err, "replay")
-	require.NotNil(t, rec, "the replay's record")
-	require.Equal(t, `{"key":"k"}`, string(rec.Response.Body), "the replayed body")
-	require.EqualValues(t, 1, counter.n.Load(), "Redis commands of a replay")
+			counter.n.Store(0)
+			first("k")
+			require.Equal(t, tt.first, counter.n.Load(), "Redis commands of a first request")
+			replay("the first replay", tt.firstReplay)
+			replay("a replay", tt.replay)
+		})
+	}
 }
 
 // TestUnusableCachedRecordIsReplaced: a record this replica cannot read
@@ -375,7 +413,7 @@ func TestUnusableCachedRecordIsReplaced(t *testing.T) {
 	rdb := redistest.Shared(t)
 	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := fastPath(rdb, redisstore.Config{Observer: obs, Poll: time.Second}, inner)
+	fast := fastPath(rdb, redisstore.Config{Observer: obs, Poll: time.Second, ShedDuplicates: true}, inner)
 	scope := rand.Text()
 	ctx := context.Background()
 
@@ -421,10 +459,19 @@ func TestForgedRecordsAreNotReplayed(t *testing.T) {
 		require.Nil(t, rec, "a new key of %s", scope)
 		require.NoError(t, lease.Commit(ctx, resp201(body)), "commit %s", scope)
 	}
+	// readThrough replays scope's key on s, which caches the record from
+	// the durable store (a commit caches nothing).
+	readThrough := func(s idempotency.Store[pgx.Tx], scope, body string) {
+		t.Helper()
+		_, rec, err := s.Claim(ctx, claimReq(scope, "k"))
+		require.NoError(t, err, "replay %s", scope)
+		require.Equal(t, body, string(rec.Response.Body), "the replay of %s", scope)
+	}
 
 	t.Run("sealed under another secret", func(t *testing.T) {
 		scope := rand.Text()
-		forger := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: []byte("not the service's secret at all")}), memstore.New())
+		// A forger that caches at commit: it could write anything anyway.
+		forger := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: []byte("not the service's secret at all"), ShedDuplicates: true}), memstore.New())
 		lease, _, err := forger.Claim(ctx, claimReq(scope, "k"))
 		require.NoError(t, err, "the forger's claim")
 		require.NoError(t, lease.Commit(ctx, resp201(`{"forged":true}`)), "the forger caches its record")
@@ -444,6 +491,7 @@ func TestForgedRecordsAreNotReplayed(t *testing.T) {
 		victim, other := rand.Text(), rand.Text()
 		commit(inner, victim, `{"owner":"victim"}`) // through PostgreSQL alone: nothing cached
 		commit(store, other, `{"owner":"other"}`)
+		readThrough(store, other, `{"owner":"other"}`)
 		otherKey, _ := fast.KeyNames(other, "k")
 		victimKey, _ := fast.KeyNames(victim, "k")
 		raw, err := rdb.Get(ctx, otherKey).Bytes()
@@ -460,6 +508,7 @@ func TestForgedRecordsAreNotReplayed(t *testing.T) {
 	t.Run("replicas share the secret and the records", func(t *testing.T) {
 		scope := rand.Text()
 		commit(store, scope, `{"shared":true}`)
+		readThrough(store, scope, `{"shared":true}`)
 		replicaObs := &observed{}
 		replica := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: replicaObs}), idempotency.Store[pgx.Tx](inner))
 		claims := inner.claims.Load()
