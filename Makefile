@@ -296,19 +296,19 @@ bench: ## load benchmark: idempotent POST /orders against the baseline, side by 
 	@tools/docs-images.sh record benchmarks
 
 .PHONY: bench/micro
-bench/micro: ## Go micro-benchmarks (canonical JSON, fingerprint, middleware on the in-memory store), benchstat-comparable
-	cd idempotency && $(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/canonjson/ .
+bench/micro: ## Go micro-benchmarks (canonical JSON, packed records, fingerprint, the engine in process on memstore against a bare handler, the service's middleware on the in-memory store), benchstat-comparable
+	cd idempotency && $(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/canonjson/ ./internal/recordpack/ .
 	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/httpapi/
 
 # The fuzz targets, each with its package's directory: `make fuzz` runs each
 # for FUZZTIME (30s by default), .ci/run for a few seconds each.
 FUZZ_TARGETS := FuzzCanonicalize:idempotency/internal/canonjson FuzzDifferentMeaning:idempotency/internal/canonjson \
 	FuzzCheckFast:idempotency/internal/canonjson FuzzWriteFast:idempotency/internal/canonjson \
-	FuzzCanonicalForm:idempotency/internal/canonform \
+	FuzzCanonicalForm:idempotency/internal/canonform FuzzRoundTrip:idempotency/internal/recordpack \
 	FuzzFingerprint:idempotency FuzzHandler:internal/httpapi FuzzOperationsOnPostgres:internal/httpapi
 
 .PHONY: fuzz
-fuzz: ## run every fuzz target (canonical JSON and forms, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)
+fuzz: ## run every fuzz target (canonical JSON and forms, packed records, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)
 	@set -e; for target in $(FUZZ_TARGETS); do \
 	  echo "== $${target%%:*}"; \
 	  (cd "$${target#*:}" && $(GO) test -run='^$$' -fuzz="^$${target%%:*}$$" -fuzztime=$(or $(FUZZTIME),30s) -fuzzminimizetime=$(or $(FUZZTIME),30s) .); \

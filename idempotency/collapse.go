@@ -14,7 +14,10 @@ import (
 // only an optimisation: the store alone decides who runs the operation, on
 // this instance or any other.
 type collapser struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// running holds the keys held on this instance, each with the channel
+	// closed when its holder leaves: nil until a duplicate comes to wait on
+	// it, as most keys never see one.
 	running map[flightKey]chan struct{}
 }
 
@@ -26,37 +29,49 @@ type flightKey struct {
 func newCollapser() *collapser { return &collapser{running: map[flightKey]chan struct{}{}} }
 
 // enter lets the first request for (scope, key) through at once, holding
-// the key on this instance until it calls leave. A concurrent duplicate
-// waits until that holder has finished and is then let through too, with
-// every other request that waited (leave is then a no-op for it): by then
-// the key's outcome is stored, so they are quick replays, and serialising
-// them would only make some of them time out into a false 202. It gives up
-// when wait runs out or ctx ends, and then reports false. queued reports
-// whether the request waited behind another.
-func (c *collapser) enter(ctx context.Context, scope, key string, wait time.Duration) (leave func(), queued, ok bool) {
+// the key on this instance until it calls leave (holds reports that it
+// must). A concurrent duplicate waits until that holder has finished and
+// is then let through too, with every other request that waited, holding
+// nothing: by then the key's outcome is stored, so they are quick replays,
+// and serialising them would only make some of them time out into a false
+// 202. It gives up when wait runs out or ctx ends, and then reports false.
+// queued reports whether the request waited behind another. The holder's
+// way through allocates nothing: it is every request's.
+func (c *collapser) enter(ctx context.Context, scope, key string, wait time.Duration) (holds, queued, ok bool) {
 	k := flightKey{scope, key}
 	c.mu.Lock()
-	busy, held := c.running[k]
-	if !held {
-		done := make(chan struct{})
-		c.running[k] = done
+	busy, running := c.running[k]
+	if !running {
+		c.running[k] = nil
 		c.mu.Unlock()
-		return func() {
-			c.mu.Lock()
-			delete(c.running, k)
-			c.mu.Unlock()
-			close(done)
-		}, false, true
+		return true, false, true
+	}
+	if busy == nil {
+		busy = make(chan struct{})
+		c.running[k] = busy
 	}
 	c.mu.Unlock()
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case <-busy:
-		return func() {}, true, true
+		return false, true, true
 	case <-timer.C:
-		return nil, true, false
+		return false, true, false
 	case <-ctx.Done():
-		return nil, true, false
+		return false, true, false
+	}
+}
+
+// leave ends the hold of (scope, key) that enter gave, letting through
+// whoever waits for it.
+func (c *collapser) leave(scope, key string) {
+	k := flightKey{scope, key}
+	c.mu.Lock()
+	busy := c.running[k]
+	delete(c.running, k)
+	c.mu.Unlock()
+	if busy != nil {
+		close(busy)
 	}
 }

@@ -232,9 +232,9 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		return s.refuse(err), nil
 	}
 	until := time.Now().Add(held.Lease)
-	dctx, cancel := detach(ctx)
+	dctx := detach(ctx)
 	err := lease.Commit(dctx, Held{State: HeldRunning, Until: until}.Response())
-	cancel()
+	dctx.cancel()
 	ref := lease.Ref()
 	if err != nil {
 		var taken *TakenError
@@ -243,14 +243,14 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		}
 		// The hold may have committed all the same (its answer lost):
 		// nothing ran, so free the key if it is held under this claim.
-		rctx, cancel := detach(ctx)
+		rctx := detach(ctx)
 		_, _ = held.settler.Release(rctx, ref)
-		cancel()
+		rctx.cancel()
 		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
 	}
 	settle := func(resp *Response) {
-		sctx, cancel := detach(ctx)
-		defer cancel()
+		sctx := detach(ctx)
+		defer sctx.cancel()
 		var settled bool
 		var err error
 		if resp == nil {

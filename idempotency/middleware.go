@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -192,7 +194,14 @@ type Operation[U any] struct {
 	store Store[U]
 	cfg   OperationConfig
 	held  *heldOperation // nil unless declared by NewHeldOperation
+	// named is the label last made of a method and route, for an operation
+	// without a name: an operation is nearly always served on one route,
+	// so its requests share one label instead of each making its own.
+	named atomic.Pointer[routeLabel]
 }
+
+// routeLabel is the label of an operation served with method on route.
+type routeLabel struct{ method, route, label string }
 
 // NewOperation declares an operation of e whose keys store keeps.
 func NewOperation[U any](e *Engine, store Store[U], cfg OperationConfig) *Operation[U] {
@@ -316,15 +325,44 @@ func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	if r.ContentLength > limit {
 		return nil, fmt.Errorf("%w: the body is %d bytes; the limit is %d", ErrBodyTooLarge, r.ContentLength, limit)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		return nil, fmt.Errorf("%w: the body exceeds the limit of %d bytes", ErrBodyTooLarge, tooLarge.Limit)
-	case err != nil:
-		return nil, fmt.Errorf("%w: the request body broke off: %w", ErrMalformedBody, err)
+	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), r.ContentLength)
+	if err == nil {
+		return body, nil
 	}
-	return body, nil
+	// Declared only here: errors.As moves it to the heap.
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return nil, fmt.Errorf("%w: the body exceeds the limit of %d bytes", ErrBodyTooLarge, tooLarge.Limit)
+	}
+	return nil, fmt.Errorf("%w: the request body broke off: %w", ErrMalformedBody, err)
+}
+
+// readAll is io.ReadAll, but starts with a buffer of size bytes (and one
+// more, for the read that finds the end) where size, the body's
+// Content-Length, is below the 512 bytes io.ReadAll starts with: most
+// bodies are small, and a request then allocates what its body needs. A
+// Content-Length is only the client's word, so it never makes the first
+// buffer larger than io.ReadAll's.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	const start = 512
+	n := start
+	if size >= 0 && size < start {
+		n = int(size) + 1
+	}
+	b := make([]byte, 0, n)
+	for {
+		m, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+m]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grow as io.ReadAll does
+		}
+	}
 }
 
 // label names the operation of r for metrics.
@@ -332,7 +370,21 @@ func (o *Operation[U]) label(r *http.Request) string {
 	if o.cfg.Name != "" {
 		return o.cfg.Name
 	}
-	return OperationName(r.Method, o.e.cfg.Route(r))
+	return o.labelOf(r.Method, o.e.cfg.Route(r))
+}
+
+// labelOf names the operation, served with method on route, for metrics:
+// OperationName(method, route) unless it has a name of its own.
+func (o *Operation[U]) labelOf(method, route string) string {
+	if o.cfg.Name != "" {
+		return o.cfg.Name
+	}
+	if l := o.named.Load(); l != nil && l.method == method && l.route == route {
+		return l.label
+	}
+	l := &routeLabel{method: method, route: route, label: OperationName(method, route)}
+	o.named.Store(l)
+	return l.label
 }
 
 // Serve runs the protocol for a prepared request: it answers a repeat from
@@ -345,14 +397,15 @@ func (o *Operation[U]) label(r *http.Request) string {
 func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared, next http.Handler) Outcome {
 	ctx := r.Context()
 	route := o.e.cfg.Route(r)
-	s := &serving[U]{op: o, w: w, r: r, in: in, label: o.cfg.Name}
-	if s.label == "" {
-		s.label = OperationName(r.Method, route)
-	}
+	s := &serving[U]{op: o, w: w, r: r, in: in, label: o.labelOf(r.Method, route)}
 	if in.Scope == "" {
 		return s.refuse(ErrNoScope)
 	}
-	w.Header().Set(HeaderKey, in.Key)
+	if h := w.Header(); len(h[HeaderKey]) != 1 || h[HeaderKey][0] != in.Key {
+		// Operation.Handler has set it already; a front door of its own
+		// may not have.
+		h.Set(HeaderKey, in.Key)
+	}
 	if n := len(r.Header.Values("Content-Type")); n > 1 && len(in.Body) > 0 {
 		// Which one a server reads differs: the body must be read one way
 		// only, the way it is fingerprinted.
@@ -362,7 +415,11 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	if err != nil {
 		return s.refuse(err)
 	}
-	s.fp = fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), r.URL.Query(), media, canonical)
+	var query url.Values // none, as most requests have, is nil: Encode makes "" of both
+	if r.URL.RawQuery != "" {
+		query = r.URL.Query()
+	}
+	s.fp = fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), query, media, canonical)
 	s.body = in.Body
 	if len(canonical) > 0 {
 		// The operation decodes exactly the form that was fingerprinted, so
@@ -375,14 +432,16 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	claimStart := time.Now()
 	// Concurrent duplicates on this process queue here, one at a time to
 	// the store, within the same wait budget.
-	leave, queued, ok := o.e.inFlight.enter(ctx, in.Scope, in.Key, o.cfg.Wait)
+	holds, queued, ok := o.e.inFlight.enter(ctx, in.Scope, in.Key, o.cfg.Wait)
 	if !ok && ctx.Err() != nil {
 		return s.fail(ctx.Err())
 	}
 	if !ok {
 		return s.answer(nil, ErrInFlight, time.Since(claimStart))
 	}
-	defer leave()
+	if holds {
+		defer o.e.inFlight.leave(in.Scope, in.Key)
+	}
 	// A request that queued behind a duplicate almost surely finds the key
 	// taken: it claims in the way that answers from the record without
 	// running the operation at all.
@@ -407,10 +466,12 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 			} else {
 				outcome, err = s.run(lease, next)
 			}
+			if err == nil {
+				return outcome
+			}
+			// Declared only here: errors.As moves it to the heap.
 			var taken *TakenError
 			switch {
-			case err == nil:
-				return outcome
 			case errors.As(err, &taken) && taken.Record == nil && !contended:
 				// A concurrent first request got the key between the look
 				// and the insert of a deferred claim: claim again, now,
@@ -448,6 +509,8 @@ type serving[U any] struct {
 	label string
 	fp    Fingerprint
 	body  []byte // canonical (JSON, forms), else as sent
+	// ran is what run hands the operation, allocated with the rest.
+	ran running
 }
 
 // answer responds to a request that did not run the operation: its key holds
@@ -515,9 +578,11 @@ func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
 		return s.refuse(err), nil
 	}
 
-	rec := newRecorder()
+	s.ran.rec = recorder{header: http.Header{}, status: http.StatusOK}
+	s.ran.body.Reset(s.body)
+	rec := &s.ran.rec
 	inner := s.r.WithContext(context.WithValue(ctx, leaseKey[U]{s.op}, lease))
-	inner.Body = io.NopCloser(bytes.NewReader(s.body))
+	inner.Body = &s.ran.body
 	inner.ContentLength = int64(len(s.body))
 	next.ServeHTTP(rec, inner)
 
@@ -534,8 +599,8 @@ func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
 	stored := Response{Status: rec.status, Header: rec.allowed(e.stored), Body: rec.body.Bytes()}
 	// The operation ran; finish storing it even if the client went away, so
 	// its retry replays instead of finding nothing.
-	dctx, cancel := detach(ctx)
-	defer cancel()
+	dctx := detach(ctx)
+	defer dctx.cancel()
 	if err := lease.Commit(dctx, stored); err != nil {
 		ended = true // a failed commit has rolled back
 		var taken *TakenError
@@ -549,11 +614,37 @@ func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
 	return s.report(OutcomeExecuted), nil
 }
 
+// running is what run hands the operation: the recorder it writes its
+// response to, and its body. It is part of serving, so as to cost no
+// allocation of its own.
+type running struct {
+	rec  recorder
+	body bodyReader
+}
+
+// bodyReader is the body an operation reads: the request's, canonical
+// where its media type has a canonical form. It reads as io.NopCloser of a
+// bytes.Reader does, without their two allocations.
+type bodyReader struct{ r bytes.Reader }
+
+// Reset makes b read body from its start.
+func (b *bodyReader) Reset(body []byte) { b.r.Reset(body) }
+
+// Read implements io.Reader.
+func (b *bodyReader) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// WriteTo implements io.WriterTo, as io.NopCloser's reader does for a
+// reader that has it: io.Copy then hands the body over in one write.
+func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
+
+// Close implements io.Closer: there is nothing to release.
+func (b *bodyReader) Close() error { return nil }
+
 // rollback rolls lease back, even if the client went away.
 func (s *serving[U]) rollback(lease Lease[U]) {
 	ctx := s.r.Context()
-	dctx, cancel := detach(ctx)
-	defer cancel()
+	dctx := detach(ctx)
+	defer dctx.cancel()
 	if err := lease.Rollback(dctx); err != nil {
 		s.op.e.cfg.Logger.ErrorContext(ctx, "idempotency: rollback failed", "err", err)
 	}
@@ -563,13 +654,30 @@ func (s *serving[U]) rollback(lease Lease[U]) {
 // allow-listed headers, and Idempotent-Replayed.
 func (e *Engine) replay(w http.ResponseWriter, resp Response) {
 	h := w.Header()
-	for name, values := range resp.Header {
-		if !neverReplayed[http.CanonicalHeaderKey(name)] {
-			h[name] = append([]string(nil), values...)
-		}
+	n := 0
+	for _, values := range resp.Header {
+		n += len(values)
 	}
-	h.Set(HeaderReplayed, "true")
-	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	// The values are copied into one slice, each header's with no spare
+	// capacity (as http.Header.Clone does), so that appending to one never
+	// writes into another; the replay's own two headers come last.
+	all := make([]string, 0, n+2)
+	for name, values := range resp.Header {
+		if neverReplayed[http.CanonicalHeaderKey(name)] {
+			continue
+		}
+		if len(values) == 0 {
+			h[name] = nil
+			continue
+		}
+		start := len(all)
+		all = append(all, values...)
+		h[name] = all[start:len(all):len(all)]
+	}
+	end := len(all)
+	all = append(all, "true", strconv.Itoa(len(resp.Body)))
+	h[HeaderReplayed] = all[end : end+1 : end+1]
+	h["Content-Length"] = all[end+1 : end+2 : end+2]
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
 }
@@ -654,18 +762,6 @@ func Replayable(status int) bool {
 		return false
 	}
 	return status < 500
-}
-
-// detach keeps ctx's values but not its cancellation: once the operation
-// has run, its outcome is stored even if the client disconnected. It keeps
-// ctx's deadline, so that a store that stops answering turns a request into
-// an error at its deadline rather than later, and bounds the rest to 10s.
-func detach(ctx context.Context) (context.Context, context.CancelFunc) {
-	deadline := time.Now().Add(10 * time.Second)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
 // Unsafe reports whether method changes state (RFC 9110 §9.2.1), and so

@@ -16,10 +16,6 @@ type recorder struct {
 	body        bytes.Buffer
 }
 
-func newRecorder() *recorder {
-	return &recorder{header: http.Header{}, status: http.StatusOK}
-}
-
 func (r *recorder) Header() http.Header { return r.header }
 
 func (r *recorder) WriteHeader(status int) {
@@ -35,12 +31,25 @@ func (r *recorder) Write(p []byte) (int, error) {
 	return r.body.Write(p)
 }
 
-// allowed returns the allow-listed headers, which are what a replay carries.
+// allowed returns the allow-listed headers, which are what a replay
+// carries. Their values are copies, made in one slice, each header's with
+// no spare capacity (as http.Header.Clone does), so that appending to one
+// never writes into another.
 func (r *recorder) allowed(names []string) http.Header {
 	out := http.Header{}
+	n := 0
+	for _, name := range names {
+		n += len(r.header.Values(name))
+	}
+	if n == 0 {
+		return out
+	}
+	all := make([]string, 0, n)
 	for _, name := range names {
 		if v := r.header.Values(name); len(v) > 0 {
-			out[http.CanonicalHeaderKey(name)] = append([]string(nil), v...)
+			start := len(all)
+			all = append(all, v...)
+			out[http.CanonicalHeaderKey(name)] = all[start:len(all):len(all)]
 		}
 	}
 	return out

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/internal/recordpack"
 )
 
 // Store implements idempotency.Store[*Tx].
@@ -23,7 +24,7 @@ type Store struct {
 	now func() time.Time
 
 	mu   sync.Mutex
-	keys map[scopedKey]*entry
+	keys map[scopedKey]entry
 }
 
 type scopedKey struct {
@@ -31,40 +32,55 @@ type scopedKey struct {
 	key   string
 }
 
-// entry is a key's state: in flight (rec == nil, done open) or completed.
+// entry is a key's state: in flight (holder set) or completed (rec set).
+// Entries are kept by value and a completed one points at nothing but its
+// packed record, which holds no pointers: however many keys the store
+// keeps, the garbage collector walks little more than the map.
 type entry struct {
-	rec       *idempotency.Record
-	done      chan struct{} // closed when the in-flight holder settles
-	claimedAt time.Time
+	holder    *lease            // the lease running the key's operation; nil once completed
+	rec       recordpack.Packed // the completed record
+	claimedAt time.Time         // the record's CreatedAt once completed
+	ttl       time.Duration     // the record's ExpiresAt is claimedAt + ttl
 }
+
+// expiresAt is when the completed record of e expires.
+func (e entry) expiresAt() time.Time { return e.claimedAt.Add(e.ttl) }
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{now: time.Now, keys: map[scopedKey]*entry{}}
+	return &Store{now: time.Now, keys: map[scopedKey]entry{}}
 }
 
 // Claim implements idempotency.Store. Claims are never deferred: in memory
 // there is no round trip to save.
 func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Tx], *idempotency.Record, error) {
 	k := scopedKey{req.Scope, req.Key}
-	timer := time.NewTimer(req.Wait)
-	defer timer.Stop()
+	// The timer is started by the first wait only: most claims never wait.
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		s.mu.Lock()
-		e := s.keys[k]
-		if e == nil || (e.rec != nil && !s.now().Before(e.rec.ExpiresAt)) {
-			e = &entry{done: make(chan struct{}), claimedAt: s.now()}
-			s.keys[k] = e
+		e, ok := s.keys[k]
+		if !ok || (e.holder == nil && !s.now().Before(e.expiresAt())) {
+			l := &lease{s: s, k: k, fingerprint: req.Fingerprint, ttl: req.TTL, claimedAt: s.now()}
+			s.keys[k] = entry{holder: l, claimedAt: l.claimedAt}
 			s.mu.Unlock()
-			return &lease{s: s, k: k, entry: e, fingerprint: req.Fingerprint, ttl: req.TTL, tx: &Tx{}}, nil, nil
+			return l, nil, nil
 		}
-		if e.rec != nil {
-			rec := copyRecord(*e.rec)
+		if e.holder == nil {
 			s.mu.Unlock()
-			return nil, &rec, nil
+			// A packed record never changes: it is unpacked out of the lock.
+			return nil, e.rec.Record(e.claimedAt, e.expiresAt()), nil
 		}
-		done := e.done
+		done := e.holder.settled()
 		s.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(req.Wait)
+		}
 		select {
 		case <-done: // settled: look again
 		case <-timer.C:
@@ -83,13 +99,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 func (s *Store) ReplaceProvisional(ref idempotency.Ref, final idempotency.Response) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.keys[scopedKey{ref.Scope, ref.Key}]
-	if e == nil || e.rec == nil || !e.claimedAt.Equal(ref.ClaimedAt) || e.rec.Response.Status != http.StatusAccepted {
-		return false
-	}
-	rec := copyRecord(idempotency.Record{Fingerprint: e.rec.Fingerprint, Response: final, CreatedAt: e.rec.CreatedAt, ExpiresAt: e.rec.ExpiresAt})
-	e.rec = &rec
-	return true
+	return s.replace(ref, http.StatusAccepted, final)
 }
 
 // Settle implements idempotency.Settler: it replaces the held record
@@ -97,13 +107,7 @@ func (s *Store) ReplaceProvisional(ref idempotency.Ref, final idempotency.Respon
 func (s *Store) Settle(_ context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.heldEntry(ref)
-	if e == nil {
-		return false, nil
-	}
-	rec := copyRecord(idempotency.Record{Fingerprint: e.rec.Fingerprint, Response: resp, CreatedAt: e.rec.CreatedAt, ExpiresAt: e.rec.ExpiresAt})
-	e.rec = &rec
-	return true, nil
+	return s.replace(ref, idempotency.StatusHeld, resp), nil
 }
 
 // Release implements idempotency.Settler: it deletes the held record
@@ -111,20 +115,36 @@ func (s *Store) Settle(_ context.Context, ref idempotency.Ref, resp idempotency.
 func (s *Store) Release(_ context.Context, ref idempotency.Ref) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.heldEntry(ref) == nil {
+	k := scopedKey{ref.Scope, ref.Key}
+	if _, ok := s.completed(k, ref, idempotency.StatusHeld); !ok {
 		return false, nil
 	}
-	delete(s.keys, scopedKey{ref.Scope, ref.Key})
+	delete(s.keys, k)
 	return true, nil
 }
 
-// heldEntry is the entry holding ref's held record, or nil; s.mu is held.
-func (s *Store) heldEntry(ref idempotency.Ref) *entry {
-	e := s.keys[scopedKey{ref.Scope, ref.Key}]
-	if e == nil || e.rec == nil || !e.claimedAt.Equal(ref.ClaimedAt) || e.rec.Response.Status != idempotency.StatusHeld {
-		return nil
+// replace replaces the response of the record of status stored under
+// ref's claim with resp, keeping its fingerprint and times, and reports
+// whether there was one; s.mu is held.
+func (s *Store) replace(ref idempotency.Ref, status int, resp idempotency.Response) bool {
+	k := scopedKey{ref.Scope, ref.Key}
+	e, ok := s.completed(k, ref, status)
+	if !ok {
+		return false
 	}
-	return e
+	e.rec = recordpack.Pack(e.rec.Fingerprint(), resp)
+	s.keys[k] = e
+	return true
+}
+
+// completed is the entry of k if it holds a completed record of status
+// under ref's claim; s.mu is held.
+func (s *Store) completed(k scopedKey, ref idempotency.Ref, status int) (entry, bool) {
+	e, ok := s.keys[k]
+	if !ok || e.holder != nil || !e.claimedAt.Equal(ref.ClaimedAt) || e.rec.Status() != status {
+		return entry{}, false
+	}
+	return e, true
 }
 
 // PurgeExpired implements idempotency.Purger. Batching is moot in memory.
@@ -134,7 +154,7 @@ func (s *Store) PurgeExpired(context.Context, int) (int64, error) {
 	now := s.now()
 	var n int64
 	for k, e := range s.keys {
-		if e.rec != nil && !now.Before(e.rec.ExpiresAt) {
+		if e.holder == nil && !now.Before(e.expiresAt()) {
 			delete(s.keys, k)
 			n++
 		}
@@ -149,17 +169,17 @@ func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
 	now := s.now()
 	var st idempotency.Stats
 	for _, e := range s.keys {
-		if e.rec == nil {
+		if e.holder != nil {
 			st.Processing++
 			st.OldestProcessingAge = max(st.OldestProcessingAge, now.Sub(e.claimedAt))
 			continue
 		}
 		st.Completed++
-		if !now.Before(e.rec.ExpiresAt) {
-			st.CleanupLag = max(st.CleanupLag, now.Sub(e.rec.ExpiresAt))
+		if !now.Before(e.expiresAt()) {
+			st.CleanupLag = max(st.CleanupLag, now.Sub(e.expiresAt()))
 			continue
 		}
-		if h, ok := idempotency.ParseHeld(e.rec.Response); ok {
+		if h, ok := idempotency.ParseHeld(idempotency.Response{Status: e.rec.Status(), Body: e.rec.Body()}); ok {
 			switch h.At(now) {
 			case idempotency.HeldRunning:
 				st.Held++
@@ -200,20 +220,32 @@ func (t *Tx) OnRollback(f func()) {
 type lease struct {
 	s           *Store
 	k           scopedKey
-	entry       *entry
 	fingerprint idempotency.Fingerprint
 	ttl         time.Duration
-	tx          *Tx
+	claimedAt   time.Time
+	tx          Tx
 
 	mu    sync.Mutex
 	ended bool
+	// done is closed when the lease settles, for the claims waiting on it;
+	// made by the first of them, under the store's lock, as most keys are
+	// never waited on.
+	done chan struct{}
 }
 
-func (l *lease) Unit() *Tx { return l.tx }
+// settled returns the channel closed when l settles; s.mu is held.
+func (l *lease) settled() <-chan struct{} {
+	if l.done == nil {
+		l.done = make(chan struct{})
+	}
+	return l.done
+}
+
+func (l *lease) Unit() *Tx { return &l.tx }
 
 func (l *lease) Ref() idempotency.Ref {
 	// Expiry counts from the claim, as in PostgreSQL.
-	return idempotency.Ref{Scope: l.k.scope, Key: l.k.key, ClaimedAt: l.entry.claimedAt}
+	return idempotency.Ref{Scope: l.k.scope, Key: l.k.key, ClaimedAt: l.claimedAt}
 }
 
 func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
@@ -223,12 +255,16 @@ func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
 		return errEnded
 	}
 	l.ended = true
-	claimed := l.entry.claimedAt
-	rec := copyRecord(idempotency.Record{
-		Fingerprint: l.fingerprint, Response: resp, CreatedAt: claimed, ExpiresAt: claimed.Add(l.ttl),
-	})
+	// Packed, the record is the store's own: the committer may reuse its
+	// buffers.
+	rec := recordpack.Pack(l.fingerprint, resp)
 	l.s.mu.Lock()
-	l.entry.rec = &rec
+	if e, ok := l.s.keys[l.k]; ok && e.holder == l {
+		l.s.keys[l.k] = entry{rec: rec, claimedAt: l.claimedAt, ttl: l.ttl}
+	}
+	// Claims from now on find the record; those that wait already are woken
+	// once the hooks have run.
+	done := l.done
 	l.s.mu.Unlock()
 	l.tx.mu.Lock()
 	hooks := l.tx.onCommit
@@ -236,7 +272,9 @@ func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
 	for _, f := range hooks {
 		f()
 	}
-	close(l.entry.done)
+	if done != nil {
+		close(done)
+	}
 	return nil
 }
 
@@ -254,23 +292,15 @@ func (l *lease) Rollback(context.Context) error {
 		f()
 	}
 	l.s.mu.Lock()
-	if l.s.keys[l.k] == l.entry {
+	if e, ok := l.s.keys[l.k]; ok && e.holder == l {
 		delete(l.s.keys, l.k)
 	}
+	done := l.done
 	l.s.mu.Unlock()
-	close(l.entry.done)
+	if done != nil {
+		close(done)
+	}
 	return nil
 }
 
 var errEnded = errors.New("memstore: lease already committed or rolled back")
-
-// copyRecord copies a record in and out of the store: the committer may
-// reuse its buffers, and a replay's caller may write to what it got.
-func copyRecord(r idempotency.Record) idempotency.Record {
-	r.Response.Header = r.Response.Header.Clone()
-	if r.Response.Header == nil {
-		r.Response.Header = http.Header{}
-	}
-	r.Response.Body = slices.Clone(r.Response.Body)
-	return r
-}

@@ -16,15 +16,14 @@
 package recordcache
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"net/http"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/internal/recordpack"
 )
 
 // Sizes.
@@ -44,8 +43,16 @@ type Observer interface {
 
 // Cache keeps completed records of this process, for the stores it wraps.
 type Cache struct {
-	records  *lru.Cache[entryKey, *idempotency.Record]
+	records  *lru.Cache[entryKey, kept]
 	observer Observer
+}
+
+// kept is a record as the cache keeps it: packed, so that the garbage
+// collector, which walks every entry of a full cache at every cycle, finds
+// nothing inside to follow.
+type kept struct {
+	rec                  recordpack.Packed
+	createdAt, expiresAt time.Time
 }
 
 type entryKey struct {
@@ -55,7 +62,7 @@ type entryKey struct {
 
 // New returns a cache of up to size completed records. observer may be nil.
 func New(size int, observer Observer) (*Cache, error) {
-	records, err := lru.New[entryKey, *idempotency.Record](size)
+	records, err := lru.New[entryKey, kept](size)
 	if err != nil {
 		return nil, err
 	}
@@ -106,9 +113,9 @@ func (w *cached[U]) claim(ctx context.Context, req idempotency.ClaimRequest, nex
 	s := w.c
 	k := entryKey{req.Scope, req.Key}
 	if rec, ok := s.records.Get(k); ok {
-		if time.Now().Before(rec.ExpiresAt) {
+		if time.Now().Before(rec.expiresAt) {
 			s.observe("hit")
-			return nil, clone(rec), nil
+			return nil, rec.record(), nil
 		}
 		// Expired: absent, as in the database; the store may hand the key
 		// out again.
@@ -137,23 +144,19 @@ func (s *Cache) keep(k entryKey, rec *idempotency.Record) {
 	if idempotency.Provisional(rec.Response.Status) || len(rec.Response.Body) > MaxBody || !time.Now().Before(rec.ExpiresAt) {
 		return
 	}
-	s.records.Add(k, clone(rec))
+	// Packed, the copy is the cache's own: the committer may reuse its
+	// buffers.
+	s.records.Add(k, kept{rec: recordpack.Pack(rec.Fingerprint, rec.Response), createdAt: rec.CreatedAt, expiresAt: rec.ExpiresAt})
 }
 
-// clone copies a record in and out of the cache, as a store keeps its own
-// copy: the committer may reuse its buffers, and a replay's caller may
-// write to what it got.
-func clone(rec *idempotency.Record) *idempotency.Record {
-	c := *rec
-	c.Response.Header = rec.Response.Header.Clone()
-	if c.Response.Header == nil {
-		c.Response.Header = http.Header{}
+// record unpacks a kept record as the caller's own, as a store hands out
+// records: a replay's caller may write to what it got.
+func (k kept) record() *idempotency.Record {
+	rec := k.rec.Record(k.createdAt, k.expiresAt)
+	if rec.Response.Body == nil {
+		rec.Response.Body = []byte{}
 	}
-	c.Response.Body = bytes.Clone(rec.Response.Body)
-	if c.Response.Body == nil {
-		c.Response.Body = []byte{}
-	}
-	return &c
+	return rec
 }
 
 // keepingLease remembers the outcome it commits, or the record a deferred
