@@ -21,12 +21,15 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// The chart: 1280×960 pixels at 96 dpi, so that its text stays legible
-// when the README or GitHub's Markdown view scales it to about 880 pixels.
+// The chart: 1280×1280 pixels at 96 dpi, so that its text stays legible
+// when the README or GitHub's Markdown view scales it to about 880 pixels:
+// four panels in two rows over a key as wide as the chart.
 const (
 	chartWidth  = vg.Length(960)
-	chartHeight = vg.Length(720)
+	chartHeight = vg.Length(960)
 	chartDPI    = 96
+	// keyHeight is the strip under the panels that the key fills.
+	keyHeight = vg.Length(205)
 )
 
 // chartModes are the series in the order the key lists them, each with what
@@ -37,6 +40,7 @@ var chartModes = []struct {
 	color         color.Color
 }{
 	{modeBaseline, "the same POST /orders without the idempotency layer (the order INSERT alone)", rgb(0x55, 0x55, 0x55)},
+	{modeBare, "POST /orders written by hand: net/http and one pgx INSERT, no auth, validation, metrics or logging", rgb(0x9a, 0x63, 0x24)},
 	{modeFirst, "first request with a new Idempotency-Key", rgb(0x56, 0xa6, 0x4b)},
 	{modeReplay, "the same request again, answered from the in-process record cache", rgb(0x32, 0x74, 0xd9)},
 	{modeReplayDB, "a replay answered by PostgreSQL (a replica that has not cached the key)", rgb(0x8e, 0x5b, 0xc9)},
@@ -44,25 +48,39 @@ var chartModes = []struct {
 	{modeReplayRedis, "a replay answered by Redis (a replica that has not cached the key)", rgb(0xe0, 0x2f, 0x44)},
 }
 
-// ratioTargets are drawn on the ratio panel: a mode's throughput over the
-// baseline's, wanted at each client count as judge wants it, one dashed
+// ratioTarget is a target drawn on a ratio panel: a mode's throughput over
+// the panel's, wanted at each client count as judge wants it, one dashed
 // line for each run of client counts with the same target.
-var ratioTargets = []struct {
+type ratioTarget struct {
 	label string
 	want  func(clients int) float64
 	color color.Color
-}{
+}
+
+// ratioTargets are drawn on the panel of ratios to the baseline.
+var ratioTargets = []ratioTarget{
 	{"first", firstTarget, rgb(0x56, 0xa6, 0x4b)},
 	{"replays", func(int) float64 { return replayTarget }, rgb(0x32, 0x74, 0xd9)},
 }
+
+// bareTargets are drawn on the panel of ratios to bare.
+var bareTargets = []ratioTarget{
+	{"first", bareTarget, rgb(0x56, 0xa6, 0x4b)},
+}
+
+// bareRatioModes are the series of the panel of ratios to bare: the modes
+// that create an order. Replays create none, so their ratio to an INSERT
+// says nothing the ratio to the baseline does not, and would stretch the
+// axis over the ratios this panel is for.
+var bareRatioModes = []string{modeBare, modeBaseline, modeFirst, modeFirstRedis}
 
 func rgb(r, g, b uint8) color.Color { return color.RGBA{R: r, G: g, B: b, A: 0xff} }
 
 var targetDashes = []vg.Length{vg.Points(6), vg.Points(4)}
 
-// drawChart draws throughput, p99 latency and the throughput ratio to the
-// baseline against clients, one line per mode, and a key that explains the
-// modes and the targets, into a PNG at path.
+// drawChart draws throughput, p99 latency and the throughput ratios to the
+// baseline and to bare against clients, one line per mode, and a key that
+// explains the modes and the targets, into a PNG at path.
 func (r *report) drawChart(path string, rounds int, duration time.Duration) error {
 	clients := r.clientCounts()
 	if len(clients) == 0 {
@@ -74,7 +92,11 @@ func (r *report) drawChart(path string, rounds int, duration time.Duration) erro
 	latency := r.panel("p99 latency", "ms (log scale)", clients, func(x result) float64 { return x.P99Ms })
 	logAxis(&latency.Y, "")
 	latency.Y.Min, latency.Y.Max = latency.Y.Min/1.3, latency.Y.Max*1.3
-	ratios, err := r.ratioPanel(clients)
+	overBaseline, err := r.ratioPanel("Throughput ÷ baseline, with the targets", modeBaseline, nil, ratioTargets, clients)
+	if err != nil {
+		return err
+	}
+	overBare, err := r.ratioPanel("Throughput ÷ bare, with the target", modeBare, bareRatioModes, bareTargets, clients)
 	if err != nil {
 		return err
 	}
@@ -84,9 +106,9 @@ func (r *report) drawChart(path string, rounds int, duration time.Duration) erro
 	header := fmt.Sprintf("Oncekey load benchmark (make bench, %s): POST /orders on PostgreSQL, closed-loop clients; medians of %d rounds of %s each.",
 		r.when.Format("2006-01-02"), rounds, duration)
 	dc.FillText(textStyle(14, draw.XLeft, draw.YTop), vg.Point{X: 12, Y: chartHeight - 8}, header)
-	plots := [][]*plot.Plot{{throughput, latency}, {ratios, nil}}
+	plots := [][]*plot.Plot{{throughput, latency}, {overBaseline, overBare}}
 	tiles := draw.Tiles{Rows: 2, Cols: 2, PadTop: 30, PadBottom: 6, PadLeft: 6, PadRight: 12, PadX: 24, PadY: 16}
-	canvases := plot.Align(plots, tiles, dc)
+	canvases := plot.Align(plots, tiles, draw.Crop(dc, 0, 0, keyHeight, 0))
 	for i, row := range plots {
 		for j, p := range row {
 			if p != nil {
@@ -94,11 +116,16 @@ func (r *report) drawChart(path string, rounds int, duration time.Duration) erro
 			}
 		}
 	}
-	if ratios == nil {
-		c := canvases[1][0]
-		c.FillText(textStyle(13, draw.XCenter, draw.YCenter), c.Center(), "No ratio to the baseline: the baseline was not measured.")
+	for j, missing := range []string{
+		"No ratio to the baseline: the baseline was not measured.",
+		"No ratio to bare: bare was not measured.",
+	} {
+		if plots[1][j] == nil {
+			c := canvases[1][j]
+			c.FillText(textStyle(13, draw.XCenter, draw.YCenter), c.Center(), missing)
+		}
 	}
-	drawKey(canvases[1][1])
+	drawKey(draw.Crop(dc, 0, 0, 0, keyHeight-chartHeight))
 
 	f, err := os.Create(path)
 	if err != nil {
@@ -140,16 +167,19 @@ func (r *report) panel(title, yLabel string, clients []int, value func(result) f
 	return p
 }
 
-// ratioPanel plots each mode's throughput over the baseline's (the median
-// of the per-round ratios, as the targets are judged) with the targets; nil
-// when no baseline was measured.
-func (r *report) ratioPanel(clients []int) (*plot.Plot, error) {
-	p := newPlot("Throughput ÷ baseline, with the targets", "ratio (log scale)", clients)
+// ratioPanel plots the throughput of modes (nil: every mode of the chart)
+// over over's (the median of the per-round ratios, as the targets are
+// judged) with targets; nil when over was not measured.
+func (r *report) ratioPanel(title, over string, modes []string, targets []ratioTarget, clients []int) (*plot.Plot, error) {
+	p := newPlot(title, "ratio (log scale)", clients)
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, m := range chartModes {
+		if modes != nil && !slices.Contains(modes, m.mode) {
+			continue
+		}
 		var xys plotter.XYs
 		for _, c := range clients {
-			if got, ok := ratioAt(r.all, m.mode, c, false); ok {
+			if got, ok := ratioOver(r.all, over, m.mode, c, false); ok {
 				xys = append(xys, plotter.XY{X: float64(c), Y: got})
 				lo, hi = min(lo, got), max(hi, got)
 			}
@@ -157,7 +187,7 @@ func (r *report) ratioPanel(clients []int) (*plot.Plot, error) {
 		addSeries(p, xys, m.color)
 	}
 	if math.IsInf(lo, 0) {
-		return nil, nil // no baseline was measured (make bench -modes first)
+		return nil, nil // over was not measured (make bench -modes first)
 	}
 	var labels plotter.XYLabels
 	var labelStyles []text.Style
@@ -169,7 +199,7 @@ func (r *report) ratioPanel(clients []int) (*plot.Plot, error) {
 		at    []float64 // the client counts it applies to
 	}
 	var lines []targetLine
-	for _, t := range ratioTargets {
+	for _, t := range targets {
 		for i, c := range clients {
 			want := t.want(c)
 			if i == 0 || want != lines[len(lines)-1].want {
@@ -277,9 +307,10 @@ func linearTicks(lo, hi float64) []plot.Tick {
 	return ts
 }
 
-// logAxis puts a on a log scale whose labelled ticks are the integers 1, 2,
-// 3 and 5 times a power of ten (suffixed with unit); values under 1 get
-// unlabelled minor ticks only.
+// logAxis puts a on a log scale whose labelled ticks are 1, 2, 3 and 5
+// times a power of ten (suffixed with unit), the rest unlabelled minor
+// ticks. Values under 1 are labelled too: most ratios to bare are, and a
+// panel of them read off unlabelled ticks alone would say nothing.
 func logAxis(a *plot.Axis, unit string) {
 	a.Scale = plot.LogScale{}
 	a.Tick.Marker = plot.TickerFunc(func(lo, hi float64) []plot.Tick {
@@ -291,8 +322,10 @@ func logAxis(a *plot.Axis, unit string) {
 					continue
 				}
 				t := plot.Tick{Value: v}
-				if v >= 1 && (i == 1 || i == 2 || i == 3 || i == 5) {
-					t.Label = strconv.FormatFloat(v, 'f', 0, 64) + unit
+				if i == 1 || i == 2 || i == 3 || i == 5 {
+					// As many decimals as the decade needs: 0.1 × 3 is
+					// 0.30000000000000004 in full.
+					t.Label = strconv.FormatFloat(v, 'f', max(0, -int(math.Floor(math.Log10(decade)))), 64) + unit
 				}
 				ts = append(ts, t)
 			}
@@ -311,18 +344,24 @@ func textStyle(size vg.Length, x text.XAlignment, y text.YAlignment) text.Style 
 	}
 }
 
-// drawKey explains the series and the target lines in the free tile, so
-// that no legend covers a panel's data.
+// drawKey explains the series and the target lines in the strip under the
+// panels, so that no legend covers a panel's data: the series in the left
+// column, the targets and how to read the ratios in the right.
 func drawKey(c draw.Canvas) {
 	name := textStyle(13, draw.XLeft, draw.YTop)
 	body := textStyle(12, draw.XLeft, draw.YTop)
-	left, top := c.Min.X+8, c.Max.Y-6
 	swatch, indent := vg.Length(26), vg.Length(34)
-	width := c.Max.X - left - indent
 	lineHeight := body.Height("Xg") + 2
+	top := c.Max.Y - 6
+	// The series' meanings are the longer texts: theirs is the wider column.
+	left := c.Min.X + 12
+	split := c.Min.X + (c.Max.X-c.Min.X)*0.54
+	right := split + 18
+	seriesWidth := split - left - indent
+	targetsWidth := c.Max.X - 8 - right - indent
 
 	c.FillText(name, vg.Point{X: left, Y: top}, "Series")
-	y := top - lineHeight - 8
+	y := top - lineHeight - 6
 	for _, m := range chartModes {
 		mid := y - name.Height("X")/2
 		c.StrokeLine2(draw.LineStyle{Color: m.color, Width: vg.Points(2)}, left, mid, left+swatch, mid)
@@ -331,7 +370,7 @@ func drawKey(c draw.Canvas) {
 		colored.Color = m.color
 		c.FillText(colored, vg.Point{X: left + indent, Y: y}, m.mode)
 		nameWidth := name.Width(m.mode + " ")
-		for i, l := range wrap(body, "= "+m.meaning, width-nameWidth, width) {
+		for i, l := range wrap(body, "= "+m.meaning, seriesWidth-nameWidth, seriesWidth) {
 			x := left + indent
 			if i == 0 {
 				x += nameWidth
@@ -339,29 +378,35 @@ func drawKey(c draw.Canvas) {
 			c.FillText(body, vg.Point{X: x, Y: y - 1}, l)
 			y -= lineHeight
 		}
-		y -= 4
+		y -= 3
 	}
-	y -= 6
-	c.FillText(name, vg.Point{X: left, Y: y}, "Targets (dashed, on the ratio panel)")
-	y -= lineHeight + 4
+
+	c.FillText(name, vg.Point{X: right, Y: top}, "Targets (dashed, on the ratio panels)")
+	y = top - lineHeight - 6
+	steps := func(want func(int) float64) string {
+		return fmt.Sprintf("≥ %g × below %d clients, ≥ %g × from %d", want(1), targetClients, want(targetClients), targetClients)
+	}
 	for _, t := range []struct {
 		text  string
 		color color.Color
 	}{
-		{"first requests: ≥ 0.8 × the baseline's throughput at 1 and 8 clients, ≥ 1 × at 32 and 64", ratioTargets[0].color},
-		{fmt.Sprintf("replay (from the record cache, as serve is wired): ≥ %.0f × the baseline's throughput at every client count; replay-db and replay+redis are not held to this line", float64(replayTarget)), ratioTargets[1].color},
+		{"first ÷ baseline (left): " + steps(firstTarget), ratioTargets[0].color},
+		{fmt.Sprintf("replay ÷ baseline (left; from the record cache, as serve is wired): ≥ %.0f × at every client count; replay-db and replay+redis are not held to this line", float64(replayTarget)), ratioTargets[1].color},
+		{"first ÷ bare (right): " + steps(bareTarget), bareTargets[0].color},
 	} {
 		mid := y - body.Height("X")/2
-		c.StrokeLine2(draw.LineStyle{Color: t.color, Width: vg.Points(1.5), Dashes: targetDashes}, left, mid, left+swatch, mid)
-		for _, l := range wrap(body, t.text, width, width) {
-			c.FillText(body, vg.Point{X: left + indent, Y: y}, l)
+		c.StrokeLine2(draw.LineStyle{Color: t.color, Width: vg.Points(1.5), Dashes: targetDashes}, right, mid, right+swatch, mid)
+		for _, l := range wrap(body, t.text, targetsWidth, targetsWidth) {
+			c.FillText(body, vg.Point{X: right + indent, Y: y}, l)
 			y -= lineHeight
 		}
-		y -= 4
+		y -= 3
 	}
 	y -= 6
-	for _, l := range wrap(body, "Ratio: the median over the rounds of a mode's requests/s over the baseline's requests/s in the same round.", c.Max.X-left, c.Max.X-left) {
-		c.FillText(body, vg.Point{X: left, Y: y}, l)
+	noteWidth := c.Max.X - 8 - right
+	for _, l := range wrap(body, "Ratio: the median over the rounds of a mode's requests/s over the baseline's (left) or bare's (right) in the same round. "+
+		"baseline ÷ bare is what the service costs around the INSERT, first ÷ baseline what the idempotency protocol costs, first ÷ bare both.", noteWidth, noteWidth) {
+		c.FillText(body, vg.Point{X: right, Y: y}, l)
 		y -= lineHeight
 	}
 }

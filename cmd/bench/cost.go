@@ -260,18 +260,18 @@ func medianCosts(all []cost) []cost {
 
 // costMarkdown is the report's section of costs per request.
 func costMarkdown(costs []cost) string {
-	return fmt.Sprintf("\n## Cost per request\n\nWhat one request costs, whatever the machine: one client in a closed loop for the measurement's duration, %d rounds interleaved, medians. Round trips and statements are counted by a pgx tracer on the servers' pool (a pipeline is one round trip), Redis round trips by a go-redis hook, WAL bytes from `pg_current_wal_insert_lsn()`, PostgreSQL's CPU time from `/proc` (every `postgres` process: backends, WAL writer, checkpointer), and the benchmark process's CPU time and allocations (the service and the load generator, which is the same in every mode) from `/proc` and the Go runtime. In brackets: the figure over the baseline's.\n\n", costRounds) +
-		costTable(costs, modeBaseline)
+	return fmt.Sprintf("\n## Cost per request\n\nWhat one request costs, whatever the machine: one client in a closed loop for the measurement's duration, %d rounds interleaved, medians. Round trips and statements are counted by a pgx tracer on the servers' pool and on bare's (a pipeline is one round trip), Redis round trips by a go-redis hook, WAL bytes from `pg_current_wal_insert_lsn()`, PostgreSQL's CPU time from `/proc` (every `postgres` process: backends, WAL writer, checkpointer), and the benchmark process's CPU time and allocations (the service and the load generator, which is the same in every mode) from `/proc` and the Go runtime. In brackets: the figure over the baseline's. The last column is the process CPU time over bare's, the hand-written endpoint's: the load generator's share is the same in both, so it is the whole service's CPU cost (protocol and service) over that floor.\n\n", costRounds) +
+		costTable(costs, modeBaseline, modeBare)
 }
 
-// costTable is a table of costs per request, each against baseMode's.
-func costTable(costs []cost, baseMode string) string {
-	var base cost
-	for _, c := range costs {
-		if c.Mode == baseMode {
-			base = c
-		}
-	}
+// costTable is a table of costs per request, each against baseMode's and,
+// when cpuMode (if not empty) was measured, with a last column of the
+// process CPU time over cpuMode's: the baseline already carries the
+// service's CPU time, so it is no floor to judge the service's CPU by.
+func costTable(costs []cost, baseMode, cpuMode string) string {
+	base, _ := costOf(costs, baseMode)
+	cpuBase, cpuCol := costOf(costs, cpuMode)
+	cpuCol = cpuCol && cpuBase.CPUMicros > 0
 	times := func(x, b float64) string {
 		if b == 0 {
 			return fmt.Sprintf("%.0f", x)
@@ -279,11 +279,23 @@ func costTable(costs []cost, baseMode string) string {
 		return fmt.Sprintf("%.0f (%.2f×)", x, x/b)
 	}
 	var s strings.Builder
-	s.WriteString("| Mode | PostgreSQL round trips | Statements | Redis round trips | WAL bytes | PostgreSQL CPU µs | Process CPU µs | Allocations | Allocated KiB |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	s.WriteString("| Mode | PostgreSQL round trips | Statements | Redis round trips | WAL bytes | PostgreSQL CPU µs | Process CPU µs | Allocations | Allocated KiB |")
+	if cpuCol {
+		fmt.Fprintf(&s, " Process CPU ÷ %s |", cpuMode)
+	}
+	s.WriteString("\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	if cpuCol {
+		s.WriteString(" ---: |")
+	}
+	s.WriteString("\n")
 	for _, c := range costs {
-		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %.1f |\n", c.Mode, c.RoundTrips, c.Statements, c.RedisRoundTrips,
+		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %.1f |", c.Mode, c.RoundTrips, c.Statements, c.RedisRoundTrips,
 			times(c.WALBytes, base.WALBytes), times(c.PGCPUMicros, base.PGCPUMicros), times(c.CPUMicros, base.CPUMicros),
 			times(c.Allocs, base.Allocs), c.AllocBytes/1024)
+		if cpuCol {
+			fmt.Fprintf(&s, " %.2f× |", c.CPUMicros/cpuBase.CPUMicros)
+		}
+		s.WriteString("\n")
 	}
 	return s.String()
 }

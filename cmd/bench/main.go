@@ -3,10 +3,13 @@
 // closed-loop client at several concurrencies, and compares, side by side in
 // one run, the idempotent POST /orders (first requests and replays, with and
 // without Redis) against a baseline: the same handler doing the same order
-// INSERT with the idempotency middleware left out. Several rounds interleave
-// every mode, and each target is judged on the median of its per-round
-// ratios, so drift over the run (a checkpoint, autovacuum, a busy neighbour)
-// hits the baseline and the mode alike. Then it fills the key table with
+// INSERT with the idempotency middleware left out; and against bare, the
+// endpoint a user would write by hand (net/http and one pgx INSERT), so
+// that the protocol's cost (over the baseline) and the service's (the
+// baseline over bare) show apart. Several rounds interleave every mode,
+// and each target is judged on the median of its per-round ratios, so
+// drift over the run (a checkpoint, autovacuum, a busy neighbour) hits the
+// baseline and the mode alike. Then it fills the key table with
 // millions of keys and measures again, runs cleanup of a million expired
 // keys under load, and watches a separate server process's memory through a
 // long run. It writes the numbers as Markdown, JSON and a chart, prints the
@@ -38,7 +41,7 @@ func main() {
 	flag.StringVar(&opts.markdown, "out", "docs/benchmarks.md", "the report (its hand-written profile section is kept)")
 	flag.StringVar(&opts.json, "json", "docs/benchmarks.json", "the raw numbers")
 	flag.StringVar(&opts.chart, "chart", "docs/img/benchmarks.png", "the chart")
-	modes := flag.String("modes", "", "measure only these modes, comma-separated (default: all); a target needs baseline and the mode it judges")
+	modes := flag.String("modes", "", "measure only these modes, comma-separated (default: all: baseline, bare, first, replay, replay-db, first+redis, replay+redis); a target needs the modes it compares")
 	flag.BoolVar(&opts.proxy, "proxy", true, "measure the gateway (oncekey proxy) against a plain reverse proxy in front of the same Go upstream")
 	flag.BoolVar(&opts.costs, "cost", true, "measure each mode's cost per request at one client: round trips, statements, WAL bytes, CPU time, allocations")
 	flag.StringVar(&opts.cpuProfile, "cpuprofile", "", "write a CPU profile of the main rounds (server and load generator together) to this file")
@@ -52,7 +55,9 @@ func main() {
 		return
 	}
 	if *modes != "" {
-		opts.modes = strings.Split(*modes, ",")
+		for _, m := range strings.Split(*modes, ",") {
+			opts.modes = append(opts.modes, strings.TrimSpace(m))
+		}
 	}
 	for _, c := range strings.Split(*clients, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))

@@ -175,7 +175,7 @@ func (p *proxyResult) markdown() string {
 	}
 	if len(p.Costs) > 0 {
 		s.WriteString("\nCost per request, counted as in the section above, at one client; in brackets, the figure over the plain proxy's.\n\n")
-		s.WriteString(costTable(medianCosts(p.Costs), modePlainProxy))
+		s.WriteString(costTable(medianCosts(p.Costs), modePlainProxy, ""))
 	}
 	return s.String()
 }

@@ -47,13 +47,25 @@ type options struct {
 
 // Modes, in the order they are measured at each concurrency.
 const (
-	modeBaseline    = "baseline"
+	modeBaseline = "baseline"
+	// modeBare is the floor under the baseline: POST /orders as a user
+	// would write it by hand (bareHandler), with none of the service
+	// around the INSERT. The baseline is the service with the idempotency
+	// protocol off, so first ÷ baseline is what the protocol costs,
+	// baseline ÷ bare what the service costs (authentication, validation,
+	// metrics, logging, the order service), and first ÷ bare what a user
+	// pays for Oncekey over the endpoint they would otherwise write.
+	modeBare        = "bare"
 	modeFirst       = "first"
 	modeReplay      = "replay"
 	modeReplayDB    = "replay-db"
 	modeFirstRedis  = "first+redis"
 	modeReplayRedis = "replay+redis"
 )
+
+// poolMaxConns is the size of the servers' pool, and of bare's own, so
+// that neither waits for connections more than the other.
+const poolMaxConns = 40
 
 // bench is what the phases share: the database, the servers and the client.
 type bench struct {
@@ -68,6 +80,9 @@ type bench struct {
 	modes   []string
 	// counters count what the servers send to PostgreSQL and Redis.
 	counters *counters
+	// barePool is bare's own pool, closed once the phases that measure
+	// bare are over.
+	barePool *pgxpool.Pool
 }
 
 // run sets everything up, measures, reports, and returns how many targets
@@ -79,7 +94,7 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 	}
 	defer drop()
 	counters := &counters{}
-	pool, err := postgres.Open(ctx, dbURL+"&pool_max_conns=40", postgres.WithQueryTracer(counters))
+	pool, err := postgres.Open(ctx, fmt.Sprintf("%s&pool_max_conns=%d", dbURL, poolMaxConns), postgres.WithQueryTracer(counters))
 	if err != nil {
 		return 0, err
 	}
@@ -110,6 +125,11 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 			return 0, err
 		}
 	}
+	// No later phase measures bare. Its connections (as many as the
+	// servers' pool) would otherwise stay open beside the servers' and
+	// the memory phase's `oncekey serve`, near PostgreSQL's default
+	// max_connections of 100.
+	b.barePool.Close()
 	if opts.proxy {
 		if rep.proxy, err = b.proxyPhase(ctx); err != nil {
 			return 0, fmt.Errorf("proxy phase: %w", err)
@@ -181,7 +201,10 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 	if b.targets[modeReplayDB], err = serve(backend); err != nil {
 		return stopAll, err
 	}
-	b.modes = []string{modeBaseline, modeFirst, modeReplay, modeReplayDB}
+	if b.targets[modeBare], err = b.startBare(ctx, &stops); err != nil {
+		return stopAll, err
+	}
+	b.modes = []string{modeBaseline, modeBare, modeFirst, modeReplay, modeReplayDB}
 	if b.opts.redisURL != "" {
 		rdb, err := redisstore.NewClient(b.opts.redisURL)
 		if err != nil {
@@ -207,6 +230,12 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 		b.modes = append(b.modes, modeFirstRedis, modeReplayRedis)
 	}
 	if len(b.opts.modes) > 0 {
+		// A misspelt mode would otherwise be measured as nothing at all.
+		for _, m := range b.opts.modes {
+			if !slices.Contains(b.modes, m) {
+				return stopAll, fmt.Errorf("-modes: %q is not one this run can measure (%s)", m, strings.Join(b.modes, ", "))
+			}
+		}
 		b.modes = slices.DeleteFunc(b.modes, func(m string) bool { return !slices.Contains(b.opts.modes, m) })
 	}
 	return stopAll, nil
