@@ -309,7 +309,4 @@ FUZZ_TARGETS := FuzzCanonicalize:idempotency/internal/canonjson FuzzDifferentMea
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target (canonical JSON and forms, packed records, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)
-	@set -e; for target in $(FUZZ_TARGETS); do \
-	  echo "== $${target%%:*}"; \
-	  (cd "$${target#*:}" && $(GO) test -run='^$$' -fuzz="^$${target%%:*}$$" -fuzztime=$(or $(FUZZTIME),30s) -fuzzminimizetime=$(or $(FUZZTIME),30s) .); \
-	done
+	GO="$(GO)" tools/fuzz.sh $(or $(FUZZTIME),30s) $(FUZZ_TARGETS)
