@@ -8,12 +8,19 @@
 //     never disagree with the database about it. The one exception, a long
 //     operation's provisional 202 (replaced by its final response when the
 //     background work ends), is never cached.
-//   - A first request costs one Redis round trip, its look-up. A record
-//     is cached when the durable store answers a replay (read-through), not
-//     when it is first committed: most keys are never retried, and a replay
-//     on the replica that committed is answered by its own record cache
-//     (recordcache) before Redis. The durable store's claim already keeps
-//     concurrent duplicates from running twice.
+//   - Redis is looked up only while replays are a real share of recent
+//     claims (at least one in eight): a storm of retries, which is when
+//     taking replays off the durable store matters. Otherwise a claim goes
+//     straight to the durable store and costs Redis nothing: most requests
+//     are first requests, which Redis cannot answer, and a look-up each
+//     would make all of them slower to speed up the few that are retries.
+//     Config.AlwaysLookUp looks every claim up.
+//   - A looked-up first request costs one Redis round trip, its look-up. A
+//     record is cached when the durable store answers a looked-up replay
+//     (read-through), not when it is first committed: most keys are never
+//     retried, and a replay on the replica that committed is answered by
+//     its own record cache (recordcache) before Redis. The durable store's
+//     claim already keeps concurrent duplicates from running twice.
 //   - With Config.ShedDuplicates, a first request also takes an in-flight
 //     marker (SET NX PX, a short lease) and caches its record at commit, so
 //     that concurrent duplicates wait on Redis instead of each holding a
@@ -38,8 +45,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,7 +60,8 @@ import (
 type Observer interface {
 	// Redis reports a look-up: "hit", "miss", "error", "rejected" (a
 	// record whose tag did not verify: forged, or sealed under another
-	// Secret), or "skipped" while the breaker keeps requests off Redis. A
+	// Secret), "skipped" while the breaker keeps requests off Redis, or
+	// "bypassed" for a claim not looked up because replays were rare. A
 	// request that waits on another's marker reports one result for its
 	// whole wait.
 	Redis(result string)
@@ -82,6 +92,11 @@ type Config struct {
 	// otherwise hold database connections. Off, a first request costs one
 	// round trip.
 	ShedDuplicates bool
+	// AlwaysLookUp looks every claim up on Redis. By default a claim is
+	// looked up only while at least one in eight recent claims was a
+	// replay, so that first requests cost Redis nothing while retries are
+	// rare. ShedDuplicates looks every claim up too.
+	AlwaysLookUp bool
 	// Marker is the in-flight marker's lease (default 5s) with
 	// ShedDuplicates: long enough to cover a normal operation, short enough
 	// that a crashed holder's marker goes away by itself.
@@ -121,6 +136,9 @@ type Store struct {
 	cfg     Config
 	breaker *breaker
 	sealer  *sealer
+	// replays is the share of recent claims that were replays, which
+	// decides whether a claim is looked up.
+	replays replayShare
 }
 
 // autoPipelined is a client that can pipeline concurrent commands by itself
@@ -349,17 +367,26 @@ func (f *fastPath[U]) ClaimNow(ctx context.Context, req idempotency.ClaimRequest
 func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, next func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) (idempotency.Lease[U], *idempotency.Record, error) {
 	s := f.s
 	start := time.Now()
+	if !s.lookUp() {
+		// Replays are rare: the durable store answers, and Redis is spared
+		// a look-up that would almost always miss.
+		s.cfg.Observer.Redis(resultBypassed)
+		lease, rec, err := next(ctx, req)
+		return leaseOrRecord[U](s, lease, rec, err, nil)
+	}
 	if !s.breaker.closed() {
 		// Redis is left alone: the durable store answers, as fast as it
 		// does without Redis.
 		s.cfg.Observer.Redis(resultSkipped)
 		s.cfg.Observer.Fallback()
-		return next(ctx, req)
+		lease, rec, err := next(ctx, req)
+		return leaseOrRecord[U](s, lease, rec, err, nil)
 	}
 	recKey, markerKey := s.KeyNames(req.Scope, req.Key)
 	rec, res := s.cached(ctx, recKey)
 	s.cfg.Observer.Redis(res)
 	if rec != nil {
+		s.replays.observe(true)
 		return nil, rec, nil
 	}
 	redisFailed := res == resultError || res == resultSkipped
@@ -393,6 +420,7 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 		case rec != nil:
 			// The previous holder committed (cached, then released its
 			// marker) between our look-up and our attempt at the marker.
+			s.replays.observe(true)
 			return nil, rec, nil
 		case !held:
 			// Another request (on any replica) is running this key: wait
@@ -400,6 +428,7 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 			rec, failed := s.await(ctx, recKey, markerKey, req.Wait)
 			redisFailed = redisFailed || failed
 			if rec != nil {
+				s.replays.observe(true)
 				return nil, rec, nil
 			}
 			if err := ctx.Err(); err != nil {
@@ -418,12 +447,33 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 	claimReq := req
 	claimReq.Wait = max(req.Wait-time.Since(start), dbFloor)
 	lease, rec, err := next(ctx, claimReq)
-	if lease != nil {
-		return &cachedLease[U]{Lease: lease, s: s, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
-			cacheOnCommit: s.cfg.ShedDuplicates, fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil
+	if lease == nil {
+		s.release(ctx, recKey, markerKey, token, ours, rec) // read-through
 	}
-	s.release(ctx, recKey, markerKey, token, ours, rec) // read-through
-	return nil, rec, err
+	return leaseOrRecord(s, lease, rec, err, &cachedLease[U]{s: s, lookedUp: true, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
+		cacheOnCommit: s.cfg.ShedDuplicates, fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)})
+}
+
+// leaseOrRecord passes the durable store's answer on: a record counts as a
+// replay, and a lease is wrapped (in l when l is not nil) so that its
+// commit counts what it turns out to be.
+func leaseOrRecord[U any](s *Store, lease idempotency.Lease[U], rec *idempotency.Record, err error, l *cachedLease[U]) (idempotency.Lease[U], *idempotency.Record, error) {
+	if lease == nil {
+		if rec != nil {
+			s.replays.observe(true)
+		}
+		return nil, rec, err
+	}
+	if l == nil {
+		l = &cachedLease[U]{s: s}
+	}
+	l.Lease = lease
+	return l, nil, nil
+}
+
+// lookUp says whether a claim goes to Redis first.
+func (s *Store) lookUp() bool {
+	return s.cfg.AlwaysLookUp || s.cfg.ShedDuplicates || s.replays.share() >= lookUpShare
 }
 
 // await polls Redis for the in-flight request's record until wait runs out
@@ -482,6 +532,7 @@ const (
 	resultError    = "error"
 	resultRejected = "rejected"
 	resultSkipped  = "skipped"
+	resultBypassed = "bypassed"
 )
 
 // cached returns the record cached under recKey, if any and not expired,
@@ -629,13 +680,16 @@ func cacheTTL(rec *idempotency.Record) time.Duration {
 	return max(time.Until(rec.ExpiresAt), 0)
 }
 
-// cachedLease gives up the in-flight marker, if it may hold one, and
-// caches the outcome once the durable store has committed it: its own
-// with ShedDuplicates (its duplicates wait for it on Redis), or the one a
+// cachedLease counts what its claim turned out to be (a deferred commit
+// may find the key completed: a replay) and, when the claim was looked up
+// on Redis, gives up the in-flight marker if it may hold one and caches the
+// outcome once the durable store has committed it: its own with
+// ShedDuplicates (its duplicates wait for it on Redis), or the one a
 // deferred commit found already there.
 type cachedLease[U any] struct {
 	idempotency.Lease[U]
 	s                 *Store
+	lookedUp          bool // the claim went to Redis: cache, release
 	recKey, markerKey string
 	token             string
 	ours              bool // the marker may be ours: release it by token
@@ -648,15 +702,18 @@ type cachedLease[U any] struct {
 
 func (l *cachedLease[U]) Commit(ctx context.Context, resp idempotency.Response) error {
 	if err := l.Lease.Commit(ctx, resp); err != nil {
-		// A deferred commit that found the key completed: read-through.
+		// A deferred commit that found the key completed: a replay, and a
+		// read-through.
 		var taken *idempotency.TakenError
-		if errors.As(err, &taken) {
+		if errors.As(err, &taken) && taken.Record != nil {
+			l.s.replays.observe(true)
 			l.release(ctx, taken.Record)
 		} else {
 			l.release(ctx, nil)
 		}
 		return err
 	}
+	l.s.replays.observe(false)
 	if !l.cacheOnCommit {
 		return nil
 	}
@@ -674,6 +731,9 @@ func (l *cachedLease[U]) Rollback(ctx context.Context) error {
 }
 
 func (l *cachedLease[U]) release(ctx context.Context, rec *idempotency.Record) {
+	if !l.lookedUp {
+		return
+	}
 	l.s.release(ctx, l.recKey, l.markerKey, l.token, l.ours, rec)
 	l.ours = false
 }
@@ -682,4 +742,37 @@ func newToken() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// replayShare is a moving estimate of the share of claims that were
+// replays: each claim's outcome weighs shareWeight against the estimate so
+// far, so a storm of retries turns look-ups on within a handful of claims,
+// and they go off again once first requests are most of the traffic again.
+type replayShare struct{ bits atomic.Uint64 }
+
+const (
+	// shareWeight is what one claim's outcome weighs in the estimate.
+	shareWeight = 1.0 / 32
+	// lookUpShare is the share of replays from which claims are looked up
+	// on Redis: below it, the look-ups of first requests would cost more
+	// than the replays they take off the durable store save.
+	lookUpShare = 1.0 / 8
+)
+
+func (r *replayShare) share() float64 { return math.Float64frombits(r.bits.Load()) }
+
+func (r *replayShare) observe(replay bool) {
+	x := 0.0
+	if replay {
+		x = 1
+	}
+	for {
+		old := r.bits.Load()
+		s := math.Float64frombits(old)
+		next := math.Float64bits(s + (x-s)*shareWeight)
+		// A steady run of first requests leaves the estimate at 0: no write.
+		if next == old || r.bits.CompareAndSwap(old, next) {
+			return
+		}
+	}
 }

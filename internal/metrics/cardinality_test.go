@@ -140,7 +140,7 @@ func TestLabelCardinality(t *testing.T) {
 					return slices.ContainsFunc(allOutcomes, func(o idempotency.Outcome) bool { return string(o) == v })
 				},
 				"result": func(v string) bool { // cleanup runs; Redis look-ups
-					return slices.Contains([]string{"ok", "error", "skipped", "hit", "miss", "rejected"}, v)
+					return slices.Contains([]string{"ok", "error", "skipped", "hit", "miss", "rejected", "bypassed"}, v)
 				},
 				"status": func(v string) bool { return slices.Contains([]string{"processing", "completed", "held", "unknown"}, v) },
 				"kind":   func(v string) bool { return slices.Contains([]string{"charge", "refund", "payment"}, v) },

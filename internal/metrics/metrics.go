@@ -68,7 +68,7 @@ func New() *Metrics {
 		[]float64{.001, .005, .01, .025, .05, .1, .25, .5, .75, 1, 1.05, 1.5, 2, 5}, "operation", "outcome")
 
 	m.redisRequests = f.counterVec("oncekey_redis_requests_total",
-		"Redis fast-path look-ups by result: hit, miss, error, rejected (a cached record whose HMAC did not verify: forged, or sealed under another ONCEKEY_REDIS_SECRET), or skipped while the breaker leaves Redis alone (0 when REDIS_URL is not set).", "result")
+		"Redis fast-path look-ups by result: hit, miss, error, rejected (a cached record whose HMAC did not verify: forged, or sealed under another ONCEKEY_REDIS_SECRET), skipped while the breaker leaves Redis alone, or bypassed (not looked up: replays were rare, so the claim went straight to PostgreSQL; all 0 when REDIS_URL is not set).", "result")
 	m.recordCache = f.counterVec("oncekey_record_cache_requests_total",
 		"Look-ups in the in-process cache of completed idempotency records by result: hit (a replay answered without a round trip) or miss.", "result")
 	m.redisFallbacks = f.counter("oncekey_redis_fallbacks_total",
@@ -101,7 +101,7 @@ func New() *Metrics {
 	for _, r := range []string{"ok", "error", "skipped"} {
 		m.cleanupRuns.WithLabelValues(r)
 	}
-	for _, r := range []string{"hit", "miss", "error", "rejected", "skipped"} {
+	for _, r := range []string{"hit", "miss", "error", "rejected", "skipped", "bypassed"} {
 		m.redisRequests.WithLabelValues(r)
 	}
 	for _, r := range []string{"hit", "miss"} {

@@ -48,7 +48,7 @@ func TestRedisMetrics(t *testing.T) {
 			}
 			m := metrics.New()
 			store := postgres.New(testdb.Pool(t), nil)
-			fast := redisstore.New(rdb, redisstore.Config{Prefix: "metrics-test:", Observer: m})
+			fast := redisstore.New(rdb, redisstore.Config{Prefix: "metrics-test:", Observer: m, AlwaysLookUp: true})
 			b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, DeferredKeys: redisstore.Wrap(fast, store.DeferredKeys())}})
 
 			b.createOrder(t, "redis-metrics", seedBody)                                                               // miss
@@ -71,5 +71,25 @@ func TestRedisMetrics(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, list, 1)
 		})
+	}
+}
+
+// TestRedisBypassedMetric: with the fast path as serve wires it, claims
+// made while replays are rare go straight to PostgreSQL, and are counted as
+// bypassed.
+func TestRedisBypassedMetric(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	store := postgres.New(testdb.Pool(t), nil)
+	fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "metrics-test:", Observer: m})
+	b := setup(t, store, options{cfg: httpapi.Config{Metrics: m, DeferredKeys: redisstore.Wrap(fast, store.DeferredKeys())}})
+
+	b.createOrder(t, "redis-bypassed", seedBody)
+	b.do(t, http.StatusCreated, http.MethodPost, "/orders", seedBody, idempotency.HeaderKey, "redis-bypassed")
+
+	f := scrape(t, b.url)
+	require.Equal(t, 2.0, f.value(t, "oncekey_redis_requests_total", "result", "bypassed"), "a first request and one replay: replays are rare")
+	for _, r := range []string{"hit", "miss", "error"} {
+		require.Zero(t, f.value(t, "oncekey_redis_requests_total", "result", r), "look-ups with result %s", r)
 	}
 }

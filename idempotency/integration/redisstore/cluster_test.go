@@ -109,7 +109,7 @@ func TestOnRedisCluster(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	hook := &crossSlot{}
 	rdb.AddHook(hook)
-	fast := redisstore.New(rdb, redisstore.Config{Prefix: "cluster:"})
+	fast := redisstore.New(rdb, redisstore.Config{Prefix: "cluster:", AlwaysLookUp: true})
 
 	t.Run("store contract", func(t *testing.T) {
 		storetest.Run(t, testharness.Wrapped(testharness.Memstore(), infront[*memstore.Tx](fast)))

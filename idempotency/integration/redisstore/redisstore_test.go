@@ -55,17 +55,23 @@ func privateRedis(t *testing.T) (rdb redis.UniversalClient, stop func()) {
 }
 
 // TestConformance: with the fast path in front, pgstore keeps every promise
-// of the store contract (redisstore's own tests run it on memstore), with
-// and without the in-flight marker.
+// of the store contract (redisstore's own tests run it on memstore):
+// looking claims up as replays come and go (the default), always, and
+// with the in-flight marker.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, shed := range []bool{false, true} {
-		fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "conformance:", ShedDuplicates: shed})
-		t.Run(fmt.Sprintf("pgstore, shed duplicates %t", shed), func(t *testing.T) {
+	for name, cfg := range map[string]redisstore.Config{
+		"default":         {},
+		"always look up":  {AlwaysLookUp: true},
+		"shed duplicates": {ShedDuplicates: true},
+	} {
+		cfg.Prefix = "conformance:"
+		fast := redisstore.New(redistest.Shared(t), cfg)
+		t.Run("pgstore, "+name, func(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, testharness.Wrapped(pgstoretest.TxHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[pgx.Tx](fast)))
 		})
-		t.Run(fmt.Sprintf("pgstore deferred, shed duplicates %t", shed), func(t *testing.T) {
+		t.Run("pgstore deferred, "+name, func(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, testharness.Wrapped(pgstoretest.DeferredHarness(pgstoretest.Pool(t), pgstore.Options{}), infront[*pgstore.Batch](fast)))
 		})
@@ -89,7 +95,7 @@ func (c *counting) Claim(ctx context.Context, req idempotency.ClaimRequest) (ide
 
 // observed counts what the fast path reports.
 type observed struct {
-	hit, miss, errs, rejected, fallbacks, trips atomic.Int64
+	hit, miss, errs, rejected, bypassed, fallbacks, trips atomic.Int64
 }
 
 func (o *observed) Redis(result string) {
@@ -102,6 +108,8 @@ func (o *observed) Redis(result string) {
 		o.errs.Add(1)
 	case "rejected":
 		o.rejected.Add(1)
+	case "bypassed":
+		o.bypassed.Add(1)
 	}
 }
 func (o *observed) Fallback() { o.fallbacks.Add(1) }
@@ -135,7 +143,7 @@ func TestReplaysAreServedFromRedis(t *testing.T) {
 			t.Parallel()
 			inner := &counting{Store: pgStore(t)}
 			obs := &observed{}
-			fast := fastPath(redistest.Shared(t), redisstore.Config{Observer: obs, ShedDuplicates: tt.shed}, inner)
+			fast := fastPath(redistest.Shared(t), redisstore.Config{Observer: obs, AlwaysLookUp: true, ShedDuplicates: tt.shed}, inner)
 			scope := rand.Text()
 			ctx := context.Background()
 
@@ -170,7 +178,7 @@ func TestRedisDownAtStartFallsBackToPostgres(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := fastPath(rdb, redisstore.Config{Observer: obs}, inner)
+	fast := fastPath(rdb, redisstore.Config{Observer: obs, AlwaysLookUp: true}, inner)
 	scope := rand.Text()
 	ctx := context.Background()
 
@@ -217,7 +225,7 @@ func TestFlushedRedisKeepsAnsweringCorrectly(t *testing.T) {
 	t.Parallel()
 	rdb, _ := privateRedis(t)
 	inner := &counting{Store: pgStore(t)}
-	fast := fastPath(rdb, redisstore.Config{}, inner)
+	fast := fastPath(rdb, redisstore.Config{AlwaysLookUp: true}, inner)
 	scope := rand.Text()
 	ctx := context.Background()
 
@@ -321,7 +329,7 @@ func (p *markerPolls) count() int {
 func TestRedisKilledMidLoad(t *testing.T) {
 	t.Parallel()
 	rdb, stop := privateRedis(t)
-	fast := fastPath(rdb, redisstore.Config{}, pgStore(t))
+	fast := fastPath(rdb, redisstore.Config{AlwaysLookUp: true}, pgStore(t))
 	const keys, fresh, rounds = 20, 4, 10
 	executed, failures, _ := load(t, fast, []string{rand.Text()}, keys, fresh, rounds, 0, func(round int) {
 		if round == rounds/2 {
@@ -353,37 +361,35 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-// TestRedisCommandsPerRequest pins what the fast path costs in Redis. A
-// first request looks its record up, and that is all; with ShedDuplicates
-// it also takes the marker (a script that looks again in the same step)
-// and, once committed, caches the record and gives the marker up (another
-// script). A replay is one look-up, and the first replay of a record that
-// was not cached reads it through: the look-up and the write.
+// TestRedisCommandsPerRequest pins what the fast path costs in Redis. By
+// default, while replays are rare, nothing: claims go straight to the
+// durable store. A looked-up first request looks its record up, and that
+// is all; with ShedDuplicates it also takes the marker (a script that looks
+// again in the same step) and, once committed, caches the record and gives
+// the marker up (another script). A looked-up replay is one look-up, and
+// the first replay of a record that was not cached reads it through: the
+// look-up and the write.
 func TestRedisCommandsPerRequest(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		shed                       bool
+		name                       string
+		cfg                        redisstore.Config
 		first, firstReplay, replay int64
 	}{
-		{shed: false, first: 1, firstReplay: 2, replay: 1},
-		{shed: true, first: 3, firstReplay: 1, replay: 1},
+		{name: "replays rare", cfg: redisstore.Config{}, first: 0, firstReplay: 0, replay: 0},
+		{name: "always look up", cfg: redisstore.Config{AlwaysLookUp: true}, first: 1, firstReplay: 2, replay: 1},
+		{name: "shed duplicates", cfg: redisstore.Config{ShedDuplicates: true}, first: 3, firstReplay: 1, replay: 1},
 	}
 	for _, tt := range tests {
-		t.Run(fmt.Sprintf("shed duplicates %t", tt.shed), func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			rdb := redistest.Shared(t) // a client of the test's own
 			counter := &commandCounter{}
 			rdb.AddHook(counter)
-			fast := fastPath(rdb, redisstore.Config{ShedDuplicates: tt.shed}, pgStore(t))
+			fast := fastPath(rdb, tt.cfg, pgStore(t))
 			scope := rand.Text()
 			ctx := context.Background()
-			first := func(key string) {
-				t.Helper()
-				lease, rec, err := fast.Claim(ctx, claimReq(scope, key))
-				require.NoError(t, err, "claim %s", key)
-				require.Nil(t, rec, "claim %s: a record for a new key", key)
-				require.NoError(t, lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)), "commit %s", key)
-			}
+			first := func(key string) { t.Helper(); commitNew(t, fast, scope, key) }
 			replay := func(what string, want int64) {
 				t.Helper()
 				counter.n.Store(0)
@@ -402,6 +408,81 @@ func TestRedisCommandsPerRequest(t *testing.T) {
 			replay("a replay", tt.replay)
 		})
 	}
+}
+
+// TestLookUpsFollowReplays: by default the fast path looks claims up on
+// Redis only while replays are a real share of them. First requests alone
+// cost Redis nothing; a storm of retries turns look-ups on within a handful
+// of replays, after which Redis serves them; and once first requests are
+// most of the traffic again, look-ups go off.
+func TestLookUpsFollowReplays(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t) // a client of the test's own
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	inner := &counting{Store: pgStore(t)}
+	obs := &observed{}
+	fast := fastPath(rdb, redisstore.Config{Observer: obs}, inner)
+	scope := rand.Text()
+	ctx := context.Background()
+	first := func(key string) { t.Helper(); commitNew(t, fast, scope, key) }
+
+	const firsts = 50
+	for i := range firsts {
+		first(fmt.Sprintf("first-%d", i))
+	}
+	require.Zero(t, counter.n.Load(), "Redis commands of first requests while nobody retries")
+	require.EqualValues(t, firsts, obs.bypassed.Load(), "claims that bypassed Redis")
+	require.EqualValues(t, firsts, inner.claims.Load(), "claims that reached PostgreSQL")
+
+	// A storm: the same key, again and again.
+	replays := 0
+	for obs.hit.Load() == 0 {
+		replays++
+		require.LessOrEqual(t, replays, 10, "replays before Redis served one")
+		_, rec, err := fast.Claim(ctx, claimReq(scope, "first-0"))
+		require.NoError(t, err, "replay %d", replays)
+		require.Equal(t, `{"key":"first-0"}`, string(rec.Response.Body), "replay %d", replays)
+		if replays <= 4 {
+			require.Zero(t, counter.n.Load(), "Redis commands of replay %d: four in fifty-four claims are still rare", replays)
+		}
+	}
+	claims := inner.claims.Load()
+	for range 5 {
+		_, rec, err := fast.Claim(ctx, claimReq(scope, "first-0"))
+		require.NoError(t, err, "a replay in the storm")
+		require.Equal(t, `{"key":"first-0"}`, string(rec.Response.Body), "a replay in the storm")
+	}
+	require.Equal(t, claims, inner.claims.Load(), "replays in the storm answered by Redis")
+
+	// The storm is over: first requests, looked up at first, until replays
+	// are rare again.
+	var lookedUp int
+	for i := 0; ; i++ {
+		require.Less(t, i, 200, "first requests still looked up after the storm")
+		before := counter.n.Load()
+		first(fmt.Sprintf("after-%d", i))
+		if counter.n.Load() == before {
+			break
+		}
+		lookedUp++
+	}
+	require.Positive(t, lookedUp, "first requests looked up while the storm was recent")
+	before := counter.n.Load()
+	for i := range 20 {
+		first(fmt.Sprintf("later-%d", i))
+	}
+	require.Equal(t, before, counter.n.Load(), "Redis commands of first requests once replays are rare again")
+}
+
+// commitNew claims scope's new key on s and commits {"key":key}.
+func commitNew(t *testing.T, s idempotency.Store[pgx.Tx], scope, key string) {
+	t.Helper()
+	ctx := context.Background()
+	lease, rec, err := s.Claim(ctx, claimReq(scope, key))
+	require.NoError(t, err, "claim %s", key)
+	require.Nil(t, rec, "claim %s: a record for a new key", key)
+	require.NoError(t, lease.Commit(ctx, resp201(`{"key":"`+key+`"}`)), "commit %s", key)
 }
 
 // TestUnusableCachedRecordIsReplaced: a record this replica cannot read
@@ -450,7 +531,7 @@ func TestForgedRecordsAreNotReplayed(t *testing.T) {
 	secret := []byte(rand.Text() + rand.Text())
 	inner := &counting{Store: pgStore(t)}
 	obs := &observed{}
-	fast := redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: obs})
+	fast := redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: obs, AlwaysLookUp: true})
 	store := redisstore.Wrap(fast, idempotency.Store[pgx.Tx](inner))
 	commit := func(s idempotency.Store[pgx.Tx], scope, body string) {
 		t.Helper()
@@ -510,7 +591,7 @@ func TestForgedRecordsAreNotReplayed(t *testing.T) {
 		commit(store, scope, `{"shared":true}`)
 		readThrough(store, scope, `{"shared":true}`)
 		replicaObs := &observed{}
-		replica := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: replicaObs}), idempotency.Store[pgx.Tx](inner))
+		replica := redisstore.Wrap(redisstore.New(rdb, redisstore.Config{Secret: secret, Observer: replicaObs, AlwaysLookUp: true}), idempotency.Store[pgx.Tx](inner))
 		claims := inner.claims.Load()
 		_, rec, err := replica.Claim(ctx, claimReq(scope, "k"))
 		require.NoError(t, err, "the replica's replay")
