@@ -6,8 +6,11 @@
 package metrics
 
 import (
+	"maps"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +27,10 @@ type Metrics struct {
 
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
+	// http holds each HTTP series' counter and histogram once
+	// ObserveHTTP has met it (see httpSeriesOf).
+	http   atomic.Pointer[map[httpSeries]httpObservers]
+	httpMu sync.Mutex // serialises adding to http
 
 	idemRequests *prometheus.CounterVec
 	idemWait     *prometheus.HistogramVec
@@ -128,10 +135,51 @@ func (m *Metrics) ObserveHTTP(route, method string, status int, d time.Duration)
 	if route == "" {
 		route = "unmatched"
 	}
-	method = methodLabel(method)
-	code := strconv.Itoa(status)
-	m.httpRequests.WithLabelValues(route, method, code).Inc()
-	m.httpDuration.WithLabelValues(route, method, code).Observe(d.Seconds())
+	o := m.httpSeriesOf(httpSeries{route: route, method: methodLabel(method), status: status})
+	o.requests.Inc()
+	o.duration.Observe(d.Seconds())
+}
+
+// httpSeries is the labels of an HTTP request's series.
+type httpSeries struct {
+	route, method string
+	status        int
+}
+
+// httpObservers are the counter and histogram of one httpSeries.
+type httpObservers struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// httpSeriesOf returns the counter and histogram of s, looked up in the
+// vectors (formatting the status code, hashing the labels twice) only the
+// first time: the labels are bounded (route patterns, methodLabel, status
+// codes), and so is the map, copied on each new series so that a request
+// reads it without a lock.
+func (m *Metrics) httpSeriesOf(s httpSeries) httpObservers {
+	if known := m.http.Load(); known != nil {
+		if o, ok := (*known)[s]; ok {
+			return o
+		}
+	}
+	m.httpMu.Lock()
+	defer m.httpMu.Unlock()
+	next := map[httpSeries]httpObservers{}
+	if known := m.http.Load(); known != nil {
+		if o, ok := (*known)[s]; ok {
+			return o
+		}
+		maps.Copy(next, *known)
+	}
+	code := strconv.Itoa(s.status)
+	o := httpObservers{
+		requests: m.httpRequests.WithLabelValues(s.route, s.method, code),
+		duration: m.httpDuration.WithLabelValues(s.route, s.method, code),
+	}
+	next[s] = o
+	m.http.Store(&next)
+	return o
 }
 
 // methodLabel bounds the method label: any token is a valid HTTP method, so
