@@ -13,6 +13,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/orders"
 	"github.com/oncekey/oncekey/internal/store/memory"
 )
 
@@ -21,16 +22,25 @@ import (
 // logging, metrics) on the in-memory store, without a network: "first"
 // claims a fresh key and runs the operation, "replay" answers from the
 // stored response, and "read" is a GET that does no idempotency work, the
-// floor the other two are compared to.
+// floor the other two are compared to. "baseline" is POST /orders on the
+// same stack with the protocol off (httpapi.WithoutIdempotency) and an
+// order writer that keeps nothing: what the service costs around the
+// write, as cmd/bench's baseline mode measures it with PostgreSQL.
 func BenchmarkMiddlewareOverhead(b *testing.B) {
 	store := memory.New()
-	handler, err := httpapi.New(httpapi.Config{
-		Backend: store,
-		Logger:  slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		b.Fatalf("build the service: %v", err)
+	build := func(opts ...httpapi.Option) http.Handler {
+		handler, err := httpapi.New(httpapi.Config{
+			Backend: store,
+			// As serve wires it.
+			Auth:   auth.NewCache(store, auth.DefaultCacheSize, auth.DefaultCacheTTL),
+			Logger: slog.New(slog.DiscardHandler),
+		}, opts...)
+		if err != nil {
+			b.Fatalf("build the service: %v", err)
+		}
+		return handler
 	}
+	handler := build()
 	creds, err := auth.CreateAccount(context.Background(), store, "bench", "")
 	if err != nil {
 		b.Fatalf("create an account: %v", err)
@@ -78,10 +88,28 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 		b.Fatalf("decode the order %s: %v", first.Body, err)
 	}
 
+	runs := 0 // -count runs "first" again: each run has keys of its own
 	b.Run("first", func(b *testing.B) {
+		runs++
+		prefix := "bench-first-" + strconv.Itoa(runs) + "-"
 		loop(b, http.StatusCreated, func(i int) *http.Request {
-			return request(http.MethodPost, "/orders", "bench-first-"+strconv.Itoa(i), seedBody)
+			return request(http.MethodPost, "/orders", prefix+strconv.Itoa(i), seedBody)
 		})
+	})
+
+	b.Run("baseline", func(b *testing.B) {
+		handler := build(httpapi.WithoutIdempotency(discardOrders{}))
+		serve := func(req *http.Request) *httptest.ResponseRecorder {
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, req)
+			return rec
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if rec := serve(request(http.MethodPost, "/orders", "bench-baseline", seedBody)); rec.Code != http.StatusCreated {
+				b.Fatalf("baseline POST /orders: status %d, want 201: %s", rec.Code, rec.Body)
+			}
+		}
 	})
 
 	b.Run("replay", func(b *testing.B) {
@@ -103,3 +131,8 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 		})
 	})
 }
+
+// discardOrders is an order writer that keeps nothing.
+type discardOrders struct{}
+
+func (discardOrders) CreateOrder(context.Context, orders.Order) error { return nil }

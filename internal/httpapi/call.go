@@ -54,6 +54,7 @@ func underProtocol[U any](op *idempotency.Operation[U]) protocol {
 		return op.Serve(w, r, in, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			unit, _ := op.Unit(r.Context())
 			claim, _ := op.Ref(r.Context())
+			r.Body = requestFrom(r.Context()).validated(r.Body)
 			next.ServeHTTP(w, withCall(r, call[U]{account: account, unit: unit, claim: claim}))
 		}))
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/google/uuid"
 
 	"github.com/oncekey/oncekey/idempotency"
@@ -24,12 +25,69 @@ import (
 // request is what observe logs of one request, kept in its context:
 // observe puts it there, and the front door fills it in.
 type request struct {
+	ctx     requestContext
+	id      string          // the request's id (see requestID)
 	route   string          // the route pattern ("/orders/{id}")
 	op      *oapi.Operation // the operation in openapi.yaml
 	outcome idempotency.Outcome
+	// body is the operation's body once validateBody has checked it, with
+	// the value it decoded (see validatedBody).
+	body validatedBody
+}
+
+// validatedBody is a request body with the value validateBody decoded from
+// it and checked against its schema. The generated handlers bind that
+// value (runtime.BindJSONBody takes a body with ValidatedValue, as
+// kin-openapi's KeepValidatedValue leaves it) instead of decoding the body
+// a second time; a value that does not bind, they decode from the bytes.
+type validatedBody struct {
+	io.ReadCloser
+	value any
+}
+
+// ValidatedValue is the body's value, decoded and checked against its
+// schema.
+func (b *validatedBody) ValidatedValue() any { return b.value }
+
+// validated is body, the body validateBody checked for the operation
+// about to run, with the value it decoded, if it kept one.
+func (req *request) validated(body io.ReadCloser) io.ReadCloser {
+	if req.body.value == nil {
+		return body
+	}
+	req.body.ReadCloser = body
+	return &req.body
 }
 
 type requestKey struct{}
+
+// requestContext is the context of a request as observe hands it on: its
+// parent's, with the request (under requestKey) and its id (under chi's
+// middleware.RequestIDKey, which middleware.GetReqID reads). It is part of
+// the request, so that the two cost one context, and no allocation of
+// their own.
+type requestContext struct {
+	context.Context
+	req *request
+}
+
+// Value implements context.Context.
+func (c *requestContext) Value(key any) any {
+	switch key {
+	case requestKey{}:
+		return c.req
+	case middleware.RequestIDKey:
+		return c.req.id
+	}
+	return c.Context.Value(key)
+}
+
+// withRequest is r with req, whose id is id, in its context.
+func withRequest(r *http.Request, req *request, id string) *http.Request {
+	req.id = id
+	req.ctx = requestContext{Context: r.Context(), req: req}
+	return r.WithContext(&req.ctx)
+}
 
 // requestFrom returns the request in ctx; a context without one gets an
 // empty one.
@@ -118,7 +176,7 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 			f.problems.write(w, r, err)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = req.validated(io.NopCloser(bytes.NewReader(body)))
 		next.ServeHTTP(w, withCall(r, call[noUnit]{account: account}))
 	})
 }
@@ -166,21 +224,164 @@ func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request) ([]byte, er
 }
 
 // contract is openapi.yaml, which requests are checked against.
-type contract struct{ doc *openapi3.T }
+type contract struct {
+	doc *openapi3.T
+	// exact holds the request bodies whose checked value binds into their
+	// generated types as their bytes decode (bindsExactly): validateBody
+	// hands the operation that value, so that the body is decoded once.
+	exact map[*openapi3.RequestBody]bool
+	// routes are what check hands kin-openapi for each operation, made
+	// once (see checkedRoute).
+	routes map[*openapi3.Operation]*routers.Route
+}
+
+// newContract is doc's contract.
+func newContract(doc *openapi3.T) contract {
+	c := contract{doc: doc, exact: map[*openapi3.RequestBody]bool{}, routes: map[*openapi3.Operation]*routers.Route{}}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			c.routes[op] = checkedRoute(doc, path, item, method, op)
+			if op.RequestBody == nil || op.RequestBody.Value == nil {
+				continue
+			}
+			body, exact := op.RequestBody.Value, true
+			for media, content := range body.Content {
+				// An object: kin-openapi reads a top-level binary string
+				// otherwise.
+				exact = exact && (media == "application/json" || strings.HasSuffix(media, "+json")) &&
+					content.Schema != nil && content.Schema.Value != nil && content.Schema.Value.Type.Is(openapi3.TypeObject) &&
+					bindsExactly(content.Schema, map[*openapi3.Schema]bool{})
+			}
+			// OpenAPI 3.1 checks bodies as JSON Schema 2020-12, which
+			// checkJSON does not ask for.
+			c.exact[body] = exact && len(body.Content) > 0 && !doc.IsOpenAPI31OrLater()
+		}
+	}
+	return c
+}
+
+// bindsExactly reports whether every JSON value the schema s accepts binds
+// into its generated type from the value validation decoded
+// (runtime.BindJSONValue) as it does from its bytes (encoding/json):
+// validation sets no default in it, and every object takes no member but
+// its properties, whose names encoding/json would match without regard to
+// case, and BindJSONValue exactly. Anything else (composition, nullable,
+// the keywords of OpenAPI 3.1) counts as not.
+func bindsExactly(s *openapi3.SchemaRef, seen map[*openapi3.Schema]bool) bool {
+	if s == nil || s.Value == nil {
+		return false
+	}
+	v := s.Value
+	if seen[v] {
+		return true
+	}
+	seen[v] = true
+	if v.Default != nil || v.Nullable || v.Type == nil || !v.Type.IsSingle() ||
+		len(v.AllOf)+len(v.AnyOf)+len(v.OneOf)+len(v.PrefixItems)+len(v.PatternProperties)+len(v.DependentSchemas) > 0 ||
+		v.Not != nil || v.Contains != nil || v.If != nil || v.Then != nil || v.Else != nil || v.Const != nil ||
+		v.UnevaluatedItems.Has != nil || v.UnevaluatedItems.Schema != nil || v.UnevaluatedProperties.Has != nil || v.UnevaluatedProperties.Schema != nil {
+		return false
+	}
+	switch {
+	case v.Type.Is(openapi3.TypeObject):
+		if v.AdditionalProperties.Has == nil || *v.AdditionalProperties.Has || v.AdditionalProperties.Schema != nil {
+			return false
+		}
+		for _, p := range v.Properties {
+			if !bindsExactly(p, seen) {
+				return false
+			}
+		}
+		return true
+	case v.Type.Is(openapi3.TypeArray):
+		return bindsExactly(v.Items, seen)
+	default:
+		return len(v.Properties) == 0 && v.Items == nil
+	}
+}
+
+// checkedRoute is the route kin-openapi checks the requests to the
+// operation op (method path) against. Its security requirements are
+// checked with checkOptions' AuthenticationFunc, which accepts every
+// scheme, since admit authenticates: what that check can refuse (a
+// scheme the document does not declare) does not depend on the request.
+// Where it passes, the route's operation is op without requirements, so
+// that kin-openapi does not check them again at every request: the sorted
+// names, the copy of the body, its closures.
+func checkedRoute(doc *openapi3.T, path string, item *openapi3.PathItem, method string, op *openapi3.Operation) *routers.Route {
+	route := &routers.Route{Spec: doc, Path: path, PathItem: item, Method: method, Operation: op}
+	security := doc.Security
+	if op.Security != nil {
+		security = *op.Security
+	}
+	in := &openapi3filter.RequestValidationInput{Route: route, Options: &checkOptions}
+	if openapi3filter.ValidateSecurityRequirements(context.Background(), in, security) == nil {
+		checked := *op
+		checked.Security = &openapi3.SecurityRequirements{}
+		route.Operation = &checked
+	}
+	return route
+}
+
+// keyParsed leaves the Idempotency-Key header out of what kin-openapi
+// checks of the operations the front door runs the protocol on: it has
+// parsed the key (idempotency.ParseKey) before check runs, and refused
+// every key the header's schema would, if that schema is the one
+// ParseKey enforces (keySchema); else the header is checked as before.
+func (c contract) keyParsed(ops []*oapi.Operation) {
+	for _, op := range ops {
+		route := c.routes[op.Spec]
+		if route == nil || route.PathItem.Parameters.GetByInAndName(openapi3.ParameterInHeader, idempotency.HeaderKey) != nil {
+			continue // one the path declares is checked unless the operation's overrides it
+		}
+		var kept openapi3.Parameters
+		for _, p := range route.Operation.Parameters {
+			if p.Value != nil && p.Value.In == openapi3.ParameterInHeader && strings.EqualFold(p.Value.Name, idempotency.HeaderKey) && keySchema(p.Value) {
+				continue
+			}
+			kept = append(kept, p)
+		}
+		if len(kept) == len(route.Operation.Parameters) {
+			continue
+		}
+		checked := *route.Operation
+		checked.Parameters = kept
+		route.Operation = &checked
+	}
+}
+
+// keySchema reports whether the Idempotency-Key header p accepts every
+// key idempotency.ParseKey accepts: one value of 1 to MaxKeyLength
+// printable ASCII characters, which it checks the same way.
+func keySchema(p *openapi3.Parameter) bool {
+	if p.Schema == nil || p.Schema.Value == nil || p.Content != nil {
+		return false
+	}
+	s := p.Schema.Value
+	return s.Type != nil && s.Type.Is(openapi3.TypeString) && s.Type.IsSingle() && s.Format == "" && len(s.Enum) == 0 &&
+		s.MinLength <= 1 && (s.MaxLength == nil || *s.MaxLength >= idempotency.MaxKeyLength) &&
+		(s.Pattern == "" || s.Pattern == `^[\x20-\x7E]+$`) &&
+		len(s.AllOf)+len(s.AnyOf)+len(s.OneOf) == 0 && s.Not == nil && s.Const == nil
+}
 
 // input is what kin-openapi checks r against: the operation op of route,
 // with the path parameters chi matched.
 func (c contract) input(r *http.Request, route string, op *openapi3.Operation) *openapi3filter.RequestValidationInput {
-	params := map[string]string{}
-	if rc := chi.RouteContext(r.Context()); rc != nil {
+	var params map[string]string // kin-openapi only reads it
+	if rc := chi.RouteContext(r.Context()); rc != nil && len(rc.URLParams.Keys) > 0 {
+		params = make(map[string]string, len(rc.URLParams.Keys))
 		for i, name := range rc.URLParams.Keys {
 			params[name] = rc.URLParams.Values[i]
 		}
 	}
+	checked := c.routes[op]
+	if checked == nil || checked.Path != route || checked.Method != r.Method {
+		checked = &routers.Route{Spec: c.doc, Path: route, PathItem: c.doc.Paths.Value(route), Method: r.Method, Operation: op}
+	}
 	return &openapi3filter.RequestValidationInput{
 		Request:    r,
 		PathParams: params,
-		Route:      &routers.Route{Spec: c.doc, Path: route, PathItem: c.doc.Paths.Value(route), Method: r.Method, Operation: op},
+		Route:      checked,
 		Options:    &checkOptions,
 	}
 }
@@ -193,8 +394,9 @@ var checkOptions = openapi3filter.Options{
 }
 
 // bodyOptions check a body against its schema, for which kin-openapi
-// reads nothing of the input but the request and these.
-var bodyOptions openapi3filter.Options
+// reads nothing of the input but the request and these, and keep the value
+// it decoded (in the request's body, as ValidatedValue).
+var bodyOptions = openapi3filter.Options{KeepValidatedValue: true}
 
 // check validates the request's parameters and media type against the
 // operation op of route; its body's schema is validateBody's.
@@ -303,14 +505,53 @@ func (c contract) validateBody(r *http.Request, body []byte) error {
 	if op == nil || op.RequestBody == nil || op.RequestBody.Value == nil {
 		return nil
 	}
+	if value, ok := c.checkJSON(r, op.RequestBody.Value, body); ok {
+		requestFrom(r.Context()).body.value = value
+		return nil
+	}
+	// A body that fails, or one checkJSON leaves alone: kin-openapi says
+	// why, in its words.
 	req := *r
 	req.Body, req.GetBody = io.NopCloser(bytes.NewReader(body)), nil
 	input := &openapi3filter.RequestValidationInput{Request: &req, Options: &bodyOptions}
 	if err := openapi3filter.ValidateRequestBody(r.Context(), input, op.RequestBody.Value); err != nil {
 		return describe(err)
 	}
+	if kept, ok := req.Body.(interface{ ValidatedValue() any }); ok && c.exact[op.RequestBody.Value] {
+		requestFrom(r.Context()).body.value = kept.ValidatedValue()
+	}
 	return nil
 }
+
+// checkJSON checks a JSON body of a request body rb that binds exactly
+// (bindsExactly) against its schema as openapi3filter.ValidateRequestBody
+// does (its decoder, its options), without what that costs besides
+// decoding and validating: reading the body again, copying it and the
+// request, and its options and closures. It returns the value it decoded,
+// and whether the body passed; false also when it cannot tell (no body,
+// a media type it has no schema for), and ValidateRequestBody decides.
+func (c contract) checkJSON(r *http.Request, rb *openapi3.RequestBody, body []byte) (any, bool) {
+	if len(body) == 0 || !c.exact[rb] {
+		return nil, false
+	}
+	media := rb.Content.Get(r.Header.Get("Content-Type"))
+	if media == nil || media.Schema == nil || media.Schema.Value == nil {
+		return nil, false
+	}
+	value, err := openapi3filter.JSONBodyDecoder(bytes.NewReader(body), r.Header, media.Schema, nil)
+	if err != nil {
+		return nil, false
+	}
+	if err := media.Schema.Value.VisitJSON(value, jsonBodyOptions...); err != nil {
+		return nil, false
+	}
+	return value, true
+}
+
+// jsonBodyOptions are the options ValidateRequestBody validates a JSON
+// body with, bodyOptions given. Defaults are set where a schema has them,
+// which no body that binds exactly has.
+var jsonBodyOptions = []openapi3.SchemaValidationOption{openapi3.VisitAsRequest(), openapi3.DefaultsSet(func() {})}
 
 // holdsNUL reports whether a JSON document has a string with the NUL
 // character in it: JSON can only spell it \u0000, an escape that is not

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/google/uuid"
 
 	"github.com/oncekey/oncekey/internal/store"
@@ -64,5 +65,72 @@ func TestCallIsFoundByItsKindOfUnit(t *testing.T) {
 				t.Fatalf("account %v, want %v", account, caller)
 			}
 		})
+	}
+}
+
+// TestBodiesBindAsValidated: every request body of openapi.yaml binds into
+// its generated type from the value its check decoded, so that no
+// operation decodes its body twice; a schema that loses it (a default, an
+// object open to other members) would only cost time, and this says so.
+// A body that could bind otherwise than its bytes decode is not handed on.
+func TestBodiesBindAsValidated(t *testing.T) {
+	t.Parallel()
+	doc, err := LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newContract(doc)
+	if len(c.exact) == 0 {
+		t.Fatal("no request body found in openapi.yaml")
+	}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			if op.RequestBody != nil && !c.exact[op.RequestBody.Value] {
+				t.Errorf("%s %s: its body is decoded twice (bindsExactly is false)", method, path)
+			}
+		}
+	}
+
+	for schema, want := range map[string]bool{
+		`{"type":"object","additionalProperties":false,"properties":{"a":{"type":"string"}}}`:              true,
+		`{"type":"object","properties":{"a":{"type":"string"}}}`:                                           false, // "A" binds to a only from the bytes
+		`{"type":"object","additionalProperties":false,"properties":{"a":{"type":"integer","default":1}}}`: false,
+		`{"type":"array","items":{"type":"string","nullable":true}}`:                                       false,
+		`{"type":"array","items":{"type":"integer"}}`:                                                      true,
+		`{"oneOf":[{"type":"string"}]}`:                                                                    false,
+	} {
+		var s openapi3.Schema
+		if err := s.UnmarshalJSON([]byte(schema)); err != nil {
+			t.Fatalf("%s: %v", schema, err)
+		}
+		if got := bindsExactly(openapi3.NewSchemaRef("", &s), map[*openapi3.Schema]bool{}); got != want {
+			t.Errorf("bindsExactly(%s) = %v, want %v", schema, got, want)
+		}
+	}
+}
+
+// TestKeySchema: kin-openapi leaves the Idempotency-Key header to
+// idempotency.ParseKey only while the header's schema in openapi.yaml
+// accepts every key ParseKey does; a stricter one is checked as before.
+func TestKeySchema(t *testing.T) {
+	t.Parallel()
+	doc, err := LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := doc.Components.Parameters["IdempotencyKey"]
+	if p == nil || !keySchema(p.Value) {
+		t.Fatal("openapi.yaml's Idempotency-Key header is checked twice: its schema is not the one ParseKey enforces")
+	}
+	stricter := *p.Value.Schema.Value
+	limit := uint64(64)
+	stricter.MaxLength = &limit
+	if keySchema(&openapi3.Parameter{Schema: openapi3.NewSchemaRef("", &stricter)}) {
+		t.Error("a header of at most 64 characters would be left unchecked")
+	}
+	stricter = *p.Value.Schema.Value
+	stricter.Pattern = "^[a-z]+$"
+	if keySchema(&openapi3.Parameter{Schema: openapi3.NewSchemaRef("", &stricter)}) {
+		t.Error("a header with another pattern would be left unchecked")
 	}
 }

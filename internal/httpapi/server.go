@@ -146,7 +146,7 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		return nil, err
 	}
 	problems := problemWriter{log: cfg.Logger}
-	spec := contract{doc: doc}
+	spec := newContract(doc)
 	engine := idempotency.New(idempotency.Config{
 		Route:      routePattern,
 		TTL:        cfg.TTL,
@@ -163,6 +163,7 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 	for _, op := range ops.Covered() {
 		cfg.Metrics.Operations(idempotency.OperationName(op.Method, op.Path))
 	}
+	spec.keyParsed(ops.Covered())
 	h := &handlers{
 		orders: orders.NewService(cfg.Reads), payments: cfg.Payments, ledger: ledger.NewService(cfg.Reads),
 		ready: cfg.Ready, wrapOrders: cfg.Orders, baseline: o.baseline,
@@ -175,7 +176,7 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		problems: problems, protocols: protocols, baseline: o.baseline != nil}
 
 	r := chi.NewRouter()
-	r.Use(secure, requestID, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
+	r.Use(secure, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
 		problems.write(w, req, fmt.Errorf("%w: %s", errNoEndpoint, req.URL.Path))
 	})
@@ -275,13 +276,14 @@ func routePattern(r *http.Request) string {
 
 // observe writes one structured log line per request and records its
 // metrics. It never logs the API key or the body. It puts the request's
-// one per-request value in its context, which the front door fills in.
+// one per-request value in its context, which the front door fills in,
+// with the request's id (requestID).
 func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
 			req := &request{}
-			r = r.WithContext(context.WithValue(r.Context(), requestKey{}, req))
+			r = withRequest(r, req, requestID(r))
 			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 			next.ServeHTTP(ww, r)
 			route := req.route
@@ -299,41 +301,49 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 				}
 				m.Outcome(idempotency.OperationName(r.Method, route), req.outcome)
 			}
-			attrs := []any{
-				"request_id", middleware.GetReqID(r.Context()),
-				"method", r.Method,
-				"route", route,
-				"status", ww.Status(),
-				"bytes", ww.BytesWritten(),
-				"duration_ms", float64(elapsed.Microseconds()) / 1000,
+			// Attrs, not key-value pairs: the same line, without boxing
+			// each value (nor building any of it when the handler
+			// discards the level).
+			attrs := [...]slog.Attr{
+				slog.String("request_id", req.id), // what middleware.GetReqID finds
+				slog.String("method", r.Method),
+				slog.String("route", route),
+				slog.Int("status", ww.Status()),
+				slog.Int("bytes", ww.BytesWritten()),
+				slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
+				{}, // the outcome, if any
 			}
+			n := len(attrs) - 1
+			// A span that records nothing (no tracing, or not sampled)
+			// drops names and attributes: they are not made for it.
 			span := trace.SpanFromContext(r.Context())
-			if route != "" {
+			recording := span.IsRecording()
+			if route != "" && recording {
 				span.SetName(idempotency.OperationName(r.Method, route))
 				span.SetAttributes(semconv.HTTPRoute(route))
 			}
 			if req.outcome != idempotency.OutcomeNone {
-				attrs = append(attrs, "idempotency", string(req.outcome))
-				tracing.SetOutcome(r.Context(), string(req.outcome))
+				attrs[n], n = slog.String("idempotency", string(req.outcome)), n+1
+				if recording {
+					tracing.SetOutcome(r.Context(), string(req.outcome))
+				}
 			}
-			log.InfoContext(r.Context(), "request", attrs...)
+			log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs[:n]...)
 		})
 	}
 }
 
-// requestID gives every request the id its log line carries (through
-// chi's middleware.GetReqID): the client's X-Request-Id when it is short
-// and plain, as a proxy in front sets it, else one of the server's own. A
+// requestID is the id a request's log line carries (through chi's
+// middleware.GetReqID): the client's X-Request-Id when it is short and
+// plain, as a proxy in front sets it, else one of the server's own. A
 // client's id goes no further than the log, and a long or odd one would
 // let any caller, authenticated or not, fill the log with it.
-func requestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(middleware.RequestIDHeader)
-		if !plainRequestID(id) {
-			id = rand.Text()
-		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), middleware.RequestIDKey, id)))
-	})
+func requestID(r *http.Request) string {
+	id := r.Header.Get(middleware.RequestIDHeader)
+	if !plainRequestID(id) {
+		id = rand.Text()
+	}
+	return id
 }
 
 // plainRequestID reports whether a client's request id may be logged as it
