@@ -209,7 +209,7 @@ func requireConformance(t *testing.T, args ...string) (passed, skipped int) {
 	out, err := runCommand(t, map[string]string{}, append(args, "--format", "json")...)
 	var doc struct {
 		Summary struct{ Passed, Failed, Skipped int }
-		Results []struct{ Check, Operation, Status, Message string }
+		Results []struct{ Check, Operation, Status, Reason string }
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &doc), "a JSON report (%v): %.2000s", err, out)
 	// The failed checks alone, not the report of every check: a failure
@@ -217,12 +217,12 @@ func requireConformance(t *testing.T, args ...string) (passed, skipped int) {
 	var failed strings.Builder
 	for _, r := range doc.Results {
 		if r.Status == "fail" {
-			fmt.Fprintf(&failed, "%s on %s: %s\n", r.Check, r.Operation, r.Message)
+			fmt.Fprintf(&failed, "%s on %s: %s\n", r.Check, r.Operation, r.Reason)
 		}
 	}
 	require.NoError(t, err, "failed:\n%s", failed.String())
 	for _, r := range doc.Results {
-		require.NotEqual(t, "fail", r.Status, "%s on %s: %s", r.Check, r.Operation, r.Message)
+		require.NotEqual(t, "fail", r.Status, "%s on %s: %s", r.Check, r.Operation, r.Reason)
 	}
 	require.Zero(t, doc.Summary.Failed)
 	require.Positive(t, doc.Summary.Passed)
