@@ -345,11 +345,11 @@ type Order struct {
 	Id    string      `json:"id"`
 	Items []OrderItem `json:"items"`
 
-	// Status `created`, or `cancelled` for good.
+	// Status `created`, or `cancelled` for good. Open: later versions may add values, and a client must accept one it does not know.
 	Status OrderStatus `json:"status"`
 }
 
-// OrderStatus `created`, or `cancelled` for good.
+// OrderStatus `created`, or `cancelled` for good. Open: later versions may add values, and a client must accept one it does not know.
 type OrderStatus string
 
 // OrderItem defines model for OrderItem.
@@ -398,7 +398,7 @@ type Payment struct {
 	// ProviderChargeId The provider's charge, once `succeeded`.
 	ProviderChargeId *string `json:"provider_charge_id,omitempty"`
 
-	// Status `pending` until the provider answered; then `succeeded` or `failed` for good.
+	// Status `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
 	Status PaymentStatus `json:"status"`
 }
 
@@ -408,7 +408,7 @@ type Payment struct {
 // charge), `provider_rejected` (the provider refused the request).
 type PaymentFailureReason string
 
-// PaymentStatus `pending` until the provider answered; then `succeeded` or `failed` for good.
+// PaymentStatus `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
 type PaymentStatus string
 
 // Problem An RFC 9457 problem details object.
@@ -446,7 +446,7 @@ type Refund struct {
 	ProviderRefundId *string `json:"provider_refund_id,omitempty"`
 	Reason           string  `json:"reason"`
 
-	// Status `pending` until the provider answered; then `succeeded` or `failed` for good.
+	// Status `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
 	Status RefundStatus `json:"status"`
 }
 
@@ -457,7 +457,7 @@ type Refund struct {
 // refund does not count against the payment's amount.
 type RefundFailureReason string
 
-// RefundStatus `pending` until the provider answered; then `succeeded` or `failed` for good.
+// RefundStatus `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
 type RefundStatus string
 
 // RefundList defines model for RefundList.

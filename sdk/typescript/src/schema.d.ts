@@ -314,7 +314,7 @@ export interface components {
             /** @example 0193a6f2-5c1e-7cc4-9a5e-3f2b1d7e8a90 */
             id: string;
             /**
-             * @description `created`, or `cancelled` for good.
+             * @description `created`, or `cancelled` for good. Open: later versions may add values, and a client must accept one it does not know.
              * @enum {string}
              */
             status: "created" | "cancelled";
@@ -369,7 +369,7 @@ export interface components {
             id: string;
             order_id: string;
             /**
-             * @description `pending` until the provider answered; then `succeeded` or `failed` for good.
+             * @description `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
              * @enum {string}
              */
             status: "pending" | "succeeded" | "failed";
@@ -406,7 +406,7 @@ export interface components {
             id: string;
             payment_id: string;
             /**
-             * @description `pending` until the provider answered; then `succeeded` or `failed` for good.
+             * @description `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
              * @enum {string}
              */
             status: "pending" | "succeeded" | "failed";
