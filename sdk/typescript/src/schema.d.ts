@@ -317,7 +317,7 @@ export interface components {
              * @description `created`, or `cancelled` for good. Open: later versions may add values, and a client must accept one it does not know.
              * @enum {string}
              */
-            status: "created" | "cancelled";
+            status: "created" | "cancelled" | (string & {});
             /** Format: int64 */
             amount: number;
             currency: string;
@@ -372,7 +372,7 @@ export interface components {
              * @description `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
              * @enum {string}
              */
-            status: "pending" | "succeeded" | "failed";
+            status: "pending" | "succeeded" | "failed" | (string & {});
             /**
              * @description Why a `failed` payment failed: `card_declined` (the provider
              *     declined it; not retried), `provider_unavailable` (the provider
@@ -409,7 +409,7 @@ export interface components {
              * @description `pending` until the provider answered; then `succeeded` or `failed` for good. Open: later versions may add values, and a client must accept one it does not know.
              * @enum {string}
              */
-            status: "pending" | "succeeded" | "failed";
+            status: "pending" | "succeeded" | "failed" | (string & {});
             /**
              * @description Why a `failed` refund failed: `refund_declined` (the provider
              *     declined it), `provider_unavailable` (the provider did not answer

@@ -152,6 +152,33 @@ describe("payments and bonuses", () => {
   });
 });
 
+describe("open statuses", () => {
+  // The statuses of orders, payments and refunds are open enums
+  // (x-open-enum in openapi.yaml): a later server may answer one this SDK
+  // does not know. It is handed over as it came, and the types make a
+  // caller's switch keep a default for it.
+  test("a status this SDK does not know is read as it came, for a default branch", async () => {
+    const disputed: Payment = { ...PENDING, status: "disputed" };
+    const { url } = await scripted(reply(200, disputed));
+    const payment = await client(url).getPayment(disputed.id);
+    assert.equal(whatToDo(payment.status), "show it as it came");
+    assert.equal(payment.status, "disputed");
+  });
+});
+
+/** A caller's switch over a payment's status, as the README of the SDK shows it. */
+function whatToDo(status: Payment["status"]): string {
+  switch (status) {
+    case "pending":
+      return "poll again";
+    case "succeeded":
+    case "failed":
+      return "done";
+    default:
+      return "show it as it came"; // a status added after this SDK was generated
+  }
+}
+
 describe("the operations endpoints", () => {
   test("getHealth and getReadiness are probes: answered as they are, not retried", async () => {
     const { url, seen } = await scripted(reply(200, { status: "ok" }), problem(503, "unavailable", { "Retry-After": "1" }));
