@@ -371,23 +371,20 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 		// Replays are rare: the durable store answers, and Redis is spared
 		// a look-up that would almost always miss.
 		s.cfg.Observer.Redis(resultBypassed)
-		lease, rec, err := next(ctx, req)
-		return leaseOrRecord[U](s, lease, rec, err, nil)
+		return direct(ctx, s, req, next)
 	}
 	if !s.breaker.closed() {
 		// Redis is left alone: the durable store answers, as fast as it
 		// does without Redis.
 		s.cfg.Observer.Redis(resultSkipped)
 		s.cfg.Observer.Fallback()
-		lease, rec, err := next(ctx, req)
-		return leaseOrRecord[U](s, lease, rec, err, nil)
+		return direct(ctx, s, req, next)
 	}
 	recKey, markerKey := s.KeyNames(req.Scope, req.Key)
 	rec, res := s.cached(ctx, recKey)
 	s.cfg.Observer.Redis(res)
 	if rec != nil {
-		s.replays.observe(true)
-		return nil, rec, nil
+		return nil, s.counted(rec), nil
 	}
 	redisFailed := res == resultError || res == resultSkipped
 
@@ -420,16 +417,14 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 		case rec != nil:
 			// The previous holder committed (cached, then released its
 			// marker) between our look-up and our attempt at the marker.
-			s.replays.observe(true)
-			return nil, rec, nil
+			return nil, s.counted(rec), nil
 		case !held:
 			// Another request (on any replica) is running this key: wait
 			// for its outcome on Redis, holding no database connection.
 			rec, failed := s.await(ctx, recKey, markerKey, req.Wait)
 			redisFailed = redisFailed || failed
 			if rec != nil {
-				s.replays.observe(true)
-				return nil, rec, nil
+				return nil, s.counted(rec), nil
 			}
 			if err := ctx.Err(); err != nil {
 				return nil, nil, err
@@ -449,26 +444,29 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 	lease, rec, err := next(ctx, claimReq)
 	if lease == nil {
 		s.release(ctx, recKey, markerKey, token, ours, rec) // read-through
+		return nil, s.counted(rec), err
 	}
-	return leaseOrRecord(s, lease, rec, err, &cachedLease[U]{s: s, lookedUp: true, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
-		cacheOnCommit: s.cfg.ShedDuplicates, fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)})
+	return &cachedLease[U]{Lease: lease, s: s, lookedUp: true, recKey: recKey, markerKey: markerKey, token: token, ours: ours,
+		cacheOnCommit: s.cfg.ShedDuplicates, fingerprint: req.Fingerprint, createdAt: start, expiresAt: start.Add(req.TTL)}, nil, nil
 }
 
-// leaseOrRecord passes the durable store's answer on: a record counts as a
-// replay, and a lease is wrapped (in l when l is not nil) so that its
-// commit counts what it turns out to be.
-func leaseOrRecord[U any](s *Store, lease idempotency.Lease[U], rec *idempotency.Record, err error, l *cachedLease[U]) (idempotency.Lease[U], *idempotency.Record, error) {
+// direct claims on the durable store alone, Redis not looked up. Its lease
+// is still wrapped, so that its commit counts what it turns out to be.
+func direct[U any](ctx context.Context, s *Store, req idempotency.ClaimRequest, next func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) (idempotency.Lease[U], *idempotency.Record, error) {
+	lease, rec, err := next(ctx, req)
 	if lease == nil {
-		if rec != nil {
-			s.replays.observe(true)
-		}
-		return nil, rec, err
+		return nil, s.counted(rec), err
 	}
-	if l == nil {
-		l = &cachedLease[U]{s: s}
+	return &cachedLease[U]{Lease: lease, s: s}, nil, nil
+}
+
+// counted returns rec, a record the durable store answered a claim with,
+// counted as a replay if there is one.
+func (s *Store) counted(rec *idempotency.Record) *idempotency.Record {
+	if rec != nil {
+		s.replays.observe(true)
 	}
-	l.Lease = lease
-	return l, nil, nil
+	return rec
 }
 
 // lookUp says whether a claim goes to Redis first.
