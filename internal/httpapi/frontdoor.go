@@ -394,9 +394,8 @@ var checkOptions = openapi3filter.Options{
 }
 
 // bodyOptions check a body against its schema, for which kin-openapi
-// reads nothing of the input but the request and these, and keep the value
-// it decoded (in the request's body, as ValidatedValue).
-var bodyOptions = openapi3filter.Options{KeepValidatedValue: true}
+// reads nothing of the input but the request and these.
+var bodyOptions openapi3filter.Options
 
 // check validates the request's parameters and media type against the
 // operation op of route; its body's schema is validateBody's.
@@ -516,9 +515,6 @@ func (c contract) validateBody(r *http.Request, body []byte) error {
 	input := &openapi3filter.RequestValidationInput{Request: &req, Options: &bodyOptions}
 	if err := openapi3filter.ValidateRequestBody(r.Context(), input, op.RequestBody.Value); err != nil {
 		return describe(err)
-	}
-	if kept, ok := req.Body.(interface{ ValidatedValue() any }); ok && c.exact[op.RequestBody.Value] {
-		requestFrom(r.Context()).body.value = kept.ValidatedValue()
 	}
 	return nil
 }
