@@ -175,8 +175,9 @@ func TestLoneCommit(t *testing.T) {
 
 			scope, key := "lone-"+rand.Text(), "key-"+rand.Text()
 			req := idempotency.ClaimRequest{Scope: scope, Key: key, Method: http.MethodPost, Route: "/writes", TTL: time.Hour, Wait: 5 * time.Second}
-			commit := func(body string, queue []queued) error {
-				ctx, cancel := context.WithTimeout(ctx, time.Second) // a request's deadline
+			// commit commits body through a new claim of key within deadline.
+			commit := func(deadline time.Duration, body string, queue []queued) error {
+				ctx, cancel := context.WithTimeout(ctx, deadline)
 				defer cancel()
 				lease, rec, err := bound(t, store, queue...).Claim(ctx, req)
 				require.NoError(t, err, "claim")
@@ -189,7 +190,9 @@ func TestLoneCommit(t *testing.T) {
 			release := func() {} // what before holds, let go once the commit is done (or the test ends)
 			switch tt.before {
 			case "replay":
-				require.NoError(t, commit("stored", []queued{withN(1)}), "store the record replayed")
+				// Setting up, not under test: a cold connection on a busy
+				// machine may take longer than a request's deadline.
+				require.NoError(t, commit(10*time.Second, "stored", []queued{withN(1)}), "store the record replayed")
 			case "held":
 				req.Wait = 200 * time.Millisecond
 				lease, _, err := store.Claim(ctx, req)
@@ -216,7 +219,7 @@ func TestLoneCommit(t *testing.T) {
 
 			before := counted.n.Load()
 			start := time.Now()
-			err = commit("first", tt.queue)
+			err = commit(requestDeadline, "first", tt.queue)
 			for retries := 0; tt.before == "held" && errors.Is(err, idempotency.ErrUnavailable) && retries < 3; retries++ {
 				// The server answers its own lock_timeout after the 200ms
 				// wait; on a starved machine that answer can arrive after
@@ -225,7 +228,7 @@ func TestLoneCommit(t *testing.T) {
 				// Only the in-flight answer is under test here: a bounded
 				// retry.
 				before, start = counted.n.Load(), time.Now()
-				err = commit("first", tt.queue)
+				err = commit(requestDeadline, "first", tt.queue)
 			}
 			release()
 			require.Equal(t, tt.statements, counted.n.Load()-before, "statements of the commit")
@@ -250,6 +253,9 @@ func TestLoneCommit(t *testing.T) {
 		})
 	}
 }
+
+// requestDeadline is the deadline of the commit under test, a request's.
+const requestDeadline = time.Second
 
 // TestLoneCommitSlowStatement checks the client-side bound of a lone
 // commit's statement: a statement that answers well beyond its wait (a busy
