@@ -226,7 +226,7 @@ type accountsRevokeCmd struct {
 
 type conformanceCmd struct {
 	Spec        string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1; local $refs only)."`
-	URL         string        `name:"url" required:"" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080."`
+	URL         string        `name:"url" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080 (required unless --plan)."`
 	Auth        string        `name:"auth" placeholder:"HEADER" help:"Authorization header of a test account, e.g. \"Bearer sk_test_...\"."`
 	Auth2       string        `name:"auth2" placeholder:"HEADER" help:"Authorization header of a second account; without it credential-isolation is skipped."`
 	Profile     string        `name:"profile" enum:"oncekey,ietf,stripe" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (422, 409), stripe (400, 409, key optional)."`
@@ -235,6 +235,8 @@ type conformanceCmd struct {
 	Overrides   string        `name:"overrides" placeholder:"FILE" help:"YAML of request bodies, path parameters, headers, slow requests and skipped checks per operation (see docs/conformance.md)."`
 	Concurrency int           `name:"concurrency" default:"10" help:"How many identical requests the concurrency checks send at once."`
 	Timeout     time.Duration `name:"timeout" default:"10s" help:"Bound on each request."`
+	Plan        bool          `name:"plan" help:"Send nothing: list the operations under the protocol, their first requests and where each value comes from (--format text or json)."`
+	Explain     bool          `name:"explain" help:"Before the checks, write to standard error where each value of every operation's requests comes from (example, schema, link, Location, name match, override)."`
 }
 
 type contractTestCmd struct {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -37,10 +38,26 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 	if err != nil {
 		return err
 	}
-	results, err := conformance.Run(e.ctx, conformance.Config{
+	cfg := conformance.Config{
 		Spec: doc, BaseURL: c.URL, Auth: c.Auth, Auth2: c.Auth2, Profile: profile, Only: c.Only,
 		Overrides: overrides, Concurrency: c.Concurrency, Timeout: c.Timeout, Progress: progress(e),
-	})
+	}
+	if c.Plan || c.Explain {
+		plans, err := conformance.Plan(cfg)
+		if err != nil {
+			return err
+		}
+		if c.Plan {
+			return conformance.WritePlan(e.stdout, c.Format, plans)
+		}
+		if err := conformance.WritePlan(e.stderr, "text", plans); err != nil {
+			return err
+		}
+	}
+	if c.URL == "" {
+		return errors.New("--url is required (unless --plan)")
+	}
+	results, err := conformance.Run(e.ctx, cfg)
 	if err != nil && len(results) == 0 {
 		return err
 	}

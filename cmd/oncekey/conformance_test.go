@@ -228,3 +228,41 @@ func requireConformance(t *testing.T, args ...string) (passed, skipped int) {
 	require.Positive(t, doc.Summary.Passed)
 	return doc.Summary.Passed, doc.Summary.Skipped
 }
+
+// `oncekey conformance` against Oncekey on PostgreSQL with two accounts and
+// no overrides file: it finds by itself that PATCH and DELETE
+// /orders/{id} need an order, that a payment needs an order_id and that a
+// refund needs a payment that is no longer pending, so every check passes,
+// or is skipped for a reason no override could remove.
+func TestConformanceWithoutOverrides(t *testing.T) {
+	t.Parallel()
+	url, _ := testdb.Fresh(t)
+	env := map[string]string{"DATABASE_URL": url}
+	var keys []string
+	for _, name := range []string{"first", "second"} {
+		out, err := runCommand(t, env, "accounts", "create", name)
+		require.NoError(t, err, "accounts create %s", name)
+		var creds struct {
+			APIKey string `json:"api_key"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &creds), out)
+		keys = append(keys, creds.APIKey)
+	}
+	addr, _ := startServe(t, map[string]string{"DATABASE_URL": url, "ONCEKEY_PAYMENT_RETRY_BASE": "50ms"})
+	out, err := runCommand(t, map[string]string{}, "conformance", "--spec", "../../openapi.yaml", "--url", "http://"+addr,
+		"--auth", "Bearer "+keys[0], "--auth2", "Bearer "+keys[1], "--format", "json")
+	var doc struct {
+		Results []struct{ Check, Operation, Status, Reason string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), "a JSON report (%v): %.2000s", err, out)
+	require.NoError(t, err, "exit 0")
+	ran := map[string]bool{}
+	for _, r := range doc.Results {
+		require.Contains(t, []string{"pass", "skip"}, r.Status, "%s on %s: %s", r.Check, r.Operation, r.Reason)
+		require.NotContains(t, r.Reason, "override", "%s on %s is skipped for want of an override", r.Check, r.Operation)
+		if r.Status == "pass" && r.Check == "replay" {
+			ran[r.Operation] = true
+		}
+	}
+	require.Len(t, ran, 7, "replay passes on every operation under the protocol: %v", ran)
+}

@@ -182,11 +182,11 @@ func checkMismatchRequest(ctx context.Context, s *session, t *target) error {
 	var other request
 	switch {
 	case q.body != nil:
-		// Made anew, a request whose create templates name resources of
-		// its own is another request, and one an API that acts once per
+		// Made anew, a request whose body or path names resources of its
+		// own is another request, and one an API that acts once per
 		// resource (pays an order once) still takes; otherwise the first
 		// body with one field varied.
-		if fresh, err := s.build(ctx, t); err == nil && !bytes.Equal(fresh.body, q.body) {
+		if fresh, err := s.build(ctx, t); err == nil && (!bytes.Equal(fresh.body, q.body) || fresh.path != q.path) {
 			other = fresh
 			break
 		}
@@ -380,7 +380,14 @@ func checkInFlight(ctx context.Context, s *session, t *target) error {
 				a, s.cfg.Profile.InFlightStatus, final)
 		}
 	}
-	if seen == 0 {
+	switch {
+	case seen > 0:
+	case s.cfg.Profile.WaitsForFirst:
+		// Oncekey's own case: a duplicate that waits for the first request
+		// gets its answer, and so does one sent after it ended.
+		return skipped(fmt.Sprintf("each of %d identical requests sent at once got the first answer, which profile %s allows a duplicate that waits for the first request: from outside, such a wait cannot be told from a retry after the first request ended (a slow request can tell them apart)",
+			len(st.all), s.cfg.Profile.Name))
+	default:
 		return skipped(fmt.Sprintf("none of %d identical requests sent at once arrived while another ran; give the operation a slow override to test this", len(st.all)))
 	}
 	return nil

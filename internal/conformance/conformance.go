@@ -230,8 +230,17 @@ func newSession(cfg Config) (*session, error) {
 			return nil, fmt.Errorf("conformance: the overrides name %q, which the spec has no operation for (name one as \"POST /orders\" or by its operationId)", name)
 		}
 	}
+	in := newInference(s.byRoute)
+	for path, item := range cfg.Spec.Paths.Map() {
+		for method, spec := range item.Operations() {
+			if t := s.byRoute[method+" "+path]; t != nil {
+				in.addLinks(t, spec)
+			}
+		}
+	}
 	for _, t := range s.byRoute {
 		t.get = s.getOf(t)
+		in.infer(t)
 	}
 	if len(s.covered) == 0 {
 		return nil, fmt.Errorf("conformance: no operation of the spec declares an %s header parameter or %s", idempotency.HeaderKey, oapi.Extension)
@@ -272,9 +281,19 @@ func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Opera
 		if mt := spec.RequestBody.Value.Content.Get(t.media); mt != nil {
 			t.schema = mt.Schema
 			if ex, ok := exampleOf(mt.Example, mt.Examples, mt.Schema); ok {
-				t.example = ex
+				t.example, t.exampled = ex, true
 			} else {
 				t.example = minimal(mt.Schema, 0)
+			}
+		}
+	}
+	if spec.Responses != nil {
+		for code, resp := range spec.Responses.Map() {
+			if !strings.HasPrefix(code, "2") || resp.Value == nil {
+				continue
+			}
+			for name := range resp.Value.Headers {
+				t.location = t.location || strings.EqualFold(name, "Location")
 			}
 		}
 	}

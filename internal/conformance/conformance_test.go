@@ -18,6 +18,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/conformance"
 )
 
@@ -54,6 +55,15 @@ func check(t *testing.T, h http.Handler, spec, overrides, profile string) []conf
 	})
 	require.NoError(t, err)
 	return results
+}
+
+// testScope is the scope of the test APIs built on the engine: the two
+// accounts check passes, and 401 for anything else.
+func testScope(r *http.Request) (string, error) {
+	if a := r.Header.Get("Authorization"); a == "Bearer a" || a == "Bearer b" {
+		return a, nil
+	}
+	return "", idempotency.ErrNoScope
 }
 
 // byStatus returns the ids of the checks with status (on any operation).

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -182,9 +183,10 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 	for name, value := range t.override.Header {
 		q.header.Set(name, value)
 	}
+	made := makes{}
 	path := t.path
 	for _, p := range t.params {
-		v, err := s.param(ctx, p, t.override.Path, depth)
+		v, err := s.value(ctx, t, "path", p, t.override.Path, made, depth)
 		if err != nil {
 			return q, fmt.Errorf("%s path parameter %s: %w", t.name, p.Name, err)
 		}
@@ -196,7 +198,7 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 		if _, given := t.override.Query[p.Name]; !given && !p.Required {
 			continue
 		}
-		v, err := s.param(ctx, p, t.override.Query, depth)
+		v, err := s.value(ctx, t, "query", p, t.override.Query, made, depth)
 		if err != nil {
 			return q, fmt.Errorf("%s query parameter %s: %w", t.name, p.Name, err)
 		}
@@ -218,12 +220,87 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 	v := t.override.Body
 	if v == nil {
 		v = t.example
+		if body, ok := v.(map[string]any); ok && len(t.chains) > 0 {
+			body = maps.Clone(body)
+			for name := range body {
+				if c := t.chains["body "+name]; c != nil {
+					value, err := s.chained(ctx, c, made, depth)
+					if err != nil {
+						return q, fmt.Errorf("%s body field %s: %w", t.name, name, err)
+					}
+					body[name] = value
+				}
+			}
+			v = body
+		}
 	}
 	v, err := s.resolve(ctx, v, depth)
 	if err != nil {
 		return q, fmt.Errorf("%s body: %w", t.name, err)
 	}
 	return q.withBody(normalise(v))
+}
+
+// value is the value of t's parameter p (in "path" or "query"): from the
+// operation that makes what it names, where inference found one, else as
+// param says.
+func (s *session) value(ctx context.Context, t *target, in string, p *openapi3.Parameter, given map[string]any, made makes, depth int) (any, error) {
+	if c := t.chains[in+" "+p.Name]; c != nil {
+		return s.chained(ctx, c, made, depth)
+	}
+	return s.param(ctx, p, given, depth)
+}
+
+// makes are the resources one request's build made, by the operation that
+// made them: every value it takes from one operation names one resource.
+type makes map[*target]made
+
+// made is a resource a request made: the request, its first answer and,
+// for a long operation, the answer once it was no longer pending.
+type made struct {
+	q            request
+	first, final answer
+}
+
+// chained is the value c takes from a new resource, made once per build.
+func (s *session) chained(ctx context.Context, c *chain, m makes, depth int) (any, error) {
+	got, ok := m[c.op]
+	if !ok {
+		var err error
+		if got, err = s.make(ctx, c.op, depth); err != nil {
+			return nil, err
+		}
+		m[c.op] = got
+	}
+	switch {
+	case c.pathOf:
+		v, err := url.PathUnescape(pathValue(got.q, c.op, c.param))
+		if err != nil || v == "" {
+			return nil, fmt.Errorf("%s: no %s in its path %s", c.op.name, c.param, got.q.path)
+		}
+		return v, nil
+	case c.header != "":
+		if v := got.first.header.Get(c.header); v != "" {
+			return v, nil
+		}
+		return nil, fmt.Errorf("%s answered without %s: %s", c.op.name, c.header, got.first)
+	case c.template != "":
+		if loc := got.first.header.Get("Location"); loc != "" {
+			if v, ok := c.fromLocationPath(s.location(got.q, loc)); ok {
+				return v, nil
+			}
+		}
+	}
+	field := cmp.Or(c.field, "id")
+	doc, err := decodeJSON(got.final.body)
+	if err != nil {
+		return nil, fmt.Errorf("%s answered no JSON: %s", c.op.name, got.final)
+	}
+	v, ok := lookup(doc, field)
+	if !ok {
+		return nil, fmt.Errorf("%s: the answer has no %s: %s", c.op.name, field, got.final)
+	}
+	return v, nil
 }
 
 // param is the value of parameter p: as given, else its example, else the
@@ -292,39 +369,51 @@ func (s *session) resolve(ctx context.Context, v any, depth int) (any, error) {
 var pendingStatuses = []string{"pending", "processing", "queued", "in_progress", "running"}
 
 // create sends a new request of the operation method path and returns
-// field of its answer. An answer 202 with a Location is a long operation:
-// create reads the Location until the resource is no longer pending, so
-// that what it returns can be used (a payment that can be refunded).
+// field of its answer (see make).
 func (s *session) create(ctx context.Context, method, path, field string, depth int) (any, error) {
 	t := s.byRoute[method+" "+path]
 	if t == nil {
 		return nil, fmt.Errorf("{{create:%s %s}}: the spec has no such operation", method, path)
 	}
-	q, err := s.buildDepth(ctx, t, depth+1)
+	got, err := s.make(ctx, t, depth)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("{{create:%s %s}}: %w", method, path, err)
 	}
-	a, err := s.send(ctx, q, s.newKey(), s.cfg.Auth)
+	doc, err := decodeJSON(got.final.body)
 	if err != nil {
-		return nil, err
-	}
-	if a.status < 200 || a.status > 299 {
-		return nil, fmt.Errorf("{{create:%s %s}} answered %d: %.300s", method, path, a.status, a.body)
-	}
-	if loc := a.header.Get("Location"); a.status == http.StatusAccepted && loc != "" {
-		if a, err = s.settle(ctx, s.location(q, loc)); err != nil {
-			return nil, fmt.Errorf("{{create:%s %s}}: %w", method, path, err)
-		}
-	}
-	doc, err := decodeJSON(a.body)
-	if err != nil {
-		return nil, fmt.Errorf("{{create:%s %s}} answered no JSON: %.300s", method, path, a.body)
+		return nil, fmt.Errorf("{{create:%s %s}} answered no JSON: %.300s", method, path, got.final.body)
 	}
 	v, ok := lookup(doc, field)
 	if !ok {
-		return nil, fmt.Errorf("{{create:%s %s}}: the answer has no %s: %.300s", method, path, field, a.body)
+		return nil, fmt.Errorf("{{create:%s %s}}: the answer has no %s: %.300s", method, path, field, got.final.body)
 	}
 	return v, nil
+}
+
+// make sends a new request of t, built from its own overrides and
+// inference, under a key of its own. An answer 202 with a Location is a
+// long operation: make reads the Location until the resource is no longer
+// pending, so that what it made can be used (a payment that can be
+// refunded).
+func (s *session) make(ctx context.Context, t *target, depth int) (made, error) {
+	q, err := s.buildDepth(ctx, t, depth+1)
+	if err != nil {
+		return made{}, err
+	}
+	a, err := s.send(ctx, q, s.newKey(), s.cfg.Auth)
+	if err != nil {
+		return made{}, err
+	}
+	if a.status < 200 || a.status > 299 {
+		return made{}, fmt.Errorf("%s answered %s", t.name, a)
+	}
+	m := made{q: q, first: a, final: a}
+	if loc := a.header.Get("Location"); a.status == http.StatusAccepted && loc != "" {
+		if m.final, err = s.settle(ctx, s.location(q, loc)); err != nil {
+			return made{}, fmt.Errorf("%s: %w", t.name, err)
+		}
+	}
+	return m, nil
 }
 
 // settle reads location until it is no longer pending (at most 30s).
@@ -412,6 +501,10 @@ type target struct {
 	form         bool                  // the operation takes a form body (as media, or besides it)
 	schema       *openapi3.SchemaRef   // the request body's schema
 	example      any                   // the request body the spec gives or that minimal makes
+	exampled     bool                  // example is the spec's
+	location     bool                  // an answer that says it worked declares a Location
+	chains       map[string]*chain     // values made by other operations, by where they go ("path id")
+	origins      []origin              // where each value comes from
 	override     Override
 	get          string // the path of a GET of the resource this operation answers with, or ""
 }

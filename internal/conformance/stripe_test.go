@@ -33,12 +33,7 @@ import (
 func stripeLike(t *testing.T, doc *openapi3.T) http.Handler {
 	t.Helper()
 	engine := idempotency.New(idempotency.Config{
-		Scope: func(r *http.Request) (string, error) {
-			if a := r.Header.Get("Authorization"); a == "Bearer a" || a == "Bearer b" {
-				return a, nil
-			}
-			return "", idempotency.ErrNoScope
-		},
+		Scope:      testScope,
 		Wait:       time.Millisecond,
 		WriteError: stripeError,
 		Validate: func(_ *http.Request, body []byte) error {
