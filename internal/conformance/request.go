@@ -304,7 +304,7 @@ func (s *session) create(ctx context.Context, method, path, field string, depth 
 	if err != nil {
 		return nil, err
 	}
-	a, err := s.send(ctx, q, s.newKey(), s.cfg.Auth)
+	a, err := s.send(ctx, q, s.newKey(), s.auth)
 	if err != nil {
 		return nil, err
 	}
