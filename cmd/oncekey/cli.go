@@ -227,8 +227,8 @@ type accountsRevokeCmd struct {
 type conformanceCmd struct {
 	Spec        string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1; local $refs only)."`
 	URL         string        `name:"url" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080 (required unless --plan)."`
-	Auth        string        `name:"auth" placeholder:"HEADER" help:"Authorization header of a test account, e.g. \"Bearer sk_test_...\"."`
-	Auth2       string        `name:"auth2" placeholder:"HEADER" help:"Authorization header of a second account; without it credential-isolation is skipped."`
+	Auth        string        `name:"auth" placeholder:"CREDENTIAL" help:"Credential of a test account: \"X-API-Key: ...\" (a header), \"Bearer sk_test_...\", or a bare value, sent where the spec's securitySchemes say."`
+	Auth2       string        `name:"auth2" placeholder:"CREDENTIAL" help:"Credential of a second account, in the same forms; without it credential-isolation is skipped."`
 	Profile     string        `name:"profile" enum:"oncekey,ietf,stripe" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (422, 409), stripe (400, 409, key optional)."`
 	Only        []string      `name:"only" sep:"," placeholder:"ID" help:"Run only these checks and/or operations (\"POST /orders\" or an operationId)."`
 	Format      string        `name:"format" enum:"text,json,junit" default:"text" help:"Report format on standard output: text, json or junit."`

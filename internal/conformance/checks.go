@@ -127,7 +127,7 @@ func checkKeyRequired(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
-	a, err := s.send(ctx, q, "", s.cfg.Auth)
+	a, err := s.send(ctx, q, "", s.auth)
 	if err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func checkKeyMalformed(ctx context.Context, s *session, t *target) error {
 		{fmt.Sprintf("a key of %d bytes", long), strings.Repeat("k", long)},
 	} {
 		name := bad.name
-		a, err := s.send(ctx, q, "", s.cfg.Auth, "Idempotency-Key", bad.key)
+		a, err := s.send(ctx, q, "", s.auth, "Idempotency-Key", bad.key)
 		if err != nil {
 			return err
 		}
@@ -210,7 +210,7 @@ func checkMismatchRequest(ctx context.Context, s *session, t *target) error {
 	if err := s.works(ctx, other); err != nil {
 		return fmt.Errorf("the other request: %w", err)
 	}
-	a, err := s.send(ctx, other, key, s.cfg.Auth)
+	a, err := s.send(ctx, other, key, s.auth)
 	if err != nil {
 		return err
 	}
@@ -231,7 +231,7 @@ func checkMismatchOperation(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", u.name, err)
 	}
-	a, err := s.send(ctx, q, key, s.cfg.Auth)
+	a, err := s.send(ctx, q, key, s.auth)
 	if err != nil {
 		return err
 	}
@@ -409,11 +409,11 @@ func (s *session) slowDuplicate(ctx context.Context, q request, key string, slow
 	done := make(chan result, 1)
 	go func() {
 		start := time.Now()
-		a, err := s.send(ctx, slowed, key, s.cfg.Auth)
+		a, err := s.send(ctx, slowed, key, s.auth)
 		done <- result{a, err, time.Since(start)}
 	}()
 	time.Sleep(after)
-	dup, err := s.send(ctx, q, key, s.cfg.Auth)
+	dup, err := s.send(ctx, q, key, s.auth)
 	s.note(dup)
 	first := <-done
 	if err := errors.Join(err, first.err); err != nil {
@@ -442,7 +442,7 @@ func checkCredentialIsolation(ctx context.Context, s *session, t *target) error 
 	if err != nil {
 		return err
 	}
-	other, err := s.send(ctx, q, key, s.cfg.Auth2)
+	other, err := s.send(ctx, q, key, s.auth2)
 	if err != nil {
 		return err
 	}
@@ -485,14 +485,14 @@ func checkValidationNotStored(ctx context.Context, s *session, t *target) error 
 		return skipped("no invalid request can be made from the spec: the operation's body and path parameters accept anything")
 	}
 	key := s.newKey()
-	refused, err := s.send(ctx, bad, key, s.cfg.Auth)
+	refused, err := s.send(ctx, bad, key, s.auth)
 	if err != nil {
 		return err
 	}
 	if refused.status < 400 || refused.status > 499 {
 		return fmt.Errorf("an invalid request (%s %s %s) got %s, want 4xx", bad.method, bad.path, bad.body, refused)
 	}
-	fixed, err := s.send(ctx, q, key, s.cfg.Auth)
+	fixed, err := s.send(ctx, q, key, s.auth)
 	if err != nil {
 		return err
 	}
@@ -578,7 +578,7 @@ func (s *session) working(ctx context.Context, t *target) (request, error) {
 // works sends q under a new key: it must get an answer a first request can
 // have.
 func (s *session) works(ctx context.Context, q request) error {
-	a, err := s.send(ctx, q, s.newKey(), s.cfg.Auth)
+	a, err := s.send(ctx, q, s.newKey(), s.auth)
 	if err != nil {
 		return err
 	}
@@ -600,7 +600,7 @@ func (s *session) first(ctx context.Context, t *target) (request, string, answer
 // request can have.
 func (s *session) sendFirst(ctx context.Context, q request) (string, answer, error) {
 	key := s.newKey()
-	a, err := s.send(ctx, q, key, s.cfg.Auth)
+	a, err := s.send(ctx, q, key, s.auth)
 	if err != nil {
 		return key, a, err
 	}
@@ -613,7 +613,7 @@ func (s *session) sendFirst(ctx context.Context, q request) (string, answer, err
 // replays sends other, the same request as the one first answered but
 // written otherwise (what), under its key: it must get first again.
 func (s *session) replays(ctx context.Context, other request, key string, first answer, what string) error {
-	again, err := s.send(ctx, other, key, s.cfg.Auth)
+	again, err := s.send(ctx, other, key, s.auth)
 	if err != nil {
 		return err
 	}
@@ -629,7 +629,7 @@ func (s *session) twice(ctx context.Context, t *target) (first, again answer, er
 	if err != nil {
 		return first, again, err
 	}
-	again, err = s.send(ctx, q, key, s.cfg.Auth)
+	again, err = s.send(ctx, q, key, s.auth)
 	return first, again, err
 }
 
@@ -721,7 +721,7 @@ func (s *session) storm(ctx context.Context, q request, key string) (stormed, er
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			answers[i], errs[i] = s.send(ctx, q, key, s.cfg.Auth)
+			answers[i], errs[i] = s.send(ctx, q, key, s.auth)
 		})
 	}
 	close(start)
@@ -744,7 +744,7 @@ func (s *session) storm(ctx context.Context, q request, key string) (stormed, er
 func (s *session) settled(ctx context.Context, q request, key string) (answer, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		a, err := s.send(ctx, q, key, s.cfg.Auth)
+		a, err := s.send(ctx, q, key, s.auth)
 		if err != nil || !s.inFlight(a) {
 			return a, err
 		}

@@ -36,8 +36,12 @@ type Config struct {
 	Spec *openapi3.T
 	// BaseURL is where the API is served.
 	BaseURL string
-	// Auth is the Authorization header of every request ("Bearer …");
-	// Auth2, of a second account, lets credential-isolation run.
+	// Auth is the credential of every request; Auth2, of a second
+	// account, lets credential-isolation run. Each is "Name: value" (that
+	// header), "Scheme value" ("Bearer …": the Authorization header as
+	// given), or a bare value, which goes where the document's security
+	// says (an API key's header, query parameter or cookie, Basic,
+	// Bearer): two bare values go to the same place.
 	Auth, Auth2 string
 	// Profile says which answers keep the promises (default: oncekey).
 	Profile Profile
@@ -156,6 +160,8 @@ type session struct {
 	byRoute   map[string]*target // every operation, by "METHOD /path"
 	http      *http.Client
 	validator *ValidatingTransport
+	auth      credential // cfg.Auth, where the API reads it
+	auth2     credential // cfg.Auth2, likewise
 	runID     string
 	keys      atomic.Int64
 
@@ -246,6 +252,9 @@ func newSession(cfg Config) (*session, error) {
 		return nil, fmt.Errorf("conformance: no operation of the spec declares an %s header parameter or %s", idempotency.HeaderKey, oapi.Extension)
 	}
 	slices.SortFunc(s.covered, func(a, b *target) int { return strings.Compare(a.name, b.name) })
+	if err := s.credentials(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -360,9 +369,9 @@ type answer struct {
 
 func (a answer) String() string { return fmt.Sprintf("%d %.300s", a.status, bytes.TrimSpace(a.body)) }
 
-// send sends q under key ("": none) with the credential auth ("": none),
-// and records the answer.
-func (s *session) send(ctx context.Context, q request, key, auth string, header ...string) (answer, error) {
+// send sends q under key ("": none) with the credential auth (s.auth or
+// s.auth2; the zero credential: none), and records the answer.
+func (s *session) send(ctx context.Context, q request, key string, auth credential, header ...string) (answer, error) {
 	var body io.Reader
 	if q.body != nil {
 		body = bytes.NewReader(q.body)
@@ -389,9 +398,8 @@ func (s *session) send(ctx context.Context, q request, key, auth string, header 
 	if q.body != nil {
 		req.Header.Set("Content-Type", q.contentType)
 	}
-	if auth != "" {
-		req.Header.Set("Authorization", auth)
-	}
+	shown := req.URL.String()
+	auth.apply(req)
 	if key != "" {
 		req.Header.Set(idempotency.HeaderKey, key)
 	}
@@ -400,7 +408,7 @@ func (s *session) send(ctx context.Context, q request, key, auth string, header 
 	}
 	resp, err := s.http.Do(req)
 	if err != nil {
-		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, err)
+		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, hideURL(err, shown))
 	}
 	defer resp.Body.Close()
 	b, err := readAnswer(resp.Body)
@@ -454,7 +462,7 @@ func sameOrigin(base, target string) error {
 // get reads path (a path of the spec, or an absolute URL) with the first
 // credential.
 func (s *session) get(ctx context.Context, path string) (answer, error) {
-	return s.send(ctx, request{method: http.MethodGet, path: path}, "", s.cfg.Auth)
+	return s.send(ctx, request{method: http.MethodGet, path: path}, "", s.auth)
 }
 
 // location is the absolute URL of a Location header, resolved as a client

@@ -400,7 +400,7 @@ func (s *session) make(ctx context.Context, t *target, depth int) (made, error) 
 	if err != nil {
 		return made{}, err
 	}
-	a, err := s.send(ctx, q, s.newKey(), s.cfg.Auth)
+	a, err := s.send(ctx, q, s.newKey(), s.auth)
 	if err != nil {
 		return made{}, err
 	}
