@@ -166,9 +166,11 @@ var templateRe = regexp.MustCompile(`\{\{create:([A-Z]+) (\S+) \.([\w.]+)\}\}`)
 
 // build makes a request of t: the body and path parameters from the
 // overrides where they give them, from the spec's examples or schemas where
-// not, with every create template resolved by a new request.
+// not, with every create template resolved by a new request. A request
+// that cannot be built is a setup error.
 func (s *session) build(ctx context.Context, t *target) (request, error) {
-	return s.buildDepth(ctx, t, 0)
+	q, err := s.buildDepth(ctx, t, 0)
+	return q, setup(err)
 }
 
 func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request, error) {
