@@ -239,6 +239,15 @@ type conformanceCmd struct {
 	Explain     bool          `name:"explain" help:"Before the checks, write to standard error where each value of every operation's requests comes from (example, schema, link, Location, name match, override)."`
 }
 
+// Help is conformance's detailed help: what its exit codes mean, for CI.
+func (conformanceCmd) Help() string {
+	return "Exit status: 0 when every check passed or was skipped; 1 when a check " +
+		"failed (the API broke a promise of the protocol); 2 when none failed but " +
+		"some are errors: they could not run, as no working request could be made " +
+		"(a request made from the spec was refused, or a create template failed), " +
+		"and each says what the tool needs."
+}
+
 type contractTestCmd struct {
 	URL    string `name:"url" required:"" placeholder:"URL" help:"Base URL of the deployment, e.g. http://127.0.0.1:8080."`
 	APIKey string `name:"api-key" required:"" placeholder:"KEY" help:"API key of a test account."`

@@ -14,7 +14,8 @@ import (
 )
 
 // Run checks the API at --url against the operations of --spec and writes
-// the report; any failed check is an error (exit 1).
+// the report: any failed check is an error (exit 1); checks that could not
+// run, with none failed, exit 2 (see conformanceCmd.Help).
 func (c *conformanceCmd) Run(e env) error {
 	loader := openapi3.NewLoader()
 	doc, err := loader.LoadFromFile(c.Spec)
@@ -67,11 +68,21 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 	if err != nil {
 		return err
 	}
-	if sum := conformance.Summarize(results); sum.Failed > 0 {
+	switch sum := conformance.Summarize(results); {
+	case sum.Failed > 0 && sum.Errors > 0:
+		return fmt.Errorf("conformance: %d of %d checks failed, and %d could not run", sum.Failed, len(results), sum.Errors)
+	case sum.Failed > 0:
 		return fmt.Errorf("conformance: %d of %d checks failed", sum.Failed, len(results))
+	case sum.Errors > 0:
+		return exitError{code: exitSetup, err: fmt.Errorf("conformance: %d of %d checks could not run: no working request could be made (the report says what each needs)", sum.Errors, len(results))}
 	}
 	return nil
 }
+
+// exitSetup is conformance's exit code when no check failed but some could
+// not run: the tool needs a hint (overrides, a credential), and the API
+// broke no promise it was seen to.
+const exitSetup = 2
 
 // progress reports each check on standard error as it ends: on one line
 // rewritten in place on a terminal, a line each elsewhere (CI logs).

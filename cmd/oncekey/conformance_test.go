@@ -1,11 +1,19 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -21,6 +29,7 @@ type junitReport struct {
 		Name     string `xml:"name,attr"`
 		Tests    int    `xml:"tests,attr"`
 		Failures int    `xml:"failures,attr"`
+		Errors   int    `xml:"errors,attr"`
 		Skipped  int    `xml:"skipped,attr"`
 		Cases    []struct {
 			Name      string `xml:"name,attr"`
@@ -28,6 +37,9 @@ type junitReport struct {
 			Failure   *struct {
 				Message string `xml:"message,attr"`
 			} `xml:"failure"`
+			Error *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"error"`
 			Skipped *struct {
 				Message string `xml:"message,attr"`
 			} `xml:"skipped"`
@@ -35,14 +47,18 @@ type junitReport struct {
 	} `xml:"testsuite"`
 }
 
-// failures lists the report's failed cases, one a line: a failure message
-// holding the whole report would bury them in a few thousand lines.
+// failures lists the report's failed and errored cases, one a line: a
+// failure message holding the whole report would bury them in a few
+// thousand lines.
 func (r junitReport) failures() string {
 	var b strings.Builder
 	for _, s := range r.Suites {
 		for _, c := range s.Cases {
 			if c.Failure != nil {
 				fmt.Fprintf(&b, "%s %s: %s\n", c.Classname, c.Name, c.Failure.Message)
+			}
+			if c.Error != nil {
+				fmt.Fprintf(&b, "%s %s: error: %s\n", c.Classname, c.Name, c.Error.Message)
 			}
 		}
 	}
@@ -51,7 +67,7 @@ func (r junitReport) failures() string {
 
 // TestConformanceCommand runs `oncekey conformance` against `oncekey serve`
 // as `make run` starts it: its JUnit report parses, counts what it holds and
-// fails nothing; the ietf profile (422 for a reused key) fails the
+// fails (or errs) nothing; the ietf profile (422 for a reused key) fails the
 // mismatch checks and exits 1; the JSON report holds what --only selects;
 // and contract-test still runs it.
 func TestConformanceCommand(t *testing.T) {
@@ -68,9 +84,11 @@ func TestConformanceCommand(t *testing.T) {
 	suite := report.Suites[0]
 	require.Equal(t, len(suite.Cases), suite.Tests)
 	require.Zero(t, suite.Failures, "failed:\n%s", report.failures())
+	require.Zero(t, suite.Errors, "errors:\n%s", report.failures())
 	skipped, other := 0, 0 // other: checks of another media type's canonical form
 	for _, c := range suite.Cases {
 		require.Nil(t, c.Failure, "%s %s", c.Name, c.Classname)
+		require.Nil(t, c.Error, "%s %s", c.Name, c.Classname)
 		if c.Skipped != nil {
 			skipped++
 			require.NotEmpty(t, c.Skipped.Message, "a skip says why")
@@ -84,6 +102,7 @@ func TestConformanceCommand(t *testing.T) {
 
 	out, err = runCommand(t, map[string]string{}, append(base, "--profile", "ietf", "--only", "mismatch-request,POST /orders")...)
 	require.ErrorContains(t, err, "conformance: 1 of 1 checks failed")
+	require.Equal(t, 1, exitCode(err), "a protocol failure exits 1")
 	require.Contains(t, out, "fail    mismatch-request  POST /orders")
 	require.Contains(t, out, "want 422")
 
@@ -91,18 +110,19 @@ func TestConformanceCommand(t *testing.T) {
 	require.NoError(t, err, out)
 	var doc struct {
 		Profile struct{ Name string }
-		Summary struct{ Passed, Failed, Skipped int }
+		Summary struct{ Passed, Failed, Skipped, Errors int }
 		Results []struct{ Check, Operation, Status string }
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
 	require.Equal(t, "oncekey", doc.Profile.Name)
+	require.Zero(t, doc.Summary.Errors, out)
 	require.Equal(t, 1, doc.Summary.Passed, out)
 	require.Len(t, doc.Results, 1)
 	require.Equal(t, "POST /orders", doc.Results[0].Operation)
 
 	out, err = runCommand(t, map[string]string{}, "contract-test", "--url", "http://"+addr, "--api-key", DemoAPIKey)
 	require.NoError(t, err, out)
-	require.True(t, strings.HasSuffix(out, "0 failed, 30 skipped\n"), out)
+	require.True(t, strings.HasSuffix(out, "0 failed, 30 skipped, 0 errors\n"), out)
 
 	_, err = runCommand(t, map[string]string{}, append(base, "--only", "no-such-check")...)
 	require.ErrorContains(t, err, `--only "no-such-check" is neither a check`)
@@ -203,12 +223,13 @@ func TestConformanceThroughTheProxy(t *testing.T) {
 }
 
 // requireConformance runs `oncekey conformance` with args and requires that
-// no check fails and some pass; it returns how many passed and skipped.
+// no check fails or errs and some pass; it returns how many passed and
+// skipped.
 func requireConformance(t *testing.T, args ...string) (passed, skipped int) {
 	t.Helper()
 	out, err := runCommand(t, map[string]string{}, append(args, "--format", "json")...)
 	var doc struct {
-		Summary struct{ Passed, Failed, Skipped int }
+		Summary struct{ Passed, Failed, Skipped, Errors int }
 		Results []struct{ Check, Operation, Status, Reason string }
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &doc), "a JSON report (%v): %.2000s", err, out)
@@ -216,15 +237,16 @@ func requireConformance(t *testing.T, args ...string) (passed, skipped int) {
 	// message the length of the whole report buries them.
 	var failed strings.Builder
 	for _, r := range doc.Results {
-		if r.Status == "fail" {
-			fmt.Fprintf(&failed, "%s on %s: %s\n", r.Check, r.Operation, r.Reason)
+		if r.Status == "fail" || r.Status == "error" {
+			fmt.Fprintf(&failed, "%s %s on %s: %s\n", r.Status, r.Check, r.Operation, r.Reason)
 		}
 	}
 	require.NoError(t, err, "failed:\n%s", failed.String())
 	for _, r := range doc.Results {
-		require.NotEqual(t, "fail", r.Status, "%s on %s: %s", r.Check, r.Operation, r.Reason)
+		require.Contains(t, []string{"pass", "skip"}, r.Status, "%s on %s: %s", r.Check, r.Operation, r.Reason)
 	}
 	require.Zero(t, doc.Summary.Failed)
+	require.Zero(t, doc.Summary.Errors)
 	require.Positive(t, doc.Summary.Passed)
 	return doc.Summary.Passed, doc.Summary.Skipped
 }
@@ -265,4 +287,96 @@ func TestConformanceWithoutOverrides(t *testing.T) {
 		}
 	}
 	require.Len(t, ran, 7, "replay passes on every operation under the protocol: %v", ran)
+}
+
+// thingsSpec is an API of two operations under the protocol: one that
+// creates a thing, and one that ships a thing by id.
+const thingsSpec = `openapi: 3.0.3
+info: {title: Things, version: "1"}
+paths:
+  /things:
+    post:
+      parameters: [{$ref: '#/components/parameters/Key'}]
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema: {type: object, required: [name], properties: {name: {type: string}}}
+      responses:
+        '201': {description: A thing., content: {application/json: {schema: {type: object}}}}
+  /things/{id}/ship:
+    post:
+      parameters:
+        - {$ref: '#/components/parameters/Key'}
+        - {name: id, in: path, required: true, schema: {type: string}}
+      responses:
+        '200': {description: Shipped., content: {application/json: {schema: {type: object}}}}
+        '404': {description: No such thing., content: {application/json: {schema: {type: object}}}}
+components:
+  parameters:
+    Key: {name: Idempotency-Key, in: header, required: true, schema: {type: string}}
+`
+
+// brokenThings serves thingsSpec and breaks the protocol where it can: a
+// create runs every time, key or none (a protocol failure), and it has no
+// thing to ship, whatever the id the tool makes up (a request that cannot
+// work: an error).
+func brokenThings(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if r.URL.Path == "/things" {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%q}`, fmt.Sprint(time.Now().UnixNano()))
+		return
+	}
+	w.WriteHeader(http.StatusNotFound)
+	fmt.Fprint(w, `{"title":"no such thing"}`)
+}
+
+// `oncekey conformance` exits 2 when checks could not run but none failed,
+// so that CI can tell a tool that needs a hint from an API that breaks the
+// protocol; any failure exits 1, errors or not. Each runs as a process of
+// its own, through main's exit code; the progress lines say error too.
+func TestConformanceExitCodes(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(brokenThings))
+	t.Cleanup(srv.Close)
+	spec := filepath.Join(t.TempDir(), "things.yaml")
+	require.NoError(t, os.WriteFile(spec, []byte(thingsSpec), 0o600))
+	tests := []struct {
+		name   string
+		only   string
+		code   int
+		stderr string // what the last line says
+	}{
+		{"errors alone", "POST /things/{id}/ship", 2, "checks could not run"},
+		{"failures and errors", "", 1, "checks failed, and"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			args := []string{"-test.run=^$", "--", "conformance", "--spec", spec, "--url", srv.URL, "--auth", "Bearer x"}
+			if tt.only != "" {
+				args = append(args, "--only", tt.only)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], args...)
+			cmd.Env = append(os.Environ(), subprocessEnv+"=cli")
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+			require.Equal(t, tt.code, exit.ExitCode(), "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+			require.Contains(t, stderr.String(), " error key-required POST /things/{id}/ship\n", "the progress lines")
+			require.Contains(t, stderr.String(), tt.stderr)
+			require.Regexp(t, `(?m)^error +replay +POST /things/\{id\}/ship +no working request could be made: POST /things/\S+/ship was refused \(404 `, stdout.String())
+			if tt.code == 2 {
+				require.NotContains(t, stdout.String(), "\nfail ", "no check failed")
+				require.True(t, strings.HasSuffix(stdout.String(), "1 passed, 0 failed, 5 skipped, 8 errors\n"), stdout.String())
+			} else {
+				require.Regexp(t, `(?m)^fail +key-required +POST /things `, stdout.String())
+			}
+		})
+	}
 }

@@ -49,21 +49,43 @@ func main() {
 }
 
 // runMain runs the command of args in this process, stopped by SIGINT and
-// SIGTERM, and returns its exit code: 0, 2 for a command line naming no
-// command (after the usage), 1 for every other failure.
+// SIGTERM, and returns its exit code (see exitCode).
 func runMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, args, os.Getenv, os.Stdin, os.Stdout, os.Stderr)
-	if err == nil {
-		return 0
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "oncekey:", err)
 	}
-	fmt.Fprintln(os.Stderr, "oncekey:", err)
-	if errors.Is(err, errNoCommand) {
+	return exitCode(err)
+}
+
+// exitCode is the exit code of a command that returned err: 0, 2 for a
+// command line naming no command (after the usage), the code of an
+// exitError, 1 for every other failure.
+func exitCode(err error) int {
+	var coded exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errNoCommand):
 		return 2
+	case errors.As(err, &coded):
+		return coded.code
 	}
 	return 1
 }
+
+// exitError is a failure whose exit code is not 1: one a script must be
+// able to tell from the others (conformance's 2, checks that could not
+// run).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
 
 func (p *purgeCmd) Run(e env) error {
 	if err := p.require(); err != nil {

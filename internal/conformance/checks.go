@@ -132,8 +132,10 @@ func checkKeyRequired(ctx context.Context, s *session, t *target) error {
 		return err
 	}
 	if !s.cfg.Profile.KeyRequired {
-		if err := s.usable(a); err != nil {
-			return fmt.Errorf("without a key (optional in profile %s): %w", s.cfg.Profile.Name, err)
+		// The same request has just worked with a key: a refusal without
+		// one is the failure under test, not a request that cannot work.
+		if err := s.usable(q, a); err != nil {
+			return fmt.Errorf("without a key (optional in profile %s): %w", s.cfg.Profile.Name, asFailure(err))
 		}
 		return nil
 	}
@@ -208,7 +210,7 @@ func checkMismatchRequest(ctx context.Context, s *session, t *target) error {
 		return skipped("the operation has neither a body nor path parameters: no other request to send")
 	}
 	if err := s.works(ctx, other); err != nil {
-		return fmt.Errorf("the other request: %w", err)
+		return fmt.Errorf("the other request (another body or resource): %w", err)
 	}
 	a, err := s.send(ctx, other, key, s.auth)
 	if err != nil {
@@ -228,7 +230,9 @@ func checkMismatchOperation(ctx context.Context, s *session, t *target) error {
 		return err
 	}
 	q, err := s.working(ctx, u)
-	if err != nil {
+	if isSetup(err) {
+		return err // it names u's request
+	} else if err != nil {
 		return fmt.Errorf("%s: %w", u.name, err)
 	}
 	a, err := s.send(ctx, q, key, s.auth)
@@ -302,6 +306,9 @@ func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
+	if err := s.allRefused(q, st.ran); err != nil {
+		return err
+	}
 	if len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "" {
 		return fmt.Errorf("%d of %d identical requests were answered neither as replays (%s) nor in flight (%d): each ran (%s)",
 			len(st.ran), len(st.all), s.cfg.Profile.ReplayHeader, s.cfg.Profile.InFlightStatus, summary(st.ran))
@@ -314,8 +321,10 @@ func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
 	if len(st.ran) == 1 {
 		ran = st.ran[0]
 	}
-	if err := s.usable(ran); err != nil {
-		return err
+	// Not every answer refused the request (allRefused): a refusal now is
+	// the protocol's.
+	if err := s.usable(q, ran); err != nil {
+		return asFailure(err)
 	}
 	for _, a := range append(st.all, final) {
 		if s.inFlight(a) {
@@ -356,6 +365,9 @@ func checkInFlight(ctx context.Context, s *session, t *target) error {
 	}
 	st, err := s.storm(ctx, q, key)
 	if err != nil {
+		return err
+	}
+	if err := s.allRefused(q, st.ran); err != nil {
 		return err
 	}
 	final, err := s.settled(ctx, q, key)
@@ -419,11 +431,12 @@ func (s *session) slowDuplicate(ctx context.Context, q request, key string, slow
 	if err := errors.Join(err, first.err); err != nil {
 		return err
 	}
+	// A refused first request ran nothing to slow down: first, say so.
+	if err := s.usable(slowed, first.a); err != nil {
+		return err
+	}
 	if first.took < after {
 		return fmt.Errorf("the slowed first request took %s, less than the %s after which its duplicate was sent: the slow override does not slow it", first.took.Round(time.Millisecond), after)
-	}
-	if err := s.usable(first.a); err != nil {
-		return err
 	}
 	switch {
 	case s.inFlight(dup):
@@ -449,7 +462,7 @@ func checkCredentialIsolation(ctx context.Context, s *session, t *target) error 
 	id := idOf(first)
 	switch {
 	case other.status == http.StatusUnauthorized || other.status == http.StatusForbidden:
-		return fmt.Errorf("the second credential (--auth2) was refused: %s", other)
+		return s.secondRefused(ctx, q, other)
 	case s.replayed(other):
 		return fmt.Errorf("the second credential's request under the first's key was answered with a replay: %s", other)
 	case id != "" && idOf(other) == id && !strings.Contains(q.path, id): // a resource the first request made
@@ -458,6 +471,25 @@ func checkCredentialIsolation(ctx context.Context, s *session, t *target) error 
 		return skipped("the profile marks no replay and the answer names no resource: a replay cannot be told from a new answer")
 	}
 	return nil
+}
+
+// secondRefused tells why the second credential's request under the
+// first's key was refused (other): the same request under a new key
+// refused too is a second credential that does not work (a setup error);
+// one that works there was refused for the key, which belongs to the
+// first credential alone.
+func (s *session) secondRefused(ctx context.Context, q request, other answer) error {
+	fresh, err := s.send(ctx, q, s.newKey(), s.auth2)
+	if err != nil {
+		return err
+	}
+	if fresh.status == http.StatusUnauthorized || fresh.status == http.StatusForbidden {
+		return setupError{
+			cause: fmt.Errorf("the second credential (--auth2) was refused under a new key too (%s)", fresh),
+			need:  "give --auth2 the Authorization header of another test account that may make this request, or skip credential-isolation for the operation in " + overridesFile,
+		}
+	}
+	return fmt.Errorf("the second credential's request under the first's key was refused (%s), and under a new key answered %s: the key is not the caller's alone", other, fresh)
 }
 
 func checkValidationNotStored(ctx context.Context, s *session, t *target) error {
@@ -496,13 +528,31 @@ func checkValidationNotStored(ctx context.Context, s *session, t *target) error 
 	if err != nil {
 		return err
 	}
+	// A refusal of the valid request is the failure under test only if the
+	// same request works under a new key.
+	const valid = "the valid request"
 	switch {
-	case s.replayed(fixed) || (fixed.status == refused.status && bytes.Equal(fixed.body, refused.body)):
+	case s.replayed(fixed):
+		return fmt.Errorf("the refused request's answer was stored: the valid request under its key got it again: %s", fixed)
+	case fixed.status == refused.status && bytes.Equal(fixed.body, refused.body):
+		if err := s.refusedAnyway(ctx, q, valid); err != nil {
+			return err
+		}
 		return fmt.Errorf("the refused request's answer was stored: the valid request under its key got it again: %s", fixed)
 	case fixed.status == s.cfg.Profile.MismatchStatus && fixed.status/100 != 2:
+		if err := s.refusedAnyway(ctx, q, valid); err != nil {
+			return err
+		}
 		return fmt.Errorf("the refused request consumed the key: the valid request under it got %s", fixed)
 	}
-	return s.usable(fixed)
+	err = s.usable(q, fixed)
+	if isSetup(err) {
+		if setupErr := s.refusedAnyway(ctx, q, valid); setupErr != nil {
+			return setupErr
+		}
+		return fmt.Errorf("the valid request under the refused request's key: %w", asFailure(err))
+	}
+	return err
 }
 
 func checkNoSetCookie(ctx context.Context, s *session, t *target) error {
@@ -582,7 +632,7 @@ func (s *session) works(ctx context.Context, q request) error {
 	if err != nil {
 		return err
 	}
-	return s.usable(a)
+	return s.usable(q, a)
 }
 
 // first builds a request of t and sends it under a new key: its answer must
@@ -604,7 +654,9 @@ func (s *session) sendFirst(ctx context.Context, q request) (string, answer, err
 	if err != nil {
 		return key, a, err
 	}
-	if err := s.usable(a); err != nil {
+	if err := s.usable(q, a); isSetup(err) {
+		return key, a, err // it says what could not be made
+	} else if err != nil {
 		return key, a, fmt.Errorf("the first request under a new key: %w", err)
 	}
 	return key, a, nil
@@ -633,9 +685,10 @@ func (s *session) twice(ctx context.Context, t *target) (first, again answer, er
 	return first, again, err
 }
 
-// usable says whether a can answer a request that ran: not a failure, not
-// a refusal of the request itself, not an in-flight answer or a replay.
-func (s *session) usable(a answer) error {
+// usable says whether a can answer q, a request that ran: not a failure,
+// not an in-flight answer or a replay (failures), not a refusal of the
+// request itself or of its credential (a setup error: see setupError).
+func (s *session) usable(q request, a answer) error {
 	switch {
 	case a.status >= 500:
 		return fmt.Errorf("the request failed: %s", a)
@@ -643,10 +696,9 @@ func (s *session) usable(a answer) error {
 		return fmt.Errorf("a request under a new key was answered as in flight: %s", a)
 	case s.replayed(a):
 		return fmt.Errorf("a request under a new key was answered with a replay: %s", a)
-	case a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
-		return fmt.Errorf("the credential was refused: %s", a)
-	case slices.Contains([]int{400, 404, 405, 415}, a.status) || (a.status == s.cfg.Profile.MismatchStatus && a.status/100 != 2):
-		return fmt.Errorf("the request made from the spec was refused (%s): give its body or path parameters in the overrides file", a)
+	case a.status == http.StatusUnauthorized || a.status == http.StatusForbidden,
+		slices.Contains([]int{400, 404, 405, 415}, a.status) || (a.status == s.cfg.Profile.MismatchStatus && a.status/100 != 2):
+		return refusal(q, a)
 	}
 	return nil
 }

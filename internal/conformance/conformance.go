@@ -61,14 +61,19 @@ type Config struct {
 	Progress func(done, total int, r Result)
 }
 
-// Status is a check's outcome: pass, fail or skip.
+// Status is a check's outcome: pass, fail, skip or error.
 type Status string
 
-// A check passes, fails or is skipped (with its reason).
+// A check passes, fails or is skipped (with its reason). It is an error
+// when it could not run because the tool could not make a request that
+// works (a request made from the spec was refused, a create template
+// failed): the tool needs a hint, and the API broke no promise. Keeping
+// errors apart from failures lets CI tell the two (exit 2 and 1).
 const (
-	Pass Status = "pass"
-	Fail Status = "fail"
-	Skip Status = "skip"
+	Pass  Status = "pass"
+	Fail  Status = "fail"
+	Skip  Status = "skip"
+	Error Status = "error"
 )
 
 // Result is one check on one operation (or on the whole run, for the checks
@@ -77,7 +82,7 @@ type Result struct {
 	Check     string        `json:"check"`               // the check's id
 	Operation string        `json:"operation,omitempty"` // "POST /orders"
 	Status    Status        `json:"status"`
-	Reason    string        `json:"reason,omitempty"` // why it failed or was skipped
+	Reason    string        `json:"reason,omitempty"` // why it failed, errored or was skipped
 	Duration  time.Duration `json:"duration_ns"`
 }
 
@@ -133,6 +138,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			r.Status = Pass
 		case errors.As(err, &skip):
 			r.Status, r.Reason = Skip, string(skip)
+		case isSetup(err):
+			r.Status, r.Reason = Error, err.Error()
 		default:
 			r.Status, r.Reason = Fail, err.Error()
 		}

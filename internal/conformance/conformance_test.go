@@ -89,8 +89,9 @@ func reasons(results []conformance.Result) string {
 
 // TestChecksFailWhenTheyShould runs every check against a toy API that
 // keeps the protocol, then against copies of it each broken in one way:
-// the checks that fail are exactly the ones that should, and every check
-// fails against at least one broken API.
+// the checks that fail are exactly the ones that should (none is an error:
+// their requests work), and every check fails against at least one broken
+// API.
 func TestChecksFailWhenTheyShould(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -104,6 +105,7 @@ func TestChecksFailWhenTheyShould(t *testing.T) {
 		{"replays a different body", bugs{replaysDifferentBody: true}, []string{"canonical-form", "canonical-json", "concurrent-once", "replay", "response-valid"}},
 		{"ignores the fingerprint", bugs{ignoresFingerprint: true}, []string{"mismatch-operation", "mismatch-request", "response-valid"}},
 		{"leaks across credentials", bugs{leaksAcrossCredentials: true}, []string{"credential-isolation"}},
+		{"refuses another caller's key", bugs{refusesOthersKeys: true}, []string{"credential-isolation"}},
 		{"stores validation errors", bugs{storesValidationErrors: true}, []string{"validation-not-stored"}},
 		{"replays Set-Cookie", bugs{replaysSetCookie: true}, []string{"no-set-cookie"}},
 		{"runs requests without a key", bugs{acceptsNoKey: true}, []string{"key-required"}},
@@ -122,6 +124,9 @@ func TestChecksFailWhenTheyShould(t *testing.T) {
 				results := check(t, newToy(tt.bugs), "widgets.yaml", toyOverrides, "oncekey")
 				failed := byStatus(results, conformance.Fail)
 				require.Equal(t, tt.failed, failed, reasons(results))
+				// Every request the checks need works: a broken promise
+				// is a failure, never an error.
+				require.Empty(t, byStatus(results, conformance.Error), reasons(results))
 				if tt.failed == nil {
 					require.Empty(t, byStatus(results, conformance.Skip), reasons(results))
 				}

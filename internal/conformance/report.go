@@ -19,6 +19,7 @@ type Summary struct {
 	Passed  int `json:"passed"`
 	Failed  int `json:"failed"`
 	Skipped int `json:"skipped"`
+	Errors  int `json:"errors"` // checks that could not run: see Error
 }
 
 // Summarize counts results.
@@ -32,14 +33,17 @@ func Summarize(results []Result) Summary {
 			s.Failed++
 		case Skip:
 			s.Skipped++
+		case Error:
+			s.Errors++
 		}
 	}
 	return s
 }
 
-// String is the report's closing line: "N passed, M failed, K skipped".
+// String is the report's closing line: "N passed, M failed, K skipped, E
+// errors", every count always there, so that a script reads it alike.
 func (s Summary) String() string {
-	return fmt.Sprintf("%d passed, %d failed, %d skipped", s.Passed, s.Failed, s.Skipped)
+	return fmt.Sprintf("%d passed, %d failed, %d skipped, %d errors", s.Passed, s.Failed, s.Skipped, s.Errors)
 }
 
 // Write writes results in format: a table for people, JSON for programs,
@@ -98,6 +102,7 @@ type junitSuite struct {
 	Name     string      `xml:"name,attr"`
 	Tests    int         `xml:"tests,attr"`
 	Failures int         `xml:"failures,attr"`
+	Errors   int         `xml:"errors,attr"` // JUnit's own: a test that could not run
 	Skipped  int         `xml:"skipped,attr"`
 	Time     string      `xml:"time,attr"`
 	Cases    []junitCase `xml:"testcase"`
@@ -108,6 +113,7 @@ type junitCase struct {
 	Classname string        `xml:"classname,attr"`
 	Time      string        `xml:"time,attr"`
 	Failure   *junitMessage `xml:"failure,omitempty"`
+	Error     *junitMessage `xml:"error,omitempty"`
 	Skipped   *junitMessage `xml:"skipped,omitempty"`
 }
 
@@ -120,7 +126,7 @@ func writeJUnit(w io.Writer, profile Profile, results []Result) error {
 	sum := Summarize(results)
 	suite := junitSuite{
 		Name: "idempotency conformance (profile " + profile.Name + ")", Tests: len(results),
-		Failures: sum.Failed, Skipped: sum.Skipped,
+		Failures: sum.Failed, Errors: sum.Errors, Skipped: sum.Skipped,
 	}
 	var total time.Duration
 	for _, r := range results {
@@ -132,6 +138,8 @@ func writeJUnit(w io.Writer, profile Profile, results []Result) error {
 		switch r.Status {
 		case Fail:
 			c.Failure = &junitMessage{Message: oneLine(r.Reason), Text: r.Reason}
+		case Error:
+			c.Error = &junitMessage{Message: oneLine(r.Reason), Text: r.Reason}
 		case Skip:
 			c.Skipped = &junitMessage{Message: oneLine(r.Reason)}
 		}

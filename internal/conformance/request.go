@@ -167,9 +167,11 @@ var templateRe = regexp.MustCompile(`\{\{create:([A-Z]+) (\S+) \.([\w.]+)\}\}`)
 
 // build makes a request of t: the body and path parameters from the
 // overrides where they give them, from the spec's examples or schemas where
-// not, with every create template resolved by a new request.
+// not, with every create template resolved by a new request. A request
+// that cannot be built is a setup error.
 func (s *session) build(ctx context.Context, t *target) (request, error) {
-	return s.buildDepth(ctx, t, 0)
+	q, err := s.buildDepth(ctx, t, 0)
+	return q, setup(err)
 }
 
 func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request, error) {
@@ -405,6 +407,10 @@ func (s *session) make(ctx context.Context, t *target, depth int) (made, error) 
 		return made{}, err
 	}
 	if a.status < 200 || a.status > 299 {
+		if isSetup(s.usable(q, a)) {
+			r := refusal(q, a)
+			return made{}, makerRefused{fmt.Errorf("%s, which makes a resource the request needs: %w", t.name, r.cause), r.need}
+		}
 		return made{}, fmt.Errorf("%s answered %s", t.name, a)
 	}
 	m := made{q: q, first: a, final: a}

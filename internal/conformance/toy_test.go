@@ -23,6 +23,7 @@ type bugs struct {
 	replaysDifferentBody   bool // a replay's body is not the stored bytes
 	ignoresFingerprint     bool // replays whatever the key holds
 	leaksAcrossCredentials bool // one key space for every caller
+	refusesOthersKeys      bool // a key another caller used is refused (403)
 	storesValidationErrors bool // a 400 is stored under the key
 	replaysSetCookie       bool // stores the Set-Cookie it sent
 	acceptsNoKey           bool // runs requests without a key
@@ -102,6 +103,11 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	slot := scope + "\x00" + keys[0]
 
 	t.mu.Lock()
+	if t.bugs.refusesOthersKeys && t.usedByOther(scope, keys[0]) {
+		t.mu.Unlock()
+		problem(w, 403, "Idempotency-Key belongs to another account")
+		return
+	}
 	rec, seen := t.records[slot]
 	if t.bugs.runsEveryDuplicate {
 		seen = false
@@ -164,6 +170,18 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(rw.status)
 	w.Write(rw.body.Bytes())
+}
+
+// usedByOther reports whether a caller other than scope used key. t.mu
+// is held.
+func (t *toy) usedByOther(scope, key string) bool {
+	for slot := range t.records {
+		other, k, _ := strings.Cut(slot, "\x00")
+		if k == key && other != scope {
+			return true
+		}
+	}
+	return false
 }
 
 // execute runs an operation: it creates or paints a widget.
