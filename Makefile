@@ -29,7 +29,7 @@ build: ## build bin/oncekey and bin/fakeprovider (the sandbox payment provider)
 	$(GO) build -buildvcs=auto -o bin/fakeprovider ./cmd/fakeprovider
 
 .PHONY: generate
-generate: proto ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/, and the gRPC tests' and example's Go code from their .proto files
+generate: proto ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/, client/internal/released (the Go SDK as the released contract api/openapi.released.yaml generates it, for the tests), and the gRPC tests' and example's Go code from their .proto files
 	$(GO) generate ./...
 
 # PROTOS are the .proto files of the gRPC adapter's tests and of its
@@ -53,13 +53,13 @@ proto: ## compile PROTOS with protoc and the pinned protoc-gen-go and protoc-gen
 verify: generate/check verify/example sdk/check docs/check docs/images/check lint lint/spec api/breaking api/go vulncheck ## fail if anything generated or vendored or a picture in docs/img is stale, the contract or an engine module's Go API breaks its users, the spec fails its linter, or the code is not vetted, formatted and tidy
 
 .PHONY: sdk
-sdk: generate ## regenerate both SDKs: the Go client (gen/api, gen/apiclient) and the TypeScript types (sdk/typescript/src/schema.d.ts)
+sdk: generate ## regenerate both SDKs: the Go client (gen/api, gen/apiclient, and client/internal/released from the released contract) and the TypeScript types (sdk/typescript/src/schema.d.ts)
 	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent generate
 
 .PHONY: sdk/check
 sdk/check: sdk ## regenerate the SDKs and fail on any difference from what is committed
-	@if [ -n "$$(git status --porcelain -- gen/ sdk/typescript/src/)" ]; then \
-		echo "an SDK is stale; run 'make sdk' and commit:"; git status --porcelain -- gen/ sdk/typescript/src/; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- gen/ client/internal/released/ sdk/typescript/src/)" ]; then \
+		echo "an SDK is stale; run 'make sdk' and commit:"; git status --porcelain -- gen/ client/internal/released/ sdk/typescript/src/; exit 1; fi
 	@echo "SDKs are fresh"
 
 .PHONY: docs/assets
@@ -75,9 +75,11 @@ docs/check: docs/assets ## re-vendor the /docs assets and fail if the committed 
 lint/spec: ## lint openapi.yaml with @redocly/cli (config: api/redocly.yaml)
 	cd tools/node && npm ci --no-audit --no-fund --silent && npm run --silent lint:spec
 
-# GENERATED is every directory of generated code: the service's, and
-# pgstore's queries, which are internal to it, and the Go code of PROTOS.
-GENERATED := gen/ idempotency/pgstore/internal/keydb/ $(dir $(PROTOS))
+# GENERATED is every directory of generated code: the service's, pgstore's
+# queries, which are internal to it, the released contract's Go client,
+# which the client's tests read a later server's answers with, and the Go
+# code of PROTOS.
+GENERATED := gen/ idempotency/pgstore/internal/keydb/ client/internal/released/ $(dir $(PROTOS))
 
 .PHONY: generate/check
 generate/check: generate ## regenerate and fail on any difference from what is committed
@@ -92,8 +94,9 @@ api/breaking: ## fail on breaking changes of openapi.yaml against the released c
 	GO="$(GO)" tools/api-breaking.sh
 
 .PHONY: api/release
-api/release: api/go/release ## record openapi.yaml and the engine's Go API as released (run when cutting a release)
+api/release: api/go/release ## record openapi.yaml and the engine's Go API as released (run when cutting a release), and regenerate the released contract's Go client (client/internal/released)
 	cp openapi.yaml api/openapi.released.yaml
+	$(GO) tool oapi-codegen -config client/internal/released/oapi-codegen.yaml api/openapi.released.yaml
 
 # The engine's public modules, whose exported Go API is a promise: each one's
 # released API is kept as apidiff's export data in api/go/<module>.export.
