@@ -179,10 +179,10 @@ GOTEST        := $(GO) test -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL)
 
 # TEST_STEPS are make test's steps. Each runs even when one before it
 # failed; make test then names every failure at the end.
-TEST_STEPS := test/service test/engine test/caddy test/example test/alerts
+TEST_STEPS := test/service test/engine test/caddy test/example test/alerts test/sdk
 
 .PHONY: test
-test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example services' and the alert rule tests, each step even when one before it failed, then every failure in a summary (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3); DATABASE_URL and REDIS_URL point it elsewhere; PostgreSQL must have TEST_PG_CONNECTIONS (40) connections free, which test/preflight checks first; it binds no fixed port, so make run may serve beside it
+test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example services', the alert rule tests and the TypeScript SDK's (all but its live tests), each step even when one before it failed, then every failure in a summary (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3); DATABASE_URL and REDIS_URL point it elsewhere; PostgreSQL must have TEST_PG_CONNECTIONS (40) connections free, which test/preflight checks first; it binds no fixed port, so make run may serve beside it
 	@$(MAKE) --no-print-directory test/preflight
 	@logs=$$(mktemp -d); trap 'rm -rf $$logs' EXIT; failed=(); start=$$SECONDS; \
 	for step in $(TEST_STEPS); do \
@@ -254,6 +254,13 @@ test/alerts: ## unit-test deploy/prometheus/alerts.yml with promtool (Debian pac
 		cd deploy/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml; \
 	elif [ -n "$$CI" ]; then echo "promtool is required in CI (apt-get install prometheus)"; exit 1; \
 	else echo "promtool not found: alert rule tests skipped (apt-get install prometheus)"; fi
+
+.PHONY: test/sdk
+test/sdk: ## the TypeScript SDK's tests but the live one (npm ci, npm run test:offline), among them its types as the released contract (api/openapi.released.yaml) has them reading a later server's new status (Node.js 20+ and npm; required when CI is set)
+	@if command -v npm >/dev/null 2>&1; then \
+		cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent test:offline; \
+	elif [ -n "$$CI" ]; then echo "npm is required in CI (apt-get install nodejs npm)"; exit 1; \
+	else echo "npm not found: the TypeScript SDK's tests skipped (apt-get install nodejs npm)"; fi
 
 .PHONY: test/live
 test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium
