@@ -29,7 +29,7 @@ build: ## build bin/oncekey and bin/fakeprovider (the sandbox payment provider)
 	$(GO) build -buildvcs=auto -o bin/fakeprovider ./cmd/fakeprovider
 
 .PHONY: generate
-generate: proto ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/, and the gRPC tests' and example's Go code from their .proto files
+generate: proto ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/, client/internal/released (the Go SDK as the released contract api/openapi.released.yaml generates it, for the tests), and the gRPC tests' and example's Go code from their .proto files
 	$(GO) generate ./...
 
 # PROTOS are the .proto files of the gRPC adapter's tests and of its
@@ -53,13 +53,13 @@ proto: ## compile PROTOS with protoc and the pinned protoc-gen-go and protoc-gen
 verify: generate/check verify/example sdk/check docs/check docs/images/check lint lint/spec api/breaking api/go vulncheck ## fail if anything generated or vendored or a picture in docs/img is stale, the contract or an engine module's Go API breaks its users, the spec fails its linter, or the code is not vetted, formatted and tidy
 
 .PHONY: sdk
-sdk: generate ## regenerate both SDKs: the Go client (gen/api, gen/apiclient) and the TypeScript types (sdk/typescript/src/schema.d.ts)
+sdk: generate ## regenerate both SDKs: the Go client (gen/api, gen/apiclient, and client/internal/released from the released contract) and the TypeScript types (sdk/typescript/src/schema.d.ts)
 	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent generate
 
 .PHONY: sdk/check
 sdk/check: sdk ## regenerate the SDKs and fail on any difference from what is committed
-	@if [ -n "$$(git status --porcelain -- gen/ sdk/typescript/src/)" ]; then \
-		echo "an SDK is stale; run 'make sdk' and commit:"; git status --porcelain -- gen/ sdk/typescript/src/; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- gen/ client/internal/released/ sdk/typescript/src/)" ]; then \
+		echo "an SDK is stale; run 'make sdk' and commit:"; git status --porcelain -- gen/ client/internal/released/ sdk/typescript/src/; exit 1; fi
 	@echo "SDKs are fresh"
 
 .PHONY: docs/assets
@@ -75,9 +75,11 @@ docs/check: docs/assets ## re-vendor the /docs assets and fail if the committed 
 lint/spec: ## lint openapi.yaml with @redocly/cli (config: api/redocly.yaml)
 	cd tools/node && npm ci --no-audit --no-fund --silent && npm run --silent lint:spec
 
-# GENERATED is every directory of generated code: the service's, and
-# pgstore's queries, which are internal to it, and the Go code of PROTOS.
-GENERATED := gen/ idempotency/pgstore/internal/keydb/ $(dir $(PROTOS))
+# GENERATED is every directory of generated code: the service's, pgstore's
+# queries, which are internal to it, the released contract's Go client,
+# which the client's tests read a later server's answers with, and the Go
+# code of PROTOS.
+GENERATED := gen/ idempotency/pgstore/internal/keydb/ client/internal/released/ $(dir $(PROTOS))
 
 .PHONY: generate/check
 generate/check: generate ## regenerate and fail on any difference from what is committed
@@ -92,8 +94,9 @@ api/breaking: ## fail on breaking changes of openapi.yaml against the released c
 	GO="$(GO)" tools/api-breaking.sh
 
 .PHONY: api/release
-api/release: api/go/release ## record openapi.yaml and the engine's Go API as released (run when cutting a release)
+api/release: api/go/release ## record openapi.yaml and the engine's Go API as released (run when cutting a release), and regenerate the released contract's Go client (client/internal/released)
 	cp openapi.yaml api/openapi.released.yaml
+	$(GO) tool oapi-codegen -config client/internal/released/oapi-codegen.yaml api/openapi.released.yaml
 
 # The engine's public modules, whose exported Go API is a promise: each one's
 # released API is kept as apidiff's export data in api/go/<module>.export.
@@ -176,10 +179,10 @@ GOTEST        := $(GO) test -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL)
 
 # TEST_STEPS are make test's steps. Each runs even when one before it
 # failed; make test then names every failure at the end.
-TEST_STEPS := test/service test/engine test/caddy test/example test/alerts
+TEST_STEPS := test/service test/engine test/caddy test/example test/alerts test/sdk
 
 .PHONY: test
-test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example services' and the alert rule tests, each step even when one before it failed, then every failure in a summary (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3); DATABASE_URL and REDIS_URL point it elsewhere; PostgreSQL must have TEST_PG_CONNECTIONS (40) connections free, which test/preflight checks first; it binds no fixed port, so make run may serve beside it
+test: ## run the whole test suite with the race detector: the service's, the engine's modules', the example services', the alert rule tests and the TypeScript SDK's (all but its live tests), each step even when one before it failed, then every failure in a summary (needs PostgreSQL on 127.0.0.1:5432 with trust auth, Redis on 127.0.0.1:6379, redis-server, curl and python3); DATABASE_URL and REDIS_URL point it elsewhere; PostgreSQL must have TEST_PG_CONNECTIONS (40) connections free, which test/preflight checks first; it binds no fixed port, so make run may serve beside it
 	@$(MAKE) --no-print-directory test/preflight
 	@logs=$$(mktemp -d); trap 'rm -rf $$logs' EXIT; failed=(); start=$$SECONDS; \
 	for step in $(TEST_STEPS); do \
@@ -251,6 +254,13 @@ test/alerts: ## unit-test deploy/prometheus/alerts.yml with promtool (Debian pac
 		cd deploy/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml; \
 	elif [ -n "$$CI" ]; then echo "promtool is required in CI (apt-get install prometheus)"; exit 1; \
 	else echo "promtool not found: alert rule tests skipped (apt-get install prometheus)"; fi
+
+.PHONY: test/sdk
+test/sdk: ## the TypeScript SDK's tests but the live one (npm ci, npm run test:offline), among them its types as the released contract (api/openapi.released.yaml) has them reading a later server's new status (Node.js 20+ and npm; required when CI is set)
+	@if command -v npm >/dev/null 2>&1; then \
+		cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent test:offline; \
+	elif [ -n "$$CI" ]; then echo "npm is required in CI (apt-get install nodejs npm)"; exit 1; \
+	else echo "npm not found: the TypeScript SDK's tests skipped (apt-get install nodejs npm)"; fi
 
 .PHONY: test/live
 test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium

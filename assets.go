@@ -10,6 +10,7 @@ import "embed"
 //go:generate go tool oapi-codegen -config gen/api/oapi-codegen.yaml openapi.yaml
 //go:generate go tool oapi-codegen -config gen/apiserver/oapi-codegen.yaml openapi.yaml
 //go:generate go tool oapi-codegen -config gen/apiclient/oapi-codegen.yaml openapi.yaml
+//go:generate go tool oapi-codegen -config client/internal/released/oapi-codegen.yaml api/openapi.released.yaml
 //go:generate go tool -modfile=tools/go.mod sqlc generate
 
 // OpenAPISpec is openapi.yaml, served at GET /openapi.yaml and used to

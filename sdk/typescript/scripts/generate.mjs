@@ -5,12 +5,25 @@
 // (string & {})`. A later server may add a value, and the types must let a
 // caller's switch take it to a default instead of claiming it cannot
 // happen; the literals still complete in an editor.
-import { writeFileSync } from "node:fs";
+//
+// `node scripts/generate.mjs SPEC OUT` writes OUT from SPEC instead (paths
+// from the current directory): the tests build the SDK's types as the
+// released contract (api/openapi.released.yaml) has them this way, to read
+// a later server's answers with them.
+import { mkdirSync, writeFileSync } from "node:fs";
+import { pathToFileURL } from "node:url";
 import openapiTS, { astToString, COMMENT_HEADER } from "openapi-typescript";
 import ts from "typescript";
 
-const spec = new URL("../../../openapi.yaml", import.meta.url);
-const out = new URL("../src/schema.d.ts", import.meta.url);
+const args = process.argv.slice(2);
+if (args.length !== 0 && args.length !== 2) {
+  console.error("usage: node scripts/generate.mjs [SPEC OUT]");
+  process.exit(2);
+}
+const [spec, out] =
+  args.length === 2
+    ? args.map((p) => pathToFileURL(p))
+    : [new URL("../../../openapi.yaml", import.meta.url), new URL("../src/schema.d.ts", import.meta.url)];
 
 const ast = await openapiTS(spec, {
   transform(schema) {
@@ -23,4 +36,5 @@ const ast = await openapiTS(spec, {
     return ts.factory.createUnionTypeNode([...known, anyOther]);
   },
 });
+mkdirSync(new URL(".", out), { recursive: true });
 writeFileSync(out, COMMENT_HEADER + astToString(ast));

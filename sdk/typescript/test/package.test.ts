@@ -63,7 +63,7 @@ describe("the npm package", () => {
     const copy = path.join(work, "sdk");
     cpSync(sdkDir, copy, {
       recursive: true,
-      filter: (from) => !/^(node_modules|dist|dist-test)$|\.tgz$/.test(path.relative(sdkDir, from)),
+      filter: (from) => !/^(node_modules|dist|dist-test|test-generated)$|\.tgz$/.test(path.relative(sdkDir, from)),
     });
     symlinkSync(path.join(sdkDir, "node_modules"), path.join(copy, "node_modules"), "dir");
     await run(copy, "npm", ["pack", "--loglevel=error", "--pack-destination", work]);
