@@ -225,18 +225,19 @@ type accountsRevokeCmd struct {
 }
 
 type conformanceCmd struct {
-	Spec        string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1; local $refs only)."`
-	URL         string        `name:"url" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080 (required unless --plan)."`
-	Auth        string        `name:"auth" placeholder:"CREDENTIAL" help:"Credential of a test account: \"X-API-Key: ...\" (a header), \"Bearer sk_test_...\", or a bare value, sent where the spec's securitySchemes say."`
-	Auth2       string        `name:"auth2" placeholder:"CREDENTIAL" help:"Credential of a second account, in the same forms; without it credential-isolation is skipped."`
-	Profile     string        `name:"profile" enum:"oncekey,ietf,stripe" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (422, 409), stripe (400, 409, key optional)."`
-	Only        []string      `name:"only" sep:"," placeholder:"ID" help:"Run only these checks and/or operations (\"POST /orders\" or an operationId)."`
-	Format      string        `name:"format" enum:"text,json,junit" default:"text" help:"Report format on standard output: text, json or junit."`
-	Overrides   string        `name:"overrides" placeholder:"FILE" help:"YAML of request bodies, path parameters, headers, slow requests and skipped checks per operation (see docs/conformance.md)."`
-	Concurrency int           `name:"concurrency" default:"10" help:"How many identical requests the concurrency checks send at once."`
-	Timeout     time.Duration `name:"timeout" default:"10s" help:"Bound on each request."`
-	Plan        bool          `name:"plan" help:"Send nothing: list the operations under the protocol, their first requests and where each value comes from (--format text or json)."`
-	Explain     bool          `name:"explain" help:"Before the checks, write to standard error where each value of every operation's requests comes from (example, schema, link, Location, name match, override)."`
+	Spec           string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1; local $refs only)."`
+	URL            string        `name:"url" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080 (required unless --plan)."`
+	Auth           string        `name:"auth" placeholder:"CREDENTIAL" help:"Credential of a test account: \"X-API-Key: ...\" (a header), \"Bearer sk_test_...\", or a bare value, sent where the spec's securitySchemes say."`
+	Auth2          string        `name:"auth2" placeholder:"CREDENTIAL" help:"Credential of a second account, in the same forms; without it credential-isolation is skipped."`
+	Profile        string        `name:"profile" enum:"oncekey,ietf,stripe" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (422, 409), stripe (400, 409, key optional)."`
+	Only           []string      `name:"only" sep:"," placeholder:"ID" help:"Run only these checks and/or operations (\"POST /orders\" or an operationId)."`
+	Format         string        `name:"format" enum:"text,json,junit" default:"text" help:"Report format on standard output: text, json or junit."`
+	Overrides      string        `name:"overrides" placeholder:"FILE" help:"YAML of request bodies, path parameters, headers, slow requests and skipped checks per operation (see docs/conformance.md)."`
+	Concurrency    int           `name:"concurrency" default:"10" help:"How many identical requests the concurrency checks send at once."`
+	Timeout        time.Duration `name:"timeout" default:"10s" help:"Bound on each request."`
+	Plan           bool          `name:"plan" help:"Send nothing: list the operations under the protocol, their first requests and where each value comes from (--format text or json)."`
+	WriteOverrides string        `name:"write-overrides" placeholder:"FILE" help:"After the checks, write a starter overrides file with an entry for each operation whose requests could not be made (the errors), with blanks to fill in."`
+	Explain        bool          `name:"explain" help:"Before the checks, write to standard error where each value of every operation's requests comes from (example, schema, link, Location, name match, override)."`
 }
 
 // Help is conformance's detailed help: what its exit codes mean, for CI.
@@ -244,8 +245,8 @@ func (conformanceCmd) Help() string {
 	return "Exit status: 0 when every check passed or was skipped; 1 when a check " +
 		"failed (the API broke a promise of the protocol); 2 when none failed but " +
 		"some are errors: they could not run, as no working request could be made " +
-		"(a request made from the spec was refused, or a create template failed), " +
-		"and each says what the tool needs."
+		"(a request made from the spec was refused, or no resource it names could be made), " +
+		"and each says what the tool needs; --write-overrides starts a file that gives it."
 }
 
 type contractTestCmd struct {

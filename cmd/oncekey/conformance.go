@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -68,6 +69,11 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 	if err != nil {
 		return err
 	}
+	if c.WriteOverrides != "" {
+		if err := c.writeOverrides(e, cfg, results); err != nil {
+			return err
+		}
+	}
 	switch sum := conformance.Summarize(results); {
 	case sum.Failed > 0 && sum.Errors > 0:
 		return fmt.Errorf("conformance: %d of %d checks failed, and %d could not run", sum.Failed, len(results), sum.Errors)
@@ -77,6 +83,21 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 		return exitError{code: exitSetup, err: fmt.Errorf("conformance: %d of %d checks could not run: no working request could be made (the report says what each needs)", sum.Errors, len(results))}
 	}
 	return nil
+}
+
+// writeOverrides writes --write-overrides: a starter overrides file for
+// the operations whose requests could not be made.
+func (c *conformanceCmd) writeOverrides(e env, cfg conformance.Config, results []conformance.Result) error {
+	var b bytes.Buffer
+	n, err := conformance.WriteOverrides(&b, cfg, results)
+	if err != nil {
+		return fmt.Errorf("--write-overrides: %w", err)
+	}
+	if err := os.WriteFile(c.WriteOverrides, b.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("--write-overrides: %w", err)
+	}
+	_, err = fmt.Fprintf(e.stderr, "oncekey conformance: wrote %s: %d operations to fill in, then run again with --overrides %s\n", c.WriteOverrides, n, c.WriteOverrides)
+	return err
 }
 
 // exitSetup is conformance's exit code when no check failed but some could

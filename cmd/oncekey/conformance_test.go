@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
+	"github.com/oncekey/oncekey/internal/conformance"
 	"github.com/oncekey/oncekey/internal/testdb"
 	"github.com/oncekey/oncekey/internal/upstreamtest"
 )
@@ -358,6 +361,8 @@ func TestConformanceExitCodes(t *testing.T) {
 			if tt.only != "" {
 				args = append(args, "--only", tt.only)
 			}
+			starter := filepath.Join(t.TempDir(), "overrides.yaml")
+			args = append(args, "--write-overrides", starter)
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, os.Args[0], args...)
@@ -374,6 +379,15 @@ func TestConformanceExitCodes(t *testing.T) {
 			if tt.code == 2 {
 				require.NotContains(t, stdout.String(), "\nfail ", "no check failed")
 				require.True(t, strings.HasSuffix(stdout.String(), "1 passed, 0 failed, 5 skipped, 8 errors\n"), stdout.String())
+				// The starter file has the one operation that needs an
+				// entry, and reads as an overrides file.
+				require.Contains(t, stderr.String(), "oncekey conformance: wrote "+starter+": 1 operations to fill in")
+				b, err := os.ReadFile(starter)
+				require.NoError(t, err)
+				o, err := conformance.ParseOverrides(b)
+				require.NoError(t, err, string(b))
+				require.Equal(t, []string{"POST /things/{id}/ship"}, slices.Collect(maps.Keys(o.Operations)), string(b))
+				require.Equal(t, "{{create:POST /things .id}}", o.Operations["POST /things/{id}/ship"].Path["id"], "what inference found, as a template: %s", b)
 			} else {
 				require.Regexp(t, `(?m)^fail +key-required +POST /things `, stdout.String())
 			}

@@ -79,11 +79,14 @@ const (
 // Result is one check on one operation (or on the whole run, for the checks
 // that read every answer: Operation is empty).
 type Result struct {
-	Check     string        `json:"check"`               // the check's id
-	Operation string        `json:"operation,omitempty"` // "POST /orders"
-	Status    Status        `json:"status"`
-	Reason    string        `json:"reason,omitempty"` // why it failed, errored or was skipped
-	Duration  time.Duration `json:"duration_ns"`
+	Check     string `json:"check"`               // the check's id
+	Operation string `json:"operation,omitempty"` // "POST /orders"
+	Status    Status `json:"status"`
+	Reason    string `json:"reason,omitempty"` // why it failed, errored or was skipped
+	// NeedsOverride names, for an error, the operation whose request could
+	// not be made: what --write-overrides writes an entry for.
+	NeedsOverride string        `json:"needs_override,omitempty"`
+	Duration      time.Duration `json:"duration_ns"`
 }
 
 // Run finds the operations of cfg.Spec under the protocol and runs every
@@ -133,13 +136,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			}
 		}
 		var skip skipped
+		var setupErr setupError
 		switch {
 		case err == nil:
 			r.Status = Pass
 		case errors.As(err, &skip):
 			r.Status, r.Reason = Skip, string(skip)
-		case isSetup(err):
+		case errors.As(err, &setupErr):
 			r.Status, r.Reason = Error, err.Error()
+			if setupErr.op != nil {
+				r.NeedsOverride = setupErr.op.name
+			}
 		default:
 			r.Status, r.Reason = Fail, err.Error()
 		}

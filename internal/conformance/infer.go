@@ -364,3 +364,23 @@ func (c *chain) fromLocationPath(loc string) (string, bool) {
 	}
 	return value, value != ""
 }
+
+// staticBody is t's body as far as it is known before anything is sent:
+// the overrides' as given, or the example with each field another
+// operation makes as placeholder says it.
+func staticBody(t *target, placeholder func(*chain) any) any {
+	if t.override.Body != nil {
+		return t.override.Body
+	}
+	m, ok := t.example.(map[string]any)
+	if !ok {
+		return t.example
+	}
+	m = maps.Clone(m)
+	for name := range m {
+		if c := t.chains["body "+name]; c != nil {
+			m[name] = placeholder(c)
+		}
+	}
+	return m
+}

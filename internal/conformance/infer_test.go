@@ -28,26 +28,7 @@ import (
 // cannot run.
 func shop(t *testing.T) http.Handler {
 	t.Helper()
-	engine := idempotency.New(idempotency.Config{
-		Scope:    testScope,
-		Wait:     time.Millisecond,
-		Validate: shopValid,
-		WriteError: func(w http.ResponseWriter, r *http.Request, err error) {
-			if errors.Is(err, errShopInvalid) {
-				w.Header().Set("Content-Type", "application/problem+json")
-				w.WriteHeader(http.StatusBadRequest)
-				fmt.Fprintf(w, `{"title":%q,"status":400}`, err)
-				return
-			}
-			idempotency.ProblemWriter("")(w, r, err)
-		},
-	})
-	ops, err := oapi.New(loadSpec(t, "shop.yaml"), engine)
-	require.NoError(t, err)
-	oapi.BindRest(ops, idempotency.Store[*memstore.Tx](memstore.New()))
-	middleware, err := ops.Middleware(nil)
-	require.NoError(t, err)
-
+	mux, handle := engineMux(t, "shop.yaml", shopValid)
 	var mu sync.Mutex
 	things := map[string]map[string]any{} // by path
 	invoices := 0
@@ -56,41 +37,26 @@ func shop(t *testing.T) http.Handler {
 		_, _ = rand.Read(b[:])
 		return prefix + hex.EncodeToString(b[:])
 	}
-	answer := func(w http.ResponseWriter, status int, path string, v map[string]any) {
-		if path != "" {
-			w.Header().Set("Location", path)
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_ = json.NewEncoder(w).Encode(v)
-	}
-	notFound := func(w http.ResponseWriter, what string) {
-		w.Header().Set("Content-Type", "application/problem+json")
-		w.WriteHeader(http.StatusNotFound)
-		fmt.Fprintf(w, `{"title":"no such %s","status":404}`, what)
-	}
 	// made stores a new resource under path, if parent exists.
 	made := func(w http.ResponseWriter, r *http.Request, parent, path string, v map[string]any, location bool) {
 		time.Sleep(50 * time.Millisecond) // identical requests sent at once overlap
 		mu.Lock()
 		defer mu.Unlock()
 		if parent != "" && things[parent] == nil {
-			notFound(w, parent)
+			notFoundProblem(w, parent)
 			return
 		}
 		things[path] = v
 		if !location {
 			path = ""
 		}
-		answer(w, http.StatusCreated, path, v)
+		answerJSON(w, http.StatusCreated, path, v)
 	}
 	body := func(r *http.Request) map[string]any {
 		v := map[string]any{}
 		_ = json.NewDecoder(r.Body).Decode(&v)
 		return v
 	}
-	mux := http.NewServeMux()
-	handle := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, middleware(h)) }
 	handle("POST /customers", func(w http.ResponseWriter, r *http.Request) {
 		v := body(r)
 		v["id"] = newID("cus_")
@@ -107,11 +73,11 @@ func shop(t *testing.T) http.Handler {
 		defer mu.Unlock()
 		card := things["/customers/"+r.PathValue("customer")+"/cards/"+r.PathValue("card")]
 		if card == nil {
-			notFound(w, "card of that customer")
+			notFoundProblem(w, "card of that customer")
 			return
 		}
 		card["verified"] = true
-		answer(w, http.StatusOK, "", card)
+		answerJSON(w, http.StatusOK, "", card)
 	})
 	handle("POST /invoices", func(w http.ResponseWriter, r *http.Request) {
 		v := body(r)
@@ -131,19 +97,19 @@ func shop(t *testing.T) http.Handler {
 			mu.Lock()
 			defer mu.Unlock()
 			if v := things[r.URL.Path]; v != nil {
-				answer(w, http.StatusOK, "", v)
+				answerJSON(w, http.StatusOK, "", v)
 				return
 			}
-			notFound(w, r.URL.Path)
+			notFoundProblem(w, r.URL.Path)
 		})
 	}
 	return mux
 }
 
 var (
-	errShopInvalid = errors.New("invalid request")
-	shopIDs        = regexp.MustCompile(`^/customers/cus_[0-9a-f]+(/cards(/card_[0-9a-f]+/verify)?)?$|^/customers$|^/invoices(/INV-[0-9]+/payments)?$`)
-	shopBody       = map[string]func(map[string]any) bool{
+	errInvalidRequest = errors.New("invalid request")
+	shopIDs           = regexp.MustCompile(`^/customers/cus_[0-9a-f]+(/cards(/card_[0-9a-f]+/verify)?)?$|^/customers$|^/invoices(/INV-[0-9]+/payments)?$`)
+	shopBody          = map[string]func(map[string]any) bool{
 		"/customers": func(v map[string]any) bool { name, ok := v["name"].(string); return ok && name != "" && len(v) == 1 },
 		"/cards":     func(v map[string]any) bool { s, ok := v["last4"].(string); return ok && len(s) == 4 && len(v) == 1 },
 		"/invoices": func(v map[string]any) bool {
@@ -158,17 +124,62 @@ var (
 // an id of the wrong form, or a body without what it requires.
 func shopValid(r *http.Request, body []byte) error {
 	if !shopIDs.MatchString(r.URL.Path) {
-		return fmt.Errorf("%w: no such resource %s", errShopInvalid, r.URL.Path)
+		return fmt.Errorf("%w: no such resource %s", errInvalidRequest, r.URL.Path)
 	}
 	for suffix, valid := range shopBody {
 		if strings.HasSuffix(r.URL.Path, suffix) {
 			var v map[string]any
 			if json.Unmarshal(body, &v) != nil || !valid(v) {
-				return fmt.Errorf("%w: the body is not what %s takes", errShopInvalid, r.URL.Path)
+				return fmt.Errorf("%w: the body is not what %s takes", errInvalidRequest, r.URL.Path)
 			}
 		}
 	}
 	return nil
+}
+
+// engineMux is a ServeMux for a test API on the public engine, serving
+// testdata/spec: handle routes a pattern through the protocol, with the
+// accounts of testScope, duplicates in flight answered at once, and
+// valid's refusals answered 400 before a key is claimed.
+func engineMux(t *testing.T, spec string, valid func(*http.Request, []byte) error) (*http.ServeMux, func(string, http.HandlerFunc)) {
+	t.Helper()
+	engine := idempotency.New(idempotency.Config{
+		Scope:    testScope,
+		Wait:     time.Millisecond,
+		Validate: valid,
+		WriteError: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, errInvalidRequest) {
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusBadRequest)
+				fmt.Fprintf(w, `{"title":%q,"status":400}`, err)
+				return
+			}
+			idempotency.ProblemWriter("")(w, r, err)
+		},
+	})
+	ops, err := oapi.New(loadSpec(t, spec), engine)
+	require.NoError(t, err)
+	oapi.BindRest(ops, idempotency.Store[*memstore.Tx](memstore.New()))
+	middleware, err := ops.Middleware(nil)
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	return mux, func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, middleware(h)) }
+}
+
+// answerJSON answers v with status, and a Location where path is given.
+func answerJSON(w http.ResponseWriter, status int, path string, v map[string]any) {
+	if path != "" {
+		w.Header().Set("Location", path)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func notFoundProblem(w http.ResponseWriter, what string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(http.StatusNotFound)
+	fmt.Fprintf(w, `{"title":"no such %s","status":404}`, what)
 }
 
 // TestChainsWithoutOverrides runs every check against an API whose

@@ -107,19 +107,7 @@ func sketch(t *target) string {
 	if t.media == "" {
 		return line
 	}
-	body := t.override.Body
-	if body == nil {
-		body = t.example
-		if m, ok := body.(map[string]any); ok {
-			m = maps.Clone(m)
-			for name := range m {
-				if c := t.chains["body "+name]; c != nil {
-					m[name] = "‹" + c.op.name + "›"
-				}
-			}
-			body = m
-		}
-	}
+	body := staticBody(t, func(c *chain) any { return "‹" + c.op.name + "›" })
 	b, err := json.Marshal(normalise(body))
 	if err != nil {
 		return line

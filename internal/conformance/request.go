@@ -171,7 +171,7 @@ var templateRe = regexp.MustCompile(`\{\{create:([A-Z]+) (\S+) \.([\w.]+)\}\}`)
 // that cannot be built is a setup error.
 func (s *session) build(ctx context.Context, t *target) (request, error) {
 	q, err := s.buildDepth(ctx, t, 0)
-	return q, setup(err)
+	return q, setup(t, err)
 }
 
 func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request, error) {
@@ -409,7 +409,7 @@ func (s *session) make(ctx context.Context, t *target, depth int) (made, error) 
 	if a.status < 200 || a.status > 299 {
 		if isSetup(s.usable(q, a)) {
 			r := refusal(q, a)
-			return made{}, makerRefused{fmt.Errorf("%s, which makes a resource the request needs: %w", t.name, r.cause), r.need}
+			return made{}, makerRefused{fmt.Errorf("%s, which makes a resource the request needs: %w", t.name, r.cause), r.need, r.op}
 		}
 		return made{}, fmt.Errorf("%s answered %s", t.name, a)
 	}

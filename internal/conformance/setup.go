@@ -38,8 +38,9 @@ import (
 // a reused key, and key-required's request without a key where the profile
 // makes the key optional (the same request has just worked with one).
 type setupError struct {
-	cause error  // what could not be made, and why
-	need  string // what the tool needs to make it
+	cause error   // what could not be made, and why
+	need  string  // what the tool needs to make it
+	op    *target // the operation whose request an override can mend; nil: a credential's
 }
 
 func (e setupError) Error() string {
@@ -50,20 +51,20 @@ func (e setupError) Unwrap() error { return e.cause }
 
 // overridesFile is how the hints name the file that gives what the spec
 // cannot.
-const overridesFile = "the overrides file (--overrides)"
+const overridesFile = "the overrides file (--overrides; --write-overrides starts one)"
 
-// setup marks err, a failure to build a request, as a setup error; a skip
-// stays a skip.
-func setup(err error) error {
+// setup marks err, a failure to build a request of t, as a setup error; a
+// skip stays a skip.
+func setup(t *target, err error) error {
 	var skip skipped
 	if err == nil || errors.As(err, &skip) || isSetup(err) {
 		return err
 	}
 	var maker makerRefused
 	if errors.As(err, &maker) {
-		return setupError{cause: err, need: maker.need}
+		return setupError{cause: err, need: maker.need, op: maker.op}
 	}
-	return setupError{cause: err, need: "give the value in " + overridesFile + ", or a {{create:…}} template that names an operation answering 2xx with that field"}
+	return setupError{op: t, cause: err, need: "give the value in " + overridesFile + ", or a {{create:…}} template that names an operation answering 2xx with that field"}
 }
 
 // makerRefused is an operation that makes a resource a request needs
@@ -71,6 +72,7 @@ func setup(err error) error {
 type makerRefused struct {
 	err  error
 	need string
+	op   *target // the maker, where an override can mend its request
 }
 
 func (e makerRefused) Error() string { return e.err.Error() }
@@ -102,7 +104,7 @@ func refusal(q request, a answer) setupError {
 			need:  "give --auth the Authorization header of a test account that may make this request",
 		}
 	}
-	e := setupError{cause: fmt.Errorf("%s %s was refused (%s)", q.method, q.path, a)}
+	e := setupError{op: q.target, cause: fmt.Errorf("%s %s was refused (%s)", q.method, q.path, a)}
 	switch a.status {
 	case http.StatusNotFound:
 		e.need = "its path parameters must name resources that exist: give them in " + overridesFile + ", as ids or {{create:…}} templates"

@@ -1,0 +1,140 @@
+package conformance
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// WriteOverrides writes a starter overrides file for the operations whose
+// requests results could not make (the errors' NeedsOverride): an entry
+// each, with what the tool sent, a blank ("") for every path parameter it
+// could not find a resource for, and a comment saying where each value
+// came from. Filled in and given to --overrides, it makes those checks
+// run. It returns how many entries it wrote.
+func WriteOverrides(w io.Writer, cfg Config, results []Result) (int, error) {
+	if cfg.BaseURL == "" {
+		cfg.BaseURL = "http://localhost" // never contacted
+	}
+	s, err := newSession(cfg)
+	if err != nil {
+		return 0, err
+	}
+	reasons := map[string]string{}
+	for _, r := range results {
+		if r.Status == Error && r.NeedsOverride != "" && reasons[r.NeedsOverride] == "" {
+			reasons[r.NeedsOverride] = r.Reason
+		}
+	}
+	var b strings.Builder
+	b.WriteString(`# A starter overrides file, written by oncekey conformance --write-overrides
+# for the operations whose requests could not be made. Fill in each blank
+# ("") with a value the API takes: an id of a resource that exists, or a
+# "{{create:METHOD /path .field}}" template that makes one for every
+# request. Then run again with --overrides and this file. Every value of an
+# entry is sent as it is written here; see docs/conformance.md.
+`)
+	names := slices.Sorted(maps.Keys(reasons))
+	if len(names) == 0 {
+		b.WriteString("# Every request could be made: nothing to fill in.\noperations: {}\n")
+	} else {
+		b.WriteString("operations:\n")
+	}
+	for _, name := range names {
+		t := s.byRoute[name]
+		if t == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "\n  # %.400s\n  %s:\n", oneLine(reasons[name]), quoted(name))
+		writeEntry(&b, t)
+	}
+	_, err = io.WriteString(w, b.String())
+	return len(names), err
+}
+
+// writeEntry writes t's override: what it was given, else what the tool
+// sent, with blanks where it had nothing better than the spec's example or
+// schema for a path parameter.
+func writeEntry(b *strings.Builder, t *target) {
+	comments, details := map[string]string{}, map[string]string{}
+	for _, o := range t.origins {
+		comments[o.where], details[o.where] = string(o.source)+": "+o.detail, o.detail
+	}
+	if len(t.params) > 0 {
+		b.WriteString("    path:\n")
+	}
+	for _, p := range t.params {
+		where := "path " + p.Name
+		v, ok := t.override.Path[p.Name]
+		switch {
+		case ok:
+		case t.chains[where] != nil && template(t.chains[where]) != "":
+			v = template(t.chains[where])
+		default:
+			v, comments[where] = "", "fill in: "+details[where]+" named nothing that works"
+		}
+		fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(p.Name), flow(v), comments[where])
+	}
+	query := map[string]any{}
+	for _, p := range t.query {
+		where := "query " + p.Name
+		if v, ok := t.override.Query[p.Name]; ok {
+			query[p.Name] = v
+		} else if c := t.chains[where]; c != nil {
+			query[p.Name] = template(c)
+		} else if p.Required {
+			v, ok := exampleOf(p.Example, p.Examples, p.Schema)
+			if !ok {
+				v = minimal(p.Schema, 0)
+			}
+			query[p.Name] = v
+		}
+	}
+	maps.Copy(query, t.override.Query)
+	if len(query) > 0 {
+		b.WriteString("    query:\n")
+		for _, name := range slices.Sorted(maps.Keys(query)) {
+			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(name), flow(query[name]), cmp.Or(comments["query "+name], "override"))
+		}
+	}
+	if t.media != "" {
+		body := staticBody(t, func(c *chain) any { return template(c) })
+		fmt.Fprintf(b, "    body: %s  # %s; every field is sent as written\n", flow(normalise(body)), comments["body"])
+	}
+	if len(t.override.Header) > 0 {
+		fmt.Fprintf(b, "    header: %s\n", flow(t.override.Header))
+	}
+	if sl := t.override.Slow; sl != nil {
+		fmt.Fprintf(b, "    slow: {header: %s, after: %s}\n", flow(sl.Header), cmp.Or(sl.After, 100*time.Millisecond).String())
+	}
+	if len(t.override.Skip) > 0 {
+		fmt.Fprintf(b, "    skip: %s\n", flow(t.override.Skip))
+	}
+}
+
+// template is c as an overrides file writes it, or "" where no template
+// says it (a value read from a path or a header).
+func template(c *chain) string {
+	if c.pathOf || c.header != "" {
+		return ""
+	}
+	return "{{create:" + c.op.method + " " + c.op.path + " ." + cmp.Or(c.field, "id") + "}}"
+}
+
+// flow is v in YAML's flow style, which JSON is.
+func flow(v any) string {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return `""`
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+func quoted(s string) string { return flow(s) }
