@@ -225,7 +225,7 @@ type accountsRevokeCmd struct {
 }
 
 type conformanceCmd struct {
-	Spec           string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1; local $refs only)."`
+	Spec           string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1, YAML or JSON); a $ref to another file is reported on standard error and left out."`
 	URL            string        `name:"url" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080 (required unless --plan)."`
 	Auth           string        `name:"auth" placeholder:"CREDENTIAL" help:"Credential of a test account: \"X-API-Key: ...\" (a header), \"Bearer sk_test_...\", or a bare value, sent where the spec's securitySchemes say."`
 	Auth2          string        `name:"auth2" placeholder:"CREDENTIAL" help:"Credential of a second account, in the same forms; without it credential-isolation is skipped."`

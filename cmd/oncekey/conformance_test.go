@@ -394,3 +394,32 @@ func TestConformanceExitCodes(t *testing.T) {
 		})
 	}
 }
+
+// --plan needs no --url and sends nothing: for Oncekey's document it says
+// that a refund's payment comes from the Location of POST /payments, and
+// --explain writes the same on standard error before the checks, leaving
+// standard output to the report.
+func TestConformancePlanAndExplain(t *testing.T) {
+	t.Parallel()
+	out, err := runCommand(t, map[string]string{}, "conformance", "--spec", "../../openapi.yaml", "--plan", "--format", "json")
+	require.NoError(t, err, out)
+	var plans []conformance.Planned
+	require.NoError(t, json.Unmarshal([]byte(out), &plans), out)
+	require.Len(t, plans, 7, "the operations under the protocol")
+	byOp := map[string]conformance.Planned{}
+	for _, p := range plans {
+		byOp[p.Operation] = p
+	}
+	refund := byOp["POST /payments/{id}/refunds"]
+	require.Contains(t, refund.Values, conformance.Value{Where: "path id", Source: "Location", Detail: "POST /payments answers with its Location, /payments/{id}"})
+	require.Equal(t, []string{"POST /payments", "POST /orders"}, refund.Needs)
+
+	addr, _ := startServe(t, map[string]string{})
+	var stdout, stderr bytes.Buffer
+	err = run(context.Background(), []string{"conformance", "--spec", "../../openapi.yaml", "--url", "http://" + addr,
+		"--auth", "Bearer " + DemoAPIKey, "--only", "replay,createRefund", "--explain", "--format", "json"},
+		func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Regexp(t, `(?m)^  path id +Location +POST /payments answers with its Location, /payments/\{id\}$`, stderr.String())
+	require.True(t, json.Valid(stdout.Bytes()), "standard output is the report alone: %s", stdout.String())
+}

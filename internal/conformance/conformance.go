@@ -172,6 +172,7 @@ type session struct {
 	cfg       Config
 	covered   []*target
 	byRoute   map[string]*target // every operation, by "METHOD /path"
+	itemGets  map[string]string  // path → the GET of path/{param} (the first by name)
 	http      *http.Client
 	validator *ValidatingTransport
 	auth      credential // cfg.Auth, where the API reads it
@@ -250,6 +251,19 @@ func newSession(cfg Config) (*session, error) {
 			return nil, fmt.Errorf("conformance: the overrides name %q, which the spec has no operation for (name one as \"POST /orders\" or by its operationId)", name)
 		}
 	}
+	// The GETs of one resource under each path, indexed once: getOf looks
+	// for one for every operation, and a document may have thousands.
+	s.itemGets = map[string]string{}
+	for name, g := range s.byRoute {
+		i := strings.LastIndexByte(g.path, '/')
+		last := g.path[i+1:]
+		if !strings.HasPrefix(name, "GET ") || i < 0 || !strings.HasPrefix(last, "{") || !strings.HasSuffix(last, "}") {
+			continue
+		}
+		if other, ok := s.itemGets[g.path[:i]]; !ok || g.path < other {
+			s.itemGets[g.path[:i]] = g.path
+		}
+	}
 	in := newInference(s.byRoute)
 	for path, item := range cfg.Spec.Paths.Map() {
 		for method, spec := range item.Operations() {
@@ -325,18 +339,13 @@ func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Opera
 
 // getOf is the path of the GET that reads what t answers with: the
 // operation's own path for a PUT, PATCH or DELETE, or its path with one
-// more parameter for a create. Empty: the spec has none.
+// more parameter for a create (the first by name if there are several).
+// Empty: the spec has none.
 func (s *session) getOf(t *target) string {
 	if g, ok := s.byRoute["GET "+t.path]; ok && t.method != http.MethodPost {
 		return g.path
 	}
-	for name, g := range s.byRoute {
-		rest, ok := strings.CutPrefix(g.path, strings.TrimRight(t.path, "/")+"/{")
-		if ok && strings.HasPrefix(name, "GET ") && strings.HasSuffix(rest, "}") && !strings.Contains(rest, "/") {
-			return g.path
-		}
-	}
-	return ""
+	return s.itemGets[strings.TrimRight(t.path, "/")]
 }
 
 // only sorts cfg.Only into the checks and the operations it names.

@@ -78,7 +78,7 @@ func writeEntry(b *strings.Builder, t *target) {
 		default:
 			v, comments[where] = "", "fill in: "+details[where]+" named nothing that works"
 		}
-		fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(p.Name), flow(v), comments[where])
+		fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(p.Name), yamlFlow(v), comments[where])
 	}
 	query := map[string]any{}
 	for _, p := range t.query {
@@ -99,21 +99,21 @@ func writeEntry(b *strings.Builder, t *target) {
 	if len(query) > 0 {
 		b.WriteString("    query:\n")
 		for _, name := range slices.Sorted(maps.Keys(query)) {
-			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(name), flow(query[name]), cmp.Or(comments["query "+name], "override"))
+			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(name), yamlFlow(query[name]), cmp.Or(comments["query "+name], "override"))
 		}
 	}
 	if t.media != "" {
 		body := staticBody(t, func(c *chain) any { return template(c) })
-		fmt.Fprintf(b, "    body: %s  # %s; every field is sent as written\n", flow(normalise(body)), comments["body"])
+		fmt.Fprintf(b, "    body: %s  # %s; every field is sent as written\n", yamlFlow(normalise(body)), comments["body"])
 	}
 	if len(t.override.Header) > 0 {
-		fmt.Fprintf(b, "    header: %s\n", flow(t.override.Header))
+		fmt.Fprintf(b, "    header: %s\n", yamlFlow(t.override.Header))
 	}
 	if sl := t.override.Slow; sl != nil {
-		fmt.Fprintf(b, "    slow: {header: %s, after: %s}\n", flow(sl.Header), cmp.Or(sl.After, 100*time.Millisecond).String())
+		fmt.Fprintf(b, "    slow: {header: %s, after: %s}\n", yamlFlow(sl.Header), cmp.Or(sl.After, 100*time.Millisecond).String())
 	}
 	if len(t.override.Skip) > 0 {
-		fmt.Fprintf(b, "    skip: %s\n", flow(t.override.Skip))
+		fmt.Fprintf(b, "    skip: %s\n", yamlFlow(t.override.Skip))
 	}
 }
 
@@ -126,8 +126,8 @@ func template(c *chain) string {
 	return "{{create:" + c.op.method + " " + c.op.path + " ." + cmp.Or(c.field, "id") + "}}"
 }
 
-// flow is v in YAML's flow style, which JSON is.
-func flow(v any) string {
+// yamlFlow is v in YAML's flow style, which JSON is.
+func yamlFlow(v any) string {
 	var b strings.Builder
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
@@ -137,4 +137,4 @@ func flow(v any) string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
-func quoted(s string) string { return flow(s) }
+func quoted(s string) string { return yamlFlow(s) }

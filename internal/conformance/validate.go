@@ -18,8 +18,11 @@ import (
 // the document does not describe are not checked.
 type ValidatingTransport struct {
 	// Base sends the requests.
-	Base   http.RoundTripper
-	router routers.Router
+	Base http.RoundTripper
+	// router is built on the first answer: a document of thousands of
+	// paths takes a while to route, and a run that sends nothing (a plan)
+	// need not wait for it.
+	router func() (routers.Router, error)
 
 	mu         sync.Mutex
 	violations []error
@@ -32,6 +35,8 @@ var registerDecoders sync.Once
 // that validates against doc the answers from baseURL, the API's URL with
 // any path prefix; "" routes by path alone, whatever the host. It replaces
 // doc's servers (the document's, its paths' and its operations') to do so.
+// It routes answers to doc's operations from the first answer on: a
+// document it cannot route makes every answer a violation that says why.
 func NewValidatingTransport(doc *openapi3.T, baseURL string, base http.RoundTripper) (*ValidatingTransport, error) {
 	if base == nil {
 		base = http.DefaultTransport
@@ -53,10 +58,13 @@ func NewValidatingTransport(doc *openapi3.T, baseURL string, base http.RoundTrip
 			}
 		}
 	}
-	router, err := gorillamux.NewRouter(doc)
-	if err != nil {
-		return nil, fmt.Errorf("build spec router: %w", err)
-	}
+	router := sync.OnceValues(func() (routers.Router, error) {
+		r, err := gorillamux.NewRouter(doc)
+		if err != nil {
+			return nil, fmt.Errorf("build spec router: %w", err)
+		}
+		return r, nil
+	})
 	return &ValidatingTransport{Base: base, router: router}, nil
 }
 
@@ -86,7 +94,11 @@ func (v *ValidatingTransport) RoundTrip(req *http.Request) (*http.Response, erro
 
 // check validates one answer; false: its path is not the document's.
 func (v *ValidatingTransport) check(req *http.Request, resp *http.Response, body []byte) (bool, error) {
-	route, params, err := v.router.FindRoute(req)
+	router, err := v.router()
+	if err != nil {
+		return true, err
+	}
+	route, params, err := router.FindRoute(req)
 	if err != nil {
 		return false, nil
 	}
