@@ -283,7 +283,11 @@ func (in *inference) pathChain(t *target, i int) *chain {
 		}
 		op := in.byRoute["POST "+strings.TrimRight(t.path[:deeper], "/")]
 		if op != nil && op != t && strings.HasPrefix(op.path, prefix+"/"+marker) {
-			return &chain{op: op, source: fromLocation, param: p.Name, pathOf: true,
+			src := fromName
+			if op.location {
+				src = fromLocation
+			}
+			return &chain{op: op, source: src, param: p.Name, pathOf: true,
 				what: fmt.Sprintf("the path %s was sent to when it made the %s", op.name, t.params[j].Name)}
 		}
 	}
