@@ -275,6 +275,39 @@ paths:
 			notices: []string{`at /paths/~1a/post/parameters/0: the parameter is left out`},
 		},
 		{
+			// GitHub's has /orgs/{org}/attestations/{subject_digest} (GET)
+			// and /orgs/{org}/attestations/{attestation_id} (DELETE). The
+			// unknown field makes validation run twice: the paths are
+			// noted once.
+			name: "paths that differ only in their parameters' names",
+			doc: `openapi: 3.0.3
+info: {title: T, version: "1"}
+paths:
+  /keys/{digest}:
+    get:
+      deprecated-since: "2024-01-01"
+      parameters: [{name: digest, in: path, required: true, schema: {type: string}}]
+      responses: {'200': {description: OK}}
+  /keys/{key_id}:
+    delete:
+      parameters:
+        - {name: key_id, in: path, required: true, schema: {type: integer}}
+        - {name: Idempotency-Key, in: header, schema: {type: string}}
+      responses: {'204': {description: Gone.}}
+`,
+			notices: []string{
+				"unsupported: fields that are neither OpenAPI's nor extensions (x-): deprecated-since",
+				`unsupported: the paths "/keys/{digest}" and "/keys/{key_id}", which differ only in their parameters' names at /paths/~1keys~1{key_id} (line 9): both are kept; the operations of /keys/{key_id} are not validated`,
+			},
+			check: func(t *testing.T, doc *openapi3.T) {
+				require.NotNil(t, doc.Paths.Value("/keys/{digest}").Get, "the first path")
+				require.NotNil(t, doc.Paths.Value("/keys/{key_id}").Delete, "the second path")
+				ops, err := oapi.New(doc, nil)
+				require.NoError(t, err)
+				require.True(t, ops.Find("DELETE", "/keys/{key_id}").Idempotent, "the operation under the second path is covered")
+			},
+		},
+		{
 			name: "an invalid document",
 			doc: `openapi: 3.0.3
 info: {title: T, version: "1"}
