@@ -68,6 +68,9 @@ func Load(path string) (*openapi3.T, []Notice, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkVersion(root); err != nil {
+		return nil, nil, err
+	}
 	notices := scan(root)
 	lines := pathLines(root)
 	// A document in block YAML, unchanged, is handed over as it is; a JSON

@@ -316,6 +316,22 @@ paths:
 `,
 			err: `not a valid OpenAPI document: invalid paths: invalid path /a: invalid operation POST: parameter can't have 'in' value "body"`,
 		},
+		{
+			// Each of its operations would be an error of its own.
+			name: "a Swagger 2.0 document",
+			doc: `swagger: "2.0"
+info: {title: T, version: "1"}
+paths:
+  /pets:
+    post:
+      parameters: [{name: pet, in: body, schema: {type: object}}]
+      responses: {'200': {description: OK}}
+`,
+			err: "a Swagger 2.0 document: the tool reads OpenAPI 3.0 and 3.1 (convert it to OpenAPI 3 first",
+		},
+		{name: "a list", doc: `[{"openapi": "3.1.0"}]`, err: "not an OpenAPI document: it holds no object of fields"},
+		{name: "no version", doc: "asyncapi: 2.6.0\ninfo: {title: T, version: \"1\"}\nchannels: {}\n", err: "not an OpenAPI document: it has no openapi field"},
+		{name: "another major version", doc: "openapi: 4.0.0\ninfo: {title: T, version: \"1\"}\npaths: {}\n", err: `OpenAPI "4.0.0": the tool reads OpenAPI 3.0 and 3.1`},
 		{name: "an empty file", doc: "", err: "the document is empty"},
 		{name: "neither YAML nor JSON", doc: `{"openapi": "3.1.0",`, err: "neither YAML"},
 	} {
