@@ -284,9 +284,35 @@ type validationErrors struct {
 	tolerated []Notice
 }
 
+// emptyField says, of an error of validation, whether it is a field the
+// document leaves empty that the tool can do without: what it describes
+// itself with, where it is served, an example without a value. None of
+// them makes a request. what is what is empty; done, what the tool does
+// instead.
+func emptyField(err error) (what, done string, ok bool) {
+	switch err.(type) {
+	case *openapi3.InfoTitleRequired:
+		return "an info without a title", "the tool does not need one", true
+	case *openapi3.InfoVersionRequired:
+		return "an info without a version", "the tool does not need one", true
+	case *openapi3.LicenseNameRequired:
+		return "a license without a name", "the tool does not need one", true
+	case *openapi3.ExternalDocsURLRequired:
+		return "external docs without a url", "the tool does not need them", true
+	case *openapi3.ServerURLRequired:
+		return "a server without a url", "the tool sends its requests to --url", true
+	case *openapi3.ExampleValueOrExternalValueRequired:
+		return "an example with neither value nor externalValue", "it is left out", true
+	}
+	return "", "", false
+}
+
 // sortErrors sorts the errors of a validation (a multi-error tree); where
 // is the path of wrapping messages down to err.
 func sortErrors(err error, where string) validationErrors {
+	if what, done, ok := emptyField(err); ok {
+		return validationErrors{tolerated: []Notice{{What: what, Pointer: strings.TrimSuffix(where, ": "), Done: done}}}
+	}
 	switch e := err.(type) {
 	case *openapi3.ExtraSiblingFieldsError:
 		return validationErrors{unknown: []unknownFields{{e, strings.TrimSuffix(where, ": ")}}}

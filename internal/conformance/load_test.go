@@ -308,6 +308,36 @@ paths:
 			},
 		},
 		{
+			// GoDaddy's and DrChrono's have no title, Amentum's a server
+			// without a url, Microsoft Graph's examples without values.
+			name: "fields left empty that make no request",
+			doc: `openapi: 3.0.3
+info: {title: "", version: "1", license: {name: ""}}
+servers: [{url: ""}]
+paths:
+  /charges:
+    post:
+      externalDocs: {url: ""}
+      parameters: [{name: Idempotency-Key, in: header, schema: {type: string}}]
+      requestBody:
+        content:
+          application/json:
+            schema: {type: object}
+            examples: {empty: {$ref: '#/components/examples/Empty'}}
+      responses: {'200': {description: OK}}
+components:
+  examples:
+    Empty: {summary: Nothing here.}
+`,
+			notices: []string{
+				`unsupported: an example with neither value nor externalValue at invalid components: example "Empty": it is left out`,
+				"unsupported: a license without a name at invalid info: the tool does not need one",
+				"unsupported: an info without a title at invalid info: the tool does not need one",
+				"unsupported: external docs without a url at invalid paths: invalid path /charges: invalid operation POST: invalid external docs: the tool does not need them",
+				"unsupported: a server without a url at invalid servers: the tool sends its requests to --url",
+			},
+		},
+		{
 			name: "an invalid document",
 			doc: `openapi: 3.0.3
 info: {title: T, version: "1"}
@@ -345,7 +375,7 @@ paths:
 				return
 			}
 			require.NoError(t, err)
-			require.Len(t, notices, len(tc.notices), "%v", notices)
+			require.Len(t, notices, len(tc.notices), "%q", notices)
 			for i, n := range notices {
 				require.Contains(t, n.String(), tc.notices[i])
 			}
