@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,7 +77,8 @@ func Load(path string) (*openapi3.T, []Notice, error) {
 	// A document in block YAML, unchanged, is handed over as it is; a JSON
 	// one (or a changed one) is written out as block YAML first, which
 	// kin-openapi reads many times faster (see blockYAML).
-	if len(notices) > 0 || flow(root) {
+	rewritten := len(notices) > 0 || flow(root)
+	if rewritten {
 		if data, err = blockYAML(root); err != nil {
 			return nil, notices, err
 		}
@@ -87,6 +89,9 @@ func Load(path string) (*openapi3.T, []Notice, error) {
 		var external *openapi3.DisallowedExternalRefError
 		if errors.As(err, &external) {
 			return nil, notices, fmt.Errorf("%w (a $ref where the tool does not look for one: make it a $ref within the document)", err)
+		}
+		if rewritten {
+			return nil, notices, unreadable(err)
 		}
 		return nil, notices, err
 	}
@@ -101,6 +106,19 @@ func Load(path string) (*openapi3.T, []Notice, error) {
 		return nil, notices, fmt.Errorf("not a valid OpenAPI document: %w", err)
 	}
 	return doc, notices, nil
+}
+
+// unreadableRe matches what kin-openapi says of a document it cannot read
+// into its types that is about the text Load handed it: the error of
+// reading it as JSON (it is not), and the lines of block YAML that are
+// not the document's.
+var unreadableRe = regexp.MustCompile(`^failed to unmarshal data: (json error: .*?, )?yaml error: (yaml: )?(construct errors: )?|line \d+: `)
+
+// unreadable is kin-openapi's error for a document that Load rewrote as
+// block YAML and kin-openapi cannot read into its types, with what it says
+// of the rewritten text left out: where the value is (its pointer) stays.
+func unreadable(err error) error {
+	return fmt.Errorf("the document does not fit OpenAPI's types: %s", unreadableRe.ReplaceAllString(err.Error(), ""))
 }
 
 // parse reads data as YAML (JSON included), with the line of each node.

@@ -338,6 +338,50 @@ components:
 			},
 		},
 		{
+			// api.video's pattern is 0, Codat's examples a map; Swagger
+			// 2.0's properties say "required: true".
+			name: "schema keywords whose values are not of their types",
+			doc: `openapi: 3.0.3
+info: {title: T, version: "1"}
+paths:
+  /videos:
+    post:
+      parameters: [{name: Idempotency-Key, in: header, schema: {type: string}}]
+      requestBody:
+        content:
+          application/json:
+            schema:
+              type: object
+              properties:
+                timecode: {type: string, pattern: 0}
+                title: {type: string, required: true, minLength: "3"}
+                tags: {type: array, items: [{type: string}, {type: integer}]}
+              examples: {first: {value: {title: A}}}
+      responses: {'200': {description: OK}}
+`,
+			notices: []string{
+				`unsupported: a schema's pattern that is not a string ("0") at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/timecode/pattern (line 13): it is left out`,
+				`unsupported: a schema's required that is not a list ("true") at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/title/required (line 14): it is left out`,
+				`unsupported: a schema's minLength that is not a whole number ("3") at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/title/minLength (line 14): it is left out`,
+				`unsupported: a schema's items that are a list (a tuple, before JSON Schema 2020-12) at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/tags/items (line 15): the items are taken as {}, which any value fits`,
+				`unsupported: a schema's examples that is not a list (a map) at /paths/~1videos/post/requestBody/content/application~1json/schema/examples (line 16): it is left out`,
+			},
+			check: func(t *testing.T, doc *openapi3.T) {
+				props := doc.Paths.Value("/videos").Post.RequestBody.Value.Content.Get("application/json").Schema.Value.Properties
+				require.True(t, props["timecode"].Value.Type.Is("string"), "the rest of the schema stays")
+				require.Empty(t, props["timecode"].Value.Pattern)
+				require.NotNil(t, props["tags"].Value.Items, "items of any value")
+			},
+		},
+		{
+			name: "JSON that does not fit OpenAPI's types",
+			doc: `{"openapi": "3.0.3", "info": {"title": "T", "version": "1"},
+ "paths": {"/a": {"post": {"tags": "one", "responses": {"200": {"description": "OK"}}}}}}`,
+			// Not what kin-openapi says of the block YAML it was handed:
+			// neither a JSON error nor a line of that text.
+			err: "the document does not fit OpenAPI's types: cannot construct !!str `one` into []string in /paths/~1a/post/tags",
+		},
+		{
 			name: "an invalid document",
 			doc: `openapi: 3.0.3
 info: {title: T, version: "1"}
