@@ -90,7 +90,7 @@ func Load(path string) (*openapi3.T, []Notice, error) {
 		if errors.As(err, &external) {
 			return nil, notices, fmt.Errorf("%w (a $ref where the tool does not look for one: make it a $ref within the document)", err)
 		}
-		if rewritten {
+		if rewritten && strings.HasPrefix(err.Error(), "failed to unmarshal data: ") {
 			return nil, notices, unreadable(err)
 		}
 		return nil, notices, err
