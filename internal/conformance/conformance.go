@@ -324,6 +324,7 @@ func newTarget(op *oapi.Operation, item *openapi3.PathItem, spec *openapi3.Opera
 			}
 		}
 	}
+	t.answer = answerSchema(spec)
 	if spec.Responses != nil {
 		for code, resp := range spec.Responses.Map() {
 			if !strings.HasPrefix(code, "2") || resp.Value == nil {

@@ -274,24 +274,27 @@ func (in *inference) pathChain(t *target, i int) *chain {
 		return nil
 	}
 	prefix := strings.TrimRight(t.path[:at], "/")
-	// The deepest parameter with a maker of its own fills the ones
-	// before it from that maker's path.
-	for j := len(t.params) - 1; j > i; j-- {
-		deeper := strings.Index(t.path, "{"+t.params[j].Name+"}")
-		if deeper <= 0 {
-			continue
+	// The deepest parameter with a maker of its own (one whose answer
+	// names what it made) fills the ones before it from that maker's
+	// path: deepest in the path, whatever order the document declares
+	// the parameters in.
+	for deeper := len(t.path); ; {
+		deeper = strings.LastIndexByte(t.path[:deeper], '{')
+		if deeper <= at {
+			break
 		}
-		op := in.byRoute["POST "+strings.TrimRight(t.path[:deeper], "/")]
-		if op != nil && op != t && strings.HasPrefix(op.path, prefix+"/"+marker) {
+		name, _, _ := strings.Cut(t.path[deeper+1:], "}")
+		op := in.poster(t.path[:deeper])
+		if op != nil && op != t && strings.HasPrefix(op.path, prefix+"/"+marker) && (op.location || op.idField(name, lastWord(t.path[:deeper])) != "") {
 			src := fromName
 			if op.location {
 				src = fromLocation
 			}
 			return &chain{op: op, source: src, param: p.Name, pathOf: true,
-				what: fmt.Sprintf("the path %s was sent to when it made the %s", op.name, t.params[j].Name)}
+				what: fmt.Sprintf("the path %s was sent to when it made the %s", op.name, name)}
 		}
 	}
-	op := in.byRoute["POST "+prefix]
+	op := in.poster(prefix)
 	if op == nil || op == t {
 		return nil
 	}
@@ -300,12 +303,28 @@ func (in *inference) pathChain(t *target, i int) *chain {
 		return &chain{op: op, source: fromLocation, param: p.Name, template: template,
 			what: fmt.Sprintf("%s answers with its Location, %s", op.name, template)}
 	}
-	return &chain{op: op, source: fromName, field: "id",
-		what: fmt.Sprintf("the id %s answers with (it makes %s)", op.name, template)}
+	field := op.idField(p.Name, lastWord(prefix))
+	if field == "" {
+		return nil
+	}
+	return &chain{op: op, source: fromName, field: field,
+		what: fmt.Sprintf("the %s %s answers with (it makes %s)", field, op.name, template)}
+}
+
+// poster is the POST to path, written with a trailing slash or without
+// (APIs of Django and FastAPI write "/app/" and "/app/{app_id}/"); nil:
+// there is none.
+func (in *inference) poster(path string) *target {
+	path = strings.TrimRight(path, "/")
+	if op := in.byRoute["POST "+path]; op != nil {
+		return op
+	}
+	return in.byRoute["POST "+path+"/"]
 }
 
 // byName finds the operation that makes what name names ("order_id",
-// "orderId", "order" → POST /orders) and takes its answer's id.
+// "orderId", "order" → POST /orders) and takes its answer's id (see
+// idField).
 func (in *inference) byName(t *target, name string) *chain {
 	base := name
 	for _, suffix := range []string{"_id", "Id", "ID", "-id"} {
@@ -320,11 +339,12 @@ func (in *inference) byName(t *target, name string) *chain {
 	base = strings.ToLower(base)
 	for _, word := range plurals(base) {
 		for _, op := range in.creators[word] {
-			if op == t {
+			field := op.idField(name, word)
+			if op == t || field == "" {
 				continue
 			}
-			return &chain{op: op, source: fromName, field: "id",
-				what: fmt.Sprintf("the id %s answers with (%s names what it makes)", op.name, name)}
+			return &chain{op: op, source: fromName, field: field,
+				what: fmt.Sprintf("the %s %s answers with (%s names what it makes)", field, op.name, name)}
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +35,9 @@ type Notice struct {
 	Line int
 	// Done is what Load did in its place: "the parameter is left out".
 	Done string
+	// path is, for a notice of validation about a path item, its path
+	// ("/orders"), whose line Load finds.
+	path string
 }
 
 // Location is where the construct is: its pointer, and its line if known.
@@ -65,11 +69,16 @@ func Load(path string) (*openapi3.T, []Notice, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkVersion(root); err != nil {
+		return nil, nil, err
+	}
 	notices := scan(root)
+	lines := pathLines(root)
 	// A document in block YAML, unchanged, is handed over as it is; a JSON
 	// one (or a changed one) is written out as block YAML first, which
 	// kin-openapi reads many times faster (see blockYAML).
-	if len(notices) > 0 || flow(root) {
+	rewritten := len(notices) > 0 || flow(root)
+	if rewritten {
 		if data, err = blockYAML(root); err != nil {
 			return nil, notices, err
 		}
@@ -81,14 +90,35 @@ func Load(path string) (*openapi3.T, []Notice, error) {
 		if errors.As(err, &external) {
 			return nil, notices, fmt.Errorf("%w (a $ref where the tool does not look for one: make it a $ref within the document)", err)
 		}
+		if rewritten && strings.HasPrefix(err.Error(), "failed to unmarshal data: ") {
+			return nil, notices, unreadable(err)
+		}
 		return nil, notices, err
 	}
 	more, err := validate(loader.Context, doc)
+	for i := range more {
+		if more[i].Line == 0 && more[i].path != "" {
+			more[i].Line = lines[more[i].path]
+		}
+	}
 	notices = append(notices, more...)
 	if err != nil {
 		return nil, notices, fmt.Errorf("not a valid OpenAPI document: %w", err)
 	}
 	return doc, notices, nil
+}
+
+// unreadableRe matches what kin-openapi says of a document it cannot read
+// into its types that is about the text Load handed it: the error of
+// reading it as JSON (it is not), and the lines of block YAML that are
+// not the document's.
+var unreadableRe = regexp.MustCompile(`^failed to unmarshal data: (json error: .*?, )?yaml error: (yaml: )?(construct errors: )?|line \d+: `)
+
+// unreadable is kin-openapi's error for a document that Load rewrote as
+// block YAML and kin-openapi cannot read into its types, with what it says
+// of the rewritten text left out: where the value is (its pointer) stays.
+func unreadable(err error) error {
+	return fmt.Errorf("the document does not fit OpenAPI's types: %s", unreadableRe.ReplaceAllString(err.Error(), ""))
 }
 
 // parse reads data as YAML (JSON included), with the line of each node.
@@ -171,6 +201,27 @@ func surrogates(b []byte) (rune, bool) {
 	return utf16.DecodeRune(rune(hi), rune(lo)), true
 }
 
+// pathLines are the lines of the path items of the document at root,
+// by path ("/orders"), so that a notice of validation can say where its
+// path is once the node tree is gone (it is large).
+func pathLines(root *yaml.Node) map[string]int {
+	n := deref(root)
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = deref(n.Content[0])
+	}
+	lines := map[string]int{}
+	for i := 0; i+1 < len(n.Content) && n.Kind == yaml.MappingNode; i += 2 {
+		if n.Content[i].Value != "paths" {
+			continue
+		}
+		paths := deref(n.Content[i+1])
+		for j := 0; j+1 < len(paths.Content) && paths.Kind == yaml.MappingNode; j += 2 {
+			lines[paths.Content[j].Value] = paths.Content[j].Line
+		}
+	}
+	return lines
+}
+
 // flow reports whether the document is written in flow style, as JSON is.
 func flow(root *yaml.Node) bool {
 	n := deref(root)
@@ -187,8 +238,9 @@ const maxUnknownRounds = 10
 
 // validate validates doc without the checks real documents fail for
 // reasons that do not stop the tool from building requests (examples,
-// defaults, patterns, formats), and allows the unknown fields it meets,
-// with a notice each.
+// defaults, patterns, formats), allows the unknown fields it meets, and
+// lets through paths that differ only in their parameters' names (GitHub's
+// has them), with a notice each.
 func validate(ctx context.Context, doc *openapi3.T) ([]Notice, error) {
 	opts := []openapi3.ValidationOption{
 		openapi3.DisableExamplesValidation(),
@@ -209,11 +261,16 @@ func validate(ctx context.Context, doc *openapi3.T) ([]Notice, error) {
 		if err == nil {
 			return notices, nil
 		}
-		fatal, unknown := splitUnknown(err, "")
-		if len(fatal) > 0 || len(unknown) == 0 {
+		found := sortErrors(err, "")
+		if len(found.fatal) > 0 {
 			return notices, err
 		}
-		for _, u := range unknown {
+		if len(found.unknown) == 0 {
+			// Only what the tool lets through, which no option of
+			// kin-openapi's turns off: noted once, on the last round.
+			return append(notices, found.tolerated...), nil
+		}
+		for _, u := range found.unknown {
 			fields := slices.DeleteFunc(slices.Clone(u.err.Fields), func(f string) bool { return slices.Contains(allowed, f) })
 			if len(fields) == 0 {
 				continue
@@ -235,24 +292,74 @@ type unknownFields struct {
 	where string
 }
 
-// splitUnknown sorts the errors of a validation (a multi-error tree) into
-// the unknown fields and the rest; where is the path of wrapping messages
-// down to err.
-func splitUnknown(err error, where string) (fatal []error, unknown []unknownFields) {
+// validationErrors are the errors of one validation, sorted by what Load
+// does with them.
+type validationErrors struct {
+	fatal   []error
+	unknown []unknownFields
+	// tolerated are the errors that do not stop the tool from building
+	// requests, as the notices they become.
+	tolerated []Notice
+}
+
+// emptyField says, of an error of validation, whether it is a field the
+// document leaves empty that the tool can do without: what it describes
+// itself with, where it is served, an example without a value. None of
+// them makes a request. what is what is empty; done, what the tool does
+// instead.
+func emptyField(err error) (what, done string, ok bool) {
+	switch err.(type) {
+	case *openapi3.InfoTitleRequired:
+		return "an info without a title", "the tool does not need one", true
+	case *openapi3.InfoVersionRequired:
+		return "an info without a version", "the tool does not need one", true
+	case *openapi3.LicenseNameRequired:
+		return "a license without a name", "the tool does not need one", true
+	case *openapi3.ExternalDocsURLRequired:
+		return "external docs without a url", "the tool does not need them", true
+	case *openapi3.ServerURLRequired:
+		return "a server without a url", "the tool sends its requests to --url", true
+	case *openapi3.ExampleValueOrExternalValueRequired:
+		return "an example with neither value nor externalValue", "it is left out", true
+	}
+	return "", "", false
+}
+
+// sortErrors sorts the errors of a validation (a multi-error tree); where
+// is the path of wrapping messages down to err.
+func sortErrors(err error, where string) validationErrors {
+	if what, done, ok := emptyField(err); ok {
+		return validationErrors{tolerated: []Notice{{What: what, Pointer: strings.TrimSuffix(where, ": "), Done: done}}}
+	}
 	switch e := err.(type) {
 	case *openapi3.ExtraSiblingFieldsError:
-		return nil, []unknownFields{{e, strings.TrimSuffix(where, ": ")}}
+		return validationErrors{unknown: []unknownFields{{e, strings.TrimSuffix(where, ": ")}}}
+	case *openapi3.ConflictingPathsError:
+		// Two paths that differ only in their parameters' names
+		// (/users/{username}/keys/{key_id} and /users/{username}/keys/{digest}):
+		// a server can route only one of them for a method, but each
+		// operation of both still says what a request to it is.
+		// kin-openapi does not validate the operations of the second.
+		return validationErrors{tolerated: []Notice{{
+			What:    fmt.Sprintf("the paths %q and %q, which differ only in their parameters' names", e.Path2, e.Path1),
+			Pointer: "/paths/" + escapePointer(e.Path1),
+			Done:    fmt.Sprintf("both are kept; the operations of %s are not validated", e.Path1),
+			path:    e.Path1,
+		}}}
 	case openapi3.MultiError:
+		var all validationErrors
 		for _, inner := range e {
-			f, u := splitUnknown(inner, where)
-			fatal, unknown = append(fatal, f...), append(unknown, u...)
+			got := sortErrors(inner, where)
+			all.fatal = append(all.fatal, got.fatal...)
+			all.unknown = append(all.unknown, got.unknown...)
+			all.tolerated = append(all.tolerated, got.tolerated...)
 		}
-		return fatal, unknown
+		return all
 	case interface{ Unwrap() error }:
 		if inner := e.Unwrap(); inner != nil {
 			prefix, _ := strings.CutSuffix(err.Error(), inner.Error())
-			return splitUnknown(inner, where+prefix)
+			return sortErrors(inner, where+prefix)
 		}
 	}
-	return []error{err}, nil
+	return validationErrors{fatal: []error{err}}
 }

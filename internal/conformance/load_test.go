@@ -275,6 +275,113 @@ paths:
 			notices: []string{`at /paths/~1a/post/parameters/0: the parameter is left out`},
 		},
 		{
+			// GitHub's has /orgs/{org}/attestations/{subject_digest} (GET)
+			// and /orgs/{org}/attestations/{attestation_id} (DELETE). The
+			// unknown field makes validation run twice: the paths are
+			// noted once.
+			name: "paths that differ only in their parameters' names",
+			doc: `openapi: 3.0.3
+info: {title: T, version: "1"}
+paths:
+  /keys/{digest}:
+    get:
+      deprecated-since: "2024-01-01"
+      parameters: [{name: digest, in: path, required: true, schema: {type: string}}]
+      responses: {'200': {description: OK}}
+  /keys/{key_id}:
+    delete:
+      parameters:
+        - {name: key_id, in: path, required: true, schema: {type: integer}}
+        - {name: Idempotency-Key, in: header, schema: {type: string}}
+      responses: {'204': {description: Gone.}}
+`,
+			notices: []string{
+				"unsupported: fields that are neither OpenAPI's nor extensions (x-): deprecated-since",
+				`unsupported: the paths "/keys/{digest}" and "/keys/{key_id}", which differ only in their parameters' names at /paths/~1keys~1{key_id} (line 9): both are kept; the operations of /keys/{key_id} are not validated`,
+			},
+			check: func(t *testing.T, doc *openapi3.T) {
+				require.NotNil(t, doc.Paths.Value("/keys/{digest}").Get, "the first path")
+				require.NotNil(t, doc.Paths.Value("/keys/{key_id}").Delete, "the second path")
+				ops, err := oapi.New(doc, nil)
+				require.NoError(t, err)
+				require.True(t, ops.Find("DELETE", "/keys/{key_id}").Idempotent, "the operation under the second path is covered")
+			},
+		},
+		{
+			// GoDaddy's and DrChrono's have no title, Amentum's a server
+			// without a url, Microsoft Graph's examples without values.
+			name: "fields left empty that make no request",
+			doc: `openapi: 3.0.3
+info: {title: "", version: "1", license: {name: ""}}
+servers: [{url: ""}]
+paths:
+  /charges:
+    post:
+      externalDocs: {url: ""}
+      parameters: [{name: Idempotency-Key, in: header, schema: {type: string}}]
+      requestBody:
+        content:
+          application/json:
+            schema: {type: object}
+            examples: {empty: {$ref: '#/components/examples/Empty'}}
+      responses: {'200': {description: OK}}
+components:
+  examples:
+    Empty: {summary: Nothing here.}
+`,
+			notices: []string{
+				`unsupported: an example with neither value nor externalValue at invalid components: example "Empty": it is left out`,
+				"unsupported: a license without a name at invalid info: the tool does not need one",
+				"unsupported: an info without a title at invalid info: the tool does not need one",
+				"unsupported: external docs without a url at invalid paths: invalid path /charges: invalid operation POST: invalid external docs: the tool does not need them",
+				"unsupported: a server without a url at invalid servers: the tool sends its requests to --url",
+			},
+		},
+		{
+			// api.video's pattern is 0, Codat's examples a map; Swagger
+			// 2.0's properties say "required: true".
+			name: "schema keywords whose values are not of their types",
+			doc: `openapi: 3.0.3
+info: {title: T, version: "1"}
+paths:
+  /videos:
+    post:
+      parameters: [{name: Idempotency-Key, in: header, schema: {type: string}}]
+      requestBody:
+        content:
+          application/json:
+            schema:
+              type: object
+              properties:
+                timecode: {type: string, pattern: 0}
+                title: {type: string, required: true, minLength: "3"}
+                tags: {type: array, items: [{type: string}, {type: integer}]}
+              examples: {first: {value: {title: A}}}
+      responses: {'200': {description: OK}}
+`,
+			notices: []string{
+				`unsupported: a schema's pattern that is not a string ("0") at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/timecode/pattern (line 13): it is left out`,
+				`unsupported: a schema's required that is not a list ("true") at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/title/required (line 14): it is left out`,
+				`unsupported: a schema's minLength that is not a whole number ("3") at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/title/minLength (line 14): it is left out`,
+				`unsupported: a schema's items that are a list (a tuple, before JSON Schema 2020-12) at /paths/~1videos/post/requestBody/content/application~1json/schema/properties/tags/items (line 15): the items are taken as {}, which any value fits`,
+				`unsupported: a schema's examples that is not a list (a map) at /paths/~1videos/post/requestBody/content/application~1json/schema/examples (line 16): it is left out`,
+			},
+			check: func(t *testing.T, doc *openapi3.T) {
+				props := doc.Paths.Value("/videos").Post.RequestBody.Value.Content.Get("application/json").Schema.Value.Properties
+				require.True(t, props["timecode"].Value.Type.Is("string"), "the rest of the schema stays")
+				require.Empty(t, props["timecode"].Value.Pattern)
+				require.NotNil(t, props["tags"].Value.Items, "items of any value")
+			},
+		},
+		{
+			name: "JSON that does not fit OpenAPI's types",
+			doc: `{"openapi": "3.0.3", "info": {"title": "T", "version": "1"},
+ "paths": {"/a": {"post": {"tags": "one", "responses": {"200": {"description": "OK"}}}}}}`,
+			// Not what kin-openapi says of the block YAML it was handed:
+			// neither a JSON error nor a line of that text.
+			err: "the document does not fit OpenAPI's types: cannot construct !!str `one` into []string in /paths/~1a/post/tags",
+		},
+		{
 			name: "an invalid document",
 			doc: `openapi: 3.0.3
 info: {title: T, version: "1"}
@@ -283,6 +390,22 @@ paths:
 `,
 			err: `not a valid OpenAPI document: invalid paths: invalid path /a: invalid operation POST: parameter can't have 'in' value "body"`,
 		},
+		{
+			// Each of its operations would be an error of its own.
+			name: "a Swagger 2.0 document",
+			doc: `swagger: "2.0"
+info: {title: T, version: "1"}
+paths:
+  /pets:
+    post:
+      parameters: [{name: pet, in: body, schema: {type: object}}]
+      responses: {'200': {description: OK}}
+`,
+			err: "a Swagger 2.0 document: the tool reads OpenAPI 3.0 and 3.1 (convert it to OpenAPI 3 first",
+		},
+		{name: "a list", doc: `[{"openapi": "3.1.0"}]`, err: "not an OpenAPI document: it holds no object of fields"},
+		{name: "no version", doc: "asyncapi: 2.6.0\ninfo: {title: T, version: \"1\"}\nchannels: {}\n", err: "not an OpenAPI document: it has no openapi field"},
+		{name: "another major version", doc: "openapi: 4.0.0\ninfo: {title: T, version: \"1\"}\npaths: {}\n", err: `OpenAPI "4.0.0": the tool reads OpenAPI 3.0 and 3.1`},
 		{name: "an empty file", doc: "", err: "the document is empty"},
 		{name: "neither YAML nor JSON", doc: `{"openapi": "3.1.0",`, err: "neither YAML"},
 	} {
@@ -296,7 +419,7 @@ paths:
 				return
 			}
 			require.NoError(t, err)
-			require.Len(t, notices, len(tc.notices), "%v", notices)
+			require.Len(t, notices, len(tc.notices), "%q", notices)
 			for i, n := range notices {
 				require.Contains(t, n.String(), tc.notices[i])
 			}

@@ -509,6 +509,7 @@ type target struct {
 	example      any                   // the request body the spec gives or that minimal makes
 	exampled     bool                  // example is the spec's
 	location     bool                  // an answer that says it worked declares a Location
+	answer       *openapi3.Schema      // the JSON body of an answer that says it worked, or nil: undeclared
 	chains       map[string]*chain     // values made by other operations, by where they go ("path id")
 	origins      []origin              // where each value comes from
 	override     Override

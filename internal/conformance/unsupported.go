@@ -368,13 +368,24 @@ func (u *unsupported) schema(n *yaml.Node) bool {
 		return false
 	}
 	u.entries(n, func(key string, v *yaml.Node) bool {
+		if want := mistyped(key, v); want != "" {
+			u.notices = append(u.notices, Notice{
+				What:    fmt.Sprintf("a schema's %s that is not %s (%s)", key, want, valueText(v)),
+				Pointer: u.pointer(), Line: v.Line, Done: "it is left out",
+			})
+			return true
+		}
 		switch {
+		case key == "items" && deref(v).Kind == yaml.SequenceNode:
+			// A list of items (a tuple), before JSON Schema 2020-12:
+			// kin-openapi reads items as one schema only.
+			u.notices = append(u.notices, Notice{
+				What:    "a schema's items that are a list (a tuple, before JSON Schema 2020-12)",
+				Pointer: u.pointer(), Line: v.Line, Done: "the items are taken as {}, which any value fits",
+			})
+			*deref(v) = *stub()
 		case slices.Contains(schemaFields, key):
-			if deref(v).Kind == yaml.SequenceNode { // items as a list, before 2020-12
-				u.items(v, u.schema)
-			} else {
-				u.schema(v)
-			}
+			u.schema(v)
 		case slices.Contains(schemaMaps, key):
 			u.entries(v, u.each(u.schema))
 		case slices.Contains(schemaLists, key):
