@@ -573,6 +573,9 @@ func checkNoSetCookie(ctx context.Context, s *session, t *target) error {
 
 func checkResponsesValid(_ context.Context, s *session) error {
 	if s.validator.Checked() == 0 {
+		if err := s.validator.Unroutable(); err != nil {
+			return skipped("the document's paths cannot be routed, so no answer was checked against it: " + err.Error())
+		}
 		return skipped("no answer of the run was on a path of the document (is --url the API's base URL?)")
 	}
 	violations := s.validator.Violations()

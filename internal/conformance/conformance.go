@@ -221,7 +221,8 @@ func newSession(cfg Config) (*session, error) {
 		for method, spec := range item.Operations() {
 			op := ops.Find(method, path)
 			t := newTarget(op, item, spec)
-			for _, name := range []string{t.name, t.id} {
+			// t.id is t.name where the operation has no operationId.
+			for _, name := range slices.Compact([]string{t.name, t.id}) {
 				o, ok := cfg.Overrides.Operations[name]
 				if !ok {
 					continue
@@ -265,7 +266,8 @@ func newSession(cfg Config) (*session, error) {
 		}
 	}
 	in := newInference(s.byRoute)
-	for path, item := range cfg.Spec.Paths.Map() {
+	for _, path := range cfg.Spec.Paths.InMatchingOrder() {
+		item := cfg.Spec.Paths.Value(path)
 		for method, spec := range item.Operations() {
 			if t := s.byRoute[method+" "+path]; t != nil {
 				in.addLinks(t, spec)

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"net/http"
@@ -112,16 +113,17 @@ func (in *inference) addLinks(op *target, spec *openapi3.Operation) {
 			if to == nil || to == op {
 				continue
 			}
-			for param, expr := range link.Value.Parameters {
-				c := linkChain(op, name, expr)
+			for _, param := range slices.Sorted(maps.Keys(link.Value.Parameters)) {
+				c := linkChain(op, name, link.Value.Parameters[param])
 				if c == nil {
 					continue
 				}
 				if in.links[to] == nil {
 					in.links[to] = map[string]*chain{}
 				}
-				if _, seen := in.links[to][param]; !seen {
-					in.links[to][strings.TrimPrefix(param, "path.")] = c
+				param = strings.TrimPrefix(param, "path.")
+				if _, seen := in.links[to][param]; !seen { // the first link, in path and name order
+					in.links[to][param] = c
 				}
 			}
 		}
@@ -177,6 +179,12 @@ func (in *inference) infer(t *target) {
 			t.origins = append(t.origins, origin{where, fromOverride, overrideDetail(v)})
 			continue
 		}
+		if in.givenAfter(t, p.Name) {
+			// A resource the overrides name is under a parent the tool
+			// cannot know: a new one would not hold it.
+			t.origins = append(t.origins, paramOrigin(where, p))
+			continue
+		}
 		if c := in.links[t][p.Name]; c != nil {
 			t.chains[where] = c
 			t.origins = append(t.origins, origin{where, c.source, c.what})
@@ -203,7 +211,7 @@ func (in *inference) infer(t *target) {
 		if !p.Required {
 			continue
 		}
-		if c := cmpChain(in.links[t][p.Name], in.byName(t, p.Name)); c != nil {
+		if c := cmp.Or(in.links[t][p.Name], in.byName(t, p.Name)); c != nil {
 			t.chains[where] = c
 			t.origins = append(t.origins, origin{where, c.source, c.what})
 			continue
@@ -239,15 +247,6 @@ func (in *inference) infer(t *target) {
 	}
 }
 
-func cmpChain(cs ...*chain) *chain {
-	for _, c := range cs {
-		if c != nil {
-			return c
-		}
-	}
-	return nil
-}
-
 func paramOrigin(where string, p *openapi3.Parameter) origin {
 	if _, ok := exampleOf(p.Example, p.Examples, p.Schema); ok {
 		return origin{where, fromExample, "the spec's example"}
@@ -260,6 +259,18 @@ func overrideDetail(v any) string {
 		return s
 	}
 	return "the overrides file"
+}
+
+// givenAfter reports whether the overrides give a path parameter of t that
+// comes after name in its path.
+func (in *inference) givenAfter(t *target, name string) bool {
+	at := strings.Index(t.path, "{"+name+"}")
+	for given := range t.override.Path {
+		if i := strings.Index(t.path, "{"+given+"}"); i > at {
+			return true
+		}
+	}
+	return false
 }
 
 // pathChain fills t's i-th path parameter from the operation that makes
@@ -284,6 +295,9 @@ func (in *inference) pathChain(t *target, i int) *chain {
 			break
 		}
 		name, _, _ := strings.Cut(t.path[deeper+1:], "}")
+		if _, given := t.override.Path[name]; given || in.links[t][name] != nil {
+			break // the deeper one is not made here: neither are the ones before it
+		}
 		op := in.poster(t.path[:deeper])
 		if op != nil && op != t && strings.HasPrefix(op.path, prefix+"/"+marker) && (op.location || op.idField(name, lastWord(t.path[:deeper])) != "") {
 			src := fromName

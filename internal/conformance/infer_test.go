@@ -239,6 +239,14 @@ operations:
 	require.Equal(t, "override", got["POST /invoices/{invoice}/payments"]["path invoice"])
 	require.Equal(t, map[string]string{"body": "override"}, got["POST /invoices"], "an overridden body is taken as it is")
 
+	got = plan(`
+operations:
+  verifyCard:
+    path: {card: card_1}
+`)
+	require.Equal(t, map[string]string{"path customer": "example", "path card": "override"}, got["POST /customers/{customer}/cards/{card}/verify"],
+		"a card the overrides name is under a customer the tool cannot make")
+
 	var text bytes.Buffer
 	plans, err := conformance.Plan(conformance.Config{Spec: loadSpec(t, "shop.yaml"), Only: []string{"verifyCard"}})
 	require.NoError(t, err)

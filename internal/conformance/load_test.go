@@ -382,6 +382,20 @@ paths:
 			err: "the document does not fit OpenAPI's types: cannot construct !!str `one` into []string in /paths/~1a/post/tags",
 		},
 		{
+			// An alias naming the node that holds it is no JSON document,
+			// and walking it would never end.
+			name: "a YAML alias that contains itself",
+			doc: `openapi: 3.0.3
+info: {title: T, version: "1"}
+paths:
+  /a: {post: {requestBody: {content: {application/json: {schema: {$ref: '#/components/schemas/A'}}}}, responses: {'200': {description: OK}}}}
+components:
+  schemas:
+    A: &a {type: object, properties: {self: *a}}
+`,
+			err: `anchor "a" value contains itself`,
+		},
+		{
 			name: "an invalid document",
 			doc: `openapi: 3.0.3
 info: {title: T, version: "1"}

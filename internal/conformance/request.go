@@ -163,7 +163,7 @@ func text(v any) string {
 	return fmt.Sprint(v)
 }
 
-var templateRe = regexp.MustCompile(`\{\{create:([A-Z]+) (\S+) \.([\w.]+)\}\}`)
+var templateRe = regexp.MustCompile(`\{\{create:([A-Z]+) (\S+) \.([^}\s]+)\}\}`)
 
 // build makes a request of t: the body and path parameters from the
 // overrides where they give them, from the spec's examples or schemas where
@@ -176,7 +176,7 @@ func (s *session) build(ctx context.Context, t *target) (request, error) {
 
 func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request, error) {
 	if depth > 5 {
-		return request{}, fmt.Errorf("%s: create templates nest more than 5 deep", t.name)
+		return request{}, fmt.Errorf("%s: the operations that make what it needs (inferred, or named by {{create:…}} templates) nest more than 5 deep: a cycle? give one of them in the overrides", t.name)
 	}
 	if t.unsupported != "" {
 		return request{}, skipped(t.unsupported)
@@ -399,6 +399,10 @@ func (s *session) create(ctx context.Context, method, path, field string, depth 
 // refunded).
 func (s *session) make(ctx context.Context, t *target, depth int) (made, error) {
 	q, err := s.buildDepth(ctx, t, depth+1)
+	var skip skipped
+	if errors.As(err, &skip) { // not a skip of the request that needs it
+		return made{}, makerRefused{fmt.Errorf("%s, which makes a resource the request needs, cannot be sent: %v", t.name, err), "give the value in " + overridesFile, nil}
+	}
 	if err != nil {
 		return made{}, err
 	}

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,7 +63,7 @@ func setup(t *target, err error) error {
 	}
 	var maker makerRefused
 	if errors.As(err, &maker) {
-		return setupError{cause: err, need: maker.need, op: maker.op}
+		return setupError{cause: err, need: maker.need, op: cmp.Or(maker.op, t)}
 	}
 	return setupError{op: t, cause: err, need: "give the value in " + overridesFile + ", or a {{create:…}} template that names an operation answering 2xx with that field"}
 }
@@ -101,7 +102,7 @@ func refusal(q request, a answer) setupError {
 	if a.status == http.StatusUnauthorized || a.status == http.StatusForbidden {
 		return setupError{
 			cause: fmt.Errorf("the credential (--auth) was refused (%s)", a),
-			need:  "give --auth the Authorization header of a test account that may make this request",
+			need:  "give --auth the credential of a test account that may make this request, where the API reads it (see docs/conformance.md, Credentials)",
 		}
 	}
 	e := setupError{op: q.target, cause: fmt.Errorf("%s %s was refused (%s)", q.method, q.path, a)}

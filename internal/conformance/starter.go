@@ -37,7 +37,9 @@ func WriteOverrides(w io.Writer, cfg Config, results []Result) (int, error) {
 # ("") with a value the API takes: an id of a resource that exists, or a
 # "{{create:METHOD /path .field}}" template that makes one for every
 # request. Then run again with --overrides and this file. Every value of an
-# entry is sent as it is written here; see docs/conformance.md.
+# entry is sent as it is written here; see docs/conformance.md. It holds
+# only these operations: entries of an overrides file the run was given
+# for others are not repeated, so copy them in.
 `)
 	names := slices.Sorted(maps.Keys(reasons))
 	if len(names) == 0 {
@@ -70,15 +72,17 @@ func writeEntry(b *strings.Builder, t *target) {
 	}
 	for _, p := range t.params {
 		where := "path " + p.Name
-		v, ok := t.override.Path[p.Name]
+		v, given := t.override.Path[p.Name]
 		switch {
-		case ok:
-		case t.chains[where] != nil && template(t.chains[where]) != "":
-			v = template(t.chains[where])
+		case given:
+			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(p.Name), yamlFlow(v), oneLine(comments[where]))
+		case t.chains[where] != nil:
+			// Left to inference, which keeps the parameters of one path
+			// naming one resource and reads a Location no template can.
+			fmt.Fprintf(b, "      # %s: the tool makes it (%s); give it here to override\n", quoted(p.Name), oneLine(comments[where]))
 		default:
-			v, comments[where] = "", "fill in: "+details[where]+" named nothing that works"
+			fmt.Fprintf(b, "      %s: \"\"  # fill in: %s named nothing that works\n", quoted(p.Name), oneLine(details[where]))
 		}
-		fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(p.Name), yamlFlow(v), comments[where])
 	}
 	query := map[string]any{}
 	for _, p := range t.query {
@@ -86,7 +90,9 @@ func writeEntry(b *strings.Builder, t *target) {
 		if v, ok := t.override.Query[p.Name]; ok {
 			query[p.Name] = v
 		} else if c := t.chains[where]; c != nil {
-			query[p.Name] = template(c)
+			if tmpl := template(c); tmpl != "" {
+				query[p.Name] = tmpl
+			}
 		} else if p.Required {
 			v, ok := exampleOf(p.Example, p.Examples, p.Schema)
 			if !ok {
@@ -99,12 +105,12 @@ func writeEntry(b *strings.Builder, t *target) {
 	if len(query) > 0 {
 		b.WriteString("    query:\n")
 		for _, name := range slices.Sorted(maps.Keys(query)) {
-			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(name), yamlFlow(query[name]), cmp.Or(comments["query "+name], "override"))
+			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(name), yamlFlow(query[name]), oneLine(cmp.Or(comments["query "+name], "override")))
 		}
 	}
 	if t.media != "" {
 		body := staticBody(t, func(c *chain) any { return template(c) })
-		fmt.Fprintf(b, "    body: %s  # %s; every field is sent as written\n", yamlFlow(normalise(body)), comments["body"])
+		fmt.Fprintf(b, "    body: %s  # %s; every field is sent as written\n", yamlFlow(normalise(body)), oneLine(comments["body"]))
 	}
 	if len(t.override.Header) > 0 {
 		fmt.Fprintf(b, "    header: %s\n", yamlFlow(t.override.Header))
@@ -118,9 +124,9 @@ func writeEntry(b *strings.Builder, t *target) {
 }
 
 // template is c as an overrides file writes it, or "" where no template
-// says it (a value read from a path or a header).
+// says it (a value read from a path, a header or a Location).
 func template(c *chain) string {
-	if c.pathOf || c.header != "" {
+	if c.pathOf || c.header != "" || c.template != "" {
 		return ""
 	}
 	return "{{create:" + c.op.method + " " + c.op.path + " ." + cmp.Or(c.field, "id") + "}}"

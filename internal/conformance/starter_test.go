@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/conformance"
@@ -95,4 +97,24 @@ func TestWriteOverridesWithNothingToFillIn(t *testing.T) {
 	o, err := conformance.ParseOverrides(file.Bytes())
 	require.NoError(t, err, file.String())
 	require.Empty(t, o.Operations)
+}
+
+// An operation without an operationId is named by its method and path
+// alone, as the starter file names it, and the file reads back.
+func TestOverridesOfAnOperationWithoutID(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("testdata/gadgets.yaml")
+	require.NoError(t, err)
+	doc, err := openapi3.NewLoader().LoadFromData(bytes.Replace(b, []byte("operationId: activateGadget"), nil, 1))
+	require.NoError(t, err)
+	o, err := conformance.ParseOverrides([]byte(`
+operations:
+  "POST /gadgets/{serial}/activate":
+    path: {"serial": "SN-1"}
+`))
+	require.NoError(t, err)
+	plans, err := conformance.Plan(conformance.Config{Spec: doc, Overrides: o})
+	require.NoError(t, err)
+	require.Len(t, plans, 1)
+	require.Equal(t, "POST /gadgets/SN-1/activate application/json {\"mode\":\"eco\"}", plans[0].Request)
 }

@@ -32,6 +32,8 @@ type unsupported struct {
 	again bool
 	// path is the keys (and indexes) from the root to the node visited.
 	path []string
+	// aliased are the nodes a pass reached through YAML aliases.
+	aliased map[*yaml.Node]bool
 }
 
 // scan edits root in place and returns what it did, in document order.
@@ -41,7 +43,7 @@ func scan(root *yaml.Node) []Notice {
 		root = root.Content[0]
 	}
 	for pass := 0; pass == 0 || u.again; pass++ {
-		u.again = false
+		u.again, u.aliased = false, map[*yaml.Node]bool{}
 		u.entries(root, func(key string, v *yaml.Node) bool {
 			switch key {
 			case "paths", "webhooks":
@@ -127,8 +129,7 @@ func (u *unsupported) leftOut(c, v *yaml.Node) {
 // entries visits the entries of the mapping m (but those left out), and
 // leaves out those visit says to.
 func (u *unsupported) entries(m *yaml.Node, visit func(key string, v *yaml.Node) (drop bool)) {
-	m = deref(m)
-	if m.Kind != yaml.MappingNode {
+	if m = u.once(m); m.Kind != yaml.MappingNode {
 		return
 	}
 	for i := 0; i+1 < len(m.Content); i += 2 {
@@ -144,10 +145,26 @@ func (u *unsupported) entries(m *yaml.Node, visit func(key string, v *yaml.Node)
 	}
 }
 
+// once is n, or, for a YAML alias, the node it names, the first time a
+// pass reaches that node through an alias; after that an empty node. An
+// alias may name a node that holds it (a cycle), or many aliases one
+// node (exponential), and what is left out of a node is left out of it
+// wherever it is named.
+func (u *unsupported) once(n *yaml.Node) *yaml.Node {
+	if n.Kind != yaml.AliasNode {
+		return n
+	}
+	target := deref(n)
+	if u.aliased[target] {
+		return &yaml.Node{}
+	}
+	u.aliased[target] = true
+	return target
+}
+
 // items is entries for the elements of the sequence s.
 func (u *unsupported) items(s *yaml.Node, visit func(v *yaml.Node) (drop bool)) {
-	s = deref(s)
-	if s.Kind != yaml.SequenceNode {
+	if s = u.once(s); s.Kind != yaml.SequenceNode {
 		return
 	}
 	for i, v := range s.Content {
