@@ -36,6 +36,15 @@ func exampleOf(example any, examples openapi3.Examples, schema *openapi3.SchemaR
 	return nil, false
 }
 
+// specValue is the value the spec gives parameter p: its example, else
+// the least value its schema accepts.
+func specValue(p *openapi3.Parameter) any {
+	if v, ok := exampleOf(p.Example, p.Examples, p.Schema); ok {
+		return v
+	}
+	return minimal(p.Schema, 0)
+}
+
 // maxDepth bounds the generation of recursive schemas.
 const maxDepth = 8
 

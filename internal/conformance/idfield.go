@@ -23,7 +23,7 @@ func answerSchema(op *openapi3.Operation) *openapi3.Schema {
 			continue
 		}
 		media := jsonMedia(resp.Value.Content)
-		if media == "" || (media != "application/json" && !strings.HasSuffix(media, "+json")) {
+		if !jsonish(media) {
 			continue
 		}
 		if mt := resp.Value.Content.Get(media); mt != nil && mt.Schema != nil && mt.Schema.Value != nil {

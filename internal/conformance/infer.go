@@ -173,50 +173,40 @@ func linkChain(op *target, name string, expr any) *chain {
 func (in *inference) infer(t *target) {
 	t.chains = map[string]*chain{}
 	t.origins = nil
+	chained := func(where string, c *chain) {
+		t.chains[where] = c
+		t.origins = append(t.origins, origin{where, c.source, c.what})
+	}
 	for i, p := range t.params {
 		where := "path " + p.Name
-		if v, ok := t.override.Path[p.Name]; ok {
+		v, given := t.override.Path[p.Name]
+		var c *chain
+		// A parameter before one the overrides give names a parent the
+		// tool cannot know: a new one would not hold the given resource.
+		if !given && !in.givenAfter(t, p.Name) {
+			c = cmp.Or(in.links[t][p.Name], in.pathChain(t, i), in.byName(t, p.Name))
+		}
+		switch {
+		case given:
 			t.origins = append(t.origins, origin{where, fromOverride, overrideDetail(v)})
-			continue
-		}
-		if in.givenAfter(t, p.Name) {
-			// A resource the overrides name is under a parent the tool
-			// cannot know: a new one would not hold it.
+		case c != nil:
+			chained(where, c)
+		default:
 			t.origins = append(t.origins, paramOrigin(where, p))
-			continue
 		}
-		if c := in.links[t][p.Name]; c != nil {
-			t.chains[where] = c
-			t.origins = append(t.origins, origin{where, c.source, c.what})
-			continue
-		}
-		if c := in.pathChain(t, i); c != nil {
-			t.chains[where] = c
-			t.origins = append(t.origins, origin{where, c.source, c.what})
-			continue
-		}
-		if c := in.byName(t, p.Name); c != nil {
-			t.chains[where] = c
-			t.origins = append(t.origins, origin{where, c.source, c.what})
-			continue
-		}
-		t.origins = append(t.origins, paramOrigin(where, p))
 	}
 	for _, p := range t.query {
 		where := "query " + p.Name
-		if v, ok := t.override.Query[p.Name]; ok {
+		v, given := t.override.Query[p.Name]
+		switch c := cmp.Or(in.links[t][p.Name], in.byName(t, p.Name)); {
+		case given:
 			t.origins = append(t.origins, origin{where, fromOverride, overrideDetail(v)})
-			continue
+		case !p.Required:
+		case c != nil:
+			chained(where, c)
+		default:
+			t.origins = append(t.origins, paramOrigin(where, p))
 		}
-		if !p.Required {
-			continue
-		}
-		if c := cmp.Or(in.links[t][p.Name], in.byName(t, p.Name)); c != nil {
-			t.chains[where] = c
-			t.origins = append(t.origins, origin{where, c.source, c.what})
-			continue
-		}
-		t.origins = append(t.origins, paramOrigin(where, p))
 	}
 	for name, v := range t.override.Query {
 		if !slices.ContainsFunc(t.query, func(p *openapi3.Parameter) bool { return p.Name == name }) {
@@ -241,8 +231,7 @@ func (in *inference) infer(t *target) {
 	}
 	for _, field := range slices.Sorted(maps.Keys(body)) {
 		if c := in.byName(t, field); c != nil {
-			t.chains["body "+field] = c
-			t.origins = append(t.origins, origin{"body " + field, c.source, c.what})
+			chained("body "+field, c)
 		}
 	}
 }
@@ -405,8 +394,9 @@ func (c *chain) fromLocationPath(loc string) (string, bool) {
 
 // staticBody is t's body as far as it is known before anything is sent:
 // the overrides' as given, or the example with each field another
-// operation makes as placeholder says it.
-func staticBody(t *target, placeholder func(*chain) any) any {
+// operation makes as placeholder says it (or, in a request's build, makes
+// it).
+func staticBody(t *target, placeholder func(field string, c *chain) any) any {
 	if t.override.Body != nil {
 		return t.override.Body
 	}
@@ -417,7 +407,7 @@ func staticBody(t *target, placeholder func(*chain) any) any {
 	m = maps.Clone(m)
 	for name := range m {
 		if c := t.chains["body "+name]; c != nil {
-			m[name] = placeholder(c)
+			m[name] = placeholder(name, c)
 		}
 	}
 	return m

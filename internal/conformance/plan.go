@@ -41,10 +41,7 @@ type Value struct {
 // what its requests would be and where each value comes from. It sends
 // nothing, and needs no URL.
 func Plan(cfg Config) ([]Planned, error) {
-	if cfg.BaseURL == "" {
-		cfg.BaseURL = "http://localhost" // never contacted
-	}
-	s, err := newSession(cfg)
+	s, err := offlineSession(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +61,15 @@ func Plan(cfg Config) ([]Planned, error) {
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// offlineSession is the session of a run that sends nothing (--plan,
+// --write-overrides): it needs no URL.
+func offlineSession(cfg Config) (*session, error) {
+	if cfg.BaseURL == "" {
+		cfg.BaseURL = "http://localhost" // never contacted
+	}
+	return newSession(cfg)
 }
 
 // needs lists the operations t's requests make resources with, nearest
@@ -97,9 +103,7 @@ func sketch(t *target) string {
 		}
 		v, ok := t.override.Path[p.Name]
 		if !ok {
-			if v, ok = exampleOf(p.Example, p.Examples, p.Schema); !ok {
-				v = minimal(p.Schema, 0)
-			}
+			v = specValue(p)
 		}
 		path = strings.ReplaceAll(path, "{"+p.Name+"}", url.PathEscape(text(v)))
 	}
@@ -107,7 +111,7 @@ func sketch(t *target) string {
 	if t.media == "" {
 		return line
 	}
-	body := staticBody(t, func(c *chain) any { return "‹" + c.op.name + "›" })
+	body := staticBody(t, func(_ string, c *chain) any { return "‹" + c.op.name + "›" })
 	b, err := json.Marshal(normalise(body))
 	if err != nil {
 		return line

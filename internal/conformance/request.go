@@ -219,22 +219,19 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 	if t.media == "" {
 		return q, nil
 	}
-	v := t.override.Body
-	if v == nil {
-		v = t.example
-		if body, ok := v.(map[string]any); ok && len(t.chains) > 0 {
-			body = maps.Clone(body)
-			for name := range body {
-				if c := t.chains["body "+name]; c != nil {
-					value, err := s.chained(ctx, c, made, depth)
-					if err != nil {
-						return q, fmt.Errorf("%s body field %s: %w", t.name, name, err)
-					}
-					body[name] = value
-				}
-			}
-			v = body
+	var chainErr error
+	v := staticBody(t, func(field string, c *chain) any {
+		if chainErr != nil {
+			return nil // the build has failed: make nothing more
 		}
+		value, err := s.chained(ctx, c, made, depth)
+		if err != nil {
+			chainErr = fmt.Errorf("%s body field %s: %w", t.name, field, err)
+		}
+		return value
+	})
+	if chainErr != nil {
+		return q, chainErr
 	}
 	v, err := s.resolve(ctx, v, depth)
 	if err != nil {
@@ -310,9 +307,7 @@ func (s *session) chained(ctx context.Context, c *chain, m makes, depth int) (an
 func (s *session) param(ctx context.Context, p *openapi3.Parameter, given map[string]any, depth int) (any, error) {
 	v, ok := given[p.Name]
 	if !ok {
-		if v, ok = exampleOf(p.Example, p.Examples, p.Schema); !ok {
-			v = minimal(p.Schema, 0)
-		}
+		v = specValue(p)
 	}
 	return s.resolve(ctx, v, depth)
 }
@@ -377,17 +372,9 @@ func (s *session) create(ctx context.Context, method, path, field string, depth 
 	if t == nil {
 		return nil, fmt.Errorf("{{create:%s %s}}: the spec has no such operation", method, path)
 	}
-	got, err := s.make(ctx, t, depth)
+	v, err := s.chained(ctx, &chain{op: t, field: field}, makes{}, depth)
 	if err != nil {
 		return nil, fmt.Errorf("{{create:%s %s}}: %w", method, path, err)
-	}
-	doc, err := decodeJSON(got.final.body)
-	if err != nil {
-		return nil, fmt.Errorf("{{create:%s %s}} answered no JSON: %.300s", method, path, got.final.body)
-	}
-	v, ok := lookup(doc, field)
-	if !ok {
-		return nil, fmt.Errorf("{{create:%s %s}}: the answer has no %s: %.300s", method, path, field, got.final.body)
 	}
 	return v, nil
 }
@@ -411,8 +398,8 @@ func (s *session) make(ctx context.Context, t *target, depth int) (made, error) 
 		return made{}, err
 	}
 	if a.status < 200 || a.status > 299 {
-		if isSetup(s.usable(q, a)) {
-			r := refusal(q, a)
+		var r setupError
+		if errors.As(s.usable(q, a), &r) {
 			return made{}, makerRefused{fmt.Errorf("%s, which makes a resource the request needs: %w", t.name, r.cause), r.need, r.op}
 		}
 		return made{}, fmt.Errorf("%s answered %s", t.name, a)

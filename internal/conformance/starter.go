@@ -18,10 +18,7 @@ import (
 // came from. Filled in and given to --overrides, it makes those checks
 // run. It returns how many entries it wrote.
 func WriteOverrides(w io.Writer, cfg Config, results []Result) (int, error) {
-	if cfg.BaseURL == "" {
-		cfg.BaseURL = "http://localhost" // never contacted
-	}
-	s, err := newSession(cfg)
+	s, err := offlineSession(cfg)
 	if err != nil {
 		return 0, err
 	}
@@ -52,7 +49,7 @@ func WriteOverrides(w io.Writer, cfg Config, results []Result) (int, error) {
 		if t == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "\n  # %.400s\n  %s:\n", oneLine(reasons[name]), quoted(name))
+		fmt.Fprintf(&b, "\n  # %.400s\n  %s:\n", oneLine(reasons[name]), yamlFlow(name))
 		writeEntry(&b, t)
 	}
 	_, err = io.WriteString(w, b.String())
@@ -75,13 +72,13 @@ func writeEntry(b *strings.Builder, t *target) {
 		v, given := t.override.Path[p.Name]
 		switch {
 		case given:
-			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(p.Name), yamlFlow(v), oneLine(comments[where]))
+			fmt.Fprintf(b, "      %s: %s  # %s\n", yamlFlow(p.Name), yamlFlow(v), oneLine(comments[where]))
 		case t.chains[where] != nil:
 			// Left to inference, which keeps the parameters of one path
 			// naming one resource and reads a Location no template can.
-			fmt.Fprintf(b, "      # %s: the tool makes it (%s); give it here to override\n", quoted(p.Name), oneLine(comments[where]))
+			fmt.Fprintf(b, "      # %s: the tool makes it (%s); give it here to override\n", yamlFlow(p.Name), oneLine(comments[where]))
 		default:
-			fmt.Fprintf(b, "      %s: \"\"  # fill in: %s named nothing that works\n", quoted(p.Name), oneLine(details[where]))
+			fmt.Fprintf(b, "      %s: \"\"  # fill in: %s named nothing that works\n", yamlFlow(p.Name), oneLine(details[where]))
 		}
 	}
 	query := map[string]any{}
@@ -94,22 +91,18 @@ func writeEntry(b *strings.Builder, t *target) {
 				query[p.Name] = tmpl
 			}
 		} else if p.Required {
-			v, ok := exampleOf(p.Example, p.Examples, p.Schema)
-			if !ok {
-				v = minimal(p.Schema, 0)
-			}
-			query[p.Name] = v
+			query[p.Name] = specValue(p)
 		}
 	}
 	maps.Copy(query, t.override.Query)
 	if len(query) > 0 {
 		b.WriteString("    query:\n")
 		for _, name := range slices.Sorted(maps.Keys(query)) {
-			fmt.Fprintf(b, "      %s: %s  # %s\n", quoted(name), yamlFlow(query[name]), oneLine(cmp.Or(comments["query "+name], "override")))
+			fmt.Fprintf(b, "      %s: %s  # %s\n", yamlFlow(name), yamlFlow(query[name]), oneLine(cmp.Or(comments["query "+name], "override")))
 		}
 	}
 	if t.media != "" {
-		body := staticBody(t, func(c *chain) any { return template(c) })
+		body := staticBody(t, func(_ string, c *chain) any { return template(c) })
 		fmt.Fprintf(b, "    body: %s  # %s; every field is sent as written\n", yamlFlow(normalise(body)), oneLine(comments["body"]))
 	}
 	if len(t.override.Header) > 0 {
@@ -142,5 +135,3 @@ func yamlFlow(v any) string {
 	}
 	return strings.TrimSuffix(b.String(), "\n")
 }
-
-func quoted(s string) string { return yamlFlow(s) }
