@@ -9,6 +9,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -56,6 +58,13 @@ type Held struct {
 	Until time.Time `json:"until,omitzero"`
 	// Reason says, for people, why the outcome is unknown or not stored.
 	Reason string `json:"reason,omitempty"`
+	// Holder names the process that held the key (HeldConfig.Holder), and
+	// Path is the path its request was sent to (as the client spelled it),
+	// so that an operator settling a key of unknown outcome knows which
+	// gateway's and upstream's logs to read. Empty in records written
+	// before they were kept.
+	Holder string `json:"holder,omitempty"`
+	Path   string `json:"path,omitempty"`
 }
 
 // Response is h as stored.
@@ -126,6 +135,10 @@ type HeldConfig struct {
 	// the same key, instead of answering ErrOutcomeUnknown: for an upstream
 	// that deduplicates the Idempotency-Key it is passed itself.
 	RetryUnknown bool
+	// Holder names this process in the held records it writes (Held.Holder),
+	// for operators: by default the host's name and the process id
+	// (host:pid).
+	Holder string
 }
 
 // DefaultMaxStored is the largest response a held operation stores unless
@@ -141,12 +154,24 @@ func NewHeldOperation[U any](e *Engine, store HeldStore[U], cfg OperationConfig,
 	if held.MaxStored <= 0 {
 		held.MaxStored = DefaultMaxStored
 	}
+	if held.Holder == "" {
+		held.Holder = defaultHolder()
+	}
 	op := NewOperation[U](e, store, cfg)
 	// A key that expired while its operation ran could be claimed again,
 	// and run twice: a held key lives at least as long as its lease.
 	op.cfg.TTL = max(op.cfg.TTL, held.Lease)
 	op.held = &heldOperation{HeldConfig: held, settler: store}
 	return op
+}
+
+// defaultHolder is HeldConfig.Holder's default: host:pid.
+func defaultHolder() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
 }
 
 type heldOperation struct {
@@ -232,8 +257,13 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		return s.refuse(err), nil
 	}
 	until := time.Now().Add(held.Lease)
+	// mark signs each held record with its holder and the request's path.
+	mark := func(h Held) Response {
+		h.Holder, h.Path = held.Holder, s.r.URL.EscapedPath()
+		return h.Response()
+	}
 	dctx := detach(ctx)
-	err := lease.Commit(dctx, Held{State: HeldRunning, Until: until}.Response())
+	err := lease.Commit(dctx, mark(Held{State: HeldRunning, Until: until}))
 	dctx.cancel()
 	ref := lease.Ref()
 	if err != nil {
@@ -270,7 +300,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 			settle(nil)
 			return
 		}
-		resp := Held{State: HeldNotStored, Reason: reason}.Response()
+		resp := mark(Held{State: HeldNotStored, Reason: reason})
 		settle(&resp)
 	}
 	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
@@ -302,7 +332,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		case w.wroteHeader:
 			stored(w.status, "the response broke off")
 		default:
-			resp := Held{State: HeldUnknown, Reason: fmt.Sprint("the operation failed: ", p)}.Response()
+			resp := mark(Held{State: HeldUnknown, Reason: fmt.Sprint("the operation failed: ", p)})
 			settle(&resp)
 		}
 		panic(p)
@@ -316,7 +346,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		}
 		return s.report(OutcomeExecuted), nil
 	case verdict.unknown != nil:
-		resp := Held{State: HeldUnknown, Reason: verdict.unknown.Error()}.Response()
+		resp := mark(Held{State: HeldUnknown, Reason: verdict.unknown.Error()})
 		settle(&resp)
 		e.writeError(s.w, s.r, fmt.Errorf("%w: %w", ErrOutcomeUnknown, verdict.unknown))
 		return s.report(OutcomeUnknown), nil
