@@ -1,6 +1,7 @@
 // Package keyadmin is the operator's view of pgstore's key table: one key's
-// record, the keys stuck processing, and how many expired keys a purge
-// would delete. It only reads. It is kept apart from pgstore.Store so that
+// record, the scopes a key is stored under, the keys stuck processing, the
+// held keys of unknown outcome, and how many expired keys a purge would
+// delete. It only reads. It is kept apart from pgstore.Store so that
 // the store's API is what a service needs, and these are what an operator's
 // tools need.
 package keyadmin
@@ -10,7 +11,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,8 +30,12 @@ var ErrKeyNotFound = errors.New("keyadmin: no such key")
 // KeyInfo is what operators see of one key. It never includes the stored
 // response body, which may hold customer data; only its size.
 type KeyInfo struct {
-	Scope          string     `json:"scope"`
-	Key            string     `json:"idempotency_key"`
+	Scope string `json:"scope"`
+	Key   string `json:"idempotency_key"`
+	// Status is "processing" or "completed", or for a held operation's key
+	// (see Held) its state: "held" while it runs, "unknown" once its
+	// outcome is unknown (marked so, or its lease ended), "not-stored".
+	// A held key has no ResponseStatus: what is stored is no response.
 	Status         string     `json:"status"`
 	Fingerprint    string     `json:"fingerprint"`
 	Method         string     `json:"method"`
@@ -75,8 +82,106 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 	if held, ok := idempotency.ParseHeld(resp); ok {
 		held.State = held.At(time.Now())
 		info.Held = &held
+		info.Status, info.ResponseStatus = heldStatus(held.State), 0
 	}
 	return info, nil
+}
+
+// heldStatus is KeyInfo.Status for a held key in state.
+func heldStatus(state idempotency.HeldState) string {
+	if state == idempotency.HeldRunning {
+		return "held"
+	}
+	return string(state)
+}
+
+// ScopesOf returns up to limit scopes under which key is stored in store's
+// table, in order: for an operator who knows a key and not its whole scope
+// (a gateway's namespace). No index leads with the key, so it reads the
+// whole table.
+func ScopesOf(ctx context.Context, store *pgstore.Store, key string, limit int) ([]string, error) {
+	rows, err := access.Table(store)(access.Pool(store)).IdempotencyKeyListScopes(ctx, keydb.IdempotencyKeyListScopesParams{
+		IdempotencyKey: key, MaxRows: int32(min(limit, math.MaxInt32)),
+	})
+	if err != nil {
+		return nil, pgstore.Translate(fmt.Errorf("list the scopes of a key: %w", err))
+	}
+	out := make([]string, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, access.ScopeRead(store, r))
+	}
+	return out, nil
+}
+
+// UnknownKey is a held key whose outcome is unknown: its operation may
+// have run, and nobody will learn how it ended unless an operator finds
+// out (see idempotency.ErrOutcomeUnknown).
+type UnknownKey struct {
+	Scope  string `json:"scope"`
+	Key    string `json:"idempotency_key"`
+	Method string `json:"method"`
+	Route  string `json:"route"`
+	// Path is the path the request was sent to, where its holder kept it.
+	Path      string    `json:"path,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// UnknownSince is when the outcome became unknown: when the holder
+	// marked it so, or when the lease of a holder that never did ended.
+	UnknownSince time.Time `json:"unknown_since"`
+	// Holder is the process that held the key (idempotency.Held.Holder),
+	// and Reason why its outcome is unknown ("" once the lease ended
+	// unmarked: the holder is presumed gone, killed or cut off).
+	Holder string `json:"holder,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// UnknownFilter narrows Unknown.
+type UnknownFilter struct {
+	// ScopePrefix keeps only the keys whose scope starts with it.
+	ScopePrefix string
+	// Limit bounds the list (0: no bound).
+	Limit int
+}
+
+// Unknown returns the held keys of store's table whose outcome is unknown,
+// oldest first: those marked unknown, and those still marked running
+// whose lease has ended. They are the keys idempotency.Stats.Unknown
+// counts, all of them when f sets no bound.
+func Unknown(ctx context.Context, store *pgstore.Store, f UnknownFilter) ([]UnknownKey, error) {
+	parts, err := access.Partitions(ctx, store)
+	if err != nil {
+		return nil, err
+	}
+	out := []UnknownKey{}
+	for _, part := range parts {
+		rows, err := part(access.Pool(store)).IdempotencyKeyListUnknown(ctx)
+		if err != nil {
+			return nil, pgstore.Translate(fmt.Errorf("list keys of unknown outcome: %w", err))
+		}
+		for _, r := range rows {
+			scope := access.ScopeRead(store, r.Scope)
+			if !strings.HasPrefix(scope, f.ScopePrefix) {
+				continue
+			}
+			held, _ := idempotency.ParseHeld(idempotency.Response{Status: idempotency.StatusHeld, Body: r.ResponseBody})
+			k := UnknownKey{Scope: scope, Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, Path: held.Path,
+				CreatedAt: r.CreatedAt, Holder: held.Holder, Reason: held.Reason}
+			switch {
+			case held.State == idempotency.HeldRunning:
+				k.UnknownSince = held.Until
+			case r.CompletedAt != nil: // when the held record was replaced by the unknown one
+				k.UnknownSince = *r.CompletedAt
+			default:
+				k.UnknownSince = r.CreatedAt
+			}
+			out = append(out, k)
+		}
+	}
+	// Each partition's oldest first: together, the oldest of all.
+	slices.SortStableFunc(out, func(a, b UnknownKey) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
 }
 
 // StuckKey is a key processing for longer than it should.

@@ -248,3 +248,28 @@ SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_he
        EXISTS (SELECT 1 FROM pgstore_claim) AS claimed
 FROM pgstore_budget b
 LEFT JOIN pgstore_peek h ON true;
+
+-- name: IdempotencyKeyListUnknown :many
+-- Held records of unknown outcome (see idempotency.Held), oldest first:
+-- those marked unknown, and those still marked running whose lease has
+-- ended, their holder presumed gone. The predicate is
+-- IdempotencyKeyStats' held_unknown, so that the list is as long as the
+-- count, and it reads the held records' partial index.
+SELECT scope::bytea AS scope, idempotency_key, request_method, request_route, response_body, created_at, completed_at
+FROM idempotency_keys
+WHERE response_status = 102 AND status = 'completed' AND expires_at > now()
+  AND (convert_from(response_body, 'UTF8')::jsonb->>'state' = 'unknown'
+       OR (convert_from(response_body, 'UTF8')::jsonb->>'state' = 'running'
+           AND (convert_from(response_body, 'UTF8')::jsonb->>'until')::timestamptz <= now()))
+ORDER BY created_at;
+
+-- name: IdempotencyKeyListScopes :many
+-- The scopes under which a key is stored, for an operator who knows the
+-- key but not its whole scope (a gateway's namespace). No index leads with
+-- the key: this reads the whole table, so it is for operators' commands
+-- only.
+SELECT scope::bytea AS scope
+FROM idempotency_keys
+WHERE idempotency_key = @idempotency_key
+ORDER BY scope
+LIMIT @max_rows;

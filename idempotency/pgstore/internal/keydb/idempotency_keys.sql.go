@@ -389,6 +389,43 @@ func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg Ide
 	return items, nil
 }
 
+const idempotencyKeyListScopes = `-- name: IdempotencyKeyListScopes :many
+SELECT scope::bytea AS scope
+FROM idempotency_keys
+WHERE idempotency_key = $1
+ORDER BY scope
+LIMIT $2
+`
+
+type IdempotencyKeyListScopesParams struct {
+	IdempotencyKey string
+	MaxRows        int32
+}
+
+// The scopes under which a key is stored, for an operator who knows the
+// key but not its whole scope (a gateway's namespace). No index leads with
+// the key: this reads the whole table, so it is for operators' commands
+// only.
+func (q *Queries) IdempotencyKeyListScopes(ctx context.Context, arg IdempotencyKeyListScopesParams) ([][]byte, error) {
+	rows, err := q.db.Query(ctx, idempotencyKeyListScopes, arg.IdempotencyKey, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := [][]byte{}
+	for rows.Next() {
+		var scope []byte
+		if err := rows.Scan(&scope); err != nil {
+			return nil, err
+		}
+		items = append(items, scope)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const idempotencyKeyListStuck = `-- name: IdempotencyKeyListStuck :many
 SELECT scope::bytea AS scope, idempotency_key, request_method, request_route, created_at
 FROM idempotency_keys
@@ -426,6 +463,59 @@ func (q *Queries) IdempotencyKeyListStuck(ctx context.Context, arg IdempotencyKe
 			&i.RequestMethod,
 			&i.RequestRoute,
 			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const idempotencyKeyListUnknown = `-- name: IdempotencyKeyListUnknown :many
+SELECT scope::bytea AS scope, idempotency_key, request_method, request_route, response_body, created_at, completed_at
+FROM idempotency_keys
+WHERE response_status = 102 AND status = 'completed' AND expires_at > now()
+  AND (convert_from(response_body, 'UTF8')::jsonb->>'state' = 'unknown'
+       OR (convert_from(response_body, 'UTF8')::jsonb->>'state' = 'running'
+           AND (convert_from(response_body, 'UTF8')::jsonb->>'until')::timestamptz <= now()))
+ORDER BY created_at
+`
+
+type IdempotencyKeyListUnknownRow struct {
+	Scope          []byte
+	IdempotencyKey string
+	RequestMethod  string
+	RequestRoute   string
+	ResponseBody   []byte
+	CreatedAt      time.Time
+	CompletedAt    *time.Time
+}
+
+// Held records of unknown outcome (see idempotency.Held), oldest first:
+// those marked unknown, and those still marked running whose lease has
+// ended, their holder presumed gone. The predicate is
+// IdempotencyKeyStats' held_unknown, so that the list is as long as the
+// count, and it reads the held records' partial index.
+func (q *Queries) IdempotencyKeyListUnknown(ctx context.Context) ([]IdempotencyKeyListUnknownRow, error) {
+	rows, err := q.db.Query(ctx, idempotencyKeyListUnknown)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []IdempotencyKeyListUnknownRow{}
+	for rows.Next() {
+		var i IdempotencyKeyListUnknownRow
+		if err := rows.Scan(
+			&i.Scope,
+			&i.IdempotencyKey,
+			&i.RequestMethod,
+			&i.RequestRoute,
+			&i.ResponseBody,
+			&i.CreatedAt,
+			&i.CompletedAt,
 		); err != nil {
 			return nil, err
 		}
