@@ -22,7 +22,7 @@ type cli struct {
 	Serve        serveCmd        `cmd:"" help:"Serve the API: on PostgreSQL with --database-url, else in memory with a demo account."`
 	Migrate      migrateCmd      `cmd:"" help:"Apply the database migrations (the idempotency engine's, Oncekey's, River's)."`
 	Purge        purgeCmd        `cmd:"" help:"Delete expired idempotency keys in batches, or count them with --dry-run."`
-	Keys         keysCmd         `cmd:"" help:"Read-only views of the idempotency keys, for operators."`
+	Keys         keysCmd         `cmd:"" help:"The idempotency keys, for operators: views of them, and the settling of a gateway's keys whose outcome is unknown."`
 	Payments     paymentsCmd     `cmd:"" help:"Read-only views of the payments and refunds, for operators."`
 	Accounts     accountsCmd     `cmd:"" help:"Create accounts and revoke API keys."`
 	Proxy        proxyCmd        `cmd:"" help:"Put the Idempotency-Key protocol in front of any HTTP API: a reverse proxy to --upstream whose covered routes (--spec or --routes) run exactly once per key. See docs/gateway.md."`
@@ -155,11 +155,20 @@ type purgeCmd struct {
 }
 
 type keysCmd struct {
-	Inspect keysInspectCmd `cmd:"" help:"Show one key's record: status, fingerprint, timestamps, stored status code (never the body), and a gateway key's held state (running, unknown, not-stored)."`
+	Inspect keysInspectCmd `cmd:"" help:"Show one key's record: status (processing, completed, or a gateway key's held, unknown or not-stored), fingerprint, timestamps, stored status code (never the body), and a gateway key's held record (holder, path, reason)."`
 	Resolve keysResolveCmd `cmd:"" help:"Settle a gateway key whose outcome is unknown with the answer the upstream gave (found out by hand): its retries replay it. Logged for audit."`
 	Release keysReleaseCmd `cmd:"" help:"Free a gateway key whose outcome is unknown, once the operation is known not to have run: its next retry runs it. Logged for audit."`
 	Stats   keysStatsCmd   `cmd:"" help:"Keys by status, table size, oldest processing key, cleanup lag."`
 	Stuck   keysStuckCmd   `cmd:"" help:"List keys processing for longer than --older-than."`
+	Unknown keysUnknownCmd `cmd:"" help:"List a gateway's keys whose outcome is unknown (marked so, or held by a gateway whose lease ended), oldest first: namespace, scope, key, method, route, path, since when, the gateway that held it and why. Where the OncekeyOutcomeUnknown alert's runbook starts."`
+}
+
+// Help is the keys commands' detailed help: what they do to the database.
+func (keysCmd) Help() string {
+	return "Every keys command opens only the key table: on a database without one it creates it " +
+		"(the engine's migrations, never the service's), and it reads or changes no other table, " +
+		"so the commands serve a gateway's database (oncekey proxy) as well as the service's. " +
+		"inspect, stats, stuck and unknown only read; resolve and release change one key each, logged for audit."
 }
 
 type keysInspectCmd struct {
@@ -169,9 +178,10 @@ type keysInspectCmd struct {
 
 // keyArgs name one key: whose it is, and the key.
 type keyArgs struct {
-	Account string `arg:"" help:"The account id the key belongs to; with --gateway, the scope oncekey proxy read (a header's value, a JWT claim, or sha256:HEX of an Authorization value)."`
-	Key     string `arg:"" help:"The Idempotency-Key."`
-	Gateway bool   `name:"gateway" help:"ACCOUNT is a gateway's scope, as oncekey proxy keys by it."`
+	Account   string `arg:"" help:"The account id the key belongs to; with --gateway, the scope oncekey proxy read (a header's value, a JWT claim, or sha256:HEX of an Authorization value)."`
+	Key       string `arg:"" help:"The Idempotency-Key."`
+	Gateway   bool   `name:"gateway" help:"ACCOUNT is a gateway's scope, as oncekey proxy keys by it."`
+	Namespace string `name:"namespace" placeholder:"NS" help:"With --gateway, the gateway's namespace (as keys unknown shows it). Unset: the key is looked for in every namespace (a scan of the key table), and used when one namespace holds it; a key stored before namespaces is found so too."`
 }
 
 type keysResolveCmd struct {
@@ -197,6 +207,12 @@ type keysStuckCmd struct {
 	databaseFlags
 	OlderThan time.Duration `name:"older-than" default:"10m" help:"List keys processing for longer than this."`
 	Limit     int           `name:"limit" default:"100" help:"List at most this many."`
+}
+
+type keysUnknownCmd struct {
+	databaseFlags
+	Namespace string `name:"namespace" placeholder:"NS" help:"List only this gateway namespace's keys."`
+	Limit     int    `name:"limit" default:"1000" help:"List at most this many (keys stats counts them all)."`
 }
 
 type paymentsCmd struct {

@@ -94,9 +94,9 @@ func (p *purgeCmd) Run(e env) error {
 	if p.Batch < 1 || p.Batch > 100_000 {
 		return fmt.Errorf("--cleanup-batch (ONCEKEY_CLEANUP_BATCH) is %d: want 1 to 100000", p.Batch)
 	}
-	return withDatabase(e.ctx, p.databaseFlags, func(s *postgres.Store) error {
+	return withKeys(e.ctx, p.databaseFlags, func(s *pgstore.Store) error {
 		if p.DryRun {
-			n, err := keyadmin.CountExpired(e.ctx, s.KeyStore())
+			n, err := keyadmin.CountExpired(e.ctx, s)
 			if err != nil {
 				return err
 			}
@@ -161,30 +161,24 @@ func indented(w io.Writer) *json.Encoder {
 	return enc
 }
 
-// scope is the key's scope as the key table holds it.
-func (k keyArgs) scope() (string, error) {
-	if k.Gateway {
-		return k.Account, nil
-	}
-	account, err := uuid.Parse(k.Account)
-	if err != nil {
-		return "", fmt.Errorf("ACCOUNT %q is not an account id (a gateway's scope needs --gateway)", k.Account)
-	}
-	return auth.Scope(account), nil
-}
-
 func (k *keysInspectCmd) Run(e env) error {
 	if err := k.require(); err != nil {
 		return err
 	}
-	scope, err := k.scope()
-	if err != nil {
+	if err := k.check(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, k.databaseFlags, func(s *postgres.Store) error {
-		info, err := keyadmin.Inspect(e.ctx, s.KeyStore(), scope, k.Key)
+	return withKeys(e.ctx, k.databaseFlags, func(s *pgstore.Store) error {
+		stored, err := k.storedScope(e.ctx, s)
 		if err != nil {
 			return err
+		}
+		info, err := keyadmin.Inspect(e.ctx, s, stored.scope, k.Key)
+		if err != nil {
+			return err
+		}
+		if k.Gateway {
+			return indented(e.stdout).Encode(gatewayKeyInfo{Namespace: stored.namespace, Scope: k.Account, KeyInfo: info})
 		}
 		return indented(e.stdout).Encode(keyInfo{Account: k.Account, KeyInfo: info})
 	})
@@ -226,12 +220,15 @@ func (k *keysReleaseCmd) Run(e env) error {
 // unknown (or not stored): a key still running belongs to its gateway. It
 // logs what it did for audit, and prints {"<done>": changed}.
 func settleKey(e env, db databaseFlags, k keyArgs, done, reason string, change func(context.Context, idempotency.Settler, idempotency.Ref) (bool, error), attrs ...any) error {
-	scope, err := k.scope()
-	if err != nil {
+	if err := k.check(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, db, func(s *postgres.Store) error {
-		info, err := keyadmin.Inspect(e.ctx, s.KeyStore(), scope, k.Key)
+	return withKeys(e.ctx, db, func(s *pgstore.Store) error {
+		stored, err := k.storedScope(e.ctx, s)
+		if err != nil {
+			return err
+		}
+		info, err := keyadmin.Inspect(e.ctx, s, stored.scope, k.Key)
 		if err != nil {
 			return err
 		}
@@ -241,13 +238,13 @@ func settleKey(e env, db databaseFlags, k keyArgs, done, reason string, change f
 		case info.Held.State == idempotency.HeldRunning:
 			return fmt.Errorf("key %q is running on a gateway until %s: wait until it settles or its lease ends", k.Key, info.Held.Until.Format(time.RFC3339))
 		}
-		ref := idempotency.Ref{Scope: scope, Key: k.Key, ClaimedAt: info.CreatedAt}
-		changed, err := change(e.ctx, s.KeyStore(), ref)
+		ref := idempotency.Ref{Scope: stored.scope, Key: k.Key, ClaimedAt: info.CreatedAt}
+		changed, err := change(e.ctx, s, ref)
 		if err != nil {
 			return err
 		}
 		if changed {
-			e.log.Warn("idempotency key "+done+" by an operator", append([]any{"account", k.Account, "key", k.Key, "was", info.Held.State, "reason", reason}, attrs...)...)
+			e.log.Warn("idempotency key "+done+" by an operator", append([]any{"account", k.Account, "namespace", stored.namespace, "key", k.Key, "was", info.Held.State, "reason", reason}, attrs...)...)
 		}
 		return indented(e.stdout).Encode(map[string]bool{done: changed})
 	})
@@ -257,7 +254,7 @@ func (k *keysStatsCmd) Run(e env) error {
 	if err := k.require(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, k.databaseFlags, func(s *postgres.Store) error {
+	return withKeys(e.ctx, k.databaseFlags, func(s *pgstore.Store) error {
 		st, err := s.KeyStats(e.ctx)
 		if err != nil {
 			return err
@@ -278,8 +275,8 @@ func (k *keysStuckCmd) Run(e env) error {
 	if err := k.require(); err != nil {
 		return err
 	}
-	return withDatabase(e.ctx, k.databaseFlags, func(s *postgres.Store) error {
-		stuck, err := keyadmin.Stuck(e.ctx, s.KeyStore(), k.OlderThan, k.Limit)
+	return withKeys(e.ctx, k.databaseFlags, func(s *pgstore.Store) error {
+		stuck, err := keyadmin.Stuck(e.ctx, s, k.OlderThan, k.Limit)
 		if err != nil {
 			return err
 		}

@@ -112,7 +112,9 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 		h, err := gateway.New(cfg, store)
 		return h, store, func() {}, err
 	}
-	pool, err := openDatabase(ctx, p.DatabaseURL, pgstore.Options{})
+	// The key table alone: the database is the application's (see
+	// openKeyTable).
+	pool, pg, err := openKeyTable(ctx, p.DatabaseURL, pgstore.Options{})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -128,10 +130,6 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 		}
 	}()
 	m.RegisterPool(pool)
-	pg, err := pgstore.New(pool, pgstore.Options{})
-	if err != nil {
-		return nil, nil, nil, err
-	}
 	// Deferred: a held operation writes nothing but its key, which the
 	// deferred store claims and holds in one round trip (and merges
 	// concurrent claims into one commit).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -241,7 +242,7 @@ var stormClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Trans
 func TestGatewayKilledMidFlight(t *testing.T) {
 	t.Parallel()
 	u := upstreamtest.Start(t)
-	url, _ := testdb.Fresh(t)
+	url, pool := testdb.Fresh(t)
 	env := map[string]string{"DATABASE_URL": url}
 	args := []string{"--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--upstream-timeout", "3s"}
 	victim, survivor := spawnProxy(t, env, args...), spawnProxy(t, env, args...)
@@ -271,6 +272,7 @@ func TestGatewayKilledMidFlight(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the in-flight keys should be held")
 	victim.kill()
 	killedAt := time.Now()
+	requireInspectStatus(t, env, scope, cut[0], "held")
 
 	for _, key := range settled {
 		status, body := gatewayPost(t, survivor.addr, scope, key, "")
@@ -289,6 +291,8 @@ func TestGatewayKilledMidFlight(t *testing.T) {
 		unknown++
 	}
 	waited := time.Since(killedAt)
+	requireListedUnknown(t, env, pool, scope, cut, fmt.Sprintf("%s:%d", hostname(t), victim.cmd.Process.Pid))
+	requireInspectStatus(t, env, scope, cut[0], "unknown")
 	total, byKey := u.Executions(t)
 	for _, key := range append(settled, cut...) {
 		require.LessOrEqual(t, byKey[key], 1, "upstream executions of key %s", key)
