@@ -52,7 +52,7 @@ func gatewayPost(t *testing.T, addr, scope, key, fault string) (int, string) {
 func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	t.Parallel()
 	u := upstreamtest.Start(t)
-	url, _ := testdb.Fresh(t)
+	url, pool := testdb.Fresh(t)
 	env := map[string]string{"DATABASE_URL": url}
 	metricsAddr := freeAddr(t)
 	addr, _ := startCommand(t, env, "proxy", "--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--metrics-addr", metricsAddr)
@@ -83,6 +83,7 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	var stats struct{ Held, Unknown int }
 	require.NoError(t, json.Unmarshal([]byte(out), &stats), out)
 	require.Equal(t, 2, stats.Unknown, "keys of unknown outcome: %s", out)
+	requireListedUnknown(t, env, pool, scope, []string{released, resolved}, fmt.Sprintf("%s:%d", hostname(t), os.Getpid()))
 	out, _, err = operator("keys", "inspect", "--gateway", scope, released)
 	require.NoError(t, err, out)
 	var info struct {
@@ -92,6 +93,7 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	require.NotNil(t, info.Held, "inspect shows the held state: %s", out)
 	require.Equal(t, idempotency.HeldUnknown, info.Held.State, out)
 	require.Contains(t, info.Held.Reason, "did not answer", out)
+	requireInspectStatus(t, env, scope, released, "unknown")
 
 	_, _, err = operator("keys", "release", "--gateway", scope, released)
 	require.ErrorContains(t, err, "--reason", "a release says why")
