@@ -390,6 +390,10 @@ func operatorCommands(t *testing.T, scope pgstore.ScopeType) {
 	require.Contains(t, out, `"idempotency_key": "stuck"`)
 	require.NotContains(t, out, `"idempotency_key": "done"`)
 
+	out, err = runCommand(t, env, "keys", "unknown")
+	require.NoError(t, err)
+	require.JSONEq(t, `[]`, out, "no held key: none of unknown outcome")
+
 	out, err = runCommand(t, env, "purge", "--dry-run")
 	require.NoError(t, err)
 	require.Contains(t, out, `"dry_run":true`)
