@@ -39,17 +39,27 @@ func ParseKey(h http.Header) (string, error) {
 	case len(values) > 1:
 		return "", fmt.Errorf("%w: send exactly one Idempotency-Key header, got %d", ErrInvalidKey, len(values))
 	}
-	key := values[0]
+	if err := CheckKey(values[0]); err != nil {
+		return "", err
+	}
+	return values[0], nil
+}
+
+// CheckKey reports why key cannot be an idempotency key under ParseKey's
+// rules (1–255 printable ASCII characters), as an error wrapping
+// ErrInvalidKey, or nil: for front doors that read the key from another
+// header or from the body, so that every door accepts the same keys.
+func CheckKey(key string) error {
 	if key == "" {
-		return "", fmt.Errorf("%w: it is empty", ErrInvalidKey)
+		return fmt.Errorf("%w: it is empty", ErrInvalidKey)
 	}
 	if len(key) > MaxKeyLength {
-		return "", fmt.Errorf("%w: it is %d bytes long, the limit is %d", ErrInvalidKey, len(key), MaxKeyLength)
+		return fmt.Errorf("%w: it is %d bytes long, the limit is %d", ErrInvalidKey, len(key), MaxKeyLength)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x20 || c > 0x7e {
-			return "", fmt.Errorf("%w: byte %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
+			return fmt.Errorf("%w: byte %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
 		}
 	}
-	return key, nil
+	return nil
 }

@@ -224,6 +224,9 @@ type Prepared struct {
 	Scope string
 	Key   string
 	Body  []byte
+	// KeyHeader is the response header that repeats Key: the header the
+	// front door read it from. Empty: Idempotency-Key.
+	KeyHeader string
 }
 
 // leaseKey carries an operation's lease to its handler, keyed by the
@@ -401,10 +404,14 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	if in.Scope == "" {
 		return s.refuse(ErrNoScope)
 	}
-	if h := w.Header(); len(h[HeaderKey]) != 1 || h[HeaderKey][0] != in.Key {
+	echo := HeaderKey
+	if in.KeyHeader != "" {
+		echo = http.CanonicalHeaderKey(in.KeyHeader)
+	}
+	if h := w.Header(); len(h[echo]) != 1 || h[echo][0] != in.Key {
 		// Operation.Handler has set it already; a front door of its own
 		// may not have.
-		h.Set(HeaderKey, in.Key)
+		h.Set(echo, in.Key)
 	}
 	if n := len(r.Header.Values("Content-Type")); n > 1 && len(in.Body) > 0 {
 		// Which one a server reads differs: the body must be read one way

@@ -84,15 +84,7 @@ func Describe(err error) (Problem, bool) {
 func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request, err error) {
 	return func(w http.ResponseWriter, _ *http.Request, err error) {
 		p, _ := Describe(err)
-		detail := err.Error()
-		switch {
-		case errors.Is(err, ErrInFlight):
-			detail = "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"
-		case p.Status == StatusClientClosedRequest:
-			detail = "the client closed the request"
-		case p.Status >= 500:
-			detail = "the request could not be completed; retrying with the same Idempotency-Key is safe"
-		}
+		detail := Detail(err)
 		typ := "about:blank"
 		if typeBase != "" {
 			typ = typeBase + p.Slug
@@ -114,4 +106,20 @@ func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request,
 		w.WriteHeader(p.Status)
 		_, _ = w.Write(body)
 	}
+}
+
+// Detail is the detail the default writer gives err: its message for a
+// client error, and a fixed sentence for a duplicate in flight, a client
+// gone and a server error, so that no internal detail leaks. For writers
+// of their own in another shape.
+func Detail(err error) string {
+	switch p, _ := Describe(err); {
+	case errors.Is(err, ErrInFlight):
+		return "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"
+	case p.Status == StatusClientClosedRequest:
+		return "the client closed the request"
+	case p.Status >= 500:
+		return "the request could not be completed; retrying with the same Idempotency-Key is safe"
+	}
+	return err.Error()
 }
