@@ -1,7 +1,9 @@
 // Package pgstore keeps idempotency records in PostgreSQL (pgx/v5), in the
 // same transaction as the operation's own writes: a crash at any instant
 // leaves either nothing (the retry runs the operation) or the operation's
-// writes and its stored response (the retry replays it).
+// writes and its stored response (the retry replays it). Every commit it
+// answers on runs with synchronous_commit at least on, whatever the
+// server's default, so a commit acknowledged is a commit on disk.
 //
 // Store implements idempotency.Store[pgx.Tx]: the claim inserts the key row
 // inside a transaction that the operation then writes through, and Commit
