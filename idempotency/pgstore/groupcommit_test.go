@@ -72,6 +72,13 @@ func setupGroupWith(t *testing.T, opts pgstore.Options) *groupBundle {
 	require.NoError(t, err, "open a pool")
 	t.Cleanup(pool.Close)
 	b.init(t, pool, opts)
+	b.holdBack()
+	return b
+}
+
+// holdBack makes the bundle's store hold its first MaxMergedCommits
+// pipelines back once armed, until release is closed (see run).
+func (b *groupBundle) holdBack() {
 	var calls atomic.Int32
 	pgstore.WatchCommits(b.store, func(members int) {
 		if !b.armed.Load() {
@@ -82,7 +89,6 @@ func setupGroupWith(t *testing.T, opts pgstore.Options) *groupBundle {
 			<-b.release
 		}
 	})
-	return b
 }
 
 func newGroupBundle(t *testing.T, pool *pgxpool.Pool, opts pgstore.Options) *groupBundle {

@@ -52,13 +52,15 @@ func join[U any](ctx context.Context, s *Store, db keydb.DBTX, unit U, req idemp
 		return nil, nil, Translate(fmt.Errorf("savepoint: %w", err))
 	}
 	undo := func() { _ = undoJoin(ctx, db) }
-	// The caller's own timeouts, to restore once the key is claimed.
+	// The caller's own timeouts, to restore once the key is claimed. The
+	// caller's commit stores the outcome too: it is made durable (set
+	// after the savepoint, so a claim undone leaves the caller's setting).
 	var lockTimeout, statementTimeout string
 	ms := waitMillis(req.Wait)
 	if err := db.QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
-		set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`,
+		set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true), `+durableCommit,
 		strconv.FormatInt(ms, 10), strconv.FormatInt(ms+statementSlack.Milliseconds(), 10),
-	).Scan(&lockTimeout, &statementTimeout, new(string), new(string)); err != nil {
+	).Scan(&lockTimeout, &statementTimeout, new(string), new(string), new(string)); err != nil {
 		undo()
 		return nil, nil, Translate(fmt.Errorf("set wait budget: %w", err))
 	}

@@ -1,7 +1,9 @@
 // Package pgstore keeps idempotency records in PostgreSQL (pgx/v5), in the
 // same transaction as the operation's own writes: a crash at any instant
 // leaves either nothing (the retry runs the operation) or the operation's
-// writes and its stored response (the retry replays it).
+// writes and its stored response (the retry replays it). Every commit it
+// answers on runs with synchronous_commit at least on, whatever the
+// server's default, so a commit acknowledged is a commit on disk.
 //
 // Store implements idempotency.Store[pgx.Tx]: the claim inserts the key row
 // inside a transaction that the operation then writes through, and Commit
@@ -290,8 +292,9 @@ func (s *Store) claimTx(ctx context.Context, req idempotency.ClaimRequest) (*txL
 	deadline := time.Now().Add(req.Wait)
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{
 		// One round trip: pgx sends a BeginQuery without arguments over the
-		// simple protocol, which allows the further statements.
-		BeginQuery: "BEGIN; " + waitBudget(req.Wait),
+		// simple protocol, which allows the further statements. The
+		// transaction's commit stores the operation's outcome: durable.
+		BeginQuery: "BEGIN; SELECT " + durableCommit + "; " + waitBudget(req.Wait),
 	})
 	if err != nil {
 		return nil, nil, Translate(fmt.Errorf("begin: %w", err))
@@ -310,6 +313,18 @@ func (s *Store) claimTx(ctx context.Context, req idempotency.ClaimRequest) (*txL
 // in-flight key, nor for a database that is down. The store contract
 // allows a claim at most 600 ms beyond its wait (storetest).
 const statementSlack = 300 * time.Millisecond
+
+// durableCommit, selected in a transaction, makes its commit durable
+// whatever the session's or the server's synchronous_commit: it is raised
+// to on (the commit waits for its WAL flush, and for a synchronous standby
+// where one is configured), and remote_apply, stronger, is kept. Each
+// transaction whose commit the protocol answers on (a claim with its
+// outcome, a hold, a settle, a release) runs it; the key table's own
+// statements do the same in SQL (keydb). With synchronous_commit off, a
+// commit is acknowledged before it is on disk: a PostgreSQL crash a moment
+// later forgets a hold whose operation ran, and its key runs again
+// (TestDurableCommits).
+const durableCommit = `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)`
 
 // waitMillis is a wait in whole milliseconds for lock_timeout, at least 1:
 // 0 would mean no bound at all.

@@ -6,6 +6,17 @@
 --   CAST(@scopes AS bytea[])      scopes as pgstore sends them
 --   <scope>::bytea AS scope       a scope read back
 -- Every other cast is written with ::.
+--
+-- Every statement whose commit the protocol answers on (a claim with its
+-- outcome, a hold, its settle or release) makes its own transaction's
+-- commit durable, whatever the session's or the server's default:
+--   set_config('synchronous_commit', CASE current_setting(...) ...)
+-- raises synchronous_commit to on (a commit waits for its WAL flush, and
+-- for a synchronous standby where one is configured) and keeps
+-- remote_apply, which is stronger. With off, a commit is acknowledged
+-- before it is on disk, and a crash of PostgreSQL in the next few hundred
+-- milliseconds forgets it: a key held and then forgotten runs again
+-- (TestDurableCommits, TestGatewayHoldsSurviveAPostgreSQLCrash).
 
 -- name: IdempotencyKeyClaim :many
 -- Claim-or-read in one statement. The INSERT either claims the key (one row,
@@ -124,19 +135,24 @@ SELECT count(*) FROM idempotency_keys WHERE expires_at <= now();
 -- created_at pins the very key row the operation was accepted under (its
 -- claim's Ref); a row that was purged, or reused after it expired, is left
 -- alone, and so is a row whose response is not of provisional_status.
+-- Its commit is made durable (the subquery, evaluated before a row is
+-- written): the outcome it stores is what every retry replays.
 UPDATE idempotency_keys
 SET response_status = @response_status,
     response_headers = @response_headers,
     response_body = @response_body,
     completed_at = now()
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
-  AND status = 'completed' AND response_status = @provisional_status::int;
+  AND status = 'completed' AND response_status = @provisional_status::int
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL;
 
 -- name: IdempotencyKeyRelease :execrows
 -- Deletes a held record under the claim it was held under, freeing the key.
+-- Its commit is made durable, as IdempotencyKeyReplaceProvisional's.
 DELETE FROM idempotency_keys
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
-  AND status = 'completed' AND response_status = 102;
+  AND status = 'completed' AND response_status = 102
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL;
 
 -- name: IdempotencyKeyPeekMany :many
 -- The first of a deferred commit's statements (write-only operations,
@@ -147,7 +163,7 @@ WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND c
 -- particular order: what holds the key, if anything, so that a replay is answered
 -- in the same round trip as the attempt to claim. It also bounds the
 -- statements after it as waitBudget does: each lock wait, and each
--- statement as a whole.
+-- statement as a whole; and it makes the transaction's commit durable.
 -- Each key is looked up by a LATERAL subquery with LIMIT 1, which the
 -- planner cannot turn into a join: one primary-key probe per key in every
 -- plan. As a plain join, the generic plan that the prepared statement
@@ -156,6 +172,7 @@ WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND c
 -- with every key stored (TestStatementsProbeTheIndex).
 SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
+       set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
@@ -175,6 +192,7 @@ CROSS JOIN LATERAL (
 -- same columns, in the same order.
 SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
+       set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        CAST(@scope AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
@@ -218,13 +236,14 @@ RETURNING scope::bytea AS scope, idempotency_key;
 -- names.) The peek reads the statement's
 -- snapshot, taken before the claim: what held the key, as
 -- IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
--- the claim's insert can wait. A statement timeout set here would come too
+-- the claim's insert can wait, and makes the statement's commit durable. A statement timeout set here would come too
 -- late (it is armed before a statement runs): pgstore bounds the statement
 -- through its context instead (pgstore's loneSlack). The peek is
 -- only read when the claim inserted nothing: a claimed key's answer needs
 -- no peek, and the gate spares that primary-key probe.
 WITH pgstore_budget AS (
-    SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout
+    SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
+           set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit
 ), pgstore_claim AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)

@@ -63,6 +63,19 @@ type IdempotencyKeyClaimRow struct {
 //	<scope>::bytea AS scope       a scope read back
 //
 // Every other cast is written with ::.
+//
+// Every statement whose commit the protocol answers on (a claim with its
+// outcome, a hold, its settle or release) makes its own transaction's
+// commit durable, whatever the session's or the server's default:
+//
+//	set_config('synchronous_commit', CASE current_setting(...) ...)
+//
+// raises synchronous_commit to on (a commit waits for its WAL flush, and
+// for a synchronous standby where one is configured) and keeps
+// remote_apply, which is stronger. With off, a commit is acknowledged
+// before it is on disk, and a crash of PostgreSQL in the next few hundred
+// milliseconds forgets it: a key held and then forgotten runs again
+// (TestDurableCommits, TestGatewayHoldsSurviveAPostgreSQLCrash).
 // Claim-or-read in one statement. The INSERT either claims the key (one row,
 // claimed = true) or meets an existing row and does nothing, in which case the
 // second branch reads that row (claimed = false). If a concurrent transaction
@@ -110,7 +123,8 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, arg IdempotencyKeyCla
 
 const idempotencyKeyClaimLone = `-- name: IdempotencyKeyClaimLone :one
 WITH pgstore_budget AS (
-    SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout
+    SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
+           set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit
 ), pgstore_claim AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)
@@ -176,7 +190,7 @@ type IdempotencyKeyClaimLoneRow struct {
 // names.) The peek reads the statement's
 // snapshot, taken before the claim: what held the key, as
 // IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
-// the claim's insert can wait. A statement timeout set here would come too
+// the claim's insert can wait, and makes the statement's commit durable. A statement timeout set here would come too
 // late (it is armed before a statement runs): pgstore bounds the statement
 // through its context instead (pgstore's loneSlack). The peek is
 // only read when the claim inserted nothing: a claimed key's answer needs
@@ -530,6 +544,7 @@ func (q *Queries) IdempotencyKeyListUnknown(ctx context.Context) ([]IdempotencyK
 const idempotencyKeyPeekMany = `-- name: IdempotencyKeyPeekMany :many
 SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('statement_timeout', $2::text, true) AS statement_timeout,
+       set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
@@ -550,18 +565,19 @@ type IdempotencyKeyPeekManyParams struct {
 }
 
 type IdempotencyKeyPeekManyRow struct {
-	LockTimeout      string
-	StatementTimeout string
-	Scope            []byte
-	IdempotencyKey   string
-	Fingerprint      []byte
-	Status           pgtype.Text
-	ResponseStatus   pgtype.Int4
-	ResponseHeaders  json.RawMessage
-	ResponseBody     []byte
-	CreatedAt        *time.Time
-	ExpiresAt        *time.Time
-	Expired          bool
+	LockTimeout       string
+	StatementTimeout  string
+	SynchronousCommit string
+	Scope             []byte
+	IdempotencyKey    string
+	Fingerprint       []byte
+	Status            pgtype.Text
+	ResponseStatus    pgtype.Int4
+	ResponseHeaders   json.RawMessage
+	ResponseBody      []byte
+	CreatedAt         *time.Time
+	ExpiresAt         *time.Time
+	Expired           bool
 }
 
 // The first of a deferred commit's statements (write-only operations,
@@ -572,7 +588,7 @@ type IdempotencyKeyPeekManyRow struct {
 // particular order: what holds the key, if anything, so that a replay is answered
 // in the same round trip as the attempt to claim. It also bounds the
 // statements after it as waitBudget does: each lock wait, and each
-// statement as a whole.
+// statement as a whole; and it makes the transaction's commit durable.
 // Each key is looked up by a LATERAL subquery with LIMIT 1, which the
 // planner cannot turn into a join: one primary-key probe per key in every
 // plan. As a plain join, the generic plan that the prepared statement
@@ -596,6 +612,7 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 		if err := rows.Scan(
 			&i.LockTimeout,
 			&i.StatementTimeout,
+			&i.SynchronousCommit,
 			&i.Scope,
 			&i.IdempotencyKey,
 			&i.Fingerprint,
@@ -620,6 +637,7 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 const idempotencyKeyPeekScope = `-- name: IdempotencyKeyPeekScope :many
 SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('statement_timeout', $2::text, true) AS statement_timeout,
+       set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        CAST($3 AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired
@@ -640,18 +658,19 @@ type IdempotencyKeyPeekScopeParams struct {
 }
 
 type IdempotencyKeyPeekScopeRow struct {
-	LockTimeout      string
-	StatementTimeout string
-	Scope            []byte
-	IdempotencyKey   string
-	Fingerprint      []byte
-	Status           pgtype.Text
-	ResponseStatus   pgtype.Int4
-	ResponseHeaders  json.RawMessage
-	ResponseBody     []byte
-	CreatedAt        *time.Time
-	ExpiresAt        *time.Time
-	Expired          bool
+	LockTimeout       string
+	StatementTimeout  string
+	SynchronousCommit string
+	Scope             []byte
+	IdempotencyKey    string
+	Fingerprint       []byte
+	Status            pgtype.Text
+	ResponseStatus    pgtype.Int4
+	ResponseHeaders   json.RawMessage
+	ResponseBody      []byte
+	CreatedAt         *time.Time
+	ExpiresAt         *time.Time
+	Expired           bool
 }
 
 // IdempotencyKeyPeekMany for a pipeline whose keys are all of one scope (a
@@ -676,6 +695,7 @@ func (q *Queries) IdempotencyKeyPeekScope(ctx context.Context, arg IdempotencyKe
 		if err := rows.Scan(
 			&i.LockTimeout,
 			&i.StatementTimeout,
+			&i.SynchronousCommit,
 			&i.Scope,
 			&i.IdempotencyKey,
 			&i.Fingerprint,
@@ -729,6 +749,7 @@ const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
 DELETE FROM idempotency_keys
 WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2 AND created_at = $3
   AND status = 'completed' AND response_status = 102
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
 `
 
 type IdempotencyKeyReleaseParams struct {
@@ -738,6 +759,7 @@ type IdempotencyKeyReleaseParams struct {
 }
 
 // Deletes a held record under the claim it was held under, freeing the key.
+// Its commit is made durable, as IdempotencyKeyReplaceProvisional's.
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, arg IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyRelease, arg.Scope, arg.IdempotencyKey, arg.KeyCreatedAt)
 	if err != nil {
@@ -754,6 +776,7 @@ SET response_status = $1,
     completed_at = now()
 WHERE scope = CAST($4 AS bytea) AND idempotency_key = $5 AND created_at = $6
   AND status = 'completed' AND response_status = $7::int
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
 `
 
 type IdempotencyKeyReplaceProvisionalParams struct {
@@ -773,6 +796,8 @@ type IdempotencyKeyReplaceProvisionalParams struct {
 // created_at pins the very key row the operation was accepted under (its
 // claim's Ref); a row that was purged, or reused after it expired, is left
 // alone, and so is a row whose response is not of provisional_status.
+// Its commit is made durable (the subquery, evaluated before a row is
+// written): the outcome it stores is what every retry replays.
 func (q *Queries) IdempotencyKeyReplaceProvisional(ctx context.Context, arg IdempotencyKeyReplaceProvisionalParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyReplaceProvisional,
 		arg.ResponseStatus,
