@@ -192,22 +192,26 @@ func TestConformanceFailsAgainstAnUpstreamThatRunsEveryRequest(t *testing.T) {
 // most once upstream.
 func TestConformanceThroughTheProxy(t *testing.T) {
 	t.Parallel()
+	// The proxy's profile each time, and the conformance profile that
+	// checks it: the gateway's default, and the service's answers, which
+	// the upstream's document declares (its 202).
 	for _, tc := range []struct {
-		name string
-		env  func(t *testing.T) map[string]string
+		name    string
+		env     func(t *testing.T) map[string]string
+		profile string
 	}{
-		{"memory", func(*testing.T) map[string]string { return map[string]string{} }},
-		{"postgres and redis", func(t *testing.T) map[string]string {
+		{"memory, ietf", func(*testing.T) map[string]string { return map[string]string{} }, "ietf"},
+		{"postgres and redis, oncekey", func(t *testing.T) map[string]string {
 			url, _ := testdb.Fresh(t)
 			return map[string]string{"DATABASE_URL": url, "REDIS_URL": redistest.SharedURL()}
-		}},
+		}, "oncekey"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			u := upstreamtest.Start(t)
-			addr, _ := startCommand(t, tc.env(t), "proxy", "--upstream", u.URL, "--spec", u.Spec, "--scope-authorization")
+			addr, _ := startCommand(t, tc.env(t), "proxy", "--upstream", u.URL, "--spec", u.Spec, "--scope-authorization", "--profile", tc.profile)
 			passed, skipped := requireConformance(t, "conformance", "--spec", u.Spec, "--overrides", u.Overrides, "--url", "http://"+addr,
-				"--auth", "Bearer first", "--auth2", "Bearer second")
+				"--auth", "Bearer first", "--auth2", "Bearer second", "--profile", tc.profile)
 			// Every key ran once upstream, but the key that
 			// credential-isolation sends under both credentials: two
 			// scopes, so two operations.

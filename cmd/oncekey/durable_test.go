@@ -101,7 +101,7 @@ func TestGatewayHoldsSurviveAPostgreSQLCrash(t *testing.T) {
 	var gateways []string
 	for range 3 {
 		gateways = append(gateways, spawnProxy(t, env, "--upstream", up.URL, "--routes", routes,
-			"--scope-header", "X-Account-Id", "--wait", "200ms", "--upstream-timeout", "1s").addr)
+			"--scope-header", "X-Account-Id", "--wait", "200ms", "--upstream-timeout", "1s", "--profile", "oncekey").addr)
 	}
 
 	// Every run's figures are logged before any is judged.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/idempotency/memstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/recordcache"
@@ -37,6 +39,10 @@ type proxyCmd struct {
 	ScopeJWKS          string `name:"scope-jwks" envvar:"ONCEKEY_SCOPE_JWKS" placeholder:"FILE" help:"Scope keys by a claim of the bearer JWT, read once its signature verifies against this JWKS file; survives token refreshes."`
 	ScopeClaim         string `name:"scope-claim" envvar:"ONCEKEY_SCOPE_CLAIM" default:"sub" help:"The JWT claim that names the caller, with --scope-jwks."`
 	ScopeAuthorization bool   `name:"scope-authorization" envvar:"ONCEKEY_SCOPE_AUTHORIZATION" help:"Scope keys by the whole Authorization value (its SHA-256): needs nothing configured, but a refreshed token is a new scope."`
+	Profile            string `name:"profile" envvar:"ONCEKEY_PROFILE" enum:"ietf,oncekey" default:"ietf" help:"The answers to a duplicate in flight and a reused key. ietf: 409 with Retry-After, and 422 (what SDKs expect); oncekey: 202 with Retry-After, and 409 (only for clients generated from a document that declares the 202; with --spec, only operations that declare a 202 get it). A routes file can set it per route."`
+	ErrorTemplate      string `name:"error-template" envvar:"ONCEKEY_ERROR_TEMPLATE" placeholder:"FILE" help:"A JSON document in the upstream's error shape, whose strings may hold {type}, {title}, {detail}, {code} and {status}: every answer the gateway writes itself takes it instead of problem+json. See docs/gateway.md."`
+	KeyHeader          string `name:"key-header" envvar:"ONCEKEY_KEY_HEADER" placeholder:"NAME" help:"The header that carries the key (default Idempotency-Key), e.g. X-Idempotency-Key or PayPal-Request-Id. With --spec, an operation's own key header parameter wins."`
+	KeyBodyField       string `name:"key-body-field" envvar:"ONCEKEY_KEY_BODY_FIELD" placeholder:"POINTER" help:"Read the key from this member of the JSON body instead of a header: a JSON pointer such as /idempotency_key."`
 	redisFlags
 	protocolFlags
 	serverFlags
@@ -62,6 +68,16 @@ func (p *proxyCmd) Run(e env) error {
 		names = append(names, idempotency.OperationName(r.Method, r.Path))
 	}
 	m.Operations(names...)
+	byProfile := map[frontdoor.Profile][]string{}
+	for _, r := range cfg.Routes {
+		p := cmp.Or(r.Profile, cfg.Profile)
+		byProfile[p] = append(byProfile[p], idempotency.OperationName(r.Method, r.Path))
+	}
+	for _, p := range []frontdoor.Profile{frontdoor.IETF, frontdoor.Oncekey} {
+		if len(byProfile[p]) > 0 {
+			e.log.Info("gateway profile", "profile", string(p), "routes", strings.Join(byProfile[p], ", "))
+		}
+	}
 
 	ctx := e.ctx
 	handler, keys, closeKeys, err := p.open(ctx, cfg, m, e.log)
@@ -197,11 +213,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 			bad("--spec (ONCEKEY_SPEC) %s: %v", p.Spec, err)
 		}
 	case p.Routes != "":
-		f, err := os.Open(p.Routes)
-		if err == nil {
-			routes, err = gateway.ReadRoutes(f)
-			f.Close()
-		}
+		routes, err = gateway.ReadRoutesFile(p.Routes)
 		if err != nil {
 			bad("--routes (ONCEKEY_ROUTES) %s: %v", p.Routes, err)
 		}
@@ -211,6 +223,16 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	scope, err := p.scope()
 	if err != nil {
 		bad("%v", err)
+	}
+	var template *frontdoor.Template
+	if p.ErrorTemplate != "" {
+		if template, err = gateway.ReadErrorTemplate(p.ErrorTemplate); err != nil {
+			bad("--error-template (ONCEKEY_ERROR_TEMPLATE): %v", err)
+		}
+	}
+	key := frontdoor.KeyPlace{Header: p.KeyHeader, BodyField: p.KeyBodyField}
+	if err := key.Check(); err != nil {
+		bad("--key-header (ONCEKEY_KEY_HEADER) and --key-body-field (ONCEKEY_KEY_BODY_FIELD): %v", err)
 	}
 	if p.RedisURL != "" && p.DatabaseURL == "" {
 		bad("--redis-url (REDIS_URL) needs --database-url (DATABASE_URL): Redis is a fast path in front of PostgreSQL, which keeps the keys")
@@ -222,6 +244,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	return gateway.Config{
 		Upstream: upstream, Routes: routes, Scope: scope,
 		TTL: p.TTL, Wait: p.Wait, MaxBodyBytes: p.MaxBodyBytes,
+		Profile: frontdoor.Profile(p.Profile), ErrorTemplate: template, Key: key,
 		UpstreamTimeout: p.UpstreamTimeout, MaxStored: p.MaxStoredBytes, RetryUnknown: p.OnUnknown == "retry",
 	}, nil
 }

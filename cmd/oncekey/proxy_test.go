@@ -160,7 +160,9 @@ func TestGatewayStormAcrossProcesses(t *testing.T) {
 			env := tc.env(t)
 			var gateways []string
 			for range 3 {
-				gateways = append(gateways, spawnProxy(t, env, "--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--wait", "200ms").addr)
+				// The oncekey profile: the document declares the 202
+				// that the clients here retry.
+				gateways = append(gateways, spawnProxy(t, env, "--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--wait", "200ms", "--profile", "oncekey").addr)
 			}
 			const keys, storm = 20, 32
 			scope := "acct-" + uuid.NewString()
@@ -246,7 +248,7 @@ func TestGatewayKilledMidFlight(t *testing.T) {
 	u := upstreamtest.Start(t)
 	url, pool := testdb.Fresh(t)
 	env := map[string]string{"DATABASE_URL": url}
-	args := []string{"--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--upstream-timeout", "3s"}
+	args := []string{"--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--upstream-timeout", "3s", "--profile", "oncekey"}
 	victim, survivor := spawnProxy(t, env, args...), spawnProxy(t, env, args...)
 	scope := "acct-" + uuid.NewString()
 

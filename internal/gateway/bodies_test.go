@@ -87,7 +87,7 @@ func TestBodiesOtherThanJSON(t *testing.T) {
 	require.Equal(t, []string{form + " amount=500&currency=eur&description=gift+wrap"}, upstreamSaw(), "the upstream ran it once, on the canonical form")
 
 	resp, body := c.post("/charges", key, "amount=501&currency=eur&description=gift+wrap", "Content-Type", form)
-	require.Equal(t, http.StatusConflict, resp.StatusCode, "%s", body)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the ietf profile: %s", body)
 	require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
 
 	for _, refused := range []struct{ name, body, slug string }{
@@ -112,5 +112,5 @@ func TestBodiesOtherThanJSON(t *testing.T) {
 	require.Equal(t, "true", resp.Header.Get(idempotency.HeaderReplayed))
 	require.Contains(t, upstreamSaw(), "multipart/form-data; boundary=b "+upload, "other bodies go upstream as sent")
 	resp, body = c.post("/uploads", key, upload, "Content-Type", "application/octet-stream")
-	require.Equal(t, http.StatusConflict, resp.StatusCode, "the same bytes as another type: %s", body)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the same bytes as another type: %s", body)
 }

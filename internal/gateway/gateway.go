@@ -25,6 +25,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/internal/problem"
 )
 
@@ -39,6 +40,10 @@ type Route struct {
 	// Validate, if set, checks a request's body before it goes upstream;
 	// an error (a *problem.Error, else a 400) consumes no key.
 	Validate func(r *http.Request, body []byte) error
+	// Profile, ErrorTemplate and Key override Config's for this route.
+	Profile       frontdoor.Profile
+	ErrorTemplate *frontdoor.Template
+	Key           frontdoor.KeyPlace
 }
 
 // Config configures a gateway.
@@ -53,6 +58,15 @@ type Config struct {
 	// TTL, Wait and MaxBodyBytes are the engine's (zero: its defaults).
 	TTL, Wait    time.Duration
 	MaxBodyBytes int64
+	// Profile is the answers for a key in flight or reused (default
+	// frontdoor.IETF): what the upstream's clients understand.
+	Profile frontdoor.Profile
+	// ErrorTemplate, if set, shapes every answer the gateway writes itself
+	// as the upstream's errors are; nil: RFC 9457 problem documents.
+	ErrorTemplate *frontdoor.Template
+	// Key is where requests carry their key (default: the
+	// Idempotency-Key header).
+	Key frontdoor.KeyPlace
 	// UpstreamTimeout bounds the wait for the upstream's answer (its
 	// response headers); past it the outcome is unknown. Default 30s.
 	UpstreamTimeout time.Duration
@@ -94,9 +108,28 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Profile == "" {
+		cfg.Profile = frontdoor.IETF
+	}
 	routes, err := compile(cfg.Routes)
 	if err != nil {
 		return nil, err
+	}
+	answers := answers{profile: cfg.Profile, template: cfg.ErrorTemplate}
+	for i := range routes {
+		rt := &routes[i]
+		if rt.Profile == "" {
+			rt.Profile = cfg.Profile
+		}
+		if rt.ErrorTemplate == nil {
+			rt.ErrorTemplate = cfg.ErrorTemplate
+		}
+		if rt.Key == (frontdoor.KeyPlace{}) {
+			rt.Key = cfg.Key
+		}
+		if err := rt.Key.Check(); err != nil {
+			return nil, fmt.Errorf("gateway: route %s %s: %w", rt.Method, rt.Path, err)
+		}
 	}
 	e := idempotency.New(idempotency.Config{
 		Scope:        cfg.Scope,
@@ -110,18 +143,18 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 			}
 			return nil
 		},
-		WriteError: writeError,
+		WriteError: answers.write,
 		Logger:     cfg.Logger,
 		Observer:   cfg.Observer,
 	})
-	fwd := newForwarder(cfg)
+	fwd := newForwarder(cfg, answers)
 	g := &gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP}
 	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
 	for i := range routes {
 		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{
 			Name: idempotency.OperationName(routes[i].Method, routes[i].Path), TTL: routes[i].TTL, Wait: routes[i].Wait,
 		}, held)
-		routes[i].handler = op.HandlerFunc(func(w http.ResponseWriter, r *http.Request, _ U) { fwd.ServeHTTP(w, r) })
+		routes[i].handler = frontDoor(e, op, &routes[i], cfg, fwd)
 	}
 	return g, nil
 }
@@ -230,11 +263,12 @@ func matchedRoute(r *http.Request) string {
 
 // forwarder is the reverse proxy to the upstream.
 type forwarder struct {
-	proxy *httputil.ReverseProxy
-	log   *slog.Logger
+	proxy   *httputil.ReverseProxy
+	log     *slog.Logger
+	answers answers
 }
 
-func newForwarder(cfg Config) *forwarder {
+func newForwarder(cfg Config, answers answers) *forwarder {
 	transport := cfg.Transport
 	if transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -247,7 +281,7 @@ func newForwarder(cfg Config) *forwarder {
 		t.IdleConnTimeout = 4 * time.Second
 		transport = t
 	}
-	f := &forwarder{log: cfg.Logger}
+	f := &forwarder{log: cfg.Logger, answers: answers}
 	upstream := cfg.Upstream
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -305,16 +339,16 @@ func (f *forwarder) failed(w http.ResponseWriter, r *http.Request, err error) {
 	if sent != nil && sent.Load() {
 		// A request passed through, not covered: it may have run.
 		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer", "err", err, "path", r.URL.Path)
-		problem.Write(w, UpstreamFailed, "the upstream took the request and did not answer: it may have run")
+		f.answers.kind(w, r, UpstreamFailed, "the upstream took the request and did not answer: it may have run")
 		return
 	}
 	if r.Context().Err() != nil {
 		// The client went away before the upstream answered.
-		writeError(w, r, context.Canceled)
+		f.answers.write(w, r, context.Canceled)
 		return
 	}
 	f.log.WarnContext(r.Context(), "gateway: the upstream could not be reached", "err", err, "path", r.URL.Path)
-	writeError(w, r, errUnreachable)
+	f.answers.write(w, r, errUnreachable)
 }
 
 // forwarded is the RFC 7239 Forwarded element for r.
@@ -349,18 +383,4 @@ var UpstreamFailed = problem.Kind{
 	Slug: "upstream-failed", Status: http.StatusBadGateway, Title: "The upstream did not answer",
 	When:        "A request outside the covered routes was sent to the upstream, and no answer came: it may have run.",
 	KeyConsumed: "no",
-}
-
-// writeError answers with problem+json in the service's problem types:
-// the gateway's own errors, else the protocol's.
-func writeError(w http.ResponseWriter, r *http.Request, err error) {
-	var invalid *invalidError
-	switch {
-	case errors.Is(err, errUnreachable):
-		problem.Write(w, Unreachable, err.Error())
-	case errors.As(err, &invalid):
-		problem.Write(w, problem.Validation, invalid.detail)
-	default:
-		idempotency.ProblemWriter(problem.TypeBase)(w, r, err)
-	}
 }

@@ -303,12 +303,12 @@ func TestEdges(t *testing.T) {
 			get.Body.Close()
 			require.Equal(t, http.StatusNotFound, get.StatusCode, "GET passes through to the upstream")
 
-			// A key mismatch is 409, and runs nothing.
+			// A key mismatch is 422 (the ietf profile), and runs nothing.
 			key = uuid.NewString()
 			resp, _ = c.post("/transfers", key, transfer)
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
 			resp, body = c.post("/transfers", key, `{"amount":501,"currency":"EUR"}`)
-			require.Equal(t, http.StatusConflict, resp.StatusCode, "%s", body)
+			require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "%s", body)
 			require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
 			_, byKey = up.Executions(t)
 			require.Equal(t, 1, byKey[key])

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -14,29 +16,66 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/idempotency/oapi"
 )
 
 // SpecRoutes are the operations of an OpenAPI document that the protocol
 // covers (they declare the Idempotency-Key header, or x-idempotency; see
-// package oapi), each validating its body against the document's schema.
+// package oapi; or a header whose name ends in Idempotency-Key, such as
+// X-Idempotency-Key), each validating its body against the document's
+// schema and reading its key from the header it declares (an operation
+// that declares none reads it where Config.Key says).
+//
+// An operation whose document declares no 202 answer is given the ietf
+// profile whatever the gateway's: its clients take every 2xx for the
+// operation's result, so the gateway must never send one the upstream did
+// not. One that declares a 202 takes the gateway's profile.
 func SpecRoutes(doc *openapi3.T) ([]Route, error) {
 	ops, err := oapi.New(doc, nil)
 	if err != nil {
 		return nil, err
 	}
 	var routes []Route
-	for _, op := range ops.Covered() {
-		rt := Route{Method: op.Method, Path: op.Path, TTL: op.TTL, Wait: op.Wait}
-		if body := op.Spec.RequestBody; body != nil && body.Value != nil {
-			rt.Validate = bodyValidator(body.Value)
+	for path, item := range doc.Paths.Map() {
+		for method, spec := range item.Operations() {
+			op := ops.Find(method, path)
+			header := keyHeader(item.Parameters, spec.Parameters)
+			if op == nil || !(op.Idempotent || header != "" && spec.Extensions[oapi.Extension] != false) {
+				continue
+			}
+			rt := Route{Method: op.Method, Path: op.Path, TTL: op.TTL, Wait: op.Wait, Key: frontdoor.KeyPlace{Header: header}}
+			if spec.Responses.Value("202") == nil {
+				rt.Profile = frontdoor.IETF
+			}
+			if body := op.Spec.RequestBody; body != nil && body.Value != nil {
+				rt.Validate = bodyValidator(body.Value)
+			}
+			routes = append(routes, rt)
 		}
-		routes = append(routes, rt)
 	}
 	if len(routes) == 0 {
 		return nil, errors.New("gateway: the document covers no operation (none declares the Idempotency-Key header or x-idempotency)")
 	}
+	slices.SortFunc(routes, func(a, b Route) int { return strings.Compare(a.Path+" "+a.Method, b.Path+" "+b.Method) })
 	return routes, nil
+}
+
+// keyHeader is the header parameter, of the path's or the operation's,
+// that carries the key: one whose name ends in Idempotency-Key, case
+// aside (Idempotency-Key, X-Idempotency-Key), as `oncekey conformance`
+// reads it; "" if none.
+func keyHeader(params ...openapi3.Parameters) string {
+	for _, ps := range params {
+		for _, p := range ps {
+			if p.Value != nil && p.Value.In == openapi3.ParameterInHeader &&
+				strings.HasSuffix(strings.ToLower(p.Value.Name), strings.ToLower(idempotency.HeaderKey)) {
+				return p.Value.Name
+			}
+		}
+	}
+	return ""
 }
 
 // bodyValidator checks a body against an operation's request body schema.
@@ -78,6 +117,12 @@ type routeFile struct {
 		Path   string `yaml:"path"`
 		TTL    string `yaml:"ttl"`
 		Wait   string `yaml:"wait"`
+		// Profile, ErrorTemplate, KeyHeader and KeyBodyField override
+		// the gateway's for the route.
+		Profile       string `yaml:"profile"`
+		ErrorTemplate string `yaml:"error_template"`
+		KeyHeader     string `yaml:"key_header"`
+		KeyBodyField  string `yaml:"key_body_field"`
 	} `yaml:"routes"`
 }
 
@@ -89,7 +134,39 @@ type routeFile struct {
 //	    path: /transfers          # {name} matches any one segment
 //	    ttl: 24h                  # optional, Go durations
 //	    wait: 2s                  # optional
-func ReadRoutes(in io.Reader) ([]Route, error) {
+//	    profile: oncekey          # optional: ietf or oncekey
+//	    error_template: err.json  # optional: the route's error shape
+//	    key_header: X-Idempotency-Key  # or key_body_field: /idempotency_key
+//
+// An error_template's path is read from the working directory; see
+// ReadRoutesFile.
+func ReadRoutes(in io.Reader) ([]Route, error) { return readRoutes(in, "") }
+
+// ReadRoutesFile reads the routes file at path, as ReadRoutes, with its
+// routes' error_template paths taken from the file's directory.
+func ReadRoutesFile(path string) ([]Route, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readRoutes(f, filepath.Dir(path))
+}
+
+// ReadErrorTemplate reads the error template in the file at path.
+func ReadErrorTemplate(path string) (*frontdoor.Template, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	t, err := frontdoor.ParseTemplate(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+func readRoutes(in io.Reader, dir string) ([]Route, error) {
 	dec := yaml.NewDecoder(in)
 	dec.KnownFields(true)
 	var f routeFile
@@ -117,6 +194,25 @@ func ReadRoutes(in io.Reader) ([]Route, error) {
 		}
 		if r.Method == "" || r.Path == "" {
 			return nil, fmt.Errorf("gateway: routes file: route %d needs a method and a path", i+1)
+		}
+		var err error
+		if r.Profile != "" {
+			if rt.Profile, err = frontdoor.ParseProfile(r.Profile); err != nil {
+				return nil, fmt.Errorf("gateway: routes file: route %d: %w", i+1, err)
+			}
+		}
+		rt.Key = frontdoor.KeyPlace{Header: r.KeyHeader, BodyField: r.KeyBodyField}
+		if err := rt.Key.Check(); err != nil {
+			return nil, fmt.Errorf("gateway: routes file: route %d: %w", i+1, err)
+		}
+		if r.ErrorTemplate != "" {
+			path := r.ErrorTemplate
+			if !filepath.IsAbs(path) && dir != "" {
+				path = filepath.Join(dir, path)
+			}
+			if rt.ErrorTemplate, err = ReadErrorTemplate(path); err != nil {
+				return nil, fmt.Errorf("gateway: routes file: route %d: error_template: %w", i+1, err)
+			}
 		}
 		routes = append(routes, rt)
 	}
