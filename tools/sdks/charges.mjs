@@ -44,7 +44,7 @@ async function charge(call) {
       ok: false,
       error: {
         class: err.constructor.name,
-        type: err.type,
+        type: err.rawType,
         statusCode: err.statusCode,
         code: err.code,
         message: err.message,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +68,22 @@ var (
 // stripeTemplate is the error template docs/gateway.md gives for
 // Stripe-shaped APIs: the gateway's own answers read as Stripe's errors of
 // type idempotency_error.
-var stripeTemplate = filepath.Join("..", "..", "deploy", "error-templates", "stripe.json")
+var stripeTemplate = filepath.Join("..", "..", "deploy", "gateway", "stripe-error-template.json")
+
+// duplicateWait is how long a duplicate of a charge in flight waits at the
+// gateway for the first one's answer: half the SDKs' timeout in these
+// tests, so that the gateway answers such a duplicate before the SDK gives
+// up on it, as it does for every SDK whose timeout is longer than the
+// gateway's wait (Stripe's: 80 s by default).
+const duplicateWait = "500ms"
+
+// mutations, from SDKS_MUTATION (comma-separated), misconfigure every
+// gateway on purpose, to watch the suite fail: "profile-oncekey" gives them
+// the service's answers (202 to a duplicate in flight, 409 to a reused
+// key), which the SDKs take for a charge or retry; "no-template" leaves
+// their own answers as problem documents, which Stripe's SDKs do not read
+// as errors.
+var mutations = strings.Split(os.Getenv("SDKS_MUTATION"), ",")
 
 // gateway is a gateway process in front of the upstream, keys in a
 // PostgreSQL database of its own.
@@ -162,7 +178,7 @@ func startProxy(t *testing.T, upstream string) *gateway {
 	require.NoError(t, err)
 	dir := t.TempDir()
 	routes := filepath.Join(dir, "routes.yaml")
-	require.NoError(t, os.WriteFile(routes, []byte("routes:\n  - method: POST\n    path: /v1/charges\n"), 0o600))
+	require.NoError(t, os.WriteFile(routes, []byte("routes:\n  - method: POST\n    path: /v1/charges\n    wait: "+duplicateWait+"\n"), 0o600))
 	g := &gateway{addr: freeAddr(t), bin: bin, log: filepath.Join(dir, "proxy.log")}
 	g.args = []string{"proxy",
 		"--upstream", upstream,
@@ -170,7 +186,12 @@ func startProxy(t *testing.T, upstream string) *gateway {
 		"--scope-authorization",
 		"--database-url", keyDatabase(t),
 		"--addr", g.addr,
-		"--error-template", stripeTemplate,
+	}
+	if !slices.Contains(mutations, "no-template") {
+		g.args = append(g.args, "--error-template", stripeTemplate)
+	}
+	if slices.Contains(mutations, "profile-oncekey") {
+		g.args = append(g.args, "--profile", "oncekey")
 	}
 	g.start(t)
 	return g
@@ -185,6 +206,13 @@ func startCaddy(t *testing.T, upstream string) *gateway {
 	dir := t.TempDir()
 	template, err := filepath.Abs(stripeTemplate)
 	require.NoError(t, err)
+	var options string
+	if !slices.Contains(mutations, "no-template") {
+		options += fmt.Sprintf("\t\terror_template %q\n", template)
+	}
+	if slices.Contains(mutations, "profile-oncekey") {
+		options += "\t\tprofile oncekey\n"
+	}
 	g := &gateway{addr: freeAddr(t), bin: bin, log: filepath.Join(dir, "caddy.log")}
 	caddyfile := fmt.Sprintf(`{
 	admin off
@@ -195,11 +223,11 @@ http://%s {
 	idempotency /v1/charges {
 		scope {http.request.header.Authorization}
 		database_url %q
-		error_template %q
-	}
+		wait %s
+%s	}
 	reverse_proxy %s
 }
-`, g.addr, keyDatabase(t), template, strings.TrimPrefix(upstream, "http://"))
+`, g.addr, keyDatabase(t), duplicateWait, options, strings.TrimPrefix(upstream, "http://"))
 	file := filepath.Join(dir, "Caddyfile")
 	require.NoError(t, os.WriteFile(file, []byte(caddyfile), 0o600))
 	g.args = []string{"run", "--config", file, "--adapter", "caddyfile"}

@@ -51,7 +51,7 @@ type callResult struct {
 // sdkError is an error an SDK raised, as the application sees it.
 type sdkError struct {
 	Class      string `json:"class"` // the SDK's error class (Node) or Go type
-	Type       string `json:"type"`  // Stripe's error type, where the SDK read one
+	Type       string `json:"type"`  // Stripe's error type (the body's error.type), where the SDK read one
 	StatusCode int    `json:"statusCode"`
 	Code       string `json:"code"`
 	Message    string `json:"message"`
@@ -72,13 +72,24 @@ func (e *sdkError) String() string {
 type sdk struct {
 	name   string
 	charge func(ctx context.Context, run chargeRun) ([]callResult, error)
-	// idempotencyError is the SDK's error for Stripe's idempotency_error.
+	// idempotencyError is the class of the SDK's error for a 422 of
+	// Stripe's type idempotency_error. Stripe's Node SDK raises
+	// StripeIdempotencyError for that type only with a 400 or a 404 (its
+	// generateV1Error: Stripe's own API answers a reused key with 400), and
+	// StripeAPIError, whose rawType says idempotency_error, for any other
+	// status.
 	idempotencyError string
+	// retriesStripeErrors: the SDK retries a 409 or a 5xx whose body is in
+	// Stripe's error shape. Stripe's Node SDK retries every 409 and 5xx;
+	// stripe-go retries no answer in Stripe's error shape (but a 429
+	// lock_timeout), only failed connections and bodies it cannot read as
+	// Stripe's errors.
+	retriesStripeErrors bool
 }
 
 var sdks = []sdk{
-	{name: "node", charge: nodeCharges, idempotencyError: "StripeIdempotencyError"},
-	{name: "go", charge: goCharges, idempotencyError: "*stripe.Error idempotency_error"},
+	{name: "node", charge: nodeCharges, idempotencyError: "StripeAPIError", retriesStripeErrors: true},
+	{name: "go", charge: goCharges, idempotencyError: "*stripe.Error"},
 }
 
 // nodeCharges runs charges.mjs: Stripe's Node SDK, installed by npm ci in
