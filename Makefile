@@ -262,6 +262,12 @@ test/sdk: ## the TypeScript SDK's tests but the live one (npm ci, npm run test:o
 	elif [ -n "$$CI" ]; then echo "npm is required in CI (apt-get install nodejs npm)"; exit 1; \
 	else echo "npm not found: the TypeScript SDK's tests skipped (apt-get install nodejs npm)"; fi
 
+.PHONY: test/sdks
+test/sdks: ## official SDKs that make their own keys and retry (Stripe's Node SDK from tools/sdks/package.json, stripe-go) through oncekey proxy and through Caddy with the module, before a Stripe-shaped upstream that counts its runs: a slow first attempt, a reset, a 5xx, a gateway restarted, a reused key (npm ci; builds oncekey and Caddy; needs PostgreSQL, Node.js 20+ and npm); SDKS_MUTATION=profile-oncekey or no-template misconfigures the gateways to watch it fail
+	@command -v npm >/dev/null 2>&1 || { echo "npm is required (apt-get install nodejs npm)"; exit 1; }
+	cd tools/sdks && npm ci --no-audit --no-fund --silent && $(GO) vet ./... && $(GO) mod tidy -diff && \
+	  $(GO) test -count=1 -p 1 -parallel 24 -timeout 10m ./...
+
 .PHONY: test/live
 test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium
 	.ci/live-test

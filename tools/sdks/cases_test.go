@@ -215,8 +215,9 @@ func TestStripeSDKs(t *testing.T) {
 						require.NoError(t, end.err)
 						require.Len(t, end.results, len(run.Calls))
 
-						ran := checkEnds(t, up, end.results, tc.maxRuns, g)
-						t.Logf("%s %s %s: %s in %.1fs", kind.name, s.name, tc.name, summary(end.results, ran), time.Since(start).Seconds())
+						ran := up.runsOf(keysOf(end.results))
+						t.Logf("%s %s %s: %s in %.1fs", kind.name, s.name, tc.name, summary(up, end.results, ran), time.Since(start).Seconds())
+						checkEnds(t, up, end.results, ran, tc.maxRuns, g)
 						if tc.check != nil {
 							tc.check(t, s, end.results, ran)
 						}
@@ -227,16 +228,22 @@ func TestStripeSDKs(t *testing.T) {
 	}
 }
 
+// keysOf are the keys the calls were sent under.
+func keysOf(results []callResult) []string {
+	keys := make([]string, len(results))
+	for i, r := range results {
+		keys[i] = r.Key
+	}
+	return keys
+}
+
 // checkEnds checks what every case promises: each call was sent under a
 // key, and ended in a charge the upstream answered under that key or in an
-// error the SDK raised; no key ran more than maxRuns times. It returns the
-// runs of each key.
-func checkEnds(t *testing.T, up *stripeUpstream, results []callResult, maxRuns int, g *gateway) map[string]int {
+// error the SDK raised; no key ran more than maxRuns times.
+func checkEnds(t *testing.T, up *stripeUpstream, results []callResult, ran map[string]int, maxRuns int, g *gateway) {
 	t.Helper()
-	var keys []string
 	for i, r := range results {
 		require.NotEmpty(t, r.Key, "call %d was sent under no Idempotency-Key", i)
-		keys = append(keys, r.Key)
 		if !r.OK {
 			require.NotNil(t, r.Error, "call %d ended in neither a charge nor an error", i)
 			continue
@@ -244,11 +251,9 @@ func checkEnds(t *testing.T, up *stripeUpstream, results []callResult, maxRuns i
 		require.True(t, isAnswer(r.Body, up.answered(r.Key)),
 			"call %d: the application got %s as its charge, which the upstream never answered under %s\n%s", i, r.Body, r.Key, g.logs())
 	}
-	ran := up.runsOf(keys)
 	for key, n := range ran {
 		require.LessOrEqual(t, n, maxRuns, "the upstream ran key %s %d times", key, n)
 	}
-	return ran
 }
 
 // isAnswer tells whether body is one of the answers, as JSON.
@@ -266,15 +271,18 @@ func isAnswer(body json.RawMessage, answers []string) bool {
 	return false
 }
 
-// summary is a case's counts: calls, charges, errors by kind, runs, keys,
-// attempts.
-func summary(results []callResult, ran map[string]int) string {
-	charged, errs := 0, map[string]int{}
+// summary is a case's counts: calls, charges, other answers the
+// application got as its charge, errors by kind, runs, keys, attempts.
+func summary(up *stripeUpstream, results []callResult, ran map[string]int) string {
+	charged, wrong, errs := 0, 0, map[string]int{}
 	minAttempts, maxAttempts := results[0].Attempts, results[0].Attempts
 	for _, r := range results {
-		if r.OK {
+		switch {
+		case r.OK && isAnswer(r.Body, up.answered(r.Key)):
 			charged++
-		} else {
+		case r.OK:
+			wrong++
+		default:
 			errs[r.Error.String()]++
 		}
 		minAttempts, maxAttempts = min(minAttempts, r.Attempts), max(maxAttempts, r.Attempts)
@@ -288,6 +296,9 @@ func summary(results []callResult, ran map[string]int) string {
 		runs += n
 	}
 	s := fmt.Sprintf("%d calls, %d charged", len(results), charged)
+	if wrong > 0 {
+		s += fmt.Sprintf(", %d handed another answer as the charge", wrong)
+	}
 	if len(raised) > 0 {
 		s += ", raised " + strings.Join(raised, ", ")
 	}
