@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
+	"github.com/oncekey/oncekey/internal/gateway"
 	"github.com/oncekey/oncekey/internal/testdb"
 	"github.com/oncekey/oncekey/internal/upstreamtest"
 )
@@ -56,6 +58,11 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	metricsAddr := freeAddr(t)
 	addr, _ := startCommand(t, env, "proxy", "--upstream", u.URL, "--spec", u.Spec, "--scope-header", "X-Account-Id", "--metrics-addr", metricsAddr)
 	scope := "acct-" + uuid.NewString()
+	// The keys commands name a gateway's key by its stored scope: the
+	// caller's, in the gateway's namespace (the upstream's origin).
+	upstream, err := neturl.Parse(u.URL)
+	require.NoError(t, err)
+	stored := gateway.NamespacedScope(gateway.DefaultNamespace(upstream), scope)
 	operator := func(args ...string) (stdout, stderr string, err error) {
 		var out, log bytes.Buffer
 		err = run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(""), &out, &log)
@@ -82,7 +89,7 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	var stats struct{ Held, Unknown int }
 	require.NoError(t, json.Unmarshal([]byte(out), &stats), out)
 	require.Equal(t, 2, stats.Unknown, "keys of unknown outcome: %s", out)
-	out, _, err = operator("keys", "inspect", "--gateway", scope, released)
+	out, _, err = operator("keys", "inspect", "--gateway", stored, released)
 	require.NoError(t, err, out)
 	var info struct {
 		Held *idempotency.Held `json:"held"`
@@ -92,9 +99,9 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	require.Equal(t, idempotency.HeldUnknown, info.Held.State, out)
 	require.Contains(t, info.Held.Reason, "did not answer", out)
 
-	_, _, err = operator("keys", "release", "--gateway", scope, released)
+	_, _, err = operator("keys", "release", "--gateway", stored, released)
 	require.ErrorContains(t, err, "--reason", "a release says why")
-	out, log, err := operator("keys", "release", "--gateway", scope, released, "--reason", "TICKET-1: no transfer upstream")
+	out, log, err := operator("keys", "release", "--gateway", stored, released, "--reason", "TICKET-1: no transfer upstream")
 	require.NoError(t, err, out)
 	require.JSONEq(t, `{"released":true}`, out)
 	require.Contains(t, log, "idempotency key released by an operator")
@@ -104,7 +111,7 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 
 	file := filepath.Join(t.TempDir(), "answer.json")
 	require.NoError(t, os.WriteFile(file, []byte(`{"id":"found-by-hand"}`), 0o600))
-	out, log, err = operator("keys", "resolve", "--gateway", scope, resolved, "--status", "201", "--body-file", file, "--reason", "TICKET-2: it ran")
+	out, log, err = operator("keys", "resolve", "--gateway", stored, resolved, "--status", "201", "--body-file", file, "--reason", "TICKET-2: it ran")
 	require.NoError(t, err, out)
 	require.JSONEq(t, `{"resolved":true}`, out)
 	require.Contains(t, log, "idempotency key resolved by an operator")
@@ -112,7 +119,7 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	require.Equal(t, http.StatusCreated, status, body)
 	require.Equal(t, `{"id":"found-by-hand"}`, body, "a resolved key replays what the operator gave")
 
-	_, _, err = operator("keys", "release", "--gateway", scope, resolved, "--reason", "again")
+	_, _, err = operator("keys", "release", "--gateway", stored, resolved, "--reason", "again")
 	require.ErrorContains(t, err, "holds an outcome", "a settled key is not released")
 	_, byKey := u.Executions(t)
 	require.Equal(t, 2, byKey[released], "the released key ran twice: once unanswered, once after the release")
