@@ -74,7 +74,8 @@ func (l *LegacyScopes[U]) claim(ctx context.Context, req idempotency.ClaimReques
 	if _, bare, ok := SplitScope(req.Scope); ok && l.Active() {
 		old := req
 		old.Scope = bare
-		lease, rec, err := claim(ctx, old)
+		// At once: a deferring store's Claim would look at nothing.
+		lease, rec, err := idempotency.ClaimNow(ctx, l.next, old)
 		if lease == nil {
 			// A record, a key in flight, or a failure: as before the
 			// upgrade.
@@ -117,19 +118,24 @@ func (l *LegacyScopes[U]) settle(ref idempotency.Ref, settle func(idempotency.Re
 
 // PostgresLegacyKeys reports whether table (a pgstore key table with the
 // default bytea scope) holds an unexpired key whose scope is not
-// namespaced: a range on the primary key, which starts with the scope.
+// namespaced: one outside the range of scopes that start with "ns:", or
+// one inside it without the "|" that ends a namespace. Both are ranges of
+// the primary key, which starts with the scope; the second is read whole
+// only once no key of a bare scope remains, after which Check asks no
+// more.
 func PostgresLegacyKeys(db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, table string) func(context.Context) (bool, error) {
-	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE (scope < $1 OR scope >= $2) AND expires_at > now())`, pgx.Identifier{table}.Sanitize())
+	t := pgx.Identifier{table}.Sanitize()
+	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %[1]s WHERE (scope < $1 OR scope >= $2) AND expires_at > now())
+		OR EXISTS (SELECT FROM %[1]s WHERE scope >= $1 AND scope < $2 AND position($3 IN scope) = 0 AND expires_at > now())`, t)
 	// Every namespaced scope starts with namespacePrefix, and sorts
-	// between it and the prefix with its last byte raised.
-	lo := []byte(namespacePrefix)
-	hi := []byte(namespacePrefix)
+	// before the prefix with its last byte raised.
+	lo, hi := []byte(namespacePrefix), []byte(namespacePrefix)
 	hi[len(hi)-1]++
 	return func(ctx context.Context) (bool, error) {
 		var found bool
-		if err := db.QueryRow(ctx, query, lo, hi).Scan(&found); err != nil {
+		if err := db.QueryRow(ctx, query, lo, hi, []byte(namespaceEnd)).Scan(&found); err != nil {
 			return false, err
 		}
 		return found, nil

@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/gateway"
 	"github.com/oncekey/oncekey/internal/keyscope"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -63,14 +62,11 @@ func (u *countingUpstream) ran(key string) int {
 // default, the upstream's origin.
 func pgGateway(t *testing.T, pool *pgxpool.Pool, up *url.URL, namespace string) *httptest.Server {
 	t.Helper()
-	pg, err := pgstore.New(pool, pgstore.Options{})
-	require.NoError(t, err)
-	store, err := pg.Deferred()
-	require.NoError(t, err)
+	store := deferredStoreOn(t, pool)
 	h, err := gateway.New(gateway.Config{
 		Upstream: up, Namespace: namespace, Scope: keyscope.Header("X-Account-Id"),
 		Routes: []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}},
-	}, store.(idempotency.HeldStore[*pgstore.Batch]))
+	}, store)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
