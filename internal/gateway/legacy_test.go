@@ -16,7 +16,6 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/keyscope"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
 
@@ -95,14 +94,7 @@ func TestLegacyUnknownKeyRetried(t *testing.T) {
 	up, err := url.Parse(upstream.URL)
 	require.NoError(t, err)
 	serve := func(store idempotency.HeldStore[*pgstore.Batch]) *httptest.Server {
-		h, err := gateway.New(gateway.Config{
-			Upstream: up, Scope: keyscope.Header("X-Account-Id"), RetryUnknown: true,
-			Routes: []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}},
-		}, store)
-		require.NoError(t, err)
-		srv := httptest.NewServer(h)
-		t.Cleanup(srv.Close)
-		return srv
+		return transfersGateway(t, gateway.Config{Upstream: up, RetryUnknown: true}, store)
 	}
 	post := func(srv *httptest.Server) int {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/transfers", strings.NewReader(transfer))

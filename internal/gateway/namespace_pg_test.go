@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/gateway"
 	"github.com/oncekey/oncekey/internal/keyscope"
 	"github.com/oncekey/oncekey/internal/testdb"
@@ -57,20 +58,25 @@ func (u *countingUpstream) ran(key string) int {
 	return u.runs[key]
 }
 
+// transfersGateway serves a gateway covering POST /transfers, keys
+// scoped by X-Account-Id, with cfg's other fields, on store.
+func transfersGateway(t *testing.T, cfg gateway.Config, store idempotency.HeldStore[*pgstore.Batch]) *httptest.Server {
+	t.Helper()
+	cfg.Scope = keyscope.Header("X-Account-Id")
+	cfg.Routes = []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}}
+	h, err := gateway.New(cfg, store)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // pgGateway is a gateway in front of up on the database at pool, with a
 // store of its own (as a process of its own has): namespace "" is the
 // default, the upstream's origin.
 func pgGateway(t *testing.T, pool *pgxpool.Pool, up *url.URL, namespace string) *httptest.Server {
 	t.Helper()
-	store := deferredStoreOn(t, pool)
-	h, err := gateway.New(gateway.Config{
-		Upstream: up, Namespace: namespace, Scope: keyscope.Header("X-Account-Id"),
-		Routes: []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}},
-	}, store)
-	require.NoError(t, err)
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return srv
+	return transfersGateway(t, gateway.Config{Upstream: up, Namespace: namespace}, deferredStoreOn(t, pool))
 }
 
 // TestTwoGatewaysOnOneDatabaseKeepTheirKeysApart: two gateways in front of
