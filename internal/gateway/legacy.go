@@ -118,11 +118,11 @@ func (l *LegacyScopes[U]) settle(ref idempotency.Ref, settle func(idempotency.Re
 
 // PostgresLegacyKeys reports whether table (a pgstore key table with the
 // default bytea scope) holds an unexpired key whose scope is not
-// namespaced: one outside the range of scopes that start with "ns:", or
-// one inside it without the "|" that ends a namespace. Both are ranges of
-// the primary key, which starts with the scope; the second is read whole
-// only once no key of a bare scope remains, after which Check asks no
-// more.
+// namespaced: one outside the range of scopes that start with "ns:" (two
+// ranges of the primary key, which starts with the scope: cheap), or one
+// inside it without the "|" that ends a namespace (a caller's own scope
+// that starts so). The second reads the namespaced keys whole, and runs
+// only when the first finds nothing: once, after which Check asks no more.
 func PostgresLegacyKeys(db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, table string) func(context.Context) (bool, error) {
