@@ -20,6 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
+	"github.com/oncekey/oncekey/internal/testdb"
 )
 
 // lenientUpstream reads paths as the most forgiving upstream framework
@@ -109,32 +111,52 @@ func rawPost(t *testing.T, addr, target, key string) (int, string) {
 }
 
 // TestProxyPathSpellings: every spelling of a covered path, sent twice
-// under one key through oncekey proxy to an upstream that reads paths as
+// under one key through oncekey proxy (keys in memory, in PostgreSQL, and
+// in PostgreSQL with Redis in front) to an upstream that reads paths as
 // leniently as any framework: the ambiguous ones are refused (400) and
 // never reach it, the others run under the protocol (once, then
 // replayed), and no spelling it reads as the covered path runs twice.
 func TestProxyPathSpellings(t *testing.T) {
 	t.Parallel()
-	up, upURL := startLenientUpstream(t)
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	require.NoError(t, os.WriteFile(routes, []byte("routes:\n  - method: POST\n    path: /transfers\n"), 0o600))
-	addr, _ := startCommand(t, map[string]string{}, "proxy", "--upstream", upURL, "--routes", routes, "--scope-header", "X-Account-Id")
-	for _, s := range readPathSpellings(t, filepath.Join("..", "..", "internal", "gateway", "testdata", "paths.txt")) {
-		key := uuid.NewString()
-		first, _ := rawPost(t, addr, s.target, key)
-		again, replayed := rawPost(t, addr, s.target, key)
-		switch s.class {
-		case "ambiguous":
-			require.Equal(t, []int{http.StatusBadRequest, http.StatusBadRequest}, []int{first, again}, "POST %s is refused", s.target)
-			require.Zero(t, up.ran(key), "POST %s never reaches the upstream", s.target)
-		case "covered":
-			require.Equal(t, []int{http.StatusCreated, http.StatusCreated}, []int{first, again}, "POST %s", s.target)
-			require.Equal(t, "true", replayed, "POST %s is covered: its retry is replayed", s.target)
-			require.Equal(t, 1, up.ran(key), "POST %s ran once", s.target)
-		case "uncovered":
-			require.Zero(t, up.ran(key), "POST %s is not the covered path, even leniently read", s.target)
-		default:
-			t.Fatalf("unknown class %q of %s", s.class, s.target)
-		}
+	spellings := readPathSpellings(t, filepath.Join("..", "..", "internal", "gateway", "testdata", "paths.txt"))
+	for _, tc := range []struct {
+		name string
+		env  func(t *testing.T) map[string]string
+	}{
+		{"memory", func(*testing.T) map[string]string { return map[string]string{} }},
+		{"postgres", func(t *testing.T) map[string]string {
+			url, _ := testdb.Fresh(t)
+			return map[string]string{"DATABASE_URL": url}
+		}},
+		{"postgres and redis", func(t *testing.T) map[string]string {
+			url, _ := testdb.Fresh(t)
+			return map[string]string{"DATABASE_URL": url, "REDIS_URL": redistest.SharedURL()}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			up, upURL := startLenientUpstream(t)
+			addr, _ := startCommand(t, tc.env(t), "proxy", "--upstream", upURL, "--routes", routes, "--scope-header", "X-Account-Id")
+			for _, s := range spellings {
+				key := uuid.NewString()
+				first, _ := rawPost(t, addr, s.target, key)
+				again, replayed := rawPost(t, addr, s.target, key)
+				switch s.class {
+				case "ambiguous":
+					require.Equal(t, []int{http.StatusBadRequest, http.StatusBadRequest}, []int{first, again}, "POST %s is refused", s.target)
+					require.Zero(t, up.ran(key), "POST %s never reaches the upstream", s.target)
+				case "covered":
+					require.Equal(t, []int{http.StatusCreated, http.StatusCreated}, []int{first, again}, "POST %s", s.target)
+					require.Equal(t, "true", replayed, "POST %s is covered: its retry is replayed", s.target)
+					require.Equal(t, 1, up.ran(key), "POST %s ran once", s.target)
+				case "uncovered":
+					require.Zero(t, up.ran(key), "POST %s is not the covered path, even leniently read", s.target)
+				default:
+					t.Fatalf("unknown class %q of %s", s.class, s.target)
+				}
+			}
+		})
 	}
 }

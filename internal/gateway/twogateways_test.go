@@ -83,12 +83,45 @@ func pgGateway(t *testing.T, pool *pgxpool.Pool, up *url.URL, namespace string) 
 // two upstreams share one key table, and 1,000 (scope, key) pairs sent to
 // both: no gateway replays the other's answer, and each upstream runs each
 // key once. A replica of one gateway (the same upstream, so the same
-// namespace, on a store of its own) replays that gateway's answers.
+// namespace) replays that gateway's answers. On PostgreSQL with a store
+// each (as processes of their own have), and on one store of each kind
+// (memory, PostgreSQL, Redis in front of PostgreSQL) shared by the three.
 func TestTwoGatewaysOnOneDatabaseKeepTheirKeysApart(t *testing.T) {
 	t.Parallel()
-	_, pool := testdb.Fresh(t)
+	type servers func(t *testing.T, a, b *url.URL) (gwA, gwB, replicaA string)
+	variants := []struct {
+		name    string
+		servers servers
+	}{{"postgres, a store each", func(t *testing.T, a, b *url.URL) (string, string, string) {
+		_, pool := testdb.Fresh(t)
+		return pgGateway(t, pool, a, "").URL, pgGateway(t, pool, b, "").URL, pgGateway(t, pool, a, "").URL
+	}}}
+	for _, st := range stores {
+		variants = append(variants, struct {
+			name    string
+			servers servers
+		}{st.name + ", one store", func(t *testing.T, a, b *url.URL) (string, string, string) {
+			open := st.open(t)
+			serve := func(up *url.URL) string {
+				srv := httptest.NewServer(open(gateway.Config{Upstream: up, Scope: keyscope.Header("X-Account-Id"),
+					Routes: []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}}}))
+				t.Cleanup(srv.Close)
+				return srv.URL
+			}
+			return serve(a), serve(b), serve(a)
+		}})
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			twoGateways(t, v.servers)
+		})
+	}
+}
+
+func twoGateways(t *testing.T, servers func(t *testing.T, a, b *url.URL) (gwA, gwB, replicaA string)) {
 	a, b := startCountingUpstream(t, "a"), startCountingUpstream(t, "b")
-	gwA, gwB, replicaA := pgGateway(t, pool, a.url, ""), pgGateway(t, pool, b.url, ""), pgGateway(t, pool, a.url, "")
+	gwA, gwB, replicaA := servers(t, a.url, b.url)
 	client := &http.Client{Timeout: 30 * time.Second}
 	post := func(ctx context.Context, base, scope, key string) (int, string, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/transfers", strings.NewReader(transfer))
@@ -124,7 +157,7 @@ func TestTwoGatewaysOnOneDatabaseKeepTheirKeysApart(t *testing.T) {
 				for _, gw := range []struct {
 					base string
 					up   *countingUpstream
-				}{{gwA.URL, a}, {gwB.URL, b}, {replicaA.URL, a}} {
+				}{{gwA, a}, {gwB, b}, {replicaA, a}} {
 					status, body, err := post(ctx, gw.base, p.scope, p.key)
 					if err != nil {
 						return err
