@@ -27,8 +27,8 @@ import (
 // lenientUpstream reads paths as the most forgiving upstream framework
 // would: escapes decoded (%2F too), a NUL ending the path, "\" as "/",
 // ";" parameters dropped, case ignored, dot segments resolved and slashes
-// merged. It counts, per Idempotency-Key, the requests it reads as POST
-// /transfers: the runs of the covered operation.
+// merged; a method in any case. It counts, per Idempotency-Key, the
+// requests it reads as POST /transfers: the runs of the covered operation.
 type lenientUpstream struct {
 	mu   sync.Mutex
 	runs map[string]int
@@ -39,7 +39,7 @@ func startLenientUpstream(t *testing.T) (*lenientUpstream, string) {
 	u := &lenientUpstream{runs: map[string]int{}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		if r.Method == http.MethodPost && leniently(r.RequestURI) == "/transfers" {
+		if strings.EqualFold(r.Method, http.MethodPost) && leniently(r.RequestURI) == "/transfers" {
 			u.mu.Lock()
 			u.runs[r.Header.Get(idempotency.HeaderKey)]++
 			u.mu.Unlock()
@@ -95,16 +95,22 @@ func readPathSpellings(t *testing.T, file string) []pathSpelling {
 // Idempotent-Replayed header.
 func rawPost(t *testing.T, addr, target, key string) (int, string) {
 	t.Helper()
+	return rawRequest(t, addr, http.MethodPost, target, key)
+}
+
+// rawRequest is rawPost with another method, spelled as given.
+func rawRequest(t *testing.T, addr, method, target, key string) (int, string) {
+	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	require.NoError(t, err)
 	defer conn.Close()
 	require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
 	body := `{"amount":500,"currency":"EUR"}`
-	_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Account-Id: acme\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		target, addr, key, len(body), body)
+	_, err = fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Account-Id: acme\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		method, target, addr, key, len(body), body)
 	require.NoError(t, err)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	require.NoError(t, err, "POST %s", target)
+	require.NoError(t, err, "%s %s", method, target)
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode, resp.Header.Get(idempotency.HeaderReplayed)
@@ -157,6 +163,13 @@ func TestProxyPathSpellings(t *testing.T) {
 					t.Fatalf("unknown class %q of %s", s.class, s.target)
 				}
 			}
+			// A method in another case is the covered one too.
+			key := uuid.NewString()
+			first, _ := rawRequest(t, addr, "post", "/transfers", key)
+			again, replayed := rawRequest(t, addr, "post", "/transfers", key)
+			require.Equal(t, []int{http.StatusCreated, http.StatusCreated}, []int{first, again}, "post /transfers")
+			require.Equal(t, "true", replayed, "post /transfers is covered")
+			require.Equal(t, 1, up.ran(key), "post /transfers ran once")
 		})
 	}
 }

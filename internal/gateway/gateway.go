@@ -175,7 +175,8 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (g *gateway) match(r *http.Request) *route {
 	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	for i := range g.routes {
-		if rt := &g.routes[i]; rt.Method == r.Method && rt.matches(segments) {
+		// Methods too match in any case: an upstream may read "post" as POST.
+		if rt := &g.routes[i]; strings.EqualFold(rt.Method, r.Method) && rt.matches(segments) {
 			return rt
 		}
 	}
