@@ -37,6 +37,7 @@ type proxyCmd struct {
 	ScopeJWKS          string `name:"scope-jwks" envvar:"ONCEKEY_SCOPE_JWKS" placeholder:"FILE" help:"Scope keys by a claim of the bearer JWT, read once its signature verifies against this JWKS file; survives token refreshes."`
 	ScopeClaim         string `name:"scope-claim" envvar:"ONCEKEY_SCOPE_CLAIM" default:"sub" help:"The JWT claim that names the caller, with --scope-jwks."`
 	ScopeAuthorization bool   `name:"scope-authorization" envvar:"ONCEKEY_SCOPE_AUTHORIZATION" help:"Scope keys by the whole Authorization value (its SHA-256): needs nothing configured, but a refreshed token is a new scope."`
+	Namespace          string `name:"namespace" envvar:"ONCEKEY_NAMESPACE" placeholder:"NAME" help:"The namespace of this gateway's keys, apart from those of gateways in front of other upstreams on the same database; replicas of one gateway share it. Default: the upstream's origin (scheme://host:port)."`
 	redisFlags
 	protocolFlags
 	serverFlags
@@ -85,7 +86,7 @@ func (p *proxyCmd) Run(e env) error {
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observer: m}.Run(cleanupCtx)
-	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String(), "routes", strings.Join(names, ", "))
+	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String(), "namespace", cfg.Namespace, "routes", strings.Join(names, ", "))
 	return httpserver.Serve(ctx, ln, httpserver.Config{
 		Handler:         handler,
 		MaxBodyBytes:    p.MaxBodyBytes,
@@ -157,10 +158,35 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 		}
 		store = recordcache.Wrap(cache, store)
 	}
-	if h, err = gateway.New(cfg, store.(idempotency.HeldStore[*pgstore.Batch])); err != nil {
+	// Keys stored before namespaces carry the caller's scope alone: they
+	// are looked up there until none remains.
+	legacy := gateway.NewLegacyScopes(store.(idempotency.HeldStore[*pgstore.Batch]), gateway.PostgresLegacyKeys(pool, pgstore.DefaultTable))
+	if err := legacy.Check(ctx); err != nil {
 		return nil, nil, nil, err
 	}
-	return h, pg, closeAll, nil
+	if legacy.Active() {
+		log.Info("gateway keys: keys stored before namespaces remain; each claim looks its key up under the bare scope too, until they expire")
+	}
+	if h, err = gateway.New(cfg, legacy); err != nil {
+		return nil, nil, nil, err
+	}
+	return h, purgeThenCheck{pg, legacy.Check, log}, closeAll, nil
+}
+
+// purgeThenCheck is a key store whose cleanup runs ask, each time, whether
+// keys stored before namespaces remain (gateway.LegacyScopes).
+type purgeThenCheck struct {
+	keyStore
+	check func(context.Context) error
+	log   *slog.Logger
+}
+
+func (p purgeThenCheck) PurgeExpired(ctx context.Context, batch int) (int64, error) {
+	n, err := p.keyStore.PurgeExpired(ctx, batch)
+	if cerr := p.check(ctx); cerr != nil && ctx.Err() == nil {
+		p.log.WarnContext(ctx, "gateway keys: could not look for keys stored before namespaces; still looking them up", "err", cerr)
+	}
+	return n, err
 }
 
 // gatewayConfig checks the flags, reporting every problem at once, and
@@ -216,11 +242,18 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 		bad("--redis-url (REDIS_URL) needs --database-url (DATABASE_URL): Redis is a fast path in front of PostgreSQL, which keeps the keys")
 	}
 	p.redisFlags.check(&problems)
+	namespace := p.Namespace
+	if namespace == "" && upstream != nil {
+		namespace = gateway.DefaultNamespace(upstream)
+	}
+	if err := gateway.CheckNamespace(namespace); err != nil && p.Namespace != "" {
+		bad("--namespace (ONCEKEY_NAMESPACE): %v", err)
+	}
 	if err := problems.err(); err != nil {
 		return gateway.Config{}, err
 	}
 	return gateway.Config{
-		Upstream: upstream, Routes: routes, Scope: scope,
+		Upstream: upstream, Routes: routes, Scope: scope, Namespace: namespace,
 		TTL: p.TTL, Wait: p.Wait, MaxBodyBytes: p.MaxBodyBytes,
 		UpstreamTimeout: p.UpstreamTimeout, MaxStored: p.MaxStoredBytes, RetryUnknown: p.OnUnknown == "retry",
 	}, nil

@@ -308,7 +308,7 @@ func TestGatewayKilledMidFlight(t *testing.T) {
 func TestProxyConfiguration(t *testing.T) {
 	t.Parallel()
 	_, err := runCommand(t, map[string]string{}, "proxy", "--upstream", "ftp://example", "--ttl", "0s",
-		"--max-stored-bytes", "0", "--redis-secret", "short", "--scope-header", "X-Account-Id", "--scope-authorization")
+		"--max-stored-bytes", "0", "--redis-secret", "short", "--scope-header", "X-Account-Id", "--scope-authorization", "--namespace", "a|b")
 	require.Error(t, err)
 	for _, want := range []string{
 		`--upstream (ONCEKEY_UPSTREAM) "ftp://example": want an absolute http or https URL`,
@@ -317,8 +317,9 @@ func TestProxyConfiguration(t *testing.T) {
 		"give --spec (ONCEKEY_SPEC)",
 		"give exactly one scope source",
 		"--redis-secret (ONCEKEY_REDIS_SECRET) has 5 characters",
+		`--namespace (ONCEKEY_NAMESPACE): the namespace "a|b" holds a "|"`,
 	} {
 		require.Contains(t, err.Error(), want)
 	}
-	require.Equal(t, 6, strings.Count(err.Error(), "\n"), "a line for each of the six: %v", err)
+	require.Equal(t, 7, strings.Count(err.Error(), "\n"), "a line for each of the seven: %v", err)
 }

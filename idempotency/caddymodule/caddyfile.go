@@ -21,6 +21,7 @@ func init() {
 //	idempotency [<matcher>] {
 //		scope            <placeholder expression>
 //		database_url     <url>
+//		namespace        <name>       # required with database_url
 //		redis_url        <url>
 //		redis_secret     <secret>
 //		ttl              <duration>
@@ -37,7 +38,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	strs := map[string]*string{
-		"scope": &h.Scope, "database_url": &h.DatabaseURL, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
+		"scope": &h.Scope, "database_url": &h.DatabaseURL, "namespace": &h.Namespace, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
 		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase,
 	}
 	durs := map[string]*caddy.Duration{"ttl": &h.TTL, "wait": &h.Wait, "lease": &h.Lease}

@@ -16,7 +16,19 @@
 // is 502 and frees its key; one that went upstream and got no answer
 // leaves its key's outcome unknown (409 outcome-unknown) until an operator
 // settles it. Keys are kept in memory (one Caddy process) or in PostgreSQL,
-// with Redis in front if given.
+// with Redis in front if given. On PostgreSQL a site names its keys:
+//
+//	idempotency {
+//		scope        {http.request.header.X-Account-Id}
+//		database_url postgres://keys.internal/oncekey
+//		namespace    payments-api
+//	}
+//
+// Sites and gateways (oncekey proxy --namespace) on one database share
+// keys only under one namespace: the replicas of one site do, sites in
+// front of two upstreams never do. An unsafe request whose path upstreams
+// read in different ways (a dot or empty segment, a "", an encoded "/",
+// a ";") is refused with 400 ambiguous-path before its key is read.
 package caddymodule
 
 import (
@@ -57,6 +69,11 @@ type Handler struct {
 	// DatabaseURL keeps the keys in PostgreSQL, shared by every Caddy that
 	// names it; empty keeps them in memory, one process's and lost on exit.
 	DatabaseURL string `json:"database_url,omitempty"`
+	// Namespace names this site's keys, apart from those of every other
+	// site or gateway on the same database (in front of another upstream);
+	// the replicas of one site share it. Required with DatabaseURL, as
+	// Caddy does not tell a handler its upstream; optional in memory.
+	Namespace string `json:"namespace,omitempty"`
 	// RedisURL puts a Redis fast path in front of PostgreSQL; RedisSecret
 	// authenticates what is cached there (the same on every Caddy).
 	RedisURL    string `json:"redis_url,omitempty"`
@@ -108,6 +125,10 @@ func (h *Handler) Validate() error {
 		return errors.New("idempotency: scope is required: a placeholder that names the caller, such as {http.request.header.X-Account-Id}; keys of two callers must never meet")
 	case h.OnUnknown != "" && h.OnUnknown != "report" && h.OnUnknown != "retry":
 		return fmt.Errorf("idempotency: on_unknown %q: want report or retry", h.OnUnknown)
+	case h.DatabaseURL != "" && h.Namespace == "":
+		return errors.New("idempotency: database_url needs a namespace: name this site's keys (namespace payments-api), the same on each replica of the site and different from every other site or gateway on the database, so that no two upstreams' keys meet")
+	case h.Namespace != "" && checkNamespace(h.Namespace) != nil:
+		return fmt.Errorf("idempotency: namespace: %w", checkNamespace(h.Namespace))
 	case h.RedisURL != "" && h.DatabaseURL == "":
 		return errors.New("idempotency: redis_url needs database_url: Redis is a fast path in front of PostgreSQL, which keeps the keys")
 	case h.MaxStoredBytes < 0 || h.MaxBodyBytes < 0 || h.TTL < 0 || h.Wait < 0 || h.Lease < 0:
@@ -131,7 +152,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			if !ok {
 				return "", idempotency.ErrNoScope
 			}
-			return repl.ReplaceAll(h.Scope, ""), nil
+			scope := repl.ReplaceAll(h.Scope, "")
+			if h.Namespace == "" || scope == "" {
+				return scope, nil
+			}
+			return namespacedScope(h.Namespace, scope), nil
 		},
 		TTL:             time.Duration(h.TTL),
 		Wait:            time.Duration(h.Wait),
@@ -206,6 +231,9 @@ type nextKey struct{}
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !idempotency.Unsafe(r.Method) {
 		return next.ServeHTTP(w, r)
+	}
+	if h.refuseAmbiguous(w, r) {
+		return nil
 	}
 	h.serve.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nextKey{}, next)))
 	return nil

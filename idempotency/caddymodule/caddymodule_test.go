@@ -129,7 +129,9 @@ func TestCaddy(t *testing.T) {
 	site := func(addr, upstream, options string) string {
 		return fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tproblem_type_base https://example.com/problems/\n%s\t}\n\treverse_proxy %s\n}\n", addr, options, upstream)
 	}
-	pg := fmt.Sprintf("\t\tdatabase_url %q\n", dbURL)
+	// One namespace on both PostgreSQL sites: they share keys, as replicas
+	// of one site do.
+	pg := fmt.Sprintf("\t\tdatabase_url %q\n\t\tnamespace shop\n", dbURL)
 	startCaddy(t, bin, "{\n\tadmin off\n\tauto_https off\n}\n"+
 		site(memory, up.addr, "")+site(postgres, up.addr, pg)+site(dead, gone, pg), memory, postgres, dead)
 

@@ -50,6 +50,11 @@ type Config struct {
 	Routes []Route
 	// Scope names the caller a request's key belongs to (keyscope).
 	Scope func(r *http.Request) (string, error)
+	// Namespace keeps this gateway's keys apart from those of gateways in
+	// front of other upstreams on the same store: every key is stored
+	// under NamespacedScope(Namespace, scope). Empty: DefaultNamespace of
+	// the upstream.
+	Namespace string
 	// TTL, Wait and MaxBodyBytes are the engine's (zero: its defaults).
 	TTL, Wait    time.Duration
 	MaxBodyBytes int64
@@ -88,6 +93,12 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 	if cfg.Scope == nil {
 		return nil, errors.New("gateway: a scope source is required")
 	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace(cfg.Upstream)
+	}
+	if err := CheckNamespace(cfg.Namespace); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	if cfg.UpstreamTimeout <= 0 {
 		cfg.UpstreamTimeout = DefaultUpstreamTimeout
 	}
@@ -99,7 +110,7 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 		return nil, err
 	}
 	e := idempotency.New(idempotency.Config{
-		Scope:        cfg.Scope,
+		Scope:        namespaced(cfg.Namespace, cfg.Scope),
 		Route:        matchedRoute,
 		TTL:          cfg.TTL,
 		Wait:         cfg.Wait,
@@ -136,13 +147,11 @@ type gateway struct {
 
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h, pattern := g.pass, ""
-	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-	for i := range g.routes {
-		if rt := &g.routes[i]; rt.Method == r.Method && rt.matches(segments) {
-			r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
-			h, pattern = rt.handler, rt.Path
-			break
-		}
+	if refuse := ambiguous(r); refuse != nil {
+		h = refuse
+	} else if rt := g.match(r); rt != nil {
+		r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+		h, pattern = rt.handler, rt.Path
 	}
 	if g.observe == nil {
 		h.ServeHTTP(w, r)
@@ -160,6 +169,18 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.observe(pattern, r.Method, status, time.Since(start))
 	}()
 	h.ServeHTTP(ww, r)
+}
+
+// match is the covered route r is of, or nil.
+func (g *gateway) match(r *http.Request) *route {
+	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	for i := range g.routes {
+		// Methods too match in any case: an upstream may read "post" as POST.
+		if rt := &g.routes[i]; strings.EqualFold(rt.Method, r.Method) && rt.matches(segments) {
+			return rt
+		}
+	}
+	return nil
 }
 
 // route is a Route ready to match, with its operation's handler.
@@ -208,7 +229,7 @@ func (rt *route) matches(got []string) bool {
 		return false
 	}
 	for i, s := range rt.segments {
-		if !isParam(s) && s != got[i] {
+		if !isParam(s) && !segmentMatches(s, got[i]) {
 			return false
 		}
 	}
