@@ -67,8 +67,8 @@ func TestSettleOutlivesADatabaseRestart(t *testing.T) {
 		m.HeldOperations("POST /transfers")
 		g, err := gateway.New(gateway.Config{
 			Upstream: upstream, Scope: keyscope.Header("X-Account-Id"),
-			Routes:   []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}},
-			Wait:     50 * time.Millisecond, UpstreamTimeout: 5 * time.Second, Observer: m,
+			Routes: []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}},
+			Wait:   50 * time.Millisecond, UpstreamTimeout: 5 * time.Second, Observer: m,
 		}, store.(idempotency.HeldStore[*pgstore.Batch]))
 		require.NoError(t, err)
 		srv := httptest.NewServer(g)
