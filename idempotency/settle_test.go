@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/internal/testharness"
 	"github.com/oncekey/oncekey/idempotency/memstore"
 )
 
@@ -69,36 +69,18 @@ func (o *settleObserver) droppedFor(reason string) int {
 	return o.dropped[reason]
 }
 
-// syncBuffer is a log's destination, read while the engine writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // process is one engine (a gateway's process) serving a held operation on
 // a shared store, counting the runs of its handler in runs.
 type process struct {
 	engine  *idempotency.Engine
 	handler http.Handler
 	obs     *settleObserver
-	logs    *syncBuffer
+	logs    *testharness.Logs
 }
 
 func newProcess(t *testing.T, store idempotency.HeldStore[*memstore.Tx], held idempotency.HeldConfig, runs *atomic.Int64, status int) process {
 	t.Helper()
-	p := process{obs: &settleObserver{}, logs: &syncBuffer{}}
+	p := process{obs: &settleObserver{}, logs: &testharness.Logs{}}
 	p.engine = idempotency.New(idempotency.Config{
 		Scope:           func(*http.Request) (string, error) { return "ns:api|tenant", nil },
 		Wait:            30 * time.Millisecond,
