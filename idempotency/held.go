@@ -264,7 +264,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		// nothing ran, so free the key if it is held under this claim,
 		// retried as any settle is.
 		rctx := detach(ctx)
-		e.settles.settle(rctx, held, &pendingSettle{
+		e.settles.settle(rctx, held, pendingSettle{
 			ref: ref, fp: s.fp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL), unsure: true,
 			label: s.label, method: s.r.Method, path: s.r.URL.Path,
 		})
@@ -274,7 +274,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	settle := func(resp *Response) {
 		sctx := detach(ctx)
 		defer sctx.cancel()
-		e.settles.settle(sctx, held, &pendingSettle{
+		e.settles.settle(sctx, held, pendingSettle{
 			ref: ref, fp: s.fp, resp: resp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL),
 			label: s.label, method: s.r.Method, path: s.r.URL.Path,
 		})

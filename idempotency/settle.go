@@ -142,17 +142,21 @@ func newPendingSettles(log *slog.Logger, obs Observer) *pendingSettles {
 	return ps
 }
 
-// settle stores a held operation's outcome p: at once, within ctx, and,
-// when the store fails, kept in memory and retried until it takes it.
-func (ps *pendingSettles) settle(ctx context.Context, held *heldOperation, p *pendingSettle) {
-	settled, err := p.attempt(ctx)
+// settle stores a held operation's outcome: at once, within ctx, and,
+// when the store fails, kept in memory and retried until it takes it. It
+// takes the outcome by value, so that one stored at once, as nearly all
+// are, costs no allocation of its own.
+func (ps *pendingSettles) settle(ctx context.Context, held *heldOperation, outcome pendingSettle) {
+	settled, err := outcome.attempt(ctx)
 	switch {
-	case err == nil && !settled && !p.unsure:
-		ps.log.WarnContext(ctx, "idempotency: a held key changed while its operation ran (released by an operator, or expired)", p.logAttrs(nil, 1)...)
+	case err == nil && !settled && !outcome.unsure:
+		ps.log.WarnContext(ctx, "idempotency: a held key changed while its operation ran (released by an operator, or expired)", outcome.logAttrs(nil, 1)...)
 		return
 	case err == nil:
 		return
 	}
+	p := new(pendingSettle)
+	*p = outcome
 	ps.failedAttempt(p)
 	if !ps.keep(held, p) {
 		ps.log.ErrorContext(ctx, "idempotency: a held key could not be settled, and its outcome is not kept to retry (past the bound on outcomes kept in memory, or shutting down); its outcome is unknown once its lease ends", p.logAttrs(err, 1)...)
