@@ -139,6 +139,19 @@ type HeldConfig struct {
 	// for operators: by default the host's name and the process id
 	// (host:pid).
 	Holder string
+	// MaxPending and MaxPendingBytes bound the outcomes the engine keeps
+	// in memory because their store did not take them (a database blip):
+	// each is retried with backoff until the store takes it (every
+	// replica replays it then) or Engine.Shutdown, and the engine answers
+	// its key's retries from it meanwhile, as the store would. Other
+	// processes find the key held until its lease ends, and of unknown
+	// outcome after, until the store takes it. Past either bound (default
+	// DefaultMaxPending outcomes, DefaultMaxPendingBytes bytes of
+	// responses) an outcome is not kept: it is logged and counted
+	// (SettleObserver), and its key is of unknown outcome once its lease
+	// ends, as if its process had died.
+	MaxPending      int
+	MaxPendingBytes int64
 }
 
 // DefaultMaxStored is the largest response a held operation stores unless
@@ -156,6 +169,12 @@ func NewHeldOperation[U any](e *Engine, store HeldStore[U], cfg OperationConfig,
 	}
 	if held.Holder == "" {
 		held.Holder = defaultHolder()
+	}
+	if held.MaxPending <= 0 {
+		held.MaxPending = DefaultMaxPending
+	}
+	if held.MaxPendingBytes <= 0 {
+		held.MaxPendingBytes = DefaultMaxPendingBytes
 	}
 	op := NewOperation[U](e, store, cfg)
 	// A key that expired while its operation ran could be claimed again,
@@ -272,28 +291,23 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 			return OutcomeNone, err // nothing was written
 		}
 		// The hold may have committed all the same (its answer lost):
-		// nothing ran, so free the key if it is held under this claim.
+		// nothing ran, so free the key if it is held under this claim,
+		// retried as any settle is.
 		rctx := detach(ctx)
-		_, _ = held.settler.Release(rctx, ref)
+		e.settles.settle(rctx, held, pendingSettle{
+			ref: ref, fp: s.fp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL), unsure: true,
+			label: s.label, method: s.r.Method, path: s.r.URL.Path,
+		})
 		rctx.cancel()
 		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
 	}
 	settle := func(resp *Response) {
 		sctx := detach(ctx)
 		defer sctx.cancel()
-		var settled bool
-		var err error
-		if resp == nil {
-			settled, err = held.settler.Release(sctx, ref)
-		} else {
-			settled, err = held.settler.Settle(sctx, ref, *resp)
-		}
-		switch {
-		case err != nil:
-			e.cfg.Logger.ErrorContext(ctx, "idempotency: a held key could not be settled; its outcome is unknown once its lease ends", "err", err)
-		case !settled:
-			e.cfg.Logger.WarnContext(ctx, "idempotency: a held key changed while its operation ran (released by an operator, or expired)")
-		}
+		e.settles.settle(sctx, held, pendingSettle{
+			ref: ref, fp: s.fp, resp: resp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL),
+			label: s.label, method: s.r.Method, path: s.r.URL.Path,
+		})
 	}
 	stored := func(status int, reason string) {
 		if !Replayable(status) {

@@ -114,6 +114,9 @@ type Engine struct {
 	cfg      Config
 	stored   []string
 	inFlight *collapser
+	// settles are held operations' outcomes that their store did not
+	// take yet (see HeldConfig.MaxPending).
+	settles *pendingSettles
 }
 
 // New returns an engine for cfg, filling in defaults.
@@ -151,7 +154,7 @@ func New(cfg Config) *Engine {
 			replay = append(replay, name)
 		}
 	}
-	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser()}
+	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser(), settles: newPendingSettles(cfg.Logger, cfg.Observer)}
 }
 
 // muxPattern is the route net/http's ServeMux matched ("POST /widgets/{id}"
@@ -458,7 +461,17 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 				return ClaimNow(ctx, o.store, req)
 			}
 		}
-		lease, rec, err := claim(ctx, req)
+		var lease Lease[U]
+		var rec *Record
+		var err error
+		if o.held != nil {
+			// An outcome this process has and its store has not taken
+			// yet answers as the store would once it does.
+			rec = o.e.settles.remembered(in.Scope, in.Key, o.held.RetryUnknown)
+		}
+		if rec == nil {
+			lease, rec, err = claim(ctx, req)
+		}
 		if lease != nil {
 			var outcome Outcome
 			if o.held != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -63,6 +62,7 @@ func (p *proxyCmd) Run(e env) error {
 		names = append(names, idempotency.OperationName(r.Method, r.Path))
 	}
 	m.Operations(names...)
+	m.HeldOperations(names...)
 
 	ctx := e.ctx
 	handler, keys, closeKeys, err := p.open(ctx, cfg, m, e.log)
@@ -87,6 +87,13 @@ func (p *proxyCmd) Run(e env) error {
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observer: m}.Run(cleanupCtx)
 	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String(), "namespace", cfg.Namespace, "routes", strings.Join(names, ", "))
+	defer func() {
+		// Served: what its answers left unsettled is tried once more
+		// before the store closes, and logged if it still fails.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.ShutdownTimeout)
+		defer cancel()
+		_ = handler.Shutdown(sctx)
+	}()
 	return httpserver.Serve(ctx, ln, httpserver.Config{
 		Handler:         handler,
 		MaxBodyBytes:    p.MaxBodyBytes,
@@ -106,7 +113,7 @@ type keyStore interface {
 
 // open returns the gateway on the keys' store the flags name: memory, or
 // PostgreSQL with Redis in front if given.
-func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metrics, log *slog.Logger) (h http.Handler, keys keyStore, closeAll func(), err error) {
+func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metrics, log *slog.Logger) (h *gateway.Gateway, keys keyStore, closeAll func(), err error) {
 	if p.DatabaseURL == "" {
 		log.Info("gateway keys: in memory (lost on exit; one process only)")
 		store := memstore.New()

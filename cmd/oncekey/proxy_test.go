@@ -78,6 +78,9 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	require.Contains(t, string(metrics), `oncekey_idempotency_requests_total{operation="POST /transfers",outcome="outcome_unknown"} 2`)
 	require.Contains(t, string(metrics), `oncekey_http_requests_total{code="409",method="POST",route="/transfers"} 2`)
 	require.Contains(t, string(metrics), `oncekey_idempotency_keys{status="unknown"} 2`)
+	// Every settle was stored at once: none retried, none kept in memory.
+	require.Contains(t, string(metrics), `oncekey_idempotency_settle_failures_total{operation="POST /transfers"} 0`)
+	require.Contains(t, string(metrics), "oncekey_idempotency_settles_pending 0")
 	out, _, err := operator("keys", "stats")
 	require.NoError(t, err, out)
 	var stats struct{ Held, Unknown int }

@@ -31,6 +31,7 @@ func init() {
 //		max_body_bytes   <n>
 //		on_unknown       report|retry
 //		problem_type_base <uri prefix>
+//		operation        <metrics label>
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
@@ -39,7 +40,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	strs := map[string]*string{
 		"scope": &h.Scope, "database_url": &h.DatabaseURL, "namespace": &h.Namespace, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
-		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase,
+		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase, "operation": &h.Operation,
 	}
 	durs := map[string]*caddy.Duration{"ttl": &h.TTL, "wait": &h.Wait, "lease": &h.Lease}
 	ints := map[string]*int64{"max_stored_bytes": &h.MaxStoredBytes, "max_body_bytes": &h.MaxBodyBytes}

@@ -18,7 +18,7 @@ func TestCaddyfile(t *testing.T) {
 		// wantErr is in the error of UnmarshalCaddyfile or Validate.
 		wantErr string
 	}{
-		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace payments-api\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n}", ""},
+		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace payments-api\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n operation \"POST /transfers\"\n}", ""},
 		{"no scope", "idempotency {\n ttl 24h\n}", "scope is required"},
 		{"an unknown option", "idempotency {\n scope {http.auth.user.id}\n upstream x\n}", `unknown option "upstream"`},
 		{"an option without its value", "idempotency {\n scope\n}", "wrong argument count"},

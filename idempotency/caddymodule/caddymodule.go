@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -100,10 +101,19 @@ type Handler struct {
 	// ProblemTypeBase prefixes the type URIs of the problem+json answers
 	// ("https://example.com/problems/"); empty: about:blank.
 	ProblemTypeBase string `json:"problem_type_base,omitempty"`
+	// Operation labels the handler's requests in Caddy's metrics
+	// (oncekey_idempotency_requests_total{operation}, as `oncekey proxy`
+	// labels its routes'): default DefaultOperation.
+	Operation string `json:"operation,omitempty"`
 
-	serve http.Handler
-	close []func()
+	serve  http.Handler
+	engine *idempotency.Engine
+	log    *slog.Logger
+	close  []func()
 }
+
+// DefaultOperation is Operation's default.
+const DefaultOperation = "idempotency"
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -146,6 +156,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if lease <= 0 {
 		lease = DefaultLease
 	}
+	if h.Operation == "" {
+		h.Operation = DefaultOperation
+	}
+	observer, err := newMetrics(ctx.GetMetricsRegistry(), h.Operation)
+	if err != nil {
+		return fmt.Errorf("idempotency: metrics: %w", err)
+	}
+	h.log = ctx.Slogger()
 	e := idempotency.New(idempotency.Config{
 		Scope: func(r *http.Request) (string, error) {
 			repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
@@ -162,12 +180,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Wait:            time.Duration(h.Wait),
 		MaxBodyBytes:    h.MaxBodyBytes,
 		ProblemTypeBase: h.ProblemTypeBase,
-		Logger:          ctx.Slogger(),
+		Logger:          h.log,
+		Observer:        observer,
 	})
+	h.engine = e
 	held := idempotency.HeldConfig{Lease: lease, MaxStored: h.MaxStoredBytes, RetryUnknown: h.OnUnknown == "retry"}
 	forward := http.HandlerFunc(h.forward)
+	op := idempotency.OperationConfig{Name: h.Operation}
 	if h.DatabaseURL == "" {
-		h.serve = idempotency.NewHeldOperation(e, memstore.New(), idempotency.OperationConfig{}, held).Handler(forward)
+		h.serve = idempotency.NewHeldOperation(e, memstore.New(), op, held).Handler(forward)
 		return nil
 	}
 	store, err := h.openPostgres(ctx)
@@ -175,7 +196,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_ = h.Cleanup()
 		return err
 	}
-	h.serve = idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{}, held).Handler(forward)
+	h.serve = idempotency.NewHeldOperation(e, store, op, held).Handler(forward)
 	return nil
 }
 
@@ -214,8 +235,20 @@ func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgst
 	return recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), nil
 }
 
-// Cleanup closes what Provision opened.
+// settleOnCleanup bounds the last attempt, at Cleanup, to store what the
+// store did not take at once (see idempotency.Engine.Shutdown).
+const settleOnCleanup = 5 * time.Second
+
+// Cleanup stores what the handler's answers left unsettled (a settle the
+// store failed is retried until then; here it is tried once more, and
+// what is left is logged), then closes what Provision opened.
 func (h *Handler) Cleanup() error {
+	if h.engine != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), settleOnCleanup)
+		_ = h.engine.Shutdown(ctx)
+		cancel()
+		h.engine = nil
+	}
 	for i := len(h.close) - 1; i >= 0; i-- {
 		h.close[i]()
 	}
@@ -265,6 +298,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if idempotency.MarkUnknown(r, err) {
+		// As oncekey proxy logs it (internal/gateway).
+		h.log.WarnContext(r.Context(), "idempotency: the upstream took a request and did not answer; its outcome is unknown", "err", err, "path", r.URL.Path)
 		return
 	}
 	status := http.StatusBadGateway

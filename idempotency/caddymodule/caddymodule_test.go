@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/internal/testharness"
 	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 )
 
@@ -70,17 +72,17 @@ func buildCaddy(t *testing.T) string {
 	return bin
 }
 
-// startCaddy runs bin on the Caddyfile and waits until every address
-// answers.
-func startCaddy(t *testing.T, bin, caddyfile string, addrs ...string) {
+// startCaddy runs bin on the Caddyfile, waits until every address
+// answers, and returns its logs.
+func startCaddy(t *testing.T, bin, caddyfile string, addrs ...string) *testharness.Logs {
 	t.Helper()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "Caddyfile")
 	require.NoError(t, os.WriteFile(file, []byte(caddyfile), 0o600))
 	cmd := exec.Command(bin, "run", "--config", file, "--adapter", "caddyfile")
 	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	var logs strings.Builder
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	logs := &testharness.Logs{}
+	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	for _, addr := range addrs {
@@ -90,8 +92,28 @@ func startCaddy(t *testing.T, bin, caddyfile string, addrs ...string) {
 				conn.Close()
 			}
 			return err == nil
-		}, 60*time.Second, 50*time.Millisecond, "Caddy did not listen on %s:\n%s", addr, &logs)
+		}, 60*time.Second, 50*time.Millisecond, "Caddy did not listen on %s:\n%s", addr, logs)
 	}
+	return logs
+}
+
+// counter is the value of the series line (name{labels}) in Caddy's
+// metrics at addr; -1 when there is no such series.
+func counter(t *testing.T, addr, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for line := range strings.Lines(string(body)) {
+		if value, ok := strings.CutPrefix(strings.TrimSpace(line), series+" "); ok {
+			v, err := strconv.ParseFloat(value, 64)
+			require.NoError(t, err, line)
+			return v
+		}
+	}
+	return -1
 }
 
 // post sends a transfer to addr under key, as scope (none if empty), with
@@ -124,7 +146,7 @@ func TestCaddy(t *testing.T) {
 	bin := buildCaddy(t)
 	up := startUpstream(t)
 	dbURL := pgstoretest.URL(t)
-	memory, postgres, dead := freeAddr(t), freeAddr(t), freeAddr(t)
+	memory, postgres, dead, counted, metrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	gone := freeAddr(t) // nothing listens there
 	site := func(addr, upstream, options string) string {
 		return fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tproblem_type_base https://example.com/problems/\n%s\t}\n\treverse_proxy %s\n}\n", addr, options, upstream)
@@ -132,8 +154,10 @@ func TestCaddy(t *testing.T) {
 	// One namespace on both PostgreSQL sites: they share keys, as replicas
 	// of one site do.
 	pg := fmt.Sprintf("\t\tdatabase_url %q\n\t\tnamespace shop\n", dbURL)
-	startCaddy(t, bin, "{\n\tadmin off\n\tauto_https off\n}\n"+
-		site(memory, up.addr, "")+site(postgres, up.addr, pg)+site(dead, gone, pg), memory, postgres, dead)
+	logs := startCaddy(t, bin, "{\n\tadmin off\n\tauto_https off\n}\n"+
+		site(memory, up.addr, "")+site(postgres, up.addr, pg)+site(dead, gone, pg)+
+		site(counted, up.addr, "\t\toperation \"POST /transfers\"\n")+
+		fmt.Sprintf("http://%s {\n\tmetrics\n}\n", metrics), memory, postgres, dead, counted, metrics)
 
 	for _, tc := range []struct{ name, addr string }{{"memory", memory}, {"postgres", postgres}} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,6 +191,28 @@ func TestCaddy(t *testing.T) {
 			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "no scope: %s", body)
 		})
 	}
+
+	// As oncekey proxy does: the outcome counted under the proxy's name
+	// and labels (which OncekeyOutcomeUnknown watches), and logged.
+	t.Run("an unknown outcome is counted and logged", func(t *testing.T) {
+		series := func(outcome string) string {
+			return `oncekey_idempotency_requests_total{operation="POST /transfers",outcome="` + outcome + `"}`
+		}
+		require.Zero(t, counter(t, metrics, series("outcome_unknown")), "the series exists at zero before the first")
+		scope, key := "acct-"+rand.Text(), rand.Text()
+		resp, body := post(t, counted, scope, key, "")
+		require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+		require.Equal(t, 1.0, counter(t, metrics, series("executed")))
+		key = rand.Text()
+		resp, body = post(t, counted, scope, key, "reset")
+		require.Equal(t, http.StatusConflict, resp.StatusCode, body)
+		require.Equal(t, 1.0, counter(t, metrics, series("outcome_unknown")), "the request of unknown outcome")
+		resp, body = post(t, counted, scope, key, "")
+		require.Equal(t, http.StatusConflict, resp.StatusCode, body)
+		require.Equal(t, 2.0, counter(t, metrics, series("outcome_unknown")), "and its retry")
+		require.Contains(t, logs.String(), "the upstream took a request and did not answer; its outcome is unknown")
+		require.Contains(t, logs.String(), `"path":"/transfers"`)
+	})
 
 	t.Run("upstream down", func(t *testing.T) {
 		scope, key := "acct-"+rand.Text(), rand.Text()

@@ -86,7 +86,7 @@ const DefaultUpstreamTimeout = 30 * time.Second
 const leaseMargin = 10 * time.Second
 
 // New returns the gateway for cfg, whose keys store keeps.
-func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error) {
+func New[U any](cfg Config, store idempotency.HeldStore[U]) (*Gateway, error) {
 	if cfg.Upstream == nil || cfg.Upstream.Scheme == "" || cfg.Upstream.Host == "" {
 		return nil, errors.New("gateway: the upstream must be an absolute URL, such as http://127.0.0.1:3000")
 	}
@@ -126,7 +126,7 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 		Observer:   cfg.Observer,
 	})
 	fwd := newForwarder(cfg)
-	g := &gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP}
+	g := &Gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP, engine: e}
 	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
 	for i := range routes {
 		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{
@@ -137,15 +137,23 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 	return g, nil
 }
 
-// gateway routes covered requests through their operation, and passes
+// Gateway routes covered requests through their operation, and passes
 // every other request through.
-type gateway struct {
+type Gateway struct {
 	routes  []route
 	pass    http.Handler
 	observe func(route, method string, status int, d time.Duration)
+	engine  *idempotency.Engine
 }
 
-func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// Shutdown stores what the gateway's answers left unsettled, once it has
+// stopped serving: a settle the store failed is kept in memory and
+// retried until then (idempotency.HeldConfig.MaxPending); here it is
+// tried once more within ctx, and each key left is logged, of unknown
+// outcome once its lease ends.
+func (g *Gateway) Shutdown(ctx context.Context) error { return g.engine.Shutdown(ctx) }
+
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h, pattern := g.pass, ""
 	if refuse := ambiguous(r); refuse != nil {
 		h = refuse
@@ -172,7 +180,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // match is the covered route r is of, or nil.
-func (g *gateway) match(r *http.Request) *route {
+func (g *Gateway) match(r *http.Request) *route {
 	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	for i := range g.routes {
 		// Methods too match in any case: an upstream may read "post" as POST.
