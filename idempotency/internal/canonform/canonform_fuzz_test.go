@@ -64,6 +64,12 @@ func FuzzCanonicalForm(f *testing.F) {
 	})
 }
 
+// formField is one field of a form, decoded.
+type formField struct {
+	key   string
+	value formValue
+}
+
 // formValue is one value of a key as a strict parser reads it: nil ("a")
 // and "" ("a=") differ.
 type formValue struct {
@@ -72,12 +78,12 @@ type formValue struct {
 }
 
 // decodeForm reads body as the WHATWG urlencoded parser does, but keeps
-// "a" and "a=" apart and each key's values in order, so that two bodies
-// that decode equal mean the same to every parser. The order of different
-// keys is not kept: no parser gives it meaning. false: body has a ";", a
-// malformed escape or decodes to invalid UTF-8.
-func decodeForm(body string) (map[string][]formValue, bool) {
-	out := map[string][]formValue{}
+// "a" and "a=" apart, as its pairs in order, so that two bodies that
+// decode equal mean the same to every parser (Rack's and PHP's read a
+// form's decoded pairs in order). false: body has a ";", a malformed
+// escape or decodes to invalid UTF-8.
+func decodeForm(body string) ([]formField, bool) {
+	var out []formField
 	for pair := range strings.SplitSeq(body, "&") {
 		if pair == "" {
 			continue
@@ -91,7 +97,7 @@ func decodeForm(body string) (map[string][]formValue, bool) {
 		if !ok1 || !ok2 {
 			return nil, false
 		}
-		out[key] = append(out[key], formValue{value, hasEquals})
+		out = append(out, formField{key, formValue{value, hasEquals}})
 	}
 	return out, true
 }
