@@ -3,13 +3,13 @@ package canonjson_test
 import (
 	"bytes"
 	"encoding/json"
-	"math/big"
+	"errors"
 	"reflect"
-	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
+	"github.com/oncekey/oncekey/idempotency/internal/jsonmeaning"
 )
 
 // fuzzSeeds are representative documents for both fuzz targets. More
@@ -34,50 +34,19 @@ var fuzzSeeds = []string{
 	` `,
 }
 
-// decode parses doc with encoding/json into an untyped value, each number
-// as its exact value (a *big.Rat's normal form), the meaning model of
-// Canonicalize: two documents mean the same thing exactly when their
-// decoded values are reflect.DeepEqual. ok is false for a document with a
-// number too large to decode exactly in a test (an exponent beyond ±1000).
+// decode parses doc into what it means (jsonmeaning: numbers as exact
+// decimals), the meaning model of Canonicalize: two documents mean the
+// same thing exactly when their decoded values are reflect.DeepEqual. ok
+// is false for a document with a number too large to decode exactly in a
+// test.
 func decode(t *testing.T, doc []byte) (v any, ok bool) {
 	t.Helper()
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	if err := dec.Decode(&v); err != nil {
-		t.Fatalf("json.Decode(%q): %v", doc, err)
+	v, err := jsonmeaning.Decode(doc)
+	if errors.Is(err, jsonmeaning.ErrHugeExponent) {
+		return nil, false
 	}
-	return exact(v)
-}
-
-// hugeExponent is an exponent of 4 digits or more.
-var hugeExponent = regexp.MustCompile(`[eE][+-]?0*[1-9][0-9]{3}`)
-
-// exact replaces every json.Number in v by its exact value.
-func exact(v any) (any, bool) {
-	switch v := v.(type) {
-	case json.Number:
-		if hugeExponent.MatchString(string(v)) {
-			return nil, false
-		}
-		r, ok := new(big.Rat).SetString(string(v))
-		if !ok {
-			return nil, false
-		}
-		return r.RatString(), true
-	case []any:
-		for i := range v {
-			var ok bool
-			if v[i], ok = exact(v[i]); !ok {
-				return nil, false
-			}
-		}
-	case map[string]any:
-		for k := range v {
-			var ok bool
-			if v[k], ok = exact(v[k]); !ok {
-				return nil, false
-			}
-		}
+	if err != nil {
+		t.Fatalf("jsonmeaning.Decode(%q): %v", doc, err)
 	}
 	return v, true
 }
