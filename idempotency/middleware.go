@@ -83,11 +83,12 @@ type Config struct {
 	// headers are never stored, whatever it says.
 	ReplayHeaders []string
 	// Validate, if set, checks a request's body (as sent, the bytes the
-	// operation will read) before the operation runs, and before a request whose key holds a different
-	// request's outcome is answered 409: an error refuses it,
-	// through WriteError, and consumes no key. A body's schema is checked
-	// here rather than in front of the protocol so that replays, whose
-	// bodies passed when their operation ran, do not pay for it again.
+	// operation will read) before the operation runs, and before a request
+	// whose key holds a different request's outcome is answered 409: an
+	// error refuses it, through WriteError, and consumes no key. A body's
+	// schema is checked here rather than in front of the protocol so that
+	// replays, whose bodies mean what the bodies that passed when their
+	// operation ran meant, do not pay for it again.
 	Validate func(r *http.Request, body []byte) error
 	// WriteError answers a request the protocol refuses or fails: err is
 	// one of this package's errors (ErrMissingKey, ErrKeyMismatch,
@@ -407,13 +408,13 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 		// may not have.
 		h.Set(HeaderKey, in.Key)
 	}
-	var err error
 	if n := len(r.Header.Values("Content-Type")); n > 1 && len(in.Body) > 0 {
 		// Which one a server reads differs: the body must be read one way
 		// only, the way it is fingerprinted.
 		return s.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", ErrMalformedContentType, n))
 	}
 	var query url.Values // none, as most requests have, is nil: Encode makes "" of both
+	var err error
 	if r.URL.RawQuery != "" {
 		if query, err = url.ParseQuery(r.URL.RawQuery); err != nil {
 			// r.URL.Query() would drop what it cannot read, and a proxy
@@ -654,8 +655,8 @@ type running struct {
 }
 
 // bodyReader is the body an operation reads: the request's, as sent. It
-// reads as io.NopCloser of a
-// bytes.Reader does, without their two allocations.
+// reads as io.NopCloser of a bytes.Reader does, without their two
+// allocations.
 type bodyReader struct{ r bytes.Reader }
 
 // Reset makes b read body from its start.
