@@ -24,6 +24,8 @@ func FuzzCanonicalForm(f *testing.F) {
 		"k%7e=%7E~&K=%c3%a9",
 		"=&=1&&&",
 		"a=b=c&%3D=%26",
+		"order[items][][sku]=A&order[items][][qty]=1&order[items][][sku]=B&order[items][][qty]=5",
+		"a[]=x&a[0]=y&a.b=1&a_b=2&a%5B=3",
 		"a=1%2B1&b=+",
 		"name=Jos\u00e9&city=%E4%B8%96%E7%95%8C",
 		"a=1;b=2",
@@ -55,6 +57,14 @@ func FuzzCanonicalForm(f *testing.F) {
 		got, ok := decodeForm(string(canonical))
 		if !ok || !reflect.DeepEqual(want, got) {
 			t.Fatalf("the canonical form means something else:\nbody:      %q → %v\ncanonical: %q → %v", body, want, canonical, got)
+		}
+		// Rack and PHP read the canonical form as they read the body, so
+		// two bodies of one canonical form are read alike by both.
+		if r1, r2 := rackRead(string(body)), rackRead(string(canonical)); r1 != r2 {
+			t.Fatalf("Rack reads them differently:\nbody:      %q → %s\ncanonical: %q → %s", body, r1, canonical, r2)
+		}
+		if p1, p2 := phpRead(string(body)), phpRead(string(canonical)); p1 != p2 {
+			t.Fatalf("PHP reads them differently:\nbody:      %q → %s\ncanonical: %q → %s", body, p1, canonical, p2)
 		}
 		goWant, err1 := url.ParseQuery(string(body))
 		goGot, err2 := url.ParseQuery(string(canonical))

@@ -99,56 +99,45 @@ func TestDifferentMeaningDifferentForm(t *testing.T) {
 	}
 }
 
-// TestRackAndPHPReadThemDifferently: forms that Rack
-// (Rack::QueryParser#parse_nested_query) or PHP (parse_str, $_POST) read
-// differently have different canonical forms, and Legacy, the rule that
-// sorted fields by name, gave some of them one. Each case says how a
-// parser reads the two.
+// TestRackAndPHPReadThemDifferently: forms that Rack or PHP read
+// differently (rackRead and phpRead, parsers_test.go, follow their rules)
+// have different canonical forms, and Legacy, the rule that sorted fields
+// by name, gave some of them one. Forms that both read alike but whose
+// fields come in another order are kept apart too: keeping the whole
+// order is the one rule that needs no list of parsers (a parser of pairs,
+// such as Python's parse_qsl, sees any order).
 func TestRackAndPHPReadThemDifferently(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name, a, b   string
+		readAlike    bool // by Rack and by PHP
 		legacyShared bool // the sorted rule gave both one form
 	}{
-		{
-			// Rack: a repeated key in "items[][...]" starts a new element:
-			// [{sku:A,qty:1},{sku:B,qty:5}]. Sorted, the second reads
-			// [{qty:1},{qty:5,sku:A},{sku:B}]: three items.
-			"Rack's arrays of hashes", "order[items][][sku]=A&order[items][][qty]=1&order[items][][sku]=B&order[items][][qty]=5",
-			"order[items][][qty]=1&order[items][][qty]=5&order[items][][sku]=A&order[items][][sku]=B", true,
-		},
-		{
-			// PHP: "[]" appends; an explicit index sets. a[]=x&a[0]=y is
-			// [y]; a[0]=y&a[]=x is [y, x].
-			"PHP's appends after an index", "a[]=x&a[0]=y", "a[0]=y&a[]=x", true,
-		},
-		{
-			// PHP turns "." and " " of a top-level name into "_": both are
-			// a_b, twice, the last one winning (2 against 1).
-			"PHP's mangled names", "a.b=1&a_b=2", "a_b=2&a.b=1", true,
-		},
-		{
-			// Rack keeps "a.b" and "a_b" apart, PHP does not: they are
-			// never merged.
-			"names PHP mangles alike", "a.b=1", "a_b=1", false,
-		},
-		{
-			// Rack: {"a"=>nil} against {"a"=>""}.
-			"no = and an empty value", "a", "a=", false,
-		},
-		{
-			// Rack and PHP read both as {sku: B, qty: 5} (last wins) and
-			// both {sku: [A, B], qty: [1, 5]}, but a parser of pairs
-			// (Python's parse_qsl, a handler reading the raw body) sees
-			// their order. Keeping the whole order is the one rule that
-			// needs no list of parsers: these are kept apart too.
-			"duplicates, last wins", "sku=A&sku=B&qty=1&qty=5", "sku=A&qty=1&sku=B&qty=5", true,
-		},
-		{"two [] lists, interleaved or not", "sku[]=A&qty[]=1&sku[]=B&qty[]=5", "sku[]=A&sku[]=B&qty[]=1&qty[]=5", true},
+		// Rack: a repeated key in "items[][...]" starts a new element: two
+		// items, and sorted, three.
+		{"Rack's arrays of hashes", "order[items][][sku]=A&order[items][][qty]=1&order[items][][sku]=B&order[items][][qty]=5",
+			"order[items][][qty]=1&order[items][][qty]=5&order[items][][sku]=A&order[items][][sku]=B", false, true},
+		// PHP: "[]" appends, an index sets: [y] against [y, x].
+		{"PHP's appends after an index", "a[]=x&a[0]=y", "a[0]=y&a[]=x", false, true},
+		// PHP turns "." of a top-level name into "_": a_b is 2, or 1.
+		{"PHP's mangled names", "a.b=1&a_b=2", "a_b=2&a.b=1", false, true},
+		// Rack keeps "a.b" and "a_b" apart, PHP does not.
+		{"names PHP mangles alike", "a.b=1", "a_b=1", false, false},
+		// Rack: nil against "".
+		{"no = and an empty value", "a", "a=", false, false},
+		// Both: a Hash, or an array, whose keys come in another order.
+		{"keys in another order", "a=1&b=2", "b=2&a=1", false, true},
+		// Both read {sku: B, qty: 5}, last wins.
+		{"duplicates, last wins", "sku=A&sku=B&qty=1&qty=5", "sku=A&qty=1&sku=B&qty=5", true, true},
+		// Both read {sku: [A, B], qty: [1, 5]}.
+		{"two [] lists, interleaved or not", "sku[]=A&qty[]=1&sku[]=B&qty[]=5", "sku[]=A&sku[]=B&qty[]=1&qty[]=5", true, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			alike := rackRead(tt.a) == rackRead(tt.b) && phpRead(tt.a) == phpRead(tt.b)
+			require.Equal(t, tt.readAlike, alike, "Rack reads %s and %s; PHP reads %s and %s",
+				rackRead(tt.a), rackRead(tt.b), phpRead(tt.a), phpRead(tt.b))
 			require.NotEqual(t, canonical(t, tt.a), canonical(t, tt.b), "%q and %q", tt.a, tt.b)
 			la, err := canonform.Legacy([]byte(tt.a))
 			require.NoError(t, err)
@@ -157,12 +146,18 @@ func TestRackAndPHPReadThemDifferently(t *testing.T) {
 			require.Equal(t, tt.legacyShared, string(la) == string(lb), "the sorted rule's forms of %q and %q: %q, %q", tt.a, tt.b, la, lb)
 		})
 	}
-	// What both read alike still shares a form: brackets escaped or not
-	// (both decode a name before reading its brackets), "+" or "%20".
+	// The issue's case, as Rack reads it: two items, and sorted, three.
+	require.Equal(t, `{"order"=>{"items"=>[{"sku"=>"A","qty"=>"1"},{"sku"=>"B","qty"=>"5"}]}}`, rackRead(tests[0].a))
+	require.Equal(t, `{"order"=>{"items"=>[{"qty"=>"1"},{"qty"=>"5","sku"=>"A"},{"sku"=>"B"}]}}`, rackRead(tests[0].b))
+	// What both read alike by its bytes alone still shares a form:
+	// brackets escaped or not (both decode a name before reading its
+	// brackets), "+" or "%20", empty pairs.
 	for _, pair := range [][2]string{
 		{"order[items][][sku]=A+B", "order%5Bitems%5D%5B%5D%5Bsku%5D=A%20B"},
 		{"a[]=1&&a[]=2&", "a%5B%5D=1&a%5b%5d=2"},
 	} {
+		require.Equal(t, rackRead(pair[0]), rackRead(pair[1]))
+		require.Equal(t, phpRead(pair[0]), phpRead(pair[1]))
 		require.Equal(t, canonical(t, pair[0]), canonical(t, pair[1]), "%q and %q", pair[0], pair[1])
 	}
 }
