@@ -8,11 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,4 +225,77 @@ func TestCaddy(t *testing.T) {
 		require.Equal(t, http.StatusCreated, resp.StatusCode, "the key was freed: nothing was sent: %s", body)
 		require.Equal(t, 1, up.runs(t, key))
 	})
+}
+
+// TestCaddyForwardsTheBytesSent: behind the module, reverse_proxy sends
+// the upstream the client's bytes, whatever the fingerprint makes of them
+// (decimals beyond a double, -0, a form whose order Rack reads, a JSON
+// body labelled a form as curl -d sends it); a retry respelled replays; a
+// query that does not parse, which Caddy forwards as it is, is refused.
+func TestCaddyForwardsTheBytesSent(t *testing.T) {
+	t.Parallel()
+	bin := buildCaddy(t)
+	var mu sync.Mutex
+	var got []string // Content-Type, Content-Length and raw body of each request upstream
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		got = append(got, fmt.Sprintf("%s|%d|%s", r.Header.Get("Content-Type"), r.ContentLength, b))
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(up.Close)
+	addr := freeAddr(t)
+	startCaddy(t, bin, fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n}\nhttp://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t}\n\treverse_proxy %s\n}\n",
+		addr, strings.TrimPrefix(up.URL, "http://")), addr)
+	upstreamSaw := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), got...)
+	}
+	send := func(target, key, contentType, body string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+target, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", contentType)
+		req.Header.Set(idempotency.HeaderKey, key)
+		req.Header.Set("X-Account-Id", "acct-1")
+		resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}).Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+
+	const form = "application/x-www-form-urlencoded"
+	for _, tc := range []struct{ name, contentType, body, retry string }{
+		{"decimals", "application/json", `{"amount":123456789.123456789123,"rate":1.00000000000000000001}`, ` {"rate":1.00000000000000000001,"amount":123456789.1234567891230}`},
+		{"negative zero", "application/json", `-0`, `0`},
+		{"Rack's arrays of hashes", form, "order[items][][sku]=A&order[items][][qty]=1&order[items][][sku]=B&order[items][][qty]=5", "order%5Bitems%5D%5B%5D%5Bsku%5D=A&order[items][][qty]=1&&order[items][][sku]=B&order[items][][qty]=5"},
+		{"JSON sent as a form, as curl -d does", form, `{"amount":123456789.123456789123}`, ""},
+	} {
+		key := rand.Text()
+		resp := send("/orders", key, tc.contentType, tc.body)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, tc.name)
+		saw := upstreamSaw()
+		require.Equal(t, fmt.Sprintf("%s|%d|%s", tc.contentType, len(tc.body), tc.body), saw[len(saw)-1], "%s: the upstream receives the bytes sent", tc.name)
+		if tc.retry != "" {
+			resp = send("/orders", key, tc.contentType, tc.retry)
+			require.Equal(t, "true", resp.Header.Get(idempotency.HeaderReplayed), "%s: the same request respelled replays", tc.name)
+			require.Len(t, upstreamSaw(), len(saw), "%s: the retry did not reach the upstream", tc.name)
+		}
+	}
+
+	n := len(upstreamSaw())
+	key := rand.Text()
+	for _, target := range []string{"/orders?to=alice;", "/orders?to=bob;", "/orders?to=%zz"} {
+		resp := send(target, key, "application/json", `{}`)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s is refused", target)
+	}
+	require.Len(t, upstreamSaw(), n, "no query that does not parse went upstream")
+	require.Equal(t, http.StatusCreated, send("/orders?to=alice%3B", key, "application/json", `{}`).StatusCode, "the key was not consumed")
 }
