@@ -201,7 +201,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // openPostgres opens (and migrates) the key table, with Redis and the
-// record cache in front.
+// record cache in front, and the look-up of keys stored before namespaces
+// (legacyScopes) around them.
 func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgstore.Batch], error) {
 	pool, err := pgxpool.New(ctx, h.DatabaseURL)
 	if err != nil {
@@ -232,7 +233,17 @@ func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgst
 	if err != nil {
 		return nil, err
 	}
-	return recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), nil
+	// Keys stored before namespaces carry the caller's scope alone: they
+	// are looked up there until none remains.
+	legacy := &legacyScopes{next: recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), any: postgresLegacyKeys(pool)}
+	if err := legacy.check(ctx); err != nil {
+		return nil, err
+	}
+	if legacy.active() {
+		h.log.Info("idempotency: keys stored before namespaces remain; each claim looks its key up under the bare scope too, until they expire")
+		h.close = append(h.close, legacy.watch(h.log, legacyCheckEvery))
+	}
+	return legacy, nil
 }
 
 // settleOnCleanup bounds the last attempt, at Cleanup, to store what the

@@ -14,7 +14,28 @@ import (
 // one namespace share their keys, so the two must store alike (both
 // packages' tests pin the same stored string).
 func namespacedScope(ns, scope string) string {
-	return "ns:" + ns + "|" + scope
+	return namespacePrefix + ns + namespaceEnd + scope
+}
+
+// The stored scope's parts, as internal/gateway/namespace.go names them.
+const (
+	namespacePrefix = "ns:"
+	namespaceEnd    = "|"
+)
+
+// bareScope is the caller's scope of a namespaced stored scope; false for
+// a key stored before namespaces, whose scope is the caller's alone. It is
+// SplitScope of internal/gateway/namespace.go, but the namespace.
+func bareScope(stored string) (string, bool) {
+	rest, found := strings.CutPrefix(stored, namespacePrefix)
+	if !found {
+		return stored, false
+	}
+	_, scope, found := strings.Cut(rest, namespaceEnd)
+	if !found {
+		return stored, false
+	}
+	return scope, true
 }
 
 // checkNamespace reports why ns cannot name a site's keys, as
@@ -25,7 +46,7 @@ func checkNamespace(ns string) error {
 	switch {
 	case len(ns) > 200:
 		return fmt.Errorf("%q is %d bytes; at most 200", ns, len(ns))
-	case strings.Contains(ns, "|"):
+	case strings.Contains(ns, namespaceEnd):
 		return fmt.Errorf("%q holds a \"|\"", ns)
 	case strings.IndexFunc(ns, func(r rune) bool { return !unicode.IsPrint(r) || r == unicode.ReplacementChar }) >= 0:
 		return errors.New("it holds a character that is not printable")

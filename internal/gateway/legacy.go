@@ -23,6 +23,10 @@ import (
 // a bare scope remains unexpired. That holds only if nothing stores such
 // keys any more, which is why the old gateways are stopped before the new
 // ones start (docs/gateway.md, Upgrades).
+//
+// The Caddy module, another Go module, keeps a twin of it and of
+// PostgresLegacyKeys (legacyScopes in idempotency/caddymodule/legacy.go):
+// change both alike.
 type LegacyScopes[U any] struct {
 	next  idempotency.HeldStore[U]
 	any   func(context.Context) (bool, error)
