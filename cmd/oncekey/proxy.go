@@ -92,7 +92,12 @@ func (p *proxyCmd) Run(e env) error {
 		ShutdownTimeout: p.ShutdownTimeout,
 		MaxConns:        p.MaxConns,
 		MaxInFlight:     p.MaxInFlight,
-		Logger:          e.log,
+		WriteTimeout:    p.WriteTimeout,
+		MinWriteRate:    p.MinWriteRate,
+		// Passed-through bodies go upstream as they come; the engine reads
+		// a covered request's body itself, once its slot is taken.
+		StreamBodies: true,
+		Logger:       e.log,
 	})
 }
 
@@ -218,6 +223,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 		bad("--redis-url (REDIS_URL) needs --database-url (DATABASE_URL): Redis is a fast path in front of PostgreSQL, which keeps the keys")
 	}
 	p.redisFlags.check(&problems)
+	p.serverFlags.check(&problems)
 	if err := problems.err(); err != nil {
 		return gateway.Config{}, err
 	}
