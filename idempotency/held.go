@@ -183,6 +183,12 @@ func heldSettleMargin(lease time.Duration) time.Duration {
 	return min(lease/4, 5*time.Second)
 }
 
+// holdSlack is how long committing a held operation's hold may take beyond
+// the operation's wait: on a deferring store that commit is the claim, whose
+// statement pgstore bounds by the wait plus 2 s, after waiting for a
+// connection of the pool.
+const holdSlack = 5 * time.Second
+
 // heldPoll is how often a request polls a key held by a running operation
 // elsewhere: a held record is committed, so the store has no lock to wait
 // on.
@@ -232,7 +238,10 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		return s.refuse(err), nil
 	}
 	until := time.Now().Add(held.Lease)
-	dctx := detach(ctx)
+	// The hold is the claim itself on a deferring store: bounded by the
+	// wait, and holdSlack for the connection and the statement, so that a
+	// key table that does not answer (locked) gets its 503 soon.
+	dctx := detachWithin(ctx, s.op.cfg.Wait+holdSlack)
 	err := lease.Commit(dctx, Held{State: HeldRunning, Until: until}.Response())
 	dctx.cancel()
 	ref := lease.Ref()
@@ -242,10 +251,15 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 			return OutcomeNone, err // nothing was written
 		}
 		// The hold may have committed all the same (its answer lost):
-		// nothing ran, so free the key if it is held under this claim.
+		// nothing ran, so free the key if it is held under this claim. Not
+		// on the client's time: a store that did not answer the hold (a
+		// locked key table) may not answer this either, and the 503 must
+		// not wait for it (it did, 10 s more).
 		rctx := detach(ctx)
-		_, _ = held.settler.Release(rctx, ref)
-		rctx.cancel()
+		go func() {
+			defer rctx.cancel()
+			_, _ = held.settler.Release(rctx, ref)
+		}()
 		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
 	}
 	settle := func(resp *Response) {
