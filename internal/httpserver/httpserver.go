@@ -37,8 +37,9 @@
 // full, up to MaxBodyBytes and under the body deadline, before the wrapped
 // handler is called, and only then marks the request running. The other
 // phases come from http.Server.ConnState (new, active, idle, closed).
-// (With StreamBodies the request is marked running before its body is in,
-// and its body read is still cut off, during the drain, as below.) At
+// (With StreamBodies the request is marked running before its body is in;
+// once the drain has started, each further read of its body must bring
+// bytes within drainStall.) At
 // shutdown:
 //
 //   - a connection idle, new, or still sending headers is closed at once;
@@ -115,7 +116,8 @@ type Config struct {
 	// a handler that passes bodies on (a reverse proxy) and buffers only
 	// what it must. Such a request counts as running from the start, so a
 	// shutdown waits for it, but a body that stops coming is still cut off
-	// as above.
+	// as above (and, once shutdown has started, a read that finds no bytes
+	// within 250 ms).
 	StreamBodies bool
 
 	// WriteTimeout and MinWriteRate bound the time a client may take to
