@@ -66,6 +66,11 @@ func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if a.cfg.StreamBodies {
 			paced.clearAtEOF = true
 			r.Body, whole = readCloser{paced, r.Body}, false
+			// Set now, not at the first read: when a handler answers without
+			// reading the body, net/http reads (up to 256 KiB of) it before
+			// the answer goes out, which must not wait for ever on a stalled
+			// client, whose connection is marked running.
+			_ = rc.SetReadDeadline(paced.start.Add(paced.grace))
 		} else {
 			var err error
 			if whole, err = a.readBody(rc, r, paced); err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -264,4 +265,23 @@ func TestStreamBodies(t *testing.T) {
 		t.Fatal("a stalled streamed body was not cut off")
 	}
 	_, _ = heldFor(t, c, 3*time.Second) // and the connection is closed
+}
+
+// With StreamBodies, a handler that answers without reading the body
+// (a refusal) to a client that stalls in it does not keep the connection
+// (marked running, so neither evicted nor closed by the drain): net/http's
+// reading of the unread body before the answer goes out is bounded by
+// BodyTimeout too.
+func TestStreamBodiesUnreadAndStalled(t *testing.T) {
+	t.Parallel()
+	const bodyTimeout = 300 * time.Millisecond
+	handler := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "refused", http.StatusBadRequest)
+	})
+	b := setup(t, httpserver.Config{Handler: handler, StreamBodies: true, BodyTimeout: bodyTimeout})
+	c := b.dial(t)
+	write(t, c, "POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\nfirst")
+	held, reply := heldFor(t, c, bodyTimeout+3*time.Second)
+	t.Logf("answered and closed in %s", held.Round(time.Millisecond))
+	require.True(t, strings.HasPrefix(reply, "HTTP/1.1 400 "), "the refusal is answered: %q", reply)
 }
