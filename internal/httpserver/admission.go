@@ -58,7 +58,6 @@ func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// the rest of an oversized body (with no deadline) after the reply.
 			body:     http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes),
 			rc:       rc,
-			start:    time.Now(),
 			grace:    a.cfg.BodyTimeout,
 			rate:     float64(a.cfg.MinBodyRate),
 			draining: &a.conns.draining,
@@ -70,7 +69,7 @@ func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// reading the body, net/http reads (up to 256 KiB of) it before
 			// the answer goes out, which must not wait for ever on a stalled
 			// client, whose connection is marked running.
-			_ = rc.SetReadDeadline(paced.start.Add(paced.grace))
+			_ = rc.SetReadDeadline(time.Now().Add(paced.grace))
 		} else {
 			var err error
 			if whole, err = a.readBody(rc, r, paced); err != nil {
@@ -146,18 +145,23 @@ func (a *admission) readBody(rc *http.ResponseController, r *http.Request, paced
 }
 
 // pacedReader moves the connection's read deadline along with the body:
-// after n bytes, the next ones are due grace + n/rate after start. A client
-// sending at least rate bytes a second keeps ahead of it by grace; one that
-// stalls is cut off grace after its last burst was due. Once shutdown has
-// started, the next bytes are also due within drainStall.
+// after n bytes, the next ones are due once grace + n/rate has been spent
+// waiting for the client in Read (time between reads is the handler's, and
+// does not count). A client sending at least rate bytes a second keeps
+// ahead of it by grace; one that stalls is cut off grace after its last
+// burst was due. Once shutdown has started, the next bytes are also due
+// within drainStall.
 type pacedReader struct {
 	body     io.Reader
 	rc       *http.ResponseController
-	start    time.Time
 	grace    time.Duration
 	rate     float64 // bytes per second
 	draining *atomic.Bool
 	n        int64
+	// waited is the time spent in Read, waiting for the client: only that
+	// counts, not the time the handler spends between reads (a handler
+	// that streams the body on reads it only as fast as it can pass it).
+	waited time.Duration
 	// clearAtEOF clears the read deadline once the body is in, for a body
 	// the handler reads itself (StreamBodies): net/http's background read,
 	// which starts then, would cancel the request's context at a deadline.
@@ -165,7 +169,8 @@ type pacedReader struct {
 }
 
 func (p *pacedReader) Read(b []byte) (int, error) {
-	due := p.start.Add(p.grace + time.Duration(float64(p.n)/p.rate*float64(time.Second)))
+	began := time.Now()
+	due := began.Add(p.grace + time.Duration(float64(p.n)/p.rate*float64(time.Second)) - p.waited)
 	if err := p.rc.SetReadDeadline(due); err != nil {
 		return 0, err
 	}
@@ -181,6 +186,7 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 	}
 	n, err := p.body.Read(b)
 	p.n += int64(n)
+	p.waited += time.Since(began)
 	if err == io.EOF && p.clearAtEOF && !p.draining.Load() {
 		_ = p.rc.SetReadDeadline(time.Time{})
 	}

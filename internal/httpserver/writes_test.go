@@ -285,3 +285,36 @@ func TestStreamBodiesUnreadAndStalled(t *testing.T) {
 	t.Logf("answered and closed in %s", held.Round(time.Millisecond))
 	require.True(t, strings.HasPrefix(reply, "HTTP/1.1 400 "), "the refusal is answered: %q", reply)
 }
+
+// With StreamBodies, only the client's pace counts, not the handler's: a
+// handler that reads the first bytes, then passes them on for longer than
+// BodyTimeout before it reads on (a slow upstream), gets the whole body
+// that the client sent at once.
+func TestStreamBodiesAtTheHandlersPace(t *testing.T) {
+	t.Parallel()
+	const bodyTimeout = 300 * time.Millisecond
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		first := make([]byte, 5)
+		if _, err := io.ReadFull(r.Body, first); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		time.Sleep(3 * bodyTimeout)
+		rest, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		_, _ = fmt.Fprintf(w, "%s%d", first, len(rest))
+	})
+	b := setup(t, httpserver.Config{Handler: handler, StreamBodies: true, BodyTimeout: bodyTimeout})
+	// More than net/http buffers with the headers: the rest is read from
+	// the connection, after the pause.
+	resp, err := client(t).Post(b.url, "text/plain", strings.NewReader("first"+strings.Repeat("x", 64<<10)))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", got)
+	require.Equal(t, fmt.Sprintf("first%d", 64<<10), string(got))
+}
