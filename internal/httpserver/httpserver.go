@@ -10,7 +10,8 @@
 //
 //   - a body deadline that follows a minimum transfer rate: a request's
 //     first n body bytes must arrive within BodyTimeout + n/MinBodyRate of
-//     the headers, so a client that stalls is cut off after BodyTimeout and
+//     waiting for them (from the headers, when the body is read first), so
+//     a client that stalls is cut off after BodyTimeout and
 //     one that trickles below the rate soon after, while a slow but steady
 //     upload of a large body is never cut;
 //   - a write deadline that follows a minimum rate in the same way: each
@@ -102,11 +103,13 @@ type Config struct {
 	MaxHeaderBytes int
 
 	// BodyTimeout and MinBodyRate bound the time to read a body: its first
-	// n bytes must have arrived BodyTimeout + n/MinBodyRate after the
-	// headers, or the connection is closed without an answer (as net/http
-	// does on a header timeout: a client that stopped sending is gone or
-	// hostile, and need not be waited on to read a reply). The defaults,
-	// 5 s and 32 KiB/s, give a 1 MiB body 37 s.
+	// n bytes must have arrived after at most BodyTimeout + n/MinBodyRate
+	// spent waiting for them (with StreamBodies, the time the handler
+	// spends between its reads does not count), or the connection is
+	// closed without an answer (as net/http does on a header timeout: a
+	// client that stopped sending is gone or hostile, and need not be
+	// waited on to read a reply). The defaults, 5 s and 32 KiB/s, give a
+	// 1 MiB body 37 s.
 	BodyTimeout time.Duration
 	// MinBodyRate is in bytes per second; see BodyTimeout.
 	MinBodyRate int64
