@@ -227,6 +227,12 @@ func heldSettleMargin(lease time.Duration) time.Duration {
 	return min(lease/4, 5*time.Second)
 }
 
+// holdSlack is how long committing a held operation's hold may take beyond
+// the operation's wait: on a deferring store that commit is the claim, whose
+// statement pgstore bounds by the wait plus 2 s, after waiting for a
+// connection of the pool.
+const holdSlack = 5 * time.Second
+
 // heldPoll is how often a request polls a key held by a running operation
 // elsewhere: a held record is committed, so the store has no lock to wait
 // on.
@@ -281,7 +287,10 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		h.Holder, h.Path = held.Holder, s.r.URL.EscapedPath()
 		return h.Response()
 	}
-	dctx := detach(ctx)
+	// The hold is the claim itself on a deferring store: bounded by the
+	// wait, and holdSlack for the connection and the statement, so that a
+	// key table that does not answer (locked) gets its 503 soon.
+	dctx := detachWithin(ctx, s.op.cfg.Wait+holdSlack)
 	err := lease.Commit(dctx, mark(Held{State: HeldRunning, Until: until}))
 	dctx.cancel()
 	ref := lease.Ref()
@@ -292,13 +301,17 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		}
 		// The hold may have committed all the same (its answer lost):
 		// nothing ran, so free the key if it is held under this claim,
-		// retried as any settle is.
+		// retried as any settle is. Not on the client's time: a store that
+		// did not answer the hold (a locked key table) may not answer this
+		// either, and the 503 must not wait for it (it did, 10 s more).
 		rctx := detach(ctx)
-		e.settles.settle(rctx, held, pendingSettle{
-			ref: ref, fp: s.fp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL), unsure: true,
-			label: s.label, method: s.r.Method, path: s.r.URL.Path,
-		})
-		rctx.cancel()
+		go func() {
+			defer rctx.cancel()
+			e.settles.settle(rctx, held, pendingSettle{
+				ref: ref, fp: s.fp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL), unsure: true,
+				label: s.label, method: s.r.Method, path: s.r.URL.Path,
+			})
+		}()
 		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
 	}
 	settle := func(resp *Response) {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -15,6 +17,8 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-jose/go-jose/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/memstore"
@@ -25,6 +29,7 @@ import (
 	"github.com/oncekey/oncekey/internal/httpserver"
 	"github.com/oncekey/oncekey/internal/keyscope"
 	"github.com/oncekey/oncekey/internal/metrics"
+	"github.com/oncekey/oncekey/internal/problem"
 )
 
 // proxyCmd is `oncekey proxy`: the protocol in front of any HTTP API.
@@ -43,7 +48,7 @@ type proxyCmd struct {
 	recordCacheFlag
 	DatabaseURL     string        `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL for the keys; empty: in memory, lost on exit, one process only."`
 	Addr            string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the gateway."`
-	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address (never on the gateway's, whose paths are the upstream's)."`
+	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics, /healthz and /readyz on this internal address (never on the gateway's, whose paths are the upstream's); without it the gateway has no readiness endpoint."`
 	MaxBodyBytes    int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413, on every route."`
 	UpstreamTimeout time.Duration `name:"upstream-timeout" envvar:"ONCEKEY_UPSTREAM_TIMEOUT" default:"30s" help:"How long the upstream may take to answer a request written to it; past it, the request's outcome is unknown."`
 	MaxStoredBytes  int64         `name:"max-stored-bytes" envvar:"ONCEKEY_MAX_STORED_BYTES" default:"1048576" help:"Larger responses pass through once and are not stored: their key's retries get a problem saying so."`
@@ -73,9 +78,9 @@ func (p *proxyCmd) Run(e env) error {
 	m.RegisterStore(keys)
 
 	if p.MetricsAddr != "" {
-		stop, err := serveMetrics(p.MetricsAddr, m, e.log)
+		stop, err := serveInternal(p.MetricsAddr, gatewayInternal(m, keys), "metrics, /healthz and /readyz", e.log)
 		if err != nil {
-			return err
+			return fmt.Errorf("--metrics-addr: %w", err)
 		}
 		defer stop()
 	}
@@ -100,7 +105,12 @@ func (p *proxyCmd) Run(e env) error {
 		ShutdownTimeout: p.ShutdownTimeout,
 		MaxConns:        p.MaxConns,
 		MaxInFlight:     p.MaxInFlight,
-		Logger:          e.log,
+		WriteTimeout:    p.WriteTimeout,
+		MinWriteRate:    p.MinWriteRate,
+		// Passed-through bodies go upstream as they come; the engine reads
+		// a covered request's body itself, once its slot is taken.
+		StreamBodies: true,
+		Logger:       e.log,
 	})
 }
 
@@ -109,6 +119,63 @@ func (p *proxyCmd) Run(e env) error {
 type keyStore interface {
 	idempotency.Purger
 	idempotency.StatsSource
+}
+
+// readyTimeout bounds /readyz's probe of the key table: a load balancer
+// must hear no within its own probe's timeout.
+const readyTimeout = time.Second
+
+// keyTable is the gateway's key store on PostgreSQL, with the probe that
+// says whether it can serve claims (/readyz).
+type keyTable struct {
+	*pgstore.Store
+	pool *pgxpool.Pool
+}
+
+// Ready reports whether the key table answers within readyTimeout and
+// takes writes. It reads the table itself, not just the server: a table
+// locked by a migration or an operator's LOCK TABLE blocks every claim,
+// and so blocks the probe too.
+func (k keyTable) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	var readOnly bool
+	err := k.pool.QueryRow(ctx, "SELECT current_setting('transaction_read_only') = 'on' FROM (SELECT EXISTS (SELECT FROM "+
+		pgx.Identifier{pgstore.DefaultTable}.Sanitize()+")) AS probe").Scan(&readOnly)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("the key table did not answer within %s", readyTimeout)
+	case err != nil:
+		return fmt.Errorf("the key table does not answer: %w", err)
+	case readOnly:
+		return errors.New("PostgreSQL is read-only (a standby, or default_transaction_read_only is on): claims would fail")
+	}
+	return nil
+}
+
+// gatewayInternal is the gateway's internal address: /metrics, /healthz
+// (the process is up) and /readyz (its key store answers, as keys says if
+// it can; memory always does). The gateway's own address has none of
+// them: its paths are the upstream's.
+func gatewayInternal(m *metrics.Metrics, keys keyStore) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	ok := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`)
+	}
+	mux.HandleFunc("GET /healthz", ok)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if probe, ok := keys.(interface{ Ready(context.Context) error }); ok {
+			if err := probe.Ready(r.Context()); err != nil {
+				w.Header().Set("Retry-After", "1")
+				problem.Write(w, problem.Unavailable, "not ready: "+err.Error())
+				return
+			}
+		}
+		ok(w, r)
+	})
+	return mux
 }
 
 // open returns the gateway on the keys' store the flags name: memory, or
@@ -177,7 +244,7 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 	if h, err = gateway.New(cfg, legacy); err != nil {
 		return nil, nil, nil, err
 	}
-	return h, purgeThenCheck{pg, legacy.Check, log}, closeAll, nil
+	return h, purgeThenCheck{keyTable{pg, pool}, legacy.Check, log}, closeAll, nil
 }
 
 // purgeThenCheck is a key store whose cleanup runs ask, each time, whether
@@ -194,6 +261,15 @@ func (p purgeThenCheck) PurgeExpired(ctx context.Context, batch int) (int64, err
 		p.log.WarnContext(ctx, "gateway keys: could not look for keys stored before namespaces; still looking them up", "err", cerr)
 	}
 	return n, err
+}
+
+// Ready is the key table's readiness probe (keyTable.Ready), which the
+// embedded interface does not promote.
+func (p purgeThenCheck) Ready(ctx context.Context) error {
+	if probe, ok := p.keyStore.(interface{ Ready(context.Context) error }); ok {
+		return probe.Ready(ctx)
+	}
+	return nil
 }
 
 // gatewayConfig checks the flags, reporting every problem at once, and
@@ -256,6 +332,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	if err := gateway.CheckNamespace(namespace); err != nil && p.Namespace != "" {
 		bad("--namespace (ONCEKEY_NAMESPACE): %v", err)
 	}
+	p.serverFlags.check(&problems)
 	if err := problems.err(); err != nil {
 		return gateway.Config{}, err
 	}

@@ -259,8 +259,9 @@ func matchedRoute(r *http.Request) string {
 
 // forwarder is the reverse proxy to the upstream.
 type forwarder struct {
-	proxy *httputil.ReverseProxy
-	log   *slog.Logger
+	proxy   *httputil.ReverseProxy
+	log     *slog.Logger
+	maxBody int64 // 0: no limit of the gateway's own
 }
 
 func newForwarder(cfg Config) *forwarder {
@@ -276,7 +277,7 @@ func newForwarder(cfg Config) *forwarder {
 		t.IdleConnTimeout = 4 * time.Second
 		transport = t
 	}
-	f := &forwarder{log: cfg.Logger}
+	f := &forwarder{log: cfg.Logger, maxBody: cfg.MaxBodyBytes}
 	upstream := cfg.Upstream
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -314,6 +315,12 @@ func newForwarder(cfg Config) *forwarder {
 type sentKey struct{}
 
 func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.maxBody > 0 && r.ContentLength > f.maxBody {
+		// A passed-through body streams upstream: one declared too large
+		// is refused before any of it goes.
+		writeError(w, r, fmt.Errorf("%w: the body is %d bytes; the limit is %d", idempotency.ErrBodyTooLarge, r.ContentLength, f.maxBody))
+		return
+	}
 	var sent atomic.Bool
 	ctx := context.WithValue(r.Context(), sentKey{}, &sent)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
@@ -326,6 +333,12 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // was written, nothing can have run: 502, and the key is freed. After, the
 // upstream may have run it: the outcome is unknown.
 func (f *forwarder) failed(w http.ResponseWriter, r *http.Request, err error) {
+	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		// A streamed body ran past the limit: the upstream got a
+		// truncated body, which it cannot have read as a request.
+		writeError(w, r, fmt.Errorf("%w: the body exceeds the limit of %d bytes", idempotency.ErrBodyTooLarge, tooLarge.Limit))
+		return
+	}
 	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
 	if sent != nil && sent.Load() && idempotency.MarkUnknown(r, fmt.Errorf("the upstream did not answer: %w", err)) {
 		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer; its outcome is unknown", "err", err, "path", r.URL.Path)
