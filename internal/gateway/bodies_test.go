@@ -126,6 +126,15 @@ func TestBodiesOtherThanJSON(t *testing.T) {
 // same replays without reaching the upstream.
 func TestUpstreamReceivesTheBytesSent(t *testing.T) {
 	t.Parallel()
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
+			upstreamReceivesTheBytesSent(t, store.open(t))
+		})
+	}
+}
+
+func upstreamReceivesTheBytesSent(t *testing.T, open func(gateway.Config) http.Handler) {
 	var mu sync.Mutex
 	var got []string // Content-Type, Content-Length and raw body of each request upstream
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -138,7 +147,7 @@ func TestUpstreamReceivesTheBytesSent(t *testing.T) {
 	}))
 	t.Cleanup(upstream.Close)
 	rs := []gateway.Route{{Method: "POST", Path: "/orders"}}
-	gw := httptest.NewServer(newGateway(t, gateway.Config{Upstream: mustURL(t, upstream.URL), Routes: rs, Scope: keyscope.Header("X-Account-Id")}, memstore.New()))
+	gw := httptest.NewServer(open(gateway.Config{Upstream: mustURL(t, upstream.URL), Routes: rs, Scope: keyscope.Header("X-Account-Id")}))
 	t.Cleanup(gw.Close)
 	c := client{t, gw.URL, "acct-" + rand.Text()}
 
