@@ -25,11 +25,11 @@ import (
 	"github.com/oncekey/oncekey/internal/problem"
 )
 
-// countingUpstream answers 201 with a fresh id to every request, after
+// holdingUpstream answers 201 with a fresh id to every request, after
 // holding it until release is closed when it asks to be held (X-Hold),
 // and records what it received: the raw bodies and headers, by the value
 // of the header or body field the test keys by.
-type countingUpstream struct {
+type holdingUpstream struct {
 	*httptest.Server
 	arrived chan struct{} // a held request is upstream
 	release chan struct{}
@@ -39,9 +39,9 @@ type countingUpstream struct {
 	bodies  [][]byte
 }
 
-func startCountingUpstream(t *testing.T) *countingUpstream {
+func startHoldingUpstream(t *testing.T) *holdingUpstream {
 	t.Helper()
-	u := &countingUpstream{arrived: make(chan struct{}, 64), release: make(chan struct{})}
+	u := &holdingUpstream{arrived: make(chan struct{}, 64), release: make(chan struct{})}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
@@ -66,11 +66,11 @@ func startCountingUpstream(t *testing.T) *countingUpstream {
 }
 
 // free lets every held request go.
-func (u *countingUpstream) free() { u.once.Do(func() { close(u.release) }) }
+func (u *holdingUpstream) free() { u.once.Do(func() { close(u.release) }) }
 
 // received is what the upstream received: each request's headers, and
 // its body.
-func (u *countingUpstream) received() ([]http.Header, []string) {
+func (u *holdingUpstream) received() ([]http.Header, []string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	var hs []http.Header
@@ -144,7 +144,7 @@ func TestProfiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			up := startCountingUpstream(t)
+			up := startHoldingUpstream(t)
 			rs, err := gateway.ReadRoutes(strings.NewReader("routes:\n  - method: POST\n    path: /charges" + tc.routeProfile + "\n"))
 			require.NoError(t, err)
 			gw := httptest.NewServer(newGateway(t, gateway.Config{
@@ -226,7 +226,7 @@ func TestSpecProfileRule(t *testing.T) {
 	} {
 		t.Run(tc.path, func(t *testing.T) {
 			t.Parallel()
-			up := startCountingUpstream(t)
+			up := startHoldingUpstream(t)
 			gw := httptest.NewServer(newGateway(t, gateway.Config{
 				Upstream: mustURL(t, up.URL), Routes: rs, Scope: keyscope.Header("X-Account-Id"),
 				Profile: frontdoor.Oncekey, Wait: 50 * time.Millisecond,
@@ -266,7 +266,7 @@ func stripeTemplate(t *testing.T) *frontdoor.Template {
 // template (error_template in the routes file) wins over the gateway's.
 func TestErrorTemplate(t *testing.T) {
 	t.Parallel()
-	up := startCountingUpstream(t)
+	up := startHoldingUpstream(t)
 	doc, err := openapi3.NewLoader().LoadFromData([]byte(`
 openapi: 3.0.3
 info: {title: charges, version: "1"}
@@ -378,15 +378,17 @@ func TestKeyPlaces(t *testing.T) {
 	} {
 		t.Run(tc.path, func(t *testing.T) {
 			t.Parallel()
-			up := startCountingUpstream(t)
+			up := startHoldingUpstream(t)
 			gw := httptest.NewServer(newGateway(t, gateway.Config{
 				Upstream: mustURL(t, up.URL), Routes: rs, Scope: keyscope.Header("X-Account-Id"), Wait: 5 * time.Second,
 			}, memstore.New()))
 			t.Cleanup(gw.Close)
 			scope, key := "acct-"+rand.Text(), uuid.NewString()
-			body, header := `{"amount":1}`, []string{"X-Account-Id", scope, tc.header, key}
+			// Spaced, and a decimal beyond a double: what the fingerprint
+			// reads canonically goes upstream as sent.
+			body, header := `{ "amount": 100.100000000000000000001 }`, []string{"X-Account-Id", scope, tc.header, key}
 			if tc.header == "" {
-				body, header = `{"amount":1,"idempotency_key":"`+key+`"}`, header[:2]
+				body, header = `{ "amount": 100.100000000000000000001, "idempotency_key": "`+key+`" }`, header[:2]
 			}
 			const storm = 32
 			var wg sync.WaitGroup
