@@ -15,7 +15,12 @@ const detachedFor = 10 * time.Second
 // an error at its deadline rather than later, and bounds the rest to 10s.
 // The caller calls cancel once done with it, as with a CancelFunc.
 func detach(ctx context.Context) *detached {
-	deadline := time.Now().Add(detachedFor)
+	return detachWithin(ctx, detachedFor)
+}
+
+// detachWithin is detach bounding the rest to d (at most detachedFor).
+func detachWithin(ctx context.Context, d time.Duration) *detached {
+	deadline := time.Now().Add(min(d, detachedFor))
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}

@@ -23,25 +23,32 @@
 //
 // # Request bodies
 //
-// Two requests are one when every parser of their body reads them alike,
-// so the fingerprint covers a body's meaning where its media type defines
-// one, and its bytes elsewhere (ComputeFingerprintFor computes it for any
-// front door or tool):
+// The operation, and Config.Validate, read the body exactly as the client
+// sent it. The fingerprint covers its meaning, so that a retry spelled
+// otherwise is the same request, and ignores only what no parser of the
+// body reads, so that two requests with one fingerprint are never read
+// differently (ComputeFingerprintFor computes it for any front door or
+// tool; docs/protocol.md lists every difference it ignores):
 //
-//   - JSON (no Content-Type, application/json, any +json type): its RFC
-//     8785 canonical form, so key order, whitespace and the spelling of
-//     numbers and strings do not matter. A body that is not JSON, or whose
-//     meaning is ambiguous (duplicate keys, invalid UTF-8, integers beyond
-//     ±2^53, nesting deeper than 64), is ErrMalformedBody.
-//   - Forms (application/x-www-form-urlencoded): its canonical form. The
-//     order of fields of different keys, "+" or "%20" for a space, "%7E" or
-//     "~", "%2f" or "%2F", a raw byte or its escape and empty pairs
-//     ("a=1&&b=2") do not matter; the order of one key's values
-//     ("a[]=1&a[]=2"), "a" against "a=" (nil and "" to Rack and others),
-//     the case of keys and every decoded byte do. Form bodies are UTF-8, as
-//     the WHATWG URL standard defines them: a charset parameter other than
-//     utf-8, a malformed percent escape, decoded bytes that are not UTF-8,
-//     and a ";" (a separator to some servers, refused by Go's) are
+//   - JSON (no Content-Type, application/json or any +json type): its
+//     canonical form, so member order, whitespace and the spelling of
+//     strings do not matter, nor that of numbers of one exact decimal
+//     value (1.0 and 1, -0 and 0; never 123456789.123456789123 and
+//     123456789.12345679); and its media type, unless it is
+//     application/json (with charset=utf-8 or none) or none, so that
+//     application/merge-patch+json is another request. A body that is not
+//     JSON, or whose meaning is ambiguous (duplicate keys, invalid UTF-8,
+//     nesting deeper than 64, an exponent of more than 9 digits), is
+//     ErrMalformedBody.
+//   - Forms (application/x-www-form-urlencoded): its canonical form. "+"
+//     or "%20" for a space, "%7E" or "~", "%2f" or "%2F", a raw byte or
+//     its escape and empty pairs ("a=1&&b=2") do not matter; the order of
+//     the fields does, all of them (Rack and PHP build arrays from it), as
+//     do "a" against "a=" (nil and "" to Rack and others), the case of
+//     keys and every decoded byte. Form bodies are UTF-8, as the WHATWG
+//     URL standard defines them: a charset parameter other than utf-8, a
+//     malformed percent escape, decoded bytes that are not UTF-8, and a
+//     ";" (a separator to some servers, refused by Go's) are
 //     ErrMalformedForm.
 //   - Any other media type (multipart/form-data, application/octet-stream,
 //     text/plain, ...): its exact bytes and its media type with its
@@ -50,12 +57,16 @@
 //     another Content-Type are another request.
 //
 // A Content-Type that does not parse, or more than one, is
-// ErrMalformedContentType. Each of these refusals is a 400 that runs
-// nothing and consumes no key. A body without content (empty, JSON
-// whitespace, a form without fields) is fingerprinted as no body, whatever
-// its type. The operation, and Config.Validate, are handed the canonical
-// form that was fingerprinted (of JSON and of forms; other bodies as sent),
-// so that two requests with one fingerprint are never read differently.
+// ErrMalformedContentType, and a query string that does not parse (a
+// ";", a malformed percent escape) is ErrMalformedQuery. Each of these
+// refusals is a 400 that runs nothing and consumes no key. A body without
+// content (empty, JSON whitespace, a form without fields) is fingerprinted
+// as no body, whatever its type.
+//
+// Fingerprints of these rules carry a marker; a record stored by an
+// engine before them (numbers read as doubles, forms sorted by name, JSON
+// media types not hashed) is still matched by the request it was stored
+// for, under the rules it was stored by, so an upgrade loses no key.
 //
 // # Units of work
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"mime"
 	"net/url"
 	"strings"
@@ -15,8 +16,8 @@ import (
 
 // ErrMalformedBody is what a body that cannot be fingerprinted gets (wrapped,
 // with the reason): JSON that is invalid or whose meaning is ambiguous
-// (duplicate keys, integers beyond ±2^53, invalid UTF-8, nesting deeper than
-// 64 levels). Answered 400; it consumes no key.
+// (duplicate keys, invalid UTF-8, nesting deeper than 64 levels, a number
+// whose exponent has more than 9 digits). Answered 400; it consumes no key.
 var ErrMalformedBody = canonjson.ErrInvalid
 
 // ErrMalformedForm is what an application/x-www-form-urlencoded body that
@@ -33,16 +34,36 @@ var ErrMalformedForm = canonform.ErrInvalid
 // Answered 400; it consumes no key.
 var ErrMalformedContentType = errors.New("the Content-Type header is not one valid media type")
 
+// ErrMalformedQuery is what a request gets whose query string does not
+// parse as pairs (url.ParseQuery refuses it: a ';', a malformed percent
+// escape): servers split and decode it differently, and Go's parser drops
+// what it cannot read, so two different queries would share a
+// fingerprint. Answered 400; it consumes no key.
+var ErrMalformedQuery = errors.New("the query string is not valid")
+
 // Fingerprint identifies a request's meaning: two requests with the same
 // fingerprint are the same operation, so the second may be answered with the
-// first one's response.
+// first one's response. A fingerprint of the current rules begins with a
+// fixed marker; one stored by an engine before them (without it) is
+// compared, by Operation.Serve, with the request's fingerprint under the
+// rules it was computed by, so that a key stored before an upgrade still
+// replays after it.
 type Fingerprint [sha256.Size]byte
 
 // String returns the fingerprint in hex, for logs and operators.
 func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
+// fingerprintMarker opens every fingerprint of the current rules (exact
+// numbers, forms in order, JSON media types), in place of the first bytes
+// of its hash: a fingerprint stored before them does not have it (but for
+// a chance of 2^-64), and so is known to need the rules it was computed by.
+const fingerprintMarker = "oncekey\x02"
+
+// current reports whether f was computed by the current rules.
+func (f Fingerprint) current() bool { return string(f[:len(fingerprintMarker)]) == fingerprintMarker }
+
 // ComputeFingerprint hashes method, route pattern, path, the sorted query
-// string and the canonical (RFC 8785) form of body. The pattern
+// string and the canonical form of body, read as JSON. The pattern
 // ("/widgets/{id}") binds the key to the operation; the path binds it to the
 // resource too, so that one key sent to /widgets/1/paint and then to
 // /widgets/2/paint is a conflict, not a replay. The parts are length-prefixed
@@ -55,23 +76,30 @@ func ComputeFingerprint(method, route, path string, query url.Values, body []byt
 
 // ComputeFingerprintFor is the fingerprint Operation.Serve gives a request
 // whose body has the Content-Type contentType, for front doors and tools
-// that must agree with it. How the body is read depends on its media type:
+// that must agree with it. It covers the body's meaning, never how it is
+// spelled, so that a retry spelled differently is still the same request;
+// the operation is handed the bytes as sent. How the body is read depends
+// on its media type:
 //
-//   - none, application/json or any +json type: its RFC 8785 canonical
-//     form, exactly as ComputeFingerprint (the media type is not hashed, so
-//     fingerprints stored before forms were read still match);
-//   - application/x-www-form-urlencoded: its canonical form (fields sorted
-//     by key, each key's values in their order, one percent-encoding, "a"
-//     and "a=" kept apart; ErrMalformedForm where that is ambiguous or the
-//     charset is not UTF-8), and the media type;
+//   - none, application/json or any +json type: its canonical form (RFC
+//     8785, but numbers compared as exact decimals: 1.0 and 1 are one
+//     number, 123456789.123456789123 and 123456789.12345679 two), and the
+//     media type, normalised, unless it is application/json (with no
+//     parameter but charset=utf-8) or none: application/merge-patch+json
+//     or another charset is another request;
+//   - application/x-www-form-urlencoded: its canonical form (its fields in
+//     their order, each spelled with one percent-encoding, "a" and "a="
+//     kept apart; ErrMalformedForm where that is ambiguous or the charset
+//     is not UTF-8), and the media type;
 //   - any other type (multipart/form-data, application/octet-stream, ...):
 //     the exact bytes, and the media type with its parameters, normalised
 //     (type, subtype and parameter names in lower case), so that the same
 //     bytes sent as another type are another request.
 //
 // A body without content (empty, JSON whitespace, a form without fields)
-// is fingerprinted as no body whatever its type, as it always was. A
-// Content-Type that does not parse is ErrMalformedContentType.
+// is fingerprinted as no body whatever its type. A Content-Type that does
+// not parse is ErrMalformedContentType (a JSON one's is hashed as sent).
+// docs/protocol.md lists every difference the fingerprint ignores.
 func ComputeFingerprintFor(method, route, path string, query url.Values, contentType string, body []byte) (Fingerprint, error) {
 	media, canonical, err := canonicalBody(contentType, body)
 	if err != nil {
@@ -80,18 +108,26 @@ func ComputeFingerprintFor(method, route, path string, query url.Values, content
 	return fingerprintCanonical(method, route, path, query, media, canonical), nil
 }
 
-// formMedia is the one media type besides JSON whose bodies have a
+// formMedia is the one media type besides JSON's whose bodies have a
 // canonical form.
 const formMedia = "application/x-www-form-urlencoded"
 
 // canonicalBody is what of a body the fingerprint covers: its canonical
-// form, and the media type to bind it to ("" for JSON, whose fingerprints
-// never included one, and for a body without content).
+// form, and the media type to bind it to ("" for application/json and no
+// type, and for a body without content).
 func canonicalBody(contentType string, body []byte) (media string, canonical []byte, err error) {
 	if jsonMedia(contentType) {
-		canonical, err = canonjson.Canonicalize(body)
-		return "", canonical, err
+		if canonical, err = canonjson.Canonicalize(body); err != nil || len(canonical) == 0 {
+			return "", nil, err
+		}
+		return jsonMediaType(contentType), canonical, nil
 	}
+	return otherBody(contentType, body, canonform.Canonicalize)
+}
+
+// otherBody is canonicalBody for a body that is not JSON: a form's fields
+// by canonicalForm, any other's bytes as sent.
+func otherBody(contentType string, body []byte, canonicalForm func([]byte) ([]byte, error)) (media string, canonical []byte, err error) {
 	if len(body) == 0 {
 		return "", nil, nil
 	}
@@ -113,7 +149,7 @@ func canonicalBody(contentType string, body []byte) (media string, canonical []b
 	if charset, ok := params["charset"]; ok && !strings.EqualFold(charset, "utf-8") {
 		return "", nil, fmt.Errorf("%w: charset %q (form bodies are UTF-8)", ErrMalformedForm, truncate(charset))
 	}
-	if canonical, err = canonform.Canonicalize(body); err != nil || len(canonical) == 0 {
+	if canonical, err = canonicalForm(body); err != nil || len(canonical) == 0 {
 		return "", nil, err
 	}
 	return formMedia, canonical, nil
@@ -129,6 +165,30 @@ func jsonMedia(contentType string) bool {
 	return typ == "" || typ == "application/json" || (strings.Contains(typ, "/") && strings.HasSuffix(typ, "+json"))
 }
 
+// jsonMediaType is the media type a JSON body's fingerprint binds it to:
+// "" for none and for application/json, whose charset can only be UTF-8
+// (RFC 8259 §8.1), else the type with its parameters, normalised, without
+// a charset=utf-8; a Content-Type whose parameters do not parse, as sent.
+func jsonMediaType(contentType string) string {
+	if strings.TrimSpace(contentType) == "" {
+		return ""
+	}
+	typ, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return contentType
+	}
+	if charset, ok := params["charset"]; ok && strings.EqualFold(charset, "utf-8") {
+		delete(params, "charset")
+	}
+	if typ == "application/json" && len(params) == 0 {
+		return ""
+	}
+	if media := mime.FormatMediaType(typ, params); media != "" {
+		return media
+	}
+	return contentType
+}
+
 // truncate keeps an error message short whatever the header holds.
 func truncate(s string) string {
 	const most = 100
@@ -139,10 +199,43 @@ func truncate(s string) string {
 }
 
 // fingerprintCanonical is ComputeFingerprintFor for a body already in
-// canonical form. A media type, where there is one, is a sixth part: a
-// JSON body's five parts hash exactly as they always did, and no five
-// length-prefixed parts read as six.
+// canonical form: fingerprintMarker, then the hash of the six
+// length-prefixed parts (the media type "" where there is none), cut to
+// what follows the marker.
 func fingerprintCanonical(method, route, path string, query url.Values, media string, canonical []byte) Fingerprint {
+	var sum Fingerprint
+	hashParts(method, route, path, query, media, canonical, true).Sum(sum[:0])
+	var f Fingerprint
+	copy(f[:], fingerprintMarker)
+	copy(f[len(fingerprintMarker):], sum[:])
+	return f
+}
+
+// legacyFingerprint is the fingerprint an engine gave a request before
+// numbers were exact, forms kept their order and JSON media types were
+// hashed: a record stored then carries it, and is matched by it. ok is
+// false where those rules refused the request (an integer beyond ±2^53),
+// which then cannot be the request the record was stored for.
+func legacyFingerprint(method, route, path string, query url.Values, contentType string, body []byte) (f Fingerprint, ok bool) {
+	var media string
+	var canonical []byte
+	var err error
+	if jsonMedia(contentType) {
+		canonical, err = canonjson.Legacy(body)
+	} else {
+		media, canonical, err = otherBody(contentType, body, canonform.Legacy)
+	}
+	if err != nil {
+		return Fingerprint{}, false
+	}
+	hashParts(method, route, path, query, media, canonical, media != "").Sum(f[:0])
+	return f, true
+}
+
+// hashParts hashes the length-prefixed parts of a fingerprint; the media
+// type, a sixth part, only withMedia (the legacy rules hashed five parts
+// for JSON, and no five length-prefixed parts read as six).
+func hashParts(method, route, path string, query url.Values, media string, canonical []byte, withMedia bool) hash.Hash {
 	parts := [...][]byte{
 		[]byte(method), // case-sensitive (RFC 9110 §9.1): "post" is not POST
 		[]byte(route),
@@ -152,7 +245,7 @@ func fingerprintCanonical(method, route, path string, query url.Values, media st
 		[]byte(media),
 	}
 	count := len(parts)
-	if media == "" {
+	if !withMedia {
 		count--
 	}
 	h := sha256.New()
@@ -165,7 +258,5 @@ func fingerprintCanonical(method, route, path string, query url.Values, media st
 		h.Write(n[:])
 		h.Write(part)
 	}
-	var f Fingerprint
-	h.Sum(f[:0])
-	return f
+	return h
 }

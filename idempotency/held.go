@@ -139,6 +139,19 @@ type HeldConfig struct {
 	// for operators: by default the host's name and the process id
 	// (host:pid).
 	Holder string
+	// MaxPending and MaxPendingBytes bound the outcomes the engine keeps
+	// in memory because their store did not take them (a database blip):
+	// each is retried with backoff until the store takes it (every
+	// replica replays it then) or Engine.Shutdown, and the engine answers
+	// its key's retries from it meanwhile, as the store would. Other
+	// processes find the key held until its lease ends, and of unknown
+	// outcome after, until the store takes it. Past either bound (default
+	// DefaultMaxPending outcomes, DefaultMaxPendingBytes bytes of
+	// responses) an outcome is not kept: it is logged and counted
+	// (SettleObserver), and its key is of unknown outcome once its lease
+	// ends, as if its process had died.
+	MaxPending      int
+	MaxPendingBytes int64
 }
 
 // DefaultMaxStored is the largest response a held operation stores unless
@@ -156,6 +169,12 @@ func NewHeldOperation[U any](e *Engine, store HeldStore[U], cfg OperationConfig,
 	}
 	if held.Holder == "" {
 		held.Holder = defaultHolder()
+	}
+	if held.MaxPending <= 0 {
+		held.MaxPending = DefaultMaxPending
+	}
+	if held.MaxPendingBytes <= 0 {
+		held.MaxPendingBytes = DefaultMaxPendingBytes
 	}
 	op := NewOperation[U](e, store, cfg)
 	// A key that expired while its operation ran could be claimed again,
@@ -207,6 +226,12 @@ func MarkUnknown(r *http.Request, cause error) bool {
 func heldSettleMargin(lease time.Duration) time.Duration {
 	return min(lease/4, 5*time.Second)
 }
+
+// holdSlack is how long committing a held operation's hold may take beyond
+// the operation's wait: on a deferring store that commit is the claim, whose
+// statement pgstore bounds by the wait plus 2 s, after waiting for a
+// connection of the pool.
+const holdSlack = 5 * time.Second
 
 // heldPoll is how often a request polls a key held by a running operation
 // elsewhere: a held record is committed, so the store has no lock to wait
@@ -262,7 +287,10 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		h.Holder, h.Path = held.Holder, s.r.URL.EscapedPath()
 		return h.Response()
 	}
-	dctx := detach(ctx)
+	// The hold is the claim itself on a deferring store: bounded by the
+	// wait, and holdSlack for the connection and the statement, so that a
+	// key table that does not answer (locked) gets its 503 soon.
+	dctx := detachWithin(ctx, s.op.cfg.Wait+holdSlack)
 	err := lease.Commit(dctx, mark(Held{State: HeldRunning, Until: until}))
 	dctx.cancel()
 	ref := lease.Ref()
@@ -272,28 +300,27 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 			return OutcomeNone, err // nothing was written
 		}
 		// The hold may have committed all the same (its answer lost):
-		// nothing ran, so free the key if it is held under this claim.
+		// nothing ran, so free the key if it is held under this claim,
+		// retried as any settle is. Not on the client's time: a store that
+		// did not answer the hold (a locked key table) may not answer this
+		// either, and the 503 must not wait for it (it did, 10 s more).
 		rctx := detach(ctx)
-		_, _ = held.settler.Release(rctx, ref)
-		rctx.cancel()
+		go func() {
+			defer rctx.cancel()
+			e.settles.settle(rctx, held, pendingSettle{
+				ref: ref, fp: s.fp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL), unsure: true,
+				label: s.label, method: s.r.Method, path: s.r.URL.Path,
+			})
+		}()
 		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
 	}
 	settle := func(resp *Response) {
 		sctx := detach(ctx)
 		defer sctx.cancel()
-		var settled bool
-		var err error
-		if resp == nil {
-			settled, err = held.settler.Release(sctx, ref)
-		} else {
-			settled, err = held.settler.Settle(sctx, ref, *resp)
-		}
-		switch {
-		case err != nil:
-			e.cfg.Logger.ErrorContext(ctx, "idempotency: a held key could not be settled; its outcome is unknown once its lease ends", "err", err)
-		case !settled:
-			e.cfg.Logger.WarnContext(ctx, "idempotency: a held key changed while its operation ran (released by an operator, or expired)")
-		}
+		e.settles.settle(sctx, held, pendingSettle{
+			ref: ref, fp: s.fp, resp: resp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL),
+			label: s.label, method: s.r.Method, path: s.r.URL.Path,
+		})
 	}
 	stored := func(status int, reason string) {
 		if !Replayable(status) {

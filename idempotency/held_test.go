@@ -38,7 +38,11 @@ func heldOn(store *memstore.Store, held idempotency.HeldConfig, runs *atomic.Int
 }
 
 func heldPost(h http.Handler, key string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodPost, "/transfers", strings.NewReader(`{"amount":5}`))
+	return heldPostBody(h, key, `{"amount":5}`)
+}
+
+func heldPostBody(h http.Handler, key, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/transfers", strings.NewReader(body))
 	req.Header.Set(idempotency.HeaderKey, key)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)

@@ -15,38 +15,48 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
 )
 
-// Pinned fingerprints, computed before bodies other than JSON were read: a
-// key stored by an older engine must still replay after an upgrade, so a
-// JSON body's fingerprint never changes.
-const (
-	pinnedJSON  = "a20ea71cab2b0ce05dfc5997af772e2aa5e399c7ebffebeb033d0d5b96723ad3"
-	pinnedEmpty = "c9c6df65596b897cb9f4a8418204230153904a47136befe10b275191c536271e"
-	pinnedBody  = `{"currency":"RUB","amount":1.2e3,"items":[{"qty":2,"sku":"SKU-1"}]}`
-)
-
-var pinnedQuery = url.Values{"b": {"2"}, "a": {"1", "0"}}
-
-func TestJSONFingerprintsArePinned(t *testing.T) {
+// TestJSONMediaTypes: application/json, with or without charset=utf-8
+// (JSON's one encoding), and no Content-Type are one media type; every
+// other JSON type, and any other charset, is its own request.
+func TestJSONMediaTypes(t *testing.T) {
 	t.Parallel()
-	fp, err := idempotency.ComputeFingerprint("POST", "/orders/{id}", "/orders/42", pinnedQuery, []byte(pinnedBody))
-	require.NoError(t, err)
-	require.Equal(t, pinnedJSON, fp.String(), "ComputeFingerprint of a JSON body changed: stored keys would no longer replay")
-	for _, contentType := range []string{"", "application/json", "application/json; charset=utf-8", "Application/JSON", "application/merge-patch+json", "application/json; =broken"} {
-		fp, err := idempotency.ComputeFingerprintFor("POST", "/orders/{id}", "/orders/42", pinnedQuery, contentType, []byte(pinnedBody))
+	const body = `{"currency":"RUB","amount":1.2e3}`
+	fp := func(contentType string) idempotency.Fingerprint {
+		f, err := idempotency.ComputeFingerprintFor("POST", "/orders/{id}", "/orders/42", nil, contentType, []byte(body))
 		require.NoError(t, err, "Content-Type %q", contentType)
-		require.Equal(t, pinnedJSON, fp.String(), "a JSON body sent as %q", contentType)
+		return f
 	}
-	// A body without content is no body, whatever it is labelled: "curl -d ''"
-	// sends an empty form, and its key was stored as no body.
+	plain := fp("application/json")
+	for _, same := range []string{"", "application/json; charset=utf-8", "Application/JSON", "application/json;charset=UTF-8"} {
+		require.Equal(t, plain, fp(same), "%q is application/json", same)
+	}
+	seen := map[idempotency.Fingerprint]string{plain: "application/json"}
+	for _, other := range []string{
+		"application/merge-patch+json", "application/json-patch+json", "application/vnd.api+json",
+		"application/json; charset=iso-8859-1", "application/json; profile=x", "application/json; =broken",
+	} {
+		f := fp(other)
+		require.NotContains(t, seen, f, "%q shares a fingerprint with %q", other, seen[f])
+		seen[f] = other
+	}
+	require.Equal(t, fp("application/merge-patch+json"), fp("Application/Merge-Patch+JSON; charset=utf-8"), "a JSON type is normalised, charset=utf-8 dropped")
+
+	// A body without content is no body, whatever it is labelled: "curl
+	// -d ''" sends an empty form.
+	var empty []idempotency.Fingerprint
 	for _, tc := range []struct{ contentType, body string }{
-		{"", ""}, {"application/json", " \n"}, {"application/x-www-form-urlencoded", ""},
+		{"", ""}, {"application/json", " \n"}, {"application/merge-patch+json", ""}, {"application/x-www-form-urlencoded", ""},
 		{"application/x-www-form-urlencoded", "&&"}, {"application/octet-stream", ""}, {"not a media type", ""},
 	} {
-		fp, err := idempotency.ComputeFingerprintFor("POST", "/things", "/things", url.Values{}, tc.contentType, []byte(tc.body))
+		f, err := idempotency.ComputeFingerprintFor("POST", "/things", "/things", url.Values{}, tc.contentType, []byte(tc.body))
 		require.NoError(t, err, "Content-Type %q, body %q", tc.contentType, tc.body)
-		require.Equal(t, pinnedEmpty, fp.String(), "Content-Type %q, body %q", tc.contentType, tc.body)
+		empty = append(empty, f)
+	}
+	for i := range empty {
+		require.Equal(t, empty[0], empty[i], "every body without content is no body (case %d)", i)
 	}
 }
 
@@ -64,7 +74,14 @@ func TestComputeFingerprintFor(t *testing.T) {
 		a, b     [2]string // Content-Type, body
 		sameMean bool
 	}{
-		{"form fields reordered", [2]string{form, "email=a%40b.c&name=Jenny+Rosen"}, [2]string{form, "name=Jenny%20Rosen&email=a@b.c"}, true},
+		{"form fields respelled", [2]string{form, "email=a%40b.c&name=Jenny+Rosen"}, [2]string{form, "email=a@b.c&&name=Jenny%20Rosen"}, true},
+		{"form fields reordered", [2]string{form, "email=a%40b.c&name=Jenny+Rosen"}, [2]string{form, "name=Jenny%20Rosen&email=a@b.c"}, false},
+		{"Rack's arrays of hashes sorted", [2]string{form, "o[][sku]=A&o[][qty]=1&o[][sku]=B&o[][qty]=5"}, [2]string{form, "o[][qty]=1&o[][qty]=5&o[][sku]=A&o[][sku]=B"}, false},
+		{"JSON numbers spelled differently", [2]string{"application/json", `{"a":1.0,"b":12e2}`}, [2]string{"", `{"b":1200,"a":1}`}, true},
+		{"JSON decimals beyond a double", [2]string{"application/json", `{"amount":123456789.123456789123}`}, [2]string{"application/json", `{"amount":123456789.12345679}`}, false},
+		{"JSON and a tiny fraction", [2]string{"application/json", `1.00000000000000000001`}, [2]string{"application/json", `1`}, false},
+		{"JSON integers beyond 2^53", [2]string{"application/json", `9007199254740993`}, [2]string{"application/json", `9007199254740992`}, false},
+		{"JSON -0 and 0", [2]string{"application/json", `-0`}, [2]string{"application/json", `0`}, true},
 		{"form charset utf-8 or none", [2]string{form, "a=1"}, [2]string{form + "; charset=UTF-8", "a=1"}, true},
 		{"form type case", [2]string{form, "a=1"}, [2]string{"Application/X-WWW-Form-URLEncoded", "a=1"}, true},
 		{"form value changed", [2]string{form, "a=1"}, [2]string{form, "a=2"}, false},
@@ -166,25 +183,27 @@ func requireProblem(t *testing.T, rec *httptest.ResponseRecorder, p idempotency.
 	require.Equal(t, p.Title, doc.Title, "%s", rec.Body)
 }
 
-// TestFormBodies: a form is one request however its fields are ordered and
-// spelled; the operation reads its canonical form; a changed value is
+// TestFormBodies: a form is one request however its fields are spelled,
+// but not reordered; the operation reads it as sent; a changed value is
 // another request; a form with no certain meaning runs nothing and
 // consumes no key.
 func TestFormBodies(t *testing.T) {
 	t.Parallel()
 	const form = "application/x-www-form-urlencoded"
 
-	t.Run("reordered fields replay", func(t *testing.T) {
+	t.Run("respelled fields replay, reordered ones do not", func(t *testing.T) {
 		t.Parallel()
 		b := setupMedia(t)
-		first := b.send(t, "k", "name=Jenny+Rosen&email=jenny%40example.com&tags[]=a&tags[]=b", form)
+		const sent = "name=Jenny+Rosen&email=jenny%40example.com&tags[]=a&tags[]=b"
+		first := b.send(t, "k", sent, form)
 		require.Equal(t, http.StatusCreated, first.Code, "%s", first.Body)
-		again := b.send(t, "k", "tags[]=a&email=jenny@example.com&&tags[]=b&name=Jenny%20Rosen", form+"; charset=utf-8")
+		again := b.send(t, "k", "name=Jenny%20Rosen&&email=jenny@example.com&tags%5B%5D=a&tags[]=b", form+"; charset=utf-8")
 		require.Equal(t, http.StatusCreated, again.Code, "%s", again.Body)
-		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "the same form, reordered, is the same request")
+		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "the same form, respelled, is the same request")
 		require.Equal(t, first.Body.String(), again.Body.String())
+		requireProblem(t, b.send(t, "k", "tags[]=a&email=jenny@example.com&tags[]=b&name=Jenny+Rosen", form), idempotency.ProblemKeyMismatch)
 		require.EqualValues(t, 1, b.runs.Load(), "the operation ran once")
-		require.Equal(t, []string{"email=jenny%40example.com&name=Jenny+Rosen&tags%5B%5D=a&tags%5B%5D=b"}, b.handed(), "the operation reads the canonical form")
+		require.Equal(t, []string{sent}, b.handed(), "the operation reads the form as sent")
 	})
 
 	t.Run("a changed value is another request", func(t *testing.T) {
@@ -266,14 +285,15 @@ func TestOtherMediaTypes(t *testing.T) {
 		}
 	})
 
-	t.Run("JSON is read as before", func(t *testing.T) {
+	t.Run("JSON is read as sent", func(t *testing.T) {
 		t.Parallel()
 		b := setupMedia(t)
 		require.Equal(t, http.StatusCreated, b.send(t, "k", `{"b":1, "a":2.0}`).Code)
 		again := b.send(t, "k", `{"a":2,"b":1}`, "application/json; charset=utf-8")
 		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "no Content-Type is JSON, and so is application/json")
+		requireProblem(t, b.send(t, "k", `{"a":2,"b":1}`, "application/merge-patch+json"), idempotency.ProblemKeyMismatch)
 		requireProblem(t, b.send(t, "k2", "a=1", "application/json"), idempotency.ProblemMalformedBody)
-		require.Equal(t, []string{`{"a":2,"b":1}`}, b.handed(), "the operation reads canonical JSON")
+		require.Equal(t, []string{`{"b":1, "a":2.0}`}, b.handed(), "the operation reads the JSON as sent")
 	})
 }
 
@@ -284,10 +304,78 @@ func TestDescribeKnowsTheMediaProblems(t *testing.T) {
 	for err, want := range map[error]idempotency.Problem{
 		idempotency.ErrMalformedForm:        idempotency.ProblemMalformedForm,
 		idempotency.ErrMalformedContentType: idempotency.ProblemMalformedContentType,
+		idempotency.ErrMalformedQuery:       idempotency.ProblemMalformedQuery,
 	} {
 		got, known := idempotency.Describe(err)
 		require.True(t, known, "%v", err)
 		require.Equal(t, want, got, "%v", err)
 		require.Equal(t, http.StatusBadRequest, got.Status)
 	}
+}
+
+// TestOperationReadsTheBytesSent: the operation, and Config.Validate, read
+// exactly the bytes the client sent, whatever the fingerprint makes of
+// them: decimals beyond a double, -0, a form whose order Rack reads, a
+// JSON body labelled a form (as curl -d sends it).
+func TestOperationReadsTheBytesSent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, contentType, body string }{
+		{"decimals", "application/json", `{"amount":123456789.123456789123,"rate":1.00000000000000000001}`},
+		{"negative zero", "application/json", `-0`},
+		{"JSON with spaces and no type", "", "{ \"b\" : 1.50 ,\n \"a\": \"\\u0041\" }"},
+		{"Rack's arrays of hashes", "application/x-www-form-urlencoded", "order[items][][sku]=A&order[items][][qty]=1&order[items][][sku]=B&order[items][][qty]=5"},
+		{"JSON sent as a form, as curl -d does", "application/x-www-form-urlencoded", `{"amount":123456789.123456789123}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var read, validated atomic.Value
+			engine := idempotency.New(idempotency.Config{
+				Scope: func(*http.Request) (string, error) { return "tenant", nil },
+				Validate: func(_ *http.Request, body []byte) error {
+					validated.Store(string(body))
+					return nil
+				},
+			})
+			op := idempotency.NewOperation(engine, memstore.New(), idempotency.OperationConfig{})
+			handler := op.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, err := io.ReadAll(r.Body)
+				require.NoError(t, err)
+				require.EqualValues(t, len(body), r.ContentLength, "Content-Length is the body's")
+				read.Store(string(body))
+				w.WriteHeader(http.StatusCreated)
+			}))
+			req := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(tc.body))
+			req.Header.Set(idempotency.HeaderKey, "k")
+			if tc.contentType != "" {
+				req.Header.Set("Content-Type", tc.contentType)
+			}
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, req)
+			require.Equal(t, http.StatusCreated, rec.Code, "%s", rec.Body)
+			require.Equal(t, tc.body, read.Load(), "the operation reads the bytes sent")
+			require.Equal(t, tc.body, validated.Load(), "Validate reads the bytes sent")
+		})
+	}
+}
+
+// TestMalformedQueryIsRefused: a query that does not parse (what Go's
+// parser would drop, and a proxy forwards) runs nothing, consumes no key
+// and is 400 malformed-query; before it, "?to=alice;" and "?to=bob;"
+// shared a fingerprint.
+func TestMalformedQueryIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setupMedia(t)
+	send := func(target string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, target, strings.NewReader(`{}`))
+		req.Header.Set(idempotency.HeaderKey, "k")
+		rec := httptest.NewRecorder()
+		b.handler.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, target := range []string{"/things?to=alice;", "/things?to=bob;", "/things?a=%zz", "/things?a=1&b=%"} {
+		requireProblem(t, send(target), idempotency.ProblemMalformedQuery)
+	}
+	require.Zero(t, b.runs.Load(), "nothing ran")
+	require.Equal(t, http.StatusCreated, send("/things?to=alice%3B").Code, "the key was not consumed")
+	requireProblem(t, send("/things?to=bob%3B"), idempotency.ProblemKeyMismatch)
 }

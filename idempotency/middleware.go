@@ -82,13 +82,13 @@ type Config struct {
 	// DefaultReplayHeaders). Set-Cookie, Authorization and hop-by-hop
 	// headers are never stored, whatever it says.
 	ReplayHeaders []string
-	// Validate, if set, checks a request's body (in its canonical form
-	// where its media type has one: JSON, forms; else as sent) before the
-	// operation runs, and before a request whose key holds a different
-	// request's outcome is answered 409: an error refuses it,
-	// through WriteError, and consumes no key. A body's schema is checked
-	// here rather than in front of the protocol so that replays, whose
-	// bodies passed when their operation ran, do not pay for it again.
+	// Validate, if set, checks a request's body (as sent, the bytes the
+	// operation will read) before the operation runs, and before a request
+	// whose key holds a different request's outcome is answered 409: an
+	// error refuses it, through WriteError, and consumes no key. A body's
+	// schema is checked here rather than in front of the protocol so that
+	// replays, whose bodies mean what the bodies that passed when their
+	// operation ran meant, do not pay for it again.
 	Validate func(r *http.Request, body []byte) error
 	// WriteError answers a request the protocol refuses or fails: err is
 	// one of this package's errors (ErrMissingKey, ErrKeyMismatch,
@@ -114,6 +114,9 @@ type Engine struct {
 	cfg      Config
 	stored   []string
 	inFlight *collapser
+	// settles are held operations' outcomes that their store did not
+	// take yet (see HeldConfig.MaxPending).
+	settles *pendingSettles
 }
 
 // New returns an engine for cfg, filling in defaults.
@@ -151,7 +154,7 @@ func New(cfg Config) *Engine {
 			replay = append(replay, name)
 		}
 	}
-	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser()}
+	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser(), settles: newPendingSettles(cfg.Logger, cfg.Observer)}
 }
 
 // muxPattern is the route net/http's ServeMux matched ("POST /widgets/{id}"
@@ -396,7 +399,9 @@ func (o *Operation[U]) labelOf(method, route string) string {
 // once the outcome is durable, and returns what it did. A request without
 // a scope is refused with ErrNoScope; one whose body has no fingerprint
 // (see ComputeFingerprintFor) with ErrMalformedBody, ErrMalformedForm or
-// ErrMalformedContentType, before anything runs.
+// ErrMalformedContentType, and one whose query does not parse with
+// ErrMalformedQuery, before anything runs. The operation, next, reads the
+// body exactly as the client sent it.
 func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared, next http.Handler) Outcome {
 	ctx := r.Context()
 	route := o.e.cfg.Route(r)
@@ -418,23 +423,27 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 		// only, the way it is fingerprinted.
 		return s.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", ErrMalformedContentType, n))
 	}
+	var query url.Values // none, as most requests have, is nil: Encode makes "" of both
+	var err error
+	if r.URL.RawQuery != "" {
+		if query, err = url.ParseQuery(r.URL.RawQuery); err != nil {
+			// r.URL.Query() would drop what it cannot read, and a proxy
+			// forwards the raw query: "?to=alice;" and "?to=bob;" would
+			// share a fingerprint.
+			return s.refuse(fmt.Errorf("%w: %w", ErrMalformedQuery, err))
+		}
+	}
 	media, canonical, err := canonicalBody(r.Header.Get("Content-Type"), in.Body)
 	if err != nil {
 		return s.refuse(err)
 	}
-	var query url.Values // none, as most requests have, is nil: Encode makes "" of both
-	if r.URL.RawQuery != "" {
-		query = r.URL.Query()
-	}
+	s.route, s.query = route, query
 	s.fp = fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), query, media, canonical)
+	// The operation reads the body as it was sent: the canonical form is
+	// the fingerprint's alone. Two requests with one fingerprint still
+	// mean the same to every reader, because the fingerprint ignores only
+	// what no parser reads (docs/protocol.md lists it).
 	s.body = in.Body
-	if len(canonical) > 0 {
-		// The operation decodes exactly the form that was fingerprinted, so
-		// two requests with one fingerprint can never be read differently
-		// ("size":12.0 and "size":12 are one request, and both run; so are
-		// "a=x+y&b=1" and "b=1&a=x%20y").
-		s.body = canonical
-	}
 
 	claimStart := time.Now()
 	// Concurrent duplicates on this process queue here, one at a time to
@@ -465,7 +474,17 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 				return ClaimNow(ctx, o.store, req)
 			}
 		}
-		lease, rec, err := claim(ctx, req)
+		var lease Lease[U]
+		var rec *Record
+		var err error
+		if o.held != nil {
+			// An outcome this process has and its store has not taken
+			// yet answers as the store would once it does.
+			rec = o.e.settles.remembered(in.Scope, in.Key, o.held.RetryUnknown)
+		}
+		if rec == nil {
+			lease, rec, err = claim(ctx, req)
+		}
 		if lease != nil {
 			var outcome Outcome
 			if o.held != nil {
@@ -489,7 +508,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 				rec, err = taken.Record, nil
 			}
 		}
-		if rec != nil && rec.Fingerprint == s.fp {
+		if rec != nil && s.matches(rec.Fingerprint) {
 			if h, ok := ParseHeld(rec.Response); ok {
 				// A held operation runs, or ran, under the key elsewhere.
 				ref := Ref{Scope: in.Scope, Key: in.Key, ClaimedAt: rec.CreatedAt}
@@ -515,7 +534,13 @@ type serving[U any] struct {
 	in    Prepared
 	label string
 	fp    Fingerprint
-	body  []byte // canonical (JSON, forms), else as sent
+	body  []byte // as sent
+	route string
+	query url.Values
+	// legacy is the request's fingerprint under the rules before the
+	// current ones, computed when a stored record needs it (legacyDone).
+	legacy               Fingerprint
+	legacyOK, legacyDone bool
 	// ran is what run hands the operation, allocated with the rest.
 	ran running
 }
@@ -539,7 +564,7 @@ func (s *serving[U]) answer(rec *Record, err error, waited time.Duration) Outcom
 		return s.fail(fmt.Errorf("claim idempotency key: %w", err))
 	case rec == nil:
 		return s.fail(errors.New("claim returned neither a lease, a record nor an error"))
-	case rec.Fingerprint != s.fp:
+	case !s.matches(rec.Fingerprint):
 		// A body the operation would refuse is refused alike whether or
 		// not its key was used before.
 		if err := s.validate(); err != nil {
@@ -551,6 +576,26 @@ func (s *serving[U]) answer(rec *Record, err error, waited time.Duration) Outcom
 		e.replay(s.w, rec.Response)
 		return s.duplicate(OutcomeReplayed, waited)
 	}
+}
+
+// matches reports whether stored, a record's fingerprint, is this
+// request's: the fingerprint of the current rules, or, for a record
+// stored before them (whose fingerprint has no marker), the request's
+// fingerprint under the rules it was computed by. A record of the current
+// rules is never compared with a legacy fingerprint, under which
+// 123456789.123456789123 and 123456789.12345679 were one request.
+func (s *serving[U]) matches(stored Fingerprint) bool {
+	if stored == s.fp {
+		return true
+	}
+	if stored.current() {
+		return false
+	}
+	if !s.legacyDone {
+		s.legacyDone = true
+		s.legacy, s.legacyOK = legacyFingerprint(s.r.Method, s.route, s.r.URL.EscapedPath(), s.query, s.r.Header.Get("Content-Type"), s.in.Body)
+	}
+	return s.legacyOK && stored == s.legacy
 }
 
 func (s *serving[U]) validate() error {
@@ -629,9 +674,9 @@ type running struct {
 	body bodyReader
 }
 
-// bodyReader is the body an operation reads: the request's, canonical
-// where its media type has a canonical form. It reads as io.NopCloser of a
-// bytes.Reader does, without their two allocations.
+// bodyReader is the body an operation reads: the request's, as sent. It
+// reads as io.NopCloser of a bytes.Reader does, without their two
+// allocations.
 type bodyReader struct{ r bytes.Reader }
 
 // Reset makes b read body from its start.

@@ -32,6 +32,7 @@ var (
 	ProblemMalformedBody        = Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}
 	ProblemMalformedForm        = Problem{http.StatusBadRequest, "malformed-form", "The request body is not a valid form"}
 	ProblemMalformedContentType = Problem{http.StatusBadRequest, "malformed-content-type", "The Content-Type header is not a valid media type"}
+	ProblemMalformedQuery       = Problem{http.StatusBadRequest, "malformed-query", "The query string is not valid"}
 	ProblemBodyTooLarge         = Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}
 	ProblemNoScope              = Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}
 	ProblemKeyMismatch          = Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}
@@ -54,6 +55,7 @@ var problems = []struct {
 	{ErrMalformedBody, ProblemMalformedBody},
 	{ErrMalformedForm, ProblemMalformedForm},
 	{ErrMalformedContentType, ProblemMalformedContentType},
+	{ErrMalformedQuery, ProblemMalformedQuery},
 	{ErrBodyTooLarge, ProblemBodyTooLarge},
 	{ErrNoScope, ProblemNoScope},
 	{ErrKeyMismatch, ProblemKeyMismatch},

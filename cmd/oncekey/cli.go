@@ -90,6 +90,14 @@ type serverFlags struct {
 	CleanupBatch    int           `name:"cleanup-batch" envvar:"ONCEKEY_CLEANUP_BATCH" default:"1000" help:"Rows per purge statement."`
 	MaxConns        int           `name:"max-conns" envvar:"ONCEKEY_MAX_CONNS" default:"0" help:"Connections held at once (0: three quarters of the open-file limit, at most 10000)."`
 	MaxInFlight     int           `name:"max-in-flight" envvar:"ONCEKEY_MAX_IN_FLIGHT" default:"0" help:"Requests running at once; beyond it 503 with Retry-After (0: 256)."`
+	WriteTimeout    time.Duration `name:"write-timeout" envvar:"ONCEKEY_WRITE_TIMEOUT" default:"10s" help:"How long a client may leave a write of the answer untaken, plus its size at --min-write-rate; past it, the connection is closed and its slot freed."`
+	MinWriteRate    int64         `name:"min-write-rate" envvar:"ONCEKEY_MIN_WRITE_RATE" default:"32768" help:"Bytes a second a client must read an answer at, beyond --write-timeout's grace."`
+}
+
+// check reports what is wrong with the flags that pace the answers.
+func (f serverFlags) check(p *flagProblems) {
+	p.positive("write-timeout", "ONCEKEY_WRITE_TIMEOUT", f.WriteTimeout)
+	p.within("min-write-rate", "ONCEKEY_MIN_WRITE_RATE", f.MinWriteRate, 1<<10, 1<<30, "")
 }
 
 // recordCacheFlag sizes the in-process cache of completed records, which

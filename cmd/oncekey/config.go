@@ -52,6 +52,8 @@ type config struct {
 	PprofAddr       string
 	MaxConns        int
 	MaxInFlight     int
+	WriteTimeout    time.Duration
+	MinWriteRate    int64
 }
 
 // config checks the flags and returns what serve runs with. Every problem
@@ -112,6 +114,7 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 			"Make one with `echo ok_$(openssl rand -base64 32 | tr '+/' '-_' | tr -d =)`, or set --allow-weak-demo-api-key (ONCEKEY_ALLOW_WEAK_DEMO_API_KEY) on a throwaway setup")
 	}
 	s.redisFlags.check(&problems)
+	s.serverFlags.check(&problems)
 	if s.RedisSecret != "" && s.RedisURL == "" {
 		bad("--redis-secret (ONCEKEY_REDIS_SECRET) is given without --redis-url (REDIS_URL): it authenticates what is cached in Redis")
 	}
@@ -137,6 +140,7 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 		},
 		PaymentWorkers: s.PaymentWorkers, APIKeyCacheTTL: s.APIKeyCacheTTL, RecordCacheSize: s.RecordCacheSize,
 		PprofAddr: s.PprofAddr, MaxConns: s.MaxConns, MaxInFlight: s.MaxInFlight,
+		WriteTimeout: s.WriteTimeout, MinWriteRate: s.MinWriteRate,
 	}, nil
 }
 

@@ -535,6 +535,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		ShutdownTimeout: cfg.ShutdownTimeout,
 		MaxConns:        cfg.MaxConns,
 		MaxInFlight:     cfg.MaxInFlight,
+		WriteTimeout:    cfg.WriteTimeout,
+		MinWriteRate:    cfg.MinWriteRate,
 		Logger:          log,
 	})
 }

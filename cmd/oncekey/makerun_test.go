@@ -118,13 +118,18 @@ func TestMakeRun(t *testing.T) {
 }
 
 // freshEnvironment is this process's environment without any of the
-// service's settings, as in a new user's shell.
+// service's settings, as in a new user's shell, and without what an outer
+// make (make test) hands its children: an inner make that inherits its
+// MAKEFLAGS takes part in the outer one's jobserver, whose descriptors it
+// does not have, and under load loses track of its children ("wait: No
+// child processes").
 func freshEnvironment() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		if strings.HasPrefix(name, "ONCEKEY_") || strings.HasPrefix(name, "IDEMPOTENCY_") ||
-			strings.HasPrefix(name, "FAKEPROVIDER_") || name == "DATABASE_URL" || name == "REDIS_URL" {
+			strings.HasPrefix(name, "FAKEPROVIDER_") || name == "DATABASE_URL" || name == "REDIS_URL" ||
+			name == "MAKEFLAGS" || name == "MFLAGS" || name == "MAKELEVEL" {
 			continue
 		}
 		env = append(env, kv)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-jose/go-jose/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/frontdoor"
@@ -28,6 +31,7 @@ import (
 	"github.com/oncekey/oncekey/internal/httpserver"
 	"github.com/oncekey/oncekey/internal/keyscope"
 	"github.com/oncekey/oncekey/internal/metrics"
+	"github.com/oncekey/oncekey/internal/problem"
 )
 
 // proxyCmd is `oncekey proxy`: the protocol in front of any HTTP API.
@@ -43,13 +47,14 @@ type proxyCmd struct {
 	ErrorTemplate      string `name:"error-template" envvar:"ONCEKEY_ERROR_TEMPLATE" placeholder:"FILE" help:"A JSON document in the upstream's error shape, whose strings may hold {type}, {title}, {detail}, {code} and {status}: every answer the gateway writes itself takes it instead of problem+json. See docs/gateway.md."`
 	KeyHeader          string `name:"key-header" envvar:"ONCEKEY_KEY_HEADER" placeholder:"NAME" help:"The header that carries the key (default Idempotency-Key), e.g. X-Idempotency-Key or PayPal-Request-Id. With --spec, an operation's own key header parameter wins."`
 	KeyBodyField       string `name:"key-body-field" envvar:"ONCEKEY_KEY_BODY_FIELD" placeholder:"POINTER" help:"Read the key from this member of the JSON body instead of a header: a JSON pointer such as /idempotency_key."`
+	Namespace          string `name:"namespace" envvar:"ONCEKEY_NAMESPACE" placeholder:"NAME" help:"The namespace of this gateway's keys, apart from those of gateways in front of other upstreams on the same database; replicas of one gateway share it. Default: the upstream's origin (scheme://host:port)."`
 	redisFlags
 	protocolFlags
 	serverFlags
 	recordCacheFlag
 	DatabaseURL     string        `name:"database-url" envvar:"DATABASE_URL" placeholder:"URL" help:"PostgreSQL URL for the keys; empty: in memory, lost on exit, one process only."`
 	Addr            string        `name:"addr" envvar:"ONCEKEY_ADDR" default:"127.0.0.1:8080" help:"Listen address of the gateway."`
-	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics on this internal address (never on the gateway's, whose paths are the upstream's)."`
+	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics, /healthz and /readyz on this internal address (never on the gateway's, whose paths are the upstream's); without it the gateway has no readiness endpoint."`
 	MaxBodyBytes    int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413, on every route."`
 	UpstreamTimeout time.Duration `name:"upstream-timeout" envvar:"ONCEKEY_UPSTREAM_TIMEOUT" default:"30s" help:"How long the upstream may take to answer a request written to it; past it, the request's outcome is unknown."`
 	MaxStoredBytes  int64         `name:"max-stored-bytes" envvar:"ONCEKEY_MAX_STORED_BYTES" default:"1048576" help:"Larger responses pass through once and are not stored: their key's retries get a problem saying so."`
@@ -78,6 +83,7 @@ func (p *proxyCmd) Run(e env) error {
 			e.log.Info("gateway profile", "profile", string(p), "routes", strings.Join(byProfile[p], ", "))
 		}
 	}
+	m.HeldOperations(names...)
 
 	ctx := e.ctx
 	handler, keys, closeKeys, err := p.open(ctx, cfg, m, e.log)
@@ -88,9 +94,9 @@ func (p *proxyCmd) Run(e env) error {
 	m.RegisterStore(keys)
 
 	if p.MetricsAddr != "" {
-		stop, err := serveMetrics(p.MetricsAddr, m, e.log)
+		stop, err := serveInternal(p.MetricsAddr, gatewayInternal(m, keys), "metrics, /healthz and /readyz", e.log)
 		if err != nil {
-			return err
+			return fmt.Errorf("--metrics-addr: %w", err)
 		}
 		defer stop()
 	}
@@ -101,14 +107,26 @@ func (p *proxyCmd) Run(e env) error {
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observer: m}.Run(cleanupCtx)
-	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String(), "routes", strings.Join(names, ", "))
+	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String(), "namespace", cfg.Namespace, "routes", strings.Join(names, ", "))
+	defer func() {
+		// Served: what its answers left unsettled is tried once more
+		// before the store closes, and logged if it still fails.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.ShutdownTimeout)
+		defer cancel()
+		_ = handler.Shutdown(sctx)
+	}()
 	return httpserver.Serve(ctx, ln, httpserver.Config{
 		Handler:         handler,
 		MaxBodyBytes:    p.MaxBodyBytes,
 		ShutdownTimeout: p.ShutdownTimeout,
 		MaxConns:        p.MaxConns,
 		MaxInFlight:     p.MaxInFlight,
-		Logger:          e.log,
+		WriteTimeout:    p.WriteTimeout,
+		MinWriteRate:    p.MinWriteRate,
+		// Passed-through bodies go upstream as they come; the engine reads
+		// a covered request's body itself, once its slot is taken.
+		StreamBodies: true,
+		Logger:       e.log,
 	})
 }
 
@@ -119,9 +137,66 @@ type keyStore interface {
 	idempotency.StatsSource
 }
 
+// readyTimeout bounds /readyz's probe of the key table: a load balancer
+// must hear no within its own probe's timeout.
+const readyTimeout = time.Second
+
+// keyTable is the gateway's key store on PostgreSQL, with the probe that
+// says whether it can serve claims (/readyz).
+type keyTable struct {
+	*pgstore.Store
+	pool *pgxpool.Pool
+}
+
+// Ready reports whether the key table answers within readyTimeout and
+// takes writes. It reads the table itself, not just the server: a table
+// locked by a migration or an operator's LOCK TABLE blocks every claim,
+// and so blocks the probe too.
+func (k keyTable) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	var readOnly bool
+	err := k.pool.QueryRow(ctx, "SELECT current_setting('transaction_read_only') = 'on' FROM (SELECT EXISTS (SELECT FROM "+
+		pgx.Identifier{pgstore.DefaultTable}.Sanitize()+")) AS probe").Scan(&readOnly)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("the key table did not answer within %s", readyTimeout)
+	case err != nil:
+		return fmt.Errorf("the key table does not answer: %w", err)
+	case readOnly:
+		return errors.New("PostgreSQL is read-only (a standby, or default_transaction_read_only is on): claims would fail")
+	}
+	return nil
+}
+
+// gatewayInternal is the gateway's internal address: /metrics, /healthz
+// (the process is up) and /readyz (its key store answers, as keys says if
+// it can; memory always does). The gateway's own address has none of
+// them: its paths are the upstream's.
+func gatewayInternal(m *metrics.Metrics, keys keyStore) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	ok := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`)
+	}
+	mux.HandleFunc("GET /healthz", ok)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if probe, ok := keys.(interface{ Ready(context.Context) error }); ok {
+			if err := probe.Ready(r.Context()); err != nil {
+				w.Header().Set("Retry-After", "1")
+				problem.Write(w, problem.Unavailable, "not ready: "+err.Error())
+				return
+			}
+		}
+		ok(w, r)
+	})
+	return mux
+}
+
 // open returns the gateway on the keys' store the flags name: memory, or
 // PostgreSQL with Redis in front if given.
-func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metrics, log *slog.Logger) (h http.Handler, keys keyStore, closeAll func(), err error) {
+func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metrics, log *slog.Logger) (h *gateway.Gateway, keys keyStore, closeAll func(), err error) {
 	if p.DatabaseURL == "" {
 		log.Info("gateway keys: in memory (lost on exit; one process only)")
 		store := memstore.New()
@@ -173,10 +248,44 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 		}
 		store = recordcache.Wrap(cache, store)
 	}
-	if h, err = gateway.New(cfg, store.(idempotency.HeldStore[*pgstore.Batch])); err != nil {
+	// Keys stored before namespaces carry the caller's scope alone: they
+	// are looked up there until none remains.
+	legacy := gateway.NewLegacyScopes(store.(idempotency.HeldStore[*pgstore.Batch]), gateway.PostgresLegacyKeys(pool, pgstore.DefaultTable))
+	if err := legacy.Check(ctx); err != nil {
 		return nil, nil, nil, err
 	}
-	return h, pg, closeAll, nil
+	if legacy.Active() {
+		log.Info("gateway keys: keys stored before namespaces remain; each claim looks its key up under the bare scope too, until they expire")
+	}
+	if h, err = gateway.New(cfg, legacy); err != nil {
+		return nil, nil, nil, err
+	}
+	return h, purgeThenCheck{keyTable{pg, pool}, legacy.Check, log}, closeAll, nil
+}
+
+// purgeThenCheck is a key store whose cleanup runs ask, each time, whether
+// keys stored before namespaces remain (gateway.LegacyScopes).
+type purgeThenCheck struct {
+	keyStore
+	check func(context.Context) error
+	log   *slog.Logger
+}
+
+func (p purgeThenCheck) PurgeExpired(ctx context.Context, batch int) (int64, error) {
+	n, err := p.keyStore.PurgeExpired(ctx, batch)
+	if cerr := p.check(ctx); cerr != nil && ctx.Err() == nil {
+		p.log.WarnContext(ctx, "gateway keys: could not look for keys stored before namespaces; still looking them up", "err", cerr)
+	}
+	return n, err
+}
+
+// Ready is the key table's readiness probe (keyTable.Ready), which the
+// embedded interface does not promote.
+func (p purgeThenCheck) Ready(ctx context.Context) error {
+	if probe, ok := p.keyStore.(interface{ Ready(context.Context) error }); ok {
+		return probe.Ready(ctx)
+	}
+	return nil
 }
 
 // gatewayConfig checks the flags, reporting every problem at once, and
@@ -238,11 +347,19 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 		bad("--redis-url (REDIS_URL) needs --database-url (DATABASE_URL): Redis is a fast path in front of PostgreSQL, which keeps the keys")
 	}
 	p.redisFlags.check(&problems)
+	namespace := p.Namespace
+	if namespace == "" && upstream != nil {
+		namespace = gateway.DefaultNamespace(upstream)
+	}
+	if err := gateway.CheckNamespace(namespace); err != nil && p.Namespace != "" {
+		bad("--namespace (ONCEKEY_NAMESPACE): %v", err)
+	}
+	p.serverFlags.check(&problems)
 	if err := problems.err(); err != nil {
 		return gateway.Config{}, err
 	}
 	return gateway.Config{
-		Upstream: upstream, Routes: routes, Scope: scope,
+		Upstream: upstream, Routes: routes, Scope: scope, Namespace: namespace,
 		TTL: p.TTL, Wait: p.Wait, MaxBodyBytes: p.MaxBodyBytes,
 		Profile: frontdoor.Profile(p.Profile), ErrorTemplate: template, Key: key,
 		UpstreamTimeout: p.UpstreamTimeout, MaxStored: p.MaxStoredBytes, RetryUnknown: p.OnUnknown == "retry",

@@ -78,6 +78,9 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	require.Contains(t, string(metrics), `oncekey_idempotency_requests_total{operation="POST /transfers",outcome="outcome_unknown"} 2`)
 	require.Contains(t, string(metrics), `oncekey_http_requests_total{code="409",method="POST",route="/transfers"} 2`)
 	require.Contains(t, string(metrics), `oncekey_idempotency_keys{status="unknown"} 2`)
+	// Every settle was stored at once: none retried, none kept in memory.
+	require.Contains(t, string(metrics), `oncekey_idempotency_settle_failures_total{operation="POST /transfers"} 0`)
+	require.Contains(t, string(metrics), "oncekey_idempotency_settles_pending 0")
 	out, _, err := operator("keys", "stats")
 	require.NoError(t, err, out)
 	var stats struct{ Held, Unknown int }
@@ -310,7 +313,7 @@ func TestGatewayKilledMidFlight(t *testing.T) {
 func TestProxyConfiguration(t *testing.T) {
 	t.Parallel()
 	_, err := runCommand(t, map[string]string{}, "proxy", "--upstream", "ftp://example", "--ttl", "0s",
-		"--max-stored-bytes", "0", "--redis-secret", "short", "--scope-header", "X-Account-Id", "--scope-authorization")
+		"--max-stored-bytes", "0", "--redis-secret", "short", "--scope-header", "X-Account-Id", "--scope-authorization", "--namespace", "a|b")
 	require.Error(t, err)
 	for _, want := range []string{
 		`--upstream (ONCEKEY_UPSTREAM) "ftp://example": want an absolute http or https URL`,
@@ -319,8 +322,9 @@ func TestProxyConfiguration(t *testing.T) {
 		"give --spec (ONCEKEY_SPEC)",
 		"give exactly one scope source",
 		"--redis-secret (ONCEKEY_REDIS_SECRET) has 5 characters",
+		`--namespace (ONCEKEY_NAMESPACE): the namespace "a|b" holds a "|"`,
 	} {
 		require.Contains(t, err.Error(), want)
 	}
-	require.Equal(t, 6, strings.Count(err.Error(), "\n"), "a line for each of the six: %v", err)
+	require.Equal(t, 7, strings.Count(err.Error(), "\n"), "a line for each of the seven: %v", err)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"regexp"
@@ -335,30 +336,78 @@ func shellWords(t *testing.T, line string) []string {
 
 var gatewayQuickStartRe = regexp.MustCompile("(?s)<!-- gateway-test: quickstart -->\\s*```sh\\n(.*?)```\\s*prints[^\\n]*\\n\\s*```text\\n(.*?)```")
 
-// TestGatewayQuickStart runs docs/gateway.md's quick start as printed, from
-// the repository's root, but on free ports (the upstream's 3000 and the
-// gateway's 8080 on a busy machine), and compares what it prints.
+// TestGatewayQuickStart runs docs/gateway.md's quick start byte for byte,
+// from the repository's root, on free ports (the block reads them from
+// UPSTREAM_PORT and GATEWAY_PORT), and compares what it prints. It must end
+// on its own within its bounded waits, and leave nothing running.
 func TestGatewayQuickStart(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("../../docs/gateway.md")
 	require.NoError(t, err)
 	m := gatewayQuickStartRe.FindStringSubmatch(string(doc))
 	require.NotNil(t, m, "docs/gateway.md has its marked quick start, with what it prints")
-	upstream, gateway := freeAddr(t), freeAddr(t)
-	_, upstreamPort, _ := net.SplitHostPort(upstream)
-	script := strings.NewReplacer("127.0.0.1:3000", upstream, "--port 3000", "--port "+upstreamPort, "127.0.0.1:8080", gateway).Replace(m[1])
-	cmd := exec.Command("bash", "-c", "set -eo pipefail\n"+script)
-	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "ONCEKEY_ADDR="+gateway)
-	// Its own process group, so that what it starts in the background ends
-	// with the test even if the script fails before its kill.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	t.Cleanup(func() {
-		if cmd.Process != nil {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	_, upstreamPort, _ := net.SplitHostPort(freeAddr(t))
+	_, gatewayPort, _ := net.SplitHostPort(freeAddr(t))
+	out, stderr, err := runQuickStart(t, m[1], "UPSTREAM_PORT="+upstreamPort, "GATEWAY_PORT="+gatewayPort)
+	require.NoError(t, err, "the quick start failed:\n%s\nstderr:\n%s", out, stderr)
+	require.Equal(t, strings.TrimSpace(m[2]), strings.TrimSpace(out), "what the quick start prints")
+}
+
+// TestGatewayQuickStartFailsFast: with its gateway's port held by a
+// server that is not a gateway (what `make run` on 8080 was to the old quick
+// start), the quick start fails within its bounded wait, says why, and
+// leaves neither the upstream nor the gateway running.
+func TestGatewayQuickStartFailsFast(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/gateway.md")
+	require.NoError(t, err)
+	m := gatewayQuickStartRe.FindStringSubmatch(string(doc))
+	require.NotNil(t, m)
+	occupied := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(occupied.Close)
+	_, gatewayPort, _ := net.SplitHostPort(occupied.Listener.Addr().String())
+	_, upstreamPort, _ := net.SplitHostPort(freeAddr(t))
+	_, stderr, err := runQuickStart(t, m[1], "UPSTREAM_PORT="+upstreamPort, "GATEWAY_PORT="+gatewayPort)
+	require.Error(t, err, "the quick start fails, within its bounded waits")
+	// Whichever comes first: the gateway's failure to listen, or the
+	// wait's finding that what answers there is not the gateway.
+	require.Regexp(t, `address already in use|returned error: 404`, stderr, "the error is shown")
+	// Nothing it started is left listening on the upstream's port.
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+upstreamPort, time.Second)
+		if err == nil {
+			_ = c.Close()
 		}
-	})
-	out, err := cmd.Output()
-	require.NoError(t, err, "the quick start failed:\n%s", out)
-	require.Equal(t, strings.TrimSpace(m[2]), strings.TrimSpace(string(out)), "what the quick start prints")
+		return err != nil
+	}, 5*time.Second, 50*time.Millisecond, "the upstream was stopped")
+}
+
+// runQuickStart runs script with bash from the repository's root, with env
+// added, and returns its stdout and stderr once it has ended and nothing it
+// started is still running.
+func runQuickStart(t *testing.T, script string, env ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = "../.."
+	cmd.Env = append(freshEnvironment(), env...)
+	// Its own process group, so that the test can tell whether it left
+	// anything behind, and end it if it did.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out, errs servicetest.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errs
+	// Wait returns soon after bash exits even if something it left behind
+	// still holds its output; the check below then reports it.
+	cmd.WaitDelay = 2 * time.Second
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Minute): // make build may take minutes on a busy machine
+		t.Fatalf("the quick start did not end within 5 minutes:\n%s\nstderr:\n%s", out.String(), errs.String())
+	}
+	require.Eventually(t, func() bool { return syscall.Kill(-cmd.Process.Pid, 0) == syscall.ESRCH }, 10*time.Second, 20*time.Millisecond,
+		"the quick start left processes running:\n%s", errs.String())
+	return out.String(), errs.String(), err
 }

@@ -21,6 +21,7 @@ func init() {
 //	idempotency [<matcher>] {
 //		scope            <placeholder expression>
 //		database_url     <url>
+//		namespace        <name>       # required with database_url
 //		redis_url        <url>
 //		redis_secret     <secret>
 //		ttl              <duration>
@@ -30,6 +31,7 @@ func init() {
 //		max_body_bytes   <n>
 //		on_unknown       report|retry
 //		problem_type_base <uri prefix>
+//		operation        <metrics label>
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
@@ -37,8 +39,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	strs := map[string]*string{
-		"scope": &h.Scope, "database_url": &h.DatabaseURL, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
-		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase,
+		"scope": &h.Scope, "database_url": &h.DatabaseURL, "namespace": &h.Namespace, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
+		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase, "operation": &h.Operation,
 	}
 	durs := map[string]*caddy.Duration{"ttl": &h.TTL, "wait": &h.Wait, "lease": &h.Lease}
 	ints := map[string]*int64{"max_stored_bytes": &h.MaxStoredBytes, "max_body_bytes": &h.MaxBodyBytes}

@@ -18,13 +18,16 @@ func TestCaddyfile(t *testing.T) {
 		// wantErr is in the error of UnmarshalCaddyfile or Validate.
 		wantErr string
 	}{
-		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n}", ""},
+		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace payments-api\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n operation \"POST /transfers\"\n}", ""},
 		{"no scope", "idempotency {\n ttl 24h\n}", "scope is required"},
 		{"an unknown option", "idempotency {\n scope {http.auth.user.id}\n upstream x\n}", `unknown option "upstream"`},
 		{"an option without its value", "idempotency {\n scope\n}", "wrong argument count"},
 		{"a bad duration", "idempotency {\n scope {http.auth.user.id}\n ttl soon\n}", `ttl "soon"`},
 		{"a bad size", "idempotency {\n scope {http.auth.user.id}\n max_stored_bytes lots\n}", `max_stored_bytes "lots"`},
 		{"a bad on_unknown", "idempotency {\n scope {http.auth.user.id}\n on_unknown guess\n}", `on_unknown "guess"`},
+		{"postgres without a namespace", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n}", "database_url needs a namespace"},
+		{"a namespace with a |", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace a|b\n}", `namespace: "a|b" holds a "|"`},
+		{"a namespace in memory", "idempotency {\n scope {http.auth.user.id}\n namespace payments-api\n}", ""},
 		{"redis without postgres", "idempotency {\n scope {http.auth.user.id}\n redis_url redis://r:6379/0\n}", "redis_url needs database_url"},
 	}
 	for _, tt := range tests {

@@ -16,13 +16,26 @@
 // is 502 and frees its key; one that went upstream and got no answer
 // leaves its key's outcome unknown (409 outcome-unknown) until an operator
 // settles it. Keys are kept in memory (one Caddy process) or in PostgreSQL,
-// with Redis in front if given.
+// with Redis in front if given. On PostgreSQL a site names its keys:
+//
+//	idempotency {
+//		scope        {http.request.header.X-Account-Id}
+//		database_url postgres://keys.internal/oncekey
+//		namespace    payments-api
+//	}
+//
+// Sites and gateways (oncekey proxy --namespace) on one database share
+// keys only under one namespace: the replicas of one site do, sites in
+// front of two upstreams never do. An unsafe request whose path upstreams
+// read in different ways (a dot or empty segment, a "", an encoded "/",
+// a ";") is refused with 400 ambiguous-path before its key is read.
 package caddymodule
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -57,6 +70,11 @@ type Handler struct {
 	// DatabaseURL keeps the keys in PostgreSQL, shared by every Caddy that
 	// names it; empty keeps them in memory, one process's and lost on exit.
 	DatabaseURL string `json:"database_url,omitempty"`
+	// Namespace names this site's keys, apart from those of every other
+	// site or gateway on the same database (in front of another upstream);
+	// the replicas of one site share it. Required with DatabaseURL, as
+	// Caddy does not tell a handler its upstream; optional in memory.
+	Namespace string `json:"namespace,omitempty"`
 	// RedisURL puts a Redis fast path in front of PostgreSQL; RedisSecret
 	// authenticates what is cached there (the same on every Caddy).
 	RedisURL    string `json:"redis_url,omitempty"`
@@ -83,10 +101,19 @@ type Handler struct {
 	// ProblemTypeBase prefixes the type URIs of the problem+json answers
 	// ("https://example.com/problems/"); empty: about:blank.
 	ProblemTypeBase string `json:"problem_type_base,omitempty"`
+	// Operation labels the handler's requests in Caddy's metrics
+	// (oncekey_idempotency_requests_total{operation}, as `oncekey proxy`
+	// labels its routes'): default DefaultOperation.
+	Operation string `json:"operation,omitempty"`
 
-	serve http.Handler
-	close []func()
+	serve  http.Handler
+	engine *idempotency.Engine
+	log    *slog.Logger
+	close  []func()
 }
+
+// DefaultOperation is Operation's default.
+const DefaultOperation = "idempotency"
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -108,6 +135,10 @@ func (h *Handler) Validate() error {
 		return errors.New("idempotency: scope is required: a placeholder that names the caller, such as {http.request.header.X-Account-Id}; keys of two callers must never meet")
 	case h.OnUnknown != "" && h.OnUnknown != "report" && h.OnUnknown != "retry":
 		return fmt.Errorf("idempotency: on_unknown %q: want report or retry", h.OnUnknown)
+	case h.DatabaseURL != "" && h.Namespace == "":
+		return errors.New("idempotency: database_url needs a namespace: name this site's keys (namespace payments-api), the same on each replica of the site and different from every other site or gateway on the database, so that no two upstreams' keys meet")
+	case h.Namespace != "" && checkNamespace(h.Namespace) != nil:
+		return fmt.Errorf("idempotency: namespace: %w", checkNamespace(h.Namespace))
 	case h.RedisURL != "" && h.DatabaseURL == "":
 		return errors.New("idempotency: redis_url needs database_url: Redis is a fast path in front of PostgreSQL, which keeps the keys")
 	case h.MaxStoredBytes < 0 || h.MaxBodyBytes < 0 || h.TTL < 0 || h.Wait < 0 || h.Lease < 0:
@@ -125,24 +156,39 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if lease <= 0 {
 		lease = DefaultLease
 	}
+	if h.Operation == "" {
+		h.Operation = DefaultOperation
+	}
+	observer, err := newMetrics(ctx.GetMetricsRegistry(), h.Operation)
+	if err != nil {
+		return fmt.Errorf("idempotency: metrics: %w", err)
+	}
+	h.log = ctx.Slogger()
 	e := idempotency.New(idempotency.Config{
 		Scope: func(r *http.Request) (string, error) {
 			repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 			if !ok {
 				return "", idempotency.ErrNoScope
 			}
-			return repl.ReplaceAll(h.Scope, ""), nil
+			scope := repl.ReplaceAll(h.Scope, "")
+			if h.Namespace == "" || scope == "" {
+				return scope, nil
+			}
+			return namespacedScope(h.Namespace, scope), nil
 		},
 		TTL:             time.Duration(h.TTL),
 		Wait:            time.Duration(h.Wait),
 		MaxBodyBytes:    h.MaxBodyBytes,
 		ProblemTypeBase: h.ProblemTypeBase,
-		Logger:          ctx.Slogger(),
+		Logger:          h.log,
+		Observer:        observer,
 	})
+	h.engine = e
 	held := idempotency.HeldConfig{Lease: lease, MaxStored: h.MaxStoredBytes, RetryUnknown: h.OnUnknown == "retry"}
 	forward := http.HandlerFunc(h.forward)
+	op := idempotency.OperationConfig{Name: h.Operation}
 	if h.DatabaseURL == "" {
-		h.serve = idempotency.NewHeldOperation(e, memstore.New(), idempotency.OperationConfig{}, held).Handler(forward)
+		h.serve = idempotency.NewHeldOperation(e, memstore.New(), op, held).Handler(forward)
 		return nil
 	}
 	store, err := h.openPostgres(ctx)
@@ -150,12 +196,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_ = h.Cleanup()
 		return err
 	}
-	h.serve = idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{}, held).Handler(forward)
+	h.serve = idempotency.NewHeldOperation(e, store, op, held).Handler(forward)
 	return nil
 }
 
 // openPostgres opens (and migrates) the key table, with Redis and the
-// record cache in front.
+// record cache in front, and the look-up of keys stored before namespaces
+// (legacyScopes) around them.
 func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgstore.Batch], error) {
 	pool, err := pgxpool.New(ctx, h.DatabaseURL)
 	if err != nil {
@@ -186,11 +233,33 @@ func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgst
 	if err != nil {
 		return nil, err
 	}
-	return recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), nil
+	// Keys stored before namespaces carry the caller's scope alone: they
+	// are looked up there until none remains.
+	legacy := &legacyScopes{next: recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), any: postgresLegacyKeys(pool)}
+	if err := legacy.check(ctx); err != nil {
+		return nil, err
+	}
+	if legacy.active() {
+		h.log.Info("idempotency: keys stored before namespaces remain; each claim looks its key up under the bare scope too, until they expire")
+		h.close = append(h.close, legacy.watch(h.log, legacyCheckEvery))
+	}
+	return legacy, nil
 }
 
-// Cleanup closes what Provision opened.
+// settleOnCleanup bounds the last attempt, at Cleanup, to store what the
+// store did not take at once (see idempotency.Engine.Shutdown).
+const settleOnCleanup = 5 * time.Second
+
+// Cleanup stores what the handler's answers left unsettled (a settle the
+// store failed is retried until then; here it is tried once more, and
+// what is left is logged), then closes what Provision opened.
 func (h *Handler) Cleanup() error {
+	if h.engine != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), settleOnCleanup)
+		_ = h.engine.Shutdown(ctx)
+		cancel()
+		h.engine = nil
+	}
 	for i := len(h.close) - 1; i >= 0; i-- {
 		h.close[i]()
 	}
@@ -206,6 +275,9 @@ type nextKey struct{}
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !idempotency.Unsafe(r.Method) {
 		return next.ServeHTTP(w, r)
+	}
+	if h.refuseAmbiguous(w, r) {
+		return nil
 	}
 	h.serve.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nextKey{}, next)))
 	return nil
@@ -237,6 +309,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if idempotency.MarkUnknown(r, err) {
+		// As oncekey proxy logs it (internal/gateway).
+		h.log.WarnContext(r.Context(), "idempotency: the upstream took a request and did not answer; its outcome is unknown", "err", err, "path", r.URL.Path)
 		return
 	}
 	status := http.StatusBadGateway

@@ -8,6 +8,7 @@ require (
 	github.com/oncekey/oncekey/idempotency v0.1.0
 	github.com/oncekey/oncekey/idempotency/pgstore v0.1.0
 	github.com/oncekey/oncekey/idempotency/redisstore v0.1.0
+	github.com/prometheus/client_golang v1.24.1
 	github.com/stretchr/testify v1.12.1
 )
 
@@ -92,7 +93,6 @@ require (
 	github.com/pbnjay/memory v0.0.0-20210728143218-7b4eea64cf58 // indirect
 	github.com/pires/go-proxyproto v0.15.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
-	github.com/prometheus/client_golang v1.24.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.71.0 // indirect
 	github.com/prometheus/otlptranslator v1.0.0 // indirect

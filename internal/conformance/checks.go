@@ -74,7 +74,7 @@ var catalogue = []Check{
 	},
 	{
 		ID:           "canonical-form",
-		Rationale:    "Form fields reordered, and their bytes percent-encoded otherwise (\"%20\" for \"+\", \"%61\" for \"a\"), are the same request: a retry from another client library replays instead of being refused.",
+		Rationale:    "Form fields percent-encoded otherwise (\"%20\" for \"+\", \"%61\" for \"a\"), in their order, are the same request: a retry from another client library replays instead of being refused. (Their order is not asked: parsers that read \"[]\" by position, Rack's and PHP's, read reordered fields as another request.)",
 		Source:       draft + " §2.4; WHATWG URL §5 (application/x-www-form-urlencoded)",
 		perOperation: checkCanonicalForm,
 	},
@@ -287,13 +287,13 @@ func checkCanonicalForm(ctx context.Context, s *session, t *target) error {
 	}
 	other := q
 	if other.body = respelled(q.value); bytes.Equal(other.body, q.body) {
-		return skipped("the form has no field to reorder or spell otherwise")
+		return skipped("the form has no field to spell otherwise")
 	}
 	key, first, err := s.sendFirst(ctx, q)
 	if err != nil {
 		return err
 	}
-	return s.replays(ctx, other, key, first, fmt.Sprintf("the form with its fields reordered and percent-encoded otherwise (%.200s)", other.body))
+	return s.replays(ctx, other, key, first, fmt.Sprintf("the form with its fields percent-encoded otherwise (%.200s)", other.body))
 }
 
 func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
@@ -927,15 +927,16 @@ func relaid(v any) []byte {
 }
 
 // respelled is v as a form that another client library could send, and
-// that every form parser reads as the first: its keys in reverse order
-// (each key's values in theirs), every byte percent-encoded in lower-case
-// hex (a space as "%20", not "+"). It differs from url.Values.Encode's form
-// in every byte but the separators.
+// that every form parser reads as the first: its fields in the same order,
+// every byte percent-encoded in lower-case hex (a space as "%20", not
+// "+"). It differs from url.Values.Encode's form in every byte but the
+// separators.
 func respelled(v any) []byte {
 	form := url.Values{}
 	flatten(form, "", v)
+	// In the order withBody sends them (url.Values.Encode's): a form's
+	// order is part of its meaning.
 	keys := slices.Sorted(maps.Keys(form))
-	slices.Reverse(keys)
 	var b bytes.Buffer
 	for _, k := range keys {
 		for _, value := range form[k] {

@@ -30,8 +30,8 @@ type Profile struct {
 	// reordered keys and other whitespace are the same request.
 	CanonicalJSON bool `json:"canonical_json"`
 	// CanonicalForm says the fingerprint compares form fields, not bytes:
-	// fields of different keys reordered, and their bytes percent-encoded
-	// otherwise ("%20" for "+"), are the same request.
+	// fields whose bytes are percent-encoded otherwise ("%20" for "+"), in
+	// their order, are the same request.
 	CanonicalForm bool `json:"canonical_form"`
 	// WaitsForFirst says a duplicate may wait for the first request and get
 	// its answer instead of the in-flight answer.

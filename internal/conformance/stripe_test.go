@@ -211,7 +211,7 @@ operations:
 // TestProfiles checks an API of another manner than Oncekey's: it keeps
 // the promises as the stripe profile describes them, and the oncekey
 // profile fails it on exactly the answers in which the two differ. Its
-// bodies are forms: a form with its fields reordered and spelled otherwise
+// bodies are forms: a form with its fields spelled otherwise
 // replays (canonical-form), one with a value changed is refused
 // (mismatch-request), on every operation.
 func TestProfiles(t *testing.T) {

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"crypto/rand"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -46,8 +47,8 @@ paths:
 
 // TestBodiesOtherThanJSON: covered routes take form bodies and bodies of
 // any type. A form is validated against the document as a form, forwarded
-// in its canonical form, and replayed however its fields are ordered; other
-// bodies go upstream as sent.
+// as sent, and replayed however its fields are spelled, but not reordered;
+// other bodies go upstream as sent too.
 func TestBodiesOtherThanJSON(t *testing.T) {
 	t.Parallel()
 	const form = "application/x-www-form-urlencoded"
@@ -80,15 +81,17 @@ func TestBodiesOtherThanJSON(t *testing.T) {
 	key := uuid.NewString()
 	first, body := c.post("/charges", key, "amount=500&currency=eur&description=gift+wrap", "Content-Type", form)
 	require.Equal(t, http.StatusCreated, first.StatusCode, "%s", body)
-	again, replayed := c.post("/charges", key, "description=gift%20wrap&&currency=eur&amount=500", "Content-Type", form+"; charset=UTF-8")
+	again, replayed := c.post("/charges", key, "amount=500&&currency=%65ur&description=gift%20wrap", "Content-Type", form+"; charset=UTF-8")
 	require.Equal(t, http.StatusCreated, again.StatusCode, "%s", replayed)
-	require.Equal(t, "true", again.Header.Get(idempotency.HeaderReplayed), "the form reordered is the same request")
+	require.Equal(t, "true", again.Header.Get(idempotency.HeaderReplayed), "the form respelled is the same request")
 	require.Equal(t, body, replayed)
-	require.Equal(t, []string{form + " amount=500&currency=eur&description=gift+wrap"}, upstreamSaw(), "the upstream ran it once, on the canonical form")
+	require.Equal(t, []string{form + " amount=500&currency=eur&description=gift+wrap"}, upstreamSaw(), "the upstream ran it once, on the form as sent")
 
-	resp, body := c.post("/charges", key, "amount=501&currency=eur&description=gift+wrap", "Content-Type", form)
-	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the ietf profile: %s", body)
-	require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
+	for _, other := range []string{"amount=501&currency=eur&description=gift+wrap", "description=gift+wrap&currency=eur&amount=500"} {
+		resp, body := c.post("/charges", key, other, "Content-Type", form)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the ietf profile: %s: %s", other, body)
+		require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
+	}
 
 	for _, refused := range []struct{ name, body, slug string }{
 		{"against the document", "amount=many&currency=eur", problem.Validation.Slug},
@@ -106,11 +109,69 @@ func TestBodiesOtherThanJSON(t *testing.T) {
 
 	const upload = "--b\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\n\x00\xff\r\n--b--\r\n"
 	key = uuid.NewString()
-	resp, _ = c.post("/uploads", key, upload, "Content-Type", "multipart/form-data; boundary=b")
+	resp, _ := c.post("/uploads", key, upload, "Content-Type", "multipart/form-data; boundary=b")
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	resp, _ = c.post("/uploads", key, upload, "Content-Type", "multipart/form-data; boundary=b")
 	require.Equal(t, "true", resp.Header.Get(idempotency.HeaderReplayed))
 	require.Contains(t, upstreamSaw(), "multipart/form-data; boundary=b "+upload, "other bodies go upstream as sent")
 	resp, body = c.post("/uploads", key, upload, "Content-Type", "application/octet-stream")
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the same bytes as another type: %s", body)
+}
+
+// TestUpstreamReceivesTheBytesSent: whatever the fingerprint makes of a
+// body, the upstream receives the client's bytes: decimals beyond a
+// double, -0, a form whose order Rack reads, and a JSON body labelled a
+// form (as curl -d sends it), each byte for byte, with the Content-Type
+// and Content-Length sent. A retry spelled differently but meaning the
+// same replays without reaching the upstream.
+func TestUpstreamReceivesTheBytesSent(t *testing.T) {
+	t.Parallel()
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
+			upstreamReceivesTheBytesSent(t, store.open(t))
+		})
+	}
+}
+
+func upstreamReceivesTheBytesSent(t *testing.T, open func(gateway.Config) http.Handler) {
+	var mu sync.Mutex
+	var got []string // Content-Type, Content-Length and raw body of each request upstream
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		require.NoError(t, err)
+		mu.Lock()
+		got = append(got, fmt.Sprintf("%s|%d|%s", r.Header.Get("Content-Type"), r.ContentLength, b))
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(upstream.Close)
+	rs := []gateway.Route{{Method: "POST", Path: "/orders"}}
+	gw := httptest.NewServer(open(gateway.Config{Upstream: mustURL(t, upstream.URL), Routes: rs, Scope: keyscope.Header("X-Account-Id")}))
+	t.Cleanup(gw.Close)
+	c := client{t, gw.URL, "acct-" + rand.Text()}
+
+	const form = "application/x-www-form-urlencoded"
+	for _, tc := range []struct{ name, contentType, body, retry string }{
+		{"decimals", "application/json", `{"amount":123456789.123456789123,"rate":1.00000000000000000001}`, ` {"rate":1.00000000000000000001,"amount":123456789.1234567891230}`},
+		{"negative zero", "application/json", `-0`, `0`},
+		{"Rack's arrays of hashes", form, "order[items][][sku]=A&order[items][][qty]=1&order[items][][sku]=B&order[items][][qty]=5", "order%5Bitems%5D%5B%5D%5Bsku%5D=A&order[items][][qty]=1&&order[items][][sku]=B&order[items][][qty]=5"},
+		{"JSON sent as a form, as curl -d does", form, `{"amount":123456789.123456789123}`, ""},
+	} {
+		key := uuid.NewString()
+		resp, body := c.post("/orders", key, tc.body, "Content-Type", tc.contentType)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s: %s", tc.name, body)
+		mu.Lock()
+		last := got[len(got)-1]
+		n := len(got)
+		mu.Unlock()
+		require.Equal(t, fmt.Sprintf("%s|%d|%s", tc.contentType, len(tc.body), tc.body), last, "%s: the upstream receives the bytes sent", tc.name)
+		if tc.retry != "" {
+			resp, body = c.post("/orders", key, tc.retry, "Content-Type", tc.contentType)
+			require.Equal(t, "true", resp.Header.Get(idempotency.HeaderReplayed), "%s: the same request respelled replays: %s", tc.name, body)
+			mu.Lock()
+			require.Len(t, got, n, "%s: the retry did not reach the upstream", tc.name)
+			mu.Unlock()
+		}
+	}
 }

@@ -13,13 +13,13 @@ import (
 // route's clients put it (a header, or a member of the JSON body), the
 // scope and the body, and runs the operation with them, forwarding the
 // request upstream as it came.
-func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], rt *route, cfg Config, fwd http.Handler) http.Handler {
+func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], rt *route, cfg Config, scope func(*http.Request) (string, error), fwd http.Handler) http.Handler {
 	limit := cfg.MaxBodyBytes
 	if limit <= 0 {
 		limit = idempotency.DefaultMaxBodyBytes
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		in, err := rt.prepare(w, r, cfg.Scope, limit)
+		in, err := rt.prepare(w, r, scope, limit)
 		if err != nil {
 			if cfg.Observer != nil {
 				cfg.Observer.Outcome(op.Name(), idempotency.OutcomeRejected)

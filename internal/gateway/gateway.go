@@ -55,6 +55,11 @@ type Config struct {
 	Routes []Route
 	// Scope names the caller a request's key belongs to (keyscope).
 	Scope func(r *http.Request) (string, error)
+	// Namespace keeps this gateway's keys apart from those of gateways in
+	// front of other upstreams on the same store: every key is stored
+	// under NamespacedScope(Namespace, scope). Empty: DefaultNamespace of
+	// the upstream.
+	Namespace string
 	// TTL, Wait and MaxBodyBytes are the engine's (zero: its defaults).
 	TTL, Wait    time.Duration
 	MaxBodyBytes int64
@@ -95,12 +100,18 @@ const DefaultUpstreamTimeout = 30 * time.Second
 const leaseMargin = 10 * time.Second
 
 // New returns the gateway for cfg, whose keys store keeps.
-func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error) {
+func New[U any](cfg Config, store idempotency.HeldStore[U]) (*Gateway, error) {
 	if cfg.Upstream == nil || cfg.Upstream.Scheme == "" || cfg.Upstream.Host == "" {
 		return nil, errors.New("gateway: the upstream must be an absolute URL, such as http://127.0.0.1:3000")
 	}
 	if cfg.Scope == nil {
 		return nil, errors.New("gateway: a scope source is required")
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace(cfg.Upstream)
+	}
+	if err := CheckNamespace(cfg.Namespace); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if cfg.UpstreamTimeout <= 0 {
 		cfg.UpstreamTimeout = DefaultUpstreamTimeout
@@ -131,8 +142,10 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 			return nil, fmt.Errorf("gateway: route %s %s: %w", rt.Method, rt.Path, err)
 		}
 	}
+	// The engine's and the front door's, which reads requests itself.
+	scope := namespaced(cfg.Namespace, cfg.Scope)
 	e := idempotency.New(idempotency.Config{
-		Scope:        cfg.Scope,
+		Scope:        scope,
 		Route:        matchedRoute,
 		TTL:          cfg.TTL,
 		Wait:         cfg.Wait,
@@ -148,34 +161,41 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (http.Handler, error
 		Observer:   cfg.Observer,
 	})
 	fwd := newForwarder(cfg, answers)
-	g := &gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP}
+	g := &Gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP, engine: e, answers: answers}
 	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
 	for i := range routes {
 		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{
 			Name: idempotency.OperationName(routes[i].Method, routes[i].Path), TTL: routes[i].TTL, Wait: routes[i].Wait,
 		}, held)
-		routes[i].handler = frontDoor(e, op, &routes[i], cfg, fwd)
+		routes[i].handler = frontDoor(e, op, &routes[i], cfg, scope, fwd)
 	}
 	return g, nil
 }
 
-// gateway routes covered requests through their operation, and passes
+// Gateway routes covered requests through their operation, and passes
 // every other request through.
-type gateway struct {
+type Gateway struct {
 	routes  []route
 	pass    http.Handler
 	observe func(route, method string, status int, d time.Duration)
+	engine  *idempotency.Engine
+	answers answers
 }
 
-func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// Shutdown stores what the gateway's answers left unsettled, once it has
+// stopped serving: a settle the store failed is kept in memory and
+// retried until then (idempotency.HeldConfig.MaxPending); here it is
+// tried once more within ctx, and each key left is logged, of unknown
+// outcome once its lease ends.
+func (g *Gateway) Shutdown(ctx context.Context) error { return g.engine.Shutdown(ctx) }
+
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h, pattern := g.pass, ""
-	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-	for i := range g.routes {
-		if rt := &g.routes[i]; rt.Method == r.Method && rt.matches(segments) {
-			r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
-			h, pattern = rt.handler, rt.Path
-			break
-		}
+	if refuse := ambiguous(r, g.answers); refuse != nil {
+		h = refuse
+	} else if rt := g.match(r); rt != nil {
+		r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+		h, pattern = rt.handler, rt.Path
 	}
 	if g.observe == nil {
 		h.ServeHTTP(w, r)
@@ -193,6 +213,18 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.observe(pattern, r.Method, status, time.Since(start))
 	}()
 	h.ServeHTTP(ww, r)
+}
+
+// match is the covered route r is of, or nil.
+func (g *Gateway) match(r *http.Request) *route {
+	segments := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	for i := range g.routes {
+		// Methods too match in any case: an upstream may read "post" as POST.
+		if rt := &g.routes[i]; strings.EqualFold(rt.Method, r.Method) && rt.matches(segments) {
+			return rt
+		}
+	}
+	return nil
 }
 
 // route is a Route ready to match, with its operation's handler.
@@ -241,7 +273,7 @@ func (rt *route) matches(got []string) bool {
 		return false
 	}
 	for i, s := range rt.segments {
-		if !isParam(s) && s != got[i] {
+		if !isParam(s) && !segmentMatches(s, got[i]) {
 			return false
 		}
 	}
@@ -265,6 +297,7 @@ func matchedRoute(r *http.Request) string {
 type forwarder struct {
 	proxy   *httputil.ReverseProxy
 	log     *slog.Logger
+	maxBody int64 // 0: no limit of the gateway's own
 	answers answers
 }
 
@@ -281,7 +314,7 @@ func newForwarder(cfg Config, answers answers) *forwarder {
 		t.IdleConnTimeout = 4 * time.Second
 		transport = t
 	}
-	f := &forwarder{log: cfg.Logger, answers: answers}
+	f := &forwarder{log: cfg.Logger, maxBody: cfg.MaxBodyBytes, answers: answers}
 	upstream := cfg.Upstream
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -319,6 +352,12 @@ func newForwarder(cfg Config, answers answers) *forwarder {
 type sentKey struct{}
 
 func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.maxBody > 0 && r.ContentLength > f.maxBody {
+		// A passed-through body streams upstream: one declared too large
+		// is refused before any of it goes.
+		f.answers.write(w, r, fmt.Errorf("%w: the body is %d bytes; the limit is %d", idempotency.ErrBodyTooLarge, r.ContentLength, f.maxBody))
+		return
+	}
 	var sent atomic.Bool
 	ctx := context.WithValue(r.Context(), sentKey{}, &sent)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
@@ -331,6 +370,12 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // was written, nothing can have run: 502, and the key is freed. After, the
 // upstream may have run it: the outcome is unknown.
 func (f *forwarder) failed(w http.ResponseWriter, r *http.Request, err error) {
+	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		// A streamed body ran past the limit: the upstream got a
+		// truncated body, which it cannot have read as a request.
+		f.answers.write(w, r, fmt.Errorf("%w: the body exceeds the limit of %d bytes", idempotency.ErrBodyTooLarge, tooLarge.Limit))
+		return
+	}
 	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
 	if sent != nil && sent.Load() && idempotency.MarkUnknown(r, fmt.Errorf("the upstream did not answer: %w", err)) {
 		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer; its outcome is unknown", "err", err, "path", r.URL.Path)

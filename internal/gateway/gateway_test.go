@@ -147,6 +147,10 @@ func TestOutcomes(t *testing.T) {
 		// path is /transfers unless given; body is a valid transfer
 		// unless given.
 		path, body string
+		// retryBody and retryHeader, if given, make the retry another
+		// request under the same key.
+		retryBody   string
+		retryHeader []string
 		// fault is the first request's X-Fault; the retry has none.
 		fault string
 		cfg   func(*gateway.Config)
@@ -203,6 +207,20 @@ func TestOutcomes(t *testing.T) {
 			name: "against the document: 400, no key consumed", body: `{"amount":"five","currency":"EUR"}`,
 			first: exchange{status: 400, problem: "validation-error"}, retry: exchange{status: 400, problem: "validation-error"}, runs: 0,
 		},
+		{
+			name: "a number that differs beyond a double's precision is another request: 422 (409 under oncekey)", cfg: noValidation,
+			retryBody: `{"amount":500.0000000000000000001,"currency":"EUR"}`,
+			first:     exchange{status: 201}, retry: exchange{status: 422, problem: idempotency.ProblemKeyMismatch.Slug}, runs: 1,
+		},
+		{
+			name: "the same body as another JSON media type is another request: 422 (409 under oncekey)", cfg: noValidation,
+			retryHeader: []string{"Content-Type", "application/merge-patch+json"},
+			first:       exchange{status: 201}, retry: exchange{status: 422, problem: idempotency.ProblemKeyMismatch.Slug}, runs: 1,
+		},
+		{
+			name: "a query that does not parse: 400, nothing sent, no key consumed", path: "/transfers?note=a;b",
+			first: exchange{status: 400, problem: idempotency.ProblemMalformedQuery.Slug}, retry: exchange{status: 400, problem: idempotency.ProblemMalformedQuery.Slug}, runs: 0,
+		},
 	}
 	for _, store := range stores {
 		t.Run(store.name, func(t *testing.T) {
@@ -247,7 +265,11 @@ func TestOutcomes(t *testing.T) {
 					}
 					resp1, body1 := client{t, first.URL, scope}.post(path, key, body, fault...)
 					check("first", tt.first, resp1, body1)
-					resp2, body2 := client{t, live.URL, scope}.post(path, key, body)
+					retryBody := body
+					if tt.retryBody != "" {
+						retryBody = tt.retryBody
+					}
+					resp2, body2 := client{t, live.URL, scope}.post(path, key, retryBody, tt.retryHeader...)
 					check("retry", tt.retry, resp2, body2)
 					if tt.sameResponse {
 						require.Equal(t, body1, body2, "a replay is byte-exact")
@@ -259,6 +281,10 @@ func TestOutcomes(t *testing.T) {
 		})
 	}
 }
+
+// noValidation covers POST /transfers without the document's body
+// schema, so that a request the schema would refuse reaches the protocol.
+func noValidation(c *gateway.Config) { c.Routes = []gateway.Route{{Method: "POST", Path: "/transfers"}} }
 
 // TestEdges: what the gateway passes, refuses and forwards.
 func TestEdges(t *testing.T) {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"unicode"
@@ -14,7 +15,7 @@ import (
 // as "ns:" + namespace + "|" + scope. A namespace holds no "|", so the
 // first "|" after the prefix always ends it, and no two (namespace, scope)
 // pairs are stored alike. Keys that a gateway stored before namespaces
-// existed carry the caller's scope alone (see legacyScope).
+// existed carry the caller's scope alone (see LegacyScopes).
 const (
 	namespacePrefix = "ns:"
 	namespaceEnd    = "|"
@@ -57,6 +58,18 @@ func DefaultNamespace(upstream *url.URL) string {
 // namespace ns.
 func NamespacedScope(ns, scope string) string {
 	return namespacePrefix + ns + namespaceEnd + scope
+}
+
+// namespaced is scope, its answers stored in namespace ns. An empty scope
+// stays empty, so that the engine still refuses it (ErrNoScope).
+func namespaced(ns string, scope func(*http.Request) (string, error)) func(*http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
+		s, err := scope(r)
+		if err != nil || s == "" {
+			return s, err
+		}
+		return NamespacedScope(ns, s), nil
+	}
 }
 
 // SplitScope reads a stored scope back into its namespace and the

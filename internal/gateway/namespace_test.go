@@ -43,3 +43,12 @@ func TestDefaultNamespaceIsTheUpstreamsOrigin(t *testing.T) {
 		require.NoError(t, CheckNamespace(DefaultNamespace(u)), raw)
 	}
 }
+
+// TestNamespacedScopeIsPinned pins the stored scope of a (namespace,
+// scope) pair; the Caddy module's TestNamespacedScopeIsTheGatewaysTwin
+// pins the same string, so that a Caddy site and oncekey proxy of one
+// namespace share their keys.
+func TestNamespacedScopeIsPinned(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "ns:payments-api|acct-9", NamespacedScope("payments-api", "acct-9"))
+}

@@ -45,6 +45,7 @@ var problems = []struct {
 	{err: idempotency.ErrMissingKey, kind: problem.MissingIdempotencyKey},
 	{err: idempotency.ErrInvalidKey, kind: problem.InvalidIdempotencyKey},
 	{err: idempotency.ErrMalformedBody, kind: problem.MalformedJSON},
+	{err: idempotency.ErrMalformedQuery, kind: problem.MalformedQuery},
 	{err: idempotency.ErrBodyTooLarge, kind: problem.PayloadTooLarge},
 	{err: idempotency.ErrKeyMismatch, kind: problem.KeyMismatch},
 	{err: idempotency.ErrInFlight, kind: problem.InProgress, detail: "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"},

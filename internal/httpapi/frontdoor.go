@@ -3,11 +3,13 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -108,10 +110,11 @@ func requestFrom(ctx context.Context) *request {
 //
 // The body's schema is the one part of the contract checked later, by the
 // protocol, only when the operation is about to run (validateBody): a
-// replay's body is the very body (the same canonical bytes, or its
-// fingerprint would differ) that passed the check when its operation ran,
-// so checking it again would only cost time. A body that fails it still
-// consumes no key.
+// replay's body means exactly what the body that passed the check when its
+// operation ran meant (the fingerprint ignores only what no JSON parser
+// reads), so checking it again would only cost time. A body that fails it
+// still consumes no key. The handlers read the body as sent, numbers by
+// their exact value (integral).
 type frontDoor struct {
 	ops      *oapi.Operations
 	contract contract
@@ -541,7 +544,65 @@ func (c contract) checkJSON(r *http.Request, rb *openapi3.RequestBody, body []by
 	if err := media.Schema.Value.VisitJSON(value, jsonBodyOptions...); err != nil {
 		return nil, false
 	}
-	return value, true
+	return integral(value), true
+}
+
+// integral respells, in a body's decoded value, each number that is an
+// integer written with a fraction or an exponent (2.0, 1.2e3) as that
+// integer. The operation reads the body as sent, and the fingerprint
+// compares numbers as exact values: "qty":2.0 and "qty":2 are one request,
+// so the operation must read them alike, but a generated type's integer
+// field binds only the second as written. Numbers beyond int64 are left
+// as they are.
+func integral(v any) any {
+	switch v := v.(type) {
+	case json.Number:
+		if n, ok := integerSpelling(string(v)); ok {
+			return json.Number(n)
+		}
+	case []any:
+		for i := range v {
+			v[i] = integral(v[i])
+		}
+	case map[string]any:
+		for k := range v {
+			v[k] = integral(v[k])
+		}
+	}
+	return v
+}
+
+// integerSpelling is lit, a JSON number with a fraction or an exponent,
+// spelled as the integer it is, if it is one of at most 19 digits.
+func integerSpelling(lit string) (string, bool) {
+	if !strings.ContainsAny(lit, ".eE") {
+		return "", false
+	}
+	sign := ""
+	if strings.HasPrefix(lit, "-") {
+		sign, lit = "-", lit[1:]
+	}
+	mantissa, exponent, _ := strings.Cut(strings.ToLower(lit), "e")
+	exp := 0
+	if exponent != "" {
+		e, err := strconv.Atoi(strings.TrimPrefix(exponent, "+"))
+		if err != nil {
+			return "", false
+		}
+		exp = e
+	}
+	whole, fraction, _ := strings.Cut(mantissa, ".")
+	digits := strings.TrimLeft(whole+fraction, "0")
+	exp -= len(fraction)
+	trimmed := strings.TrimRight(digits, "0")
+	exp += len(digits) - len(trimmed)
+	switch {
+	case trimmed == "":
+		return "0", true
+	case exp < 0 || len(trimmed)+exp > 19:
+		return "", false
+	}
+	return sign + trimmed + strings.Repeat("0", exp), true
 }
 
 // jsonBodyOptions are the options ValidateRequestBody validates a JSON

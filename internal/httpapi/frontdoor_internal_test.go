@@ -134,3 +134,19 @@ func TestKeySchema(t *testing.T) {
 		t.Error("a header with another pattern would be left unchecked")
 	}
 }
+
+// TestIntegerSpelling: a number the fingerprint counts as an integer
+// (1.2e3, 2.0) binds as one; what is no integer, or beyond int64, is left
+// to the contract and the decoder.
+func TestIntegerSpelling(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ lit, want string }{
+		{"2.0", "2"}, {"1.2e3", "1200"}, {"-1.50E+1", "-15"}, {"0.0e5", "0"}, {"-0.0", "0"},
+		{"1000e-3", "1"}, {"9.223372036854775807e18", "9223372036854775807"},
+		{"2", ""}, {"2.5", ""}, {"1e-1", ""}, {"1e19", ""}, {"1e999999999", ""},
+	} {
+		if got, ok := integerSpelling(tc.lit); got != tc.want || ok != (tc.want != "") {
+			t.Errorf("integerSpelling(%q) = %q, %v; want %q", tc.lit, got, ok, tc.want)
+		}
+	}
+}

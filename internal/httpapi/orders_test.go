@@ -45,14 +45,15 @@ func TestCreateOrderFirstAndReplay(t *testing.T) {
 	})
 }
 
-// TestOperationRunsOnTheCanonicalBody: a request is executed exactly as it
-// was fingerprinted, so two spellings of one request are one operation
-// whichever arrives first.
-func TestOperationRunsOnTheCanonicalBody(t *testing.T) {
+// TestOperationReadsNumbersByValue: the operation reads the body as sent,
+// and its numbers by their exact value, as the fingerprint compares them:
+// two spellings of one request (2.0 and 2, 1.2e3 and 1200) are one
+// operation whichever arrives first.
+func TestOperationReadsNumbersByValue(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backendCase) {
 		b := setup(t, be.open(t), options{})
-		key := "canonical-body"
+		key := "numbers-by-value"
 		first := b.createOrder(t, key, `{"items":[{"sku":"SKU-1","qty":2.0}],"amount":1.2e3,"currency":"RUB"}`)
 		require.Equal(t, http.StatusCreated, first.StatusCode(), "1.2e3 is the integer 1200: %s", first.Body)
 		require.EqualValues(t, 1200, first.JSON201.Amount)

@@ -92,6 +92,10 @@ func (cs *conns) observe(c net.Conn, state http.ConnState) {
 			*info = connInfo{phase: phaseReading, since: time.Now()}
 		}
 	case http.StateIdle:
+		// The response is out: a write deadline left from it must not
+		// fall on what net/http writes by itself on this connection later
+		// (a 400 for a malformed next request).
+		_ = c.SetWriteDeadline(time.Time{})
 		if info, ok := cs.open[c]; ok {
 			*info = connInfo{phase: phaseWaiting, idle: true, since: time.Now()}
 		}

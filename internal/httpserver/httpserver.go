@@ -10,12 +10,19 @@
 //
 //   - a body deadline that follows a minimum transfer rate: a request's
 //     first n body bytes must arrive within BodyTimeout + n/MinBodyRate of
-//     the headers, so a client that stalls is cut off after BodyTimeout and
+//     waiting for them (from the headers, when the body is read first), so
+//     a client that stalls is cut off after BodyTimeout and
 //     one that trickles below the rate soon after, while a slow but steady
 //     upload of a large body is never cut;
+//   - a write deadline that follows a minimum rate in the same way: each
+//     write of n bytes must be taken by the client within WriteTimeout +
+//     n/MinWriteRate, so a client that stops reading is cut off and its
+//     request's slot freed, while a slow event stream that the client
+//     reads is never cut (only writes are timed, not the gaps between);
 //   - IdleTimeout for keep-alive connections;
-//   - a cap on requests running at once, beyond which a request is
-//     answered at once with 503 and Retry-After, and a cap on open
+//   - a cap on requests admitted at once, taken before the body is read,
+//     beyond which a request is answered at once with 503 and
+//     Retry-After, without its body being read, and a cap on open
 //     connections, at which a new one replaces one with no request running
 //     (idle, or stalled longest) or, with none, is closed at once;
 //   - graceful shutdown that closes at once every connection with no request
@@ -30,7 +37,10 @@
 // not come. Serve wraps the handler so that the request body is read in
 // full, up to MaxBodyBytes and under the body deadline, before the wrapped
 // handler is called, and only then marks the request running. The other
-// phases come from http.Server.ConnState (new, active, idle, closed). At
+// phases come from http.Server.ConnState (new, active, idle, closed).
+// (With StreamBodies the request is marked running before its body is in;
+// once the drain has started, each further read of its body must bring
+// bytes within drainStall.) At
 // shutdown:
 //
 //   - a connection idle, new, or still sending headers is closed at once;
@@ -52,9 +62,11 @@
 // from a long operation.
 //
 // Reading the body first has a price: the handler never streams its body,
-// and up to MaxBodyBytes is buffered per request being read (so at most
-// MaxConns × MaxBodyBytes, of bytes that clients really sent). It suits an
-// API of small JSON bodies, which is what this package is for.
+// and up to MaxBodyBytes is buffered per request admitted (so at most
+// MaxInFlight × MaxBodyBytes, of bytes that clients really sent: the slot
+// is taken before the body is read). It suits an API of small JSON bodies,
+// which is what this package is for; StreamBodies is for a handler that
+// passes bodies on.
 //
 // Serve speaks HTTP/1.1 only: one request at a time per connection is what
 // lets a connection's phase stand for its request's.
@@ -91,14 +103,36 @@ type Config struct {
 	MaxHeaderBytes int
 
 	// BodyTimeout and MinBodyRate bound the time to read a body: its first
-	// n bytes must have arrived BodyTimeout + n/MinBodyRate after the
-	// headers, or the connection is closed without an answer (as net/http
-	// does on a header timeout: a client that stopped sending is gone or
-	// hostile, and need not be waited on to read a reply). The defaults,
-	// 5 s and 32 KiB/s, give a 1 MiB body 37 s.
+	// n bytes must have arrived after at most BodyTimeout + n/MinBodyRate
+	// spent waiting for them (with StreamBodies, the time the handler
+	// spends between its reads does not count), or the connection is
+	// closed without an answer (as net/http does on a header timeout: a
+	// client that stopped sending is gone or hostile, and need not be
+	// waited on to read a reply). The defaults, 5 s and 32 KiB/s, give a
+	// 1 MiB body 37 s.
 	BodyTimeout time.Duration
 	// MinBodyRate is in bytes per second; see BodyTimeout.
 	MinBodyRate int64
+
+	// StreamBodies hands the handler the request body as it arrives, under
+	// the same deadline and limit, instead of reading it in full first: for
+	// a handler that passes bodies on (a reverse proxy) and buffers only
+	// what it must. Such a request counts as running from the start, so a
+	// shutdown waits for it, but a body that stops coming is still cut off
+	// as above (and, once shutdown has started, a read that finds no bytes
+	// within 250 ms).
+	StreamBodies bool
+
+	// WriteTimeout and MinWriteRate bound the time a client may take to
+	// read the response: each write of n bytes to the connection must be
+	// taken within WriteTimeout + n/MinWriteRate of its start, or the
+	// connection is closed and the request's slot freed. Only writes are
+	// timed, not the gaps between them, so a handler that sends a slow
+	// event stream to a client that reads it is never cut off. The
+	// defaults, 10 s and 32 KiB/s, give a 32 KiB write 11 s.
+	WriteTimeout time.Duration
+	// MinWriteRate is in bytes per second; see WriteTimeout.
+	MinWriteRate int64
 
 	// IdleTimeout closes a keep-alive connection that has sent no new
 	// request for that long (default 60 s).
@@ -122,10 +156,12 @@ type Config struct {
 	// meet MaxInFlight first.
 	MaxConns int
 
-	// MaxInFlight caps requests running at once (default 256). A request
-	// beyond it is answered at once by Overloaded, after its body is read
-	// (so the connection stays usable), rather than queueing for the
-	// database until its own timeout.
+	// MaxInFlight caps requests admitted at once (default 256): a request
+	// holds its slot from before its body is read until its response is
+	// written. A request beyond it is answered at once by Overloaded,
+	// without its body being read (a request with a body is then answered
+	// Connection: close), rather than queueing for the database until its
+	// own timeout.
 	MaxInFlight int
 
 	// RetryAfter is the Retry-After sent with Overloaded's answer, in whole
@@ -149,6 +185,8 @@ const (
 	defaultMaxHeaderBytes    = 32 << 10
 	defaultBodyTimeout       = 5 * time.Second
 	defaultMinBodyRate       = 32 << 10
+	defaultWriteTimeout      = 10 * time.Second
+	defaultMinWriteRate      = 32 << 10
 	defaultIdleTimeout       = 60 * time.Second
 	defaultShutdownTimeout   = 30 * time.Second
 	defaultMaxInFlight       = 256
@@ -171,6 +209,8 @@ func (c Config) withDefaults() Config {
 	setDefault(&c.MaxHeaderBytes, defaultMaxHeaderBytes)
 	setDefault(&c.BodyTimeout, defaultBodyTimeout)
 	setDefault(&c.MinBodyRate, defaultMinBodyRate)
+	setDefault(&c.WriteTimeout, defaultWriteTimeout)
+	setDefault(&c.MinWriteRate, defaultMinWriteRate)
 	setDefault(&c.IdleTimeout, defaultIdleTimeout)
 	setDefault(&c.ShutdownTimeout, defaultShutdownTimeout)
 	setDefault(&c.MaxConns, defaultMaxConns())

@@ -35,6 +35,11 @@ type Metrics struct {
 	idemRequests *prometheus.CounterVec
 	idemWait     *prometheus.HistogramVec
 
+	settleFailures *prometheus.CounterVec
+	settlesPending prometheus.Gauge
+	settlesDropped *prometheus.CounterVec
+	settlesOnce    sync.Once
+
 	redisRequests  *prometheus.CounterVec
 	redisFallbacks prometheus.Counter
 	redisBreaker   prometheus.Gauge
@@ -73,6 +78,17 @@ func New() *Metrics {
 	m.idemWait = f.histogramVec("oncekey_idempotency_duplicate_wait_seconds",
 		"Time duplicates spent claiming their key, which includes waiting for an in-flight first request, by outcome. The 1.05 bucket catches waits that ran out the default 1s budget.",
 		[]float64{.001, .005, .01, .025, .05, .1, .25, .5, .75, 1, 1.05, 1.5, 2, 5}, "operation", "outcome")
+
+	// A gateway's families, registered by HeldOperations: the service
+	// has no held operation.
+	m.settleFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oncekey_idempotency_settle_failures_total",
+		Help: "Failed attempts to store the outcome of a gateway's held operation (its settle or release): each is kept in memory and retried with backoff until stored."},
+		[]string{"operation"})
+	m.settlesPending = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oncekey_idempotency_settles_pending",
+		Help: "Outcomes of a gateway's held operations that the store has not taken yet, kept in memory and retried: this process replays them, other replicas find their keys held, then unknown past the lease, until stored."})
+	m.settlesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oncekey_idempotency_settles_dropped_total",
+		Help: "Outcomes of a gateway's held operations given up before the store took them, by reason: bound (more were kept in memory than allowed), shutdown (the last attempt at exit failed too), expired (the key's TTL ended). Each such key is of unknown outcome once its lease ends."},
+		[]string{"operation", "reason"})
 
 	m.redisRequests = f.counterVec("oncekey_redis_requests_total",
 		"Redis fast-path look-ups by result: hit, miss, error, rejected (a cached record whose HMAC did not verify: forged, or sealed under another ONCEKEY_REDIS_SECRET), skipped while the breaker leaves Redis alone, or bypassed (not looked up: replays were rare, so the claim went straight to PostgreSQL; all 0 when REDIS_URL is not set).", "result")
@@ -213,6 +229,33 @@ var outcomes = []idempotency.Outcome{idempotency.OutcomeExecuted, idempotency.Ou
 func (m *Metrics) Outcome(operation string, o idempotency.Outcome) {
 	m.idemRequests.WithLabelValues(operation, string(o)).Inc()
 }
+
+// SettleFailed implements idempotency.SettleObserver.
+func (m *Metrics) SettleFailed(operation string) { m.settleFailures.WithLabelValues(operation).Inc() }
+
+// SettlesPending implements idempotency.SettleObserver.
+func (m *Metrics) SettlesPending(delta int) { m.settlesPending.Add(float64(delta)) }
+
+// SettleDropped implements idempotency.SettleObserver.
+func (m *Metrics) SettleDropped(operation, reason string) {
+	m.settlesDropped.WithLabelValues(operation, reason).Inc()
+}
+
+// HeldOperations exports the families of a gateway's held operations'
+// settles (once), and makes the series of each of names exist from the
+// start at zero, as Operations does for the outcomes.
+func (m *Metrics) HeldOperations(names ...string) {
+	m.settlesOnce.Do(func() { m.Registry.MustRegister(m.settleFailures, m.settlesPending, m.settlesDropped) })
+	for _, name := range names {
+		m.settleFailures.WithLabelValues(name)
+		for _, reason := range []string{idempotency.DroppedBound, idempotency.DroppedShutdown, idempotency.DroppedExpired} {
+			m.settlesDropped.WithLabelValues(name, reason)
+		}
+	}
+}
+
+// Metrics counts held operations' settles too.
+var _ idempotency.SettleObserver = (*Metrics)(nil)
 
 // DuplicateWait implements idempotency.Observer.
 func (m *Metrics) DuplicateWait(operation string, o idempotency.Outcome, d time.Duration) {

@@ -22,7 +22,7 @@ func TestProtocolSlugsDeclaredOnce(t *testing.T) {
 	root := filepath.Join("..", "..")
 	protocol := []idempotency.Problem{
 		idempotency.ProblemMissingKey, idempotency.ProblemInvalidKey, idempotency.ProblemMalformedBody,
-		idempotency.ProblemMalformedForm, idempotency.ProblemMalformedContentType,
+		idempotency.ProblemMalformedForm, idempotency.ProblemMalformedContentType, idempotency.ProblemMalformedQuery,
 		idempotency.ProblemBodyTooLarge, idempotency.ProblemNoScope, idempotency.ProblemKeyMismatch,
 		idempotency.ProblemInFlight, idempotency.ProblemUnavailable, idempotency.ProblemClientClosed,
 		idempotency.ProblemInternal,

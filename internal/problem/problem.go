@@ -47,7 +47,10 @@ var (
 		KeyConsumed: "no",
 	}
 	MalformedJSON = protocol(idempotency.ProblemMalformedBody,
-		"The body is not JSON, or its meaning is ambiguous: duplicate keys, invalid UTF-8, an integer beyond ±2^53, nesting deeper than 64.",
+		"The body is not JSON, or its meaning is ambiguous: duplicate keys, invalid UTF-8, a number whose exponent has more than 9 digits, nesting deeper than 64.",
+		"no")
+	MalformedQuery = protocol(idempotency.ProblemMalformedQuery,
+		"The query string of an operation with a key does not parse (a `;`, a malformed `%` escape): servers split and decode it differently, so it has no one meaning to bind the key to.",
 		"no")
 	MissingIdempotencyKey = protocol(idempotency.ProblemMissingKey,
 		"An unsafe operation came without `Idempotency-Key`.",

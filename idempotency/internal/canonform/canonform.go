@@ -5,16 +5,19 @@
 //
 // What does not change the canonical form (no parser tells these apart):
 //
-//   - the order of fields with different keys (keys are sorted by their
-//     decoded bytes);
 //   - how a byte is spelled: "+" or "%20" for a space, "%7E" or "~",
 //     "%2f" or "%2F", a raw byte or its escape;
 //   - empty pairs ("a=1&&b=2", a leading or trailing "&").
 //
 // What does (some parser, or the operation, reads these differently):
 //
-//   - the order of the values of one key ("a[]=1&a[]=2" is a list in that
-//     order);
+//   - the order of the fields, all of them: parsers that read "[]" by
+//     position build arrays from the order of fields of different names
+//     (Rack starts a new element of "items[][sku]=A&items[][qty]=1&..."
+//     when a key repeats, PHP appends for each "[]"), and PHP's and Ruby's
+//     arrays keep the order of their keys for whoever iterates them. Every
+//     parser reads a form as its decoded pairs in order, so two forms with
+//     one canonical form are read alike by every one;
 //   - "a=" and "a": Rack and others read the first as "" and the second as
 //     nil, so merging them could replay one request's answer to the other;
 //   - the case of a key, and any decoded byte of a key or value.
@@ -52,11 +55,19 @@ type field struct {
 	hasValue   bool
 }
 
-// Canonicalize returns the canonical form of body: its non-empty fields,
-// stably sorted by decoded key, each key and value re-encoded with
-// url.QueryEscape, "=" kept only where the field had one. A body without
-// fields canonicalises to an empty result.
-func Canonicalize(body []byte) ([]byte, error) {
+// Canonicalize returns the canonical form of body: its non-empty fields in
+// their order, each key and value re-encoded with url.QueryEscape, "="
+// kept only where the field had one. A body without fields canonicalises
+// to an empty result.
+func Canonicalize(body []byte) ([]byte, error) { return canonicalize(body, false) }
+
+// Legacy returns the canonical form of the rules before the order of
+// fields was kept: Canonicalize's, its fields stably sorted by decoded
+// key. Only the fingerprints of records stored under those rules are
+// compared with it.
+func Legacy(body []byte) ([]byte, error) { return canonicalize(body, true) }
+
+func canonicalize(body []byte, sorted bool) ([]byte, error) {
 	form := string(body)
 	if i := strings.IndexByte(form, ';'); i >= 0 {
 		return nil, fmt.Errorf("%w: a ';' at byte %d (send it as %%3B; as a separator it is read differently by different servers)", ErrInvalid, i)
@@ -86,9 +97,10 @@ func Canonicalize(body []byte) ([]byte, error) {
 		}
 		fields = append(fields, field{key, value, hasValue})
 	}
-	// Stable: the values of one key keep their order, which is their
-	// meaning ("a[]=1&a[]=2" is the list [1, 2]).
-	slices.SortStableFunc(fields, func(a, b field) int { return cmp.Compare(a.key, b.key) })
+	if sorted {
+		// Stable: the values of one key keep their order.
+		slices.SortStableFunc(fields, func(a, b field) int { return cmp.Compare(a.key, b.key) })
+	}
 	var out bytes.Buffer
 	for i, f := range fields {
 		if i > 0 {

@@ -24,6 +24,8 @@ func FuzzCanonicalForm(f *testing.F) {
 		"k%7e=%7E~&K=%c3%a9",
 		"=&=1&&&",
 		"a=b=c&%3D=%26",
+		"order[items][][sku]=A&order[items][][qty]=1&order[items][][sku]=B&order[items][][qty]=5",
+		"a[]=x&a[0]=y&a.b=1&a_b=2&a%5B=3",
 		"a=1%2B1&b=+",
 		"name=Jos\u00e9&city=%E4%B8%96%E7%95%8C",
 		"a=1;b=2",
@@ -56,12 +58,26 @@ func FuzzCanonicalForm(f *testing.F) {
 		if !ok || !reflect.DeepEqual(want, got) {
 			t.Fatalf("the canonical form means something else:\nbody:      %q → %v\ncanonical: %q → %v", body, want, canonical, got)
 		}
+		// Rack and PHP read the canonical form as they read the body, so
+		// two bodies of one canonical form are read alike by both.
+		if r1, r2 := rackRead(string(body)), rackRead(string(canonical)); r1 != r2 {
+			t.Fatalf("Rack reads them differently:\nbody:      %q → %s\ncanonical: %q → %s", body, r1, canonical, r2)
+		}
+		if p1, p2 := phpRead(string(body)), phpRead(string(canonical)); p1 != p2 {
+			t.Fatalf("PHP reads them differently:\nbody:      %q → %s\ncanonical: %q → %s", body, p1, canonical, p2)
+		}
 		goWant, err1 := url.ParseQuery(string(body))
 		goGot, err2 := url.ParseQuery(string(canonical))
 		if err1 != nil || err2 != nil || !reflect.DeepEqual(goWant, goGot) {
 			t.Fatalf("url.ParseQuery reads them differently:\nbody:      %q → %v (%v)\ncanonical: %q → %v (%v)", body, goWant, err1, canonical, goGot, err2)
 		}
 	})
+}
+
+// formField is one field of a form, decoded.
+type formField struct {
+	key   string
+	value formValue
 }
 
 // formValue is one value of a key as a strict parser reads it: nil ("a")
@@ -72,12 +88,12 @@ type formValue struct {
 }
 
 // decodeForm reads body as the WHATWG urlencoded parser does, but keeps
-// "a" and "a=" apart and each key's values in order, so that two bodies
-// that decode equal mean the same to every parser. The order of different
-// keys is not kept: no parser gives it meaning. false: body has a ";", a
-// malformed escape or decodes to invalid UTF-8.
-func decodeForm(body string) (map[string][]formValue, bool) {
-	out := map[string][]formValue{}
+// "a" and "a=" apart, as its pairs in order, so that two bodies that
+// decode equal mean the same to every parser (Rack's and PHP's read a
+// form's decoded pairs in order). false: body has a ";", a malformed
+// escape or decodes to invalid UTF-8.
+func decodeForm(body string) ([]formField, bool) {
+	var out []formField
 	for pair := range strings.SplitSeq(body, "&") {
 		if pair == "" {
 			continue
@@ -91,7 +107,7 @@ func decodeForm(body string) (map[string][]formValue, bool) {
 		if !ok1 || !ok2 {
 			return nil, false
 		}
-		out[key] = append(out[key], formValue{value, hasEquals})
+		out = append(out, formField{key, formValue{value, hasEquals}})
 	}
 	return out, true
 }

@@ -3,11 +3,13 @@ package canonjson_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/oncekey/oncekey/idempotency/internal/canonjson"
+	"github.com/oncekey/oncekey/idempotency/internal/jsonmeaning"
 )
 
 // fuzzSeeds are representative documents for both fuzz targets. More
@@ -21,6 +23,7 @@ var fuzzSeeds = []string{
 	`[[],{},[{}],{"":[]}]`,
 	`{"numbers":[333333333.33333329,4.50,2e-3,0.000000000000000000000000001,-0,5e-324]}`,
 	`[9007199254740992,-9007199254740992,9007199254740991,0.1,1e-7,123456789012345.6]`,
+	`{"amount":123456789.123456789123,"rate":1.00000000000000000001,"big":9007199254740993,"z":-0}`,
 	`{"\u20ac":"Euro Sign","\r":"Carriage Return","\ufb33":"Hebrew","1":"One","\ud83d\ude00":"Emoji","\u0080":"Control","\u00f6":"o"}`,
 	`"\u0041\u00e9\u2028\ud83d\ude00\\\"\/\b\f\n\r\t\u001f"`,
 	`"Привет, 世界 😀"`,
@@ -31,17 +34,21 @@ var fuzzSeeds = []string{
 	` `,
 }
 
-// decode parses doc with encoding/json into an untyped value. Go decodes
-// every JSON number to a float64, the same meaning model RFC 8785 uses, so
-// two documents mean the same thing exactly when their decoded values are
-// reflect.DeepEqual.
-func decode(t *testing.T, doc []byte) any {
+// decode parses doc into what it means (jsonmeaning: numbers as exact
+// decimals), the meaning model of Canonicalize: two documents mean the
+// same thing exactly when their decoded values are reflect.DeepEqual. ok
+// is false for a document with a number too large to decode exactly in a
+// test.
+func decode(t *testing.T, doc []byte) (v any, ok bool) {
 	t.Helper()
-	var v any
-	if err := json.Unmarshal(doc, &v); err != nil {
-		t.Fatalf("json.Unmarshal(%q): %v", doc, err)
+	v, err := jsonmeaning.Decode(doc)
+	if errors.Is(err, jsonmeaning.ErrHugeExponent) {
+		return nil, false
 	}
-	return v
+	if err != nil {
+		t.Fatalf("jsonmeaning.Decode(%q): %v", doc, err)
+	}
+	return v, true
 }
 
 // isJSONWhitespace reports whether doc consists only of the four
@@ -81,16 +88,25 @@ func FuzzCanonicalize(f *testing.F) {
 		}
 
 		// (b) The canonical form means what the input meant.
-		in := decode(t, data)
-		canon := decode(t, out)
+		in, ok := decode(t, data)
+		if !ok {
+			return
+		}
+		canon, _ := decode(t, out)
 		if !reflect.DeepEqual(in, canon) {
 			t.Fatalf("canonical form changes meaning:\n  input     %q decodes to %#v\n  canonical %q decodes to %#v", data, in, out, canon)
 		}
 
 		// (c) Another spelling of the same value (Go's own encoder: other
-		// whitespace, other key order, other escapes and number forms)
+		// whitespace, other key order, other escapes; numbers as spelled)
 		// reaches the same canonical form.
-		respelled, err := json.MarshalIndent(in, "", "\t")
+		var raw any
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		if err := dec.Decode(&raw); err != nil {
+			t.Fatalf("json.Decode(%q): %v", data, err)
+		}
+		respelled, err := json.MarshalIndent(raw, "", "\t")
 		if err != nil {
 			t.Fatalf("json.MarshalIndent(%#v) from input %q: %v", in, data, err)
 		}
@@ -115,6 +131,8 @@ func FuzzDifferentMeaning(f *testing.F) {
 	f.Add([]byte(`[1,2]`), []byte(`[2,1]`))
 	f.Add([]byte(`"\u0041"`), []byte(`"A"`))
 	f.Add([]byte(`1.0`), []byte(`1`))
+	f.Add([]byte(`123456789.123456789123`), []byte(`123456789.12345679`))
+	f.Add([]byte(`1.00000000000000000001`), []byte(`1`))
 
 	f.Fuzz(func(t *testing.T, a, b []byte) {
 		t.Parallel()
@@ -130,7 +148,11 @@ func FuzzDifferentMeaning(f *testing.F) {
 			}
 			return
 		}
-		va, vb := decode(t, a), decode(t, b)
+		va, okA := decode(t, a)
+		vb, okB := decode(t, b)
+		if !okA || !okB {
+			return
+		}
 		if !reflect.DeepEqual(va, vb) {
 			t.Fatalf("different meanings share canonical form %q:\n  %q decodes to %#v\n  %q decodes to %#v", outA, a, va, b, vb)
 		}

@@ -96,11 +96,11 @@ func TestCanonicalizeExactBytes(t *testing.T) {
 		{"2^53", `9007199254740992`, `9007199254740992`},
 		{"-2^53", `-9007199254740992`, `-9007199254740992`},
 		{
-			// RFC 8785 §3.2.2 example (1E30 left out: it is an integer
-			// beyond 2^53, which this package rejects).
+			// RFC 8785 §3.2.2 example, but 333333333.33333329, which is
+			// not the shortest spelling of its double, is exact.
 			"RFC 8785 example",
-			`{"numbers":[333333333.33333329,4.50,2e-3,0.000000000000000000000000001],"string":"\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/","literals":[null,true,false]}`,
-			`{"literals":[null,true,false],"numbers":[333333333.3333333,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}`,
+			`{"numbers":[333333333.33333329,4.50,2e-3,0.000000000000000000000000001,1E30],"string":"\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/","literals":[null,true,false]}`,
+			`{"literals":[null,true,false],"numbers":[33333333333333329E-8,4.5,0.002,1e-27,1e+30],"string":"€$\u000f\nA'B\"\\\\\"/"}`,
 		},
 		{"ES6 number forms", `[1E2,0.000001,0.0000001,5e-324,-5E-324,123.4560]`, `[100,0.000001,1e-7,5e-324,-5e-324,123.456]`},
 		{"control characters escaped in lower-case hex", `"\u001F\b\f\t"`, `"\u001f\b\f\t"`},
@@ -114,6 +114,62 @@ func TestCanonicalizeExactBytes(t *testing.T) {
 			got := mustCanonicalize(t, tt.in)
 			if string(got) != tt.want {
 				t.Fatalf("Canonicalize(%q)\n   got %q\n  want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCanonicalizeNumbersAreExact: a number is its exact decimal value.
+// Where that value is the shortest spelling of a double, it is written as
+// RFC 8785 writes the double, so ordinary bodies keep their JCS form (and
+// each case's legacy form says so); any other value is written as
+// significand "E" exponent, which JCS never writes, so it never meets a
+// double's form.
+func TestCanonicalizeNumbersAreExact(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, in, want string
+		legacy         string // Legacy's form; "" where Legacy refuses it
+	}{
+		{"decimal beyond a double", `123456789.123456789123`, `123456789123456789123E-12`, `123456789.12345679`},
+		{"its double", `123456789.12345679`, `123456789.12345679`, `123456789.12345679`},
+		{"one and a tiny fraction", `1.00000000000000000001`, `100000000000000000001E-20`, `1`},
+		{"one", `1.0`, `1`, `1`},
+		{"one with exponent", `10E-1`, `1`, `1`},
+		{"negative zero", `-0.0`, `0`, `0`},
+		{"negative exact", `-0.1000000000000000055511151231257827`, `-1000000000000000055511151231257827E-34`, `-0.1`},
+		{"0.1", `0.10`, `0.1`, `0.1`},
+		{"2^53", `9007199254740992`, `9007199254740992`, `9007199254740992`},
+		{"2^53+1, which no double is", `9007199254740993`, `9007199254740993E0`, ""},
+		{"-(2^53+1)", `-9007199254740993`, `-9007199254740993E0`, ""},
+		{"2^53+2, a double", `9007199254740994`, `9007199254740994`, ""},
+		{"2^53+2 with a fraction", `9007199254740994.0`, `9007199254740994`, ""},
+		{"1e16", `1e16`, `10000000000000000`, ""},
+		{"2^63", `9223372036854775808`, `9223372036854775808E0`, ""},
+		{"1E30", `1E30`, `1e+30`, ""},
+		{"largest double", `1.7976931348623157e308`, `1.7976931348623157e+308`, ""},
+		{"beyond a double's range", `1e400`, `1E400`, ""},
+		{"below a double's range", `1e-400`, `1E-400`, `0`},
+		{"400 digits", strings.Repeat("9", 400), strings.Repeat("9", 400) + "E0", ""},
+		{"exponent with leading zeros", `[1e0000000000000000000005]`, `[100000]`, `[100000]`},
+		{"nested, with an escape (the full writer)", `{"\u0061":[123456789.123456789123,2.50]}`, `{"a":[123456789123456789123E-12,2.5]}`, `{"a":[123456789.12345679,2.5]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := requireCanonical(t, tt.in, tt.want)
+			if again := mustCanonicalize(t, string(got)); !bytes.Equal(again, got) {
+				t.Fatalf("Canonicalize(%q) = %q, which canonicalises to %q", truncate(tt.in), got, again)
+			}
+			legacy, err := canonjson.Legacy([]byte(tt.in))
+			if tt.legacy == "" {
+				if !errors.Is(err, canonjson.ErrInvalid) {
+					t.Fatalf("Legacy(%q) = %q, %v; want ErrInvalid", truncate(tt.in), legacy, err)
+				}
+				return
+			}
+			if err != nil || string(legacy) != tt.legacy {
+				t.Fatalf("Legacy(%q) = %q, %v; want %q", truncate(tt.in), legacy, err, tt.legacy)
 			}
 		})
 	}
@@ -211,23 +267,8 @@ func TestCanonicalizeRejects(t *testing.T) {
 		{"duplicate nested key", `{"x":{"a":1,"a":2}}`},
 		{"duplicate key in array element", `[{"a":1},{"b":1,"b":1}]`},
 		{"duplicate key spelled with escape", `{"a":1,"\u0061":2}`},
-		{"integer 2^53+1", `9007199254740993`},
-		{"integer -(2^53+1)", `-9007199254740993`},
-		{"integer 2^53+1 nested", `{"a":[9007199254740993]}`},
-		{"integer 2^63", `9223372036854775808`},
-		{"400-digit integer", strings.Repeat("9", 400)},
-		{"400-digit negative integer", "-" + strings.Repeat("9", 400)},
-		{"number out of double range", `1e400`},
-		// Every double beyond ±2^53 is an integer, and JCS writes it as an
-		// integer literal, so exponent and fraction spellings of one are
-		// rejected too (fuzz regression: "[1000000000e7]" canonicalised to
-		// "[10000000000000000]", which then did not canonicalise again).
-		{"integer beyond 2^53 spelled with exponent", `[1000000000e7]`},
-		{"1e16", `1e16`},
-		{"-1e16", `-1e16`},
-		{"1E30 from RFC 8785 example", `1E30`},
-		{"largest double", `1.7976931348623157e308`},
-		{"2^53+2 spelled with fraction", `9007199254740994.0`},
+		{"an exponent of 10 digits", `1e1000000000`},
+		{"a negative exponent of 10 digits", `[1E-0001000000000]`},
 		// Only RFC 8259 whitespace makes an empty body (fuzz regression:
 		// "\f" was trimmed by bytes.TrimSpace and accepted as no body).
 		{"form feed only", "\f"},
@@ -307,12 +348,20 @@ func TestCanonicalizeAcceptsMaxDepth(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := mustCanonicalize(t, tt.in)
-			if string(got) != tt.want {
-				t.Fatalf("Canonicalize(%q)\n   got %q\n  want %q", truncate(tt.in), truncate(string(got)), truncate(tt.want))
-			}
+			requireCanonical(t, tt.in, tt.want)
 		})
 	}
+}
+
+// requireCanonical fails the test unless in's canonical form is want, and
+// returns it.
+func requireCanonical(t *testing.T, in, want string) []byte {
+	t.Helper()
+	got := mustCanonicalize(t, in)
+	if string(got) != want {
+		t.Fatalf("Canonicalize(%q)\n   got %q\n  want %q", truncate(in), truncate(string(got)), truncate(want))
+	}
+	return got
 }
 
 // truncate keeps failure messages readable for the long generated inputs.

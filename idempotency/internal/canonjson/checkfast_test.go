@@ -39,9 +39,11 @@ func FuzzCheckFast(f *testing.F) {
 		if !utf8.Valid(data) {
 			return // Canonicalize refuses it before either check
 		}
-		if checkFast(data) {
-			if err := check(data); err != nil {
-				t.Fatalf("checkFast accepted %q, check refuses it: %v", data, err)
+		for _, n := range []numbers{exactNumbers, legacyNumbers} {
+			if checkFast(data, n) {
+				if err := check(data, n); err != nil {
+					t.Fatalf("checkFast accepted %q, check refuses it: %v", data, err)
+				}
 			}
 		}
 	})
@@ -64,7 +66,8 @@ func TestCheckFastDecidesCommonBodies(t *testing.T) {
 		{name: "numbers", doc: `[9007199254740992,-0,0.1,5e-324,123456789012345]`, fast: true},
 		{name: "duplicate key", doc: `{"a":1,"a":2}`},
 		{name: "escaped key", doc: `{"\u0061":2}`},
-		{name: "integer beyond 2^53", doc: `[9007199254740993]`},
+		{name: "integer beyond 2^53", doc: `[9007199254740993]`, fast: true},
+		{name: "an exponent of more than 9 digits", doc: `[1e1000000000]`},
 		{name: "too deep", doc: checkSeeds[13]},
 		{name: "two values", doc: `[] []`},
 		{name: "an object of as many keys as decided fast", doc: object(maxFastKeys), fast: true},
@@ -73,9 +76,9 @@ func TestCheckFastDecidesCommonBodies(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			require.Equal(t, tt.fast, checkFast([]byte(tt.doc)), "checkFast(%s)", tt.doc)
+			require.Equal(t, tt.fast, checkFast([]byte(tt.doc), exactNumbers), "checkFast(%s)", tt.doc)
 			if tt.fast {
-				require.NoError(t, check([]byte(tt.doc)), "check agrees")
+				require.NoError(t, check([]byte(tt.doc), exactNumbers), "check agrees")
 			}
 		})
 	}
@@ -86,8 +89,8 @@ func TestCheckFastDecidesCommonBodies(t *testing.T) {
 // parallel: testing.AllocsPerRun refuses to run beside other tests.
 func TestCheckFastAllocatesLittle(t *testing.T) {
 	doc := []byte(checkSeeds[0])
-	fast := testing.AllocsPerRun(100, func() { checkFast(doc) })
-	full := testing.AllocsPerRun(100, func() { _ = check(doc) })
+	fast := testing.AllocsPerRun(100, func() { checkFast(doc, exactNumbers) })
+	full := testing.AllocsPerRun(100, func() { _ = check(doc, exactNumbers) })
 	require.LessOrEqual(t, fast*10, full, "allocations of checkFast (%v) against check (%v) on an order body", fast, full)
 }
 

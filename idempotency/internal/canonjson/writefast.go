@@ -5,20 +5,20 @@ import (
 	"slices"
 )
 
-// writeFast returns doc's canonical form when it is only doc's own tokens
+// writeFast returns doc's canonical form when it is only doc's tokens
 // rearranged, which is so for the bodies requests mostly carry: no escape
-// anywhere (a string is then written as it is spelled), object keys in
-// ASCII (whose byte order is the UTF-16 order RFC 8785 sorts by) and
-// integers only (written as spelled, but -0 as 0). It answers false for
-// anything else, which jcs.Transform canonicalises; doc must be one that
-// checkFast accepted. FuzzWriteFast holds it to jcs.Transform's output.
+// anywhere (a string is then written as it is spelled) and object keys in
+// ASCII (whose byte order is the UTF-16 order RFC 8785 sorts by); numbers
+// are written by n (short integers as spelled, but -0 as 0). It answers
+// false for anything else, which writeFull canonicalises; doc must be one
+// that checkFast accepted. FuzzWriteFast holds it to writeFull's output.
 // Each byte is read once more for every object around it: at most
 // MaxDepth times.
-func writeFast(doc []byte) ([]byte, bool) {
+func writeFast(doc []byte, n numbers) ([]byte, bool) {
 	if bytes.IndexByte(doc, '\\') >= 0 {
 		return nil, false
 	}
-	w := fastWriter{doc: doc, out: make([]byte, 0, len(doc))}
+	w := fastWriter{doc: doc, out: make([]byte, 0, len(doc)), numbers: n}
 	if end, ok := w.value(skipSpace(doc, 0)); !ok || skipSpace(doc, end) != len(doc) {
 		return nil, false
 	}
@@ -30,6 +30,7 @@ func writeFast(doc []byte) ([]byte, bool) {
 // without checking them again.
 type fastWriter struct {
 	doc, out []byte
+	numbers  numbers
 }
 
 // member is one member of an object: its key without the quotes, and where
@@ -52,10 +53,13 @@ func (w *fastWriter) value(i int) (int, bool) {
 	lit := w.doc[i:end]
 	switch {
 	case lit[0] == '"' || lit[0] == 't' || lit[0] == 'f' || lit[0] == 'n':
-	case bytes.IndexAny(lit, ".eE") >= 0:
-		return 0, false // its canonical spelling is the shortest double's
 	case string(lit) == "-0":
 		lit = lit[1:]
+	case len(lit) > 15 || bytes.IndexAny(lit, ".eE") >= 0:
+		// Below 10^15, an integer's canonical spelling is its own, under
+		// every rule; beyond, the rules decide.
+		w.out = append(w.out, w.numbers.spell(string(lit))...)
+		return end, true
 	}
 	w.out = append(w.out, lit...)
 	return end, true
