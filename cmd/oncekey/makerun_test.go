@@ -118,11 +118,9 @@ func TestMakeRun(t *testing.T) {
 }
 
 // freshEnvironment is this process's environment without any of the
-// service's settings, as in a new user's shell, and without what an outer
-// make (make test) hands its children: an inner make that inherits its
-// MAKEFLAGS takes part in the outer one's jobserver, whose descriptors it
-// does not have, and under load loses track of its children ("wait: No
-// child processes").
+// service's settings, as in a new user's shell, which has none of what
+// an outer make (make test) hands its children either (MAKEFLAGS, with its
+// jobserver, and MAKELEVEL).
 func freshEnvironment() []string {
 	var env []string
 	for _, kv := range os.Environ() {
