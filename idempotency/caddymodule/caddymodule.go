@@ -16,7 +16,17 @@
 // is 502 and frees its key; one that went upstream and got no answer
 // leaves its key's outcome unknown (409 outcome-unknown) until an operator
 // settles it. Keys are kept in memory (one Caddy process) or in PostgreSQL,
-// with Redis in front if given. On PostgreSQL a site names its keys:
+// with Redis in front if given.
+//
+// It answers in the terms of the upstream's clients: profile ietf (the
+// default) answers a duplicate in flight 409 with Retry-After and a key
+// reused with another request 422, never a 2xx the upstream did not send;
+// profile oncekey answers 202 and 409, as the oncekey service does.
+// error_template gives every answer the handler writes itself the
+// upstream's error shape (Stripe's {"error": {...}}, say), and key_header
+// or key_body_field read the key where the clients put it
+// (X-Idempotency-Key, PayPal-Request-Id, a member of the JSON body). The
+// upstream receives every request as sent. See frontdoor. On PostgreSQL a site names its keys:
 //
 //	idempotency {
 //		scope        {http.request.header.X-Account-Id}
