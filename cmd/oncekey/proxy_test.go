@@ -328,3 +328,34 @@ func TestProxyConfiguration(t *testing.T) {
 	}
 	require.Equal(t, 7, strings.Count(err.Error(), "\n"), "a line for each of the seven: %v", err)
 }
+
+// TestProxyRefusesABadErrorTemplate: an error template that is not JSON,
+// or names a placeholder that does not exist, and a key in two places
+// stop the gateway before it listens, each with one line that says so.
+func TestProxyRefusesABadErrorTemplate(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	routes := filepath.Join(dir, "routes.yaml")
+	require.NoError(t, os.WriteFile(routes, []byte("routes:\n  - method: POST\n    path: /charges\n"), 0o600))
+	for _, tc := range []struct {
+		name, template string
+		args           []string
+		want           string
+	}{
+		{"not json", `{"error": {"message": "{detail}"}`, nil, "--error-template (ONCEKEY_ERROR_TEMPLATE): " + filepath.Join(dir, "not json.json") + ": error template: not a JSON document"},
+		{"unknown placeholder", `{"error": {"message": "{foo}"}}`, nil, "error template: unknown placeholder {foo}; the placeholders are {type}, {title}, {detail}, {code}, {status}"},
+		{"key in two places", `{}`, []string{"--key-header", "X-Idempotency-Key", "--key-body-field", "/idempotency_key"}, "the key is in a header (X-Idempotency-Key) or in a body field (/idempotency_key), not both"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			file := filepath.Join(dir, tc.name+".json")
+			require.NoError(t, os.WriteFile(file, []byte(tc.template), 0o600))
+			// --ttl 0s is a second problem, so that a gateway that took
+			// the template would still stop, not listen.
+			_, err := runCommand(t, map[string]string{}, append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--routes", routes,
+				"--scope-authorization", "--error-template", file, "--ttl", "0s"}, tc.args...)...)
+			require.ErrorContains(t, err, tc.want)
+			require.Equal(t, 2, strings.Count(err.Error(), "\n  - "), "one line for the template, one for --ttl: %v", err)
+		})
+	}
+}

@@ -177,7 +177,8 @@ func TestGatewayUpgradeKeepsStoredKeys(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), "the old gateway stops cleanly:\n%s", oldLogs)
 	t.Logf("stopped the old gateway with %d of %d answers given", answered.Load(), keys*clientsPerKey)
-	newProcess := spawn(t, env, "cli", args...)
+	// The old gateway's answers, which its clients read: 202 in flight.
+	newProcess := spawn(t, env, "cli", append(args[:len(args):len(args)], "--profile", "oncekey")...)
 	newProcess.awaitOK(t, "/health")
 	current.Store(&newProcess.addr)
 	wg.Wait()

@@ -32,7 +32,20 @@ func init() {
 //		on_unknown       report|retry
 //		problem_type_base <uri prefix>
 //		operation        <metrics label>
+//		profile          ietf|oncekey   # default ietf
+//		error_template   <file>         # the upstream's error shape
+//		key_header       <name>         # default Idempotency-Key
+//		key_body_field   <JSON pointer> # instead of key_header
 //	}
+//
+// profile ietf answers a duplicate in flight (after wait) 409 with
+// Retry-After and a key reused with another request 422; oncekey answers
+// 202 with Retry-After and 409, for clients generated from a document that
+// declares the 202. error_template names a JSON file whose strings may
+// hold {type}, {title}, {detail}, {code} and {status}: every answer the
+// handler writes itself is that document filled in. key_header or
+// key_body_field (such as /idempotency_key) is where clients put the key;
+// the upstream receives the request as sent either way.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
 	if d.NextArg() {
@@ -41,6 +54,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	strs := map[string]*string{
 		"scope": &h.Scope, "database_url": &h.DatabaseURL, "namespace": &h.Namespace, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
 		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase, "operation": &h.Operation,
+		"profile": &h.Profile, "error_template": &h.ErrorTemplate, "key_header": &h.KeyHeader, "key_body_field": &h.KeyBodyField,
 	}
 	durs := map[string]*caddy.Duration{"ttl": &h.TTL, "wait": &h.Wait, "lease": &h.Lease}
 	ints := map[string]*int64{"max_stored_bytes": &h.MaxStoredBytes, "max_body_bytes": &h.MaxBodyBytes}

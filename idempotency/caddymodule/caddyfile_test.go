@@ -18,7 +18,11 @@ func TestCaddyfile(t *testing.T) {
 		// wantErr is in the error of UnmarshalCaddyfile or Validate.
 		wantErr string
 	}{
-		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace payments-api\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n operation \"POST /transfers\"\n}", ""},
+		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace payments-api\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n operation \"POST /transfers\"\n profile oncekey\n error_template /etc/caddy/errors.json\n key_header X-Idempotency-Key\n}", ""},
+		{"a key in the body", "idempotency {\n scope {http.auth.user.id}\n key_body_field /idempotency_key\n}", ""},
+		{"a bad profile", "idempotency {\n scope {http.auth.user.id}\n profile stripe\n}", `profile "stripe": want ietf or oncekey`},
+		{"a key in two places", "idempotency {\n scope {http.auth.user.id}\n key_header X-Idempotency-Key\n key_body_field /idempotency_key\n}", "not both"},
+		{"a body field that is no pointer", "idempotency {\n scope {http.auth.user.id}\n key_body_field idempotency_key\n}", "not a JSON pointer"},
 		{"no scope", "idempotency {\n ttl 24h\n}", "scope is required"},
 		{"an unknown option", "idempotency {\n scope {http.auth.user.id}\n upstream x\n}", `unknown option "upstream"`},
 		{"an option without its value", "idempotency {\n scope\n}", "wrong argument count"},

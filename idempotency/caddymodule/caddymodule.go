@@ -16,7 +16,17 @@
 // is 502 and frees its key; one that went upstream and got no answer
 // leaves its key's outcome unknown (409 outcome-unknown) until an operator
 // settles it. Keys are kept in memory (one Caddy process) or in PostgreSQL,
-// with Redis in front if given. On PostgreSQL a site names its keys:
+// with Redis in front if given.
+//
+// It answers in the terms of the upstream's clients: profile ietf (the
+// default) answers a duplicate in flight 409 with Retry-After and a key
+// reused with another request 422, never a 2xx the upstream did not send;
+// profile oncekey answers 202 and 409, as the oncekey service does.
+// error_template gives every answer the handler writes itself the
+// upstream's error shape (Stripe's {"error": {...}}, say), and key_header
+// or key_body_field read the key where the clients put it
+// (X-Idempotency-Key, PayPal-Request-Id, a member of the JSON body). The
+// upstream receives every request as sent. See frontdoor. On PostgreSQL a site names its keys:
 //
 //	idempotency {
 //		scope        {http.request.header.X-Account-Id}
@@ -37,6 +47,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -46,6 +57,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/idempotency/memstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/recordcache"
@@ -105,11 +117,30 @@ type Handler struct {
 	// (oncekey_idempotency_requests_total{operation}, as `oncekey proxy`
 	// labels its routes'): default DefaultOperation.
 	Operation string `json:"operation,omitempty"`
+	// Profile is the answers to a duplicate in flight and to a key reused
+	// with another request: "ietf" (the default: 409 with Retry-After
+	// once Wait has passed, and 422; what SDKs written for APIs without a
+	// 202 expect) or "oncekey" (202 with Retry-After, and 409: only for
+	// clients generated from a document that declares the 202).
+	Profile string `json:"profile,omitempty"`
+	// ErrorTemplate names a JSON file in the upstream's error shape, whose
+	// strings may hold {type}, {title}, {detail}, {code} and {status}:
+	// every answer the handler writes itself takes it (application/json)
+	// instead of problem+json (see frontdoor.Template). One that does not
+	// parse, or names another placeholder, fails provisioning.
+	ErrorTemplate string `json:"error_template,omitempty"`
+	// KeyHeader is the header that carries the key (default
+	// Idempotency-Key), such as X-Idempotency-Key or PayPal-Request-Id;
+	// KeyBodyField instead reads it from the JSON body, at a JSON pointer
+	// such as /idempotency_key. At most one of them.
+	KeyHeader    string `json:"key_header,omitempty"`
+	KeyBodyField string `json:"key_body_field,omitempty"`
 
-	serve  http.Handler
-	engine *idempotency.Engine
-	log    *slog.Logger
-	close  []func()
+	serve    http.Handler
+	template *frontdoor.Template
+	engine   *idempotency.Engine
+	log      *slog.Logger
+	close    []func()
 }
 
 // DefaultOperation is Operation's default.
@@ -130,11 +161,16 @@ const DefaultLease = 40 * time.Second
 
 // Validate checks the configuration before Caddy provisions it.
 func (h *Handler) Validate() error {
+	if _, err := frontdoor.ParseProfile(h.Profile); err != nil {
+		return fmt.Errorf("idempotency: %w", err)
+	}
 	switch {
 	case strings.TrimSpace(h.Scope) == "":
 		return errors.New("idempotency: scope is required: a placeholder that names the caller, such as {http.request.header.X-Account-Id}; keys of two callers must never meet")
 	case h.OnUnknown != "" && h.OnUnknown != "report" && h.OnUnknown != "retry":
 		return fmt.Errorf("idempotency: on_unknown %q: want report or retry", h.OnUnknown)
+	case h.keyPlace().Check() != nil:
+		return fmt.Errorf("idempotency: key_header and key_body_field: %w", h.keyPlace().Check())
 	case h.DatabaseURL != "" && h.Namespace == "":
 		return errors.New("idempotency: database_url needs a namespace: name this site's keys (namespace payments-api), the same on each replica of the site and different from every other site or gateway on the database, so that no two upstreams' keys meet")
 	case h.Namespace != "" && checkNamespace(h.Namespace) != nil:
@@ -164,18 +200,34 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("idempotency: metrics: %w", err)
 	}
 	h.log = ctx.Slogger()
+	profile, err := frontdoor.ParseProfile(h.Profile)
+	if err != nil {
+		return fmt.Errorf("idempotency: %w", err)
+	}
+	if h.ErrorTemplate != "" {
+		raw, err := os.ReadFile(h.ErrorTemplate)
+		if err == nil {
+			h.template, err = frontdoor.ParseTemplate(raw)
+		}
+		if err != nil {
+			return fmt.Errorf("idempotency: error_template %s: %w", h.ErrorTemplate, err)
+		}
+	}
+	// The engine's and the front door's, which reads requests itself.
+	scope := func(r *http.Request) (string, error) {
+		repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		if !ok {
+			return "", idempotency.ErrNoScope
+		}
+		scope := repl.ReplaceAll(h.Scope, "")
+		if h.Namespace == "" || scope == "" {
+			return scope, nil
+		}
+		return namespacedScope(h.Namespace, scope), nil
+	}
 	e := idempotency.New(idempotency.Config{
-		Scope: func(r *http.Request) (string, error) {
-			repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-			if !ok {
-				return "", idempotency.ErrNoScope
-			}
-			scope := repl.ReplaceAll(h.Scope, "")
-			if h.Namespace == "" || scope == "" {
-				return scope, nil
-			}
-			return namespacedScope(h.Namespace, scope), nil
-		},
+		Scope:           scope,
+		WriteError:      frontdoor.Writer(profile, h.template, h.ProblemTypeBase),
 		TTL:             time.Duration(h.TTL),
 		Wait:            time.Duration(h.Wait),
 		MaxBodyBytes:    h.MaxBodyBytes,
@@ -187,8 +239,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	held := idempotency.HeldConfig{Lease: lease, MaxStored: h.MaxStoredBytes, RetryUnknown: h.OnUnknown == "retry"}
 	forward := http.HandlerFunc(h.forward)
 	op := idempotency.OperationConfig{Name: h.Operation}
+	door := frontDoor{engine: e, key: h.keyPlace(), scope: scope, maxBody: h.MaxBodyBytes, observer: observer, operation: h.Operation}
 	if h.DatabaseURL == "" {
-		h.serve = idempotency.NewHeldOperation(e, memstore.New(), op, held).Handler(forward)
+		h.serve = serveWith(door, idempotency.NewHeldOperation(e, memstore.New(), op, held), forward)
 		return nil
 	}
 	store, err := h.openPostgres(ctx)
@@ -196,8 +249,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_ = h.Cleanup()
 		return err
 	}
-	h.serve = idempotency.NewHeldOperation(e, store, op, held).Handler(forward)
+	h.serve = serveWith(door, idempotency.NewHeldOperation(e, store, op, held), forward)
 	return nil
+}
+
+// keyPlace is where the handler's requests carry their key.
+func (h *Handler) keyPlace() frontdoor.KeyPlace {
+	return frontdoor.KeyPlace{Header: h.KeyHeader, BodyField: h.KeyBodyField}
 }
 
 // openPostgres opens (and migrates) the key table, with Redis and the
@@ -304,7 +362,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 	}
 	var dial reverseproxy.DialError
 	if errors.As(err, &dial) {
-		problem(w, http.StatusBadGateway, h.ProblemTypeBase, "upstream-unreachable", "The upstream could not be reached",
+		h.problem(w, http.StatusBadGateway, "upstream-unreachable", "The upstream could not be reached",
 			"the upstream could not be reached; nothing was sent to it, so retrying with the same Idempotency-Key is safe")
 		return
 	}
@@ -321,15 +379,12 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(status)
 }
 
-// problem writes an RFC 9457 problem of the handler's own.
-func problem(w http.ResponseWriter, status int, typeBase, slug, title, detail string) {
-	typ := "about:blank"
-	if typeBase != "" {
-		typ = typeBase + slug
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_, _ = fmt.Fprintf(w, `{"type":%q,"title":%q,"status":%d,"detail":%q}`, typ, title, status, detail)
+// problem writes a problem of the handler's own: RFC 9457 problem+json,
+// or the error template filled in.
+func (h *Handler) problem(w http.ResponseWriter, status int, code, title, detail string) {
+	frontdoor.Write(w, h.template, frontdoor.Answer{
+		Status: status, Type: frontdoor.TypeURI(h.ProblemTypeBase, code), Code: code, Title: title, Detail: detail,
+	})
 }
 
 // Interface guards.

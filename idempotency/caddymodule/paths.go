@@ -19,7 +19,7 @@ func (h *Handler) refuseAmbiguous(w http.ResponseWriter, r *http.Request) bool {
 	if why == "" {
 		return false
 	}
-	problem(w, http.StatusBadRequest, h.ProblemTypeBase, "ambiguous-path", "The request's path is ambiguous",
+	h.problem(w, http.StatusBadRequest, "ambiguous-path", "The request's path is ambiguous",
 		"the path "+strconv.Quote(r.URL.EscapedPath())+" is ambiguous: "+why+"; send it as the upstream names it")
 	return true
 }

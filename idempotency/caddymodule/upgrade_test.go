@@ -19,7 +19,7 @@ import (
 // namespaces, under the caller's scope alone, are answered by a Caddy
 // upgraded to a namespace on the same database as before the upgrade: a
 // completed one replays its stored answer, a held one still running gets
-// 202 while its lease runs, and neither reaches the upstream; a key free
+// 202 while its lease runs (profile oncekey), and neither reaches the upstream; a key free
 // under the bare scope is the namespace's, and runs once.
 func TestCaddyUpgradeKeepsStoredKeys(t *testing.T) {
 	t.Parallel()
@@ -50,7 +50,7 @@ func TestCaddyUpgradeKeepsStoredKeys(t *testing.T) {
 	}
 
 	addr := freeAddr(t)
-	logs := startCaddy(t, bin, fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n}\nhttp://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tdatabase_url %q\n\t\tnamespace shop\n\t\twait 200ms\n\t}\n\treverse_proxy %s\n}\n",
+	logs := startCaddy(t, bin, fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n}\nhttp://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tdatabase_url %q\n\t\tnamespace shop\n\t\twait 200ms\n\t\tprofile oncekey\n\t}\n\treverse_proxy %s\n}\n",
 		addr, dbURL, up.addr), addr)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "keys stored before namespaces remain") }, 10*time.Second, 10*time.Millisecond,
 		"Caddy says that the look-up is on:\n%s", logs)

@@ -39,12 +39,13 @@ func (k KeyPlace) Check() error {
 func (k KeyPlace) InBody() bool { return k.BodyField != "" }
 
 // HeaderName is the header the key is read from, and repeated in on the
-// answers: Idempotency-Key for a key in the body.
+// answers, as configured (HTTP reads header names in any case):
+// Idempotency-Key for a key in the body.
 func (k KeyPlace) HeaderName() string {
 	if k.Header == "" {
 		return idempotency.HeaderKey
 	}
-	return http.CanonicalHeaderKey(k.Header)
+	return k.Header
 }
 
 // String names the place as the docs and logs do.
@@ -136,4 +137,37 @@ func pointer(body []byte, ptr string) (json.RawMessage, bool, error) {
 		}
 	}
 	return cur, true, nil
+}
+
+// Prepare reads what idempotency.Operation.Serve needs from r, in the
+// order the engine's own front door does: the key, where it is in a
+// header (and repeats it on the answer, as the engine does), then the
+// scope, which must not be empty, then the body, up to maxBody bytes
+// (idempotency.DefaultMaxBodyBytes when zero), then the key where it is
+// in the body.
+func (k KeyPlace) Prepare(w http.ResponseWriter, r *http.Request, scope func(*http.Request) (string, error), maxBody int64) (idempotency.Prepared, error) {
+	in := idempotency.Prepared{KeyHeader: k.HeaderName()}
+	var err error
+	if !k.InBody() {
+		if in.Key, err = k.Key(r.Header, nil); err != nil {
+			return in, err
+		}
+		w.Header().Set(in.KeyHeader, in.Key)
+	}
+	if in.Scope, err = scope(r); err != nil {
+		return in, err
+	}
+	if in.Scope == "" {
+		return in, idempotency.ErrNoScope
+	}
+	if maxBody <= 0 {
+		maxBody = idempotency.DefaultMaxBodyBytes
+	}
+	if in.Body, err = idempotency.ReadBody(w, r, maxBody); err != nil {
+		return in, err
+	}
+	if k.InBody() {
+		in.Key, err = k.Key(r.Header, in.Body)
+	}
+	return in, err
 }

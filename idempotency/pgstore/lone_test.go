@@ -217,9 +217,16 @@ func TestLoneCommit(t *testing.T) {
 				t.Cleanup(release)
 			}
 
+			// A request's deadline where the commit waits on a holder (what
+			// the bound is about); else one that a busy machine's slowest
+			// statement fits in.
+			deadline := 10 * time.Second
+			if tt.before == "held" || tt.before == "locked" || tt.before == "starved" {
+				deadline = requestDeadline
+			}
 			before := counted.n.Load()
 			start := time.Now()
-			err = commit(requestDeadline, "first", tt.queue)
+			err = commit(deadline, "first", tt.queue)
 			for retries := 0; tt.before == "held" && errors.Is(err, idempotency.ErrUnavailable) && retries < 3; retries++ {
 				// The server answers its own lock_timeout after the 200ms
 				// wait; on a starved machine that answer can arrive after
@@ -228,7 +235,7 @@ func TestLoneCommit(t *testing.T) {
 				// Only the in-flight answer is under test here: a bounded
 				// retry.
 				before, start = counted.n.Load(), time.Now()
-				err = commit(requestDeadline, "first", tt.queue)
+				err = commit(deadline, "first", tt.queue)
 			}
 			release()
 			require.Equal(t, tt.statements, counted.n.Load()-before, "statements of the commit")
@@ -237,7 +244,9 @@ func TestLoneCommit(t *testing.T) {
 			} else {
 				require.NoError(t, err, "commit")
 			}
-			require.Less(t, time.Since(start), 2*time.Second, "the commit is bounded by its wait")
+			if deadline == requestDeadline {
+				require.Less(t, time.Since(start), 2*time.Second, "the commit is bounded by its wait")
+			}
 
 			var writes int
 			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(scope)).Scan(&writes), "count writes")
@@ -254,7 +263,8 @@ func TestLoneCommit(t *testing.T) {
 	}
 }
 
-// requestDeadline is the deadline of the commit under test, a request's.
+// requestDeadline is the deadline of a commit under test that waits on a
+// holder of its key or its table, a request's.
 const requestDeadline = time.Second
 
 // TestLoneCommitSlowStatement checks the client-side bound of a lone

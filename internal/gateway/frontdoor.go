@@ -14,12 +14,8 @@ import (
 // scope and the body, and runs the operation with them, forwarding the
 // request upstream as it came.
 func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], rt *route, cfg Config, scope func(*http.Request) (string, error), fwd http.Handler) http.Handler {
-	limit := cfg.MaxBodyBytes
-	if limit <= 0 {
-		limit = idempotency.DefaultMaxBodyBytes
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		in, err := rt.prepare(w, r, scope, limit)
+		in, err := rt.Key.Prepare(w, r, scope, cfg.MaxBodyBytes)
 		if err != nil {
 			if cfg.Observer != nil {
 				cfg.Observer.Outcome(op.Name(), idempotency.OutcomeRejected)
@@ -29,33 +25,6 @@ func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], rt *r
 		}
 		op.Serve(w, r, in, fwd)
 	})
-}
-
-// prepare reads what Operation.Serve needs from r, in the order the
-// engine's own front door does: a key in a header first (and repeats it
-// on the answer, as the engine does), then the scope, then the body.
-func (rt *route) prepare(w http.ResponseWriter, r *http.Request, scopeOf func(*http.Request) (string, error), limit int64) (idempotency.Prepared, error) {
-	in := idempotency.Prepared{KeyHeader: rt.Key.HeaderName()}
-	var err error
-	if !rt.Key.InBody() {
-		if in.Key, err = rt.Key.Key(r.Header, nil); err != nil {
-			return in, err
-		}
-		w.Header().Set(in.KeyHeader, in.Key)
-	}
-	if in.Scope, err = scopeOf(r); err != nil {
-		return in, err
-	}
-	if in.Scope == "" {
-		return in, idempotency.ErrNoScope
-	}
-	if in.Body, err = idempotency.ReadBody(w, r, limit); err != nil {
-		return in, err
-	}
-	if rt.Key.InBody() {
-		in.Key, err = rt.Key.Key(r.Header, in.Body)
-	}
-	return in, err
 }
 
 // answers writes the answers the gateway gives itself: in the profile and

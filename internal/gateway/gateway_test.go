@@ -284,7 +284,9 @@ func TestOutcomes(t *testing.T) {
 
 // noValidation covers POST /transfers without the document's body
 // schema, so that a request the schema would refuse reaches the protocol.
-func noValidation(c *gateway.Config) { c.Routes = []gateway.Route{{Method: "POST", Path: "/transfers"}} }
+func noValidation(c *gateway.Config) {
+	c.Routes = []gateway.Route{{Method: "POST", Path: "/transfers"}}
+}
 
 // TestEdges: what the gateway passes, refuses and forwards.
 func TestEdges(t *testing.T) {
