@@ -223,6 +223,7 @@ http://%s {
 	idempotency /v1/charges {
 		scope {http.request.header.Authorization}
 		database_url %q
+		namespace charges
 		wait %s
 %s	}
 	reverse_proxy %s
