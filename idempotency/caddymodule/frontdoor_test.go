@@ -165,7 +165,7 @@ func TestCaddyProfilesTemplatesAndKeyPlaces(t *testing.T) {
 		}{
 			{"mismatch", shaped, `{"amount":2}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, key}, 422, idempotency.ProblemKeyMismatch.Slug},
 			{"missing key", shaped, `{"amount":1}`, []string{"X-Account-Id", scope}, 400, idempotency.ProblemMissingKey.Slug},
-			{"unauthorized", shaped, `{"amount":1}`, []string{idempotency.HeaderKey, rand.Text()}, 401, idempotency.ProblemNoScope.Slug},
+			{"no credentials", shaped, `{"amount":1}`, []string{idempotency.HeaderKey, rand.Text()}, 401, idempotency.ProblemNoScope.Slug},
 			{"ambiguous path", shaped, `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, rand.Text()}, 400, "ambiguous-path"},
 			{"upstream unreachable", dead, `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, rand.Text()}, 502, "upstream-unreachable"},
 		} {

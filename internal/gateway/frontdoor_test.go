@@ -319,7 +319,7 @@ paths:
 		{"mismatch", gw.URL + "/charges", `{"amount":2}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, used}, 422, idempotency.ProblemKeyMismatch.Slug, []string{idempotency.HeaderKey}},
 		{"missing key", gw.URL + "/charges", `{"amount":1}`, []string{"X-Account-Id", scope}, 400, idempotency.ProblemMissingKey.Slug, nil},
 		{"invalid key", gw.URL + "/charges", `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, strings.Repeat("k", 256)}, 400, idempotency.ProblemInvalidKey.Slug, nil},
-		{"unauthorized", gw.URL + "/charges", `{"amount":1}`, []string{idempotency.HeaderKey, uuid.NewString()}, 401, idempotency.ProblemNoScope.Slug, nil},
+		{"no credentials", gw.URL + "/charges", `{"amount":1}`, []string{idempotency.HeaderKey, uuid.NewString()}, 401, idempotency.ProblemNoScope.Slug, nil},
 		{"validation", gw.URL + "/charges", `{"amount":"one"}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 400, problem.Validation.Slug, nil},
 		{"malformed body", gw.URL + "/charges", `{"amount":`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 400, idempotency.ProblemMalformedBody.Slug, nil},
 		{"too large", gw.URL + "/charges", `{"amount":1,"pad":"` + strings.Repeat("p", 100) + `"}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 413, idempotency.ProblemBodyTooLarge.Slug, nil},
