@@ -53,12 +53,13 @@ func TestTemplateFilledAndEscaped(t *testing.T) {
 	require.NoError(t, err)
 	w := httptest.NewRecorder()
 	w.Header().Set("Retry-After", "1")
-	frontdoor.Write(w, tmpl, frontdoor.Answer{Status: 422, Type: "about:blank", Code: "idempotency-key-mismatch", Title: "T", Detail: "say \"no\"\nthen \\ </b>"})
+	frontdoor.Write(w, tmpl, frontdoor.Answer{Status: 422, Type: "about:blank", Code: idempotency.ProblemKeyMismatch.Slug, Title: "T", Detail: "say \"no\"\nthen \\ </b>"})
 	require.Equal(t, 422, w.Code)
 	require.Equal(t, "application/json", w.Header().Get("Content-Type"))
 	require.Equal(t, "1", w.Header().Get("Retry-After"))
 	body := w.Body.String()
-	require.Equal(t, `{"error": {"type": "idempotency_error", "code": "idempotency-key-mismatch", "message": "say \"no\"\nthen \\ </b>", "also": "T (422) at about:blank", "n": 1.50, "braces": "{} {a b}", "list": ["idempotency-key-mismatch", true, null]}}`, body)
+	want := `{"error": {"type": "idempotency_error", "code": "SLUG", "message": "say \"no\"\nthen \\ </b>", "also": "T (422) at about:blank", "n": 1.50, "braces": "{} {a b}", "list": ["SLUG", true, null]}}`
+	require.Equal(t, strings.ReplaceAll(want, "SLUG", idempotency.ProblemKeyMismatch.Slug), body)
 	var doc struct{ Error struct{ Message string } }
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &doc), body)
 	require.Equal(t, "say \"no\"\nthen \\ </b>", doc.Error.Message)
