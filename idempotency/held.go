@@ -344,9 +344,9 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	})
 	defer deadline.Stop()
 	inner := s.r.WithContext(hctx)
-	inner.Body = io.NopCloser(bytes.NewReader(s.body))
-	inner.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(s.body)), nil }
-	inner.ContentLength = int64(len(s.body))
+	inner.Body = io.NopCloser(bytes.NewReader(s.in.Body))
+	inner.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(s.in.Body)), nil }
+	inner.ContentLength = int64(len(s.in.Body))
 	defer func() {
 		p := recover()
 		if p == nil {

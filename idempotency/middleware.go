@@ -439,11 +439,10 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	}
 	s.route, s.query = route, query
 	s.fp = fingerprintCanonical(r.Method, route, r.URL.EscapedPath(), query, media, canonical)
-	// The operation reads the body as it was sent: the canonical form is
-	// the fingerprint's alone. Two requests with one fingerprint still
-	// mean the same to every reader, because the fingerprint ignores only
-	// what no parser reads (docs/protocol.md lists it).
-	s.body = in.Body
+	// The operation reads the body as it was sent (in.Body): the canonical
+	// form is the fingerprint's alone. Two requests with one fingerprint
+	// still mean the same to every reader, because the fingerprint ignores
+	// only what no parser reads (docs/protocol.md lists it).
 
 	claimStart := time.Now()
 	// Concurrent duplicates on this process queue here, one at a time to
@@ -534,7 +533,6 @@ type serving[U any] struct {
 	in    Prepared
 	label string
 	fp    Fingerprint
-	body  []byte // as sent
 	route string
 	query url.Values
 	// legacy is the request's fingerprint under the rules before the
@@ -602,7 +600,7 @@ func (s *serving[U]) validate() error {
 	if s.op.e.cfg.Validate == nil {
 		return nil
 	}
-	return s.op.e.cfg.Validate(s.r, s.body)
+	return s.op.e.cfg.Validate(s.r, s.in.Body)
 }
 
 // run executes the operation inside lease and answers only after the outcome
@@ -631,11 +629,11 @@ func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
 	}
 
 	s.ran.rec = recorder{header: http.Header{}, status: http.StatusOK}
-	s.ran.body.Reset(s.body)
+	s.ran.body.Reset(s.in.Body)
 	rec := &s.ran.rec
 	inner := s.r.WithContext(context.WithValue(ctx, leaseKey[U]{s.op}, lease))
 	inner.Body = &s.ran.body
-	inner.ContentLength = int64(len(s.body))
+	inner.ContentLength = int64(len(s.in.Body))
 	next.ServeHTTP(rec, inner)
 
 	if !Replayable(rec.status) {
