@@ -213,7 +213,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("idempotency: error_template %s: %w", h.ErrorTemplate, err)
 		}
 	}
-	// The engine's and the front door's, which reads requests itself.
+	// The front door reads each request's scope itself (serveWith), so
+	// the engine needs none.
 	scope := func(r *http.Request) (string, error) {
 		repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 		if !ok {
@@ -226,7 +227,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return namespacedScope(h.Namespace, scope), nil
 	}
 	e := idempotency.New(idempotency.Config{
-		Scope:           scope,
 		WriteError:      frontdoor.Writer(profile, h.template, h.ProblemTypeBase),
 		TTL:             time.Duration(h.TTL),
 		Wait:            time.Duration(h.Wait),

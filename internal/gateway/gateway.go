@@ -142,10 +142,10 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: route %s %s: %w", rt.Method, rt.Path, err)
 		}
 	}
-	// The engine's and the front door's, which reads requests itself.
+	// The front door reads each request's scope itself (frontDoor), so
+	// the engine needs none.
 	scope := namespaced(cfg.Namespace, cfg.Scope)
 	e := idempotency.New(idempotency.Config{
-		Scope:        scope,
 		Route:        matchedRoute,
 		TTL:          cfg.TTL,
 		Wait:         cfg.Wait,
