@@ -205,7 +205,11 @@ func TestChangeRacesPayment(t *testing.T) {
 // one whose replay is paused: every one ends succeeded; none is stuck
 // pending, and none fails for a row or a charge the replica did not show
 // yet. (The second fault run found 30 of 30 payments stuck, and refunds
-// failed for good, when the workers read the replica.)
+// failed for good, when the workers read the replica.) This test builds its
+// own worker, and a row the replica lacks is read from the primary anyway:
+// that serve's worker reads the primary, even where the replica holds a
+// stale row, is proved in cmd/oncekey (TestWorkerIsNotMisledByAStaleReplica,
+// TestWorkerMakesNoReplicaReads).
 func TestPaymentsSettleWithALaggingReplica(t *testing.T) {
 	t.Parallel()
 	const n = 30
