@@ -154,7 +154,7 @@ func TestServicePassesTheContract(t *testing.T) {
 // are answered while the first request runs (in-flight and retry-after on
 // every operation that takes a key).
 const (
-	contractChecks      = 22
+	contractChecks      = 23
 	conformancePassed   = 63
 	conformanceInFlight = 8
 )

@@ -177,6 +177,7 @@ var paymentChecks = []check{
 		}
 		return s.unchanged(ctx, o)
 	}},
+	{"an order is paid once whatever the key: another key's payment is a stored 409 naming the first", payOnce},
 	{"a refund is accepted at once, ends succeeded, then its key answers 200 with the final refund", func(ctx context.Context, s *session) error {
 		p, err := s.paid(ctx, "refund")
 		if err != nil {
@@ -300,4 +301,67 @@ var paymentChecks = []check{
 		}
 		return err
 	}},
+}
+
+// payOnce pays one order under a key, then under a second key at once (the
+// first payment pending, or already paid if the provider is quick) and a
+// third once the first succeeded: each other key gets a 409 naming the
+// first payment, stored (its retry replays it, even after the order's state
+// moved on), and the first key still answers with its own payment. A
+// client that lost its first key is never charged twice.
+func payOnce(ctx context.Context, s *session) error {
+	o, err := s.order(ctx, "pay-once")
+	if err != nil {
+		return err
+	}
+	body, firstKey, secondKey := paymentOf(o), s.key("pay-once-first"), s.key("pay-once-second")
+	accepted, err := s.fresh(ctx, http.StatusAccepted, "", http.MethodPost, "/payments", firstKey, body)
+	if err != nil {
+		return err
+	}
+	p, err := decode(accepted)
+	if err != nil {
+		return err
+	}
+	second, err := s.do(ctx, http.MethodPost, "/payments", secondKey, body)
+	if err != nil {
+		return err
+	}
+	inProgress, paid := expect(second, http.StatusConflict, "payment-in-progress"), expect(second, http.StatusConflict, "order-already-paid")
+	switch {
+	case inProgress != nil && paid != nil:
+		return fmt.Errorf("a second key's payment of order %s: %w; or %w", o.ID, inProgress, paid)
+	case replayed(second):
+		return errors.New("a second key's payment, sent once, was answered with a replay")
+	case !strings.Contains(string(second.body), p.ID):
+		return fmt.Errorf("a second key's 409 does not name the payment %s: %s", p.ID, second.body)
+	}
+	if again, err := s.do(ctx, http.MethodPost, "/payments", secondKey, body); err != nil {
+		return err
+	} else if err := replayOf(second, again); err != nil {
+		return fmt.Errorf("the second key retried: %w", err)
+	}
+	if _, err := s.settle(ctx, "/payments/"+p.ID); err != nil {
+		return err
+	}
+	third, err := s.twice(ctx, http.StatusConflict, "order-already-paid", http.MethodPost, "/payments", s.key("pay-once-third"), body)
+	if err != nil {
+		return fmt.Errorf("a third key once the order is paid: %w", err)
+	}
+	if !strings.Contains(string(third.body), p.ID) {
+		return fmt.Errorf("a third key's 409 does not name the payment %s: %s", p.ID, third.body)
+	}
+	if later, err := s.do(ctx, http.MethodPost, "/payments", secondKey, body); err != nil {
+		return err
+	} else if err := replayOf(second, later); err != nil {
+		return fmt.Errorf("the second key retried once the order is paid: %w", err)
+	}
+	final, err := s.want(ctx, http.StatusOK, "", http.MethodPost, "/payments", firstKey, body)
+	if err != nil {
+		return fmt.Errorf("the first key once its payment succeeded: %w", err)
+	}
+	if got, err := decode(final); err != nil || got.ID != p.ID {
+		return fmt.Errorf("the first key answers %s, want its payment %s", final.body, p.ID)
+	}
+	return nil
 }
