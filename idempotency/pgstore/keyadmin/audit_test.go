@@ -309,3 +309,29 @@ func TestChangesNameTheirActorAndReason(t *testing.T) {
 	}
 	require.Empty(t, b.audit(t))
 }
+
+// TestAuditOfAnotherTable: a key table of another name and a uuid scope
+// column has its own audit trail, named after it, whose rows read back the
+// scope as Inspect does (a UUID's 16 bytes).
+func TestAuditOfAnotherTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgstoretest.Empty(t)
+	opts := pgstore.Options{Table: "tenant_keys", Scope: pgstore.ScopeUUID}
+	require.NoError(t, pgstore.Migrate(ctx, pool, opts))
+	store, err := pgstore.New(pool, opts)
+	require.NoError(t, err)
+	scope := string([]byte{0x01, 0x9d, 0x2f, 0x4a, 0x5b, 0x6c, 0x7d, 0x8e, 0x9f, 0xa0, 0xb1, 0xc2, 0xd3, 0xe4, 0xf5, 0x06})
+	b := testBundle{pool: pool, store: store, scope: scope}
+	b.hold(t, "k1", running, unknown)
+
+	_, err = keyadmin.Release(ctx, store, keyadmin.Change{Scope: scope, Key: "k1", Actor: "frank", Reason: "TICKET-10"})
+	require.NoError(t, err)
+	rows := b.audit(t)
+	require.Len(t, rows, 1)
+	require.Equal(t, scope, rows[0].Scope, "the scope as Inspect reads it")
+	require.Equal(t, "unknown", rows[0].PreviousState)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM tenant_keys_audit`).Scan(&n))
+	require.Equal(t, 1, n, "the row is in the table's own trail")
+}
