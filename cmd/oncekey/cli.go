@@ -164,11 +164,12 @@ type purgeCmd struct {
 
 type keysCmd struct {
 	Inspect keysInspectCmd `cmd:"" help:"Show one key's record: status (processing, completed, or a gateway key's held, unknown or not-stored), fingerprint, timestamps, stored status code (never the body), and a gateway key's held record (holder, path, reason)."`
-	Resolve keysResolveCmd `cmd:"" help:"Settle a gateway key whose outcome is unknown with the answer the upstream gave (found out by hand): its retries replay it. Logged for audit."`
-	Release keysReleaseCmd `cmd:"" help:"Free a gateway key whose outcome is unknown, once the operation is known not to have run: its next retry runs it. Logged for audit."`
+	Resolve keysResolveCmd `cmd:"" help:"Settle a gateway key whose outcome is unknown with the answer the upstream gave (found out by hand): its retries replay it. Written to the audit trail (keys audit), with --operator and --reason."`
+	Release keysReleaseCmd `cmd:"" help:"Free a gateway key whose outcome is unknown, once the operation is known not to have run: its next retry runs it. Written to the audit trail (keys audit), with --operator and --reason."`
 	Stats   keysStatsCmd   `cmd:"" help:"Keys by status, table size, oldest processing key, cleanup lag."`
 	Stuck   keysStuckCmd   `cmd:"" help:"List keys processing for longer than --older-than."`
 	Unknown keysUnknownCmd `cmd:"" help:"List a gateway's keys whose outcome is unknown (marked so, or held by a gateway whose lease ended), oldest first: namespace, scope, key, method, route, path, since when, the gateway that held it and why. Where the OncekeyOutcomeUnknown alert's runbook starts."`
+	Audit   keysAuditCmd   `cmd:"" help:"List the audit trail of resolve and release, newest first: when, the operator and the database role, the action, namespace, scope and key, the key's previous state, done or refused (and why), the reason, the SHA-256 of the body."`
 }
 
 // Help is the keys commands' detailed help: what they do to the database.
@@ -176,7 +177,8 @@ func (keysCmd) Help() string {
 	return "Every keys command opens only the key table: on a database without one it creates it " +
 		"(the engine's migrations, never the service's), and it reads or changes no other table, " +
 		"so the commands serve a gateway's database (oncekey proxy) as well as the service's. " +
-		"inspect, stats, stuck and unknown only read; resolve and release change one key each, logged for audit."
+		"inspect, stats, stuck, unknown and audit only read; resolve and release change one key each, and write a row of the audit trail " +
+		"(the key table's, read by keys audit) in the same transaction; a refused attempt writes one too."
 }
 
 type keysInspectCmd struct {
@@ -198,13 +200,28 @@ type keysResolveCmd struct {
 	Status      int    `name:"status" required:"" help:"The status the upstream answered with (200 to 499)."`
 	BodyFile    string `name:"body-file" placeholder:"FILE" help:"The body the upstream answered with (empty: none)."`
 	ContentType string `name:"content-type" default:"application/json" help:"The body's Content-Type."`
-	Reason      string `name:"reason" required:"" help:"Why, for the audit log (a ticket, who checked the upstream)."`
+	changeArgs
 }
 
 type keysReleaseCmd struct {
 	databaseFlags
 	keyArgs
-	Reason string `name:"reason" required:"" help:"Why, for the audit log (a ticket, who checked the upstream)."`
+	changeArgs
+}
+
+// changeArgs say who changes a key and why, for the audit trail.
+type changeArgs struct {
+	Reason   string `name:"reason" required:"" help:"Why, for the audit trail (a ticket, who checked the upstream)."`
+	Operator string `name:"operator" placeholder:"NAME" help:"Who makes the change, for the audit trail (default: the OS user running the command; the trail also keeps the database role)."`
+}
+
+type keysAuditCmd struct {
+	databaseFlags
+	Scope     string `name:"scope" help:"List only the rows of this gateway scope (as keys unknown shows it), in every namespace unless --namespace says which."`
+	Key       string `name:"key" help:"List only the rows of this Idempotency-Key."`
+	Namespace string `name:"namespace" placeholder:"NS" help:"List only this gateway namespace's rows."`
+	Since     string `name:"since" placeholder:"WHEN" help:"List only the rows written since then: a duration back from now (24h) or a time (RFC 3339)."`
+	Limit     int    `name:"limit" default:"100" help:"List at most this many, newest first."`
 }
 
 type keysStatsCmd struct {

@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"os"
+	"os/user"
 	"strings"
+	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/internal/auth"
@@ -168,4 +174,159 @@ func (k *keysUnknownCmd) Run(e env) error {
 		}
 		return indented(e.stdout).Encode(out)
 	})
+}
+
+func (k *keysResolveCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
+	}
+	if k.Status < 200 || k.Status > 499 {
+		return fmt.Errorf("--status %d: want the upstream's answer, 200 to 499 (a 5xx ran nothing: release the key instead)", k.Status)
+	}
+	var body []byte
+	if k.BodyFile != "" {
+		var err error
+		if body, err = os.ReadFile(k.BodyFile); err != nil {
+			return err
+		}
+	}
+	resp := idempotency.Response{Status: k.Status, Header: http.Header{}, Body: body}
+	if len(body) > 0 {
+		resp.Header.Set("Content-Type", k.ContentType)
+	}
+	return changeKey(e, k.databaseFlags, k.keyArgs, k.changeArgs, "resolved", func(ctx context.Context, s *pgstore.Store, c keyadmin.Change) (keyadmin.AuditEntry, error) {
+		return keyadmin.Resolve(ctx, s, c, resp)
+	})
+}
+
+func (k *keysReleaseCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
+	}
+	return changeKey(e, k.databaseFlags, k.keyArgs, k.changeArgs, "released", keyadmin.Release)
+}
+
+// operator is who --operator names, or else the OS user running the
+// command.
+func (c changeArgs) operator(e env) (string, error) {
+	if c.Operator != "" {
+		return c.Operator, nil
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username, nil
+	}
+	if name := e.getenv("USER"); name != "" {
+		return name, nil
+	}
+	return "", errors.New("no OS user to name as the operator: say who with --operator")
+}
+
+// changeKey runs change (keyadmin.Resolve or Release) on the held key k
+// names, whose outcome must be unknown (or not stored): a key still
+// running belongs to its gateway. keyadmin writes the audit row, of the
+// change or of its refusal; the change is also logged, and printed as
+// {"<done>": true}.
+func changeKey(e env, db databaseFlags, k keyArgs, c changeArgs, done string, change func(context.Context, *pgstore.Store, keyadmin.Change) (keyadmin.AuditEntry, error)) error {
+	if err := k.check(); err != nil {
+		return err
+	}
+	operator, err := c.operator(e)
+	if err != nil {
+		return err
+	}
+	return withKeys(e.ctx, db, func(s *pgstore.Store) error {
+		stored, lookErr := k.storedScope(e.ctx, s)
+		switch {
+		case errors.Is(lookErr, keyadmin.ErrKeyNotFound):
+			// In no namespace: the attempt is refused, and audited so, under
+			// the scope as given.
+			stored = storedKey{scope: k.Account}
+		case lookErr != nil:
+			return lookErr
+		}
+		entry, err := change(e.ctx, s, keyadmin.Change{Scope: stored.scope, Key: k.Key, Actor: operator, Reason: c.Reason})
+		switch {
+		case lookErr != nil && errors.Is(err, keyadmin.ErrKeyNotFound):
+			return fmt.Errorf("%w (the attempt is in keys audit)", lookErr)
+		case errors.Is(err, keyadmin.ErrKeyNotFound), errors.Is(err, keyadmin.ErrNotHeld), errors.Is(err, keyadmin.ErrStillRunning):
+			return fmt.Errorf("key %q: %w (the attempt is in keys audit)", k.Key, err)
+		case err != nil:
+			return err
+		}
+		e.log.Warn("idempotency key "+done+" by an operator", "account", k.Account, "namespace", stored.namespace, "key", k.Key,
+			"was", entry.PreviousState, "operator", entry.Actor, "reason", entry.Reason, "audit_id", entry.ID,
+			"status", entry.ResponseStatus, "body_sha256", entry.BodySHA256)
+		return indented(e.stdout).Encode(map[string]bool{done: true})
+	})
+}
+
+// auditRow is one line of `keys audit`.
+type auditRow struct {
+	// Namespace is the gateway's ("" for a key stored without one).
+	Namespace string `json:"namespace"`
+	Scope     string `json:"scope"` // the caller's, without the namespace
+	keyadmin.AuditEntry
+}
+
+// Run is `oncekey keys audit`: who resolved or released which key, when
+// and why, and who tried and was refused.
+func (k *keysAuditCmd) Run(e env) error {
+	if err := k.require(); err != nil {
+		return err
+	}
+	if k.Limit < 1 {
+		return fmt.Errorf("--limit %d: want 1 or more", k.Limit)
+	}
+	filter := keyadmin.AuditFilter{Key: k.Key, Limit: k.Limit}
+	switch {
+	case k.Namespace != "":
+		if err := gateway.CheckNamespace(k.Namespace); err != nil {
+			return fmt.Errorf("--namespace: %w", err)
+		}
+		filter.ScopePrefix = gateway.NamespacedScope(k.Namespace, "")
+		if k.Scope != "" {
+			filter.Scope = gateway.NamespacedScope(k.Namespace, k.Scope)
+		}
+	case k.Scope != "":
+		// In any namespace: the stored scope ends with it; rows whose
+		// caller's scope only ends so are dropped below.
+		filter.ScopeSuffix = k.Scope
+	}
+	if k.Since != "" {
+		since, err := parseSince(k.Since, time.Now())
+		if err != nil {
+			return err
+		}
+		filter.Since = since
+	}
+	return withKeys(e.ctx, k.databaseFlags, func(s *pgstore.Store) error {
+		entries, err := keyadmin.Audit(e.ctx, s, filter)
+		if err != nil {
+			return err
+		}
+		out := make([]auditRow, 0, len(entries))
+		for _, a := range entries {
+			ns, scope, _ := gateway.SplitScope(a.Scope)
+			if k.Scope != "" && scope != k.Scope {
+				continue
+			}
+			if !utf8.ValidString(scope) { // an account's: its 16 bytes
+				scope = accountOf(scope)
+			}
+			out = append(out, auditRow{Namespace: ns, Scope: scope, AuditEntry: a})
+		}
+		return indented(e.stdout).Encode(out)
+	})
+}
+
+// parseSince reads --since: a duration back from now, or an RFC 3339 time.
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("--since %q: want a duration back from now (24h) or an RFC 3339 time (2026-01-02T15:04:05Z)", s)
+	}
+	return t, nil
 }

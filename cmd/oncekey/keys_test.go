@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/user"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -60,9 +64,10 @@ func TestGatewayDatabaseKeepsItsOwnTables(t *testing.T) {
 	status, body := gatewayPost(t, addr, scope, key, "")
 	require.Equal(t, http.StatusCreated, status, body)
 
-	// pgstore's: the key table, its version table and its guard view.
+	// pgstore's: the key table, its version table, its guard view and its
+	// audit trail.
 	want := slices.Sorted(slices.Values(append(slices.Clone(app),
-		"idempotency_keys (r)", "idempotency_keys_schema_version (r)", "idempotency_keys_claimed (v)")))
+		"idempotency_keys (r)", "idempotency_keys_schema_version (r)", "idempotency_keys_claimed (v)", "idempotency_keys_audit (r)")))
 	require.Equal(t, want, publicRelations(t, pool), "the application's relations and pgstore's, no other")
 	var goose []int64
 	rows, err := pool.Query(ctx, `SELECT version_id FROM goose_db_version ORDER BY id`)
@@ -76,6 +81,7 @@ func TestGatewayDatabaseKeepsItsOwnTables(t *testing.T) {
 		{"keys", "unknown"},
 		{"keys", "stuck"},
 		{"keys", "inspect", "--gateway", scope, key},
+		{"keys", "audit"},
 		{"purge", "--dry-run"},
 	} {
 		out, err := runCommand(t, env, args...)
@@ -102,6 +108,17 @@ func holdKey(t *testing.T, store *pgstore.Store, scope, key string, held idempot
 	}
 }
 
+// gatewayKeyTable makes a database of t's own with only the key table, as a
+// gateway's, and returns the keys commands' environment for it.
+func gatewayKeyTable(t *testing.T) (env map[string]string, pool *pgxpool.Pool, store *pgstore.Store) {
+	t.Helper()
+	dbURL, pool := testdb.Empty(t)
+	require.NoError(t, pgstore.Migrate(context.Background(), pool, pgstore.Options{}))
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err)
+	return map[string]string{"DATABASE_URL": dbURL}, pool, store
+}
+
 // TestKeysUnknownAndNamespaces: `keys unknown` lists exactly the held keys
 // whose outcome is unknown (marked so, or their lease ended), with their
 // namespace, the caller's scope, method, route, path, since when and
@@ -111,12 +128,7 @@ func holdKey(t *testing.T, store *pgstore.Store, scope, key string, held idempot
 // it, and ask for --namespace when several do.
 func TestKeysUnknownAndNamespaces(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	dbURL, pool := testdb.Empty(t)
-	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{}))
-	store, err := pgstore.New(pool, pgstore.Options{})
-	require.NoError(t, err)
-	env := map[string]string{"DATABASE_URL": dbURL}
+	env, _, store := gatewayKeyTable(t)
 	const nsA, nsB = "http://a.internal:80", "http://b.internal:80"
 	past, future := time.Now().Add(-time.Minute), time.Now().Add(time.Hour)
 	running := func(until time.Time, path string) idempotency.Held {
@@ -222,6 +234,89 @@ func TestKeysUnknownAndNamespaces(t *testing.T) {
 		{nsB, "acct-1", "lapsed", "POST", "/transfers/{id}", "/transfers/2", "gw-1:42"},
 		{"", "acct-1", "legacy", "POST", "/transfers/{id}", "", ""},
 	}, summary(list()), "released keys are no longer unknown")
+}
+
+// TestKeysAudit: `keys resolve` and `keys release` each leave one row of
+// the audit trail, with the operator (--operator, or the OS user), the
+// reason, the key's namespace, scope and previous state, and the body's
+// SHA-256; an attempt refused (a key still running, a key in no namespace)
+// leaves a refused row that says why. `keys audit` lists them newest
+// first, by namespace, scope, key, time and count.
+func TestKeysAudit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env, pool, store := gatewayKeyTable(t)
+	const nsA, nsB = "http://a.internal:80", "http://b.internal:80"
+	running := idempotency.Held{State: idempotency.HeldRunning, Until: time.Now().Add(time.Hour), Holder: "gw-1:42"}
+	unknown := &idempotency.Held{State: idempotency.HeldUnknown, Reason: "the upstream did not answer", Holder: "gw-1:42"}
+	holdKey(t, store, gateway.NamespacedScope(nsA, "acct-1"), "to-resolve", running, unknown)
+	holdKey(t, store, gateway.NamespacedScope(nsB, "acct-1"), "to-release", running, unknown)
+	holdKey(t, store, gateway.NamespacedScope(nsA, "acct-2"), "running", running, nil)
+	var released []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT response_body FROM idempotency_keys WHERE idempotency_key = 'to-release'`).Scan(&released))
+
+	file := filepath.Join(t.TempDir(), "answer.json")
+	answer := []byte(`{"id":"found-by-hand"}`)
+	require.NoError(t, os.WriteFile(file, answer, 0o600))
+	out, err := runCommand(t, env, "keys", "resolve", "--gateway", "acct-1", "to-resolve", "--status", "201", "--body-file", file,
+		"--reason", "TICKET-5: it ran", "--operator", "alice@example.com")
+	require.NoError(t, err, out)
+	require.JSONEq(t, `{"resolved":true}`, out)
+	out, err = runCommand(t, env, "keys", "release", "--gateway", "acct-1", "to-release", "--reason", "TICKET-6: it did not run")
+	require.NoError(t, err, out)
+	_, err = runCommand(t, env, "keys", "release", "--gateway", "acct-2", "running", "--reason", "TICKET-7", "--operator", "bob")
+	require.ErrorIs(t, err, keyadmin.ErrStillRunning)
+	require.ErrorContains(t, err, "keys audit", "the refusal says where it is logged")
+	_, err = runCommand(t, env, "keys", "resolve", "--gateway", "acct-3", "nowhere", "--status", "200", "--reason", "TICKET-8", "--operator", "bob")
+	require.ErrorIs(t, err, keyadmin.ErrKeyNotFound)
+
+	audit := func(args ...string) []auditRow {
+		t.Helper()
+		out, err := runCommand(t, env, append([]string{"keys", "audit"}, args...)...)
+		require.NoError(t, err, out)
+		var rows []auditRow
+		require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+		return rows
+	}
+	rows := audit()
+	require.Len(t, rows, 4, "one row per attempt")
+	osUser, err := user.Current()
+	require.NoError(t, err)
+	sum := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+	type seen struct {
+		Namespace, Scope, Key, Actor, Action, Previous, Outcome, Reason, Hash string
+		Status                                                                int
+	}
+	var got []seen
+	for _, r := range rows {
+		require.Equal(t, "postgres", r.DatabaseUser, "the database role: %+v", r)
+		require.WithinDuration(t, time.Now(), r.At, time.Minute)
+		require.Equal(t, r.Outcome == keyadmin.OutcomeRefused, r.Refusal != "", "a refusal says why: %+v", r)
+		got = append(got, seen{r.Namespace, r.Scope, r.Key, r.Actor, r.Action, r.PreviousState, r.Outcome, r.Reason, r.BodySHA256, r.ResponseStatus})
+	}
+	require.Equal(t, []seen{
+		{"", "acct-3", "nowhere", "bob", "resolve", "absent", "refused", "TICKET-8", sum(nil), 200},
+		{nsA, "acct-2", "running", "bob", "release", "held", "refused", "TICKET-7", sum(running.Response().Body), 0},
+		{nsB, "acct-1", "to-release", osUser.Username, "release", "unknown", "done", "TICKET-6: it did not run", sum(released), 0},
+		{nsA, "acct-1", "to-resolve", "alice@example.com", "resolve", "unknown", "done", "TICKET-5: it ran", sum(answer), 201},
+	}, got, "newest first")
+
+	keysOf := func(rows []auditRow) []string {
+		var out []string
+		for _, r := range rows {
+			out = append(out, r.Key)
+		}
+		return out
+	}
+	require.Equal(t, []string{"running", "to-resolve"}, keysOf(audit("--namespace", nsA)))
+	require.Equal(t, []string{"to-resolve"}, keysOf(audit("--namespace", nsA, "--scope", "acct-1")))
+	require.Equal(t, []string{"to-release", "to-resolve"}, keysOf(audit("--scope", "acct-1")), "a scope in every namespace")
+	require.Equal(t, []string{"to-release"}, keysOf(audit("--key", "to-release")))
+	require.Equal(t, []string{"nowhere"}, keysOf(audit("--limit", "1")))
+	require.Len(t, audit("--since", "1h"), 4)
+	require.Empty(t, audit("--since", time.Now().Add(time.Hour).UTC().Format(time.RFC3339)))
+	_, err = runCommand(t, env, "keys", "audit", "--since", "yesterday")
+	require.ErrorContains(t, err, "--since")
 }
 
 // requireInspectStatus requires `keys inspect --gateway scope key` to say

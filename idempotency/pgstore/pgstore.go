@@ -582,7 +582,12 @@ func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref,
 // Release implements idempotency.Settler: it deletes the held record
 // stored under ref's claim, freeing the key.
 func (s *Store) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
-	n, err := s.queries(s.pool).IdempotencyKeyRelease(ctx, keydb.IdempotencyKeyReleaseParams{
+	return s.release(ctx, s.pool, ref)
+}
+
+// release deletes the held record stored under ref's claim, on db.
+func (s *Store) release(ctx context.Context, db keydb.DBTX, ref idempotency.Ref) (bool, error) {
+	n, err := s.queries(db).IdempotencyKeyRelease(ctx, keydb.IdempotencyKeyReleaseParams{
 		Scope:          s.scope.arg(ref.Scope),
 		IdempotencyKey: ref.Key,
 		KeyCreatedAt:   ref.ClaimedAt,
@@ -653,6 +658,12 @@ func init() {
 		return t.arg(scope), t.check(scope)
 	}
 	access.ScopeRead = func(s any, b []byte) string { return s.(*Store).scope.read(b) }
+	access.Settle = func(ctx context.Context, s any, db keydb.DBTX, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
+		return s.(*Store).replace(ctx, db, ref, idempotency.StatusHeld, resp)
+	}
+	access.Release = func(ctx context.Context, s any, db keydb.DBTX, ref idempotency.Ref) (bool, error) {
+		return s.(*Store).release(ctx, db, ref)
+	}
 	access.Partitions = func(ctx context.Context, s any) ([]access.Queries, error) {
 		store := s.(*Store)
 		parts, err := store.partitions(ctx, store.pool)

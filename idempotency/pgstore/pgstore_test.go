@@ -105,7 +105,10 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, err, "read %s's version table", table)
 		versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
 		require.NoError(t, err, "read %s's version table", table)
-		require.Equal(t, []int{1, 2, 3}, versions, "versions applied to %s, each once", table)
+		require.Equal(t, []int{1, 2, 3, 4}, versions, "versions applied to %s, each once", table)
+		var audit bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table+"_audit").Scan(&audit))
+		require.True(t, audit, "%s's audit trail is named after it", table)
 	}
 	require.Equal(t, tableLayout(t, pool, "idempotency_keys"), tableLayout(t, pool, "widget_keys"), "layout of the renamed table")
 

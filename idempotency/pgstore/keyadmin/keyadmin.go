@@ -1,9 +1,10 @@
 // Package keyadmin is the operator's view of pgstore's key table: one key's
 // record, the scopes a key is stored under, the keys stuck processing, the
 // held keys of unknown outcome, and how many expired keys a purge would
-// delete. It only reads. It is kept apart from pgstore.Store so that
-// the store's API is what a service needs, and these are what an operator's
-// tools need.
+// delete; and the two changes an operator makes by hand, Resolve and
+// Release, each audited in the database (Audit reads the trail). It is
+// kept apart from pgstore.Store so that the store's API is what a service
+// needs, and these are what an operator's tools need.
 package keyadmin
 
 import (

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
@@ -27,4 +28,8 @@ var (
 	ScopeArg func(store any, scope string) ([]byte, error)
 	// ScopeRead is a scope as a *pgstore.Store's statements read it back.
 	ScopeRead func(store any, b []byte) string
+	// Settle and Release are a *pgstore.Store's Settle and Release run on
+	// db (an operator's transaction, which writes its audit row too).
+	Settle  func(ctx context.Context, store any, db keydb.DBTX, ref idempotency.Ref, resp idempotency.Response) (bool, error)
+	Release func(ctx context.Context, store any, db keydb.DBTX, ref idempotency.Ref) (bool, error)
 )

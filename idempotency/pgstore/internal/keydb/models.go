@@ -26,6 +26,22 @@ type IdempotencyKey struct {
 	ExpiresAt       time.Time
 }
 
+type IdempotencyKeysAudit struct {
+	ID             int64
+	At             time.Time
+	Actor          string
+	DatabaseUser   string
+	Action         string
+	Scope          []byte
+	IdempotencyKey string
+	PreviousState  string
+	Outcome        string
+	Refusal        string
+	Reason         string
+	ResponseStatus pgtype.Int4
+	BodySha256     []byte
+}
+
 type IdempotencyKeysClaimed struct {
 	Claimed bool
 }
