@@ -384,7 +384,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		defer rdb.Close()
 		// No ping: Redis being down at start only costs speed, and the
 		// client reconnects by itself when it comes back.
-		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey:", Observer: m, Secret: cfg.RedisSecret})
+		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey:", Observer: m, Secret: cfg.RedisSecret, Logger: log})
 		keys, deferredKeys = redisstore.Wrap(fast, keys), redisstore.Wrap(fast, deferredKeys)
 		log.Info("idempotency fast path: Redis")
 		if len(cfg.RedisSecret) == 0 {

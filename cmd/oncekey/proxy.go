@@ -235,7 +235,7 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 			return nil, nil, nil, err
 		}
 		closers = append(closers, func() { _ = rdb.Close() })
-		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey-gateway:", Observer: m, Secret: []byte(p.RedisSecret)})
+		fast := redisstore.New(rdb, redisstore.Config{Prefix: "oncekey-gateway:", Observer: m, Secret: []byte(p.RedisSecret), Logger: log})
 		store = redisstore.Wrap(fast, store)
 		log.Info("gateway keys: PostgreSQL, with Redis in front")
 	} else {

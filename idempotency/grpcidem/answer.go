@@ -214,9 +214,9 @@ func (s *recordingStream) keep(into, md metadata.MD) {
 	}
 }
 
-// kept is the allow-listed metadata, one line each: "h key value" for
-// headers, "t key value" for trailers, the value in base64 so that binary
-// metadata survives any store.
+// kept is the allow-listed metadata (New took the never-replayed names off
+// the list), one line each: "h key value" for headers, "t key value" for
+// trailers, the value in base64 so that binary metadata survives any store.
 func (s *recordingStream) kept(allowed []string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -226,7 +226,7 @@ func (s *recordingStream) kept(allowed []string) []string {
 		md   metadata.MD
 	}{{"h", s.header}, {"t", s.trailer}} {
 		for _, k := range slices.Sorted(maps.Keys(part.md)) {
-			if !slices.Contains(allowed, k) || k == ReplayedMetadata {
+			if !slices.Contains(allowed, k) {
 				continue
 			}
 			for _, v := range part.md[k] {

@@ -67,7 +67,9 @@ type Config struct {
 	KeyMetadata string
 	// ReplayMetadata lists the header and trailer metadata keys stored with
 	// an answer and sent again with its replays. Anything else (request
-	// ids, timings) belongs to one call. Default: none.
+	// ids, timings) belongs to one call. Default: none. Credentials,
+	// cookies, the key, gRPC's own grpc-* metadata and hop-by-hop headers
+	// are never stored, whatever it says.
 	ReplayMetadata []string
 	// TTL is how long a stored answer is replayed (default 48h).
 	TTL time.Duration
@@ -127,9 +129,11 @@ func New[U any](store idempotency.Store[U], cfg Config) *Interceptor[U] {
 	if cfg.KeyMetadata == "" {
 		cfg.KeyMetadata = DefaultKeyMetadata
 	}
-	replay := make([]string, len(cfg.ReplayMetadata))
-	for n, name := range cfg.ReplayMetadata {
-		replay[n] = strings.ToLower(name)
+	var replay []string
+	for _, name := range cfg.ReplayMetadata {
+		if name = strings.ToLower(name); !neverReplayed(name, cfg.KeyMetadata) {
+			replay = append(replay, name)
+		}
 	}
 	cfg.ReplayMetadata = replay
 	if cfg.RetryAfter <= 0 {
@@ -201,6 +205,25 @@ func (i *Interceptor[U]) Cover(desc *grpc.ServiceDesc, name string, m Method) er
 	}
 	i.methods[full] = cov
 	return nil
+}
+
+// neverReplayed reports whether no configuration may store the metadata
+// name (lower case) with an answer, as the HTTP engine never stores
+// credentials, cookies, its key or hop-by-hop headers: they belong to one
+// client, one call or one connection, and a replay goes to whoever holds
+// the key. gRPC keeps grpc-* for itself (a call's status, timeout,
+// encoding, trace), and a name beginning with a colon is an HTTP/2
+// pseudo-header.
+func neverReplayed(name, keyMetadata string) bool {
+	switch name {
+	case "authorization", "proxy-authorization", "www-authenticate", "proxy-authenticate",
+		"cookie", "set-cookie", "set-cookie2",
+		"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
+		"content-type", "content-length", "user-agent",
+		DefaultKeyMetadata, strings.ToLower(keyMetadata), ReplayedMetadata:
+		return true
+	}
+	return strings.HasPrefix(name, "grpc-") || strings.HasPrefix(name, ":")
 }
 
 func hasMethod(desc *grpc.ServiceDesc, name string) bool {

@@ -33,13 +33,15 @@ type breaker struct {
 	rdb      redis.UniversalClient
 	cooldown time.Duration
 	observer Observer
+	log      *stateLog
 
 	mu      sync.Mutex
 	probing bool
+	lastErr error // the last command's failure, for the log
 }
 
 func newBreaker(rdb redis.UniversalClient, cfg Config) *breaker {
-	b := &breaker{rdb: rdb, cooldown: cfg.Cooldown, observer: cfg.Observer}
+	b := &breaker{rdb: rdb, cooldown: cfg.Cooldown, observer: cfg.Observer, log: &stateLog{log: cfg.Logger, every: stateLogEvery}}
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
 		MaxRequests: 1, // the prober's PING, when half-open
@@ -51,9 +53,11 @@ func newBreaker(rdb redis.UniversalClient, cfg Config) *breaker {
 			switch {
 			case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
 				b.observer.Breaker(true)
+				b.log.changed(true, b.failure())
 				b.probe()
 			case to == gobreaker.StateClosed:
 				b.observer.Breaker(false)
+				b.log.changed(false, nil)
 			}
 		},
 	})
@@ -72,12 +76,29 @@ func (b *breaker) do(ctx context.Context, fn func() error) error {
 		return errBreakerOpen
 	}
 	err = fn()
-	if ctx.Err() != nil {
+	switch {
+	case ctx.Err() != nil:
 		done(nil) // the request went away: no failure of Redis's
-	} else {
+	case err != nil && !errors.Is(err, redis.Nil):
+		b.failed(err)
+		done(err)
+	default:
 		done(err)
 	}
 	return err
+}
+
+// failed keeps err, the failure that may trip the breaker, for its log.
+func (b *breaker) failed(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lastErr = err
+}
+
+func (b *breaker) failure() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastErr
 }
 
 // closed reports whether requests may use Redis now.

@@ -45,6 +45,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -113,6 +114,11 @@ type Config struct {
 	// Observer, optional, receives each look-up's result and each fallback
 	// to the durable store, for metrics; nil reports nothing.
 	Observer Observer
+	// Logger receives a WARN line when Redis starts failing (requests
+	// leave it alone) and one when it recovers: a line a change, never a
+	// line a request, and while Redis flaps at most one line of each kind
+	// a minute. Default slog.Default().
+	Logger *slog.Logger
 	// Secret authenticates every cached record (HMAC-SHA256 over the
 	// record and its Redis key), so that whatever else can write to the
 	// Redis cannot forge a replay: a record that does not verify is read
@@ -166,6 +172,9 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
 	s := &Store{rdb: rdb, reads: rdb, cfg: cfg, breaker: newBreaker(rdb, cfg), sealer: newSealer(cfg.Secret)}
 	s.cfg.Secret = nil // kept only in the sealer

@@ -1,10 +1,17 @@
 package conformance
 
 import (
+	"bufio"
+	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
@@ -174,6 +181,107 @@ func TestCredentialApply(t *testing.T) {
 			tt.c.apply(req)
 			require.Equal(t, tt.wantQuery, req.URL.RawQuery, "the query")
 			require.Equal(t, tt.wantHeader, req.Header, "the headers")
+		})
+	}
+}
+
+// bothSchemes serves h over TLS and over plain HTTP on one address, as a
+// server answering https:// and http:// on one host and port does: it
+// tells the two apart by the first byte a connection sends (a TLS
+// handshake's is 0x16). It returns the address and a client that trusts
+// its certificate.
+func bothSchemes(t *testing.T, h http.Handler) (addr string, client *http.Client) {
+	t.Helper()
+	certified := httptest.NewTLSServer(http.NotFoundHandler())
+	certified.Close() // its certificate and its client are what is used
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(sniffing{ln, certified.TLS}) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String(), certified.Client()
+}
+
+// sniffing is a listener whose connections are TLS when they begin with a
+// TLS handshake, and plain otherwise.
+type sniffing struct {
+	net.Listener
+	tls *tls.Config
+}
+
+func (l sniffing) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		first, err := br.Peek(1)
+		_ = c.SetReadDeadline(time.Time{})
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		pc := peeked{c, br}
+		if first[0] == 0x16 {
+			return tls.Server(pc, l.tls), nil
+		}
+		return pc, nil
+	}
+}
+
+// peeked is a connection whose first bytes were read into r.
+type peeked struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c peeked) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// An API under test served over https whose Location names http:// on
+// its own host and port gets nothing sent there: a credential never goes
+// over plain HTTP, where anyone on the path reads it, though the host is
+// the API's own. A Location on the API's own origin is followed, with the
+// credential: the server reached over either scheme is the same.
+func TestCredentialsNeverGoFromHTTPSToHTTP(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, auth, scheme string
+	}{
+		{"in a header", "Bearer secret-token", ""},
+		{"in the query", "secret-token", "{q: {type: apiKey, in: query, name: api_key}}"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			seen := map[bool][]string{} // over TLS → each request's URL and Authorization
+			addr, client := bothSchemes(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				defer mu.Unlock()
+				seen[r.TLS != nil] = append(seen[r.TLS != nil], r.URL.String()+" "+r.Header.Get("Authorization"))
+				w.WriteHeader(http.StatusOK)
+			}))
+			base := "https://" + addr
+			s, err := newSession(Config{Spec: credentialDoc(t, "", "", "", tt.scheme), BaseURL: base, Auth: tt.auth})
+			require.NoError(t, err)
+			s.validator.Base = client.Transport
+			ctx := context.Background()
+			q := request{method: http.MethodPost, path: "/a"}
+
+			_, err = s.get(ctx, s.location(q, base+"/a/1"))
+			require.NoError(t, err, "a Location on the API's own origin is followed")
+			_, err = s.get(ctx, s.location(q, "http://"+addr+"/a/2"))
+
+			mu.Lock()
+			defer mu.Unlock()
+			require.Empty(t, seen[false], "nothing went over plain HTTP (each request: its URL and Authorization)")
+			require.Len(t, seen[true], 1, "the Location over https was followed")
+			require.Contains(t, seen[true][0], "secret-token", "with the credential")
+			var skip skipped
+			require.ErrorAs(t, err, &skip, "the check that would follow the Location over http says why it cannot")
+			require.Contains(t, err.Error(), "credentials are sent to the API under test alone")
 		})
 	}
 }

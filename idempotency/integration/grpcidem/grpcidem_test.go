@@ -105,6 +105,8 @@ func suite[U any](t *testing.T, b backend[U]) {
 		{"DeadlineMidFlightIsNotStored", deadlineMidFlight[U]},
 		{"KeysAreScoped", keysAreScoped[U]},
 		{"KeyFromRequestField", keyFromRequestField[U]},
+		{"KeyFieldIsNotFingerprinted", keyFieldIsNotFingerprinted[U]},
+		{"PerCallMetadataIsNeverReplayed", perCallMetadataIsNeverReplayed[U]},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -126,6 +128,9 @@ type ledger[U any] struct {
 	gate     chan struct{}
 	started  chan struct{}
 	finished chan struct{}
+	// perCall, when set, is header metadata every Charge sets besides its
+	// own.
+	perCall metadata.MD
 }
 
 func (l *ledger[U]) Charge(ctx context.Context, req *testpb.ChargeRequest) (*testpb.Receipt, error) {
@@ -157,7 +162,7 @@ func (l *ledger[U]) Charge(ctx context.Context, req *testpb.ChargeRequest) (*tes
 			return nil, status.Errorf(codes.Internal, "write: %v", err)
 		}
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs("x-ledger-node", "n1", "x-elapsed", "3ms"))
+	_ = grpc.SetHeader(ctx, metadata.Join(metadata.Pairs("x-ledger-node", "n1", "x-elapsed", "3ms"), l.perCall))
 	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-balance-bin", "\x00\x01balance"))
 	return &testpb.Receipt{Id: id, Account: req.Account, Amount: req.Amount}, nil
 }
@@ -193,7 +198,9 @@ func start[U any](t *testing.T, b backend[U], cfg grpcidem.Config, m grpcidem.Me
 	t.Helper()
 	store, rows := b.open(t)
 	cfg.Scope = scope
-	cfg.ReplayMetadata = []string{"x-ledger-node", "x-balance-bin"}
+	if cfg.ReplayMetadata == nil {
+		cfg.ReplayMetadata = []string{"x-ledger-node", "x-balance-bin"}
+	}
 	if cfg.Wait == 0 {
 		cfg.Wait = 10 * time.Second // duplicates wait out the first call, however busy the machine
 	}
@@ -478,6 +485,62 @@ func keyFromRequestField[U any](t *testing.T, b backend[U]) {
 		require.NoError(t, charge(ctx, conn, unkeyed).err, "without a request_id the call runs unprotected (AIP-155)")
 	}
 	require.EqualValues(t, 4, l.runs.Load())
+}
+
+// keyFieldIsNotFingerprinted: the key field carries the key and is no part
+// of the request, so a retry that sends its key in metadata instead (a
+// client library that moved it, a proxy that reads only metadata) is the
+// same request: a replay, whichever way round.
+func keyFieldIsNotFingerprinted[U any](t *testing.T, b backend[U]) {
+	l, conn := start(t, b, grpcidem.Config{}, grpcidem.Method{KeyField: "request_id"})
+	tenant := metadata.AppendToOutgoingContext(t.Context(), "tenant", "acme")
+	for _, tc := range []struct{ name, first, retry string }{
+		{"field, then metadata", "field", "metadata"},
+		{"metadata, then field", "metadata", "field"},
+	} {
+		key := newKey()
+		call := func(where string) result {
+			req := &testpb.ChargeRequest{Account: "acc-1", Amount: 250}
+			if where == "field" {
+				req.RequestId = key
+				return charge(tenant, conn, req)
+			}
+			return charge(keyed(t.Context(), "acme", key), conn, req)
+		}
+		first, again := call(tc.first), call(tc.retry)
+		require.NoError(t, first.err, tc.name)
+		require.NoError(t, again.err, "%s: the retry is the same request", tc.name)
+		require.True(t, again.replayed(), "%s: the retry is a replay", tc.name)
+		require.Equal(t, first.wire, again.wire, tc.name)
+	}
+	require.EqualValues(t, 2, l.runs.Load(), "each key ran once")
+	require.Equal(t, 2, l.rows.count(t))
+}
+
+// perCallMetadataIsNeverReplayed: credentials, cookies, the key and gRPC's
+// own metadata belong to one call; listed in ReplayMetadata, they are still
+// not stored, and a replay, which goes to whoever holds the key, does not
+// carry them. What else the list names is replayed.
+func perCallMetadataIsNeverReplayed[U any](t *testing.T, b backend[U]) {
+	perCall := metadata.Pairs("set-cookie", "session=s1", "authorization", "Bearer for-the-first-caller",
+		"grpc-route", "r1", "idempotency-key", "echoed", "x-region", "eu")
+	denied := []string{"set-cookie", "authorization", "grpc-route", "idempotency-key"}
+	listed := []string{"X-Ledger-Node", "x-region", "Set-Cookie", "Authorization", "grpc-route", "idempotency-key", grpcidem.ReplayedMetadata}
+	l, conn := start(t, b, grpcidem.Config{ReplayMetadata: listed}, grpcidem.Method{})
+	l.perCall = perCall
+	ctx := keyed(t.Context(), "acme", newKey())
+	req := &testpb.ChargeRequest{Account: "acc-1", Amount: 250}
+	first, again := charge(ctx, conn, req), charge(ctx, conn, req)
+	require.NoError(t, first.err)
+	require.NoError(t, again.err)
+	require.True(t, again.replayed())
+	for _, name := range denied {
+		require.Equal(t, perCall.Get(name), first.header.Get(name), "the call that ran sends %s", name)
+		require.Empty(t, again.header.Get(name), "its replay does not")
+	}
+	require.Equal(t, []string{"n1"}, again.header.Get("x-ledger-node"))
+	require.Equal(t, []string{"eu"}, again.header.Get("x-region"))
+	require.Equal(t, []string{"true"}, again.header.Get(grpcidem.ReplayedMetadata), "once")
 }
 
 // TestCoverRefuses: what the interceptor cannot cover is refused when it is
