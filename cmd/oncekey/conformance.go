@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -18,6 +19,13 @@ import (
 // the report: any failed check is an error (exit 1); checks that could not
 // run, with none failed, exit 2 (see conformanceCmd.Help).
 func (c *conformanceCmd) Run(e env) error {
+	var err error
+	if c.Auth, err = secret("--auth-file", c.AuthFile, c.Auth); err != nil {
+		return err
+	}
+	if c.Auth2, err = secret("--auth2-file", c.Auth2File, c.Auth2); err != nil {
+		return err
+	}
 	doc, notices, err := conformance.Load(c.Spec)
 	// What the tool cannot support is said, and the run goes on without
 	// it: a large public API's document has something of the kind.
@@ -140,6 +148,38 @@ func (c *contractTestCmd) Run(e env) error {
 	if err != nil {
 		return err
 	}
-	cmd := conformanceCmd{URL: c.URL, Auth: "Bearer " + c.APIKey, Profile: "oncekey", Format: "text", Concurrency: 10, Timeout: 10 * time.Second}
+	key, err := secret("--api-key-file", c.APIKeyFile, c.APIKey)
+	if err != nil {
+		return err
+	}
+	if key == "" {
+		// kong's words, for a flag it cannot require: one of the two, or
+		// the variable, gives it.
+		return errors.New("missing flags: --api-key=KEY (or $ONCEKEY_API_KEY, or --api-key-file=FILE)\n(see 'oncekey contract-test --help')")
+	}
+	cmd := conformanceCmd{URL: c.URL, Auth: "Bearer " + key, Profile: "oncekey", Format: "text", Concurrency: 10, Timeout: 10 * time.Second}
 	return cmd.check(e, doc, overrides)
+}
+
+// secret is a credential flag's value: the flag's own (given on the
+// command line or in its variable), or else the one line of its file flag,
+// the way to keep a secret out of the arguments, which process lists and
+// CI logs show. The line's end is dropped; the file's path may be said in
+// an error, its contents never.
+func secret(fileFlag, file, value string) (string, error) {
+	if file == "" {
+		return value, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", fileFlag, err)
+	}
+	line := strings.TrimRight(string(b), "\r\n")
+	switch {
+	case line == "":
+		return "", fmt.Errorf("%s %s: the file is empty", fileFlag, file)
+	case strings.ContainsAny(line, "\r\n"):
+		return "", fmt.Errorf("%s %s: the file has more than one line", fileFlag, file)
+	}
+	return line, nil
 }
