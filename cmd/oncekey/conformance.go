@@ -33,7 +33,7 @@ func (c *conformanceCmd) Run(e env) error {
 		fmt.Fprintf(e.stderr, "oncekey conformance: %s\n", n)
 	}
 	if err != nil {
-		return fmt.Errorf("--spec %s: %w", c.Spec, err)
+		return printableError{fmt.Errorf("--spec %s: %w", c.Spec, err)}
 	}
 	var overrides conformance.Overrides
 	if c.Overrides != "" {
@@ -70,7 +70,7 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 	}
 	results, err := conformance.Run(e.ctx, cfg)
 	if err != nil && len(results) == 0 {
-		return err
+		return printableError{err}
 	}
 	if werr := conformance.Write(e.stdout, c.Format, profile, results); werr != nil {
 		return werr
@@ -109,6 +109,14 @@ func (c *conformanceCmd) writeOverrides(e env, cfg conformance.Config, results [
 	return err
 }
 
+// printableError is an error that quotes what others wrote (the
+// document, the API's answers), made Printable for the terminal it is
+// printed on.
+type printableError struct{ err error }
+
+func (e printableError) Error() string { return conformance.Printable(e.err.Error()) }
+func (e printableError) Unwrap() error { return e.err }
+
 // exitSetup is conformance's exit code when no check failed but some could
 // not run: the tool needs a hint (overrides, a credential), and the API
 // broke no promise it was seen to.
@@ -125,7 +133,7 @@ func progress(e env) func(done, total int, r conformance.Result) {
 		}
 	}
 	return func(done, total int, r conformance.Result) {
-		line := fmt.Sprintf("conformance: %d/%d %s %s %s", done, total, r.Status, r.Check, r.Operation)
+		line := fmt.Sprintf("conformance: %d/%d %s %s %s", done, total, r.Status, r.Check, conformance.Printable(r.Operation))
 		switch {
 		case !tty:
 			fmt.Fprintln(e.stderr, line)
