@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -268,8 +269,10 @@ type accountsRevokeCmd struct {
 type conformanceCmd struct {
 	Spec           string        `name:"spec" required:"" placeholder:"FILE" help:"The API's OpenAPI document (3.0 or 3.1, YAML or JSON); a $ref to another file is reported on standard error and left out."`
 	URL            string        `name:"url" placeholder:"URL" help:"Base URL of the API, e.g. http://127.0.0.1:8080 (required unless --plan)."`
-	Auth           string        `name:"auth" placeholder:"CREDENTIAL" help:"Credential of a test account: \"X-API-Key: ...\" (a header), \"Bearer sk_test_...\", or a bare value, sent where the spec's securitySchemes say."`
-	Auth2          string        `name:"auth2" placeholder:"CREDENTIAL" help:"Credential of a second account, in the same forms; without it credential-isolation is skipped."`
+	Auth           string        `name:"auth" envvar:"ONCEKEY_AUTH" xor:"auth" placeholder:"CREDENTIAL" help:"Credential of a test account: \"X-API-Key: ...\" (a header), \"Bearer sk_test_...\", or a bare value, sent where the spec's securitySchemes say. An argument shows in process lists: use --auth-file or the variable."`
+	AuthFile       string        `name:"auth-file" xor:"auth" placeholder:"FILE" help:"Read --auth from this file (its one line)."`
+	Auth2          string        `name:"auth2" envvar:"ONCEKEY_AUTH2" xor:"auth2" placeholder:"CREDENTIAL" help:"Credential of a second account, in the same forms; without it credential-isolation is skipped. Like --auth: --auth2-file or the variable."`
+	Auth2File      string        `name:"auth2-file" xor:"auth2" placeholder:"FILE" help:"Read --auth2 from this file (its one line)."`
 	Profile        string        `name:"profile" enum:"oncekey,ietf,stripe" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (422, 409), stripe (400, 409, key optional)."`
 	Only           []string      `name:"only" sep:"," placeholder:"ID" help:"Run only these checks and/or operations (\"POST /orders\" or an operationId)."`
 	Format         string        `name:"format" enum:"text,json,junit" default:"text" help:"Report format on standard output: text, json or junit."`
@@ -291,8 +294,9 @@ func (conformanceCmd) Help() string {
 }
 
 type contractTestCmd struct {
-	URL    string `name:"url" required:"" placeholder:"URL" help:"Base URL of the deployment, e.g. http://127.0.0.1:8080."`
-	APIKey string `name:"api-key" required:"" placeholder:"KEY" help:"API key of a test account."`
+	URL        string `name:"url" required:"" placeholder:"URL" help:"Base URL of the deployment, e.g. http://127.0.0.1:8080."`
+	APIKey     string `name:"api-key" envvar:"ONCEKEY_API_KEY" xor:"api-key" placeholder:"KEY" help:"API key of a test account. An argument shows in process lists: use --api-key-file or the variable."`
+	APIKeyFile string `name:"api-key-file" xor:"api-key" placeholder:"FILE" help:"Read --api-key from this file (its one line)."`
 }
 
 type versionCmd struct{}
@@ -405,8 +409,9 @@ func commandOf(kctx *kong.Context) string {
 
 // envResolver gives every flag with an environment variable (its envvar
 // tag) the value the variable has in getenv: the process's environment, or
-// a map in tests. A flag given on the command line wins. (kong's own env
-// tag would read the process's environment whatever getenv is.)
+// a map in tests. A flag given on the command line wins, and so does one
+// that excludes it (its xor group's: --auth-file over ONCEKEY_AUTH). (kong's
+// own env tag would read the process's environment whatever getenv is.)
 type envResolver struct {
 	getenv func(string) string
 	// notes learns which variable each value came from, so that a bad
@@ -416,10 +421,15 @@ type envResolver struct {
 
 func (envResolver) Validate(*kong.Application) error { return nil }
 
-func (r envResolver) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
+func (r envResolver) Resolve(_ *kong.Context, path *kong.Path, flag *kong.Flag) (any, error) {
 	name := flag.Tag.Get("envvar")
 	if name == "" {
 		return nil, nil
+	}
+	for _, other := range path.Flags {
+		if other != flag && other.Set && slices.ContainsFunc(other.Xor, func(x string) bool { return slices.Contains(flag.Xor, x) }) {
+			return nil, nil
+		}
 	}
 	v := r.getenv(name)
 	if v == "" {

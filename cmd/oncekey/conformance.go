@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -18,6 +19,13 @@ import (
 // the report: any failed check is an error (exit 1); checks that could not
 // run, with none failed, exit 2 (see conformanceCmd.Help).
 func (c *conformanceCmd) Run(e env) error {
+	var err error
+	if c.Auth, err = secret("--auth-file", c.AuthFile, c.Auth); err != nil {
+		return err
+	}
+	if c.Auth2, err = secret("--auth2-file", c.Auth2File, c.Auth2); err != nil {
+		return err
+	}
 	doc, notices, err := conformance.Load(c.Spec)
 	// What the tool cannot support is said, and the run goes on without
 	// it: a large public API's document has something of the kind.
@@ -25,7 +33,7 @@ func (c *conformanceCmd) Run(e env) error {
 		fmt.Fprintf(e.stderr, "oncekey conformance: %s\n", n)
 	}
 	if err != nil {
-		return fmt.Errorf("--spec %s: %w", c.Spec, err)
+		return printableError{fmt.Errorf("--spec %s: %w", c.Spec, err)}
 	}
 	var overrides conformance.Overrides
 	if c.Overrides != "" {
@@ -62,7 +70,7 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 	}
 	results, err := conformance.Run(e.ctx, cfg)
 	if err != nil && len(results) == 0 {
-		return err
+		return printableError{err}
 	}
 	if werr := conformance.Write(e.stdout, c.Format, profile, results); werr != nil {
 		return werr
@@ -101,6 +109,14 @@ func (c *conformanceCmd) writeOverrides(e env, cfg conformance.Config, results [
 	return err
 }
 
+// printableError is an error that quotes what others wrote (the
+// document, the API's answers), made Printable for the terminal it is
+// printed on.
+type printableError struct{ err error }
+
+func (e printableError) Error() string { return conformance.Printable(e.err.Error()) }
+func (e printableError) Unwrap() error { return e.err }
+
 // exitSetup is conformance's exit code when no check failed but some could
 // not run: the tool needs a hint (overrides, a credential), and the API
 // broke no promise it was seen to.
@@ -117,7 +133,7 @@ func progress(e env) func(done, total int, r conformance.Result) {
 		}
 	}
 	return func(done, total int, r conformance.Result) {
-		line := fmt.Sprintf("conformance: %d/%d %s %s %s", done, total, r.Status, r.Check, r.Operation)
+		line := fmt.Sprintf("conformance: %d/%d %s %s %s", done, total, r.Status, r.Check, conformance.Printable(r.Operation))
 		switch {
 		case !tty:
 			fmt.Fprintln(e.stderr, line)
@@ -140,6 +156,38 @@ func (c *contractTestCmd) Run(e env) error {
 	if err != nil {
 		return err
 	}
-	cmd := conformanceCmd{URL: c.URL, Auth: "Bearer " + c.APIKey, Profile: "oncekey", Format: "text", Concurrency: 10, Timeout: 10 * time.Second}
+	key, err := secret("--api-key-file", c.APIKeyFile, c.APIKey)
+	if err != nil {
+		return err
+	}
+	if key == "" {
+		// kong's words, for a flag it cannot require: one of the two, or
+		// the variable, gives it.
+		return errors.New("missing flags: --api-key=KEY (or $ONCEKEY_API_KEY, or --api-key-file=FILE)\n(see 'oncekey contract-test --help')")
+	}
+	cmd := conformanceCmd{URL: c.URL, Auth: "Bearer " + key, Profile: "oncekey", Format: "text", Concurrency: 10, Timeout: 10 * time.Second}
 	return cmd.check(e, doc, overrides)
+}
+
+// secret is a credential flag's value: the flag's own (given on the
+// command line or in its variable), or else the one line of its file flag,
+// the way to keep a secret out of the arguments, which process lists and
+// CI logs show. The line's end is dropped; the file's path may be said in
+// an error, its contents never.
+func secret(fileFlag, file, value string) (string, error) {
+	if file == "" {
+		return value, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", fileFlag, err)
+	}
+	line := strings.TrimRight(string(b), "\r\n")
+	switch {
+	case line == "":
+		return "", fmt.Errorf("%s %s: the file is empty", fileFlag, file)
+	case strings.ContainsAny(line, "\r\n"):
+		return "", fmt.Errorf("%s %s: the file has more than one line", fileFlag, file)
+	}
+	return line, nil
 }

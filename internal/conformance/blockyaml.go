@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -17,8 +18,16 @@ import (
 // their order; comments, anchors (each alias is written out in full) and
 // styles are not. Strings are written double-quoted, with the escapes
 // YAML and Go share, so no string is read back as a number or a boolean.
+//
+// Writing each alias out in full is what a YAML bomb counts on: a few
+// hundred bytes of aliases of aliases stand for millions of nodes, which
+// kin-openapi's own parser refuses (it counts aliases) but reads without a
+// word once they are written out. So blockYAML writes at most
+// expansionFactor times the nodes the tree is made of (and at least
+// minExpansionBudget), and fails past it with an *expansionError.
 func blockYAML(n *yaml.Node) ([]byte, error) {
-	w := &blockWriter{open: map[*yaml.Node]bool{}}
+	written := countNodes(n)
+	w := &blockWriter{open: map[*yaml.Node]bool{}, written: written, left: max(expansionFactor*written, minExpansionBudget)}
 	n = deref(n)
 	if n.Kind == yaml.DocumentNode {
 		if len(n.Content) == 0 {
@@ -43,6 +52,40 @@ type blockWriter struct {
 	// open are the collections being written: an alias to one of them is
 	// a cycle, which would never end.
 	open map[*yaml.Node]bool
+	// written is how many nodes the tree is made of, each alias one node;
+	// left, how many more nodes the writer may write.
+	written, left int
+}
+
+// expansionFactor and minExpansionBudget bound what blockYAML writes:
+// expansionFactor times the nodes of the document as it is written, and at
+// least minExpansionBudget nodes, so that a small document may use an
+// anchor a few times. A document's aliases rarely name more than a few
+// shared schemas or responses; a bomb's grow it tenfold at each level.
+const (
+	expansionFactor    = 4
+	minExpansionBudget = 10_000
+)
+
+// expansionError is a document whose YAML aliases, written out, would be
+// more than blockYAML writes.
+type expansionError struct {
+	written, budget int
+}
+
+func (e *expansionError) Error() string {
+	return fmt.Sprintf("the document's YAML aliases, written out, make more than %d nodes (%d times the %d it is written with, and at least %d): the tool reads no document that grows this much (a YAML bomb); use fewer aliases of collections",
+		e.budget, expansionFactor, e.written, minExpansionBudget)
+}
+
+// countNodes counts the nodes of the tree at n as it is written: an alias
+// is one node, and what it names is counted where it is anchored.
+func countNodes(n *yaml.Node) int {
+	count := 1
+	for _, c := range n.Content {
+		count += countNodes(c)
+	}
+	return count
 }
 
 // value writes n after a key's colon or a list's dash: a scalar or an
@@ -72,6 +115,12 @@ func (w *blockWriter) value(n *yaml.Node, indent int) error {
 func (w *blockWriter) block(n *yaml.Node, indent int) error {
 	if w.open[n] {
 		return errors.New("a YAML alias refers to a node it is part of")
+	}
+	// Each entry of a collection is written as a node of its own (a key
+	// and its value are two), whether it is an alias or not.
+	w.left -= len(n.Content)
+	if w.left < 0 {
+		return &expansionError{written: w.written, budget: max(expansionFactor*w.written, minExpansionBudget)}
 	}
 	w.open[n] = true
 	defer delete(w.open, n)

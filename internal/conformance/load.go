@@ -48,8 +48,10 @@ func (n Notice) Location() string {
 	return n.Pointer
 }
 
+// String is the notice as the tool prints it, Printable: what it quotes
+// of the document was written by others.
 func (n Notice) String() string {
-	return "unsupported: " + n.What + " at " + n.Location() + ": " + n.Done
+	return Printable("unsupported: " + n.What + " at " + n.Location() + ": " + n.Done)
 }
 
 // Load reads the OpenAPI document (3.0 or 3.1, YAML or JSON) at path as

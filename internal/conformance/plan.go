@@ -119,7 +119,8 @@ func sketch(t *target) string {
 	return fmt.Sprintf("%s %s %.300s", line, t.media, b)
 }
 
-// WritePlan writes plans for people (format "text") or programs ("json").
+// WritePlan writes plans for people (format "text", what the document
+// says made Printable) or programs ("json").
 func WritePlan(w io.Writer, format string, plans []Planned) error {
 	if format == "json" {
 		enc := json.NewEncoder(w)
@@ -134,17 +135,17 @@ func WritePlan(w io.Writer, format string, plans []Planned) error {
 		if i > 0 {
 			fmt.Fprintln(tw)
 		}
-		fmt.Fprintf(tw, "%s (%s)\n", p.Operation, p.ID)
+		fmt.Fprintf(tw, "%s (%s)\n", Printable(p.Operation), Printable(p.ID))
 		if p.Unsupported != "" {
-			fmt.Fprintf(tw, "  unsupported\t\t%s\n", p.Unsupported)
+			fmt.Fprintf(tw, "  unsupported\t\t%s\n", Printable(p.Unsupported))
 			continue
 		}
-		fmt.Fprintf(tw, "  request\t\t%s\n", p.Request)
+		fmt.Fprintf(tw, "  request\t\t%s\n", Printable(p.Request))
 		for _, v := range p.Values {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", v.Where, v.Source, v.Detail)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", Printable(v.Where), Printable(v.Source), Printable(v.Detail))
 		}
 		if len(p.Needs) > 0 {
-			fmt.Fprintf(tw, "  needs\t\t%s\n", strings.Join(p.Needs, ", "))
+			fmt.Fprintf(tw, "  needs\t\t%s\n", Printable(strings.Join(p.Needs, ", ")))
 		}
 	}
 	if err := tw.Flush(); err != nil {

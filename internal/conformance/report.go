@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Formats are the report formats Write knows.
@@ -75,7 +77,7 @@ func writeText(w io.Writer, results []Result) error {
 		if op == "" {
 			op = "(every answer)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Status, r.Check, op, oneLine(r.Reason))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Status, Printable(r.Check), Printable(op), Printable(oneLine(r.Reason)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -90,6 +92,40 @@ func writeText(w io.Writer, results []Result) error {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// Printable is s with what a terminal acts on instead of showing written as
+// Go's escapes: the control characters (C0, DEL and C1; ESC starts the
+// sequences that clear the screen, move the cursor, retitle the window or
+// hide a link), Unicode's bidirectional controls (which reorder what is
+// shown), and bytes that are not UTF-8. The text reports show an API's
+// answers and a document's strings, which others wrote, on a terminal or
+// in a CI log; the JSON and JUnit reports escape them by their own rules.
+func Printable(s string) string {
+	i := strings.IndexFunc(s, func(r rune) bool { return r == utf8.RuneError || acted(r) })
+	if i < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.WriteString(s[:i])
+	for i < len(s) {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r < utf8.RuneSelf && acted(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case acted(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// acted says whether a terminal acts on r rather than show it.
+func acted(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) }
 
 // junitSuites is the JUnit XML report as Jenkins, GitLab and GitHub
 // Actions' test reporters read it.
