@@ -333,7 +333,7 @@ func (l *deferredLease) answer(res claimResult) error {
 	if peeked.CreatedAt == nil || peeked.ExpiresAt == nil {
 		return errors.New("peeked record without timestamps")
 	}
-	rec, err := newRecord(peeked.Fingerprint, peeked.ResponseStatus, peeked.ResponseHeaders, peeked.ResponseBody, *peeked.CreatedAt, *peeked.ExpiresAt)
+	rec, err := newRecord(peeked.Fingerprint, peeked.ResponseStatus, peeked.ResponseHeaders, peeked.ResponseBody, *peeked.CreatedAt, *peeked.ExpiresAt, peeked.ReadAt)
 	if err != nil {
 		return err
 	}

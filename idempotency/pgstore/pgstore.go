@@ -401,7 +401,7 @@ func (s *Store) claimOn(ctx context.Context, db keydb.DBTX, req idempotency.Clai
 			// will hold a key processing across transactions.
 			return time.Time{}, nil, idempotency.ErrInFlight
 		default:
-			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt)
+			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt, row.ReadAt)
 			return time.Time{}, rec, err
 		}
 	}
@@ -524,12 +524,14 @@ func encodeResponse(resp idempotency.Response) (headers, body []byte, err error)
 	return headers, body, nil
 }
 
-// newRecord builds a completed record from its stored columns.
-func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, createdAt, expiresAt time.Time) (*idempotency.Record, error) {
+// newRecord builds a completed record from its stored columns, read at
+// readAt by the database's clock (a held record's lease is on it).
+func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, createdAt, expiresAt, readAt time.Time) (*idempotency.Record, error) {
 	rec := &idempotency.Record{
 		Response:  idempotency.Response{Status: int(status.Int32), Body: body, Header: http.Header{}},
 		CreatedAt: createdAt,
 		ExpiresAt: expiresAt,
+		ReadAt:    readAt,
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
 		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(fingerprint))
