@@ -221,8 +221,10 @@ type heldVerdict struct {
 // MarkUnknown reports, from the handler of a held operation, that its
 // request may have taken effect and no answer will come (written upstream,
 // then a timeout or a reset). The handler writes nothing more: the engine
-// records the key as unknown and answers ErrOutcomeUnknown. It reports
-// false outside a held operation.
+// records the key as unknown, with cause as the held record's Reason, and
+// answers ErrOutcomeUnknown with its fixed detail: cause is for operators
+// (the handler logs it), and may name internal addresses that no client
+// should see. It reports false outside a held operation.
 func MarkUnknown(r *http.Request, cause error) bool {
 	v, ok := r.Context().Value(heldKey{}).(*heldVerdict)
 	if !ok {
@@ -393,9 +395,12 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		}
 		return s.report(OutcomeExecuted), nil
 	case verdict.unknown != nil:
+		// The cause is the operator's (the held record's Reason, and the
+		// handler's log), never the client's: it may name the upstream's
+		// internal address.
 		resp := mark(Held{State: HeldUnknown, Reason: verdict.unknown.Error()})
 		settle(&resp)
-		e.writeError(s.w, s.r, fmt.Errorf("%w: %w", ErrOutcomeUnknown, verdict.unknown))
+		e.writeError(s.w, s.r, ErrOutcomeUnknown)
 		return s.report(OutcomeUnknown), nil
 	case !Replayable(w.status):
 		settle(nil)
