@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,27 +17,9 @@ import (
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/internal/gateway"
+	"github.com/oncekey/oncekey/internal/servicetest"
 	"github.com/oncekey/oncekey/internal/testdb"
 )
-
-// lockedBuffer is a log written by the gateway's goroutines while the
-// test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestUnknownOutcomeTellsTheClientNoAddress: an upstream that reads a
 // request and resets the connection leaves its outcome unknown. The
@@ -68,7 +48,7 @@ func TestUnknownOutcomeTellsTheClientNoAddress(t *testing.T) {
 	require.NoError(t, err)
 	store, err := pg.Deferred()
 	require.NoError(t, err)
-	var logs lockedBuffer
+	var logs servicetest.SyncBuffer
 	srv := transfersGateway(t, gateway.Config{Upstream: up, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
 		store.(idempotency.HeldStore[*pgstore.Batch]))
 
