@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,4 +118,96 @@ func TestLeasesAreOnTheDatabasesClock(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEveryHoldIsOnTheDatabasesClock: a running hold stored by each of
+// the store's paths (a lone deferred commit, a merged pipeline, the
+// transactional claim) leaves with an Until that the database set, its
+// time plus the lease, whatever the holder wrote (here a time long past).
+// A record of status 102 without a lease is stored as it was sent.
+func TestEveryHoldIsOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgstoretest.Pool(t)
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err)
+	deferred, err := store.Deferred()
+	require.NoError(t, err)
+	const lease = 10 * time.Second
+	past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	hold := idempotency.Held{State: idempotency.HeldRunning, Until: past, Lease: lease, Holder: "h:1"}.Response()
+	request := func(key string) idempotency.ClaimRequest {
+		return idempotency.ClaimRequest{Scope: "clock-paths", Key: key, Method: http.MethodPost, Route: "/x", TTL: time.Hour, Wait: time.Second}
+	}
+	// commit holds key through the deferred store, or the transactional
+	// one.
+	commit := func(key string, transactional bool) error {
+		if transactional {
+			lease, _, err := store.Claim(ctx, request(key))
+			if err != nil {
+				return err
+			}
+			return lease.Commit(ctx, hold)
+		}
+		lease, _, err := deferred.Claim(ctx, request(key))
+		if err != nil {
+			return err
+		}
+		return lease.Commit(ctx, hold)
+	}
+
+	var keys []string
+	key := func() string { k := rand.Text(); keys = append(keys, k); return k }
+	require.NoError(t, commit(key(), false), "a lone deferred commit")
+	require.NoError(t, commit(key(), true), "a transactional claim")
+
+	// The first MaxMergedCommits pipelines are held back until more
+	// commits queue than go as lone statements: those are merged into one
+	// pipeline (IdempotencyKeyInsertCompletedMany).
+	var calls atomic.Int32
+	release := make(chan struct{})
+	var largest atomic.Int32
+	pgstore.WatchCommits(store, func(members int) {
+		if int32(members) > largest.Load() {
+			largest.Store(int32(members))
+		}
+		if calls.Add(1) <= pgstore.MaxMergedCommits {
+			<-release
+		}
+	})
+	merged := pgstore.MaxMergedCommits + pgstore.MaxLoneMembers + 2
+	errs := make(chan error, merged)
+	for range merged {
+		k := key()
+		go func() { errs <- commit(k, false) }()
+	}
+	require.Eventually(t, func() bool { return pgstore.QueuedCommits(store) > pgstore.MaxLoneMembers }, 10*time.Second, time.Millisecond)
+	close(release)
+	for range merged {
+		require.NoError(t, <-errs)
+	}
+	require.Greater(t, int(largest.Load()), pgstore.MaxLoneMembers, "a merged pipeline was sent")
+
+	var dbNow time.Time
+	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	for _, k := range keys {
+		info, err := keyadmin.Inspect(ctx, store, "clock-paths", k)
+		require.NoError(t, err)
+		require.NotNil(t, info.Held, k)
+		require.Equal(t, "held", info.Status, "%s runs: %+v", k, info.Held)
+		require.WithinDuration(t, dbNow.Add(lease), info.Held.Until, 5*time.Second, "%s: until is the database's time plus the lease", k)
+		require.Equal(t, "h:1", info.Held.Holder, "the rest of the record is kept")
+	}
+
+	// A record of status 102 without a lease (one written before leases
+	// were kept) is stored as it was sent.
+	old := idempotency.Held{State: idempotency.HeldRunning, Until: past}.Response()
+	k := rand.Text()
+	l, _, err := deferred.Claim(ctx, request(k))
+	require.NoError(t, err)
+	require.NoError(t, l.Commit(ctx, old))
+	info, err := keyadmin.Inspect(ctx, store, "clock-paths", k)
+	require.NoError(t, err)
+	require.True(t, info.Held.Until.Equal(past), "until kept: %v", info.Held.Until)
+	require.Equal(t, "unknown", info.Status, "past its until by the database's clock")
 }
