@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/internal/clock"
+	"github.com/oncekey/oncekey/idempotency/internal/testharness"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
@@ -85,13 +85,7 @@ func TestLeasesAreOnTheDatabasesClock(t *testing.T) {
 					holder, _ := process(tc.holderSkew)
 					other, store := process(tc.duplicates)
 					key := rand.Text()
-					post := func(h http.Handler) *httptest.ResponseRecorder {
-						req := httptest.NewRequest(http.MethodPost, "/transfers", strings.NewReader(`{"amount":5}`))
-						req.Header.Set(idempotency.HeaderKey, key)
-						rec := httptest.NewRecorder()
-						h.ServeHTTP(rec, req)
-						return rec
-					}
+					post := func(h http.Handler) *httptest.ResponseRecorder { return testharness.Post(h, key, `{"amount":5}`) }
 					first := make(chan int)
 					go func() { first <- post(holder).Code }()
 					require.Eventually(t, func() bool { return ran() == 1 }, 10*time.Second, time.Millisecond, "the first request runs")
