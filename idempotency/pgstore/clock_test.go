@@ -117,14 +117,17 @@ func TestLeasesAreOnTheDatabasesClock(t *testing.T) {
 // TestEveryHoldIsOnTheDatabasesClock: a running hold stored by each of
 // the store's paths (a lone deferred commit, a merged pipeline, the
 // transactional claim) leaves with an Until that the database set, its
-// time plus the lease, whatever the holder wrote (here a time long past).
-// A record of status 102 without a lease is stored as it was sent.
+// time plus the lease, whatever the holder wrote (here a time long past),
+// and expires at the database's time plus the TTL, though the process's
+// clock is an hour behind (a key stored expired would run again). A
+// record of status 102 without a lease is stored as it was sent.
 func TestEveryHoldIsOnTheDatabasesClock(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := pgstoretest.Pool(t)
 	store, err := pgstore.New(pool, pgstore.Options{})
 	require.NoError(t, err)
+	pgstore.SetClock(store, func() time.Time { return time.Now().Add(-time.Hour) })
 	deferred, err := store.Deferred()
 	require.NoError(t, err)
 	const lease = 10 * time.Second
@@ -190,6 +193,7 @@ func TestEveryHoldIsOnTheDatabasesClock(t *testing.T) {
 		require.NotNil(t, info.Held, k)
 		require.Equal(t, "held", info.Status, "%s runs: %+v", k, info.Held)
 		require.WithinDuration(t, dbNow.Add(lease), info.Held.Until, 5*time.Second, "%s: until is the database's time plus the lease", k)
+		require.WithinDuration(t, dbNow.Add(time.Hour), info.ExpiresAt, 5*time.Second, "%s: expires at the database's time plus the TTL", k)
 		require.Equal(t, "h:1", info.Held.Holder, "the rest of the record is kept")
 	}
 

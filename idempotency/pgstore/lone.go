@@ -172,7 +172,7 @@ func loneParams(l *deferredLease) keydb.IdempotencyKeyClaimLoneParams {
 		Scope: []byte(l.scope), IdempotencyKey: req.Key, LockTimeout: strconv.FormatInt(waitMillis(req.Wait), 10),
 		Fingerprint: req.Fingerprint[:], RequestMethod: req.Method, RequestRoute: req.Route,
 		ResponseStatus: l.status, ResponseHeaders: l.headers, ResponseBody: l.body,
-		CreatedAt: l.ref.ClaimedAt, ExpiresAt: l.ref.ClaimedAt.Add(req.TTL),
+		CreatedAt: l.ref.ClaimedAt, TtlSeconds: req.TTL.Seconds(),
 	}
 }
 

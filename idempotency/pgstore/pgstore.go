@@ -97,6 +97,10 @@ type Store struct {
 	// migrated is set once the first claim has found the key table at the
 	// version this pgstore needs (checkSchema).
 	migrated atomic.Bool
+	// now is this process's clock (time.Now): a deferred claim's time, by
+	// which its Ref names it. What expires when, and a held record's
+	// lease, are on the database's clock instead; tests skew this one.
+	now func() time.Time
 }
 
 // ErrNotMigrated is returned by the first claim of a Store whose key table
@@ -171,7 +175,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, table: table, scope: scope, rewrite: func(d keydb.DBTX) keydb.DBTX { return d }}
+	s := &Store{pool: pool, table: table, scope: scope, rewrite: func(d keydb.DBTX) keydb.DBTX { return d }, now: time.Now}
 	if table != DefaultTable || scope != ScopeBytea {
 		r := &rewriter{to: table, scope: scope}
 		s.rewrite = func(d keydb.DBTX) keydb.DBTX { return rewritten{d, r} }

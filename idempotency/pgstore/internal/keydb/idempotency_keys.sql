@@ -224,7 +224,11 @@ CROSS JOIN LATERAL (
 -- not freed here (that would take a statement more on every first
 -- request): the caller claims again in the transactional way, which frees
 -- it.
--- A running hold's "until" is set on the database's clock (see the top).
+-- A running hold's "until" is set on the database's clock (see the top),
+-- and so is every key's expiry, as the transactional claim's: a process
+-- whose clock is behind must not store a key already expired (a held
+-- key lives at least as long as its lease). created_at is the claim's
+-- time as its Ref names it, the process's.
 INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
 SELECT r.scope, r.idempotency_key, r.fingerprint, r.request_method, r.request_route, 'completed',
@@ -232,12 +236,12 @@ SELECT r.scope, r.idempotency_key, r.fingerprint, r.request_method, r.request_ro
        CASE WHEN r.response_status = 102 THEN coalesce((
            SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
            FROM (SELECT convert_from(r.response_body, 'UTF8')::jsonb) AS held (h)), r.response_body) ELSE r.response_body END,
-       r.created_at, now(), r.expires_at
+       r.created_at, now(), now() + make_interval(secs => r.ttl_seconds)
 FROM (SELECT CAST(unnest(CAST(@scopes AS bytea[])) AS bytea) AS scope, unnest(@idempotency_keys::text[]) AS idempotency_key,
              unnest(@fingerprints::bytea[]) AS fingerprint, unnest(@request_methods::text[]) AS request_method,
              unnest(@request_routes::text[]) AS request_route, unnest(@response_statuses::integer[]) AS response_status,
              unnest(@response_headers::jsonb[]) AS response_headers, unnest(@response_bodies::bytea[]) AS response_body,
-             unnest(@created_ats::timestamptz[]) AS created_at, unnest(@expires_ats::timestamptz[]) AS expires_at) AS r
+             unnest(@created_ats::timestamptz[]) AS created_at, unnest(@ttl_seconds::float8[]) AS ttl_seconds) AS r
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING scope::bytea AS scope, idempotency_key;
 
@@ -272,7 +276,7 @@ WITH pgstore_budget AS (
            CASE WHEN @response_status::integer = 102 THEN coalesce((
                SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
                FROM (SELECT convert_from(@response_body::bytea, 'UTF8')::jsonb) AS held (h)), @response_body::bytea) ELSE @response_body::bytea END,
-           @created_at::timestamptz, now(), @expires_at::timestamptz
+           @created_at::timestamptz, now(), now() + make_interval(secs => @ttl_seconds::float8)
     FROM pgstore_budget
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING 1

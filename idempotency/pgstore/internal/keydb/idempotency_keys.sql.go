@@ -143,7 +143,7 @@ WITH pgstore_budget AS (
            CASE WHEN $7::integer = 102 THEN coalesce((
                SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
                FROM (SELECT convert_from($9::bytea, 'UTF8')::jsonb) AS held (h)), $9::bytea) ELSE $9::bytea END,
-           $10::timestamptz, now(), $11::timestamptz
+           $10::timestamptz, now(), now() + make_interval(secs => $11::float8)
     FROM pgstore_budget
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING 1
@@ -174,7 +174,7 @@ type IdempotencyKeyClaimLoneParams struct {
 	ResponseHeaders json.RawMessage
 	ResponseBody    []byte
 	CreatedAt       time.Time
-	ExpiresAt       time.Time
+	TtlSeconds      float64
 }
 
 type IdempotencyKeyClaimLoneRow struct {
@@ -222,7 +222,7 @@ func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKe
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.CreatedAt,
-		arg.ExpiresAt,
+		arg.TtlSeconds,
 	)
 	var i IdempotencyKeyClaimLoneRow
 	err := row.Scan(
@@ -364,12 +364,12 @@ SELECT r.scope, r.idempotency_key, r.fingerprint, r.request_method, r.request_ro
        CASE WHEN r.response_status = 102 THEN coalesce((
            SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
            FROM (SELECT convert_from(r.response_body, 'UTF8')::jsonb) AS held (h)), r.response_body) ELSE r.response_body END,
-       r.created_at, now(), r.expires_at
+       r.created_at, now(), now() + make_interval(secs => r.ttl_seconds)
 FROM (SELECT CAST(unnest(CAST($1 AS bytea[])) AS bytea) AS scope, unnest($2::text[]) AS idempotency_key,
              unnest($3::bytea[]) AS fingerprint, unnest($4::text[]) AS request_method,
              unnest($5::text[]) AS request_route, unnest($6::integer[]) AS response_status,
              unnest($7::jsonb[]) AS response_headers, unnest($8::bytea[]) AS response_body,
-             unnest($9::timestamptz[]) AS created_at, unnest($10::timestamptz[]) AS expires_at) AS r
+             unnest($9::timestamptz[]) AS created_at, unnest($10::float8[]) AS ttl_seconds) AS r
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING scope::bytea AS scope, idempotency_key
 `
@@ -384,7 +384,7 @@ type IdempotencyKeyInsertCompletedManyParams struct {
 	ResponseHeaders  []json.RawMessage
 	ResponseBodies   [][]byte
 	CreatedAts       []time.Time
-	ExpiresAts       []time.Time
+	TtlSeconds       []float64
 }
 
 type IdempotencyKeyInsertCompletedManyRow struct {
@@ -400,7 +400,11 @@ type IdempotencyKeyInsertCompletedManyRow struct {
 // not freed here (that would take a statement more on every first
 // request): the caller claims again in the transactional way, which frees
 // it.
-// A running hold's "until" is set on the database's clock (see the top).
+// A running hold's "until" is set on the database's clock (see the top),
+// and so is every key's expiry, as the transactional claim's: a process
+// whose clock is behind must not store a key already expired (a held
+// key lives at least as long as its lease). created_at is the claim's
+// time as its Ref names it, the process's.
 func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg IdempotencyKeyInsertCompletedManyParams) ([]IdempotencyKeyInsertCompletedManyRow, error) {
 	rows, err := q.db.Query(ctx, idempotencyKeyInsertCompletedMany,
 		arg.Scopes,
@@ -412,7 +416,7 @@ func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg Ide
 		arg.ResponseHeaders,
 		arg.ResponseBodies,
 		arg.CreatedAts,
-		arg.ExpiresAts,
+		arg.TtlSeconds,
 	)
 	if err != nil {
 		return nil, err
