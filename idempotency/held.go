@@ -54,8 +54,17 @@ const (
 type Held struct {
 	State HeldState `json:"state"`
 	// Until bounds a running operation: past it, its holder is presumed
-	// gone, and the outcome is unknown.
+	// gone, and the outcome is unknown. It is on the store's clock where
+	// the store keeps one (see Lease and Record.ReadAt), so that processes
+	// whose clocks disagree agree on when a lease ends; else on the
+	// holder's.
 	Until time.Time `json:"until,omitzero"`
+	// Lease is a running operation's lease (HeldConfig.Lease), from when
+	// its record is stored. A store that keeps a clock of its own (a
+	// database's now()) sets Until to its time plus Lease as it stores the
+	// record, and says what time it is when it reads one (Record.ReadAt).
+	// Zero in records written before it was kept.
+	Lease time.Duration `json:"lease_ns,omitempty"`
 	// Reason says, for people, why the outcome is unknown or not stored.
 	Reason string `json:"reason,omitempty"`
 	// Holder names the process that held the key (HeldConfig.Holder), and
@@ -86,7 +95,9 @@ func ParseHeld(resp Response) (Held, bool) {
 	return h, true
 }
 
-// At is h's state at now: a running operation past its Until is unknown.
+// At is h's state at now, a time on the clock of h.Until (the store's,
+// Record.ReadAt, where the store keeps one): a running operation past its
+// Until is unknown.
 func (h Held) At(now time.Time) HeldState {
 	if h.State == HeldRunning && !now.Before(h.Until) {
 		return HeldUnknown
@@ -210,8 +221,10 @@ type heldVerdict struct {
 // MarkUnknown reports, from the handler of a held operation, that its
 // request may have taken effect and no answer will come (written upstream,
 // then a timeout or a reset). The handler writes nothing more: the engine
-// records the key as unknown and answers ErrOutcomeUnknown. It reports
-// false outside a held operation.
+// records the key as unknown, with cause as the held record's Reason, and
+// answers ErrOutcomeUnknown with its fixed detail: cause is for operators
+// (the handler logs it), and may name internal addresses that no client
+// should see. It reports false outside a held operation.
 func MarkUnknown(r *http.Request, cause error) bool {
 	v, ok := r.Context().Value(heldKey{}).(*heldVerdict)
 	if !ok {
@@ -240,8 +253,15 @@ const heldPoll = 20 * time.Millisecond
 
 // meetHeld decides what a request does about a key that holds h: wait for
 // it (true), or answer err.
-func (o *Operation[U]) meetHeld(ctx context.Context, h Held, ref Ref, budget time.Duration) (again bool, err error) {
-	switch h.At(time.Now()) {
+func (o *Operation[U]) meetHeld(ctx context.Context, rec *Record, h Held, ref Ref, budget time.Duration) (again bool, err error) {
+	// A store with a clock of its own set h.Until on it, and says what
+	// time it is there: the holder's clock and this process's may differ
+	// by more than a lease.
+	now := rec.ReadAt
+	if now.IsZero() {
+		now = o.e.now()
+	}
+	switch h.At(now) {
 	case HeldRunning:
 		if budget <= 0 {
 			return false, ErrInFlight
@@ -281,7 +301,9 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		s.rollback(lease)
 		return s.refuse(err), nil
 	}
-	until := time.Now().Add(held.Lease)
+	// The lease counts from here on this process's monotonic clock; the
+	// record's Until is on the store's clock where it keeps one (Held.Lease).
+	start := time.Now()
 	// mark signs each held record with its holder and the request's path.
 	mark := func(h Held) Response {
 		h.Holder, h.Path = held.Holder, s.r.URL.EscapedPath()
@@ -291,7 +313,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	// wait, and holdSlack for the connection and the statement, so that a
 	// key table that does not answer (locked) gets its 503 soon.
 	dctx := detachWithin(ctx, s.op.cfg.Wait+holdSlack)
-	err := lease.Commit(dctx, mark(Held{State: HeldRunning, Until: until}))
+	err := lease.Commit(dctx, mark(Held{State: HeldRunning, Until: e.now().Add(held.Lease), Lease: held.Lease}))
 	dctx.cancel()
 	ref := lease.Ref()
 	if err != nil {
@@ -337,7 +359,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	// passes through by then.
 	hctx, stop := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), heldKey{}, verdict))
 	defer stop()
-	deadline := time.AfterFunc(time.Until(until.Add(-heldSettleMargin(held.Lease))), func() {
+	deadline := time.AfterFunc(held.Lease-heldSettleMargin(held.Lease)-time.Since(start), func() {
 		if !w.passing.Load() {
 			stop()
 		}
@@ -373,9 +395,12 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 		}
 		return s.report(OutcomeExecuted), nil
 	case verdict.unknown != nil:
+		// The cause is the operator's (the held record's Reason, and the
+		// handler's log), never the client's: it may name the upstream's
+		// internal address.
 		resp := mark(Held{State: HeldUnknown, Reason: verdict.unknown.Error()})
 		settle(&resp)
-		e.writeError(s.w, s.r, fmt.Errorf("%w: %w", ErrOutcomeUnknown, verdict.unknown))
+		e.writeError(s.w, s.r, ErrOutcomeUnknown)
 		return s.report(OutcomeUnknown), nil
 	case !Replayable(w.status):
 		settle(nil)

@@ -261,29 +261,45 @@ func TestHeldOperationOutlivesItsClientNotItsLease(t *testing.T) {
 	require.EqualValues(t, 2, runs.Load())
 }
 
-// TestHeldKeyLivesAsLongAsItsLease: an operation whose TTL is shorter than
-// its lease keeps its key for the lease at least: a key that expired while
-// its operation ran would be claimed, and run, again.
+// TestHeldKeyLivesAsLongAsItsLease: an operation whose TTL is half its
+// lease keeps its key for the lease at least: a duplicate sent past the
+// TTL, while the operation still runs within its lease, finds it running
+// (a key that expired while its operation ran would be claimed, and run,
+// again), and the operation runs once.
 func TestHeldKeyLivesAsLongAsItsLease(t *testing.T) {
 	t.Parallel()
-	e := idempotency.New(idempotency.Config{
-		Scope: func(*http.Request) (string, error) { return "tenant", nil },
-		Wait:  10 * time.Millisecond,
-	})
+	const ttl, lease = time.Second, 2 * time.Second
 	var runs atomic.Int64
 	release := make(chan struct{})
-	op := idempotency.NewHeldOperation(e, memstore.New(), idempotency.OperationConfig{TTL: time.Millisecond}, idempotency.HeldConfig{Lease: time.Minute})
-	h := op.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		runs.Add(1)
-		<-release
-		w.WriteHeader(http.StatusCreated)
-	}))
+	store := memstore.New()
+	// process is an engine of its own on store: the duplicate goes to
+	// another, as this one's would queue behind its first request.
+	process := func() http.Handler {
+		e := idempotency.New(idempotency.Config{
+			Scope: func(*http.Request) (string, error) { return "tenant", nil },
+			Wait:  10 * time.Millisecond,
+		})
+		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{TTL: ttl}, idempotency.HeldConfig{Lease: lease})
+		return op.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if runs.Add(1) == 1 {
+				<-release // past the TTL and its own context's end, within the lease
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+	}
+	h, other := process(), process()
 	first := make(chan int)
 	go func() { first <- heldPost(h, "k").Code }()
 	require.Eventually(t, func() bool { return runs.Load() == 1 }, 5*time.Second, time.Millisecond)
-	time.Sleep(20 * time.Millisecond) // past the TTL
+	// The key was claimed before the handler ran: from here, past the TTL
+	// by a margin, well within the lease.
+	running := time.Now()
+	require.Eventually(t, func() bool { return time.Since(running) > ttl+100*time.Millisecond }, 5*time.Second, 10*time.Millisecond)
+	dup := heldPost(other, "k")
+	require.Less(t, time.Since(running), lease-200*time.Millisecond, "the duplicate was sent within the lease")
+	require.Equal(t, http.StatusAccepted, dup.Code, "a duplicate past the TTL, within the lease, finds the operation running: %s", dup.Body)
 	close(release)
 	require.Equal(t, http.StatusCreated, <-first)
-	require.Equal(t, http.StatusCreated, heldPost(h, "k").Code, "replayed, not run again")
-	require.EqualValues(t, 1, runs.Load())
+	require.Equal(t, http.StatusCreated, heldPost(other, "k").Code, "replayed, not run again")
+	require.EqualValues(t, 1, runs.Load(), "the operation ran once")
 }

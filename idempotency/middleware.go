@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/oncekey/oncekey/idempotency/internal/clock"
 )
 
 // Defaults for Config fields left zero.
@@ -117,6 +119,14 @@ type Engine struct {
 	// settles are held operations' outcomes that their store did not
 	// take yet (see HeldConfig.MaxPending).
 	settles *pendingSettles
+	// now is this process's clock (time.Now), which tests skew
+	// (internal/clock): held records' leases must not depend on it where
+	// the store keeps a clock of its own.
+	now func() time.Time
+}
+
+func init() {
+	clock.Set = func(e any, now func() time.Time) { e.(*Engine).now = now }
 }
 
 // New returns an engine for cfg, filling in defaults.
@@ -154,7 +164,7 @@ func New(cfg Config) *Engine {
 			replay = append(replay, name)
 		}
 	}
-	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser(), settles: newPendingSettles(cfg.Logger, cfg.Observer)}
+	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser(), settles: newPendingSettles(cfg.Logger, cfg.Observer), now: time.Now}
 }
 
 // muxPattern is the route net/http's ServeMux matched ("POST /widgets/{id}"
@@ -511,7 +521,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 			if h, ok := ParseHeld(rec.Response); ok {
 				// A held operation runs, or ran, under the key elsewhere.
 				ref := Ref{Scope: in.Scope, Key: in.Key, ClaimedAt: rec.CreatedAt}
-				again, herr := o.meetHeld(ctx, h, ref, o.cfg.Wait-time.Since(claimStart))
+				again, herr := o.meetHeld(ctx, rec, h, ref, o.cfg.Wait-time.Since(claimStart))
 				if again {
 					// Claimed at once from now on: it reads the key's
 					// record, where a deferred claim would try to insert.

@@ -111,13 +111,16 @@ func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request,
 }
 
 // Detail is the detail the default writer gives err: its message for a
-// client error, and a fixed sentence for a duplicate in flight, a client
-// gone and a server error, so that no internal detail leaks. For writers
-// of their own in another shape.
+// client error, and a fixed sentence for a duplicate in flight, an
+// outcome unknown, a client gone and a server error, so that no internal
+// detail leaks (an unknown outcome's cause names the upstream's address).
+// For writers of their own in another shape.
 func Detail(err error) string {
 	switch p, _ := Describe(err); {
 	case errors.Is(err, ErrInFlight):
 		return "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"
+	case errors.Is(err, ErrOutcomeUnknown):
+		return ErrOutcomeUnknown.Error()
 	case p.Status == StatusClientClosedRequest:
 		return "the client closed the request"
 	case p.Status >= 500:

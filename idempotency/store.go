@@ -130,6 +130,13 @@ type Record struct {
 	Response    Response
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
+	// ReadAt is the time the store read the record, by the store's own
+	// clock (a database's now()), for a store that keeps one; zero
+	// otherwise. A held record's lease is compared with it, and such a
+	// store sets a held record's Until on that clock (see Held.Lease), so
+	// that two processes whose clocks disagree by more than a lease never
+	// take a running operation for one whose holder is gone.
+	ReadAt time.Time
 }
 
 // Response is what is replayed: the status, the allow-listed headers and the

@@ -211,7 +211,7 @@ func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest)
 	}
 	// The row's created_at is this time, so Ref names the claim before it
 	// is made; microseconds, as PostgreSQL stores it.
-	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: time.Now().Truncate(time.Microsecond)}
+	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: d.s.now().Truncate(time.Microsecond)}
 	return &deferredLease{s: d.s, req: req, scope: d.s.scope.sent(req.Scope), ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
 }
 
@@ -333,7 +333,7 @@ func (l *deferredLease) answer(res claimResult) error {
 	if peeked.CreatedAt == nil || peeked.ExpiresAt == nil {
 		return errors.New("peeked record without timestamps")
 	}
-	rec, err := newRecord(peeked.Fingerprint, peeked.ResponseStatus, peeked.ResponseHeaders, peeked.ResponseBody, *peeked.CreatedAt, *peeked.ExpiresAt)
+	rec, err := newRecord(peeked.Fingerprint, peeked.ResponseStatus, peeked.ResponseHeaders, peeked.ResponseBody, *peeked.CreatedAt, *peeked.ExpiresAt, peeked.ReadAt)
 	if err != nil {
 		return err
 	}

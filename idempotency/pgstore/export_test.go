@@ -1,5 +1,7 @@
 package pgstore
 
+import "time"
+
 // WatchCommits makes s call sent with the number of members of every
 // pipeline its group committer sends, just before sending it. sent may
 // block, to hold pipelines back while others queue behind them.
@@ -23,3 +25,7 @@ const MaxLoneMembers = maxLoneMembers
 // deferred write: after the CTE of the guard relation, whose arguments are
 // the claim's scope, key and time after the statement's own.
 func Guarded(s *Store, sql string, n int) string { return s.guarded(sql, n) }
+
+// SetClock makes s read this process's time from now instead of time.Now:
+// a process whose clock is off.
+func SetClock(s *Store, now func() time.Time) { s.now = now }

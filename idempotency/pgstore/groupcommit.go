@@ -295,7 +295,7 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 		Scopes: peek.Scopes, IdempotencyKeys: peek.IdempotencyKeys,
 		Fingerprints: make([][]byte, n), RequestMethods: make([]string, n), RequestRoutes: make([]string, n),
 		ResponseStatuses: make([]int32, n), ResponseHeaders: make([]json.RawMessage, n), ResponseBodies: make([][]byte, n),
-		CreatedAts: make([]time.Time, n), ExpiresAts: make([]time.Time, n),
+		CreatedAts: make([]time.Time, n), TtlSeconds: make([]float64, n),
 	}
 	// The pipeline's lock waits are bounded by the shortest member's wait,
 	// so that no member waits beyond its own; should the claims' lock wait
@@ -308,7 +308,7 @@ func (g *groupCommitter) pipelineOf(ctx context.Context, members []*member) *pgx
 		claim.Fingerprints[i] = req.Fingerprint[:]
 		claim.RequestMethods[i], claim.RequestRoutes[i] = req.Method, req.Route
 		claim.ResponseStatuses[i], claim.ResponseHeaders[i], claim.ResponseBodies[i] = l.status, l.headers, l.body
-		claim.CreatedAts[i], claim.ExpiresAts[i] = l.ref.ClaimedAt, l.ref.ClaimedAt.Add(req.TTL)
+		claim.CreatedAts[i], claim.TtlSeconds[i] = l.ref.ClaimedAt, req.TTL.Seconds()
 	}
 	ms := waitMillis(wait)
 	peek.LockTimeout = strconv.FormatInt(ms, 10)

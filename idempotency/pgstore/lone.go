@@ -172,7 +172,7 @@ func loneParams(l *deferredLease) keydb.IdempotencyKeyClaimLoneParams {
 		Scope: []byte(l.scope), IdempotencyKey: req.Key, LockTimeout: strconv.FormatInt(waitMillis(req.Wait), 10),
 		Fingerprint: req.Fingerprint[:], RequestMethod: req.Method, RequestRoute: req.Route,
 		ResponseStatus: l.status, ResponseHeaders: l.headers, ResponseBody: l.body,
-		CreatedAt: l.ref.ClaimedAt, ExpiresAt: l.ref.ClaimedAt.Add(req.TTL),
+		CreatedAt: l.ref.ClaimedAt, TtlSeconds: req.TTL.Seconds(),
 	}
 }
 
@@ -182,7 +182,7 @@ func loneAnswer(l *deferredLease, row keydb.IdempotencyKeyClaimLoneRow) error {
 		Scope: []byte(l.scope), IdempotencyKey: l.req.Key,
 		Fingerprint: row.Fingerprint, Status: row.Status, ResponseStatus: row.ResponseStatus,
 		ResponseHeaders: row.ResponseHeaders, ResponseBody: row.ResponseBody,
-		CreatedAt: row.CreatedAt, ExpiresAt: row.ExpiresAt, Expired: row.Expired,
+		CreatedAt: row.CreatedAt, ExpiresAt: row.ExpiresAt, Expired: row.Expired, ReadAt: row.ReadAt,
 	}})
 }
 

@@ -97,6 +97,10 @@ type Store struct {
 	// migrated is set once the first claim has found the key table at the
 	// version this pgstore needs (checkSchema).
 	migrated atomic.Bool
+	// now is this process's clock (time.Now): a deferred claim's time, by
+	// which its Ref names it. What expires when, and a held record's
+	// lease, are on the database's clock instead; tests skew this one.
+	now func() time.Time
 }
 
 // ErrNotMigrated is returned by the first claim of a Store whose key table
@@ -171,7 +175,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, table: table, scope: scope, rewrite: func(d keydb.DBTX) keydb.DBTX { return d }}
+	s := &Store{pool: pool, table: table, scope: scope, rewrite: func(d keydb.DBTX) keydb.DBTX { return d }, now: time.Now}
 	if table != DefaultTable || scope != ScopeBytea {
 		r := &rewriter{to: table, scope: scope}
 		s.rewrite = func(d keydb.DBTX) keydb.DBTX { return rewritten{d, r} }
@@ -401,7 +405,7 @@ func (s *Store) claimOn(ctx context.Context, db keydb.DBTX, req idempotency.Clai
 			// will hold a key processing across transactions.
 			return time.Time{}, nil, idempotency.ErrInFlight
 		default:
-			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt)
+			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt, row.ReadAt)
 			return time.Time{}, rec, err
 		}
 	}
@@ -524,12 +528,14 @@ func encodeResponse(resp idempotency.Response) (headers, body []byte, err error)
 	return headers, body, nil
 }
 
-// newRecord builds a completed record from its stored columns.
-func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, createdAt, expiresAt time.Time) (*idempotency.Record, error) {
+// newRecord builds a completed record from its stored columns, read at
+// readAt by the database's clock (a held record's lease is on it).
+func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, createdAt, expiresAt, readAt time.Time) (*idempotency.Record, error) {
 	rec := &idempotency.Record{
 		Response:  idempotency.Response{Status: int(status.Int32), Body: body, Header: http.Header{}},
 		CreatedAt: createdAt,
 		ExpiresAt: expiresAt,
+		ReadAt:    readAt,
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
 		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(fingerprint))

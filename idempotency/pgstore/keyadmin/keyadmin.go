@@ -77,11 +77,13 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 		CreatedAt:      row.CreatedAt,
 		CompletedAt:    row.CompletedAt,
 		ExpiresAt:      row.ExpiresAt,
-		Expired:        !row.ExpiresAt.After(time.Now()),
+		// By the database's clock, as the store and the gateways judge
+		// them, not the operator's.
+		Expired: !row.ExpiresAt.After(row.ReadAt),
 	}
 	resp := idempotency.Response{Status: info.ResponseStatus, Body: row.ResponseBody}
 	if held, ok := idempotency.ParseHeld(resp); ok {
-		held.State = held.At(time.Now())
+		held.State = held.At(row.ReadAt)
 		info.Held = &held
 		info.Status, info.ResponseStatus = heldStatus(held.State), 0
 	}

@@ -17,6 +17,14 @@
 -- before it is on disk, and a crash of PostgreSQL in the next few hundred
 -- milliseconds forgets it: a key held and then forgotten runs again
 -- (TestDurableCommits, TestGatewayHoldsSurviveAPostgreSQLCrash).
+--
+-- A held record (response_status 102, see idempotency.Held) is kept on the
+-- database's clock, so that processes whose clocks disagree agree on when
+-- its lease ends: each statement that stores a response sets a running
+-- hold's "until" to statement_timestamp() plus its "lease_ns" (a record
+-- of status 102 without it is stored as it is), and each
+-- that reads a record returns now() as read_at, which the engine compares
+-- that "until" with (idempotency.Record.ReadAt).
 
 -- name: IdempotencyKeyClaim :many
 -- Claim-or-read in one statement. The INSERT either claims the key (one row,
@@ -33,20 +41,23 @@ WITH claimed AS (
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
 )
-SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at
+SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at, now()::timestamptz AS read_at
 FROM claimed c
 UNION ALL
-SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at
+SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys k
 WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key
   AND NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: IdempotencyKeyComplete :execrows
+-- A running hold's "until" is set on the database's clock (see the top).
 UPDATE idempotency_keys
 SET status = 'completed',
     response_status = @response_status,
     response_headers = @response_headers,
-    response_body = @response_body,
+    response_body = CASE WHEN @response_status::int = 102 THEN coalesce((
+        SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+        FROM (SELECT convert_from(@response_body::bytea, 'UTF8')::jsonb) AS held (h)), @response_body::bytea) ELSE @response_body::bytea END,
     completed_at = now()
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND status = 'processing';
 
@@ -112,7 +123,7 @@ WHERE c.oid = to_regclass(@key_table::text);
 
 -- name: IdempotencyKeyGet :one
 SELECT scope::bytea AS scope, idempotency_key, fingerprint, request_method, request_route, status,
-       response_status, response_headers, response_body, created_at, completed_at, expires_at
+       response_status, response_headers, response_body, created_at, completed_at, expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key;
 
@@ -175,7 +186,7 @@ SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
-       coalesce(k.expires_at <= now(), false)::boolean AS expired
+       coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM (SELECT unnest(CAST(@scopes AS bytea[])) AS scope, unnest(@idempotency_keys::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
@@ -195,7 +206,7 @@ SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        CAST(@scope AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
-       coalesce(k.expires_at <= now(), false)::boolean AS expired
+       coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM unnest(@idempotency_keys::text[]) AS u (idempotency_key)
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
@@ -213,12 +224,24 @@ CROSS JOIN LATERAL (
 -- not freed here (that would take a statement more on every first
 -- request): the caller claims again in the transactional way, which frees
 -- it.
+-- A running hold's "until" is set on the database's clock (see the top),
+-- and so is every key's expiry, as the transactional claim's: a process
+-- whose clock is behind must not store a key already expired (a held
+-- key lives at least as long as its lease). created_at is the claim's
+-- time as its Ref names it, the process's.
 INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-SELECT CAST(unnest(CAST(@scopes AS bytea[])) AS bytea), unnest(@idempotency_keys::text[]), unnest(@fingerprints::bytea[]),
-       unnest(@request_methods::text[]), unnest(@request_routes::text[]), 'completed',
-       unnest(@response_statuses::integer[]), unnest(@response_headers::jsonb[]), unnest(@response_bodies::bytea[]),
-       unnest(@created_ats::timestamptz[]), now(), unnest(@expires_ats::timestamptz[])
+SELECT r.scope, r.idempotency_key, r.fingerprint, r.request_method, r.request_route, 'completed',
+       r.response_status, r.response_headers,
+       CASE WHEN r.response_status = 102 THEN coalesce((
+           SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+           FROM (SELECT convert_from(r.response_body, 'UTF8')::jsonb) AS held (h)), r.response_body) ELSE r.response_body END,
+       r.created_at, now(), now() + make_interval(secs => r.ttl_seconds)
+FROM (SELECT CAST(unnest(CAST(@scopes AS bytea[])) AS bytea) AS scope, unnest(@idempotency_keys::text[]) AS idempotency_key,
+             unnest(@fingerprints::bytea[]) AS fingerprint, unnest(@request_methods::text[]) AS request_method,
+             unnest(@request_routes::text[]) AS request_route, unnest(@response_statuses::integer[]) AS response_status,
+             unnest(@response_headers::jsonb[]) AS response_headers, unnest(@response_bodies::bytea[]) AS response_body,
+             unnest(@created_ats::timestamptz[]) AS created_at, unnest(@ttl_seconds::float8[]) AS ttl_seconds) AS r
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING scope::bytea AS scope, idempotency_key;
 
@@ -235,7 +258,8 @@ RETURNING scope::bytea AS scope, idempotency_key;
 -- which Deferred refuses in a write, so as not to hide a table the write
 -- names.) The peek reads the statement's
 -- snapshot, taken before the claim: what held the key, as
--- IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
+-- IdempotencyKeyPeekScope says; a running hold's "until" is set on the
+-- database's clock (see the top). pgstore_budget sets the lock wait before
 -- the claim's insert can wait, and makes the statement's commit durable. A statement timeout set here would come too
 -- late (it is armed before a statement runs): pgstore bounds the statement
 -- through its context instead (pgstore's loneSlack). The peek is
@@ -248,8 +272,11 @@ WITH pgstore_budget AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)
     SELECT CAST(@scope AS bytea), @idempotency_key::text, @fingerprint::bytea, @request_method::text, @request_route::text,
-           'completed', @response_status::integer, @response_headers::jsonb, @response_body::bytea,
-           @created_at::timestamptz, now(), @expires_at::timestamptz
+           'completed', @response_status::integer, @response_headers::jsonb,
+           CASE WHEN @response_status::integer = 102 THEN coalesce((
+               SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+               FROM (SELECT convert_from(@response_body::bytea, 'UTF8')::jsonb) AS held (h)), @response_body::bytea) ELSE @response_body::bytea END,
+           @created_at::timestamptz, now(), now() + make_interval(secs => @ttl_seconds::float8)
     FROM pgstore_budget
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING 1
@@ -264,7 +291,7 @@ WITH pgstore_budget AS (
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
        h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
-       EXISTS (SELECT 1 FROM pgstore_claim) AS claimed
+       EXISTS (SELECT 1 FROM pgstore_claim) AS claimed, now()::timestamptz AS read_at
 FROM pgstore_budget b
 LEFT JOIN pgstore_peek h ON true;
 

@@ -22,10 +22,10 @@ WITH claimed AS (
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
 )
-SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at
+SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at, now()::timestamptz AS read_at
 FROM claimed c
 UNION ALL
-SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at
+SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys k
 WHERE k.scope = CAST($1 AS bytea) AND k.idempotency_key = $2
   AND NOT EXISTS (SELECT 1 FROM claimed)
@@ -51,6 +51,7 @@ type IdempotencyKeyClaimRow struct {
 	CreatedAt       time.Time
 	CompletedAt     *time.Time
 	ExpiresAt       time.Time
+	ReadAt          time.Time
 }
 
 // The scope column is bytea here; a key table may hold it as uuid or text
@@ -76,6 +77,14 @@ type IdempotencyKeyClaimRow struct {
 // before it is on disk, and a crash of PostgreSQL in the next few hundred
 // milliseconds forgets it: a key held and then forgotten runs again
 // (TestDurableCommits, TestGatewayHoldsSurviveAPostgreSQLCrash).
+//
+// A held record (response_status 102, see idempotency.Held) is kept on the
+// database's clock, so that processes whose clocks disagree agree on when
+// its lease ends: each statement that stores a response sets a running
+// hold's "until" to statement_timestamp() plus its "lease_ns" (a record
+// of status 102 without it is stored as it is), and each
+// that reads a record returns now() as read_at, which the engine compares
+// that "until" with (idempotency.Record.ReadAt).
 // Claim-or-read in one statement. The INSERT either claims the key (one row,
 // claimed = true) or meets an existing row and does nothing, in which case the
 // second branch reads that row (claimed = false). If a concurrent transaction
@@ -110,6 +119,7 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, arg IdempotencyKeyCla
 			&i.CreatedAt,
 			&i.CompletedAt,
 			&i.ExpiresAt,
+			&i.ReadAt,
 		); err != nil {
 			return nil, err
 		}
@@ -129,8 +139,11 @@ WITH pgstore_budget AS (
     INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                                   response_status, response_headers, response_body, created_at, completed_at, expires_at)
     SELECT CAST($2 AS bytea), $3::text, $4::bytea, $5::text, $6::text,
-           'completed', $7::integer, $8::jsonb, $9::bytea,
-           $10::timestamptz, now(), $11::timestamptz
+           'completed', $7::integer, $8::jsonb,
+           CASE WHEN $7::integer = 102 THEN coalesce((
+               SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+               FROM (SELECT convert_from($9::bytea, 'UTF8')::jsonb) AS held (h)), $9::bytea) ELSE $9::bytea END,
+           $10::timestamptz, now(), now() + make_interval(secs => $11::float8)
     FROM pgstore_budget
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING 1
@@ -145,7 +158,7 @@ WITH pgstore_budget AS (
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
        h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
-       EXISTS (SELECT 1 FROM pgstore_claim) AS claimed
+       EXISTS (SELECT 1 FROM pgstore_claim) AS claimed, now()::timestamptz AS read_at
 FROM pgstore_budget b
 LEFT JOIN pgstore_peek h ON true
 `
@@ -161,7 +174,7 @@ type IdempotencyKeyClaimLoneParams struct {
 	ResponseHeaders json.RawMessage
 	ResponseBody    []byte
 	CreatedAt       time.Time
-	ExpiresAt       time.Time
+	TtlSeconds      float64
 }
 
 type IdempotencyKeyClaimLoneRow struct {
@@ -175,6 +188,7 @@ type IdempotencyKeyClaimLoneRow struct {
 	ExpiresAt       *time.Time
 	Expired         bool
 	Claimed         bool
+	ReadAt          time.Time
 }
 
 // A lone deferred commit of at most one write, in one statement rather
@@ -189,7 +203,8 @@ type IdempotencyKeyClaimLoneRow struct {
 // which Deferred refuses in a write, so as not to hide a table the write
 // names.) The peek reads the statement's
 // snapshot, taken before the claim: what held the key, as
-// IdempotencyKeyPeekScope says. pgstore_budget sets the lock wait before
+// IdempotencyKeyPeekScope says; a running hold's "until" is set on the
+// database's clock (see the top). pgstore_budget sets the lock wait before
 // the claim's insert can wait, and makes the statement's commit durable. A statement timeout set here would come too
 // late (it is armed before a statement runs): pgstore bounds the statement
 // through its context instead (pgstore's loneSlack). The peek is
@@ -207,7 +222,7 @@ func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKe
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.CreatedAt,
-		arg.ExpiresAt,
+		arg.TtlSeconds,
 	)
 	var i IdempotencyKeyClaimLoneRow
 	err := row.Scan(
@@ -221,6 +236,7 @@ func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKe
 		&i.ExpiresAt,
 		&i.Expired,
 		&i.Claimed,
+		&i.ReadAt,
 	)
 	return i, err
 }
@@ -230,7 +246,9 @@ UPDATE idempotency_keys
 SET status = 'completed',
     response_status = $1,
     response_headers = $2,
-    response_body = $3,
+    response_body = CASE WHEN $1::int = 102 THEN coalesce((
+        SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+        FROM (SELECT convert_from($3::bytea, 'UTF8')::jsonb) AS held (h)), $3::bytea) ELSE $3::bytea END,
     completed_at = now()
 WHERE scope = CAST($4 AS bytea) AND idempotency_key = $5 AND status = 'processing'
 `
@@ -243,6 +261,7 @@ type IdempotencyKeyCompleteParams struct {
 	IdempotencyKey  string
 }
 
+// A running hold's "until" is set on the database's clock (see the top).
 func (q *Queries) IdempotencyKeyComplete(ctx context.Context, arg IdempotencyKeyCompleteParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyComplete,
 		arg.ResponseStatus,
@@ -290,7 +309,7 @@ func (q *Queries) IdempotencyKeyDeleteIfExpired(ctx context.Context, arg Idempot
 
 const idempotencyKeyGet = `-- name: IdempotencyKeyGet :one
 SELECT scope::bytea AS scope, idempotency_key, fingerprint, request_method, request_route, status,
-       response_status, response_headers, response_body, created_at, completed_at, expires_at
+       response_status, response_headers, response_body, created_at, completed_at, expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys
 WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2
 `
@@ -313,6 +332,7 @@ type IdempotencyKeyGetRow struct {
 	CreatedAt       time.Time
 	CompletedAt     *time.Time
 	ExpiresAt       time.Time
+	ReadAt          time.Time
 }
 
 func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetParams) (IdempotencyKeyGetRow, error) {
@@ -331,6 +351,7 @@ func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetPa
 		&i.CreatedAt,
 		&i.CompletedAt,
 		&i.ExpiresAt,
+		&i.ReadAt,
 	)
 	return i, err
 }
@@ -338,10 +359,17 @@ func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetPa
 const idempotencyKeyInsertCompletedMany = `-- name: IdempotencyKeyInsertCompletedMany :many
 INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status,
                               response_status, response_headers, response_body, created_at, completed_at, expires_at)
-SELECT CAST(unnest(CAST($1 AS bytea[])) AS bytea), unnest($2::text[]), unnest($3::bytea[]),
-       unnest($4::text[]), unnest($5::text[]), 'completed',
-       unnest($6::integer[]), unnest($7::jsonb[]), unnest($8::bytea[]),
-       unnest($9::timestamptz[]), now(), unnest($10::timestamptz[])
+SELECT r.scope, r.idempotency_key, r.fingerprint, r.request_method, r.request_route, 'completed',
+       r.response_status, r.response_headers,
+       CASE WHEN r.response_status = 102 THEN coalesce((
+           SELECT convert_to(jsonb_set(h, '{until}', to_jsonb(statement_timestamp() + (h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+           FROM (SELECT convert_from(r.response_body, 'UTF8')::jsonb) AS held (h)), r.response_body) ELSE r.response_body END,
+       r.created_at, now(), now() + make_interval(secs => r.ttl_seconds)
+FROM (SELECT CAST(unnest(CAST($1 AS bytea[])) AS bytea) AS scope, unnest($2::text[]) AS idempotency_key,
+             unnest($3::bytea[]) AS fingerprint, unnest($4::text[]) AS request_method,
+             unnest($5::text[]) AS request_route, unnest($6::integer[]) AS response_status,
+             unnest($7::jsonb[]) AS response_headers, unnest($8::bytea[]) AS response_body,
+             unnest($9::timestamptz[]) AS created_at, unnest($10::float8[]) AS ttl_seconds) AS r
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING scope::bytea AS scope, idempotency_key
 `
@@ -356,7 +384,7 @@ type IdempotencyKeyInsertCompletedManyParams struct {
 	ResponseHeaders  []json.RawMessage
 	ResponseBodies   [][]byte
 	CreatedAts       []time.Time
-	ExpiresAts       []time.Time
+	TtlSeconds       []float64
 }
 
 type IdempotencyKeyInsertCompletedManyRow struct {
@@ -372,6 +400,11 @@ type IdempotencyKeyInsertCompletedManyRow struct {
 // not freed here (that would take a statement more on every first
 // request): the caller claims again in the transactional way, which frees
 // it.
+// A running hold's "until" is set on the database's clock (see the top),
+// and so is every key's expiry, as the transactional claim's: a process
+// whose clock is behind must not store a key already expired (a held
+// key lives at least as long as its lease). created_at is the claim's
+// time as its Ref names it, the process's.
 func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg IdempotencyKeyInsertCompletedManyParams) ([]IdempotencyKeyInsertCompletedManyRow, error) {
 	rows, err := q.db.Query(ctx, idempotencyKeyInsertCompletedMany,
 		arg.Scopes,
@@ -383,7 +416,7 @@ func (q *Queries) IdempotencyKeyInsertCompletedMany(ctx context.Context, arg Ide
 		arg.ResponseHeaders,
 		arg.ResponseBodies,
 		arg.CreatedAts,
-		arg.ExpiresAts,
+		arg.TtlSeconds,
 	)
 	if err != nil {
 		return nil, err
@@ -547,7 +580,7 @@ SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
-       coalesce(k.expires_at <= now(), false)::boolean AS expired
+       coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM (SELECT unnest(CAST($3 AS bytea[])) AS scope, unnest($4::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
@@ -578,6 +611,7 @@ type IdempotencyKeyPeekManyRow struct {
 	CreatedAt         *time.Time
 	ExpiresAt         *time.Time
 	Expired           bool
+	ReadAt            time.Time
 }
 
 // The first of a deferred commit's statements (write-only operations,
@@ -623,6 +657,7 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 			&i.CreatedAt,
 			&i.ExpiresAt,
 			&i.Expired,
+			&i.ReadAt,
 		); err != nil {
 			return nil, err
 		}
@@ -640,7 +675,7 @@ SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        CAST($3 AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
        k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
-       coalesce(k.expires_at <= now(), false)::boolean AS expired
+       coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM unnest($4::text[]) AS u (idempotency_key)
 CROSS JOIN LATERAL (
     SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
@@ -671,6 +706,7 @@ type IdempotencyKeyPeekScopeRow struct {
 	CreatedAt         *time.Time
 	ExpiresAt         *time.Time
 	Expired           bool
+	ReadAt            time.Time
 }
 
 // IdempotencyKeyPeekMany for a pipeline whose keys are all of one scope (a
@@ -706,6 +742,7 @@ func (q *Queries) IdempotencyKeyPeekScope(ctx context.Context, arg IdempotencyKe
 			&i.CreatedAt,
 			&i.ExpiresAt,
 			&i.Expired,
+			&i.ReadAt,
 		); err != nil {
 			return nil, err
 		}
