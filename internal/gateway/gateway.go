@@ -55,6 +55,12 @@ type Config struct {
 	Routes []Route
 	// Scope names the caller a request's key belongs to (keyscope).
 	Scope func(r *http.Request) (string, error)
+	// PreviousScopes, if set, names the scopes that earlier scope rules
+	// gave the caller of a request whose Scope was found
+	// (keyscope.Rule.Previous): a store wrapped by NewPreviousScopes
+	// looks keys up under them too, so that a retry across a change of
+	// the rule replays.
+	PreviousScopes func(r *http.Request) []string
 	// Namespace keeps this gateway's keys apart from those of gateways in
 	// front of other upstreams on the same store: every key is stored
 	// under NamespacedScope(Namespace, scope). Empty: DefaultNamespace of
