@@ -1,9 +1,9 @@
 // Package keyscope finds the scope of a request's Idempotency-Key for a
 // gateway, which has no accounts of its own: from a header that an
 // authentication layer in front sets, from a claim of a JWT whose signature
-// it verifies, or from the whole Authorization value. Keys of two scopes
-// never meet, so a scope must name one caller, and only as the caller was
-// authenticated.
+// it verifies, or from an HMAC of the whole Authorization value under a
+// server secret. Keys of two scopes never meet, so a scope must name one
+// caller, and only as the caller was authenticated.
 package keyscope
 
 import (
