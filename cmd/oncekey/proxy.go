@@ -411,7 +411,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 		return gateway.Config{}, err
 	}
 	return gateway.Config{
-		Upstream: upstream, Routes: routes, Scope: p.scope.Source, PreviousScopes: p.scope.Previous, Namespace: namespace,
+		Upstream: upstream, Routes: routes, Scope: p.scope.Source, PreviousScopes: p.scope.Previous, Guard: p.scope.Guard, Namespace: namespace,
 		TTL: p.TTL, Wait: p.Wait, MaxBodyBytes: p.MaxBodyBytes,
 		Profile: frontdoor.Profile(p.Profile), ErrorTemplate: template, Key: key,
 		UpstreamTimeout: p.UpstreamTimeout, MaxStored: p.MaxStoredBytes, RetryUnknown: p.OnUnknown == "retry",
@@ -453,7 +453,7 @@ func (p *proxyCmd) scopeRule() (keyscope.Rule, *keyscope.JWKS, error) {
 			}
 			from = append(from, prefix.Masked())
 		}
-		return keyscope.Rule{Source: keyscope.HeaderFrom(p.ScopeHeader, from)}, nil, nil
+		return keyscope.Rule{Source: keyscope.HeaderFrom(p.ScopeHeader, from), Guard: keyscope.HeaderGuard(p.ScopeHeader, from)}, nil, nil
 	case p.ScopeAuthorization:
 		if p.ScopeSecret == "" {
 			return keyscope.Rule{}, nil, fmt.Errorf("--scope-authorization (ONCEKEY_SCOPE_AUTHORIZATION) needs --scope-secret (ONCEKEY_SCOPE_SECRET), the HMAC key of the scopes: %d characters or more, the same on every replica, such as `openssl rand -hex 32`", keyscope.MinSecret)

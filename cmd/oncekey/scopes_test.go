@@ -181,6 +181,30 @@ func TestScopeHeaderOnlyFromTrustedPeers(t *testing.T) {
 	_, byKey := u.Executions(t)
 	require.Zero(t, byKey[refused], "the refused request ran upstream")
 	require.Equal(t, 1, byKey[trusted])
+
+	// A request passed through, not covered, is refused too: the
+	// upstream may trust the header as well.
+	get := func(from string, header ...string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/_executions", nil)
+		require.NoError(t, err)
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		resp, err := (&http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}).Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	status, body = get("127.0.0.1", "X-Account-Id", "acct-victim")
+	require.Equal(t, http.StatusUnauthorized, status, "passed through: %s", body)
+	require.Contains(t, body, idempotency.ProblemNoScope.Slug)
+	status, body = get("127.0.0.1")
+	require.Equal(t, http.StatusOK, status, "passed through without the header: %s", body)
+	status, body = get("127.0.0.2", "X-Account-Id", "acct-victim")
+	require.Equal(t, http.StatusOK, status, "passed through from the front proxy: %s", body)
 }
 
 // TestRetryAcrossScopeRuleUpgrade: keys that a gateway stored under the

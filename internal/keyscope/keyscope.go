@@ -50,6 +50,9 @@ type Rule struct {
 	// Previous, if set, is the scopes that earlier rules gave the caller
 	// of a request whose scope Source has found.
 	Previous func(r *http.Request) []string
+	// Guard, if set, checks every request the gateway receives, covered
+	// or passed through: an error refuses it.
+	Guard func(r *http.Request) error
 }
 
 // Header scopes a request by the value of the header name, which an
@@ -63,9 +66,10 @@ func Header(name string) Source { return HeaderFrom(name, nil) }
 // so a client that reaches the gateway past the front proxy cannot name
 // another caller's scope. No prefixes: any peer.
 func HeaderFrom(name string, from []netip.Prefix) Source {
+	untrusted := HeaderGuard(name, from)
 	return func(r *http.Request) (string, error) {
-		if len(from) > 0 && len(r.Header.Values(name)) > 0 && !peerWithin(r, from) {
-			return "", fmt.Errorf("%w: the %s header came from %s, which is not a trusted peer (--scope-header-from)", idempotency.ErrNoScope, name, r.RemoteAddr)
+		if err := untrusted(r); err != nil {
+			return "", err
 		}
 		value, err := one(r, name)
 		switch {
@@ -75,6 +79,19 @@ func HeaderFrom(name string, from []netip.Prefix) Source {
 			return "", fmt.Errorf("%w: the %s header is longer than %d bytes", idempotency.ErrNoScope, name, maxScope)
 		}
 		return value, nil
+	}
+}
+
+// HeaderGuard refuses a request that carries the header name from a peer
+// outside from (any peer, if from is empty): the Rule.Guard of HeaderFrom,
+// for the requests passed through as well, since the upstream may trust
+// the header too.
+func HeaderGuard(name string, from []netip.Prefix) func(r *http.Request) error {
+	return func(r *http.Request) error {
+		if len(from) > 0 && len(r.Header.Values(name)) > 0 && !peerWithin(r, from) {
+			return fmt.Errorf("%w: the %s header came from %s, which is not a trusted peer (--scope-header-from)", idempotency.ErrNoScope, name, r.RemoteAddr)
+		}
+		return nil
 	}
 }
 
