@@ -86,9 +86,13 @@ func (b *bench) startProxies() (func(), error) {
 	if err != nil {
 		return stopAll, err
 	}
+	scope, err := keyscope.Authorization([]byte("bench scope secret, 32 bytes long"))
+	if err != nil {
+		return stopAll, err
+	}
 	gw, err := gateway.New(gateway.Config{
 		Upstream: to, Routes: []gateway.Route{{Method: http.MethodPost, Path: "/orders"}},
-		Scope: keyscope.Authorization(), Transport: transport(), Logger: slog.New(slog.DiscardHandler),
+		Scope: scope.Source, Transport: transport(), Logger: slog.New(slog.DiscardHandler),
 	}, recordcache.Wrap(cache, deferred).(idempotency.HeldStore[*pgstore.Batch]))
 	if err != nil {
 		return stopAll, err

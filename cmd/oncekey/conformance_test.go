@@ -219,7 +219,7 @@ func TestConformanceThroughTheProxy(t *testing.T) {
 				spec = filepath.Join(t.TempDir(), "openapi.yaml")
 				require.NoError(t, os.WriteFile(spec, []byte(ietf), 0o600))
 			}
-			addr, _ := startCommand(t, tc.env(t), "proxy", "--upstream", u.URL, "--spec", spec, "--scope-authorization", "--profile", tc.profile)
+			addr, _ := startCommand(t, tc.env(t), "proxy", "--upstream", u.URL, "--spec", spec, "--scope-authorization", "--scope-secret", testScopeSecret, "--profile", tc.profile)
 			passed, skipped := requireConformance(t, "conformance", "--spec", spec, "--overrides", u.Overrides, "--url", "http://"+addr,
 				"--auth", "Bearer first", "--auth2", "Bearer second", "--profile", tc.profile)
 			// Every key ran once upstream, but the key that

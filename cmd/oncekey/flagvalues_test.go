@@ -31,7 +31,7 @@ func TestBadFlagValuesAreReportedTogether(t *testing.T) {
 	}{
 		{
 			name: "proxy: a duration, an enum and a URL",
-			args: []string{"proxy", "--upstream", "ftp:/nowhere", "--ttl", "soon", "--on-unknown=maybe", "--routes", routes, "--scope-authorization"},
+			args: []string{"proxy", "--upstream", "ftp:/nowhere", "--ttl", "soon", "--on-unknown=maybe", "--routes", routes, "--scope-authorization", "--scope-secret", testScopeSecret},
 			want: []string{
 				`--ttl: expected duration but got "soon"`,
 				`--on-unknown: must be one of "report", "retry" but got "maybe"`,

@@ -3,21 +3,22 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
-	"github.com/go-jose/go-jose/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -36,18 +37,25 @@ import (
 
 // proxyCmd is `oncekey proxy`: the protocol in front of any HTTP API.
 type proxyCmd struct {
-	Upstream           string `name:"upstream" envvar:"ONCEKEY_UPSTREAM" required:"" placeholder:"URL" help:"The API behind the gateway, e.g. http://127.0.0.1:3000."`
-	Spec               string `name:"spec" envvar:"ONCEKEY_SPEC" placeholder:"FILE" help:"The upstream's OpenAPI document: the operations that declare the Idempotency-Key header (or x-idempotency) are covered, and their bodies validated."`
-	Routes             string `name:"routes" envvar:"ONCEKEY_ROUTES" placeholder:"FILE" help:"Without a document, a YAML file of the covered routes (method, path, ttl, wait); see docs/gateway.md."`
-	ScopeHeader        string `name:"scope-header" envvar:"ONCEKEY_SCOPE_HEADER" placeholder:"NAME" help:"Scope keys by this header, which an authentication layer in front sets (and strips from clients), e.g. X-Account-Id."`
-	ScopeJWKS          string `name:"scope-jwks" envvar:"ONCEKEY_SCOPE_JWKS" placeholder:"FILE" help:"Scope keys by a claim of the bearer JWT, read once its signature verifies against this JWKS file; survives token refreshes."`
-	ScopeClaim         string `name:"scope-claim" envvar:"ONCEKEY_SCOPE_CLAIM" default:"sub" help:"The JWT claim that names the caller, with --scope-jwks."`
-	ScopeAuthorization bool   `name:"scope-authorization" envvar:"ONCEKEY_SCOPE_AUTHORIZATION" help:"Scope keys by the whole Authorization value (its SHA-256): needs nothing configured, but a refreshed token is a new scope."`
-	Profile            string `name:"profile" envvar:"ONCEKEY_PROFILE" enum:"ietf,oncekey" default:"ietf" help:"The answers to a duplicate in flight and a reused key. ietf: 409 with Retry-After, and 422 (what SDKs expect); oncekey: 202 with Retry-After, and 409 (only for clients generated from a document that declares the 202; with --spec, only operations that declare a 202 get it). A routes file can set it per route."`
-	ErrorTemplate      string `name:"error-template" envvar:"ONCEKEY_ERROR_TEMPLATE" placeholder:"FILE" help:"A JSON document in the upstream's error shape, whose strings may hold {type}, {title}, {detail}, {code} and {status}: every answer the gateway writes itself takes it instead of problem+json. See docs/gateway.md."`
-	KeyHeader          string `name:"key-header" envvar:"ONCEKEY_KEY_HEADER" placeholder:"NAME" help:"The header that carries the key (default Idempotency-Key), e.g. X-Idempotency-Key or PayPal-Request-Id. With --spec, an operation's own key header parameter wins."`
-	KeyBodyField       string `name:"key-body-field" envvar:"ONCEKEY_KEY_BODY_FIELD" placeholder:"POINTER" help:"Read the key from this member of the JSON body instead of a header: a JSON pointer such as /idempotency_key."`
-	Namespace          string `name:"namespace" envvar:"ONCEKEY_NAMESPACE" placeholder:"NAME" help:"The namespace of this gateway's keys, apart from those of gateways in front of other upstreams on the same database; replicas of one gateway share it. Default: the upstream's origin (scheme://host:port)."`
+	Upstream            string        `name:"upstream" envvar:"ONCEKEY_UPSTREAM" required:"" placeholder:"URL" help:"The API behind the gateway, e.g. http://127.0.0.1:3000."`
+	Spec                string        `name:"spec" envvar:"ONCEKEY_SPEC" placeholder:"FILE" help:"The upstream's OpenAPI document: the operations that declare the Idempotency-Key header (or x-idempotency) are covered, and their bodies validated."`
+	Routes              string        `name:"routes" envvar:"ONCEKEY_ROUTES" placeholder:"FILE" help:"Without a document, a YAML file of the covered routes (method, path, ttl, wait); see docs/gateway.md."`
+	ScopeHeader         string        `name:"scope-header" envvar:"ONCEKEY_SCOPE_HEADER" placeholder:"NAME" help:"Scope keys by this header, which an authentication layer in front sets (and strips from clients), e.g. X-Account-Id."`
+	ScopeHeaderFrom     []string      `name:"scope-header-from" envvar:"ONCEKEY_SCOPE_HEADER_FROM" sep:"," placeholder:"CIDR" help:"With --scope-header: trust the header only from these peers (the front proxy's addresses, e.g. 10.0.0.0/8,127.0.0.1/32); a request from elsewhere that carries it is refused (401). Unset: from any peer."`
+	ScopeJWKS           string        `name:"scope-jwks" envvar:"ONCEKEY_SCOPE_JWKS" placeholder:"FILE" help:"Scope keys by the issuer and a claim of the bearer JWT, read once its signature verifies against this JWKS file (read again on SIGHUP and every --scope-jwks-refresh); survives token refreshes."`
+	ScopeClaim          string        `name:"scope-claim" envvar:"ONCEKEY_SCOPE_CLAIM" default:"sub" help:"The JWT claim that names the caller, with --scope-jwks."`
+	ScopeIssuer         string        `name:"scope-issuer" envvar:"ONCEKEY_SCOPE_ISSUER" placeholder:"ISS" help:"With --scope-jwks: the token's iss must be this (e.g. https://idp.example.com/); unset: any issuer whose key is in the JWKS."`
+	ScopeAudience       string        `name:"scope-audience" envvar:"ONCEKEY_SCOPE_AUDIENCE" placeholder:"AUD" help:"With --scope-jwks: the token's aud must hold this (e.g. payments-api); unset: any audience."`
+	ScopeLeeway         time.Duration `name:"scope-leeway" envvar:"ONCEKEY_SCOPE_LEEWAY" default:"1m" help:"With --scope-jwks: the clock skew allowed on the token's exp, nbf and iat."`
+	ScopeJWKSRefresh    time.Duration `name:"scope-jwks-refresh" envvar:"ONCEKEY_SCOPE_JWKS_REFRESH" default:"30s" help:"With --scope-jwks: how often the JWKS file is read again (SIGHUP reads it at once): the longest a removed key keeps verifying."`
+	ScopeAuthorization  bool          `name:"scope-authorization" envvar:"ONCEKEY_SCOPE_AUTHORIZATION" help:"Scope keys by the whole Authorization value (its HMAC under --scope-secret): needs nothing of the caller's, but a refreshed token is a new scope."`
+	ScopeSecret         string        `name:"scope-secret" envvar:"ONCEKEY_SCOPE_SECRET" placeholder:"SECRET" help:"With --scope-authorization: the HMAC key of the scopes, the same on every replica, 32 characters or more; best given in the environment. A new secret starts new scopes (see --scope-secret-previous)."`
+	ScopeSecretPrevious string        `name:"scope-secret-previous" envvar:"ONCEKEY_SCOPE_SECRET_PREVIOUS" placeholder:"SECRET" help:"With --scope-authorization: the secret before a rotation, whose scopes' keys are still found (replayed, waited for) until they expire."`
+	Profile             string        `name:"profile" envvar:"ONCEKEY_PROFILE" enum:"ietf,oncekey" default:"ietf" help:"The answers to a duplicate in flight and a reused key. ietf: 409 with Retry-After, and 422 (what SDKs expect); oncekey: 202 with Retry-After, and 409 (only for clients generated from a document that declares the 202; with --spec, only operations that declare a 202 get it). A routes file can set it per route."`
+	ErrorTemplate       string        `name:"error-template" envvar:"ONCEKEY_ERROR_TEMPLATE" placeholder:"FILE" help:"A JSON document in the upstream's error shape, whose strings may hold {type}, {title}, {detail}, {code} and {status}: every answer the gateway writes itself takes it instead of problem+json. See docs/gateway.md."`
+	KeyHeader           string        `name:"key-header" envvar:"ONCEKEY_KEY_HEADER" placeholder:"NAME" help:"The header that carries the key (default Idempotency-Key), e.g. X-Idempotency-Key or PayPal-Request-Id. With --spec, an operation's own key header parameter wins."`
+	KeyBodyField        string        `name:"key-body-field" envvar:"ONCEKEY_KEY_BODY_FIELD" placeholder:"POINTER" help:"Read the key from this member of the JSON body instead of a header: a JSON pointer such as /idempotency_key."`
+	Namespace           string        `name:"namespace" envvar:"ONCEKEY_NAMESPACE" placeholder:"NAME" help:"The namespace of this gateway's keys, apart from those of gateways in front of other upstreams on the same database; replicas of one gateway share it. Default: the upstream's origin (scheme://host:port)."`
 	redisFlags
 	protocolFlags
 	serverFlags
@@ -58,13 +66,35 @@ type proxyCmd struct {
 	MaxBodyBytes    int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413, on every route."`
 	UpstreamTimeout time.Duration `name:"upstream-timeout" envvar:"ONCEKEY_UPSTREAM_TIMEOUT" default:"30s" help:"How long the upstream may take to answer a request written to it; past it, the request's outcome is unknown."`
 	MaxStoredBytes  int64         `name:"max-stored-bytes" envvar:"ONCEKEY_MAX_STORED_BYTES" default:"1048576" help:"Larger responses pass through once and are not stored: their key's retries get a problem saying so."`
-	OnUnknown       string        `name:"on-unknown" envvar:"ONCEKEY_ON_UNKNOWN" enum:"report,retry" default:"report" help:"report: a request whose outcome is unknown answers 409 outcome-unknown until an operator settles it; retry: run it again under its key (only for upstreams that deduplicate the forwarded Idempotency-Key)."`
+	// scope is the rule the scope flags name, and jwks its JWKS (nil
+	// without --scope-jwks), set by gatewayConfig.
+	scope     keyscope.Rule
+	jwks      *keyscope.JWKS
+	OnUnknown string `name:"on-unknown" envvar:"ONCEKEY_ON_UNKNOWN" enum:"report,retry" default:"report" help:"report: a request whose outcome is unknown answers 409 outcome-unknown until an operator settles it; retry: run it again under its key (only for upstreams that deduplicate the forwarded Idempotency-Key)."`
 }
 
 func (p *proxyCmd) Run(e env) error {
+	// SIGHUP asks for a reload (of the JWKS), and never ends the gateway.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	cfg, err := p.gatewayConfig()
 	if err != nil {
 		return err
+	}
+	if p.jwks != nil {
+		go p.jwks.Watch(e.ctx, p.ScopeJWKSRefresh, hup, e.log)
+	} else {
+		go func() {
+			for {
+				select {
+				case <-e.ctx.Done():
+					return
+				case <-hup:
+					e.log.Info("SIGHUP: nothing to reload (only --scope-jwks is read again)")
+				}
+			}
+		}()
 	}
 	m := metrics.New()
 	cfg.Logger, cfg.Observer, cfg.ObserveHTTP = e.log, m, m.ObserveHTTP
@@ -107,7 +137,7 @@ func (p *proxyCmd) Run(e env) error {
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
 	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observer: m}.Run(cleanupCtx)
-	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String(), "namespace", cfg.Namespace, "routes", strings.Join(names, ", "))
+	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", redacted(cfg.Upstream), "namespace", cfg.Namespace, "routes", strings.Join(names, ", "))
 	defer func() {
 		// Served: what its answers left unsettled is tried once more
 		// before the store closes, and logged if it still fails.
@@ -257,10 +287,32 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 	if legacy.Active() {
 		log.Info("gateway keys: keys stored before namespaces remain; each claim looks its key up under the bare scope too, until they expire")
 	}
-	if h, err = gateway.New(cfg, legacy); err != nil {
+	checks := []func(context.Context) error{legacy.Check}
+	var held idempotency.HeldStore[*pgstore.Batch] = legacy
+	if cfg.PreviousScopes != nil {
+		// Keys stored under an earlier scope rule (before the secret or
+		// the issuer, or under a rotated secret) are looked up under
+		// their scope too, until they expire.
+		previous := gateway.NewPreviousScopes(held, gateway.PostgresPreviousKeys(pool, pgstore.DefaultTable, cfg.Namespace, p.scope.Prefix))
+		if err := previous.Check(ctx); err != nil {
+			return nil, nil, nil, err
+		}
+		if previous.Active() {
+			log.Info("gateway keys: keys stored under an earlier scope rule remain; each claim looks its key up under its previous scopes too, until they expire")
+		}
+		checks, held = append(checks, previous.Check), previous
+	}
+	if h, err = gateway.New(cfg, held); err != nil {
 		return nil, nil, nil, err
 	}
-	return h, purgeThenCheck{keyTable{pg, pool}, legacy.Check, log}, closeAll, nil
+	check := func(ctx context.Context) error {
+		var errs []error
+		for _, c := range checks {
+			errs = append(errs, c(ctx))
+		}
+		return errors.Join(errs...)
+	}
+	return h, purgeThenCheck{keyTable{pg, pool}, check, log}, closeAll, nil
 }
 
 // purgeThenCheck is a key store whose cleanup runs ask, each time, whether
@@ -274,7 +326,7 @@ type purgeThenCheck struct {
 func (p purgeThenCheck) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 	n, err := p.keyStore.PurgeExpired(ctx, batch)
 	if cerr := p.check(ctx); cerr != nil && ctx.Err() == nil {
-		p.log.WarnContext(ctx, "gateway keys: could not look for keys stored before namespaces; still looking them up", "err", cerr)
+		p.log.WarnContext(ctx, "gateway keys: could not look for keys stored before namespaces or under an earlier scope rule; still looking them up", "err", cerr)
 	}
 	return n, err
 }
@@ -295,7 +347,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	bad := problems.bad
 	upstream, err := url.Parse(p.Upstream)
 	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
-		bad("--upstream (ONCEKEY_UPSTREAM) %q: want an absolute http or https URL, such as http://127.0.0.1:3000", p.Upstream)
+		bad("--upstream (ONCEKEY_UPSTREAM) %q: want an absolute http or https URL, such as http://127.0.0.1:3000", redactedURL(p.Upstream))
 	}
 	problems.positive("ttl", "IDEMPOTENCY_TTL", p.TTL)
 	problems.positive("wait", "IDEMPOTENCY_WAIT", p.Wait)
@@ -329,7 +381,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	default:
 		bad("give --spec (ONCEKEY_SPEC), the upstream's OpenAPI document, or --routes (ONCEKEY_ROUTES), a file of the routes to cover")
 	}
-	scope, err := p.scope()
+	p.scope, p.jwks, err = p.scopeRule()
 	if err != nil {
 		bad("%v", err)
 	}
@@ -359,15 +411,16 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 		return gateway.Config{}, err
 	}
 	return gateway.Config{
-		Upstream: upstream, Routes: routes, Scope: scope, Namespace: namespace,
+		Upstream: upstream, Routes: routes, Scope: p.scope.Source, PreviousScopes: p.scope.Previous, Guard: p.scope.Guard, Namespace: namespace,
 		TTL: p.TTL, Wait: p.Wait, MaxBodyBytes: p.MaxBodyBytes,
 		Profile: frontdoor.Profile(p.Profile), ErrorTemplate: template, Key: key,
 		UpstreamTimeout: p.UpstreamTimeout, MaxStored: p.MaxStoredBytes, RetryUnknown: p.OnUnknown == "retry",
 	}, nil
 }
 
-// scope is the one scope source the flags name.
-func (p *proxyCmd) scope() (keyscope.Source, error) {
+// scopeRule is the one scope rule the flags name, and its JWKS if it has
+// one.
+func (p *proxyCmd) scopeRule() (keyscope.Rule, *keyscope.JWKS, error) {
 	given := 0
 	for _, set := range []bool{p.ScopeHeader != "", p.ScopeJWKS != "", p.ScopeAuthorization} {
 		if set {
@@ -375,25 +428,92 @@ func (p *proxyCmd) scope() (keyscope.Source, error) {
 		}
 	}
 	if given != 1 {
-		return nil, errors.New("give exactly one scope source: --scope-header NAME (ONCEKEY_SCOPE_HEADER), --scope-jwks FILE (ONCEKEY_SCOPE_JWKS) or --scope-authorization (ONCEKEY_SCOPE_AUTHORIZATION); keys of two callers must never meet")
+		return keyscope.Rule{}, nil, errors.New("give exactly one scope source: --scope-header NAME (ONCEKEY_SCOPE_HEADER), --scope-jwks FILE (ONCEKEY_SCOPE_JWKS) or --scope-authorization (ONCEKEY_SCOPE_AUTHORIZATION); keys of two callers must never meet")
+	}
+	var errs []error
+	if len(p.ScopeHeaderFrom) > 0 && p.ScopeHeader == "" {
+		errs = append(errs, errors.New("--scope-header-from (ONCEKEY_SCOPE_HEADER_FROM) is given without --scope-header (ONCEKEY_SCOPE_HEADER)"))
+	}
+	if (p.ScopeSecret != "" || p.ScopeSecretPrevious != "") && !p.ScopeAuthorization {
+		errs = append(errs, errors.New("--scope-secret (ONCEKEY_SCOPE_SECRET) and --scope-secret-previous (ONCEKEY_SCOPE_SECRET_PREVIOUS) are for --scope-authorization (ONCEKEY_SCOPE_AUTHORIZATION)"))
+	}
+	if (p.ScopeIssuer != "" || p.ScopeAudience != "") && p.ScopeJWKS == "" {
+		errs = append(errs, errors.New("--scope-issuer (ONCEKEY_SCOPE_ISSUER) and --scope-audience (ONCEKEY_SCOPE_AUDIENCE) are for --scope-jwks (ONCEKEY_SCOPE_JWKS)"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return keyscope.Rule{}, nil, err
 	}
 	switch {
 	case p.ScopeHeader != "":
-		return keyscope.Header(p.ScopeHeader), nil
+		from := make([]netip.Prefix, 0, len(p.ScopeHeaderFrom))
+		for _, cidr := range p.ScopeHeaderFrom {
+			prefix, err := netip.ParsePrefix(strings.TrimSpace(cidr))
+			if err != nil {
+				return keyscope.Rule{}, nil, fmt.Errorf("--scope-header-from (ONCEKEY_SCOPE_HEADER_FROM) %q: want a CIDR such as 10.0.0.0/8 or 127.0.0.1/32", cidr)
+			}
+			from = append(from, prefix.Masked())
+		}
+		return keyscope.Rule{Source: keyscope.HeaderFrom(p.ScopeHeader, from), Guard: keyscope.HeaderGuard(p.ScopeHeader, from)}, nil, nil
 	case p.ScopeAuthorization:
-		return keyscope.Authorization(), nil
+		if p.ScopeSecret == "" {
+			return keyscope.Rule{}, nil, fmt.Errorf("--scope-authorization (ONCEKEY_SCOPE_AUTHORIZATION) needs --scope-secret (ONCEKEY_SCOPE_SECRET), the HMAC key of the scopes: %d characters or more, the same on every replica, such as `openssl rand -hex 32`", keyscope.MinSecret)
+		}
+		var previous [][]byte
+		if p.ScopeSecretPrevious != "" {
+			previous = append(previous, []byte(p.ScopeSecretPrevious))
+		}
+		rule, err := keyscope.Authorization([]byte(p.ScopeSecret), previous...)
+		if err != nil {
+			return keyscope.Rule{}, nil, fmt.Errorf("--scope-secret (ONCEKEY_SCOPE_SECRET) or --scope-secret-previous (ONCEKEY_SCOPE_SECRET_PREVIOUS): %w", err)
+		}
+		return rule, nil, nil
 	}
-	raw, err := os.ReadFile(p.ScopeJWKS)
+	if p.ScopeJWKSRefresh <= 0 {
+		return keyscope.Rule{}, nil, errors.New("--scope-jwks-refresh (ONCEKEY_SCOPE_JWKS_REFRESH) must be positive")
+	}
+	if p.ScopeLeeway < 0 {
+		return keyscope.Rule{}, nil, errors.New("--scope-leeway (ONCEKEY_SCOPE_LEEWAY) must not be negative")
+	}
+	keys, err := keyscope.LoadJWKS(p.ScopeJWKS)
 	if err != nil {
-		return nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS): %w", err)
+		return keyscope.Rule{}, nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS): %w", err)
 	}
-	var keys jose.JSONWebKeySet
-	if err := json.Unmarshal(raw, &keys); err != nil {
-		return nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS) %s is not a JWKS: %w", p.ScopeJWKS, err)
+	// keyscope reads a zero leeway as its default: none is the smallest
+	// one it takes.
+	leeway := p.ScopeLeeway
+	if leeway == 0 {
+		leeway = -1
 	}
-	source, err := keyscope.JWT(keys, p.ScopeClaim)
+	rule, err := keyscope.JWT(keyscope.JWTConfig{Keys: keys, Claim: p.ScopeClaim, Issuer: p.ScopeIssuer, Audience: p.ScopeAudience, Leeway: leeway})
 	if err != nil {
-		return nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS) %s: %w", p.ScopeJWKS, err)
+		return keyscope.Rule{}, nil, fmt.Errorf("--scope-jwks (ONCEKEY_SCOPE_JWKS) %s: %w", p.ScopeJWKS, err)
 	}
-	return source, nil
+	return rule, keys, nil
+}
+
+// redactedURL is raw with its userinfo, if any, replaced by "xxxxx", for
+// messages: --upstream's userinfo is never printed (not even the user,
+// which may be a token).
+func redactedURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return redacted(u)
+	}
+	// Unparsed: whatever stands before an "@" may be a credential.
+	if at := strings.LastIndex(raw, "@"); at >= 0 {
+		if scheme := strings.Index(raw, "://"); scheme >= 0 && scheme < at {
+			return raw[:scheme+3] + "xxxxx" + raw[at:]
+		}
+		return "xxxxx" + raw[at:]
+	}
+	return raw
+}
+
+// redacted is u with its userinfo, if any, replaced by "xxxxx".
+func redacted(u *url.URL) string {
+	if u.User == nil {
+		return u.String()
+	}
+	c := *u
+	c.User = url.User("xxxxx")
+	return c.String()
 }

@@ -353,9 +353,13 @@ func TestProxyRefusesABadErrorTemplate(t *testing.T) {
 			// --ttl 0s is a second problem, so that a gateway that took
 			// the template would still stop, not listen.
 			_, err := runCommand(t, map[string]string{}, append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--routes", routes,
-				"--scope-authorization", "--error-template", file, "--ttl", "0s"}, tc.args...)...)
+				"--scope-authorization", "--scope-secret", testScopeSecret, "--error-template", file, "--ttl", "0s"}, tc.args...)...)
 			require.ErrorContains(t, err, tc.want)
 			require.Equal(t, 2, strings.Count(err.Error(), "\n  - "), "one line for the template, one for --ttl: %v", err)
 		})
 	}
 }
+
+// testScopeSecret is --scope-secret for the tests' gateways scoped by
+// --scope-authorization.
+const testScopeSecret = "the tests' scope secret, 32 bytes"

@@ -15,6 +15,9 @@ import (
 // request upstream as it came.
 func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], rt *route, cfg Config, scope func(*http.Request) (string, error), fwd http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cfg.PreviousScopes != nil {
+			r = withPrevious(r, cfg.Namespace, cfg.PreviousScopes)
+		}
 		in, err := rt.Key.Prepare(w, r, scope, cfg.MaxBodyBytes)
 		if err != nil {
 			if cfg.Observer != nil {

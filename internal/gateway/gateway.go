@@ -55,6 +55,17 @@ type Config struct {
 	Routes []Route
 	// Scope names the caller a request's key belongs to (keyscope).
 	Scope func(r *http.Request) (string, error)
+	// PreviousScopes, if set, names the scopes that earlier scope rules
+	// gave the caller of a request whose Scope was found
+	// (keyscope.Rule.Previous): a store wrapped by NewPreviousScopes
+	// looks keys up under them too, so that a retry across a change of
+	// the rule replays.
+	PreviousScopes func(r *http.Request) []string
+	// Guard, if set, checks every request, covered or passed through,
+	// before anything else (keyscope.Rule.Guard: a scope header from a
+	// peer that is not trusted); an error refuses it, as a request
+	// without a scope (401), and nothing reaches the upstream.
+	Guard func(r *http.Request) error
 	// Namespace keeps this gateway's keys apart from those of gateways in
 	// front of other upstreams on the same store: every key is stored
 	// under NamespacedScope(Namespace, scope). Empty: DefaultNamespace of
@@ -161,7 +172,7 @@ func New[U any](cfg Config, store idempotency.HeldStore[U]) (*Gateway, error) {
 		Observer:   cfg.Observer,
 	})
 	fwd := newForwarder(cfg, answers)
-	g := &Gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP, engine: e, answers: answers}
+	g := &Gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP, engine: e, answers: answers, guard: cfg.Guard}
 	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
 	for i := range routes {
 		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{
@@ -180,6 +191,7 @@ type Gateway struct {
 	observe func(route, method string, status int, d time.Duration)
 	engine  *idempotency.Engine
 	answers answers
+	guard   func(*http.Request) error
 }
 
 // Shutdown stores what the gateway's answers left unsettled, once it has
@@ -191,7 +203,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error { return g.engine.Shutdown
 
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h, pattern := g.pass, ""
-	if refuse := ambiguous(r, g.answers); refuse != nil {
+	if refuse := g.guarded(r); refuse != nil {
+		h = refuse
+	} else if refuse := ambiguous(r, g.answers); refuse != nil {
 		h = refuse
 	} else if rt := g.match(r); rt != nil {
 		r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
@@ -213,6 +227,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.observe(pattern, r.Method, status, time.Since(start))
 	}()
 	h.ServeHTTP(ww, r)
+}
+
+// guarded is the answer to a request that the guard refuses, or nil.
+func (g *Gateway) guarded(r *http.Request) http.Handler {
+	if g.guard == nil {
+		return nil
+	}
+	err := g.guard(r)
+	if err == nil {
+		return nil
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.answers.write(w, r, err) })
 }
 
 // match is the covered route r is of, or nil.

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -28,15 +30,36 @@ import (
 // PostgresLegacyKeys (legacyScopes in idempotency/caddymodule/legacy.go):
 // change both alike.
 type LegacyScopes[U any] struct {
-	next  idempotency.HeldStore[U]
-	any   func(context.Context) (bool, error)
+	next idempotency.HeldStore[U]
+	any  func(context.Context) (bool, error)
+	// olds is the scopes a claim of scope looks its key up under first.
+	olds  func(ctx context.Context, scope string) []string
 	ended atomic.Bool
 }
 
 // NewLegacyScopes wraps next, a gateway's store, whose keys of bare scopes
 // anyLegacy reports, looking them up until Check finds none.
 func NewLegacyScopes[U any](next idempotency.HeldStore[U], anyLegacy func(context.Context) (bool, error)) *LegacyScopes[U] {
-	return &LegacyScopes[U]{next: next, any: anyLegacy}
+	return &LegacyScopes[U]{next: next, any: anyLegacy, olds: func(_ context.Context, scope string) []string {
+		if _, bare, ok := SplitScope(scope); ok {
+			return []string{bare}
+		}
+		return nil
+	}}
+}
+
+// NewPreviousScopes wraps next, a gateway's store, for the time after
+// its scope rule changed (Config.PreviousScopes: an upgrade, a rotated
+// secret): each claim first looks its key up under the previous scopes
+// of its request, as LegacyScopes does under bare ones, until
+// anyPrevious (PostgresPreviousKeys) finds no key of them left.
+func NewPreviousScopes[U any](next idempotency.HeldStore[U], anyPrevious func(context.Context) (bool, error)) *LegacyScopes[U] {
+	return &LegacyScopes[U]{next: next, any: anyPrevious, olds: func(ctx context.Context, _ string) []string {
+		if previous, ok := ctx.Value(previousKey{}).(func() []string); ok {
+			return previous()
+		}
+		return nil
+	}}
 }
 
 // Check asks whether keys of bare scopes may remain, and ends the look-up
@@ -75,9 +98,12 @@ func (l *LegacyScopes[U]) ClaimNow(ctx context.Context, req idempotency.ClaimReq
 func (l *LegacyScopes[U]) claim(ctx context.Context, req idempotency.ClaimRequest,
 	claim func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error),
 ) (idempotency.Lease[U], *idempotency.Record, error) {
-	if _, bare, ok := SplitScope(req.Scope); ok && l.Active() {
+	if !l.Active() {
+		return claim(ctx, req)
+	}
+	for _, scope := range l.olds(ctx, req.Scope) {
 		old := req
-		old.Scope = bare
+		old.Scope = scope
 		// At once: a deferring store's Claim would look at nothing.
 		lease, rec, err := idempotency.ClaimNow(ctx, l.next, old)
 		if lease == nil {
@@ -85,7 +111,7 @@ func (l *LegacyScopes[U]) claim(ctx context.Context, req idempotency.ClaimReques
 			// upgrade.
 			return nil, rec, err
 		}
-		// Free under the bare scope: the key is the namespace's.
+		// Free under the old scope: the key is the new one's.
 		if err := lease.Rollback(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -97,27 +123,29 @@ func (l *LegacyScopes[U]) claim(ctx context.Context, req idempotency.ClaimReques
 // or else, while keys of bare scopes remain, one stored before (a retry
 // of an unknown outcome releases such a key).
 func (l *LegacyScopes[U]) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
-	return l.settle(ref, func(ref idempotency.Ref) (bool, error) { return l.next.Settle(ctx, ref, resp) })
+	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.Settle(ctx, ref, resp) })
 }
 
 // Release implements idempotency.Settler, as Settle.
 func (l *LegacyScopes[U]) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
-	return l.settle(ref, func(ref idempotency.Ref) (bool, error) { return l.next.Release(ctx, ref) })
+	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.Release(ctx, ref) })
 }
 
-func (l *LegacyScopes[U]) settle(ref idempotency.Ref, settle func(idempotency.Ref) (bool, error)) (bool, error) {
+func (l *LegacyScopes[U]) settle(ctx context.Context, ref idempotency.Ref, settle func(idempotency.Ref) (bool, error)) (bool, error) {
 	done, err := settle(ref)
 	if done || err != nil || !l.Active() {
 		return done, err
 	}
-	_, bare, ok := SplitScope(ref.Scope)
-	if !ok {
-		return false, nil
-	}
-	// The claim's time names the one record it made: a key of the bare
+	// The claim's time names the one record it made: a key of an old
 	// scope claimed at another time is not this ref's.
-	ref.Scope = bare
-	return settle(ref)
+	for _, scope := range l.olds(ctx, ref.Scope) {
+		old := ref
+		old.Scope = scope
+		if done, err := settle(old); done || err != nil {
+			return done, err
+		}
+	}
+	return false, nil
 }
 
 // PostgresLegacyKeys reports whether table (a pgstore key table with the
@@ -140,6 +168,51 @@ func PostgresLegacyKeys(db interface {
 	return func(ctx context.Context) (bool, error) {
 		var found bool
 		if err := db.QueryRow(ctx, query, lo, hi, []byte(namespaceEnd)).Scan(&found); err != nil {
+			return false, err
+		}
+		return found, nil
+	}
+}
+
+// previousKey carries a request's previous scopes, namespaced, to
+// NewPreviousScopes's claims: a func, so that they are computed only while
+// keys of them may remain.
+type previousKey struct{}
+
+// withPrevious is r with its previous scopes, as cfg names them, in its
+// context.
+func withPrevious(r *http.Request, ns string, previous func(*http.Request) []string) *http.Request {
+	once := sync.OnceValue(func() []string {
+		scopes := previous(r)
+		for i, s := range scopes {
+			scopes[i] = NamespacedScope(ns, s)
+		}
+		return scopes
+	})
+	return r.WithContext(context.WithValue(r.Context(), previousKey{}, once))
+}
+
+// PostgresPreviousKeys reports whether table (a pgstore key table with the
+// default bytea scope) holds an unexpired key of namespace ns whose
+// caller's scope does not start with current (keyscope.Rule.Prefix): one
+// stored under an earlier scope rule. Both ranges are of the primary key,
+// which starts with the scope: cheap.
+func PostgresPreviousKeys(db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table, ns, current string) func(context.Context) (bool, error) {
+	t := pgx.Identifier{table}.Sanitize()
+	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %[1]s WHERE ((scope >= $1 AND scope < $2) OR (scope >= $3 AND scope < $4)) AND expires_at > now())`, t)
+	// A range of the scopes that start with a prefix ends before the
+	// prefix with its last byte raised.
+	after := func(prefix string) []byte {
+		b := []byte(prefix)
+		b[len(b)-1]++
+		return b
+	}
+	lo, cur := []byte(NamespacedScope(ns, "")), []byte(NamespacedScope(ns, current))
+	return func(ctx context.Context) (bool, error) {
+		var found bool
+		if err := db.QueryRow(ctx, query, lo, cur, after(string(cur)), after(string(lo))).Scan(&found); err != nil {
 			return false, err
 		}
 		return found, nil

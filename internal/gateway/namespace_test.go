@@ -36,6 +36,9 @@ func TestDefaultNamespaceIsTheUpstreamsOrigin(t *testing.T) {
 		"http://API.example.com":   "http://api.example.com:80",
 		"https://api.example.com/": "https://api.example.com:443",
 		"http://[::1]:8080":        "http://::1:8080",
+		// A userinfo is no part of the namespace: it is never stored
+		// with the keys, and adding one keeps the keys found.
+		"http://user:hunter2@127.0.0.1:3000/v1": "http://127.0.0.1:3000",
 	} {
 		u, err := url.Parse(raw)
 		require.NoError(t, err)

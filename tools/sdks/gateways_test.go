@@ -183,7 +183,7 @@ func startProxy(t *testing.T, upstream string) *gateway {
 	g.args = []string{"proxy",
 		"--upstream", upstream,
 		"--routes", routes,
-		"--scope-authorization",
+		"--scope-authorization", "--scope-secret", "sdk gateways' scope secret, 32 bytes",
 		"--database-url", keyDatabase(t),
 		"--addr", g.addr,
 	}
