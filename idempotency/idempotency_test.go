@@ -268,6 +268,46 @@ func TestEmptyScopeIsNoScope(t *testing.T) {
 	require.Zero(t, runs.Load(), "nothing ran")
 }
 
+// TestScopeIsBoundedInEveryStore: a scope longer than MaxScopeLength is
+// refused with ErrNoScope (401) before any store sees it, so that
+// PostgreSQL's column never fails the claim with a 500 that says retrying
+// is safe; one of MaxScopeLength bytes runs.
+func TestScopeIsBoundedInEveryStore(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		scope  string
+		status int
+		runs   int64
+	}{
+		{"at the limit", strings.Repeat("s", idempotency.MaxScopeLength), http.StatusCreated, 1},
+		{"one byte over", strings.Repeat("s", idempotency.MaxScopeLength+1), http.StatusUnauthorized, 0},
+		{"300 bytes", strings.Repeat("s", 300), http.StatusUnauthorized, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var runs atomic.Int64
+			op := idempotency.NewOperation(idempotency.New(idempotency.Config{ProblemTypeBase: "https://example.com/problems/"}), memstore.New(), idempotency.OperationConfig{})
+			next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			})
+			for range 2 {
+				req := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(`{}`))
+				rec := httptest.NewRecorder()
+				op.Serve(rec, req, idempotency.Prepared{Scope: tc.scope, Key: "k", Body: []byte(`{}`)}, next)
+				require.Equal(t, tc.status, rec.Code, rec.Body.String())
+				if tc.status == http.StatusUnauthorized {
+					require.Contains(t, rec.Body.String(), idempotency.ProblemNoScope.Slug)
+					require.Contains(t, rec.Body.String(), "over the 255", "the detail says why")
+					require.NotContains(t, rec.Body.String(), "retrying", "no answer says a retry is safe")
+				}
+			}
+			require.Equal(t, tc.runs, runs.Load(), "the operation ran once at most, and never for a scope over the limit")
+		})
+	}
+}
+
 // TestBodiesAreReadWithinBounds: a body over the limit is 413 whether its
 // size is announced or not, a body that breaks off is 400, and neither runs
 // the operation nor consumes its key.

@@ -15,6 +15,12 @@ const (
 // MaxKeyLength is the longest Idempotency-Key accepted, in bytes.
 const MaxKeyLength = 255
 
+// MaxScopeLength is the longest scope Operation.Serve accepts, in bytes
+// (as stored, with any namespace a front door puts in it): every store
+// holds it (PostgreSQL's scope column takes 255 bytes). A longer one is
+// refused with ErrNoScope (401), the same in every store.
+const MaxScopeLength = 255
+
 // Errors of ParseKey; both are answered 400.
 var (
 	ErrMissingKey = errors.New("the Idempotency-Key header is required on this operation")

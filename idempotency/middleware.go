@@ -407,7 +407,8 @@ func (o *Operation[U]) labelOf(method, route string) string {
 // the stored record, refuses a mismatch or a duplicate still in flight, or
 // runs next under a fresh claim and stores its response. It answers only
 // once the outcome is durable, and returns what it did. A request without
-// a scope is refused with ErrNoScope; one whose body has no fingerprint
+// a scope, or with one longer than MaxScopeLength, is refused with
+// ErrNoScope; one whose body has no fingerprint
 // (see ComputeFingerprintFor) with ErrMalformedBody, ErrMalformedForm or
 // ErrMalformedContentType, and one whose query does not parse with
 // ErrMalformedQuery, before anything runs. The operation, next, reads the
@@ -416,8 +417,13 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	ctx := r.Context()
 	route := o.e.cfg.Route(r)
 	s := &serving[U]{op: o, w: w, r: r, in: in, label: o.labelOf(r.Method, route)}
-	if in.Scope == "" {
+	switch {
+	case in.Scope == "":
 		return s.refuse(ErrNoScope)
+	case len(in.Scope) > MaxScopeLength:
+		// Refused before any store is asked: PostgreSQL's would fail the
+		// claim (500, "retrying is safe") for a scope no retry can shorten.
+		return s.refuse(fmt.Errorf("%w: the scope is %d bytes, over the %d a key's scope can be", ErrNoScope, len(in.Scope), MaxScopeLength))
 	}
 	echo := HeaderKey
 	if in.KeyHeader != "" {

@@ -48,6 +48,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -76,8 +77,11 @@ type Handler struct {
 	// placeholder expression: a header an authentication layer in front
 	// sets ({http.request.header.X-Account-Id}), or the user an
 	// authentication handler before this one found ({http.auth.user.id}).
-	// A request it names no one for is refused (401), never served under
-	// an empty scope.
+	// Every placeholder in it must be known and hold one value (a header
+	// sent once): a request for which one is empty, unknown or sent twice
+	// is refused (401), never served under a scope that other callers
+	// share ("user:" for every anonymous one), and so is one whose scope,
+	// with its namespace, is over 255 bytes.
 	Scope string `json:"scope,omitempty"`
 	// DatabaseURL keeps the keys in PostgreSQL, shared by every Caddy that
 	// names it; empty keeps them in memory, one process's and lost on exit.
@@ -167,6 +171,8 @@ func (h *Handler) Validate() error {
 	switch {
 	case strings.TrimSpace(h.Scope) == "":
 		return errors.New("idempotency: scope is required: a placeholder that names the caller, such as {http.request.header.X-Account-Id}; keys of two callers must never meet")
+	case checkScope(h.Scope) != nil:
+		return fmt.Errorf("idempotency: scope: %w", checkScope(h.Scope))
 	case h.OnUnknown != "" && h.OnUnknown != "report" && h.OnUnknown != "retry":
 		return fmt.Errorf("idempotency: on_unknown %q: want report or retry", h.OnUnknown)
 	case h.keyPlace().Check() != nil:
@@ -215,19 +221,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	// The front door reads each request's scope itself (serveWith), so
 	// the engine needs none.
-	scope := func(r *http.Request) (string, error) {
-		repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-		if !ok {
-			return "", idempotency.ErrNoScope
-		}
-		scope := repl.ReplaceAll(h.Scope, "")
-		if h.Namespace == "" || scope == "" {
-			return scope, nil
-		}
-		return namespacedScope(h.Namespace, scope), nil
-	}
+	scope := scopeOf(h.Scope, h.Namespace)
 	e := idempotency.New(idempotency.Config{
 		WriteError:      frontdoor.Writer(profile, h.template, h.ProblemTypeBase),
+		ReplayHeaders:   replayHeaders,
 		TTL:             time.Duration(h.TTL),
 		Wait:            time.Duration(h.Wait),
 		MaxBodyBytes:    h.MaxBodyBytes,
@@ -252,6 +249,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.serve = serveWith(door, idempotency.NewHeldOperation(e, store, op, held), forward)
 	return nil
 }
+
+// replayHeaders are the upstream's answer headers a replay carries: the
+// engine's, and Content-Encoding, which an upstream may set unasked
+// (Accept-Encoding is not forwarded, and reverse_proxy decodes the gzip it
+// asks for itself): a body stored encoded is replayed labelled as such.
+var replayHeaders = append(slices.Clone(idempotency.DefaultReplayHeaders), "Content-Encoding")
 
 // keyPlace is where the handler's requests carry their key.
 func (h *Handler) keyPlace() frontdoor.KeyPlace {
@@ -356,6 +359,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 			r.Header[strings.ToLower(name)] = v
 		}
 	}
+	// As oncekey proxy does (internal/gateway): reverse_proxy's transport
+	// then asks for gzip itself and decodes it, so that what is stored
+	// and replayed, to clients that may not have asked for gzip, is the
+	// body as it is.
+	r.Header.Del("Accept-Encoding")
 	err := next.ServeHTTP(w, r)
 	if err == nil {
 		return
