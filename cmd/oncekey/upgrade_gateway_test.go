@@ -96,7 +96,7 @@ func TestGatewayUpgradeKeepsStoredKeys(t *testing.T) {
 	up := &runRecorder{runs: map[string]int{}}
 	upstream := httptest.NewServer(up)
 	t.Cleanup(upstream.Close)
-	dbURL, _ := testdb.Fresh(t)
+	dbURL, _ := testdb.Empty(t) // the old gateway migrates it to its own version, as it did in production
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	require.NoError(t, os.WriteFile(routes, []byte("routes:\n  - method: POST\n    path: /transfers\n"), 0o600))
 	args := []string{"proxy", "--upstream", upstream.URL, "--routes", routes, "--scope-header", "X-Account-Id"}
