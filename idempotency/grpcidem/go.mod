@@ -1,6 +1,6 @@
 module github.com/oncekey/oncekey/idempotency/grpcidem
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/oncekey/oncekey/idempotency v0.1.0
@@ -11,9 +11,9 @@ require (
 
 require (
 	github.com/gowebpki/jcs v1.0.2 // indirect
-	golang.org/x/net v0.57.0 // indirect
-	golang.org/x/sys v0.47.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/net v0.62.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
 )
 
 replace github.com/oncekey/oncekey/idempotency => ../

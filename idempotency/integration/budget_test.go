@@ -23,6 +23,11 @@ var budgets = []struct {
 	name    string   // as docs/library.md's table names it
 	imports []string // the packages the outside module imports
 	modules []string // what `go list -m all` may name, beside the outside module
+	// floor is the go directive the outside module has once tidied: the
+	// highest of the imported modules' floors, as docs/library.md states
+	// them (raised only where a dependency's fix for a known vulnerability
+	// needs a newer Go).
+	floor string
 	// via is a module every user of these packages requires anyway (gRPC):
 	// the modules it requires are in the budget too, whatever they are,
 	// since no adapter of it could leave them out.
@@ -30,6 +35,7 @@ var budgets = []struct {
 }{
 	{
 		name:    "`idempotency` and `…/memstore`",
+		floor:   "1.24.0",
 		imports: []string{engine, engine + "/memstore"},
 		modules: []string{
 			engine,
@@ -41,6 +47,7 @@ var budgets = []struct {
 	},
 	{
 		name:    "`…/pgstore`",
+		floor:   "1.25.0",
 		imports: []string{engine + "/pgstore"},
 		modules: []string{
 			engine, engine + "/pgstore",
@@ -55,6 +62,7 @@ var budgets = []struct {
 	},
 	{
 		name:    "`…/redisstore`",
+		floor:   "1.25.0",
 		imports: []string{engine + "/redisstore"},
 		modules: []string{
 			engine, engine + "/redisstore",
@@ -68,6 +76,7 @@ var budgets = []struct {
 	},
 	{
 		name:    "`…/grpcidem`",
+		floor:   "1.26.0",
 		imports: []string{engine + "/grpcidem"},
 		modules: []string{
 			engine, engine + "/grpcidem",
@@ -114,6 +123,9 @@ func TestDependencyBudget(t *testing.T) {
 			m := outsideModule(t, root, map[string]string{"main.go": main.String()}, modules...)
 			m.run("mod", "tidy")
 			m.run("build", "./...")
+
+			goLine := strings.TrimSpace(m.run("mod", "edit", "-print"))
+			require.Contains(t, strings.Split(goLine, "\n"), "go "+b.floor, "an importer of %s needs Go %s (the floor docs/library.md states), no more, no less", b.name, b.floor)
 
 			listed := strings.Split(strings.TrimSpace(m.run("list", "-m", "-f", "{{.Path}}", "all")), "\n")
 			require.Equal(t, "example.com/adopter", listed[0], "the main module comes first")

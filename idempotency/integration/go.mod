@@ -1,6 +1,6 @@
 module github.com/oncekey/oncekey/idempotency/integration
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/jackc/pgx/v5 v5.13.0
@@ -14,7 +14,7 @@ require (
 	google.golang.org/protobuf v1.36.12
 )
 
-require golang.org/x/net v0.57.0 // indirect
+require golang.org/x/net v0.62.0 // indirect
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -27,9 +27,9 @@ require (
 	github.com/sony/gobreaker/v2 v2.4.0 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.47.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
 )
 
 replace (

@@ -1,6 +1,6 @@
 module github.com/oncekey/oncekey/idempotency/redisstore
 
-go 1.24.0
+go 1.25.0
 
 require (
 	github.com/oncekey/oncekey/idempotency v0.1.0
@@ -14,7 +14,7 @@ require (
 	github.com/gowebpki/jcs v1.0.2 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sys v0.30.0 // indirect
+	golang.org/x/sys v0.44.0 // indirect
 )
 
 replace github.com/oncekey/oncekey/idempotency => ../
