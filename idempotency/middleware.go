@@ -30,9 +30,11 @@ const (
 const minStoreWait = 100 * time.Millisecond
 
 // DefaultReplayHeaders are the response headers stored with a record and
-// replayed. Anything else (Date, request ids, tracing headers) is specific to
-// one response and must not be handed to a different request.
-var DefaultReplayHeaders = []string{"Content-Type", "Location", "Retry-After"}
+// replayed. Content-Encoding is among them because the body is stored as the
+// bytes sent: an encoded body replayed without it is unreadable. Anything
+// else (Date, request ids, tracing headers) is specific to one response and
+// must not be handed to a different request.
+var DefaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Location", "Retry-After"}
 
 // neverReplayed are headers no configuration can store: credentials and
 // cookies belong to one client and one exchange, and hop-by-hop headers to

@@ -48,7 +48,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -224,7 +223,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	scope := scopeOf(h.Scope, h.Namespace)
 	e := idempotency.New(idempotency.Config{
 		WriteError:      frontdoor.Writer(profile, h.template, h.ProblemTypeBase),
-		ReplayHeaders:   replayHeaders,
 		TTL:             time.Duration(h.TTL),
 		Wait:            time.Duration(h.Wait),
 		MaxBodyBytes:    h.MaxBodyBytes,
@@ -249,12 +247,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.serve = serveWith(door, idempotency.NewHeldOperation(e, store, op, held), forward)
 	return nil
 }
-
-// replayHeaders are the upstream's answer headers a replay carries: the
-// engine's, and Content-Encoding, which an upstream may set unasked
-// (Accept-Encoding is not forwarded, and reverse_proxy decodes the gzip it
-// asks for itself): a body stored encoded is replayed labelled as such.
-var replayHeaders = append(slices.Clone(idempotency.DefaultReplayHeaders), "Content-Encoding")
 
 // keyPlace is where the handler's requests carry their key.
 func (h *Handler) keyPlace() frontdoor.KeyPlace {

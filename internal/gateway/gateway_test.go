@@ -1,6 +1,8 @@
 package gateway_test
 
 import (
+	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"crypto/rand"
 	"encoding/json"
@@ -491,22 +493,67 @@ func TestCompressedAnswersAreStoredDecoded(t *testing.T) {
 	t.Cleanup(gw.Close)
 	c, key := client{t, gw.URL, "acct-" + rand.Text()}, uuid.NewString()
 	for _, what := range []string{"first", "replay"} {
-		// DisableCompression in the client: it neither asks for gzip nor
-		// decodes, so the header below is the test's own and the body
-		// arrives as the gateway sends it.
-		req, err := http.NewRequest(http.MethodPost, c.url+"/echo", strings.NewReader(`{}`))
-		require.NoError(t, err)
-		req.Header.Set("X-Account-Id", c.scope)
-		req.Header.Set(idempotency.HeaderKey, key)
-		req.Header.Set("Accept-Encoding", "gzip")
-		resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true, DisableKeepAlives: true}}).Do(req)
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
+		resp, b := c.postUndecoded("/echo", key, "gzip")
 		require.Equal(t, http.StatusCreated, resp.StatusCode, what)
 		require.Empty(t, resp.Header.Get("Content-Encoding"), what)
 		require.Equal(t, `{"ok":true}`, string(b), "%s: the body as JSON", what)
+	}
+}
+
+// postUndecoded posts {} to path under key with the Accept-Encoding given
+// (none if empty), through a client that neither asks for an encoding nor
+// decodes one, so the body arrives as the gateway sends it.
+func (c client) postUndecoded(path, key, acceptEncoding string) (*http.Response, []byte) {
+	c.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, c.url+path, strings.NewReader(`{}`))
+	require.NoError(c.t, err)
+	req.Header.Set("X-Account-Id", c.scope)
+	req.Header.Set(idempotency.HeaderKey, key)
+	if acceptEncoding != "" {
+		req.Header.Set("Accept-Encoding", acceptEncoding)
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true, DisableKeepAlives: true}}).Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	return resp, b
+}
+
+// TestAnswersEncodedUnaskedAreReplayedWithTheirEncoding: an upstream that
+// deflates its answer though nobody asked (the gateway forwards no
+// Accept-Encoding) has it stored as sent, so its replay must say how it is
+// encoded, or a retry gets bytes it cannot read.
+func TestAnswersEncodedUnaskedAreReplayedWithTheirEncoding(t *testing.T) {
+	t.Parallel()
+	var deflated bytes.Buffer
+	zw, err := flate.NewWriter(&deflated, flate.BestSpeed)
+	require.NoError(t, err)
+	_, _ = zw.Write([]byte(`{"ok":true}`))
+	require.NoError(t, zw.Close())
+	deflating := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "deflate")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(deflated.Bytes())
+	}))
+	t.Cleanup(deflating.Close)
+	for _, s := range stores {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			gw := httptest.NewServer(s.open(t)(gateway.Config{Upstream: mustURL(t, deflating.URL),
+				Routes: []gateway.Route{{Method: "POST", Path: "/echo"}}, Scope: keyscope.Header("X-Account-Id")}))
+			t.Cleanup(gw.Close)
+			c, key := client{t, gw.URL, "acct-" + rand.Text()}, uuid.NewString()
+			for _, what := range []string{"first", "replay"} {
+				resp, b := c.postUndecoded("/echo", key, "")
+				require.Equal(t, http.StatusCreated, resp.StatusCode, what)
+				require.Equal(t, "deflate", resp.Header.Get("Content-Encoding"), "%s: the body says how it is encoded", what)
+				require.Equal(t, deflated.Bytes(), b, "%s: the bytes the upstream sent", what)
+				require.Equal(t, what == "replay", resp.Header.Get(idempotency.HeaderReplayed) == "true", what)
+			}
+		})
 	}
 }
 
