@@ -20,6 +20,8 @@ func init() {
 //
 //	idempotency [<matcher>] {
 //		scope            <placeholder expression>
+//		scope_secret     <secret>       # 32+ bytes, such as {env.IDEMPOTENCY_SCOPE_SECRET}
+//		scope_secret_previous <secret>  # repeatable: the secrets it rotated from
 //		database_url     <url>
 //		namespace        <name>       # required with database_url
 //		redis_url        <url>
@@ -52,7 +54,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	strs := map[string]*string{
-		"scope": &h.Scope, "database_url": &h.DatabaseURL, "namespace": &h.Namespace, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
+		"scope": &h.Scope, "scope_secret": &h.ScopeSecret, "database_url": &h.DatabaseURL, "namespace": &h.Namespace, "redis_url": &h.RedisURL, "redis_secret": &h.RedisSecret,
 		"on_unknown": &h.OnUnknown, "problem_type_base": &h.ProblemTypeBase, "operation": &h.Operation,
 		"profile": &h.Profile, "error_template": &h.ErrorTemplate, "key_header": &h.KeyHeader, "key_body_field": &h.KeyBodyField,
 	}
@@ -68,7 +70,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.ArgErr()
 		}
 		var err error
-		if to, ok := strs[name]; ok {
+		if name == "scope_secret_previous" {
+			h.ScopeSecretPrevious = append(h.ScopeSecretPrevious, value)
+		} else if to, ok := strs[name]; ok {
 			*to = value
 		} else if to, ok := durs[name]; ok {
 			var v time.Duration

@@ -1,6 +1,7 @@
 package caddymodule_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -32,6 +33,9 @@ func TestCaddyfile(t *testing.T) {
 		{"postgres without a namespace", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n}", "database_url needs a namespace"},
 		{"a namespace with a |", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace a|b\n}", `namespace: "a|b" holds a "|"`},
 		{"a namespace in memory", "idempotency {\n scope {http.auth.user.id}\n namespace payments-api\n}", ""},
+		{"a scope secret, rotated twice", "idempotency {\n scope {http.request.header.Authorization}\n scope_secret {env.IDEMPOTENCY_SCOPE_SECRET}\n scope_secret_previous {env.OLD_SECRET}\n scope_secret_previous {env.OLDER_SECRET}\n}", ""},
+		{"a previous secret alone", "idempotency {\n scope {http.auth.user.id}\n scope_secret_previous {env.OLD_SECRET}\n}", "scope_secret_previous needs scope_secret"},
+		{"a namespace too long for a scope secret", "idempotency {\n scope {http.auth.user.id}\n scope_secret {env.S}\n namespace " + strings.Repeat("n", 200) + "\n}", "too long for a scope_secret"},
 		{"redis without postgres", "idempotency {\n scope {http.auth.user.id}\n redis_url redis://r:6379/0\n}", "redis_url needs database_url"},
 	}
 	for _, tt := range tests {

@@ -82,6 +82,17 @@ type Handler struct {
 	// share ("user:" for every anonymous one), and so is one whose scope,
 	// with its namespace, is over 255 bytes.
 	Scope string `json:"scope,omitempty"`
+	// ScopeSecret, if set, stores each scope as an HMAC-SHA256 under it
+	// ("hmac:", the secret's id, ":" and the hex MAC, as oncekey proxy
+	// --scope-authorization stores it), never as it resolves: a
+	// credential used as the scope ({http.request.header.Authorization})
+	// is then in neither the key table nor the logs. 32 bytes or more;
+	// a placeholder such as {env.IDEMPOTENCY_SCOPE_SECRET} is replaced
+	// at provisioning. Keys stored before it was set, or under
+	// ScopeSecretPrevious (the secrets it rotated from), are still found
+	// until they expire.
+	ScopeSecret         string   `json:"scope_secret,omitempty"`
+	ScopeSecretPrevious []string `json:"scope_secret_previous,omitempty"`
 	// DatabaseURL keeps the keys in PostgreSQL, shared by every Caddy that
 	// names it; empty keeps them in memory, one process's and lost on exit.
 	DatabaseURL string `json:"database_url,omitempty"`
@@ -182,6 +193,11 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("idempotency: namespace: %w", checkNamespace(h.Namespace))
 	case h.RedisURL != "" && h.DatabaseURL == "":
 		return errors.New("idempotency: redis_url needs database_url: Redis is a fast path in front of PostgreSQL, which keeps the keys")
+	case len(h.ScopeSecretPrevious) > 0 && h.ScopeSecret == "":
+		return errors.New("idempotency: scope_secret_previous needs scope_secret: the secret that replaced it")
+	case h.ScopeSecret != "" && len(namespacedScope(h.Namespace, macScope([]byte("secret"), ""))) > idempotency.MaxScopeLength:
+		return fmt.Errorf("idempotency: namespace %q is too long for a scope_secret, whose scopes take %d bytes: at most %d", h.Namespace,
+			len(macScope([]byte("secret"), "")), idempotency.MaxScopeLength-len(namespacedScope("", macScope([]byte("secret"), ""))))
 	case h.MaxStoredBytes < 0 || h.MaxBodyBytes < 0 || h.TTL < 0 || h.Wait < 0 || h.Lease < 0:
 		return errors.New("idempotency: sizes and durations must not be negative")
 	}
@@ -220,7 +236,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	// The front door reads each request's scope itself (serveWith), so
 	// the engine needs none.
-	scope := scopeOf(h.Scope, h.Namespace)
+	rule, err := h.scopeRule()
+	if err != nil {
+		return err
+	}
+	scope := scopeOf(rule)
 	e := idempotency.New(idempotency.Config{
 		WriteError:      frontdoor.Writer(profile, h.template, h.ProblemTypeBase),
 		TTL:             time.Duration(h.TTL),
@@ -239,13 +259,42 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.serve = serveWith(door, idempotency.NewHeldOperation(e, memstore.New(), op, held), forward)
 		return nil
 	}
-	store, err := h.openPostgres(ctx)
+	store, err := h.openPostgres(ctx, rule)
 	if err != nil {
 		_ = h.Cleanup()
 		return err
 	}
 	h.serve = serveWith(door, idempotency.NewHeldOperation(e, store, op, held), forward)
 	return nil
+}
+
+// scopeRule is the site's scope rule, its secrets' placeholders
+// ({env.…}) replaced.
+func (h *Handler) scopeRule() (scopeRule, error) {
+	rule := scopeRule{template: h.Scope, ns: h.Namespace}
+	if h.ScopeSecret == "" {
+		return rule, nil
+	}
+	repl := caddy.NewReplacer()
+	secret := func(name, raw string) ([]byte, error) {
+		s := repl.ReplaceKnown(raw, "")
+		if len(s) < minSecret {
+			return nil, fmt.Errorf("idempotency: %s has %d bytes (as replaced); give it %d or more, such as `openssl rand -hex 32`", name, len(s), minSecret)
+		}
+		return []byte(s), nil
+	}
+	var err error
+	if rule.secret, err = secret("scope_secret", h.ScopeSecret); err != nil {
+		return rule, err
+	}
+	for _, raw := range h.ScopeSecretPrevious {
+		prev, err := secret("scope_secret_previous", raw)
+		if err != nil {
+			return rule, err
+		}
+		rule.previous = append(rule.previous, prev)
+	}
+	return rule, nil
 }
 
 // keyPlace is where the handler's requests carry their key.
@@ -256,7 +305,7 @@ func (h *Handler) keyPlace() frontdoor.KeyPlace {
 // openPostgres opens (and migrates) the key table, with Redis and the
 // record cache in front, and the look-up of keys stored before namespaces
 // (legacyScopes) around them.
-func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgstore.Batch], error) {
+func (h *Handler) openPostgres(ctx context.Context, rule scopeRule) (idempotency.HeldStore[*pgstore.Batch], error) {
 	pool, err := pgxpool.New(ctx, h.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: database_url: %w", err)
@@ -289,11 +338,20 @@ func (h *Handler) openPostgres(ctx context.Context) (idempotency.HeldStore[*pgst
 	// Keys stored before namespaces carry the caller's scope alone: they
 	// are looked up there until none remains.
 	legacy := &legacyScopes{next: recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), any: postgresLegacyKeys(pool)}
+	if rule.secret != nil {
+		// And keys stored before the secret, or under a previous one.
+		legacy.prevAny = postgresPreviousKeys(pool, rule.ns, macPrefix(rule.secret))
+	}
 	if err := legacy.check(ctx); err != nil {
 		return nil, err
 	}
 	if legacy.active() {
 		h.log.Info("idempotency: keys stored before namespaces remain; each claim looks its key up under the bare scope too, until they expire")
+	}
+	if legacy.previousActive() {
+		h.log.Info("idempotency: keys stored before scope_secret, or under scope_secret_previous, remain; each claim looks its key up under those scopes too, until they expire")
+	}
+	if legacy.active() || legacy.previousActive() {
 		h.close = append(h.close, legacy.watch(h.log, legacyCheckEvery))
 	}
 	return legacy, nil

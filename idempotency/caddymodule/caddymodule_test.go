@@ -78,11 +78,18 @@ func buildCaddy(t *testing.T) string {
 // answers, and returns its logs.
 func startCaddy(t *testing.T, bin, caddyfile string, addrs ...string) *testharness.Logs {
 	t.Helper()
+	return startCaddyEnv(t, bin, caddyfile, nil, addrs...)
+}
+
+// startCaddyEnv is startCaddy, with env (NAME=value) added to Caddy's
+// environment.
+func startCaddyEnv(t *testing.T, bin, caddyfile string, env []string, addrs ...string) *testharness.Logs {
+	t.Helper()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "Caddyfile")
 	require.NoError(t, os.WriteFile(file, []byte(caddyfile), 0o600))
 	cmd := exec.Command(bin, "run", "--config", file, "--adapter", "caddyfile")
-	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	cmd.Env = append(append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir), env...)
 	logs := &testharness.Logs{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())

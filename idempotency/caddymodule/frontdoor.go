@@ -23,6 +23,8 @@ type frontDoor struct {
 // operation; a request it cannot read is refused through the engine.
 func serveWith[U any](door frontDoor, op *idempotency.Operation[U], forward http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// For legacyScopes: what the scope resolved to (scopeOf).
+		r = withOldScopes(r)
 		in, err := door.key.Prepare(w, r, door.scope, door.maxBody)
 		if err != nil {
 			door.observer.Outcome(door.operation, idempotency.OutcomeRejected)

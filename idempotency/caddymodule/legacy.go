@@ -23,6 +23,13 @@ import (
 // namespaced scope. Refs of such keys are settled and released under
 // their own scope.
 //
+// With a scope_secret it also looks keys up under the scopes the site
+// stored them under before: the resolved scope as it was, before the
+// secret, and its HMAC under each scope_secret_previous (oldScopes), for
+// as long as prevAny finds keys of the namespace stored otherwise than
+// under the secret (postgresPreviousKeys), as NewPreviousScopes does for
+// oncekey proxy.
+//
 // It is the twin of LegacyScopes in internal/gateway/legacy.go (oncekey
 // proxy), which this module, another Go module, cannot import; a public
 // home in the engine's modules would add to an API kept small, for what
@@ -36,26 +43,69 @@ type legacyScopes struct {
 	next  idempotency.HeldStore[*pgstore.Batch]
 	any   func(context.Context) (bool, error)
 	ended atomic.Bool
+	// prevAny, if set, reports keys of the site's earlier scope rules.
+	prevAny   func(context.Context) (bool, error)
+	prevEnded atomic.Bool
 }
 
 // check asks whether keys of bare scopes may remain, and ends the look-up
 // for good when none do.
 func (l *legacyScopes) check(ctx context.Context) error {
-	if l.ended.Load() {
-		return nil
-	}
-	found, err := l.any(ctx)
-	if err != nil {
+	if err := lookFor(ctx, l.any, &l.ended); err != nil {
 		return fmt.Errorf("idempotency: look for keys stored before namespaces: %w", err)
 	}
+	if err := lookFor(ctx, l.prevAny, &l.prevEnded); err != nil {
+		return fmt.Errorf("idempotency: look for keys stored before scope_secret (or under scope_secret_previous): %w", err)
+	}
+	return nil
+}
+
+// lookFor asks any whether keys remain, and sets ended for good when none
+// do (or nothing is to be asked).
+func lookFor(ctx context.Context, any func(context.Context) (bool, error), ended *atomic.Bool) error {
+	if ended.Load() {
+		return nil
+	}
+	if any == nil {
+		ended.Store(true)
+		return nil
+	}
+	found, err := any(ctx)
+	if err != nil {
+		return err
+	}
 	if !found {
-		l.ended.Store(true)
+		ended.Store(true)
 	}
 	return nil
 }
 
 // active reports whether claims still look keys up under their bare scope.
 func (l *legacyScopes) active() bool { return !l.ended.Load() }
+
+// previousActive reports whether claims still look keys up under the
+// scopes of the site's earlier scope rules.
+func (l *legacyScopes) previousActive() bool { return l.prevAny != nil && !l.prevEnded.Load() }
+
+// olds is the scopes a claim of scope looks its key up under first: the
+// previous rules' and the bare one, while keys of each may remain.
+func (l *legacyScopes) olds(ctx context.Context, scope string) []string {
+	o, ok := oldScopesOf(ctx)
+	var out []string
+	if ok && l.previousActive() {
+		out = append(out, o.previous()...)
+	}
+	switch {
+	case !l.active():
+	case ok:
+		out = append(out, o.beforeNamespaces()...)
+	default:
+		if bare, found := bareScope(scope); found {
+			out = append(out, bare)
+		}
+	}
+	return out
+}
 
 // Claim implements idempotency.Store.
 func (l *legacyScopes) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error) {
@@ -73,9 +123,9 @@ func (l *legacyScopes) ClaimNow(ctx context.Context, req idempotency.ClaimReques
 func (l *legacyScopes) claim(ctx context.Context, req idempotency.ClaimRequest,
 	claim func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error),
 ) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error) {
-	if bare, ok := bareScope(req.Scope); ok && l.active() {
+	for _, scope := range l.olds(ctx, req.Scope) {
 		old := req
-		old.Scope = bare
+		old.Scope = scope
 		// At once: a deferring store's Claim would look at nothing.
 		lease, rec, err := idempotency.ClaimNow(ctx, l.next, old)
 		if lease == nil {
@@ -83,7 +133,7 @@ func (l *legacyScopes) claim(ctx context.Context, req idempotency.ClaimRequest,
 			// upgrade.
 			return nil, rec, err
 		}
-		// Free under the bare scope: the key is the namespace's.
+		// Free under the old scope: the key is the current one's.
 		if err := lease.Rollback(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -95,27 +145,29 @@ func (l *legacyScopes) claim(ctx context.Context, req idempotency.ClaimRequest,
 // or else, while keys of bare scopes remain, one stored before (a retry of
 // an unknown outcome releases such a key).
 func (l *legacyScopes) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
-	return l.settle(ref, func(ref idempotency.Ref) (bool, error) { return l.next.Settle(ctx, ref, resp) })
+	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.Settle(ctx, ref, resp) })
 }
 
 // Release implements idempotency.Settler, as Settle.
 func (l *legacyScopes) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
-	return l.settle(ref, func(ref idempotency.Ref) (bool, error) { return l.next.Release(ctx, ref) })
+	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.Release(ctx, ref) })
 }
 
-func (l *legacyScopes) settle(ref idempotency.Ref, settle func(idempotency.Ref) (bool, error)) (bool, error) {
+func (l *legacyScopes) settle(ctx context.Context, ref idempotency.Ref, settle func(idempotency.Ref) (bool, error)) (bool, error) {
 	done, err := settle(ref)
-	if done || err != nil || !l.active() {
+	if done || err != nil {
 		return done, err
 	}
-	bare, ok := bareScope(ref.Scope)
-	if !ok {
-		return false, nil
-	}
-	// The claim's time names the one record it made: a key of the bare
+	// The claim's time names the one record it made: a key of an old
 	// scope claimed at another time is not this ref's.
-	ref.Scope = bare
-	return settle(ref)
+	for _, scope := range l.olds(ctx, ref.Scope) {
+		old := ref
+		old.Scope = scope
+		if done, err := settle(old); done || err != nil {
+			return done, err
+		}
+	}
+	return false, nil
 }
 
 // legacyCheckEvery is how often a site asks again whether keys stored
@@ -133,17 +185,17 @@ func (l *legacyScopes) watch(log *slog.Logger, every time.Duration) (stop func()
 		defer close(done)
 		tick := time.NewTicker(every)
 		defer tick.Stop()
-		for l.active() {
+		for l.active() || l.previousActive() {
 			select {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
 			}
 			if err := l.check(ctx); err != nil && ctx.Err() == nil {
-				log.WarnContext(ctx, "idempotency: could not look for keys stored before namespaces; still looking them up", "err", err)
+				log.WarnContext(ctx, "idempotency: could not look for keys stored under old scopes; still looking them up", "err", err)
 			}
 		}
-		log.InfoContext(ctx, "idempotency: no key stored before namespaces remains; claims no longer look keys up under the bare scope")
+		log.InfoContext(ctx, "idempotency: no key stored before namespaces or under an earlier scope rule remains; claims no longer look keys up under old scopes")
 	}()
 	return func() { cancel(); <-done }
 }
@@ -167,6 +219,32 @@ func postgresLegacyKeys(pool *pgxpool.Pool) func(context.Context) (bool, error) 
 	return func(ctx context.Context) (bool, error) {
 		var found bool
 		if err := pool.QueryRow(ctx, query, lo, hi, []byte(namespaceEnd)).Scan(&found); err != nil {
+			return false, err
+		}
+		return found, nil
+	}
+}
+
+// postgresPreviousKeys reports whether pgstore's default key table holds
+// an unexpired key of namespace ns whose scope does not start with
+// current (macPrefix of the scope_secret): one stored before the secret,
+// or under a previous one. Both ranges are of the primary key, which
+// starts with the scope: cheap. The twin of PostgresPreviousKeys in
+// internal/gateway/legacy.go.
+func postgresPreviousKeys(pool *pgxpool.Pool, ns, current string) func(context.Context) (bool, error) {
+	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %[1]s WHERE ((scope >= $1 AND scope < $2) OR (scope >= $3 AND scope < $4)) AND expires_at > now())`,
+		pgx.Identifier{pgstore.DefaultTable}.Sanitize())
+	// A range of the scopes that start with a prefix ends before the
+	// prefix with its last byte raised.
+	after := func(prefix string) []byte {
+		b := []byte(prefix)
+		b[len(b)-1]++
+		return b
+	}
+	lo, cur := namespacedScope(ns, ""), namespacedScope(ns, current)
+	return func(ctx context.Context) (bool, error) {
+		var found bool
+		if err := pool.QueryRow(ctx, query, []byte(lo), []byte(cur), after(cur), after(lo)).Scan(&found); err != nil {
 			return false, err
 		}
 		return found, nil

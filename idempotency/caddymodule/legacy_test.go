@@ -52,3 +52,45 @@ func TestLegacyLookUpEndsOnceNoBareKeyRemains(t *testing.T) {
 		})
 	}
 }
+
+// TestPreviousKeysOfTheNamespaceOnly: the look-up under the scopes of a
+// site's earlier scope rules (before scope_secret, or under a previous
+// one) stays on while an unexpired key of the namespace has a scope
+// without the current secret's prefix, whatever keys other namespaces
+// hold, and ends once none has. The twin of internal/gateway's
+// TestPreviousScopesEndOnceNoneRemains.
+func TestPreviousKeysOfTheNamespaceOnly(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, pool := pgstoretest.Fresh(t)
+	const ns = "charges"
+	active := func() bool {
+		l := &legacyScopes{prevAny: postgresPreviousKeys(pool, ns, "hmac:1234abcd:")}
+		require.NoError(t, l.check(ctx))
+		return l.previousActive()
+	}
+	require.False(t, active(), "an empty key table")
+	for _, tc := range []struct {
+		scope    string
+		previous bool
+	}{
+		{namespacedScope(ns, "hmac:1234abcd:00ff"), false},
+		{namespacedScope(ns, "Bearer sk_live"), true},
+		{namespacedScope(ns, "hmac:9999abcd:00ff"), true},
+		{namespacedScope(ns, "hmac:1234abcd"), true},
+		{namespacedScope(ns, "zzz"), true},
+		{namespacedScope("refunds", "Bearer sk_live"), false},
+		{namespacedScope(ns+"x", "Bearer sk_live"), false},
+		{"Bearer sk_live", false}, // bare: the look-up before namespaces
+	} {
+		_, err := pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, request_method, request_route, status, expires_at)
+			VALUES ($1, 'k', $2, 'POST', '/transfers', 'processing', now() + interval '1 hour')`, []byte(tc.scope), make([]byte, 32))
+		require.NoError(t, err)
+		require.Equal(t, tc.previous, active(), "a key of scope %q", tc.scope)
+		_, err = pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`)
+		require.NoError(t, err)
+		require.False(t, active(), "a key of scope %q that expired", tc.scope)
+		_, err = pool.Exec(ctx, `DELETE FROM idempotency_keys`)
+		require.NoError(t, err)
+	}
+}

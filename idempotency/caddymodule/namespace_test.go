@@ -29,3 +29,15 @@ func TestNamespacedScopeIsTheGatewaysTwin(t *testing.T) {
 		require.Equal(t, want.namespaced, ok, stored)
 	}
 }
+
+// TestMACScopeIsTheProxysTwin pins the scope stored for an Authorization
+// value under a scope_secret: the one internal/keyscope's Authorization
+// (oncekey proxy --scope-authorization) stores, so that the two share
+// keys and the operators' recipe (docs/operations.md) reads both.
+func TestMACScopeIsTheProxysTwin(t *testing.T) {
+	t.Parallel()
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	require.Equal(t, "hmac:c2f52eeb:fb8ae57c17f11de46d70baec83071b582aa84b50912366d3fdd026714423063d",
+		macScope(secret, "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc"))
+	require.Equal(t, "hmac:c2f52eeb:", macPrefix(secret))
+}

@@ -49,7 +49,7 @@ func TestScopeOfNamesOneCaller(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := scopeOf(tc.template, tc.ns)(tc.req)
+			got, err := scopeOf(scopeRule{template: tc.template, ns: tc.ns})(tc.req)
 			if tc.why == "" {
 				require.NoError(t, err)
 				require.Equal(t, tc.want, got)
@@ -82,5 +82,36 @@ func TestScopeWithoutAPlaceholderIsRefused(t *testing.T) {
 			continue
 		}
 		require.ErrorContains(t, err, why, template)
+	}
+}
+
+// TestScopeSecretIsLongEnough: scope_secret and each scope_secret_previous
+// take 32 bytes or more once their placeholders are replaced (an {env.…}
+// that is unset is empty), or provisioning fails.
+func TestScopeSecretIsLongEnough(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("s", minSecret)
+	for _, tc := range []struct {
+		name     string
+		h        Handler
+		wantErr  string
+		previous int
+	}{
+		{"long enough", Handler{ScopeSecret: long, ScopeSecretPrevious: []string{long + "old"}}, "", 1},
+		{"short", Handler{ScopeSecret: long[1:]}, "scope_secret has 31 bytes", 0},
+		{"an unset variable", Handler{ScopeSecret: "{env.ONCEKEY_TEST_UNSET_SCOPE_SECRET}"}, "scope_secret has 0 bytes", 0},
+		{"a short previous one", Handler{ScopeSecret: long, ScopeSecretPrevious: []string{"old"}}, "scope_secret_previous has 3 bytes", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rule, err := tc.h.scopeRule()
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, []byte(long), rule.secret)
+			require.Len(t, rule.previous, tc.previous)
+		})
 	}
 }
