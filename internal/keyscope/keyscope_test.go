@@ -86,6 +86,20 @@ func TestHeaderFromTrustedPeers(t *testing.T) {
 // guessed from the key table without the secret; another token, or
 // another secret, is another scope. Previous names the scopes of the
 // rotated secrets and of the bare SHA-256 of the versions before.
+// TestAuthorizationScopeIsPinned: the scope of one credential under one
+// secret, spelled out. The Caddy module computes the same scope in a copy
+// of its own (caddymodule TestMACScopeIsTheProxysTwin pins the same
+// value), and operators compute it with openssl (docs/operations.md): a
+// change here must be a change there.
+func TestAuthorizationScopeIsPinned(t *testing.T) {
+	t.Parallel()
+	rule, err := keyscope.Authorization([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	scope, err := rule.Source(request("Authorization", "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc"))
+	require.NoError(t, err)
+	require.Equal(t, "hmac:c2f52eeb:fb8ae57c17f11de46d70baec83071b582aa84b50912366d3fdd026714423063d", scope)
+}
+
 func TestAuthorization(t *testing.T) {
 	t.Parallel()
 	secret, rotated := []byte(strings.Repeat("s", 32)), []byte(strings.Repeat("r", 32))

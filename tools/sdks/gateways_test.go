@@ -222,6 +222,7 @@ func startCaddy(t *testing.T, upstream string) *gateway {
 http://%s {
 	idempotency /v1/charges {
 		scope {http.request.header.Authorization}
+		scope_secret {env.IDEMPOTENCY_SCOPE_SECRET}
 		database_url %q
 		namespace charges
 		wait %s
@@ -232,7 +233,7 @@ http://%s {
 	file := filepath.Join(dir, "Caddyfile")
 	require.NoError(t, os.WriteFile(file, []byte(caddyfile), 0o600))
 	g.args = []string{"run", "--config", file, "--adapter", "caddyfile"}
-	g.env = []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}
+	g.env = []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "IDEMPOTENCY_SCOPE_SECRET=" + strings.Repeat("s", 32)}
 	g.start(t)
 	return g
 }
