@@ -178,6 +178,7 @@ func (h *Handler) Validate() error {
 	if _, err := frontdoor.ParseProfile(h.Profile); err != nil {
 		return fmt.Errorf("idempotency: %w", err)
 	}
+	macScope := newScopeMAC(nil).of("") // as long as every scope under a secret
 	switch {
 	case strings.TrimSpace(h.Scope) == "":
 		return errors.New("idempotency: scope is required: a placeholder that names the caller, such as {http.request.header.X-Account-Id}; keys of two callers must never meet")
@@ -195,9 +196,9 @@ func (h *Handler) Validate() error {
 		return errors.New("idempotency: redis_url needs database_url: Redis is a fast path in front of PostgreSQL, which keeps the keys")
 	case len(h.ScopeSecretPrevious) > 0 && h.ScopeSecret == "":
 		return errors.New("idempotency: scope_secret_previous needs scope_secret: the secret that replaced it")
-	case h.ScopeSecret != "" && len(namespacedScope(h.Namespace, macScope([]byte("secret"), ""))) > idempotency.MaxScopeLength:
+	case h.ScopeSecret != "" && len(namespacedScope(h.Namespace, macScope)) > idempotency.MaxScopeLength:
 		return fmt.Errorf("idempotency: namespace %q is too long for a scope_secret, whose scopes take %d bytes: at most %d", h.Namespace,
-			len(macScope([]byte("secret"), "")), idempotency.MaxScopeLength-len(namespacedScope("", macScope([]byte("secret"), ""))))
+			len(macScope), idempotency.MaxScopeLength-len(namespacedScope("", macScope)))
 	case h.MaxStoredBytes < 0 || h.MaxBodyBytes < 0 || h.TTL < 0 || h.Wait < 0 || h.Lease < 0:
 		return errors.New("idempotency: sizes and durations must not be negative")
 	}
@@ -283,16 +284,18 @@ func (h *Handler) scopeRule() (scopeRule, error) {
 		}
 		return []byte(s), nil
 	}
-	var err error
-	if rule.secret, err = secret("scope_secret", h.ScopeSecret); err != nil {
+	current, err := secret("scope_secret", h.ScopeSecret)
+	if err != nil {
 		return rule, err
 	}
+	m := newScopeMAC(current)
+	rule.secret = &m
 	for _, raw := range h.ScopeSecretPrevious {
 		prev, err := secret("scope_secret_previous", raw)
 		if err != nil {
 			return rule, err
 		}
-		rule.previous = append(rule.previous, prev)
+		rule.previous = append(rule.previous, newScopeMAC(prev))
 	}
 	return rule, nil
 }
@@ -340,7 +343,7 @@ func (h *Handler) openPostgres(ctx context.Context, rule scopeRule) (idempotency
 	legacy := &legacyScopes{next: recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), any: postgresLegacyKeys(pool)}
 	if rule.secret != nil {
 		// And keys stored before the secret, or under a previous one.
-		legacy.prevAny = postgresPreviousKeys(pool, rule.ns, macPrefix(rule.secret))
+		legacy.prevAny = postgresPreviousKeys(pool, rule.ns, rule.secret.prefix)
 	}
 	if err := legacy.check(ctx); err != nil {
 		return nil, err

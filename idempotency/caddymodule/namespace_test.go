@@ -38,6 +38,6 @@ func TestMACScopeIsTheProxysTwin(t *testing.T) {
 	t.Parallel()
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	require.Equal(t, "hmac:c2f52eeb:fb8ae57c17f11de46d70baec83071b582aa84b50912366d3fdd026714423063d",
-		macScope(secret, "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc"))
-	require.Equal(t, "hmac:c2f52eeb:", macPrefix(secret))
+		newScopeMAC(secret).of("Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc"))
+	require.Equal(t, "hmac:c2f52eeb:", newScopeMAC(secret).prefix)
 }

@@ -25,13 +25,13 @@ const (
 
 // scopeRule is how a site stores the scope of a request: its template (a
 // Caddy placeholder expression), the namespace ns, if any, and, if secret
-// is set, as an HMAC of the resolved scope under it (macScope), so that a
+// is set, as an HMAC of the resolved scope under it (scopeMAC), so that a
 // credential used as the scope ({http.request.header.Authorization}) is
 // never stored or logged. previous are the secrets before a rotation.
 type scopeRule struct {
 	template, ns string
-	secret       []byte
-	previous     [][]byte
+	secret       *scopeMAC
+	previous     []scopeMAC
 }
 
 // scopeOf returns the scope of a request under rule, as stored. Every
@@ -54,7 +54,7 @@ func scopeOf(rule scopeRule) func(*http.Request) (string, error) {
 		}
 		bare := scope
 		if rule.secret != nil {
-			bare = macScope(rule.secret, scope)
+			bare = rule.secret.of(scope)
 		}
 		stored := bare
 		if rule.ns != "" {
@@ -140,8 +140,8 @@ func (o *oldScopes) previous() []string {
 		return nil
 	}
 	bare := []string{o.resolved}
-	for _, s := range o.rule.previous {
-		bare = append(bare, macScope(s, o.resolved))
+	for _, m := range o.rule.previous {
+		bare = append(bare, m.of(o.resolved))
 	}
 	return fit(o.rule.ns, bare)
 }
@@ -173,25 +173,31 @@ func fit(ns string, scopes []string) []string {
 // hash.
 const minSecret = 32
 
-// macScope is the scope stored for a resolved scope v under secret:
-// "hmac:", the secret's id (8 hex digits), ":" and the hex HMAC-SHA256 of
-// v. It is the twin of macScope in internal/keyscope (oncekey proxy
+// scopeMAC is a scope secret and the prefix of the scopes stored under it:
+// "hmac:", the secret's id (8 hex digits of a hash of it that reveals
+// nothing of it) and ":", worked out once, as the id is an HMAC too. It is
+// the twin of scopeMAC in internal/keyscope (oncekey proxy
 // --scope-authorization), which this module cannot import: one secret
 // gives one stored scope for one Authorization value in both, so that a
-// site and a proxy share keys, and the operators' tools and the recipe
-// in docs/operations.md read both (TestMACScopeIsTheProxysTwin pins it).
-func macScope(secret []byte, v string) string {
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(v))
-	return macPrefix(secret) + hex.EncodeToString(mac.Sum(nil))
+// site and a proxy share keys, and the operators' tools and the recipe in
+// docs/operations.md read both (TestMACScopeIsTheProxysTwin pins it).
+type scopeMAC struct {
+	secret []byte
+	prefix string
 }
 
-// macPrefix starts every scope stored under secret: "hmac:", its id (a
-// hash of it that reveals nothing of it) and ":".
-func macPrefix(secret []byte) string {
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte("oncekey scope secret id"))
-	return "hmac:" + hex.EncodeToString(mac.Sum(nil))[:8] + ":"
+func newScopeMAC(secret []byte) scopeMAC {
+	id := hmac.New(sha256.New, secret)
+	id.Write([]byte("oncekey scope secret id"))
+	return scopeMAC{secret: secret, prefix: "hmac:" + hex.EncodeToString(id.Sum(nil))[:8] + ":"}
+}
+
+// of is the scope stored for a resolved scope v: the prefix and the hex
+// HMAC-SHA256 of v.
+func (m scopeMAC) of(v string) string {
+	mac := hmac.New(sha256.New, m.secret)
+	mac.Write([]byte(v))
+	return m.prefix + hex.EncodeToString(mac.Sum(nil))
 }
 
 // sent is how many values r carries for a placeholder that Caddy joins:

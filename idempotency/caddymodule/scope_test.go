@@ -110,7 +110,8 @@ func TestScopeSecretIsLongEnough(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			require.Equal(t, []byte(long), rule.secret)
+			require.NotNil(t, rule.secret)
+			require.Equal(t, []byte(long), rule.secret.secret)
 			require.Len(t, rule.previous, tc.previous)
 		})
 	}

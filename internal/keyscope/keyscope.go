@@ -141,23 +141,28 @@ func Authorization(secret []byte, previous ...[]byte) (Rule, error) {
 		}
 	}
 	value := func(r *http.Request) (string, error) { return one(r, "Authorization") }
+	current := newScopeMAC(secret)
+	rotated := make([]scopeMAC, len(previous))
+	for i, s := range previous {
+		rotated[i] = newScopeMAC(s)
+	}
 	return Rule{
 		Source: func(r *http.Request) (string, error) {
 			v, err := value(r)
 			if err != nil {
 				return "", err
 			}
-			return macScope(secret, v), nil
+			return current.of(v), nil
 		},
-		Prefix: "hmac:" + secretID(secret) + ":",
+		Prefix: current.prefix,
 		Previous: func(r *http.Request) []string {
 			v, err := value(r)
 			if err != nil {
 				return nil
 			}
-			scopes := make([]string, 0, len(previous)+1)
-			for _, s := range previous {
-				scopes = append(scopes, macScope(s, v))
+			scopes := make([]string, 0, len(rotated)+1)
+			for _, m := range rotated {
+				scopes = append(scopes, m.of(v))
 			}
 			sum := sha256.Sum256([]byte(v))
 			return append(scopes, "sha256:"+hex.EncodeToString(sum[:]))
@@ -165,11 +170,23 @@ func Authorization(secret []byte, previous ...[]byte) (Rule, error) {
 	}, nil
 }
 
-// macScope is the scope of the Authorization value v under secret.
-func macScope(secret []byte, v string) string {
-	mac := hmac.New(sha256.New, secret)
+// scopeMAC is a scope secret and the prefix of the scopes made with it,
+// worked out once: the secret's id is an HMAC too, which each request
+// would otherwise pay for again.
+type scopeMAC struct {
+	secret []byte
+	prefix string
+}
+
+func newScopeMAC(secret []byte) scopeMAC {
+	return scopeMAC{secret: secret, prefix: "hmac:" + secretID(secret) + ":"}
+}
+
+// of is the scope of the Authorization value v under the secret.
+func (m scopeMAC) of(v string) string {
+	mac := hmac.New(sha256.New, m.secret)
 	mac.Write([]byte(v))
-	return "hmac:" + secretID(secret) + ":" + hex.EncodeToString(mac.Sum(nil))
+	return m.prefix + hex.EncodeToString(mac.Sum(nil))
 }
 
 // secretID names secret in the scopes made with it, revealing nothing of
