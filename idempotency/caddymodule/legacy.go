@@ -212,10 +212,8 @@ func postgresLegacyKeys(pool *pgxpool.Pool) func(context.Context) (bool, error) 
 	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %[1]s WHERE (scope < $1 OR scope >= $2) AND expires_at > now())
 		OR EXISTS (SELECT FROM %[1]s WHERE scope >= $1 AND scope < $2 AND position($3 IN scope) = 0 AND expires_at > now())`,
 		pgx.Identifier{pgstore.DefaultTable}.Sanitize())
-	// Every namespaced scope starts with namespacePrefix, and sorts
-	// before the prefix with its last byte raised.
-	lo, hi := []byte(namespacePrefix), []byte(namespacePrefix)
-	hi[len(hi)-1]++
+	// Every namespaced scope starts with namespacePrefix.
+	lo, hi := []byte(namespacePrefix), prefixEnd(namespacePrefix)
 	return func(ctx context.Context) (bool, error) {
 		var found bool
 		if err := pool.QueryRow(ctx, query, lo, hi, []byte(namespaceEnd)).Scan(&found); err != nil {
@@ -227,28 +225,31 @@ func postgresLegacyKeys(pool *pgxpool.Pool) func(context.Context) (bool, error) 
 
 // postgresPreviousKeys reports whether pgstore's default key table holds
 // an unexpired key of namespace ns whose scope does not start with
-// current (macPrefix of the scope_secret): one stored before the secret,
+// current (the scope_secret's scopeMAC prefix): one stored before the secret,
 // or under a previous one. Both ranges are of the primary key, which
 // starts with the scope: cheap. The twin of PostgresPreviousKeys in
 // internal/gateway/legacy.go.
 func postgresPreviousKeys(pool *pgxpool.Pool, ns, current string) func(context.Context) (bool, error) {
 	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %[1]s WHERE ((scope >= $1 AND scope < $2) OR (scope >= $3 AND scope < $4)) AND expires_at > now())`,
 		pgx.Identifier{pgstore.DefaultTable}.Sanitize())
-	// A range of the scopes that start with a prefix ends before the
-	// prefix with its last byte raised.
-	after := func(prefix string) []byte {
-		b := []byte(prefix)
-		b[len(b)-1]++
-		return b
-	}
 	lo, cur := namespacedScope(ns, ""), namespacedScope(ns, current)
+	args := []any{[]byte(lo), []byte(cur), prefixEnd(cur), prefixEnd(lo)}
 	return func(ctx context.Context) (bool, error) {
 		var found bool
-		if err := pool.QueryRow(ctx, query, []byte(lo), []byte(cur), after(cur), after(lo)).Scan(&found); err != nil {
+		if err := pool.QueryRow(ctx, query, args...).Scan(&found); err != nil {
 			return false, err
 		}
 		return found, nil
 	}
+}
+
+// prefixEnd is where the scopes that start with prefix end: they sort
+// before the prefix with its last byte raised (none of the prefixes here
+// ends in 0xff).
+func prefixEnd(prefix string) []byte {
+	b := []byte(prefix)
+	b[len(b)-1]++
+	return b
 }
 
 // Interface guards.

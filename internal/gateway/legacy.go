@@ -161,10 +161,8 @@ func PostgresLegacyKeys(db interface {
 	t := pgx.Identifier{table}.Sanitize()
 	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %[1]s WHERE (scope < $1 OR scope >= $2) AND expires_at > now())
 		OR EXISTS (SELECT FROM %[1]s WHERE scope >= $1 AND scope < $2 AND position($3 IN scope) = 0 AND expires_at > now())`, t)
-	// Every namespaced scope starts with namespacePrefix, and sorts
-	// before the prefix with its last byte raised.
-	lo, hi := []byte(namespacePrefix), []byte(namespacePrefix)
-	hi[len(hi)-1]++
+	// Every namespaced scope starts with namespacePrefix.
+	lo, hi := []byte(namespacePrefix), prefixEnd(namespacePrefix)
 	return func(ctx context.Context) (bool, error) {
 		var found bool
 		if err := db.QueryRow(ctx, query, lo, hi, []byte(namespaceEnd)).Scan(&found); err != nil {
@@ -202,21 +200,24 @@ func PostgresPreviousKeys(db interface {
 }, table, ns, current string) func(context.Context) (bool, error) {
 	t := pgx.Identifier{table}.Sanitize()
 	query := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %[1]s WHERE ((scope >= $1 AND scope < $2) OR (scope >= $3 AND scope < $4)) AND expires_at > now())`, t)
-	// A range of the scopes that start with a prefix ends before the
-	// prefix with its last byte raised.
-	after := func(prefix string) []byte {
-		b := []byte(prefix)
-		b[len(b)-1]++
-		return b
-	}
-	lo, cur := []byte(NamespacedScope(ns, "")), []byte(NamespacedScope(ns, current))
+	lo, cur := NamespacedScope(ns, ""), NamespacedScope(ns, current)
+	args := []any{[]byte(lo), []byte(cur), prefixEnd(cur), prefixEnd(lo)}
 	return func(ctx context.Context) (bool, error) {
 		var found bool
-		if err := db.QueryRow(ctx, query, lo, cur, after(string(cur)), after(string(lo))).Scan(&found); err != nil {
+		if err := db.QueryRow(ctx, query, args...).Scan(&found); err != nil {
 			return false, err
 		}
 		return found, nil
 	}
+}
+
+// prefixEnd is where the scopes that start with prefix end: they sort
+// before the prefix with its last byte raised (none of the prefixes here
+// ends in 0xff).
+func prefixEnd(prefix string) []byte {
+	b := []byte(prefix)
+	b[len(b)-1]++
+	return b
 }
 
 // Interface guards.
