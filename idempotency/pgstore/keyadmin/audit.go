@@ -153,8 +153,7 @@ func change(ctx context.Context, store *pgstore.Store, c Change, entry AuditEntr
 			entry.BodySHA256 = hex.EncodeToString(sum[:])
 		}
 		held, isHeld := idempotency.ParseHeld(idempotency.Response{Status: int(row.ResponseStatus.Int32), Body: row.ResponseBody})
-		switch {
-		case row.Status != "completed" || !isHeld:
+		if row.Status != "completed" || !isHeld {
 			entry.PreviousState = row.Status
 			refusal = fmt.Errorf("%w (status %d)", ErrNotHeld, row.ResponseStatus.Int32)
 			return refusal
