@@ -64,12 +64,12 @@ sdk/check: sdk ## regenerate the SDKs and fail on any difference from what is co
 
 .PHONY: docs/assets
 docs/assets: ## vendor the pinned Redoc bundle that GET /docs serves
-	internal/docspage/vendor.sh
+	internal/service/docspage/vendor.sh
 
 .PHONY: docs/check
 docs/check: docs/assets ## re-vendor the /docs assets and fail if the committed ones differ
-	@if [ -n "$$(git status --porcelain -- internal/docspage/assets/)" ]; then \
-		echo "vendored docs assets differ from the pinned version:"; git status --porcelain -- internal/docspage/assets/; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- internal/service/docspage/assets/)" ]; then \
+		echo "vendored docs assets differ from the pinned version:"; git status --porcelain -- internal/service/docspage/assets/; exit 1; fi
 
 .PHONY: lint/spec
 lint/spec: ## lint openapi.yaml with @redocly/cli (config: api/redocly.yaml)
@@ -184,7 +184,7 @@ lint: ## go vet, gofmt and a tidy go.mod, in the service's module and in each of
 # fixed here at TEST_P and TEST_PARALLEL, and the pools the tests open are
 # small: testdb.PoolSize (6) for the service's tests, 4 for each serve
 # they start, pgstoretest's 10 for the engine's. Raising TEST_P or
-# TEST_PARALLEL may need more. The preflight (internal/testdb/testenv) fails
+# TEST_PARALLEL may need more. The preflight (internal/testsupport/testdb/testenv) fails
 # at once, naming the number, when PostgreSQL has fewer free.
 TEST_PG_CONNECTIONS := 40
 TEST_P        := 2
@@ -212,7 +212,7 @@ test: ## run the whole test suite with the race detector: the service's, the eng
 .PHONY: test/preflight
 test/preflight: ## fail at once, in one line, unless PostgreSQL has TEST_PG_CONNECTIONS connections free and Redis answers
 	@bin=$$(mktemp -d); trap 'rm -rf $$bin' EXIT; \
-	  $(GO) build -o $$bin/testenv ./internal/testdb/testenv && $$bin/testenv check -connections $(TEST_PG_CONNECTIONS)
+	  $(GO) build -o $$bin/testenv ./internal/testsupport/testdb/testenv && $$bin/testenv check -connections $(TEST_PG_CONNECTIONS)
 
 .PHONY: test/service
 test/service: ## the service's module: go test -race ./... (TEST_P binaries at a time)
@@ -239,7 +239,7 @@ test/busy: ## make test on a busy machine: a CPU loop on every core, another pro
 	@set -m; tmp=$$(mktemp -d); jobs=(); \
 	stop() { for p in "$${jobs[@]}"; do kill -TERM -- -$$p 2>/dev/null; done; wait 2>/dev/null; rm -rf $$tmp; }; \
 	trap stop EXIT; trap 'exit 130' INT TERM; \
-	$(GO) build -o $$tmp/testenv ./internal/testdb/testenv || exit 1; \
+	$(GO) build -o $$tmp/testenv ./internal/testsupport/testdb/testenv || exit 1; \
 	$$tmp/testenv crowd -leave $(TEST_PG_CONNECTIONS) -ready $$tmp/crowded & jobs+=($$!); \
 	for i in $$(seq 300); do [ -e $$tmp/crowded ] || ! kill -0 $${jobs[-1]} 2>/dev/null && break; sleep 0.1; done; \
 	[ -e $$tmp/crowded ] || { echo "test/busy: the crowd of PostgreSQL connections did not start"; exit 1; }; \
@@ -291,8 +291,8 @@ docs/cli: ## regenerate docs/cli.md from every command's --help (make test fails
 	$(GO) test ./cmd/oncekey -run '^TestCLIReference$$' -count=1 -update
 
 .PHONY: docs/problems
-docs/problems: ## regenerate docs/problems.md from the problem table in internal/httpapi/errors.go (make test fails when it is stale)
-	$(GO) test ./internal/httpapi -run '^TestProblemsReference$$' -count=1 -update
+docs/problems: ## regenerate docs/problems.md from the problem table in internal/service/httpapi/errors.go (make test fails when it is stale)
+	$(GO) test ./internal/service/httpapi -run '^TestProblemsReference$$' -count=1 -update
 
 .PHONY: docs/images
 docs/images: ## regenerate every picture in docs/img (the /docs screenshot, the dashboard snapshot, the benchmark chart) and record their sources in docs/img/SOURCES.sha256
@@ -322,14 +322,14 @@ bench: ## load benchmark: idempotent POST /orders against the baseline, side by 
 .PHONY: bench/micro
 bench/micro: ## Go micro-benchmarks (canonical JSON, packed records, fingerprint, the engine in process on memstore against a bare handler, the service's middleware on the in-memory store), benchstat-comparable
 	cd idempotency && $(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/canonjson/ ./internal/recordpack/ .
-	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/httpapi/
+	$(GO) test -run='^$$' -bench=. -benchmem -count=$(or $(COUNT),6) ./internal/service/httpapi/
 
 # The fuzz targets, each with its package's directory: `make fuzz` runs each
 # for FUZZTIME (30s by default), .ci/run for a few seconds each.
 FUZZ_TARGETS := FuzzCanonicalize:idempotency/internal/canonjson FuzzDifferentMeaning:idempotency/internal/canonjson \
 	FuzzCheckFast:idempotency/internal/canonjson FuzzWriteFast:idempotency/internal/canonjson \
 	FuzzCanonicalForm:idempotency/internal/canonform FuzzRoundTrip:idempotency/internal/recordpack \
-	FuzzFingerprint:idempotency FuzzHandler:internal/httpapi FuzzOperationsOnPostgres:internal/httpapi
+	FuzzFingerprint:idempotency FuzzHandler:internal/service/httpapi FuzzOperationsOnPostgres:internal/service/httpapi
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target (canonical JSON and forms, packed records, fingerprint, the whole handler, the operations on PostgreSQL) for FUZZTIME each (30s)

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/conformance"
-	"github.com/oncekey/oncekey/internal/openenum"
+	"github.com/oncekey/oncekey/internal/service/openenum"
 )
 
 // newStatus is the value a later contract adds to every open enum: what an

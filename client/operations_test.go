@@ -13,10 +13,10 @@ import (
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/client"
 	"github.com/oncekey/oncekey/gen/api"
-	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/ledger"
-	"github.com/oncekey/oncekey/internal/payments"
-	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/service/httpapi"
+	"github.com/oncekey/oncekey/internal/service/ledger"
+	"github.com/oncekey/oncekey/internal/service/payments"
+	"github.com/oncekey/oncekey/internal/service/provider"
 )
 
 // TestEveryOperationHasAMethod: each operation of openapi.yaml has a

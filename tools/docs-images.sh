@@ -28,8 +28,8 @@ images=(api-docs dashboard benchmarks)
 sources() {
 	case $1 in
 	api-docs) # what GET /docs serves, and how it is photographed
-		printf '%s\n' openapi.yaml internal/docspage/assets/index.html \
-			internal/docspage/assets/redoc.standalone.js tools/node/docs-screenshot.mjs ;;
+		printf '%s\n' openapi.yaml internal/service/docspage/assets/index.html \
+			internal/service/docspage/assets/redoc.standalone.js tools/node/docs-screenshot.mjs ;;
 	dashboard) # the dashboard's panels, and the program that loads and draws them
 		printf '%s\n' deploy/grafana/oncekey.json
 		find cmd/dashboard-snapshot -name '*.go' ! -name '*_test.go' ;;

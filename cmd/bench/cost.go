@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/procfs"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
 )
 
 // costRounds is how many times the cost phase measures every mode; its

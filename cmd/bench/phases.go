@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/auth"
+	"github.com/oncekey/oncekey/internal/service/auth"
 )
 
 // scaleResult compares the modes on an empty key table and on one holding

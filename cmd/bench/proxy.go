@@ -16,7 +16,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/keyscope"
+	"github.com/oncekey/oncekey/internal/gateway/keyscope"
 )
 
 // Modes of the proxy phase: a plain httputil.ReverseProxy, its baseline,

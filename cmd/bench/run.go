@@ -24,10 +24,10 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/store"
-	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/httpapi"
+	"github.com/oncekey/oncekey/internal/service/store"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
 )
 
 type options struct {

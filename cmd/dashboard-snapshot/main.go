@@ -33,11 +33,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/metrics"
-	"github.com/oncekey/oncekey/internal/orders"
-	"github.com/oncekey/oncekey/internal/store/memory"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/httpapi"
+	"github.com/oncekey/oncekey/internal/service/metrics"
+	"github.com/oncekey/oncekey/internal/service/orders"
+	"github.com/oncekey/oncekey/internal/service/store/memory"
 )
 
 func main() {

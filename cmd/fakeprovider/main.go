@@ -1,4 +1,4 @@
-// Command fakeprovider runs the sandbox payment provider (internal/provider)
+// Command fakeprovider runs the sandbox payment provider (internal/service/provider)
 // on its own port, for trying Oncekey against a provider in another process
 // and for chaos runs with injected faults. It serves POST and GET
 // /v1/charges, POST and GET /v1/refunds, GET /v1/stats and GET /healthz;
@@ -29,7 +29,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncekey/oncekey/internal/provider"
+	"github.com/oncekey/oncekey/internal/service/provider"
 )
 
 // shutdownTimeout bounds the graceful stop after SIGINT or SIGTERM.
@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // openStore returns the PostgreSQL store when dbURL is set, else a memory
-// one. It opens its own pool rather than Oncekey's (internal/store/postgres):
+// one. It opens its own pool rather than Oncekey's (internal/service/store/postgres):
 // the sandbox stands apart from the product it tests.
 func openStore(ctx context.Context, dbURL string) (provider.Store, func(), error) {
 	if dbURL == "" {

@@ -17,8 +17,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/provider"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/service/provider"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

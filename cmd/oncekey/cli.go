@@ -13,8 +13,8 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/oncekey/oncekey/idempotency/pgstore"
-	"github.com/oncekey/oncekey/internal/buildinfo"
-	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/service/buildinfo"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
 )
 
 // cli is the command line. Every setting is a flag and an environment

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/oncekey/oncekey/idempotency/pgstore"
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/payments"
-	"github.com/oncekey/oncekey/internal/provider"
-	"github.com/oncekey/oncekey/internal/tracing"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/payments"
+	"github.com/oncekey/oncekey/internal/service/provider"
+	"github.com/oncekey/oncekey/internal/service/tracing"
 )
 
 // DemoAPIKey is the demo account's key on the in-memory store unless

@@ -12,7 +12,7 @@ import (
 
 	"github.com/oncekey/oncekey"
 	"github.com/oncekey/oncekey/internal/conformance"
-	"github.com/oncekey/oncekey/internal/httpapi"
+	"github.com/oncekey/oncekey/internal/service/httpapi"
 )
 
 // Run checks the API at --url against the operations of --spec and writes

@@ -21,8 +21,8 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/conformance"
-	"github.com/oncekey/oncekey/internal/testdb"
-	"github.com/oncekey/oncekey/internal/upstreamtest"
+	"github.com/oncekey/oncekey/internal/gateway/upstreamtest"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // junitReport is what CI systems read of a JUnit XML report.

@@ -21,11 +21,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency/pgstore"
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/provider"
-	"github.com/oncekey/oncekey/internal/servicetest"
-	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/provider"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // subprocessEnv makes the test binary run oncekey instead of the tests (see

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // countingUpstream is an API that does not deduplicate: it runs every

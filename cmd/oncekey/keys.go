@@ -17,9 +17,9 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
-	"github.com/oncekey/oncekey/internal/auth"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/store/postgres"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
 )
 
 // A key command (keys …, purge) and the gateway (proxy) open the key table

@@ -22,8 +22,8 @@ import (
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/testdb"
-	"github.com/oncekey/oncekey/internal/upstreamtest"
+	"github.com/oncekey/oncekey/internal/gateway/upstreamtest"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // publicRelations is every table and view of the public schema, sorted.

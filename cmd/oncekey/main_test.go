@@ -22,9 +22,9 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 func TestMain(m *testing.M) {

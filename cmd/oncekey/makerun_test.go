@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
 )
 
 // quickStartRe is the README's quick start: its first command block.

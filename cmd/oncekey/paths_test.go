@@ -21,7 +21,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // lenientUpstream reads paths as the most forgiving upstream framework

@@ -29,10 +29,10 @@ import (
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/httpserver"
-	"github.com/oncekey/oncekey/internal/keyscope"
-	"github.com/oncekey/oncekey/internal/metrics"
-	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/gateway/keyscope"
+	"github.com/oncekey/oncekey/internal/service/httpserver"
+	"github.com/oncekey/oncekey/internal/service/metrics"
+	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
 // proxyCmd is `oncekey proxy`: the protocol in front of any HTTP API.

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/testdb"
-	"github.com/oncekey/oncekey/internal/upstreamtest"
+	"github.com/oncekey/oncekey/internal/gateway/upstreamtest"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // getStatus is the status of GET url, or 0 if no answer came within 5 s.

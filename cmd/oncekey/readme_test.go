@@ -18,7 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/servicetest"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
 )
 
 // readmeExample is a marked command block of README.md or docs/service.md

@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/testdb"
-	"github.com/oncekey/oncekey/internal/upstreamtest"
+	"github.com/oncekey/oncekey/internal/gateway/upstreamtest"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // TestRedisFailingIsLoggedOnce: the service and the gateway, given a Redis

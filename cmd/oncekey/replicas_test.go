@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/auth"
-	"github.com/oncekey/oncekey/internal/servicetest"
-	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/service/auth"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // testOrder is the order the command tests create.

@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/servicetest"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // beforeNamespaces is the last commit whose gateway stored its keys under

@@ -9,7 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/oncekey/oncekey/internal/openenum"
+	"github.com/oncekey/oncekey/internal/service/openenum"
 )
 
 func main() {

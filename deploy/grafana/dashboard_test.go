@@ -23,13 +23,13 @@ import (
 
 	"github.com/oncekey/oncekey/deploy/grafana"
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/httpapi"
-	"github.com/oncekey/oncekey/internal/metrics"
-	"github.com/oncekey/oncekey/internal/servicetest"
-	"github.com/oncekey/oncekey/internal/store"
-	"github.com/oncekey/oncekey/internal/store/memory"
-	"github.com/oncekey/oncekey/internal/store/postgres"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/service/httpapi"
+	"github.com/oncekey/oncekey/internal/service/metrics"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
+	"github.com/oncekey/oncekey/internal/service/store"
+	"github.com/oncekey/oncekey/internal/service/store/memory"
+	"github.com/oncekey/oncekey/internal/service/store/postgres"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

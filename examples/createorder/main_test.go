@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oncekey/oncekey/internal/servicetest"
-	"github.com/oncekey/oncekey/internal/store/memory"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
+	"github.com/oncekey/oncekey/internal/service/store/memory"
 )
 
 func TestCreateOrder(t *testing.T) {

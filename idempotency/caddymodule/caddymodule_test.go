@@ -33,7 +33,7 @@ type upstream struct{ addr string }
 
 func startUpstream(t *testing.T) upstream {
 	t.Helper()
-	dir := filepath.Join("..", "..", "internal", "upstreamtest")
+	dir := filepath.Join("..", "..", "internal", "gateway", "upstreamtest")
 	cmd := exec.Command("python3", filepath.Join(dir, "upstream.py"), "--spec", filepath.Join(dir, "openapi.yaml"))
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)

@@ -10,7 +10,7 @@ import (
 )
 
 // metrics counts what the protocol did in Caddy's metrics registry, under
-// the names and labels `oncekey proxy` exports (internal/metrics), so that
+// the names and labels `oncekey proxy` exports (internal/service/metrics), so that
 // one dashboard and one set of alerts (deploy/prometheus) serve both.
 type metrics struct {
 	requests       *prometheus.CounterVec

@@ -31,7 +31,7 @@ func TestNamespacedScopeIsTheGatewaysTwin(t *testing.T) {
 }
 
 // TestMACScopeIsTheProxysTwin pins the scope stored for an Authorization
-// value under a scope_secret: the one internal/keyscope's Authorization
+// value under a scope_secret: the one internal/gateway/keyscope's Authorization
 // (oncekey proxy --scope-authorization) stores, so that the two share
 // keys and the operators' recipe (docs/operations.md) reads both.
 func TestMACScopeIsTheProxysTwin(t *testing.T) {

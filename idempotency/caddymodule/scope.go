@@ -42,7 +42,7 @@ type scopeRule struct {
 // which one names the caller is not clear. The scope as stored (hashed,
 // with its namespace) must fit idempotency.MaxScopeLength. Every error
 // wraps idempotency.ErrNoScope (401), as oncekey proxy's scope sources
-// (internal/keyscope) answer, and the request runs nothing and touches
+// (internal/gateway/keyscope) answer, and the request runs nothing and touches
 // no key. The scopes a key of the request may have been stored under by
 // the site's earlier rules (oldScopes) go with the request's context, for
 // legacyScopes.
@@ -176,7 +176,7 @@ const minSecret = 32
 // scopeMAC is a scope secret and the prefix of the scopes stored under it:
 // "hmac:", the secret's id (8 hex digits of a hash of it that reveals
 // nothing of it) and ":", worked out once, as the id is an HMAC too. It is
-// the twin of scopeMAC in internal/keyscope (oncekey proxy
+// the twin of scopeMAC in internal/gateway/keyscope (oncekey proxy
 // --scope-authorization), which this module cannot import: one secret
 // gives one stored scope for one Authorization value in both, so that a
 // site and a proxy share keys, and the operators' tools and the recipe in

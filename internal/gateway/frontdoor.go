@@ -6,7 +6,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/frontdoor"
-	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
 // frontDoor is a covered route's handler: it reads the key where the

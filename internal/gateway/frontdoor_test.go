@@ -21,8 +21,8 @@ import (
 	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/idempotency/memstore"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/keyscope"
-	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/gateway/keyscope"
+	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
 // holdingUpstream answers 201 with a fresh id to every request, after

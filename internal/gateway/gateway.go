@@ -26,7 +26,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/frontdoor"
-	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
 // Route is one covered operation: requests of Method on a path that Path

@@ -29,9 +29,9 @@ import (
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/idempotency/redisstore/redistest"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/keyscope"
-	"github.com/oncekey/oncekey/internal/testdb"
-	"github.com/oncekey/oncekey/internal/upstreamtest"
+	"github.com/oncekey/oncekey/internal/gateway/keyscope"
+	"github.com/oncekey/oncekey/internal/gateway/upstreamtest"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/problem"
+	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
 // A covered route must match the path as the upstream will read it. An

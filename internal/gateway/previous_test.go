@@ -15,7 +15,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // TestPreviousScopesEndOnceNoneRemains: the look-up under an earlier scope

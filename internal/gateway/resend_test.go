@@ -15,7 +15,7 @@ import (
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/keyscope"
+	"github.com/oncekey/oncekey/internal/gateway/keyscope"
 )
 
 // dyingUpstream answers the first request on each connection and keeps the

@@ -16,9 +16,9 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/keyscope"
-	"github.com/oncekey/oncekey/internal/metrics"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/gateway/keyscope"
+	"github.com/oncekey/oncekey/internal/service/metrics"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // TestSettleOutlivesADatabaseRestart: PostgreSQL (a cluster of the

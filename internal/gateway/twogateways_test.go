@@ -19,8 +19,8 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/keyscope"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/gateway/keyscope"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // countingUpstream answers every POST 201 with its name and the key, and

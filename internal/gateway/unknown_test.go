@@ -17,8 +17,8 @@ import (
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/keyadmin"
 	"github.com/oncekey/oncekey/internal/gateway"
-	"github.com/oncekey/oncekey/internal/servicetest"
-	"github.com/oncekey/oncekey/internal/testdb"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
+	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
 // TestUnknownOutcomeTellsTheClientNoAddress: an upstream that reads a
