@@ -291,6 +291,10 @@ docs/cli: ## regenerate docs/cli.md from every command's --help (make test fails
 	$(GO) test ./cmd/oncekey -run '^TestCLIReference$$' -count=1 -update
 
 .PHONY: docs/problems
+.PHONY: docs/architecture
+docs/architecture: ## redraw ARCHITECTURE.md's picture of the products and the engine from go list (make test fails when it is stale)
+	$(GO) test . -run '^TestArchitecturePicture$$' -count=1 -update
+
 docs/problems: ## regenerate docs/problems.md from the problem table in internal/service/httpapi/errors.go (make test fails when it is stale)
 	$(GO) test ./internal/service/httpapi -run '^TestProblemsReference$$' -count=1 -update
 
