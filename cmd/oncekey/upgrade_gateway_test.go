@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/service/servicetest"
 	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
@@ -105,15 +104,8 @@ func TestGatewayUpgradeKeepsStoredKeys(t *testing.T) {
 	args := []string{"proxy", "--upstream", upstream.URL, "--routes", routes, "--scope-header", "X-Account-Id"}
 	env := servePool(map[string]string{"DATABASE_URL": dbURL})
 
-	oldAddr := freeAddr(t)
-	cmd := exec.Command(old, args...)
-	cmd.Env = append(freshEnvironment(), "ONCEKEY_ADDR="+oldAddr, "DATABASE_URL="+env["DATABASE_URL"])
-	oldLogs := &servicetest.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = oldLogs, oldLogs
-	require.NoError(t, cmd.Start())
-	oldProcess := &serveProcess{cmd: cmd, addr: oldAddr, logs: oldLogs}
-	t.Cleanup(oldProcess.kill)
-	oldProcess.awaitOK(t, "/health")
+	oldProcess := startBinary(t, old, env, "/health", args...)
+	cmd, oldAddr, oldLogs := oldProcess.cmd, oldProcess.addr, oldProcess.logs
 
 	var current atomic.Pointer[string]
 	current.Store(&oldAddr)
