@@ -45,19 +45,49 @@ func previousRelease(t *testing.T) string {
 // Cleanup kills it.
 func startBinary(t *testing.T, bin string, env map[string]string, ready string, args ...string) *serveProcess {
 	t.Helper()
-	addr := freeAddr(t)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(freshEnvironment(), "ONCEKEY_ADDR="+addr)
-	for k, v := range servePool(env) {
-		cmd.Env = append(cmd.Env, k+"="+v)
+	return startReady(t, ready, func() *serveProcess {
+		addr := freeAddr(t)
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(freshEnvironment(), "ONCEKEY_ADDR="+addr)
+		for k, v := range servePool(env) {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		logs := &servicetest.SyncBuffer{}
+		cmd.Stdout, cmd.Stderr = logs, logs
+		require.NoError(t, cmd.Start(), "start %s", bin)
+		p := &serveProcess{cmd: cmd, addr: addr, logs: logs}
+		t.Cleanup(p.kill)
+		return p
+	})
+}
+
+// startReady starts a process with start and waits until it answers GET
+// ready with 200. The port freeAddr found free may be another process's
+// by the time this one binds it (a listener on port 0 elsewhere, as the
+// sandbox provider's): then it starts again, on another port.
+func startReady(t *testing.T, ready string, start func() *serveProcess) *serveProcess {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p := start()
+		taken := false
+		require.Eventually(t, func() bool {
+			if strings.Contains(p.logs.String(), "address already in use") {
+				taken = true
+				return true
+			}
+			resp, err := http.Get("http://" + p.addr + ready)
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		}, 60*time.Second, 20*time.Millisecond, "GET %s did not answer 200; the process's output:\n%s", ready, p.logs)
+		if !taken {
+			return p
+		}
+		p.kill()
+		require.Less(t, attempt, 3, "every port tried was taken; the last process's output:\n%s", p.logs)
 	}
-	logs := &servicetest.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start(), "start %s", bin)
-	p := &serveProcess{cmd: cmd, addr: addr, logs: logs}
-	t.Cleanup(p.kill)
-	p.awaitOK(t, ready)
-	return p
 }
 
 // TestPreviousReleaseRunsOnTheNewSchema: every migration is additive, so
@@ -79,7 +109,7 @@ func TestPreviousReleaseRunsOnTheNewSchema(t *testing.T) {
 		t.Parallel()
 		dbURL, _ := testdb.Fresh(t)
 		env := map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_DEMO_API_KEY": strongKey(t)}
-		current := startServeProcess(t, env)
+		current := startReady(t, "/readyz", func() *serveProcess { return spawnServe(t, env) })
 		made := createOrder(t, current.addr, env["ONCEKEY_DEMO_API_KEY"])
 		current.kill()
 
@@ -98,7 +128,7 @@ func TestPreviousReleaseRunsOnTheNewSchema(t *testing.T) {
 		madeBefore := createOrder(t, before.addr, env["ONCEKEY_DEMO_API_KEY"])
 		before.kill()
 
-		upgraded := startServeProcess(t, env)
+		upgraded := startReady(t, "/readyz", func() *serveProcess { return spawnServe(t, env) })
 		madeBefore.requireReplayed(t, upgraded)
 		madeAfter := createOrder(t, upgraded.addr, env["ONCEKEY_DEMO_API_KEY"])
 		upgraded.kill()
@@ -121,8 +151,7 @@ func TestPreviousReleaseRunsOnTheNewSchema(t *testing.T) {
 		args := []string{"proxy", "--upstream", upstream.URL, "--routes", routes, "--scope-header", "X-Account-Id"}
 
 		// This release's gateway migrates the key table and stores a key.
-		current := spawn(t, env, "cli", args...)
-		current.awaitOK(t, "/health")
+		current := startReady(t, "/health", func() *serveProcess { return spawn(t, env, "cli", args...) })
 		stored := sendTransfer(t, current.addr, "before-rollback", `{"amount":500}`)
 		require.Equal(t, http.StatusCreated, stored.Status, "%s", stored)
 		current.kill()
