@@ -71,16 +71,8 @@ func startReady(t *testing.T, ready string, start func() *serveProcess) *servePr
 		p := start()
 		taken := false
 		require.Eventually(t, func() bool {
-			if strings.Contains(p.logs.String(), "address already in use") {
-				taken = true
-				return true
-			}
-			resp, err := http.Get("http://" + p.addr + ready)
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
+			taken = strings.Contains(p.logs.String(), "address already in use")
+			return taken || p.answersOK(ready)
 		}, 60*time.Second, 20*time.Millisecond, "GET %s did not answer 200; the process's output:\n%s", ready, p.logs)
 		if !taken {
 			return p
