@@ -94,8 +94,13 @@ api/breaking: ## fail on breaking changes of openapi.yaml against the released c
 	GO="$(GO)" tools/api-breaking.sh
 
 .PHONY: api/release
-api/release: api/go/release ## record openapi.yaml and the engine's Go API as released (run when cutting a release), and regenerate the released contract's Go client (client/internal/released)
+api/release: api/go/release ## record openapi.yaml and the engine's Go API as released (run when cutting a release), regenerate the released contract's Go client (client/internal/released), record the commit as the previous release (api/previous-release) and clear the migrations' exceptions (api/migrations.allowed)
 	cp openapi.yaml api/openapi.released.yaml
+	@# The commit this runs at is the release that the next one's migrations
+	@# must leave runnable (docs/operations.md, "Upgrades and rollbacks"); its
+	@# migrations are released, and their exceptions with them.
+	{ grep '^#' api/previous-release; git rev-parse HEAD; } > api/previous-release.new && mv api/previous-release.new api/previous-release
+	grep '^#' api/migrations.allowed > api/migrations.allowed.new && mv api/migrations.allowed.new api/migrations.allowed
 	$(GO) tool oapi-codegen -config client/internal/released/oapi-codegen.yaml api/openapi.released.yaml
 
 # The engine's public modules, whose exported Go API is a promise: each one's

@@ -93,14 +93,18 @@ func (p *serveProcess) awaitReady(t *testing.T) {
 // awaitOK waits until the process answers GET path with 200.
 func (p *serveProcess) awaitOK(t *testing.T, path string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + p.addr + path)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 60*time.Second, 20*time.Millisecond, "GET %s did not answer 200; the process's output:\n%s", path, p.logs)
+	require.Eventually(t, func() bool { return p.answersOK(path) }, 60*time.Second, 20*time.Millisecond,
+		"GET %s did not answer 200; the process's output:\n%s", path, p.logs)
+}
+
+// answersOK reports whether the process answers GET path with 200.
+func (p *serveProcess) answersOK(path string) bool {
+	resp, err := http.Get("http://" + p.addr + path)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // kill is kill -9: no shutdown, no deferred work, connections cut.

@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
-	"github.com/oncekey/oncekey/internal/service/servicetest"
 	"github.com/oncekey/oncekey/internal/testsupport/testdb"
 )
 
@@ -39,11 +38,14 @@ func buildOldOncekey(t *testing.T, rev string) string {
 		t.Skipf("commit %s is not in this clone's history: %v", rev, err)
 	}
 	src := t.TempDir()
-	archive := exec.Command("sh", "-c", `cd "$(git rev-parse --show-toplevel)" && git archive "$1" | tar -x -C "$2"`, "sh", rev, src)
+	// Without the 53 MB binary that a few commits tracked by mistake.
+	archive := exec.Command("sh", "-c", `cd "$(git rev-parse --show-toplevel)" && git archive "$1" | tar -x --exclude=cmd/oncekey/oncekey -C "$2"`, "sh", rev, src)
 	out, err := archive.CombinedOutput()
 	require.NoError(t, err, "git archive %s:\n%s", rev, out)
 	bin := filepath.Join(t.TempDir(), "oncekey-"+rev)
-	build := exec.Command("go", "build", "-o", bin, "./cmd/oncekey")
+	// -trimpath keeps the source's temporary directory out of the build
+	// cache's keys: a later run of the test links the cached packages.
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/oncekey")
 	build.Dir = src
 	out, err = build.CombinedOutput()
 	require.NoError(t, err, "build oncekey at %s:\n%s", rev, out)
@@ -102,15 +104,8 @@ func TestGatewayUpgradeKeepsStoredKeys(t *testing.T) {
 	args := []string{"proxy", "--upstream", upstream.URL, "--routes", routes, "--scope-header", "X-Account-Id"}
 	env := servePool(map[string]string{"DATABASE_URL": dbURL})
 
-	oldAddr := freeAddr(t)
-	cmd := exec.Command(old, args...)
-	cmd.Env = append(freshEnvironment(), "ONCEKEY_ADDR="+oldAddr, "DATABASE_URL="+env["DATABASE_URL"])
-	oldLogs := &servicetest.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = oldLogs, oldLogs
-	require.NoError(t, cmd.Start())
-	oldProcess := &serveProcess{cmd: cmd, addr: oldAddr, logs: oldLogs}
-	t.Cleanup(oldProcess.kill)
-	oldProcess.awaitOK(t, "/health")
+	oldProcess := startBinary(t, old, env, "/health", args...)
+	cmd, oldAddr, oldLogs := oldProcess.cmd, oldProcess.addr, oldProcess.logs
 
 	var current atomic.Pointer[string]
 	current.Store(&oldAddr)

@@ -33,6 +33,9 @@ type migration struct {
 // so replicas that start together migrate once, and the others wait, then
 // find nothing to do. Each version is applied in a transaction of its own.
 //
+// A table that a newer pgstore migrated further is left as it is: its
+// migrations are additive, so this pgstore runs on it (a rollback).
+//
 // A database that an earlier pgstore migrated with goose (a table named like
 // the key table and "_migrations") is adopted: its applied versions are
 // recorded here, and the goose table is dropped.
@@ -78,10 +81,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if err := conn.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+versions).Scan(&applied); err != nil {
 		return fmt.Errorf("pgstore: migrate: read %s: %w", versions, err)
 	}
-	if applied > len(all) {
-		return fmt.Errorf("pgstore: migrate: the database is at version %d of the key table, newer than this pgstore knows (%d): upgrade pgstore", applied, len(all))
-	}
-	for _, m := range all[applied:] {
+	// A table at a version newer than this pgstore knows was migrated by a
+	// newer release, and this one is its rollback: every migration is
+	// additive (new columns nullable or defaulted, none dropped, renamed or
+	// retyped while a release that reads it may still run), so this release
+	// runs on the newer table as it is, and applies nothing.
+	for _, m := range all[min(applied, len(all)):] {
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
 				return err

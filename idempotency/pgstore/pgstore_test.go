@@ -145,6 +145,41 @@ func TestMigrateAdoptsGooseVersions(t *testing.T) {
 	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{Table: "old_keys"}), "migrating again does nothing")
 }
 
+// TestMigrateRunsOnANewerTable: a key table that a newer pgstore migrated
+// further (a version this one does not know, and the column it added) is
+// left as it is, and this pgstore still stores and replays keys in it: an
+// operator may roll a release back after its migrations ran.
+func TestMigrateRunsOnANewerTable(t *testing.T) {
+	t.Parallel()
+	_, pool := pgstoretest.Empty(t)
+	ctx := t.Context()
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{}))
+	var known int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version) FROM idempotency_keys_schema_version").Scan(&known))
+	_, err := pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE idempotency_keys ADD COLUMN from_a_newer_release text;
+		INSERT INTO idempotency_keys_schema_version (version, name) VALUES (%d, 'from_a_newer_release')`, known+1))
+	require.NoError(t, err, "migrate as a newer pgstore would")
+
+	require.NoError(t, pgstore.Migrate(ctx, pool, pgstore.Options{}), "migrate the newer table: a rollback")
+	rows, err := pool.Query(ctx, "SELECT name FROM idempotency_keys_schema_version WHERE version > $1", known)
+	require.NoError(t, err)
+	newer, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"from_a_newer_release"}, newer, "the newer version stays recorded, and nothing else is applied")
+
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err)
+	claim := idempotency.ClaimRequest{Scope: "rollback", Key: rand.Text(), Method: http.MethodPost, Route: "/rollback", TTL: time.Hour, Wait: time.Second}
+	lease, rec, err := store.Claim(ctx, claim)
+	require.NoError(t, err)
+	require.Nil(t, rec, "a new key is claimed")
+	require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Body: []byte("stored")}))
+	_, rec, err = store.Claim(ctx, claim)
+	require.NoError(t, err)
+	require.NotNil(t, rec, "the key is stored on the newer table")
+	require.Equal(t, "stored", string(rec.Response.Body))
+}
+
 // tableLayout describes a table's columns, constraints and indexes with its
 // own name taken out.
 func tableLayout(t *testing.T, pool *pgxpool.Pool, table string) []string {
