@@ -179,6 +179,8 @@ func TestHeldKeyWhileRunning(t *testing.T) {
 		if r.Header.Get("X-Hold") != "" {
 			<-release
 		} else {
+			// pacing: the first request runs a while, so that a duplicate
+			// sent meanwhile meets it running; nothing is waited for.
 			time.Sleep(50 * time.Millisecond)
 		}
 		w.WriteHeader(http.StatusCreated)
@@ -225,13 +227,16 @@ func TestHeldKeyWhileRunning(t *testing.T) {
 func TestHeldOperationOutlivesItsClientNotItsLease(t *testing.T) {
 	t.Parallel()
 	held := idempotency.HeldConfig{Lease: 400 * time.Millisecond}
+	// The client gives up after 10ms; the operation runs on past that.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
 	h, runs := heldServer(t, held, func(w http.ResponseWriter, r *http.Request, _ int64) {
 		if r.Header.Get("X-Hang") != "" {
 			<-r.Context().Done()
 			idempotency.MarkUnknown(r, r.Context().Err())
 			return
 		}
-		time.Sleep(100 * time.Millisecond)
+		<-ctx.Done() // the client is gone
 		if r.Context().Err() != nil {
 			w.WriteHeader(http.StatusInternalServerError)
 			return
@@ -239,9 +244,6 @@ func TestHeldOperationOutlivesItsClientNotItsLease(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 
-	// The client gives up after 10ms; the operation runs to its end.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
 	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/transfers", strings.NewReader(`{"amount":5}`))
 	req.Header.Set(idempotency.HeaderKey, "gone")
 	h.ServeHTTP(httptest.NewRecorder(), req)

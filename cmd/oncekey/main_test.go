@@ -531,12 +531,6 @@ func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
 	env := map[string]string{"ONCEKEY_SHUTDOWN_TIMEOUT": "20s"}
 	addr, shutdown := startServe(t, env)
 
-	stalled, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { stalled.Close() })
-	_, err = fmt.Fprintf(stalled, "POST /orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+DemoAPIKey+"\r\nIdempotency-Key: stalled\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(testOrder), testOrder[:10])
-	require.NoError(t, err, "headers and half a body")
 	idle, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { idle.Close() })
@@ -545,7 +539,21 @@ func TestShutdownDoesNotWaitForStalledClients(t *testing.T) {
 	resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
 	require.NoError(t, err, "the idle connection's one request")
 	resp.Body.Close()
-	time.Sleep(100 * time.Millisecond) // both connections settle: one reading a body, one idle
+	// The stalled client sends half a body with its headers and asks for
+	// 100 Continue, which the server sends when it begins to read the
+	// body: it then takes in the half and waits for the rest, on a
+	// connection reading a body; the idle one, answered a round trip
+	// earlier, is idle.
+	stalled, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { stalled.Close() })
+	_, err = fmt.Fprintf(stalled, "POST /orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+DemoAPIKey+"\r\nIdempotency-Key: stalled\r\n"+
+		"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n%s", len(testOrder), testOrder[:10])
+	require.NoError(t, err, "headers and half a body")
+	require.NoError(t, stalled.SetReadDeadline(time.Now().Add(10*time.Second)))
+	status, err := bufio.NewReader(stalled).ReadString('\n')
+	require.NoError(t, err, "the server's answer to Expect: 100-continue")
+	require.Equal(t, "HTTP/1.1 100 Continue\r\n", status, "the server reads the stalled client's body")
 
 	start := time.Now()
 	require.NoError(t, shutdown(), "serve exits cleanly")

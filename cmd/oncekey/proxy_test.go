@@ -201,7 +201,7 @@ func TestGatewayStormAcrossProcesses(t *testing.T) {
 								return
 							}
 							retries.Add(1)
-							time.Sleep(50 * time.Millisecond) // the client's backoff
+							pace(50 * time.Millisecond) // the client's backoff
 						}
 					}()
 				}

@@ -175,22 +175,24 @@ func startCommand(t *testing.T, env map[string]string, args ...string) (addr str
 		}
 	})
 
+	// Polled until it answers, or exits.
 	deadline := time.Now().Add(10 * time.Second)
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			return addr, shutdown
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("%s exited: %v", args[0], err)
-		default:
-		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s did not answer on %s: %v", args[0], addr, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case err := <-done:
+			t.Fatalf("%s exited: %v", args[0], err)
+		case <-poll.C:
+		}
 	}
 }
 

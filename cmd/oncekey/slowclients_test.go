@@ -18,6 +18,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// pace holds a peer of these tests back for d: a client backing off or
+// keeping to Retry-After, an upstream that is slow or quiet on purpose,
+// keys sent over time rather than at once. The slowness is the scenario;
+// nothing is waited for.
+func pace(d time.Duration) {
+	time.Sleep(d) // pacing: a peer slow on purpose, not a wait for anything
+}
+
 // slowUpstream is an upstream with a large answer (/large, 32 MiB), a slow
 // event stream (/events: an event, then a quiet longer than the gateway's
 // write timeout, three times) and a body reader (POST /upload, which
@@ -48,7 +56,7 @@ func startSlowUpstream(t *testing.T, quiet time.Duration) *slowUpstream {
 			for i := range 3 {
 				fmt.Fprintf(w, "data: %d\n\n", i)
 				_ = http.NewResponseController(w).Flush()
-				time.Sleep(quiet)
+				pace(quiet) // the stream's quiet between events
 			}
 		case "/upload":
 			u.uploads.Add(1)
@@ -121,7 +129,7 @@ func TestProxySlowReadersFreeTheirSlots(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, get(), "the non-readers hold every slot")
 	for get() != http.StatusOK {
 		require.Less(t, time.Since(full), deadline+6*time.Second, "still refused")
-		time.Sleep(time.Second) // Retry-After
+		pace(time.Second) // Retry-After
 	}
 	served := time.Since(full)
 	t.Logf("served %s after the %d slots were taken (write deadline %s)", served.Round(time.Millisecond), slots, deadline)

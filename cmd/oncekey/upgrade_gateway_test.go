@@ -71,7 +71,7 @@ func (u *runRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Unlock()
 	var delay [1]byte
 	_, _ = rand.Read(delay[:])
-	time.Sleep(time.Duration(delay[0]) * time.Millisecond)
+	pace(time.Duration(delay[0]) * time.Millisecond) // an upstream of uneven speed
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_, _ = fmt.Fprintf(w, `{"key":%q,"run":%q}`, key, rand.Text())
@@ -151,7 +151,7 @@ func TestGatewayUpgradeKeepsStoredKeys(t *testing.T) {
 					case err != nil, status == http.StatusAccepted, status == http.StatusServiceUnavailable:
 						// The gateway is down for the upgrade, or the key
 						// is in flight: retry, as a client does.
-						time.Sleep(20 * time.Millisecond)
+						pace(20 * time.Millisecond) // the client's backoff
 						continue
 					case status != http.StatusCreated:
 						answers <- answer{key: key, err: fmt.Errorf("%s got %d %s", key, status, body)}

@@ -173,7 +173,7 @@ func (b *testBundle) storm(n int, path, key, body string) []response {
 		wg.Go(func() {
 			answers[i], errs[i] = b.send(http.MethodPost, path, key, body)
 			for try := 0; try < 100 && errs[i] == nil && answers[i].status == http.StatusAccepted; try++ {
-				time.Sleep(50 * time.Millisecond)
+				time.Sleep(50 * time.Millisecond) // pacing: the client's backoff before it retries
 				answers[i], errs[i] = b.send(http.MethodPost, path, key, body)
 			}
 		})

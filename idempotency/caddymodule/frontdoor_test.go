@@ -45,7 +45,9 @@ func startHoldingUpstream(t *testing.T) *holdingUpstream {
 			u.arrived <- struct{}{}
 			<-u.release
 		} else {
-			time.Sleep(50 * time.Millisecond) // long enough for duplicates to meet it
+			// pacing: an upstream slow on purpose, long enough for
+			// duplicates to meet it in flight; nothing is waited for.
+			time.Sleep(50 * time.Millisecond)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -213,7 +215,7 @@ func TestCaddyProfilesTemplatesAndKeyPlaces(t *testing.T) {
 						if answers[i] == nil || answers[i].StatusCode != http.StatusConflict {
 							return
 						}
-						time.Sleep(20 * time.Millisecond)
+						time.Sleep(20 * time.Millisecond) // pacing: the client's backoff before it retries
 					}
 				}()
 			}

@@ -96,7 +96,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		short := req
 		short.TTL = time.Millisecond
 		require.True(t, attemptDeferred(b.ctx, b, store, short, "old\n").committed, "first, short-lived request")
-		time.Sleep(expiryPause)
+		awaitExpiry(t, b.ctx, store, scope, short.TTL)
 		out := attemptDeferred(b.ctx, b, store, req, "new\n")
 		require.NoError(t, out.err, "request after expiry")
 		require.True(t, out.committed, "the expired key must be claimed again")
@@ -135,7 +135,7 @@ func testDeferred[U any](t *testing.T, b *bundle[U]) {
 		// A waiter that outlasts the holder gets its record.
 		waiter := make(chan deferredOutcome, 1)
 		go func() { waiter <- attemptDeferred(b.ctx, b, store, req, "waiter\n") }()
-		time.Sleep(100 * time.Millisecond)
+		requireNoReport(t, waiter, 100*time.Millisecond, "the deferred waiter returned while the holder was still open")
 		commitResponse(t, b.ctx, holder, "holder\n")
 		res := receive(t, waiter, "the deferred waiter")
 		require.NoError(t, res.err, "waiter")

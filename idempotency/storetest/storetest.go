@@ -69,10 +69,10 @@ type Harness[U any] struct {
 // store's (PostgreSQL stamps records with the database's now()).
 const clockSlack = time.Second
 
-// expiryPause is how long a case sleeps for a record with a 1ms TTL to
-// expire. A store that measures expiry on a database's clock needs room
-// beyond the TTL itself.
-const expiryPause = 50 * time.Millisecond
+// expiryTimeout bounds how long awaitExpiry polls for a record with a 1ms
+// TTL to expire. A store that measures expiry on a database's clock needs
+// room beyond the TTL itself.
+const expiryTimeout = 10 * time.Second
 
 // Run runs the suite against the harness's store.
 func Run[U any](t *testing.T, h Harness[U]) {
@@ -324,13 +324,7 @@ func testConcurrentClaimWaits[U any](t *testing.T, b *bundle[U]) {
 
 			waiter := claimAsync(b.ctx, store, req)
 			if tt.end != nil {
-				time.Sleep(100 * time.Millisecond) // let the waiter reach its wait
-				select {
-				case res := <-waiter:
-					require.FailNow(t, "the waiter returned while the holder was still running",
-						"lease=%v record=%v err=%v", res.lease, res.rec, res.err)
-				default:
-				}
+				requireNoReport(t, waiter, 100*time.Millisecond, "the waiter returned while the holder was still running")
 				require.NoError(t, tt.end(b.ctx, holder), "end the holder")
 			}
 			res := receive(t, waiter, "the waiter's claim")
@@ -359,6 +353,8 @@ func testWaitBoundedAcrossHolders[U any](t *testing.T, b *bundle[U]) {
 	for range 2 {
 		go func() { results <- <-claimAsync(b.ctx, store, req) }()
 	}
+	// pacing: the first holder runs for three quarters of the budget, so that
+	// a budget per holder would show; nothing is waited for here.
 	time.Sleep(wait * 3 / 4)
 	require.NoError(t, first.Rollback(b.ctx))
 
@@ -407,13 +403,7 @@ func testLeaseWritesNotBoundByClaimWait[U any](t *testing.T, b *bundle[U]) {
 	// cannot end while its write waits on the first.
 	t.Cleanup(func() { _ = first.Rollback(context.Background()) })
 
-	time.Sleep(3 * wait)
-	select {
-	case err := <-done:
-		require.FailNow(t, "the second lease's write did not wait for the first lease",
-			"it returned %v while the first lease, writing the same id, was still open", err)
-	default:
-	}
+	requireNoReport(t, done, 3*wait, "the second lease's write returned while the first lease, writing the same id, was still open")
 	require.NoError(t, first.Rollback(ctx), "roll back the first lease")
 	require.NoError(t, receive(t, done, "the second lease's write"), "the second lease's write after the first rolled back")
 	commitResponse(t, ctx, second, "second\n")
@@ -437,7 +427,7 @@ func testExpiredKeyIsAbsent[U any](t *testing.T, b *bundle[U]) {
 			req := claimRequest(scope, newKey(), fingerprint("original"))
 			req.TTL = time.Millisecond
 			commitResponse(t, b.ctx, claimLease(t, b.ctx, store, req), "old\n")
-			time.Sleep(expiryPause)
+			awaitExpiry(t, b.ctx, store, scope, req.TTL)
 
 			again := claimRequest(scope, req.Key, fingerprint(tt.again))
 			commitResponse(t, b.ctx, claimLease(t, b.ctx, store, again), "new\n")
@@ -465,7 +455,7 @@ func testPurgeExpired[U any](t *testing.T, b *bundle[U]) {
 	inFlightReq := claimRequest(scope, newKey(), fingerprint("in flight"))
 	inFlightReq.TTL = time.Millisecond
 	inFlight := claimLease(t, ctx, store, inFlightReq)
-	time.Sleep(expiryPause)
+	awaitExpiry(t, ctx, store, scope, time.Millisecond)
 
 	n, err := b.Purge(ctx, batch)
 	require.NoError(t, err, "purge")
@@ -502,7 +492,7 @@ func testConcurrentClaimsRunOnce[U any](t *testing.T, b *bundle[U]) {
 				old := req
 				old.TTL = time.Millisecond
 				commitResponse(t, ctx, claimLease(t, ctx, store, old), "expired\n")
-				time.Sleep(expiryPause)
+				awaitExpiry(t, ctx, store, scope, old.TTL)
 			}
 
 			start := make(chan struct{})
@@ -597,7 +587,7 @@ func testReplaceProvisional[U any](t *testing.T, b *bundle[U]) {
 	short := claimRequest(scope, newKey(), fingerprint("POST /jobs b"))
 	short.TTL = time.Millisecond
 	old := accept(short)
-	time.Sleep(expiryPause)
+	awaitExpiry(t, ctx, store, scope, short.TTL)
 	short.TTL = time.Hour
 	lease := claimLease(t, ctx, store, short)
 	require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: http.StatusAccepted, Header: http.Header{}, Body: []byte("new")}))
@@ -669,7 +659,7 @@ func testSettleHeld[U any](t *testing.T, b *bundle[U]) {
 	short := claimRequest(scope, newKey(), fingerprint("POST /held c"))
 	short.TTL = time.Millisecond
 	old := hold(short)
-	time.Sleep(expiryPause)
+	awaitExpiry(t, ctx, store, scope, short.TTL)
 	short.TTL = time.Hour
 	hold(short)
 	untouched(old, "the old claim's record is gone")
@@ -750,6 +740,42 @@ func claimAsync[U any](ctx context.Context, store idempotency.Store[U], req idem
 		ch <- claimResult[U]{lease: lease, rec: rec, err: err, elapsed: time.Since(start)}
 	}()
 	return ch
+}
+
+// awaitExpiry returns once the records committed so far in scope with a
+// TTL of ttl have expired in store. It commits a sentinel key with that TTL
+// and polls it with a claim, so that the store's clock decides
+// (PostgreSQL's now(), not the test's) and the case's own records are not
+// touched: a claim that gets the sentinel's lease found it expired, and so
+// are the records committed before it.
+func awaitExpiry[U any](t *testing.T, ctx context.Context, store idempotency.Store[U], scope string, ttl time.Duration) {
+	t.Helper()
+	sentinel := claimRequest(scope, newKey(), fingerprint("expiry sentinel"))
+	sentinel.TTL = ttl
+	commitResponse(t, ctx, claimLease(t, ctx, store, sentinel), "sentinel\n")
+	require.Eventually(t, func() bool {
+		lease, _, err := idempotency.ClaimNow(ctx, store, sentinel)
+		if err != nil || lease == nil {
+			return false
+		}
+		return lease.Rollback(ctx) == nil
+	}, expiryTimeout, 5*time.Millisecond, "a record of scope %s with a TTL of %s did not expire", scope, ttl)
+}
+
+// requireNoReport fails if ch reports within d: a goroutine that must be
+// waiting (behind a holder, a lock) has not returned. It watches the whole
+// of d rather than sleeping through it, so a goroutine that returns early
+// fails the case at once.
+func requireNoReport[T any](t *testing.T, ch <-chan T, d time.Duration, what string) {
+	t.Helper()
+	require.Never(t, func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}, d, 5*time.Millisecond, what)
 }
 
 // receive waits for what a goroutine reports, failing rather than hanging

@@ -39,7 +39,7 @@ func shop(t *testing.T) http.Handler {
 	}
 	// made stores a new resource under path, if parent exists.
 	made := func(w http.ResponseWriter, r *http.Request, parent, path string, v map[string]any, location bool) {
-		time.Sleep(50 * time.Millisecond) // identical requests sent at once overlap
+		slow(r)
 		mu.Lock()
 		defer mu.Unlock()
 		if parent != "" && things[parent] == nil {
@@ -68,7 +68,7 @@ func shop(t *testing.T) http.Handler {
 		made(w, r, "/customers/"+r.PathValue("customer"), "/customers/"+r.PathValue("customer")+"/cards/"+v["id"].(string), v, true)
 	})
 	handle("POST /customers/{customer}/cards/{card}/verify", func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(50 * time.Millisecond)
+		slow(r)
 		mu.Lock()
 		defer mu.Unlock()
 		card := things["/customers/"+r.PathValue("customer")+"/cards/"+r.PathValue("card")]

@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
@@ -33,7 +32,7 @@ func gadgets(t *testing.T) http.Handler {
 		return nil
 	})
 	handle("POST /gadgets/{serial}/activate", func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(50 * time.Millisecond) // identical requests sent at once overlap
+		slow(r)
 		if r.PathValue("serial") != "SN-1" {
 			notFoundProblem(w, "gadget")
 			return

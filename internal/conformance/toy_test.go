@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -149,9 +148,6 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	if d, err := time.ParseDuration(r.Header.Get("X-Slow")); err == nil {
-		time.Sleep(d)
-	}
 	rw := &recorded{header: http.Header{}}
 	t.execute(rw, r, route, id, body)
 	if rw.status == 400 && !t.bugs.storesValidationErrors {
@@ -186,7 +182,7 @@ func (t *toy) usedByOther(scope, key string) bool {
 
 // execute runs an operation: it creates or paints a widget.
 func (t *toy) execute(w http.ResponseWriter, r *http.Request, route, id string, body []byte) {
-	time.Sleep(50 * time.Millisecond)
+	slow(r)
 	in, ok := decodeBody(r.Header.Get("Content-Type"), body)
 	if !ok {
 		problem(w, 400, "not JSON, nor a form")

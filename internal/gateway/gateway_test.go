@@ -426,11 +426,13 @@ func TestNoLeaksUnderFaults(t *testing.T) {
 			require.Equal(t, f.status, resp.StatusCode, "round %d, fault %q: %s", round, f.fault, body)
 		}
 	}
-	// Polled here, not with require.Eventually, whose own goroutines would
-	// be counted.
+	// Polled here on a ticker, not with require.Eventually, whose own
+	// goroutines would be counted.
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
 	after := settle()
 	for deadline := time.Now().Add(10 * time.Second); after > before && time.Now().Before(deadline); after = settle() {
-		time.Sleep(20 * time.Millisecond)
+		<-poll.C
 	}
 	if after > before {
 		buf := make([]byte, 1<<20)

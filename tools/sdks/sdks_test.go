@@ -121,6 +121,8 @@ func goCharges(ctx context.Context, run chargeRun) ([]callResult, error) {
 	results := make([]callResult, len(run.Calls))
 	one := func(i int) {
 		call := run.Calls[i]
+		// pacing: each call starts when the run says (a duplicate sent
+		// while the first is in flight), as charges.mjs's calls do.
 		time.Sleep(time.Duration(call.StartAfterMS) * time.Millisecond)
 		sent := &attemptCounter{next: &http.Transport{}}
 		sc := stripe.NewClient(run.APIKey, stripe.WithBackends(stripe.NewBackendsWithConfig(&stripe.BackendConfig{

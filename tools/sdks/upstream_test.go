@@ -69,6 +69,8 @@ func (up *stripeUpstream) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if first {
 		if ms, err := strconv.Atoi(r.PostForm.Get("metadata[first_delay_ms]")); err == nil {
+			// pacing: a first attempt slow on purpose, for the SDK's
+			// timeout and retry to meet; nothing is waited for.
 			time.Sleep(time.Duration(ms) * time.Millisecond)
 		}
 		switch r.PostForm.Get("metadata[first_fault]") {

@@ -271,7 +271,7 @@ func load(t testing.TB, store idempotency.Store[pgx.Tx], scopes []string, keys, 
 		}
 		waitFor(t, &wg, time.Minute, "a round of claims")
 		took = append(took, time.Since(start))
-		time.Sleep(time.Until(start.Add(pace)))
+		time.Sleep(time.Until(start.Add(pace))) // pacing: a round starts every pace, a steady load
 	}
 	return &executed, failures, took
 }

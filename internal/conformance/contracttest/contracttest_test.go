@@ -337,7 +337,7 @@ type slowLease[U any] struct {
 }
 
 func (l slowLease[U]) Commit(ctx context.Context, resp idempotency.Response) error {
-	time.Sleep(l.delay)
+	time.Sleep(l.delay) // pacing: a commit slow on purpose, not a wait for anything
 	return l.Lease.Commit(ctx, resp)
 }
 

@@ -215,12 +215,9 @@ func TestCancelRacesPay(t *testing.T) {
 				requireProblem(t, pay, httpapi.ProblemFor(payments.ErrOrderCancelled), fmt.Sprintf("round %d: the payment after the cancel", round))
 				// The order may be read from a replica that lags (the
 				// replica backends): the cancel shows once it has caught up.
-				status := b.getOrder(t, id).Status
-				for deadline := time.Now().Add(10 * time.Second); status != "cancelled" && time.Now().Before(deadline); {
-					time.Sleep(10 * time.Millisecond)
-					status = b.getOrder(t, id).Status
-				}
-				require.Equal(t, api.OrderStatus("cancelled"), status, "round %d: the cancelled order", round)
+				poll(t, 10*time.Second, fmt.Sprintf("round %d: the cancelled order", round), func() bool {
+					return b.getOrder(t, id).Status == api.OrderStatus("cancelled")
+				})
 			case pay.Status == http.StatusAccepted:
 				wins["pay"]++
 				requireProblem(t, cancel, httpapi.ProblemFor(orders.ErrNotCancellable), fmt.Sprintf("round %d: the cancel after the payment", round))

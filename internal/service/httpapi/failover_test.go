@@ -70,7 +70,7 @@ func TestSynchronousStandbyFailover(t *testing.T) {
 						created.Add(1)
 						break
 					}
-					time.Sleep(20 * time.Millisecond) // a client backing off a little
+					pace(20 * time.Millisecond) // a client backing off a little
 				}
 			}
 		})
@@ -82,7 +82,7 @@ func TestSynchronousStandbyFailover(t *testing.T) {
 	mu.Lock()
 	killed = time.Now()
 	mu.Unlock()
-	time.Sleep(time.Second) // the operator (or the HA manager) notices
+	pace(time.Second) // the operator (or the HA manager) notices
 	standby.Promote(t)
 	promoted := time.Now()
 	before := created.Load()

@@ -46,6 +46,31 @@ func waitAtLeast(t *testing.T, n *atomic.Int64, want int64, what string) {
 	require.Eventually(t, func() bool { return n.Load() >= want }, time.Minute, 5*time.Millisecond, what)
 }
 
+// poll calls done in the test's goroutine (so that done may use require)
+// until it reports true, failing after timeout: a wait for what the test
+// can observe, where require.Eventually's goroutine would not do.
+func poll(t *testing.T, timeout time.Duration, what string, done func() bool) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(timeout)
+	for !done() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+	}
+}
+
+// pace holds a load back for d: a client backing off between tries, the
+// load running on for a while before and through a failure, an operator's
+// reaction time, a database slow on purpose. What the test measures happens
+// meanwhile; nothing is waited for.
+func pace(d time.Duration) {
+	time.Sleep(d) // pacing: the load's own rhythm, not a wait for anything
+}
+
 // outcome is one request of the load in TestDatabaseOutage.
 type outcome struct {
 	key     string
@@ -94,7 +119,7 @@ func TestDatabaseOutage(t *testing.T) {
 				if r.Status == http.StatusCreated {
 					created.Add(1)
 				} else {
-					time.Sleep(20 * time.Millisecond) // a client backing off a little
+					pace(20 * time.Millisecond) // a client backing off a little
 				}
 			}
 		})
@@ -104,7 +129,7 @@ func TestDatabaseOutage(t *testing.T) {
 
 	cluster.Stop(t)
 	require.Eventually(t, func() bool { return ready() == http.StatusServiceUnavailable }, 5*time.Second, 50*time.Millisecond, "/readyz must turn unready")
-	time.Sleep(2 * time.Second) // the load keeps coming while the database is away
+	pace(2 * time.Second) // the load keeps coming while the database is away
 	before := created.Load()
 	cluster.Start(t)
 	require.Eventually(t, func() bool { return ready() == http.StatusOK }, 30*time.Second, 50*time.Millisecond, "/readyz must recover by itself")

@@ -64,7 +64,7 @@ func TestRedisOutageCostsNoLatency(t *testing.T) {
 					wg.Go(func() { load.run(t, end) })
 				}
 			}
-			time.Sleep(time.Until(failAt))
+			pace(time.Until(failAt)) // the load runs for a while before the failure
 			require.NoError(t, redis.Process.Signal(fault.signal), "%s redis-server", fault.name)
 			servicetest.Wait(t, &wg, end.Sub(start)+30*time.Second, "the load through the Redis outage")
 

@@ -140,7 +140,7 @@ type slowClaims[U any] struct {
 }
 
 func (s slowClaims[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-	time.Sleep(s.delay)
+	pace(s.delay)
 	return s.Store.Claim(ctx, req)
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,28 +155,37 @@ func TestConnectionCapRefusesWhenAllAreBusy(t *testing.T) {
 func TestConnectionCapMakesRoom(t *testing.T) {
 	t.Parallel()
 	// idle leaves c a keep-alive connection. net/http marks it idle a
-	// moment after the client has read the response; the pause covers that.
-	idle := func(t *testing.T, c net.Conn) {
+	// moment after the client has read the response: idle returns once
+	// the server has.
+	idle := func(t *testing.T, l *idleListener, c net.Conn) {
 		require.Equal(t, http.StatusOK, roundTrip(t, c, bufio.NewReader(c), http.MethodGet, "").StatusCode)
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-l.idle(c.LocalAddr().String()):
+		case <-time.After(5 * time.Second):
+			t.Fatal("the server did not mark the connection idle within 5s of its response")
+		}
 	}
-	stalledHeaders := func(t *testing.T, c net.Conn) { write(t, c, "POST / HTTP/1.1\r\nHost: test\r\n") }
+	stalledHeaders := func(t *testing.T, _ *idleListener, c net.Conn) { write(t, c, "POST / HTTP/1.1\r\nHost: test\r\n") }
+	stalledBody := func(t *testing.T, _ *idleListener, c net.Conn) { stallInBody(t, c) }
 	for _, tc := range []struct {
 		name         string
-		older, newer func(t *testing.T, c net.Conn)
+		older, newer func(t *testing.T, l *idleListener, c net.Conn)
 		olderGoes    bool // else the newer one goes
 	}{
 		{name: "the connection idle longest goes", older: idle, newer: idle, olderGoes: true},
-		{name: "an idle connection goes before a stalled one", older: stallInBody, newer: idle, olderGoes: false},
-		{name: "with none idle, the one stalled longest goes", older: stalledHeaders, newer: stallInBody, olderGoes: true},
+		{name: "an idle connection goes before a stalled one", older: stalledBody, newer: idle, olderGoes: false},
+		{name: "with none idle, the one stalled longest goes", older: stalledHeaders, newer: stalledBody, olderGoes: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, httpserver.Config{MaxConns: 2, ReadHeaderTimeout: 10 * time.Second, BodyTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			l := &idleListener{Listener: ln, marked: map[string]chan struct{}{}}
+			b := setupOn(t, l, httpserver.Config{MaxConns: 2, ReadHeaderTimeout: 10 * time.Second, BodyTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second})
 			older := b.dial(t)
-			tc.older(t, older)
+			tc.older(t, l, older)
 			newer := b.dial(t)
-			tc.newer(t, newer)
+			tc.newer(t, l, newer)
 
 			resp, err := client(t).Get(b.url)
 			require.NoError(t, err, "the new client is served")
@@ -191,4 +201,52 @@ func TestConnectionCapMakesRoom(t *testing.T) {
 			require.True(t, stillOpen(t, stays, 100*time.Millisecond), "the other one is kept")
 		})
 	}
+}
+
+// idleListener tells a test when the server has marked a connection idle.
+// After a response, net/http clears the connection's write deadline, then
+// reports it idle, and on that report the server (conns.observe) clears it
+// again: the second cleared deadline of a connection's first request is
+// its idle mark. Should either clear go, idle's wait fails, loudly.
+type idleListener struct {
+	net.Listener
+	mu     sync.Mutex
+	marked map[string]chan struct{} // closed once idle, by the client's address
+}
+
+func (l *idleListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &idleConn{TCPConn: c.(*net.TCPConn), marked: l.idle(c.RemoteAddr().String())}, nil
+}
+
+// idle returns a channel closed once the server marks the connection from
+// addr idle.
+func (l *idleListener) idle(addr string) chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ch, ok := l.marked[addr]
+	if !ok {
+		ch = make(chan struct{})
+		l.marked[addr] = ch
+	}
+	return ch
+}
+
+// idleConn is a server's connection that closes marked when its write
+// deadline is cleared the second time. It embeds the *net.TCPConn so that net/http finds
+// CloseWrite and ReadFrom as it would on the connection itself.
+type idleConn struct {
+	*net.TCPConn
+	marked  chan struct{}
+	cleared atomic.Int32
+}
+
+func (c *idleConn) SetWriteDeadline(t time.Time) error {
+	if t.IsZero() && c.cleared.Add(1) == 2 {
+		close(c.marked)
+	}
+	return c.TCPConn.SetWriteDeadline(t)
 }

@@ -106,7 +106,7 @@ func TestShutdownWithABodyArriving(t *testing.T) {
 				t.Fatal("Serve did not begin to shut down within 10s of its context ending")
 			}
 			for i := range tc.pieces {
-				time.Sleep(100 * time.Millisecond) // the upload's pace, not a wait for anything
+				pace(100 * time.Millisecond) // the upload's pace, not a wait for anything
 				write(t, c, body[i*10:(i+1)*10])
 			}
 

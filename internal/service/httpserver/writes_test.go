@@ -133,7 +133,7 @@ func TestSlowReadersFreeTheirSlots(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 		require.Equal(t, "1", resp.Header.Get("Retry-After"))
 		require.Less(t, time.Since(full), deadline+slack+5*time.Second, "still refused after %d attempts", attempts)
-		time.Sleep(time.Second)
+		pace(time.Second) // the Retry-After it was told
 	}
 	served := time.Since(full)
 	t.Logf("a retrying client was served %s after %d slots were taken, on attempt %d (write deadline %s)",
@@ -175,7 +175,7 @@ func TestSlowHandlersAreNotSlowReaders(t *testing.T) {
 					if err := rc.Flush(); err != nil {
 						return
 					}
-					time.Sleep(gap)
+					pace(gap)
 				}
 			},
 			want: "data: 0\n\ndata: 1\n\ndata: 2\n\n",
@@ -184,7 +184,7 @@ func TestSlowHandlersAreNotSlowReaders(t *testing.T) {
 			name: "a write left buffered over a long quiet",
 			handler: func(w http.ResponseWriter, _ *http.Request) {
 				_, _ = io.WriteString(w, "early")
-				time.Sleep(gap)
+				pace(gap)
 				_, _ = io.WriteString(w, " and late")
 			},
 			want: "early and late",
@@ -299,7 +299,7 @@ func TestStreamBodiesAtTheHandlersPace(t *testing.T) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		time.Sleep(3 * bodyTimeout)
+		pace(3 * bodyTimeout)
 		rest, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
