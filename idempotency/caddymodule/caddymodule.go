@@ -12,8 +12,9 @@
 // Every unsafe request the handler sees (its matcher selects them) runs as
 // a held operation of the engine: its key is committed before the request
 // goes upstream and settled with what came back, so that no crash or lost
-// answer runs it twice. A request that reverse_proxy could not connect for
-// is 502 and frees its key; one that went upstream and got no answer
+// answer runs it twice. A request that never reached the upstream
+// (reverse_proxy could not connect, by package forward's rule) is 502 and
+// frees its key; one that went upstream and got no answer
 // leaves its key's outcome unknown (409 outcome-unknown) until an operator
 // settles it. Keys are kept in memory (one Caddy process) or in PostgreSQL,
 // with Redis in front if given.
@@ -53,10 +54,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/forward"
 	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/idempotency/memstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
@@ -398,20 +399,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // forward runs the rest of the chain, and turns its error into what the
-// protocol records: a failed connect frees the key (502), a failure once
-// the request went upstream leaves its outcome unknown.
+// protocol records, by the rule oncekey proxy follows (forward.Reached): a
+// request that never reached the upstream frees the key (502), one that
+// did leaves its outcome unknown.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 	next := r.Context().Value(nextKey{}).(caddyhttp.Handler)
-	for _, name := range []string{idempotency.HeaderKey, "X-Idempotency-Key"} {
-		// net/http's transport resends a request that carries either
-		// header when a reused connection fails after it was written: a
-		// second run upstream. They go on in lower case, which HTTP reads
-		// alike and the transport does not look for.
-		if v := r.Header.Values(name); len(v) > 0 {
-			r.Header.Del(name)
-			r.Header[strings.ToLower(name)] = v
-		}
-	}
+	// Its key headers go in a form reverse_proxy's transport never
+	// resends, and its context notes how far it got.
+	r = forward.Prepare(r)
 	// As oncekey proxy does (internal/gateway): reverse_proxy's transport
 	// then asks for gzip itself and decodes it, so that what is stored
 	// and replayed, to clients that may not have asked for gzip, is the
@@ -421,8 +416,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		return
 	}
-	var dial reverseproxy.DialError
-	if errors.As(err, &dial) {
+	if !forward.Reached(r, err) {
 		h.problem(w, http.StatusBadGateway, "upstream-unreachable", "The upstream could not be reached",
 			"the upstream could not be reached; nothing was sent to it, so retrying with the same Idempotency-Key is safe")
 		return

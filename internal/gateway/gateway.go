@@ -14,17 +14,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/forward"
 	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/internal/wire/problem"
 )
@@ -347,17 +346,6 @@ func newForwarder(cfg Config, answers answers) *forwarder {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 			pr.Out.Header.Set("Forwarded", forwarded(pr.In))
-			for _, name := range []string{idempotency.HeaderKey, "X-Idempotency-Key"} {
-				// net/http's transport resends a request that carries
-				// either header when a reused connection fails after it
-				// was written (Request.isReplayable): a second run
-				// upstream. They go on in lower case, which HTTP reads
-				// alike and the transport does not look for.
-				if v := pr.Out.Header.Values(name); len(v) > 0 {
-					pr.Out.Header.Del(name)
-					pr.Out.Header[strings.ToLower(name)] = v
-				}
-			}
 			if _, covered := pr.In.Context().Value(routeKey{}).(*route); covered {
 				// The transport asks for gzip itself and decodes it, so
 				// that what is stored and replayed is the body as it is,
@@ -373,10 +361,6 @@ func newForwarder(cfg Config, answers answers) *forwarder {
 	return f
 }
 
-// sentKey carries, to the error handler, whether the request's headers were
-// written upstream.
-type sentKey struct{}
-
 func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.maxBody > 0 && r.ContentLength > f.maxBody {
 		// A passed-through body streams upstream: one declared too large
@@ -384,17 +368,14 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.answers.write(w, r, fmt.Errorf("%w: the body is %d bytes; the limit is %d", idempotency.ErrBodyTooLarge, r.ContentLength, f.maxBody))
 		return
 	}
-	var sent atomic.Bool
-	ctx := context.WithValue(r.Context(), sentKey{}, &sent)
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteHeaders: func() { sent.Store(true) },
-	})
-	f.proxy.ServeHTTP(w, r.WithContext(ctx))
+	// Its key headers go in a form the transport never resends, and
+	// failed learns whether it reached the upstream.
+	f.proxy.ServeHTTP(w, forward.Prepare(r))
 }
 
-// failed answers a request the upstream did not answer. Before a byte of it
-// was written, nothing can have run: 502, and the key is freed. After, the
-// upstream may have run it: the outcome is unknown.
+// failed answers a request the upstream did not answer. One that never
+// reached it (forward.Reached) cannot have run: 502, and the key is freed.
+// One that did may have run: the outcome is unknown.
 func (f *forwarder) failed(w http.ResponseWriter, r *http.Request, err error) {
 	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
 		// A streamed body ran past the limit: the upstream got a
@@ -402,12 +383,12 @@ func (f *forwarder) failed(w http.ResponseWriter, r *http.Request, err error) {
 		f.answers.write(w, r, fmt.Errorf("%w: the body exceeds the limit of %d bytes", idempotency.ErrBodyTooLarge, tooLarge.Limit))
 		return
 	}
-	sent, _ := r.Context().Value(sentKey{}).(*atomic.Bool)
-	if sent != nil && sent.Load() && idempotency.MarkUnknown(r, fmt.Errorf("the upstream did not answer: %w", err)) {
+	reached := forward.Reached(r, err)
+	if reached && idempotency.MarkUnknown(r, fmt.Errorf("the upstream did not answer: %w", err)) {
 		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer; its outcome is unknown", "err", err, "path", r.URL.Path)
 		return
 	}
-	if sent != nil && sent.Load() {
+	if reached {
 		// A request passed through, not covered: it may have run.
 		f.log.WarnContext(r.Context(), "gateway: the upstream took a request and did not answer", "err", err, "path", r.URL.Path)
 		f.answers.kind(w, r, UpstreamFailed, "the upstream took the request and did not answer: it may have run")
@@ -444,7 +425,7 @@ var errUnreachable = errors.New("the upstream could not be reached; nothing was 
 // Unreachable is the problem of a request the gateway could not send.
 var Unreachable = problem.Kind{
 	Slug: "upstream-unreachable", Status: http.StatusBadGateway, Title: "The upstream could not be reached",
-	When:        "The gateway could not connect to the upstream, or failed before a byte of the request was written. Nothing ran: retry with the same key.",
+	When:        "The request never reached the upstream: connecting failed (refused, a TLS error, a timeout), it failed before its headers were written, or HTTP/2 refused its stream. Nothing ran: retry with the same key.",
 	KeyConsumed: "no",
 }
 
