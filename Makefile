@@ -142,7 +142,8 @@ GOVULNCHECK_VERSION := v1.9.0
 # VULNCHECK_MODULES are every module the project publishes or tests: the
 # service's, the engine's (idempotency/integration among them), the Caddy
 # module, the examples, the tools the targets run (tools: sqlc and oasdiff,
-# scanned as the packages its tool lines name) and the SDKs' tests
+# scanned as the packages its tool lines name, and its own packages, the
+# bench and the dashboard snapshot) and the SDKs' tests
 # (tools/sdks). Each is scanned with its tests, so what only a test
 # imports counts too.
 VULNCHECK_MODULES = . $(ENGINE_MODULES) $(CADDY_MODULE) examples/widgets examples/transfers tools tools/sdks
@@ -155,7 +156,7 @@ vulncheck: ## govulncheck on every package and test of every module in VULNCHECK
 	  (cd $$db && $(GO) run golang.org/x/vulndb/cmd/indexdb@$(VULNDB_VERSION) -vulns "$$src/data/osv" -out $$db/db); \
 	  GOBIN=$$db/bin $(GO) install golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION); \
 	  failed=(); for m in $(VULNCHECK_MODULES); do \
-	    pkgs=./...; [ $$m != tools ] || pkgs=tool; t=$$SECONDS; \
+	    pkgs=./...; [ $$m != tools ] || pkgs="tool ./..."; t=$$SECONDS; \
 	    (cd $$m && $$db/bin/govulncheck -db file://$$db/db -test -format json $$pkgs) > $$db/findings.json; \
 	    if grep -q '"finding"' $$db/findings.json; then \
 	      echo "vulncheck: $$m: advisories in modules it requires, called or not; bump them:"; \
@@ -176,10 +177,10 @@ ENGINE_MODULES := idempotency idempotency/pgstore idempotency/redisstore idempot
 CADDY_MODULE := idempotency/caddymodule
 
 .PHONY: lint
-lint: ## go vet, gofmt and a tidy go.mod, in the service's module and in each of the engine's
+lint: ## go vet, gofmt and a tidy go.mod, in the service's module, in each of the engine's, and in tools (the bench and the dashboard snapshot)
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
-	@set -e; for m in $(ENGINE_MODULES) $(CADDY_MODULE); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
+	@set -e; for m in $(ENGINE_MODULES) $(CADDY_MODULE) tools; do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # TEST_PG_CONNECTIONS is the most PostgreSQL connections make test holds at
@@ -220,8 +221,9 @@ test/preflight: ## fail at once, in one line, unless PostgreSQL has TEST_PG_CONN
 	  $(GO) build -o $$bin/testenv ./internal/testsupport/testdb/testenv && $$bin/testenv check -connections $(TEST_PG_CONNECTIONS)
 
 .PHONY: test/service
-test/service: ## the service's module: go test -race ./... (TEST_P binaries at a time)
+test/service: ## the service's module: go test -race ./... (TEST_P binaries at a time), then the tools module's own packages (the bench, the dashboard snapshot)
 	$(GOTEST) -race -timeout 15m ./...
+	cd tools && $(GOTEST) -race -timeout 5m ./...
 
 .PHONY: test/engine
 test/engine: ## the engine's modules on their own: each vetted and tested in its directory, all of them even when one fails (idempotency/integration also holds the dependency budget test)
@@ -325,7 +327,8 @@ bench/chart: ## redraw docs/img/benchmarks.png from docs/benchmarks.json, measur
 
 .PHONY: bench
 bench: ## load benchmark: idempotent POST /orders against the baseline, side by side; writes docs/benchmarks.{md,json} and docs/img/benchmarks.png, fails when a target is missed
-	$(GO) run ./cmd/bench $(BENCHFLAGS)
+	$(GO) -C tools build -o ../bin/bench ./bench
+	bin/bench $(BENCHFLAGS)
 	@tools/docs-images.sh record benchmarks
 
 .PHONY: bench/micro

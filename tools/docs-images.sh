@@ -32,9 +32,9 @@ sources() {
 			internal/service/docspage/assets/redoc.standalone.js tools/node/docs-screenshot.mjs ;;
 	dashboard) # the dashboard's panels, and the program that loads and draws them
 		printf '%s\n' deploy/grafana/oncekey.json
-		find cmd/dashboard-snapshot -name '*.go' ! -name '*_test.go' ;;
+		find tools/dashboard-snapshot -name '*.go' ! -name '*_test.go' ;;
 	benchmarks) # the measured numbers, and the code that draws them
-		printf '%s\n' docs/benchmarks.json cmd/bench/chart.go cmd/bench/report.go ;;
+		printf '%s\n' docs/benchmarks.json tools/bench/chart.go tools/bench/report.go ;;
 	*) echo "docs-images: unknown image $1 (want one of: ${images[*]})" >&2; return 1 ;;
 	esac | LC_ALL=C sort
 }
@@ -153,8 +153,8 @@ render() {
 		echo "== docs/img/$image.png"
 		case $image in
 		api-docs) render_api_docs ;;
-		dashboard) $GO run ./cmd/dashboard-snapshot -out docs/img/dashboard.png ;;
-		benchmarks) $GO run ./cmd/bench -chart-only -json docs/benchmarks.json -chart docs/img/benchmarks.png ;;
+		dashboard) $GO -C tools build -o ../bin/dashboard-snapshot ./dashboard-snapshot && bin/dashboard-snapshot -out docs/img/dashboard.png ;;
+		benchmarks) $GO -C tools build -o ../bin/bench ./bench && bin/bench -chart-only -json docs/benchmarks.json -chart docs/img/benchmarks.png ;;
 		*) sources "$image" >/dev/null ;;
 		esac
 		record "$image"

@@ -1,5 +1,5 @@
 // Package grafana holds Oncekey's Grafana dashboard, oncekey.json, embedded
-// so that programs drawing it (cmd/dashboard-snapshot) take their panel
+// so that programs drawing it (tools/dashboard-snapshot) take their panel
 // titles from the dashboard itself instead of a copy that can drift.
 package grafana
 

@@ -14,6 +14,7 @@ import (
 	"github.com/oncekey/oncekey/internal/service/auth"
 	"github.com/oncekey/oncekey/internal/service/httpapi"
 	"github.com/oncekey/oncekey/internal/service/orders"
+	servicestore "github.com/oncekey/oncekey/internal/service/store"
 	"github.com/oncekey/oncekey/internal/service/store/memory"
 )
 
@@ -23,24 +24,24 @@ import (
 // claims a fresh key and runs the operation, "replay" answers from the
 // stored response, and "read" is a GET that does no idempotency work, the
 // floor the other two are compared to. "baseline" is POST /orders on the
-// same stack with the protocol off (httpapi.WithoutIdempotency) and an
-// order writer that keeps nothing: what the service costs around the
-// write, as cmd/bench's baseline mode measures it with PostgreSQL.
+// same stack with a key store that keeps nothing (keepNothing) and an
+// order writer that keeps nothing either: what the service costs around
+// the write, as tools/bench's baseline mode measures it with PostgreSQL.
 func BenchmarkMiddlewareOverhead(b *testing.B) {
 	store := memory.New()
-	build := func(opts ...httpapi.Option) http.Handler {
+	build := func(keys idempotency.Store[servicestore.Deferred]) http.Handler {
 		handler, err := httpapi.New(httpapi.Config{
-			Backend: store,
+			Backend: store, DeferredKeys: keys,
 			// As serve wires it.
 			Auth:   auth.NewCache(store, auth.DefaultCacheSize, auth.DefaultCacheTTL),
 			Logger: slog.New(slog.DiscardHandler),
-		}, opts...)
+		})
 		if err != nil {
 			b.Fatalf("build the service: %v", err)
 		}
 		return handler
 	}
-	handler := build()
+	handler := build(nil)
 	creds, err := auth.CreateAccount(context.Background(), store, "bench", "")
 	if err != nil {
 		b.Fatalf("create an account: %v", err)
@@ -98,7 +99,7 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 	})
 
 	b.Run("baseline", func(b *testing.B) {
-		handler := build(httpapi.WithoutIdempotency(discardOrders{}))
+		handler := build(keepNothing{})
 		serve := func(req *http.Request) *httptest.ResponseRecorder {
 			rec := httptest.NewRecorder()
 			handler.ServeHTTP(rec, req)
@@ -132,7 +133,21 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 	})
 }
 
-// discardOrders is an order writer that keeps nothing.
-type discardOrders struct{}
+// keepNothing is a key store that keeps nothing: every claim is a lease
+// whose writes go nowhere and whose commit stores no record. A service
+// built on it runs POST /orders as it does on a real store, with the
+// store's share of the protocol taken out.
+type keepNothing struct{}
 
-func (discardOrders) CreateOrder(context.Context, orders.Order) error { return nil }
+func (keepNothing) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease[servicestore.Deferred], *idempotency.Record, error) {
+	return keptNothing{ref: idempotency.Ref{Scope: req.Scope, Key: req.Key}}, nil, nil
+}
+
+// keptNothing is keepNothing's lease, and its own unit of work.
+type keptNothing struct{ ref idempotency.Ref }
+
+func (l keptNothing) Unit() servicestore.Deferred                      { return l }
+func (l keptNothing) Ref() idempotency.Ref                             { return l.ref }
+func (keptNothing) Commit(context.Context, idempotency.Response) error { return nil }
+func (keptNothing) Rollback(context.Context) error                     { return nil }
+func (keptNothing) CreateOrder(context.Context, orders.Order) error    { return nil }

@@ -203,7 +203,10 @@ func TestInFlightDuplicate(t *testing.T) {
 func twin(t *testing.T, b *testBundle, wrap func(orders.Writer) orders.Writer, cfg httpapi.Config) *testBundle {
 	t.Helper()
 	cfg.Backend = b.store
-	cfg.Orders = wrap
+	if cfg.DeferredKeys == nil {
+		cfg.DeferredKeys = b.store.DeferredKeys()
+	}
+	cfg.DeferredKeys = servicetest.WrapOrders(cfg.DeferredKeys, wrap)
 	handler, err := httpapi.New(cfg)
 	require.NoError(t, err, "build second handler")
 	srv := httptest.NewServer(handler)

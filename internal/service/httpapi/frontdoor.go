@@ -109,13 +109,14 @@ func requestFrom(ctx context.Context) *request {
 // the idempotency protocol on the operations that declare the key. A
 // request it refuses consumes no key.
 //
-// The body's schema is the one part of the contract checked later, by the
-// protocol, only when the operation is about to run (validateBody): a
-// replay's body means exactly what the body that passed the check when its
-// operation ran meant (the fingerprint ignores only what no JSON parser
-// reads), so checking it again would only cost time. A body that fails it
-// still consumes no key. The handlers read the body as sent, numbers by
-// their exact value (integral).
+// The body's schema is checked last (validateBody), still before the
+// protocol sees the request: a body against the schema gets the same 400
+// whether or not its key was used before, and the protocol is handed only
+// requests the operation would take. A replay pays for the check too (its
+// body means what the body that passed when its operation ran meant), which
+// buys one straight path: the engine calls nothing of the service's before
+// the operation runs. The handlers read the body as sent, numbers by their
+// exact value (integral).
 type frontDoor struct {
 	ops      *oapi.Operations
 	contract contract
@@ -126,8 +127,6 @@ type frontDoor struct {
 	// protocols runs each operation that takes an Idempotency-Key, by its
 	// operationId.
 	protocols map[string]protocol
-	// baseline runs them without it (the benchmark's WithoutIdempotency).
-	baseline bool
 }
 
 func (f *frontDoor) handler(next http.Handler) http.Handler {
@@ -167,7 +166,14 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 			return
 		}
 		canonicalIDs(r, req.op.Spec)
-		if req.op.Idempotent && !f.baseline {
+		if err := f.contract.validateBody(r, req.op.Spec, body); err != nil {
+			if req.op.Idempotent {
+				err = unfingerprinted(r, req.route, body, err)
+			}
+			f.problems.write(w, r, err)
+			return
+		}
+		if req.op.Idempotent {
 			serve, ok := f.protocols[req.op.ID]
 			if !ok { // never run unprotected
 				f.problems.write(w, r, errNoUnit)
@@ -176,13 +182,23 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 			req.outcome = serve(w, r, idempotency.Prepared{Scope: auth.Scope(account), Key: key, Body: body}, account, next)
 			return
 		}
-		if err := f.contract.validateBody(r, body); err != nil {
-			f.problems.write(w, r, err)
-			return
-		}
 		r.Body = req.validated(io.NopCloser(bytes.NewReader(body)))
 		next.ServeHTTP(w, withCall(r, call[noUnit]{account: account}))
 	})
+}
+
+// unfingerprinted is the error a body that failed its schema (invalid)
+// gets under the idempotency protocol: the protocol's own refusal when it
+// could not fingerprint the body either (duplicate members, invalid
+// UTF-8, a number no parser reads alike: idempotency.ErrMalformedBody),
+// else invalid. Such a body has no single meaning, so it is malformed
+// whatever its schema says (docs/problems.md), as it was when the protocol
+// checked it before the schema. Only a refused body pays for the check.
+func unfingerprinted(r *http.Request, route string, body []byte, invalid error) error {
+	if _, err := idempotency.ComputeFingerprintFor(r.Method, route, r.URL.EscapedPath(), nil, r.Header.Get("Content-Type"), body); err != nil {
+		return err
+	}
+	return invalid
 }
 
 // admit authenticates the caller of an operation that requires it.
@@ -487,24 +503,17 @@ func acceptsMediaType(op *openapi3.Operation, r *http.Request, size int) bool {
 	return body.Value.Content.Get(r.Header.Get("Content-Type")) != nil
 }
 
-// validateBody checks a body against the schema of the operation chi
-// routed r to. It is the idempotency protocol's Validate (Config.Validate):
-// called only when the operation is about to run, and before a request
-// whose key holds another request's outcome is answered 409, so that a
-// body against the schema gets the same 400 whether or not its key was
-// used before.
-func (c contract) validateBody(r *http.Request, body []byte) error {
+// validateBody checks r's body against the schema of its operation op,
+// the last of the front door's checks: before the idempotency protocol
+// looks at the key, so that a body against the schema gets the same 400
+// whether or not its key was used before, and consumes none. The value it
+// decoded, if it kept one, goes to the handler (request.validated).
+func (c contract) validateBody(r *http.Request, op *openapi3.Operation, body []byte) error {
 	if holdsNUL(body) {
 		// PostgreSQL stores no NUL in text or jsonb (SQLSTATE 22P05): the
 		// operation would fail with a 500 on every retry.
 		return &contractError{kind: errBadRequest, detail: "request body: a string holds the NUL character (\\u0000), which cannot be stored"}
 	}
-	route := routePattern(r)
-	item := c.doc.Paths.Value(route)
-	if item == nil {
-		return nil
-	}
-	op := item.GetOperation(r.Method)
 	if op == nil || op.RequestBody == nil || op.RequestBody.Value == nil {
 		return nil
 	}

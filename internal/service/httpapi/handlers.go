@@ -29,11 +29,6 @@ type handlers struct {
 	payments *payments.Service
 	ledger   *ledger.Service
 	ready    func(context.Context) error
-
-	// wrapOrders wraps createOrder's writes (fault injection).
-	wrapOrders func(orders.Writer) orders.Writer
-	// baseline creates orders when the protocol is off (WithoutIdempotency).
-	baseline orders.Writer
 }
 
 var _ apiserver.StrictServerInterface = (*handlers)(nil)
@@ -65,16 +60,9 @@ func account(ctx context.Context) (uuid.UUID, error) {
 // orderWriter is the caller of the order creation in ctx, and the writes
 // it creates the order through.
 func (h *handlers) orderWriter(ctx context.Context) (uuid.UUID, orders.Writer, error) {
-	if h.baseline != nil {
-		acct, err := account(ctx)
-		return acct, h.baseline, err
-	}
 	c, err := callFrom[store.Deferred](ctx)
 	if err != nil {
 		return uuid.Nil, nil, err
-	}
-	if h.wrapOrders != nil {
-		return c.account, h.wrapOrders(c.unit), nil
 	}
 	return c.account, c.unit, nil
 }

@@ -63,9 +63,6 @@ type Config struct {
 	// Payments is the payment service, reading through Reads (default:
 	// none; POST /payments then fails with a 500).
 	Payments *payments.Service
-	// Orders wraps the order writes of POST /orders (fault injection in
-	// tests; default: none).
-	Orders func(orders.Writer) orders.Writer
 	// Ready reports whether dependencies answer (GET /readyz; default: the
 	// backend's Ready).
 	Ready func(context.Context) error
@@ -90,27 +87,8 @@ type Config struct {
 	Tracing bool
 }
 
-// Option changes how New builds the handler in ways a production service
-// never wants.
-type Option func(*options)
-
-type options struct {
-	baseline orders.Writer
-}
-
-// WithoutIdempotency serves every operation without the idempotency
-// protocol, creating orders through w on their own: the same service with
-// the protocol's cost taken out, which cmd/bench measures it against.
-func WithoutIdempotency(w orders.Writer) Option {
-	return func(o *options) { o.baseline = w }
-}
-
 // New builds the service's http.Handler.
-func New(cfg Config, opts ...Option) (http.Handler, error) {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
+func New(cfg Config) (http.Handler, error) {
 	if cfg.Backend == nil {
 		return nil, errors.New("httpapi: no backend")
 	}
@@ -151,7 +129,6 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 		Route:      routePattern,
 		TTL:        cfg.TTL,
 		Wait:       cfg.Wait,
-		Validate:   spec.validateBody,
 		WriteError: problems.write,
 		Logger:     cfg.Logger,
 		Observer:   cfg.Metrics,
@@ -166,14 +143,14 @@ func New(cfg Config, opts ...Option) (http.Handler, error) {
 	spec.keyParsed(ops.Covered())
 	h := &handlers{
 		orders: orders.NewService(cfg.Reads), payments: cfg.Payments, ledger: ledger.NewService(cfg.Reads),
-		ready: cfg.Ready, wrapOrders: cfg.Orders, baseline: o.baseline,
+		ready: cfg.Ready,
 	}
 	protocols, err := bind(ops, cfg.Keys, cfg.DeferredKeys)
 	if err != nil {
 		return nil, err
 	}
 	front := &frontDoor{ops: ops, contract: spec, auth: cfg.Auth, maxBody: cfg.MaxBodyBytes, log: cfg.Logger,
-		problems: problems, protocols: protocols, baseline: o.baseline != nil}
+		problems: problems, protocols: protocols}
 
 	r := chi.NewRouter()
 	r.Use(secure, observe(cfg.Logger, cfg.Metrics), recoverer(cfg.Logger, problems), timeout(cfg.RequestTimeout))

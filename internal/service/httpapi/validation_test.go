@@ -134,13 +134,12 @@ func TestBodyValidation(t *testing.T) {
 	})
 }
 
-// The body's schema is checked only when the operation is about to run,
-// inside the idempotency layer (a replay's body passed it when it ran), and
-// before a key mismatch is answered: a body against the schema gets the
-// same 400 whether its key is new or used, and consumes no key. Both claim
-// paths: orders defer the claim to the commit, bonus credits claim in a
-// transaction first.
-func TestBodySchemaCheckedWhenTheOperationRuns(t *testing.T) {
+// The body's schema is checked by the front door before the idempotency
+// protocol looks at the key, so before a key mismatch is answered: a body
+// against the schema gets the same 400 whether its key is new or used, and
+// consumes no key. Both claim paths: orders defer the claim to the commit,
+// bonus credits claim in a transaction first.
+func TestBodySchemaCheckedBeforeTheKey(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name, path   string

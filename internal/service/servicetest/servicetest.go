@@ -1,7 +1,8 @@
 // Package servicetest is what the black-box tests of several packages share
 // when they run the service and talk to it over HTTP: starting it, building
 // requests, reading whole replies, waiting for replies sent from goroutines.
-// It is imported only by tests.
+// It is imported only by tests, and by tools/dashboard-snapshot, which
+// slows the service's writes down as tests inject faults (WrapOrders).
 package servicetest
 
 import (
@@ -89,7 +90,9 @@ type Service struct {
 type Options struct {
 	// Config is the service's configuration; Start sets its Backend.
 	Config httpapi.Config
-	// Orders, if set, wraps the order writes (fault injection).
+	// Orders, if set, wraps the order writes of POST /orders (fault
+	// injection), through WrapOrders on Config.DeferredKeys or the
+	// backend's.
 	Orders func(orders.Writer) orders.Writer
 	// Wrap, if set, wraps the whole handler (a fault injector in front).
 	Wrap func(http.Handler) http.Handler
@@ -109,7 +112,11 @@ func Start(t testing.TB, backend store.Backend, opts Options) Service {
 		cfg.Logger = Logger(t)
 	}
 	if opts.Orders != nil {
-		cfg.Orders = opts.Orders
+		keys := cfg.DeferredKeys
+		if keys == nil {
+			keys = backend.DeferredKeys()
+		}
+		cfg.DeferredKeys = WrapOrders(keys, opts.Orders)
 	}
 	handler, err := httpapi.New(cfg)
 	require.NoError(t, err, "build the service")

@@ -175,8 +175,8 @@ func (s *Store) RevokeKey(_ context.Context, hash auth.KeyHash) (bool, error) {
 	return ok, nil
 }
 
-// CreateOrder creates o on its own, outside any idempotent operation (the
-// benchmark's baseline, and tests).
+// CreateOrder creates o on its own, outside any idempotent operation
+// (storetest's fixtures, and a writer that needs no key).
 func (s *Store) CreateOrder(_ context.Context, o orders.Order) error {
 	o.Items = slices.Clone(o.Items)
 	s.write(func() { s.putOrder(o) })

@@ -30,8 +30,8 @@ func (w *deferredWrites) CreateOrder(ctx context.Context, o orders.Order) error 
 	}))
 }
 
-// CreateOrder creates o on its own, outside any idempotent operation (the
-// benchmark's baseline, and tests).
+// CreateOrder creates o on its own, outside any idempotent operation
+// (storetest's fixtures, and a writer that needs no key).
 func (s *Store) CreateOrder(ctx context.Context, o orders.Order) error {
 	items, err := json.Marshal(o.Items)
 	if err != nil {

@@ -15,7 +15,7 @@
 // a panel whose title the embedded dashboard does not have, so the picture
 // cannot drift from the dashboard unnoticed.
 //
-//	go run ./cmd/dashboard-snapshot -out docs/img/dashboard.png -duration 20s
+//	go -C tools build -o ../bin/dashboard-snapshot ./dashboard-snapshot && bin/dashboard-snapshot -out docs/img/dashboard.png -duration 20s
 package main
 
 import (
@@ -37,6 +37,7 @@ import (
 	"github.com/oncekey/oncekey/internal/service/httpapi"
 	"github.com/oncekey/oncekey/internal/service/metrics"
 	"github.com/oncekey/oncekey/internal/service/orders"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
 	"github.com/oncekey/oncekey/internal/service/store/memory"
 )
 
@@ -112,9 +113,11 @@ func startService(ctx context.Context) (baseURL, apiKey string, store *memory.St
 	m.RegisterStore(store)
 	handler, err := httpapi.New(httpapi.Config{
 		Backend: store,
-		Orders:  func(w orders.Writer) orders.Writer { return slowWriter{w} },
-		Logger:  slog.New(slog.DiscardHandler),
-		Metrics: m,
+		// The slow writes run inside their claims, as a slow downstream
+		// call would.
+		DeferredKeys: servicetest.WrapOrders(store.DeferredKeys(), func(w orders.Writer) orders.Writer { return slowWriter{w} }),
+		Logger:       slog.New(slog.DiscardHandler),
+		Metrics:      m,
 	})
 	if err != nil {
 		return "", "", nil, nil, err

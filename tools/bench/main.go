@@ -2,11 +2,12 @@
 // service in-process on a fresh PostgreSQL database, drives it with a
 // closed-loop client at several concurrencies, and compares, side by side in
 // one run, the idempotent POST /orders (first requests and replays, with and
-// without Redis) against a baseline: the same handler doing the same order
-// INSERT with the idempotency middleware left out; and against bare, the
+// without Redis) against a baseline: the same service on a key store that
+// keeps nothing (keepNothing), doing the same order INSERT on its own with
+// no claim and no key row; and against bare, the
 // endpoint a user would write by hand (net/http and one pgx INSERT), so
-// that the protocol's cost (over the baseline) and the service's (the
-// baseline over bare) show apart. Several rounds interleave every mode,
+// that what the key costs in PostgreSQL (over the baseline) and what the
+// service costs (the baseline over bare) show apart. Several rounds interleave every mode,
 // and each target is judged on the median of its per-round ratios, so
 // drift over the run (a checkpoint, autovacuum, a busy neighbour) hits the
 // baseline and the mode alike. Then it fills the key table with
