@@ -11,7 +11,9 @@ import (
 // cleanup: with several replicas, exactly one purges at a time.
 var ErrCleanupBusy = errors.New("idempotency: another replica is running cleanup")
 
-// Purger deletes expired records in bounded batches.
+// Purger deletes expired records in bounded batches. Every Store is one; a
+// store whose records expire by themselves (a cache with a TTL) returns an
+// error wrapping errors.ErrUnsupported, and Cleanup has nothing to do.
 type Purger interface {
 	// PurgeExpired deletes expired records, at most batch (> 0) per
 	// statement, until none is left or ctx ends, and returns how many it

@@ -16,11 +16,13 @@ import (
 
 // scriptedStore answers each claim with the next step of a script: a
 // lease deferred to its commit, whose Commit returns commitErr, or a record.
-// It is a DeferringStore, and notes which way each claim came (now).
+// It notes which way each claim came (now: AtOnce). The engine asks it
+// nothing but claims (the embedded Store is nil).
 type scriptedStore struct {
+	idempotency.Store[struct{}]
 	mu    sync.Mutex
 	steps []step
-	now   []bool // each claim made: through ClaimNow
+	now   []bool // each claim made: AtOnce
 }
 
 type step struct {
@@ -28,18 +30,10 @@ type step struct {
 	rec       *idempotency.Record // or this record
 }
 
-func (s *scriptedStore) Claim(_ context.Context, _ idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
-	return s.claim(false)
-}
-
-func (s *scriptedStore) ClaimNow(_ context.Context, _ idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
-	return s.claim(true)
-}
-
-func (s *scriptedStore) claim(now bool) (idempotency.Lease[struct{}], *idempotency.Record, error) {
+func (s *scriptedStore) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.now = append(s.now, now)
+	s.now = append(s.now, req.AtOnce)
 	next := s.steps[0]
 	s.steps = s.steps[1:]
 	if next.rec != nil {
@@ -73,7 +67,7 @@ func TestLostDeferredClaim(t *testing.T) {
 		wantStatus int
 		wantBody   string
 		replayed   bool
-		now        []bool // each claim made: through ClaimNow
+		now        []bool // each claim made: AtOnce
 	}{
 		{name: "committed", steps: []step{{}}, wantStatus: http.StatusCreated, wantBody: `{"id":"mine"}`, now: []bool{false}},
 		{name: "taken by a completed record", steps: []step{{commitErr: &idempotency.TakenError{Record: winner}}},
@@ -107,7 +101,7 @@ func TestLostDeferredClaim(t *testing.T) {
 				require.Equal(t, tt.wantBody, rec.Body.String(), "body")
 			}
 			require.Equal(t, tt.replayed, rec.Header().Get(idempotency.HeaderReplayed) == "true", "Idempotent-Replayed")
-			require.Equal(t, tt.now, store.now, "claims made, and whether through ClaimNow")
+			require.Equal(t, tt.now, store.now, "claims made, and whether AtOnce")
 		})
 	}
 }

@@ -105,8 +105,11 @@ func (h Held) At(now time.Time) HeldState {
 	return h.State
 }
 
-// Settler is a store that changes a record it has committed already: what
-// a held operation needs, as its claim is committed before it runs.
+// Settler changes a record committed already: what a held operation
+// needs, as its claim is committed before it runs. Every Store is one; a
+// store that keeps no held records returns an error wrapping
+// errors.ErrUnsupported from both methods, and a held operation on it
+// cannot settle its keys.
 type Settler interface {
 	// Settle replaces the held record stored under ref's claim with resp,
 	// and reports false, changing nothing, when that record is gone (purged,
@@ -115,12 +118,6 @@ type Settler interface {
 	// Release deletes the held record stored under ref's claim, freeing the
 	// key, and reports false, changing nothing, as Settle does.
 	Release(ctx context.Context, ref Ref) (bool, error)
-}
-
-// HeldStore is a store that can keep held operations' keys.
-type HeldStore[U any] interface {
-	Store[U]
-	Settler
 }
 
 // HeldConfig makes an operation held: it runs outside the store's unit of
@@ -170,8 +167,9 @@ type HeldConfig struct {
 const DefaultMaxStored = 1 << 20
 
 // NewHeldOperation declares a held operation of e (see HeldConfig), whose
-// keys store keeps.
-func NewHeldOperation[U any](e *Engine, store HeldStore[U], cfg OperationConfig, held HeldConfig) *Operation[U] {
+// keys store keeps: it must keep held records (Settler), as pgstore and
+// memstore do, and any store in front of them.
+func NewHeldOperation[U any](e *Engine, store Store[U], cfg OperationConfig, held HeldConfig) *Operation[U] {
 	if held.Lease <= 0 {
 		held.Lease = time.Minute
 	}

@@ -483,14 +483,10 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 		req := ClaimRequest{
 			Scope: in.Scope, Key: in.Key, Fingerprint: s.fp,
 			Method: r.Method, Route: route, TTL: o.cfg.TTL,
-			Wait: max(o.cfg.Wait-time.Since(claimStart), minStoreWait),
+			Wait:   max(o.cfg.Wait-time.Since(claimStart), minStoreWait),
+			AtOnce: contended,
 		}
 		claim := o.store.Claim
-		if contended {
-			claim = func(ctx context.Context, req ClaimRequest) (Lease[U], *Record, error) {
-				return ClaimNow(ctx, o.store, req)
-			}
-		}
 		var lease Lease[U]
 		var rec *Record
 		var err error

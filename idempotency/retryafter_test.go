@@ -16,8 +16,12 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 )
 
-// failingStore answers every claim with err.
-type failingStore struct{ err error }
+// failingStore answers every claim with err; the engine asks it nothing
+// else (the embedded Store is nil).
+type failingStore struct {
+	idempotency.Store[struct{}]
+	err error
+}
 
 func (s failingStore) Claim(context.Context, idempotency.ClaimRequest) (idempotency.Lease[struct{}], *idempotency.Record, error) {
 	return nil, nil, s.err
@@ -60,7 +64,7 @@ func TestRetryAfterIsTheEnginesOwn(t *testing.T) {
 					WriteError: wr.write,
 				})
 				var runs atomic.Int64
-				h := idempotency.NewOperation[struct{}](engine, failingStore{tc.err}, idempotency.OperationConfig{}).
+				h := idempotency.NewOperation[struct{}](engine, failingStore{err: tc.err}, idempotency.OperationConfig{}).
 					Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 						runs.Add(1)
 						w.WriteHeader(http.StatusCreated)

@@ -78,7 +78,7 @@ type process struct {
 	logs    *testharness.Logs
 }
 
-func newProcess(t *testing.T, store idempotency.HeldStore[*memstore.Tx], held idempotency.HeldConfig, runs *atomic.Int64, status int) process {
+func newProcess(t *testing.T, store idempotency.Store[*memstore.Tx], held idempotency.HeldConfig, runs *atomic.Int64, status int) process {
 	t.Helper()
 	p := process{obs: &settleObserver{}, logs: &testharness.Logs{}}
 	p.engine = idempotency.New(idempotency.Config{

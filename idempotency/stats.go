@@ -26,7 +26,8 @@ type Stats struct {
 	Held, Unknown int64
 }
 
-// StatsSource reports Stats.
+// StatsSource reports Stats. Every Store is one; a store that cannot count
+// its keys returns an error wrapping errors.ErrUnsupported.
 type StatsSource interface {
 	// KeyStats reads the figures now; on a large table some are estimates.
 	KeyStats(ctx context.Context) (Stats, error)

@@ -19,6 +19,14 @@ var ErrUnavailable = errors.New("idempotency: store unavailable")
 // Store keeps idempotency records and hands out the unit of work, of type U,
 // that an operation writes through. Implementations must pass the suite in
 // package storetest, which pins down the semantics below.
+//
+// Store is the one interface of a store: what a store cannot do it reports
+// by returning an error that wraps errors.ErrUnsupported (a store that keeps
+// no held records, from Settle and Release; one whose records expire by
+// themselves, from PurgeExpired; one that cannot count its keys, from
+// KeyStats). So a store that wraps another (a cache, a fast path, MapUnit)
+// forwards every method and keeps every capability of the store it wraps,
+// and no caller type-asserts a store to learn what it can do.
 type Store[U any] interface {
 	// Claim reserves (Scope, Key) for a new operation, or reports what is
 	// already there. It returns exactly one of:
@@ -30,10 +38,21 @@ type Store[U any] interface {
 	// A request holding the key blocks others only while it runs: if it rolls
 	// back (or its process dies) the key is free again. A returned Record is
 	// the caller's own: its Header and Body share no memory with the store's.
+	//
+	// A store may make the claim at its lease's Commit instead (pgstore's
+	// ClaimAtCommit, to claim and write in one round trip), unless
+	// req.AtOnce asks for it now; such a Commit may find the key taken
+	// after all (*TakenError).
 	Claim(ctx context.Context, req ClaimRequest) (Lease[U], *Record, error)
+	Settler
+	Purger
+	StatsSource
 }
 
-// ClaimRequest says what is being claimed and for how long.
+// ClaimRequest says what is being claimed and for how long. It is a struct
+// so that it can gain fields (a retention time, the rule a fingerprint was
+// made with) without a breaking change; a store that does not know a new
+// field keeps working as before it.
 type ClaimRequest struct {
 	// Scope is whose key it is (a tenant, a user): the same key in two
 	// scopes names two operations. Opaque to the store.
@@ -50,39 +69,20 @@ type ClaimRequest struct {
 	// Wait bounds how long Claim waits for a concurrent holder of the key to
 	// finish before it returns ErrInFlight.
 	Wait time.Duration
+	// AtOnce asks a store that would make the claim at its lease's Commit
+	// (pgstore's ClaimAtCommit) to make it in Claim, waiting for a holder's
+	// outcome, as every other store does anyway. The engine sets it for a
+	// request that saw another with its key just now (it queued behind one
+	// on this process, or its claim at commit lost a race): a claim at
+	// commit would run its operation for nothing.
+	AtOnce bool
 }
 
-// DeferringStore is a Store that may defer a claim to its lease's Commit, as
-// pgstore's store for deferred (write-only) operations does, to claim and
-// write in one round trip. That Commit may find the key taken after all
-// (*TakenError). A store that claims at Claim, as most do, does not
-// implement it, and needs neither.
-type DeferringStore[U any] interface {
-	Store[U]
-	// ClaimNow claims as a store that does not defer would: at once,
-	// waiting for a holder's outcome. The engine claims so for a request
-	// that saw another with its key just now (it queued behind one on this
-	// process, or its deferred Commit lost a race), which a deferred claim
-	// would run for nothing.
-	ClaimNow(ctx context.Context, req ClaimRequest) (Lease[U], *Record, error)
-}
-
-// ClaimNow claims req on s at once: through DeferringStore.ClaimNow when s
-// implements it, else through Claim, which claims at once already. Stores
-// that wrap another (a cache, a fast path) claim through it to keep their
-// next store's choice.
-func ClaimNow[U any](ctx context.Context, s Store[U], req ClaimRequest) (Lease[U], *Record, error) {
-	if d, ok := s.(DeferringStore[U]); ok {
-		return d.ClaimNow(ctx, req)
-	}
-	return s.Claim(ctx, req)
-}
-
-// TakenError is what the Commit of a DeferringStore's lease, whose claim
-// was deferred to its commit, returns when the key was not free after all;
-// nothing of the operation was written. Record is the completed record that holds the key
-// (replay it, or answer 409), or nil when the key changed under the commit
-// (a concurrent first request committed it): claim again with ClaimNow, to
+// TakenError is what the Commit of a lease whose claim was made at commit
+// (see Store.Claim) returns when the key was not free after all; nothing of
+// the operation was written. Record is the completed record that holds the
+// key (replay it, or answer 409), or nil when the key changed under the
+// commit (a concurrent first request committed it): claim again, AtOnce, to
 // learn its outcome.
 type TakenError struct {
 	Record *Record
@@ -104,9 +104,9 @@ type Lease[U any] interface {
 	// Ref names this claim of the key.
 	Ref() Ref
 	// Commit stores resp as the key's outcome and commits the writes made
-	// through Unit, atomically. A lease whose claim was deferred claims the
-	// key here, and may find it taken (*TakenError, or ErrInFlight), having
-	// written nothing.
+	// through Unit, atomically. A lease whose claim is made at commit
+	// claims the key here, and may find it taken (*TakenError, or
+	// ErrInFlight), having written nothing.
 	Commit(ctx context.Context, resp Response) error
 	// Rollback discards the writes and frees the key. It is safe to call
 	// after Commit (it then does nothing), so callers can defer it.
@@ -157,26 +157,22 @@ func Provisional(status int) bool { return status == http.StatusAccepted || stat
 
 // MapUnit returns s with each lease's unit passed through f, so that an
 // application can hand its operations its own unit of work (repositories
-// bound to the store's transaction, say) instead of the store's.
+// bound to the store's transaction, say) instead of the store's. The store
+// it returns does all that s does: it settles, purges and counts through s.
 func MapUnit[U, V any](s Store[U], f func(unit U, ref Ref) V) Store[V] {
-	return mappedStore[U, V]{next: s, f: f}
+	return mappedStore[U, V]{Settler: s, Purger: s, StatsSource: s, next: s, f: f}
 }
 
 type mappedStore[U, V any] struct {
+	Settler
+	Purger
+	StatsSource
 	next Store[U]
 	f    func(U, Ref) V
 }
 
 func (m mappedStore[U, V]) Claim(ctx context.Context, req ClaimRequest) (Lease[V], *Record, error) {
-	return m.claim(m.next.Claim(ctx, req))
-}
-
-// ClaimNow implements DeferringStore, claiming through the store it maps.
-func (m mappedStore[U, V]) ClaimNow(ctx context.Context, req ClaimRequest) (Lease[V], *Record, error) {
-	return m.claim(ClaimNow(ctx, m.next, req))
-}
-
-func (m mappedStore[U, V]) claim(lease Lease[U], rec *Record, err error) (Lease[V], *Record, error) {
+	lease, rec, err := m.next.Claim(ctx, req)
 	if lease == nil {
 		return nil, rec, err
 	}

@@ -2,13 +2,13 @@
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7);
 
--- name: OrderCreateClaimed :exec
--- OrderCreate for a claim deferred to its commit (a pgstore.Batch): the
--- order is written only if its own claim inserted the key row, which it
--- says by selecting from pgstore's guard relation (pgstore.Store.Deferred).
+-- name: OrderCreateGuarded :exec
+-- OrderCreate for a claim made at its commit (a pgstore.Batch): the order
+-- is written only if its own claim inserted the key row, which it says by
+-- calling pgstore's guard (pgstore.Store.Guard, ClaimAtCommit).
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 SELECT @account_id, @id, @status, @amount, @currency, @items, @created_at
-WHERE EXISTS (SELECT FROM idempotency_keys_claimed);
+WHERE idempotency_keys_guard();
 
 -- name: OrderGet :one
 SELECT * FROM orders WHERE account_id = $1 AND id = $2;

@@ -254,7 +254,7 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 	// Deferred: a held operation writes nothing but its key, which the
 	// deferred store claims and holds in one round trip (and merges
 	// concurrent claims into one commit).
-	deferred, err := pg.Deferred()
+	deferred, err := pg.ClaimAtCommit()
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -280,7 +280,7 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 	}
 	// Keys stored before namespaces carry the caller's scope alone: they
 	// are looked up there until none remains.
-	legacy := gateway.NewLegacyScopes(store.(idempotency.HeldStore[*pgstore.Batch]), gateway.PostgresLegacyKeys(pool, pgstore.DefaultTable))
+	legacy := gateway.NewLegacyScopes(store, gateway.PostgresLegacyKeys(pool, pgstore.DefaultTable))
 	if err := legacy.Check(ctx); err != nil {
 		return nil, nil, nil, err
 	}
@@ -288,7 +288,7 @@ func (p *proxyCmd) open(ctx context.Context, cfg gateway.Config, m *metrics.Metr
 		log.Info("gateway keys: keys stored before namespaces remain; each claim looks its key up under the bare scope too, until they expire")
 	}
 	checks := []func(context.Context) error{legacy.Check}
-	var held idempotency.HeldStore[*pgstore.Batch] = legacy
+	var held idempotency.Store[*pgstore.Batch] = legacy
 	if cfg.PreviousScopes != nil {
 		// Keys stored under an earlier scope rule (before the secret or
 		// the issuer, or under a rotated secret) are looked up under

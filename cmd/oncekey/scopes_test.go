@@ -270,12 +270,12 @@ func oldRuleGateway(t *testing.T, u *upstreamtest.Upstream, dbURL, old string) s
 	pool, pg, err := openKeyTable(ctx, dbURL, pgstore.Options{})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	deferred, err := pg.Deferred()
+	deferred, err := pg.ClaimAtCommit()
 	require.NoError(t, err)
 	upstream, err := url.Parse(u.URL)
 	require.NoError(t, err)
 	gw, err := gateway.New(gateway.Config{Upstream: upstream, Routes: routes,
-		Scope: func(*http.Request) (string, error) { return old, nil }}, deferred.(idempotency.HeldStore[*pgstore.Batch]))
+		Scope: func(*http.Request) (string, error) { return old, nil }}, deferred)
 	require.NoError(t, err)
 	srv := httptest.NewServer(gw)
 	t.Cleanup(func() {

@@ -44,14 +44,14 @@ const schema = `CREATE TABLE IF NOT EXISTS widgets (
 )`
 
 // insertWidget is queued in a pgstore.Batch, which runs it after the claim
-// in the same transaction. Selecting from pgstore's guard relation
-// (idempotency_keys_claimed, Store.Claimed) makes it insert nothing unless
+// in the same transaction. Calling pgstore's guard
+// (idempotency_keys_guard(), Store.Guard) makes it insert nothing unless
 // its own claim inserted the key row: a replay, a mismatch or a lost race
-// writes no widget, and raises no error. Deferred takes it when the
+// writes no widget, and raises no error. ClaimAtCommit takes it when the
 // operation is bound, and would refuse it at start-up if it were not so
 // guarded.
 const insertWidget = `INSERT INTO widgets (tenant, id, name, color, created_at)
-SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT FROM idempotency_keys_claimed)`
+SELECT $1, $2, $3, $4, $5 WHERE idempotency_keys_guard()`
 
 const widgetColumns = `id, name, color, paints, created_at`
 
@@ -89,7 +89,7 @@ func newHandler(pool *pgxpool.Pool, keys *pgstore.Store) (http.Handler, error) {
 		return nil, err
 	}
 	s := &service{pool: pool}
-	deferred, err := keys.Deferred(insertWidget)
+	deferred, err := keys.ClaimAtCommit(insertWidget)
 	if err != nil {
 		return nil, err
 	}

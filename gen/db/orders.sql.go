@@ -52,13 +52,13 @@ func (q *Queries) OrderCreate(ctx context.Context, arg OrderCreateParams) error 
 	return err
 }
 
-const OrderCreateClaimed = `-- name: OrderCreateClaimed :exec
+const OrderCreateGuarded = `-- name: OrderCreateGuarded :exec
 INSERT INTO orders (account_id, id, status, amount, currency, items, created_at)
 SELECT $1, $2, $3, $4, $5, $6, $7
-WHERE EXISTS (SELECT FROM idempotency_keys_claimed)
+WHERE idempotency_keys_guard()
 `
 
-type OrderCreateClaimedParams struct {
+type OrderCreateGuardedParams struct {
 	AccountID uuid.UUID
 	ID        uuid.UUID
 	Status    string
@@ -68,11 +68,11 @@ type OrderCreateClaimedParams struct {
 	CreatedAt time.Time
 }
 
-// OrderCreate for a claim deferred to its commit (a pgstore.Batch): the
-// order is written only if its own claim inserted the key row, which it
-// says by selecting from pgstore's guard relation (pgstore.Store.Deferred).
-func (q *Queries) OrderCreateClaimed(ctx context.Context, arg OrderCreateClaimedParams) error {
-	_, err := q.db.Exec(ctx, OrderCreateClaimed,
+// OrderCreate for a claim made at its commit (a pgstore.Batch): the order
+// is written only if its own claim inserted the key row, which it says by
+// calling pgstore's guard (pgstore.Store.Guard, ClaimAtCommit).
+func (q *Queries) OrderCreateGuarded(ctx context.Context, arg OrderCreateGuardedParams) error {
+	_, err := q.db.Exec(ctx, OrderCreateGuarded,
 		arg.AccountID,
 		arg.ID,
 		arg.Status,

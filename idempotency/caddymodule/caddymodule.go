@@ -309,7 +309,7 @@ func (h *Handler) keyPlace() frontdoor.KeyPlace {
 // openPostgres opens (and migrates) the key table, with Redis and the
 // record cache in front, and the look-up of keys stored before namespaces
 // (legacyScopes) around them.
-func (h *Handler) openPostgres(ctx context.Context, rule scopeRule) (idempotency.HeldStore[*pgstore.Batch], error) {
+func (h *Handler) openPostgres(ctx context.Context, rule scopeRule) (idempotency.Store[*pgstore.Batch], error) {
 	pool, err := pgxpool.New(ctx, h.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: database_url: %w", err)
@@ -323,7 +323,7 @@ func (h *Handler) openPostgres(ctx context.Context, rule scopeRule) (idempotency
 		return nil, err
 	}
 	// The deferred store claims and holds a key in one round trip.
-	store, err := pg.Deferred()
+	store, err := pg.ClaimAtCommit()
 	if err != nil {
 		return nil, err
 	}
@@ -341,7 +341,7 @@ func (h *Handler) openPostgres(ctx context.Context, rule scopeRule) (idempotency
 	}
 	// Keys stored before namespaces carry the caller's scope alone: they
 	// are looked up there until none remains.
-	legacy := &legacyScopes{next: recordcache.Wrap(cache, store).(idempotency.HeldStore[*pgstore.Batch]), any: postgresLegacyKeys(pool)}
+	legacy := &legacyScopes{next: recordcache.Wrap(cache, store), any: postgresLegacyKeys(pool)}
 	if rule.secret != nil {
 		// And keys stored before the secret, or under a previous one.
 		legacy.prevAny = postgresPreviousKeys(pool, rule.ns, rule.secret.prefix)

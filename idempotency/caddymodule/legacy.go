@@ -40,7 +40,7 @@ import (
 // keys any more, which is why the old Caddies are stopped before the new
 // ones start (docs/gateway.md, Upgrades).
 type legacyScopes struct {
-	next  idempotency.HeldStore[*pgstore.Batch]
+	next  idempotency.Store[*pgstore.Batch]
 	any   func(context.Context) (bool, error)
 	ended atomic.Bool
 	// prevAny, if set, reports keys of the site's earlier scope rules.
@@ -109,25 +109,12 @@ func (l *legacyScopes) olds(ctx context.Context, scope string) []string {
 
 // Claim implements idempotency.Store.
 func (l *legacyScopes) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error) {
-	return l.claim(ctx, req, l.next.Claim)
-}
-
-// ClaimNow implements idempotency.DeferringStore, claiming through the
-// next store's ClaimNow.
-func (l *legacyScopes) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error) {
-	return l.claim(ctx, req, func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error) {
-		return idempotency.ClaimNow(ctx, l.next, req)
-	})
-}
-
-func (l *legacyScopes) claim(ctx context.Context, req idempotency.ClaimRequest,
-	claim func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error),
-) (idempotency.Lease[*pgstore.Batch], *idempotency.Record, error) {
 	for _, scope := range l.olds(ctx, req.Scope) {
 		old := req
 		old.Scope = scope
-		// At once: a deferring store's Claim would look at nothing.
-		lease, rec, err := idempotency.ClaimNow(ctx, l.next, old)
+		// At once: a claim at commit would look at nothing.
+		old.AtOnce = true
+		lease, rec, err := l.next.Claim(ctx, old)
 		if lease == nil {
 			// A record, a key in flight, or a failure: as before the
 			// upgrade.
@@ -138,7 +125,18 @@ func (l *legacyScopes) claim(ctx context.Context, req idempotency.ClaimRequest,
 			return nil, nil, err
 		}
 	}
-	return claim(ctx, req)
+	return l.next.Claim(ctx, req)
+}
+
+// PurgeExpired implements idempotency.Purger, purging the next store.
+func (l *legacyScopes) PurgeExpired(ctx context.Context, batch int) (int64, error) {
+	return l.next.PurgeExpired(ctx, batch)
+}
+
+// KeyStats implements idempotency.StatsSource, counting the next store's
+// keys.
+func (l *legacyScopes) KeyStats(ctx context.Context) (idempotency.Stats, error) {
+	return l.next.KeyStats(ctx)
 }
 
 // Settle implements idempotency.Settler: ref's record is the namespace's,
@@ -254,6 +252,5 @@ func prefixEnd(prefix string) []byte {
 
 // Interface guards.
 var (
-	_ idempotency.HeldStore[*pgstore.Batch]      = (*legacyScopes)(nil)
-	_ idempotency.DeferringStore[*pgstore.Batch] = (*legacyScopes)(nil)
+	_ idempotency.Store[*pgstore.Batch] = (*legacyScopes)(nil)
 )

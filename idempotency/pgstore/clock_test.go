@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
@@ -76,11 +75,11 @@ func TestLeasesAreOnTheDatabasesClock(t *testing.T) {
 						require.NoError(t, err)
 						held := idempotency.HeldConfig{Lease: lease, RetryUnknown: retry}
 						if kind == "transactional" {
-							return idempotency.NewHeldOperation(e, idempotency.HeldStore[pgx.Tx](s), idempotency.OperationConfig{}, held).Handler(handler), s
+							return idempotency.NewHeldOperation(e, s, idempotency.OperationConfig{}, held).Handler(handler), s
 						}
-						d, err := s.Deferred()
+						d, err := s.ClaimAtCommit()
 						require.NoError(t, err)
-						return idempotency.NewHeldOperation(e, d.(idempotency.HeldStore[*pgstore.Batch]), idempotency.OperationConfig{}, held).Handler(handler), s
+						return idempotency.NewHeldOperation(e, d, idempotency.OperationConfig{}, held).Handler(handler), s
 					}
 					holder, _ := process(tc.holderSkew)
 					other, store := process(tc.duplicates)
@@ -128,7 +127,7 @@ func TestEveryHoldIsOnTheDatabasesClock(t *testing.T) {
 	store, err := pgstore.New(pool, pgstore.Options{})
 	require.NoError(t, err)
 	pgstore.SetClock(store, func() time.Time { return time.Now().Add(-time.Hour) })
-	deferred, err := store.Deferred()
+	deferred, err := store.ClaimAtCommit()
 	require.NoError(t, err)
 	const lease = 10 * time.Second
 	past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -15,7 +15,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
-// A deferred claim serves a write-only operation in one round trip. Claim
+// A claim at commit serves a write-only operation in one round trip. Claim
 // hands out the lease without touching the database; the operation's
 // writes are queued in its Batch instead of run; Commit sends, as one
 // pipeline that PostgreSQL runs as one implicit transaction:
@@ -36,8 +36,7 @@ import (
 // uncommitted row makes the insert wait, bounded by the budget, as the
 // transactional claim's does. The rare rest (a row that expired but is not
 // yet cleaned up, a holder that committed after the peek) is reported as
-// *TakenError without a record, and the caller claims again, with
-// ClaimNow.
+// *TakenError without a record, and the caller claims again, AtOnce.
 //
 // Concurrent commits are sent together, as one pipeline and one
 // transaction (see groupCommitter): their claims as the two statements
@@ -45,48 +44,63 @@ import (
 // for a few commits of at most one write each, their lone statements one
 // after the other. Still one round trip each.
 
-// Deferred returns the store for write-only operations whose writes are
-// the statements given, which Batch.Exec then takes: their claim is made at
-// their commit, with their writes, in one round trip (see Batch). The store
-// is an idempotency.DeferringStore: its ClaimNow claims at once, in a
-// transaction, as Store.Claim does, and its Batch's writes are sent in that
-// transaction at Commit.
+// ClaimAtCommit returns the store for operations that only write, whose
+// writes are the statements given, which Batch.Exec then takes: their claim
+// is made at their commit, with their writes, in one round trip (see
+// Batch). A claim whose request asks for it AtOnce (the engine's, for a key
+// it saw contended) is made in Claim instead, in a transaction, as
+// Store.Claim makes it, and the Batch's writes are sent in that transaction
+// at Commit. A held operation, which writes nothing but its key, claims and
+// holds it in one round trip on this store given no writes.
 //
 // Each write is one INSERT, UPDATE or DELETE that must make no change
-// unless its claim inserted the key row, and says so by selecting from the
-// guard relation, Claimed (idempotency_keys_claimed for the default table):
+// unless its claim inserted the key row, and says so by calling the guard,
+// Guard (idempotency_keys_guard() for the default table), in its WHERE
+// clause:
 //
 //	INSERT INTO widgets (id, name)
-//	SELECT $1, $2 WHERE EXISTS (SELECT FROM idempotency_keys_claimed)
+//	SELECT $1, $2 WHERE idempotency_keys_guard()
 //
-// Deferred refuses a write that is not such a statement (one that starts
-// with WITH, ends with a semicolon, or does not name the guard relation),
-// so that an operation is refused when it is bound, at start-up. Every
-// write it takes can go, alone, in the one statement of a lone commit.
-func (s *Store) Deferred(writes ...string) (idempotency.Store[*Batch], error) {
-	d := &deferredStore{s: s, writes: make(map[string]bool, len(writes))}
+// ClaimAtCommit refuses a write that is not such a statement (one that
+// starts with WITH, ends with a semicolon, or does not call the guard), so
+// that an operation is refused when it is bound, at start-up. Every write
+// it takes can go, alone, in the one statement of a lone commit.
+func (s *Store) ClaimAtCommit(writes ...string) (idempotency.Store[*Batch], error) {
+	d := &deferredStore{Store: s, writes: make(map[string]string, len(writes))}
 	for _, w := range writes {
 		if err := s.checkWrite(w); err != nil {
 			return nil, err
 		}
-		d.writes[w] = true
+		d.writes[w] = s.testingClaim(w)
 	}
 	return d, nil
 }
 
-// Claimed is the guard relation a deferred write selects from (see
-// Deferred): the key table's name and "_claimed". pgstore sends each write
-// with a CTE of this name, which holds a row exactly when the write's own
-// claim inserted the key row in that transaction. The view Migrate creates
-// under this name holds none, so a guarded write run anywhere else changes
-// nothing; it is there for the application's SQL tools (sqlc) to read.
-func (s *Store) Claimed() string { return s.table + "_claimed" }
+// Guard is the SQL call with which a write claimed at commit makes no
+// change unless its own claim inserted the key row (see ClaimAtCommit): the
+// key table's name and "_guard()". Migrate creates the function, which is
+// false, so that a guarded write run anywhere else changes nothing and the
+// application's SQL tools (sqlc) know it; pgstore replaces each call, as it
+// sends the write, with a test of the write's own claim.
+func (s *Store) Guard() string { return s.table + "_guard()" }
 
-// checkWrite refuses a deferred write that pgstore cannot send with its
-// guard (see Deferred).
+// claimed is the relation pgstore tests a write's claim with, in place of
+// the guard's call: a CTE of each statement it sends, which holds a row
+// exactly when the write's own claim inserted the key row in that
+// transaction. Private to pgstore: an application's write calls Guard.
+func (s *Store) claimed() string { return s.table + "_claimed" }
+
+// testingClaim is sql with each call of the guard replaced by the test of
+// the write's own claim, as pgstore sends it.
+func (s *Store) testingClaim(sql string) string {
+	return strings.ReplaceAll(sql, s.Guard(), "EXISTS (SELECT FROM "+s.claimed()+")")
+}
+
+// checkWrite refuses a write that pgstore cannot send with its guard (see
+// ClaimAtCommit).
 func (s *Store) checkWrite(sql string) error {
 	refuse := func(why string) error {
-		return fmt.Errorf("pgstore: a deferred write must be one INSERT, UPDATE or DELETE that selects from %s (%s): %q", s.Claimed(), why, sql)
+		return fmt.Errorf("pgstore: a write claimed at commit must be one INSERT, UPDATE or DELETE that calls %s (%s): %q", s.Guard(), why, sql)
 	}
 	lower := strings.ToLower(sql)
 	switch {
@@ -94,45 +108,40 @@ func (s *Store) checkWrite(sql string) error {
 		return refuse("it starts with something else")
 	case strings.HasSuffix(strings.TrimSpace(sql), ";"):
 		return refuse("it ends with a semicolon")
-	case !strings.Contains(lower, s.Claimed()):
-		return refuse("it does not name the guard relation")
+	case !strings.Contains(sql, s.Guard()):
+		return refuse("it does not call the guard")
+	case strings.Contains(lower, s.claimed()):
+		return refuse("it names " + s.claimed() + ", which is pgstore's own")
 	case strings.Contains(lower, "pgstore_"):
 		return refuse("it names pgstore_…, which pgstore's own statement uses")
 	}
 	return nil
 }
 
+// deferredStore is the store ClaimAtCommit returns. It settles, releases,
+// purges and counts as the Store it comes from.
 type deferredStore struct {
-	s      *Store
-	writes map[string]bool // the statements Deferred took
-}
-
-// Settle implements idempotency.Settler, as Store.Settle: a held
-// operation with no writes of its own claims and holds its key in one
-// round trip on the deferred store.
-func (d *deferredStore) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
-	return d.s.Settle(ctx, ref, resp)
-}
-
-// Release implements idempotency.Settler, as Store.Release.
-func (d *deferredStore) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
-	return d.s.Release(ctx, ref)
+	*Store
+	// writes maps each statement ClaimAtCommit took to the statement
+	// pgstore sends, its guard's calls replaced by the test of its claim.
+	writes map[string]string
 }
 
 // Batch is the unit of work of a write-only operation: the writes it queues
 // are sent with the claim at Commit, each of them one of the statements
-// Deferred took, with the guard relation that says whether this claim
-// inserted the key row. Its writes report no rows affected, as they have not
+// ClaimAtCommit took, its guard's call replaced by a test of whether this
+// claim inserted the key row. Its writes report no rows affected, as they have not
 // run yet; the operation reads nothing back.
 //
-// In a pipeline, a write goes after a CTE of the guard relation that asks
+// In a pipeline, a write goes after a CTE (the relation its guard's call
+// is replaced by a test of) that asks
 // the key table for the claim's own row: its scope, key and time, and
 // xmin equal to the current transaction (a pipeline has no
 // subtransactions, and a transaction that has inserted nothing has no xid
 // yet: no match). xmin is only 32 bits and comes round again, so the
 // claim's time pins the row too. A replay, a mismatch or a lost race so
 // writes nothing, with no error and no dead row. A lone commit of one write
-// goes as one statement, in which the guard relation is the claim's insert
+// goes as one statement, in which that relation is the claim's insert
 // itself.
 type Batch struct {
 	queued pgx.Batch // the writes as a pipeline sends them
@@ -151,37 +160,39 @@ type write struct {
 // Ref is the claim the queued writes are guarded by.
 func (b *Batch) Ref() idempotency.Ref { return b.ref }
 
-// Exec queues sql, which must be one of the statements Deferred took. Its
+// Exec queues sql, which must be one of the statements ClaimAtCommit took. Its
 // signature is that of sqlc's DBTX.Exec, so a DBTX whose Exec is this one
 // lets sqlc's generated :exec queries write into a Batch. It refuses any
 // other statement, and the lease's Commit then fails with that error,
 // having sent nothing.
 func (b *Batch) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if !b.d.writes[sql] {
-		err := fmt.Errorf("pgstore: a statement that Deferred did not take: %q", sql)
+	sent, ok := b.d.writes[sql]
+	if !ok {
+		err := fmt.Errorf("pgstore: a statement that ClaimAtCommit did not take: %q", sql)
 		if b.err == nil {
 			b.err = err
 		}
 		return pgconn.CommandTag{}, err
 	}
 	args = slices.Clip(args)
-	b.queued.Queue(b.d.s.guarded(sql, len(args)), append(args, b.d.s.scope.arg(b.ref.Scope), b.ref.Key, b.ref.ClaimedAt)...)
-	b.writes = append(b.writes, write{sql: sql, args: args})
+	b.queued.Queue(b.d.guarded(sent, len(args)), append(args, b.d.scope.arg(b.ref.Scope), b.ref.Key, b.ref.ClaimedAt)...)
+	b.writes = append(b.writes, write{sql: sent, args: args})
 	return pgconn.CommandTag{}, nil
 }
 
 // Len is how many writes are queued.
 func (b *Batch) Len() int { return b.queued.Len() }
 
-// guarded is a deferred write as a pipeline sends it: after a CTE of the
-// guard relation, whose parameters follow the write's n.
+// guarded is a write claimed at commit, its guard's calls replaced, as a
+// pipeline sends it: after a CTE of the relation that tests its claim,
+// whose parameters follow the write's n.
 func (s *Store) guarded(sql string, n int) string {
 	key := composedKey{sql: sql, n: n}
 	if v, ok := s.pipelined.Load(key); ok {
 		return v.(string)
 	}
 	out := s.scope.sql(fmt.Sprintf("WITH %s AS (\n    SELECT true AS claimed FROM %s k\n    WHERE k.scope = CAST($%d AS bytea) AND k.idempotency_key = $%d\n      AND k.xmin = pg_current_xact_id_if_assigned()::xid AND k.created_at = $%d\n)\n",
-		s.Claimed(), s.table, n+1, n+2, n+3)) + sql
+		s.claimed(), s.table, n+1, n+2, n+3)) + sql
 	s.pipelined.Store(key, out)
 	return out
 }
@@ -192,39 +203,37 @@ type composedKey struct {
 	n   int
 }
 
-// ClaimNow implements idempotency.DeferringStore: the claim is made at
-// once, in a transaction, as Store.Claim makes it, and the Batch's writes
-// are sent in that transaction at Commit.
-func (d *deferredStore) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Batch], *idempotency.Record, error) {
-	lease, rec, err := d.s.claimTx(ctx, req)
-	if lease == nil {
-		return nil, rec, err
-	}
-	return &contendedLease{txLease: lease, writes: &Batch{d: d, ref: lease.ref}}, nil, nil
-}
-
-// Claim implements idempotency.Store: the claim is deferred to the lease's
-// Commit.
+// Claim implements idempotency.Store: the claim is made at the lease's
+// Commit, unless req asks for it AtOnce: then it is made now, in a
+// transaction, as Store.Claim makes it, and the Batch's writes are sent in
+// that transaction at Commit.
 func (d *deferredStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*Batch], *idempotency.Record, error) {
-	if err := d.s.claimable(ctx, req.Scope); err != nil {
+	if req.AtOnce {
+		lease, rec, err := d.claimTx(ctx, req)
+		if lease == nil {
+			return nil, rec, err
+		}
+		return &atOnceLease{txLease: lease, writes: &Batch{d: d, ref: lease.ref}}, nil, nil
+	}
+	if err := d.claimable(ctx, req.Scope); err != nil {
 		return nil, nil, err
 	}
 	// The row's created_at is this time, so Ref names the claim before it
 	// is made; microseconds, as PostgreSQL stores it.
-	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: d.s.now().Truncate(time.Microsecond)}
-	return &deferredLease{s: d.s, req: req, scope: d.s.scope.sent(req.Scope), ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
+	ref := idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: d.now().Truncate(time.Microsecond)}
+	return &deferredLease{s: d.Store, req: req, scope: d.scope.sent(req.Scope), ref: ref, writes: &Batch{d: d, ref: ref}}, nil, nil
 }
 
-// contendedLease is a deferred operation's lease claimed at once
-// (ClaimNow): its writes go in its transaction at Commit.
-type contendedLease struct {
+// atOnceLease is the lease of a write-only operation claimed at once
+// (ClaimRequest.AtOnce): its writes go in its transaction at Commit.
+type atOnceLease struct {
 	*txLease
 	writes *Batch
 }
 
-func (l *contendedLease) Unit() *Batch { return l.writes }
+func (l *atOnceLease) Unit() *Batch { return l.writes }
 
-func (l *contendedLease) Commit(ctx context.Context, resp idempotency.Response) error {
+func (l *atOnceLease) Commit(ctx context.Context, resp idempotency.Response) error {
 	if l.writes.err != nil {
 		_ = l.Rollback(ctx)
 		return l.writes.err

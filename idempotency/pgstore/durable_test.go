@@ -168,7 +168,9 @@ func durablePaths(t *testing.T, pool *pgxpool.Pool) map[string]func() {
 			require.NoError(t, lease.Commit(ctx, created))
 		},
 		"contended": func() {
-			lease, _, err := b.deferred.(idempotency.DeferringStore[*pgstore.Batch]).ClaimNow(ctx, request("contended"))
+			req := request("contended")
+			req.AtOnce = true
+			lease, _, err := b.deferred.Claim(ctx, req)
 			require.NoError(t, err)
 			require.NoError(t, lease.Commit(ctx, created))
 		},

@@ -21,10 +21,11 @@ const MaxMergedCommits = maxMergedCommits
 // statements.
 const MaxLoneMembers = maxLoneMembers
 
-// Guarded is sql, a statement of n arguments, as a pipeline sends a
-// deferred write: after the CTE of the guard relation, whose arguments are
-// the claim's scope, key and time after the statement's own.
-func Guarded(s *Store, sql string, n int) string { return s.guarded(sql, n) }
+// Guarded is sql, a statement of n arguments, as a pipeline sends a write
+// claimed at commit: its guard's calls replaced, after the CTE that tests
+// its claim, whose arguments are the claim's scope, key and time after the
+// statement's own.
+func Guarded(s *Store, sql string, n int) string { return s.guarded(s.testingClaim(sql), n) }
 
 // SetClock makes s read this process's time from now instead of time.Now:
 // a process whose clock is off.

@@ -103,8 +103,8 @@ func (b *groupBundle) init(t *testing.T, pool *pgxpool.Pool, opts pgstore.Option
 	store, err := pgstore.New(pool, opts)
 	require.NoError(t, err, "open the store")
 	b.ctx, b.pool, b.store, b.scope = t.Context(), pool, store, "group-"+rand.Text()
-	b.writeN = "INSERT INTO writes (id, scope, n) SELECT $1, $2, $3 WHERE EXISTS (SELECT FROM " + store.Claimed() + ")"
-	b.deferred, err = store.Deferred(b.writeN)
+	b.writeN = "INSERT INTO writes (id, scope, n) SELECT $1, $2, $3 WHERE " + store.Guard()
+	b.deferred, err = store.ClaimAtCommit(b.writeN)
 	require.NoError(t, err, "bind the deferred write")
 	b.sizes, b.release = make(chan int, 1000), make(chan struct{})
 	warm(t, b.deferred)

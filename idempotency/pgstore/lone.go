@@ -17,14 +17,16 @@ import (
 	"github.com/oncekey/oncekey/idempotency/pgstore/internal/keydb"
 )
 
-// A lone deferred commit, the common case at low load, is sent as one
-// statement rather than a pipeline of three (IdempotencyKeyClaimLone): the
-// claim's insert, the operation's one write and the peek, as CTEs of one
-// statement. The guard relation is a CTE of that statement that asks the
-// claim's insert whether it inserted the key row (a sibling CTE's row is
-// invisible to the rest of the statement); the write goes, as Deferred took
-// it, in the CTE pgstore_write, and the claim's own parameters are numbered
-// after the write's. Several writes go in the pipeline.
+// A lone commit (a claim at commit sent alone, not merged with others), the
+// common case at low load, is sent as one statement rather than a pipeline
+// of three (IdempotencyKeyClaimLone): the claim's insert, the operation's
+// one write and the peek, as CTEs of one statement. The relation that the
+// write's guard call is replaced by a test of (claimed) is a CTE of that
+// statement that asks the claim's insert whether it inserted the key row
+// (a sibling CTE's row is invisible to the rest of the statement); the
+// write goes, its guard replaced, in the CTE pgstore_write, and the claim's
+// own parameters are numbered after the write's. Several writes go in the
+// pipeline.
 
 // writePlaceholder is the CTE of IdempotencyKeyClaimLone that stands for
 // the operation's write.

@@ -35,8 +35,8 @@ func (s *statements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 func (s *statements) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) { s.n.Add(1) }
 func (s *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// queued is a deferred write of a test: its SQL, with CLAIMED for the
-// store's guard relation, and its arguments for a Batch.
+// queued is a deferred write of a test: its SQL, with GUARD for the
+// store's guard call, and its arguments for a Batch.
 type queued struct {
 	sql  string
 	args func(b *pgstore.Batch) []any
@@ -47,16 +47,16 @@ func bound(t *testing.T, store *pgstore.Store, queue ...queued) idempotency.Stor
 	t.Helper()
 	var writes []string
 	for _, q := range queue {
-		writes = append(writes, strings.ReplaceAll(q.sql, "CLAIMED", store.Claimed()))
+		writes = append(writes, strings.ReplaceAll(q.sql, "GUARD", store.Guard()))
 	}
-	d, err := store.Deferred(writes...)
-	require.NoError(t, err, "Deferred takes the writes")
+	d, err := store.ClaimAtCommit(writes...)
+	require.NoError(t, err, "ClaimAtCommit takes the writes")
 	return d
 }
 
 // exec queues q in b, for store.
 func (q queued) exec(store *pgstore.Store, b *pgstore.Batch) error {
-	_, err := b.Exec(context.Background(), strings.ReplaceAll(q.sql, "CLAIMED", store.Claimed()), q.args(b)...)
+	_, err := b.Exec(context.Background(), strings.ReplaceAll(q.sql, "GUARD", store.Guard()), q.args(b)...)
 	return err
 }
 
@@ -73,7 +73,7 @@ func TestLoneCommit(t *testing.T) {
 	// withN is a write as sqlc sends it, named, on lines, taking n.
 	withN := func(n int) queued {
 		return queued{
-			sql:  "-- name: WriteN :exec\nINSERT INTO writes (id, scope, n)\nSELECT $1, $2, $3\nWHERE EXISTS (SELECT FROM CLAIMED)",
+			sql:  "-- name: WriteN :exec\nINSERT INTO writes (id, scope, n)\nSELECT $1, $2, $3\nWHERE GUARD",
 			args: func(b *pgstore.Batch) []any { return []any{rand.Text(), []byte(b.Ref().Scope), n} },
 		}
 	}
@@ -92,7 +92,7 @@ func TestLoneCommit(t *testing.T) {
 		check      func(t *testing.T, err error)
 	}{
 		{name: "a guarded write", queue: []queued{withN(2)}, statements: 1, writes: 1},
-		{name: "a write in one line", queue: []queued{insert("INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM CLAIMED)")}, statements: 1, writes: 1},
+		{name: "a write in one line", queue: []queued{insert("INSERT INTO writes (id, scope) SELECT $1, $2 WHERE GUARD")}, statements: 1, writes: 1},
 		{name: "no write", statements: 1},
 		{name: "a key table of another name", table: renamedTable, queue: []queued{withN(1)}, statements: 1, writes: 1},
 		{
@@ -138,18 +138,18 @@ func TestLoneCommit(t *testing.T) {
 		},
 		{
 			name:       "a write quoting a parameter-like text",
-			queue:      []queued{insert("INSERT INTO writes (id, scope) SELECT 'a''$9' || $1, $2 WHERE EXISTS (SELECT FROM CLAIMED)")},
+			queue:      []queued{insert("INSERT INTO writes (id, scope) SELECT 'a''$9' || $1, $2 WHERE GUARD")},
 			statements: 1, writes: 1,
 		},
 		{
 			name:       "a write after a block comment",
-			queue:      []queued{insert("/* odd */ INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM CLAIMED)")},
+			queue:      []queued{insert("/* odd */ INSERT INTO writes (id, scope) SELECT $1, $2 WHERE GUARD")},
 			statements: 1, writes: 1,
 		},
 		{
 			name: "a write with a CTE of its own",
 			queue: []queued{insert("INSERT INTO writes (id, scope) WITH v AS (SELECT $1::text AS id, $2::bytea AS scope) " +
-				"SELECT id, scope FROM v WHERE EXISTS (SELECT FROM CLAIMED)")},
+				"SELECT id, scope FROM v WHERE GUARD")},
 			statements: 1, writes: 1,
 		},
 		// More than one write goes in the pipeline: peek, claim, writes.
@@ -299,7 +299,7 @@ func TestLoneCommitSlowStatement(t *testing.T) {
 			store, err := pgstore.New(pool, pgstore.Options{})
 			require.NoError(t, err, "open the store")
 			slow := queued{
-				sql: "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM CLAIMED) AND pg_sleep($3)::text = ''",
+				sql: "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE GUARD AND pg_sleep($3)::text = ''",
 				args: func(b *pgstore.Batch) []any {
 					return []any{rand.Text(), []byte(b.Ref().Scope), tt.sleep}
 				},

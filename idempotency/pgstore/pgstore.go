@@ -5,17 +5,21 @@
 // answers on runs with synchronous_commit at least on, whatever the
 // server's default, so a commit acknowledged is a commit on disk.
 //
-// Store implements idempotency.Store[pgx.Tx]: the claim inserts the key row
-// inside a transaction that the operation then writes through, and Commit
-// stores the response in it before committing. Store.Deferred implements
-// idempotency.Store[*Batch] for operations that only write: their writes are
-// queued, and the claim, the writes and the response go to PostgreSQL
-// together at Commit, as one pipeline, in one round trip; concurrent such
-// commits share one transaction and one WAL flush (group commit).
+// There is one way to claim for each need (docs/glossary-store.md):
 //
-// A handler that opens its own transaction, pgx's or database/sql's, joins
-// the claim to it instead (Store.Join, Store.JoinSQL): the key row commits or
-// rolls back with the handler's own writes.
+//   - Store is an idempotency.Store[pgx.Tx] that claims at once: the claim
+//     inserts the key row inside a transaction that the operation then
+//     writes through, and Commit stores the response in it before
+//     committing.
+//   - Store.ClaimAtCommit is an idempotency.Store[*Batch] for operations
+//     that only write: their writes are queued, and the claim, the writes
+//     and the response go to PostgreSQL together at Commit, as one
+//     pipeline, in one round trip; concurrent such commits share one
+//     transaction and one WAL flush (group commit). Each write calls the
+//     guard, Store.Guard, a function Migrate creates.
+//   - Store.Join joins the claim to a transaction the handler opened itself,
+//     without the engine (Store.JoinSQL for database/sql's): the key row
+//     commits or rolls back with the handler's own writes.
 //
 // Migrate creates or upgrades the key table (Options.Table, default
 // idempotency_keys) from the SQL migrations embedded in this package; a store
@@ -57,7 +61,7 @@ type Options struct {
 	// guard of Batch writes names it too.
 	Table string
 	// MergeByScope makes group commit merge only the deferred commits of
-	// one scope into a pipeline (see Deferred). On a database sharded or
+	// one scope into a pipeline (see ClaimAtCommit). On a database sharded or
 	// partitioned by the scope's tenant, every pipeline then reads and
 	// writes one shard, in one local transaction; the price is less
 	// merging when many tenants commit at once. Default: commits of any

@@ -105,7 +105,10 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, err, "read %s's version table", table)
 		versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
 		require.NoError(t, err, "read %s's version table", table)
-		require.Equal(t, []int{1, 2, 3, 4}, versions, "versions applied to %s, each once", table)
+		require.Equal(t, []int{1, 2, 3, 4, 5}, versions, "versions applied to %s, each once", table)
+		var guard bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT "+table+"_guard()").Scan(&guard), "%s's guard is named after it", table)
+		require.False(t, guard, "%s's guard is false outside pgstore's statements", table)
 		var audit bool
 		require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table+"_audit").Scan(&audit))
 		require.True(t, audit, "%s's audit trail is named after it", table)
@@ -316,7 +319,7 @@ func TestGuardIsTheClaimsOwn(t *testing.T) {
 	store, err := pgstore.New(pool, pgstore.Options{})
 	require.NoError(t, err, "open the store")
 	scope, key, claimedAt := "guard-"+rand.Text(), rand.Text(), time.Now().Truncate(time.Microsecond)
-	guard := pgstore.Guarded(store, "SELECT EXISTS (SELECT FROM "+store.Claimed()+")", 0)
+	guard := pgstore.Guarded(store, "SELECT "+store.Guard(), 0)
 
 	for _, tc := range []struct {
 		name      string
@@ -342,41 +345,42 @@ func TestGuardIsTheClaimsOwn(t *testing.T) {
 		require.Equal(t, tc.holds, holds, "%s: the guard holds", tc.name)
 	}
 	var outside bool
-	require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+store.Claimed()+")").Scan(&outside), "the view")
-	require.False(t, outside, "the guard relation holds no row outside pgstore's statements")
+	require.NoError(t, pool.QueryRow(ctx, "SELECT "+store.Guard()).Scan(&outside), "the guard's function")
+	require.False(t, outside, "the guard is false outside pgstore's statements")
 }
 
-// TestDeferredRefusesWhatItCannotGuard: Deferred refuses, when the
+// TestClaimAtCommitRefusesWhatItCannotGuard: ClaimAtCommit refuses, when the
 // operation is bound, a write that pgstore could not send with its guard;
-// and a Batch refuses a statement Deferred did not take, so that the
+// and a Batch refuses a statement ClaimAtCommit did not take, so that the
 // lease's Commit fails with that error and writes nothing, even when the
 // operation ignored the error of its Exec.
-func TestDeferredRefusesWhatItCannotGuard(t *testing.T) {
+func TestClaimAtCommitRefusesWhatItCannotGuard(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	store, err := pgstore.New(pgstoretest.Pool(t), pgstore.Options{})
 	require.NoError(t, err)
 	for _, tc := range []struct{ name, sql, why string }{
-		{"a SELECT", "SELECT 1 FROM idempotency_keys_claimed", "starts with something else"},
-		{"a WITH before the write", "WITH v AS (SELECT 1) INSERT INTO writes (id, scope) SELECT 'a', 'b' FROM v WHERE EXISTS (SELECT FROM idempotency_keys_claimed)", "starts with something else"},
-		{"a semicolon", "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM idempotency_keys_claimed);", "semicolon"},
-		{"no guard", "INSERT INTO writes (id, scope) VALUES ($1, $2)", "does not name the guard relation"},
-		{"pgstore's names", "INSERT INTO writes AS pgstore_claim (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM idempotency_keys_claimed)", "pgstore_"},
+		{"a SELECT", "SELECT idempotency_keys_guard()", "starts with something else"},
+		{"a WITH before the write", "WITH v AS (SELECT 1) INSERT INTO writes (id, scope) SELECT 'a', 'b' FROM v WHERE idempotency_keys_guard()", "starts with something else"},
+		{"a semicolon", "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE idempotency_keys_guard();", "semicolon"},
+		{"no guard", "INSERT INTO writes (id, scope) VALUES ($1, $2)", "does not call the guard"},
+		{"the guard's relation", "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE idempotency_keys_guard() AND EXISTS (SELECT FROM idempotency_keys_claimed)", "pgstore's own"},
+		{"pgstore's names", "INSERT INTO writes AS pgstore_claim (id, scope) SELECT $1, $2 WHERE idempotency_keys_guard()", "pgstore_"},
 	} {
-		_, err := store.Deferred(pgstoretest.GuardedWrite(store), tc.sql)
+		_, err := store.ClaimAtCommit(pgstoretest.GuardedWrite(store), tc.sql)
 		require.ErrorContains(t, err, tc.why, tc.name)
-		require.ErrorContains(t, err, store.Claimed(), "%s: the error names the guard relation", tc.name)
+		require.ErrorContains(t, err, store.Guard(), "%s: the error names the guard", tc.name)
 	}
 
-	deferred, err := store.Deferred(pgstoretest.GuardedWrite(store))
+	deferred, err := store.ClaimAtCommit(pgstoretest.GuardedWrite(store))
 	require.NoError(t, err)
 	req := idempotency.ClaimRequest{Scope: "refused-" + rand.Text(), Key: rand.Text(), Method: "POST", Route: "/r", TTL: time.Hour, Wait: time.Second}
 	lease, _, err := deferred.Claim(ctx, req)
 	require.NoError(t, err)
 	_, err = lease.Unit().Exec(ctx, "INSERT INTO writes (id, scope) VALUES ($1, $2)", rand.Text(), []byte(req.Scope))
-	require.ErrorContains(t, err, "Deferred did not take", "an undeclared statement")
+	require.ErrorContains(t, err, "ClaimAtCommit did not take", "an undeclared statement")
 	err = lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{}})
-	require.ErrorContains(t, err, "Deferred did not take", "the commit fails with the refusal")
+	require.ErrorContains(t, err, "ClaimAtCommit did not take", "the commit fails with the refusal")
 	var keys, rows int
 	require.NoError(t, pgstoretest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE scope = $1", []byte(req.Scope)).Scan(&keys))
 	require.NoError(t, pgstoretest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(req.Scope)).Scan(&rows))
@@ -459,7 +463,7 @@ func TestNotMigrated(t *testing.T) {
 	require.ErrorIs(t, err, pgstore.ErrNotMigrated)
 	require.ErrorContains(t, err, "run pgstore.Migrate")
 	require.ErrorContains(t, err, "idempotency_keys_schema_version does not exist")
-	deferred, err := store.Deferred()
+	deferred, err := store.ClaimAtCommit()
 	require.NoError(t, err)
 	_, _, err = deferred.Claim(ctx, req)
 	require.ErrorIs(t, err, pgstore.ErrNotMigrated, "deferred")

@@ -71,45 +71,26 @@ func New(size int, observer Observer) (*Cache, error) {
 
 // Wrap puts c in front of next: replays of records c holds are answered
 // from memory, and records next commits or reads are kept. The store it
-// returns keeps held records (idempotency.Settler) when next does; they
-// are provisional, so never kept.
+// returns does all that next does: held records are settled and released,
+// expired records purged and keys counted by next (held records are
+// provisional, so never kept).
 func Wrap[U any](c *Cache, next idempotency.Store[U]) idempotency.Store[U] {
-	w := &cached[U]{c: c, next: next}
-	if settler, ok := next.(idempotency.Settler); ok {
-		return &settlingCached[U]{cached: w, Settler: settler}
-	}
-	return w
-}
-
-// settlingCached is the cache in front of a store that keeps held
-// records, settled and released through it.
-type settlingCached[U any] struct {
-	*cached[U]
-	idempotency.Settler
+	return &cached[U]{Settler: next, Purger: next, StatsSource: next, c: c, next: next}
 }
 
 // cached is a store with the cache in front.
 type cached[U any] struct {
+	idempotency.Settler
+	idempotency.Purger
+	idempotency.StatsSource
 	c    *Cache
 	next idempotency.Store[U]
 }
 
-// Claim implements idempotency.Store.
+// Claim implements idempotency.Store: it answers req from the cache, or
+// claims it with next (at once or at commit, as next and req say) and
+// keeps what it commits or reads.
 func (w *cached[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-	return w.claim(ctx, req, w.next.Claim)
-}
-
-// ClaimNow implements idempotency.DeferringStore: the cache answers what it
-// holds, and the store behind claims at once.
-func (w *cached[U]) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-	return w.claim(ctx, req, func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-		return idempotency.ClaimNow(ctx, w.next, req)
-	})
-}
-
-// claim answers req from the cache, or claims it with next and keeps what
-// it commits or reads.
-func (w *cached[U]) claim(ctx context.Context, req idempotency.ClaimRequest, next func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) (idempotency.Lease[U], *idempotency.Record, error) {
 	s := w.c
 	k := entryKey{req.Scope, req.Key}
 	if rec, ok := s.records.Get(k); ok {
@@ -123,7 +104,7 @@ func (w *cached[U]) claim(ctx context.Context, req idempotency.ClaimRequest, nex
 	}
 	s.observe("miss")
 	start := time.Now()
-	lease, rec, err := next(ctx, req)
+	lease, rec, err := w.next.Claim(ctx, req)
 	if rec != nil {
 		s.keep(k, rec)
 	}

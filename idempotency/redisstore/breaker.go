@@ -27,7 +27,7 @@ import (
 // not sent.
 var errBreakerOpen = errors.New("redisstore: Redis is left alone after failing")
 
-// breaker guards the commands of one Store.
+// breaker guards the commands of one FastPath.
 type breaker struct {
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
 	rdb      redis.UniversalClient

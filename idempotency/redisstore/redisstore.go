@@ -34,7 +34,7 @@
 //     alone costs, not a timeout each.
 //
 // Every Redis key carries the scope in a hash tag ({scope}), so all of a
-// scope's keys live in one Redis Cluster slot. One Store (a client and a
+// scope's keys live in one Redis Cluster slot. One FastPath (a client and a
 // key prefix) serves any number of durable stores through Wrap.
 package redisstore
 
@@ -129,9 +129,10 @@ type Config struct {
 	Secret []byte
 }
 
-// Store is the Redis fast path: a client and its settings, put in front of
-// durable stores with Wrap.
-type Store struct {
+// FastPath is the Redis fast path: a client and its settings, put in front
+// of durable stores with Wrap. It is not a store itself (it keeps no record
+// of truth): Wrap makes the idempotency.Store.
+type FastPath struct {
 	rdb redis.UniversalClient
 	// reads serves the record look-ups, the one command on every replay:
 	// go-redis' automatic pipelining where the client has it, so that
@@ -154,7 +155,7 @@ type autoPipelined interface {
 }
 
 // New returns the fast path on rdb: a single node, Sentinel or a Cluster.
-func New(rdb redis.UniversalClient, cfg Config) *Store {
+func New(rdb redis.UniversalClient, cfg Config) *FastPath {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "idempotency:"
 	}
@@ -176,7 +177,7 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Store{rdb: rdb, reads: rdb, cfg: cfg, breaker: newBreaker(rdb, cfg), sealer: newSealer(cfg.Secret)}
+	s := &FastPath{rdb: rdb, reads: rdb, cfg: cfg, breaker: newBreaker(rdb, cfg), sealer: newSealer(cfg.Secret)}
 	s.cfg.Secret = nil // kept only in the sealer
 	if c, ok := rdb.(autoPipelined); ok {
 		// Closed with the client.
@@ -323,34 +324,27 @@ func (silent) Printf(context.Context, string, ...any) {}
 // KeyNames returns the Redis keys of one idempotency key: the cached record
 // and the in-flight marker. The scope (hex, as the hash tag) and the key
 // (hashed) make short, safe Redis keys whatever bytes they hold.
-func (s *Store) KeyNames(scope, key string) (record, marker string) {
+func (s *FastPath) KeyNames(scope, key string) (record, marker string) {
 	sum := sha256.Sum256([]byte(key))
 	base := s.cfg.Prefix + "{" + hex.EncodeToString([]byte(scope)) + "}:" + hex.EncodeToString(sum[:16])
 	return base + ":rec", base + ":inflight"
 }
 
-// Wrap puts the fast path in front of next. The store it returns keeps
-// held records (idempotency.Settler) when next does.
-func Wrap[U any](s *Store, next idempotency.Store[U]) idempotency.Store[U] {
-	f := &fastPath[U]{s: s, next: next}
-	if settler, ok := next.(idempotency.Settler); ok {
-		return &settlingFastPath[U]{fastPath: f, Settler: settler}
-	}
-	return f
-}
-
-// settlingFastPath is the fast path in front of a durable store that
-// keeps held records. Held records are never cached, so settling one
-// changes nothing on Redis: the settled record is cached when it is first
-// read.
-type settlingFastPath[U any] struct {
-	*fastPath[U]
-	idempotency.Settler
+// Wrap puts the fast path in front of next. The store it returns does all
+// that next does: held records are settled and released, expired records
+// purged and keys counted by next. Held records are never cached, so
+// settling one changes nothing on Redis: the settled record is cached when
+// it is first read.
+func Wrap[U any](s *FastPath, next idempotency.Store[U]) idempotency.Store[U] {
+	return &fastPath[U]{Settler: next, Purger: next, StatsSource: next, s: s, next: next}
 }
 
 // fastPath is the durable store next behind the fast path s.
 type fastPath[U any] struct {
-	s    *Store
+	idempotency.Settler
+	idempotency.Purger
+	idempotency.StatsSource
+	s    *FastPath
 	next idempotency.Store[U]
 }
 
@@ -362,14 +356,6 @@ type fastPath[U any] struct {
 // answer slower or a 202 more likely, never an operation run twice.
 func (f *fastPath[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
 	return f.claim(ctx, req, f.next.Claim)
-}
-
-// ClaimNow implements idempotency.DeferringStore: Redis answers as for
-// Claim, and the durable store claims at once.
-func (f *fastPath[U]) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-	return f.claim(ctx, req, func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-		return idempotency.ClaimNow(ctx, f.next, req)
-	})
 }
 
 // claim is Claim with the durable store's claim given as next.
@@ -461,7 +447,7 @@ func (f *fastPath[U]) claim(ctx context.Context, req idempotency.ClaimRequest, n
 
 // direct claims on the durable store alone, Redis not looked up. Its lease
 // is still wrapped, so that its commit counts what it turns out to be.
-func direct[U any](ctx context.Context, s *Store, req idempotency.ClaimRequest, next func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) (idempotency.Lease[U], *idempotency.Record, error) {
+func direct[U any](ctx context.Context, s *FastPath, req idempotency.ClaimRequest, next func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)) (idempotency.Lease[U], *idempotency.Record, error) {
 	lease, rec, err := next(ctx, req)
 	if lease == nil {
 		return nil, s.counted(rec), err
@@ -471,7 +457,7 @@ func direct[U any](ctx context.Context, s *Store, req idempotency.ClaimRequest, 
 
 // counted returns rec, a record the durable store answered a claim with,
 // counted as a replay if there is one.
-func (s *Store) counted(rec *idempotency.Record) *idempotency.Record {
+func (s *FastPath) counted(rec *idempotency.Record) *idempotency.Record {
 	if rec != nil {
 		s.replays.observe(true)
 	}
@@ -479,7 +465,7 @@ func (s *Store) counted(rec *idempotency.Record) *idempotency.Record {
 }
 
 // lookUp says whether a claim goes to Redis first.
-func (s *Store) lookUp() bool {
+func (s *FastPath) lookUp() bool {
 	return s.cfg.AlwaysLookUp || s.cfg.ShedDuplicates || s.replays.share() >= lookUpShare
 }
 
@@ -487,7 +473,7 @@ func (s *Store) lookUp() bool {
 // or the holder's marker goes away. A nil record means: ask the durable
 // store (the holder rolled back, Redis lost the marker, the wait ran out,
 // or Redis failed, which failed reports).
-func (s *Store) await(ctx context.Context, recKey, markerKey string, wait time.Duration) (rec *idempotency.Record, failed bool) {
+func (s *FastPath) await(ctx context.Context, recKey, markerKey string, wait time.Duration) (rec *idempotency.Record, failed bool) {
 	deadline := time.Now().Add(wait)
 	ticker := time.NewTicker(s.cfg.Poll)
 	defer ticker.Stop()
@@ -545,7 +531,7 @@ const (
 // cached returns the record cached under recKey, if any and not expired,
 // and the look-up's result. It reports nothing itself: polling callers
 // count one result per wait, not one per poll.
-func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record, string) {
+func (s *FastPath) cached(ctx context.Context, recKey string) (*idempotency.Record, string) {
 	var raw []byte
 	err := s.breaker.do(ctx, func() (err error) {
 		raw, err = s.reads.Get(ctx, recKey).Bytes()
@@ -564,7 +550,7 @@ func (s *Store) cached(ctx context.Context, recKey string) (*idempotency.Record,
 
 // decodeCached reads the record cached under recKey, and what the look-up
 // found.
-func (s *Store) decodeCached(recKey string, raw []byte) (*idempotency.Record, string) {
+func (s *FastPath) decodeCached(recKey string, raw []byte) (*idempotency.Record, string) {
 	if len(raw) == 0 || raw[0] != recordFormat {
 		return nil, resultMiss // another version's record: read through again
 	}
@@ -587,7 +573,7 @@ func (s *Store) decodeCached(recKey string, raw []byte) (*idempotency.Record, st
 // store caches rec until it expires. Failures only cost speed. A
 // provisional record (a long operation's 202) is not cached: it is replaced
 // by the operation's final response later, and only PostgreSQL sees that.
-func (s *Store) store(ctx context.Context, recKey string, rec *idempotency.Record) {
+func (s *FastPath) store(ctx context.Context, recKey string, rec *idempotency.Record) {
 	ttl := cacheTTL(rec)
 	if ttl <= 0 {
 		return
@@ -620,7 +606,7 @@ var errUnusableRecord = errors.New("redisstore: cached record unusable here")
 // whether the marker is now ours; errUnusableRecord if a record is there
 // that this replica cannot read or verify, or that has expired by its
 // clock.
-func (s *Store) takeMarker(ctx context.Context, recKey, markerKey, token string) (*idempotency.Record, bool, error) {
+func (s *FastPath) takeMarker(ctx context.Context, recKey, markerKey, token string) (*idempotency.Record, bool, error) {
 	var res []any
 	err := s.breaker.do(ctx, func() (err error) {
 		res, err = takeMarkerScript.Run(ctx, s.rdb, []string{recKey, markerKey}, token, s.cfg.Marker.Milliseconds()).Slice()
@@ -655,7 +641,7 @@ return 0`)
 // in-flight marker if it may be ours: one round trip either way. It runs
 // even when the request was cancelled: a marker left behind would make
 // duplicates wait for nothing until its lease ran out.
-func (s *Store) release(ctx context.Context, recKey, markerKey, token string, ours bool, rec *idempotency.Record) {
+func (s *FastPath) release(ctx context.Context, recKey, markerKey, token string, ours bool, rec *idempotency.Record) {
 	if !ours {
 		if rec != nil {
 			s.store(ctx, recKey, rec)
@@ -695,7 +681,7 @@ func cacheTTL(rec *idempotency.Record) time.Duration {
 // deferred commit found already there.
 type cachedLease[U any] struct {
 	idempotency.Lease[U]
-	s                 *Store
+	s                 *FastPath
 	lookedUp          bool // the claim went to Redis: cache, release
 	recKey, markerKey string
 	token             string

@@ -23,7 +23,7 @@ type deferredOutcome struct {
 // attemptDeferred plays what the middleware does for a write-only
 // operation: a claim that may be deferred to its commit, one write through
 // the lease, the commit, and on a lost claim the record that holds the key;
-// when the commit could not say, it claims again, now (ClaimNow), and runs
+// when the commit could not say, it claims again, at once (AtOnce), and runs
 // the operation again if that claim gets the key (it held an expired
 // record).
 func attemptDeferred[U any](ctx context.Context, b *bundle[U], store idempotency.Store[U], req idempotency.ClaimRequest, body string) deferredOutcome {
@@ -35,10 +35,8 @@ func attemptDeferred[U any](ctx context.Context, b *bundle[U], store idempotency
 	if taken.Record != nil {
 		return deferredOutcome{rec: taken.Record}
 	}
-	now := func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-		return idempotency.ClaimNow(ctx, store, req)
-	}
-	return attemptOnce(ctx, b, now, req, body)
+	req.AtOnce = true
+	return attemptOnce(ctx, b, store.Claim, req, body)
 }
 
 // attemptOnce claims req with claim and, given a lease, writes and commits.
@@ -57,13 +55,13 @@ func attemptOnce[U any](ctx context.Context, b *bundle[U], claim func(context.Co
 	return deferredOutcome{committed: true}
 }
 
-// 12. Claims that may be deferred to their commit (through Claim, for
+// 12. Claims that may be made at their commit (through Claim, for
 // write-only operations) keep every promise of the others: a replay or a
 // mismatch writes nothing, an expired key is free, a rollback leaves
 // nothing, a holder in flight is waited for within Wait, and concurrent
-// first requests run once. Stores that do not defer pass by claiming as
+// first requests run once. Stores that claim at once pass by claiming as
 // usual.
-func testDeferred[U any](t *testing.T, b *bundle[U]) {
+func testClaimAtCommit[U any](t *testing.T, b *bundle[U]) {
 	t.Run("replay and mismatch write nothing", func(t *testing.T) {
 		t.Parallel()
 		store, scope := b.open(t)

@@ -45,7 +45,6 @@ func ExampleRun() {
 			return n
 		},
 		Queued: true,
-		Purge:  keys.PurgeExpired,
 	}
 	// go test runs TestConformance; an example runs it by hand.
 	ok := testing.RunTests(func(string, string) (bool, error) { return true, nil }, []testing.InternalTest{

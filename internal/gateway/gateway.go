@@ -110,7 +110,7 @@ const DefaultUpstreamTimeout = 30 * time.Second
 const leaseMargin = 10 * time.Second
 
 // New returns the gateway for cfg, whose keys store keeps.
-func New[U any](cfg Config, store idempotency.HeldStore[U]) (*Gateway, error) {
+func New[U any](cfg Config, store idempotency.Store[U]) (*Gateway, error) {
 	if cfg.Upstream == nil || cfg.Upstream.Scheme == "" || cfg.Upstream.Host == "" {
 		return nil, errors.New("gateway: the upstream must be an absolute URL, such as http://127.0.0.1:3000")
 	}

@@ -52,12 +52,12 @@ var stores = []struct {
 	{"postgres", func(t *testing.T) func(gateway.Config) http.Handler {
 		cache, err := recordcache.New(1000, nil)
 		require.NoError(t, err)
-		s := recordcache.Wrap(cache, deferredStore(t)).(idempotency.HeldStore[*pgstore.Batch])
+		s := recordcache.Wrap(cache, deferredStore(t))
 		return func(cfg gateway.Config) http.Handler { return newGateway(t, cfg, s) }
 	}},
 	{"redis", func(t *testing.T) func(gateway.Config) http.Handler {
 		fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: "gateway-test:" + rand.Text() + ":"})
-		s := redisstore.Wrap(fast, deferredStore(t)).(idempotency.HeldStore[*pgstore.Batch])
+		s := redisstore.Wrap(fast, deferredStore(t))
 		return func(cfg gateway.Config) http.Handler { return newGateway(t, cfg, s) }
 	}},
 }
@@ -67,12 +67,12 @@ func deferredStore(t *testing.T) idempotency.Store[*pgstore.Batch] {
 	t.Helper()
 	pg, err := pgstore.New(testdb.Pool(t), pgstore.Options{})
 	require.NoError(t, err)
-	s, err := pg.Deferred()
+	s, err := pg.ClaimAtCommit()
 	require.NoError(t, err)
 	return s
 }
 
-func newGateway[U any](t *testing.T, cfg gateway.Config, store idempotency.HeldStore[U]) http.Handler {
+func newGateway[U any](t *testing.T, cfg gateway.Config, store idempotency.Store[U]) http.Handler {
 	t.Helper()
 	h, err := gateway.New(cfg, store)
 	require.NoError(t, err)

@@ -30,7 +30,7 @@ import (
 // PostgresLegacyKeys (legacyScopes in idempotency/caddymodule/legacy.go):
 // change both alike.
 type LegacyScopes[U any] struct {
-	next idempotency.HeldStore[U]
+	next idempotency.Store[U]
 	any  func(context.Context) (bool, error)
 	// olds is the scopes a claim of scope looks its key up under first.
 	olds  func(ctx context.Context, scope string) []string
@@ -39,7 +39,7 @@ type LegacyScopes[U any] struct {
 
 // NewLegacyScopes wraps next, a gateway's store, whose keys of bare scopes
 // anyLegacy reports, looking them up until Check finds none.
-func NewLegacyScopes[U any](next idempotency.HeldStore[U], anyLegacy func(context.Context) (bool, error)) *LegacyScopes[U] {
+func NewLegacyScopes[U any](next idempotency.Store[U], anyLegacy func(context.Context) (bool, error)) *LegacyScopes[U] {
 	return &LegacyScopes[U]{next: next, any: anyLegacy, olds: func(_ context.Context, scope string) []string {
 		if _, bare, ok := SplitScope(scope); ok {
 			return []string{bare}
@@ -53,7 +53,7 @@ func NewLegacyScopes[U any](next idempotency.HeldStore[U], anyLegacy func(contex
 // secret): each claim first looks its key up under the previous scopes
 // of its request, as LegacyScopes does under bare ones, until
 // anyPrevious (PostgresPreviousKeys) finds no key of them left.
-func NewPreviousScopes[U any](next idempotency.HeldStore[U], anyPrevious func(context.Context) (bool, error)) *LegacyScopes[U] {
+func NewPreviousScopes[U any](next idempotency.Store[U], anyPrevious func(context.Context) (bool, error)) *LegacyScopes[U] {
 	return &LegacyScopes[U]{next: next, any: anyPrevious, olds: func(ctx context.Context, _ string) []string {
 		if previous, ok := ctx.Value(previousKey{}).(func() []string); ok {
 			return previous()
@@ -84,28 +84,15 @@ func (l *LegacyScopes[U]) Active() bool { return !l.ended.Load() }
 
 // Claim implements idempotency.Store.
 func (l *LegacyScopes[U]) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-	return l.claim(ctx, req, l.next.Claim)
-}
-
-// ClaimNow implements idempotency.DeferringStore, claiming through the
-// next store's ClaimNow.
-func (l *LegacyScopes[U]) ClaimNow(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-	return l.claim(ctx, req, func(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
-		return idempotency.ClaimNow(ctx, l.next, req)
-	})
-}
-
-func (l *LegacyScopes[U]) claim(ctx context.Context, req idempotency.ClaimRequest,
-	claim func(context.Context, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error),
-) (idempotency.Lease[U], *idempotency.Record, error) {
 	if !l.Active() {
-		return claim(ctx, req)
+		return l.next.Claim(ctx, req)
 	}
 	for _, scope := range l.olds(ctx, req.Scope) {
 		old := req
 		old.Scope = scope
-		// At once: a deferring store's Claim would look at nothing.
-		lease, rec, err := idempotency.ClaimNow(ctx, l.next, old)
+		// At once: a claim at commit would look at nothing.
+		old.AtOnce = true
+		lease, rec, err := l.next.Claim(ctx, old)
 		if lease == nil {
 			// A record, a key in flight, or a failure: as before the
 			// upgrade.
@@ -116,7 +103,18 @@ func (l *LegacyScopes[U]) claim(ctx context.Context, req idempotency.ClaimReques
 			return nil, nil, err
 		}
 	}
-	return claim(ctx, req)
+	return l.next.Claim(ctx, req)
+}
+
+// PurgeExpired implements idempotency.Purger, purging the next store.
+func (l *LegacyScopes[U]) PurgeExpired(ctx context.Context, batch int) (int64, error) {
+	return l.next.PurgeExpired(ctx, batch)
+}
+
+// KeyStats implements idempotency.StatsSource, counting the next store's
+// keys.
+func (l *LegacyScopes[U]) KeyStats(ctx context.Context) (idempotency.Stats, error) {
+	return l.next.KeyStats(ctx)
 }
 
 // Settle implements idempotency.Settler: ref's record is the namespace's,
@@ -222,6 +220,5 @@ func prefixEnd(prefix string) []byte {
 
 // Interface guards.
 var (
-	_ idempotency.HeldStore[any]      = (*LegacyScopes[any])(nil)
-	_ idempotency.DeferringStore[any] = (*LegacyScopes[any])(nil)
+	_ idempotency.Store[any] = (*LegacyScopes[any])(nil)
 )

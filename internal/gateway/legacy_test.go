@@ -60,13 +60,13 @@ func TestLegacyScopesEndOnceNoBareKeyRemains(t *testing.T) {
 }
 
 // deferredStoreOn is pgstore's deferred store on the database of pool.
-func deferredStoreOn(t *testing.T, pool *pgxpool.Pool) idempotency.HeldStore[*pgstore.Batch] {
+func deferredStoreOn(t *testing.T, pool *pgxpool.Pool) idempotency.Store[*pgstore.Batch] {
 	t.Helper()
 	pg, err := pgstore.New(pool, pgstore.Options{})
 	require.NoError(t, err)
-	s, err := pg.Deferred()
+	s, err := pg.ClaimAtCommit()
 	require.NoError(t, err)
-	return s.(idempotency.HeldStore[*pgstore.Batch])
+	return s
 }
 
 // TestLegacyUnknownKeyRetried: a key of unknown outcome stored before
@@ -93,7 +93,7 @@ func TestLegacyUnknownKeyRetried(t *testing.T) {
 	t.Cleanup(upstream.Close)
 	up, err := url.Parse(upstream.URL)
 	require.NoError(t, err)
-	serve := func(store idempotency.HeldStore[*pgstore.Batch]) *httptest.Server {
+	serve := func(store idempotency.Store[*pgstore.Batch]) *httptest.Server {
 		return transfersGateway(t, gateway.Config{Upstream: up, RetryUnknown: true}, store)
 	}
 	post := func(srv *httptest.Server) int {

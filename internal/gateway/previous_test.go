@@ -89,7 +89,7 @@ func TestPreviousScopeUnknownKeyRetried(t *testing.T) {
 	ns := gateway.DefaultNamespace(up)
 	// The old rule scoped by the header as it came; the new one prefixes
 	// it, and names the old scope as previous.
-	serve := func(store idempotency.HeldStore[*pgstore.Batch], scope func(*http.Request) (string, error), previous func(*http.Request) []string) *httptest.Server {
+	serve := func(store idempotency.Store[*pgstore.Batch], scope func(*http.Request) (string, error), previous func(*http.Request) []string) *httptest.Server {
 		h, err := gateway.New(gateway.Config{Upstream: up, RetryUnknown: true, Scope: scope, PreviousScopes: previous,
 			Routes: []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}}}, store)
 		require.NoError(t, err)

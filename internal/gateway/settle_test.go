@@ -61,7 +61,7 @@ func TestSettleOutlivesADatabaseRestart(t *testing.T) {
 	replica := func() (*gateway.Gateway, *metrics.Metrics, string) {
 		pg, err := pgstore.New(pool(), pgstore.Options{})
 		require.NoError(t, err)
-		store, err := pg.Deferred()
+		store, err := pg.ClaimAtCommit()
 		require.NoError(t, err)
 		m := metrics.New()
 		m.HeldOperations("POST /transfers")
@@ -69,7 +69,7 @@ func TestSettleOutlivesADatabaseRestart(t *testing.T) {
 			Upstream: upstream, Scope: keyscope.Header("X-Account-Id"),
 			Routes: []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}},
 			Wait:   50 * time.Millisecond, UpstreamTimeout: 5 * time.Second, Observer: m,
-		}, store.(idempotency.HeldStore[*pgstore.Batch]))
+		}, store)
 		require.NoError(t, err)
 		srv := httptest.NewServer(g)
 		t.Cleanup(srv.Close)

@@ -60,7 +60,7 @@ func (u *countingUpstream) ran(key string) int {
 
 // transfersGateway serves a gateway covering POST /transfers, keys
 // scoped by X-Account-Id, with cfg's other fields, on store.
-func transfersGateway(t *testing.T, cfg gateway.Config, store idempotency.HeldStore[*pgstore.Batch]) *httptest.Server {
+func transfersGateway(t *testing.T, cfg gateway.Config, store idempotency.Store[*pgstore.Batch]) *httptest.Server {
 	t.Helper()
 	cfg.Scope = keyscope.Header("X-Account-Id")
 	cfg.Routes = []gateway.Route{{Method: http.MethodPost, Path: "/transfers"}}

@@ -46,11 +46,11 @@ func TestUnknownOutcomeTellsTheClientNoAddress(t *testing.T) {
 
 	pg, err := pgstore.New(testdb.Pool(t), pgstore.Options{})
 	require.NoError(t, err)
-	store, err := pg.Deferred()
+	store, err := pg.ClaimAtCommit()
 	require.NoError(t, err)
 	var logs servicetest.SyncBuffer
 	srv := transfersGateway(t, gateway.Config{Upstream: up, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
-		store.(idempotency.HeldStore[*pgstore.Batch]))
+		store)
 
 	key := "k-" + strings.ReplaceAll(t.Name(), "/", "-")
 	c := client{t: t, url: srv.URL, scope: "acct-unknown"}

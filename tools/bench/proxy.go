@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 	"github.com/oncekey/oncekey/internal/gateway"
@@ -78,7 +77,7 @@ func (b *bench) startProxies() (func(), error) {
 	if err != nil {
 		return stopAll, err
 	}
-	deferred, err := pg.Deferred()
+	deferred, err := pg.ClaimAtCommit()
 	if err != nil {
 		return stopAll, err
 	}
@@ -93,7 +92,7 @@ func (b *bench) startProxies() (func(), error) {
 	gw, err := gateway.New(gateway.Config{
 		Upstream: to, Routes: []gateway.Route{{Method: http.MethodPost, Path: "/orders"}},
 		Scope: scope.Source, Transport: transport(), Logger: slog.New(slog.DiscardHandler),
-	}, recordcache.Wrap(cache, deferred).(idempotency.HeldStore[*pgstore.Batch]))
+	}, recordcache.Wrap(cache, deferred))
 	if err != nil {
 		return stopAll, err
 	}

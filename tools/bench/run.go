@@ -336,7 +336,7 @@ type keyStores struct {
 
 // flushBench removes what the Redis modes cached: the keys of the
 // benchmark's account, which carry its scope in their hash tag.
-func flushBench(ctx context.Context, rdb redis.UniversalClient, fast *redisstore.Store, account uuid.UUID) {
+func flushBench(ctx context.Context, rdb redis.UniversalClient, fast *redisstore.FastPath, account uuid.UUID) {
 	record, _ := fast.KeyNames(auth.Scope(account), "")
 	prefix := record[:strings.Index(record, "}")+1]
 	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()

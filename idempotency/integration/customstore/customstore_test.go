@@ -2,11 +2,15 @@
 // engine's documentation alone (idempotency.Store, Lease, ClaimRequest and
 // storetest's Harness), over a map: the proof that the store contract is as
 // small as the docs say. It implements Claim, and a lease's Unit, Ref,
-// Commit and Rollback, and nothing else, and it passes storetest.
+// Commit and Rollback; it says that it does nothing else (it keeps no held
+// records, its map is never purged, its keys are not counted) by returning
+// errors.ErrUnsupported from Settle, Release, PurgeExpired and KeyStats;
+// and it passes storetest.
 package customstore_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"testing"
@@ -31,6 +35,28 @@ type entry struct {
 
 // unit is what an operation writes through: writes run at Commit.
 type unit struct{ writes []func() }
+
+// Settle is unsupported: mapStore keeps no held records (the held
+// operations of a gateway need a store that does).
+func (s *mapStore) Settle(context.Context, idempotency.Ref, idempotency.Response) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+// Release is unsupported, as Settle is.
+func (s *mapStore) Release(context.Context, idempotency.Ref) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+// PurgeExpired is unsupported: an expired entry is replaced when its key
+// is claimed again, and this map lives as long as a test.
+func (s *mapStore) PurgeExpired(context.Context, int) (int64, error) {
+	return 0, errors.ErrUnsupported
+}
+
+// KeyStats is unsupported: nobody scrapes this store's metrics.
+func (s *mapStore) KeyStats(context.Context) (idempotency.Stats, error) {
+	return idempotency.Stats{}, errors.ErrUnsupported
+}
 
 func (s *mapStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.Lease[*unit], *idempotency.Record, error) {
 	k := [2]string{req.Scope, req.Key}

@@ -96,7 +96,7 @@ func TestKeepsWhatIsFinal(t *testing.T) {
 			pg := pgStore(t)
 			var store idempotency.Store[pgx.Tx] = pg
 			if tt.deferred {
-				deferred, err := pg.Deferred()
+				deferred, err := pg.ClaimAtCommit()
 				require.NoError(t, err)
 				store = idempotency.MapUnit(deferred, func(*pgstore.Batch, idempotency.Ref) pgx.Tx { return nil })
 			}
@@ -123,7 +123,8 @@ func TestKeepsWhatIsFinal(t *testing.T) {
 				}, 10*time.Second, 5*time.Millisecond, "the record did not expire")
 			}
 
-			lease, rec, err = idempotency.ClaimNow(ctx, front, req)
+			req.AtOnce = true
+			lease, rec, err = front.Claim(ctx, req)
 			require.NoError(t, err)
 			if lease != nil {
 				require.NoError(t, lease.Rollback(ctx))

@@ -78,7 +78,7 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-func infront[U any](fast *redisstore.Store) func(*testing.T, idempotency.Store[U]) idempotency.Store[U] {
+func infront[U any](fast *redisstore.FastPath) func(*testing.T, idempotency.Store[U]) idempotency.Store[U] {
 	return func(_ *testing.T, next idempotency.Store[U]) idempotency.Store[U] { return redisstore.Wrap(fast, next) }
 }
 

@@ -21,7 +21,6 @@ func Memstore() storetest.Harness[*memstore.Tx] {
 		Write: written.write,
 		Count: written.count,
 		Read:  written.read,
-		Purge: store.PurgeExpired,
 		Replace: func(_ context.Context, ref idempotency.Ref, final idempotency.Response) (bool, error) {
 			return store.ReplaceProvisional(ref, final), nil
 		},

@@ -54,11 +54,12 @@ func TxHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness[pgx.T
 	return h
 }
 
-// DeferredHarness is the suite's harness for pgstore's deferring store:
-// its rows are queued by GuardedWrite, the one write Deferred takes.
+// DeferredHarness is the suite's harness for pgstore's store that claims at
+// commit: its rows are queued by GuardedWrite, the one write ClaimAtCommit
+// takes.
 func DeferredHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness[*pgstore.Batch] {
 	store := open(pool, opts)
-	deferred, err := store.Deferred(GuardedWrite(store))
+	deferred, err := store.ClaimAtCommit(GuardedWrite(store))
 	if err != nil {
 		panic(err)
 	}
@@ -74,11 +75,11 @@ func DeferredHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness
 	return h
 }
 
-// GuardedWrite is the deferred write of the suite's rows, $1 their id and
-// $2 their scope: a row of the writes table only if the write's own claim
-// inserted the key row of store's table.
+// GuardedWrite is the write claimed at commit of the suite's rows, $1 their
+// id and $2 their scope: a row of the writes table only if the write's own
+// claim inserted the key row of store's table.
 func GuardedWrite(store *pgstore.Store) string {
-	return "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE EXISTS (SELECT FROM " + store.Claimed() + ")"
+	return "INSERT INTO writes (id, scope) SELECT $1, $2 WHERE " + store.Guard()
 }
 
 // JoinedHarness is the suite's harness for pgstore joined to a pgx
@@ -90,6 +91,7 @@ func JoinedHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harness[p
 	h := TxHarness(pool, opts)
 	h.Open = func(*testing.T) idempotency.Store[pgx.Tx] {
 		return callerTx[pgx.Tx]{
+			Store:    store,
 			begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
 			join:     store.Join,
 			commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
@@ -106,6 +108,7 @@ func JoinedSQLHarness(pool *pgxpool.Pool, opts pgstore.Options) storetest.Harnes
 	db := stdlib.OpenDBFromPool(pool)
 	h := pgHarness(pool, store, opts.Scope, func(t *testing.T) idempotency.Store[*sql.Tx] {
 		return callerTx[*sql.Tx]{
+			Store:    store,
 			begin:    func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 			join:     store.JoinSQL,
 			commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
@@ -134,8 +137,10 @@ func ignore(err, done error) error {
 
 // callerTx is a store as a caller of Join uses pgstore: its Claim opens the
 // caller's transaction and joins it; the lease's Commit stores the
-// response and then the caller commits; its Rollback rolls back both.
+// response and then the caller commits; its Rollback rolls back both. It
+// settles, purges and counts as the Store it joins.
 type callerTx[U any] struct {
+	*pgstore.Store
 	begin            func(context.Context) (U, error)
 	join             func(context.Context, U, idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error)
 	commit, rollback func(context.Context, U) error
@@ -210,7 +215,6 @@ func pgHarness[U any](pool *pgxpool.Pool, store *pgstore.Store, scope pgstore.Sc
 			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM writes WHERE scope = $1", []byte(scope)).Scan(&n), "count writes")
 			return n
 		},
-		Purge: store.PurgeExpired,
 		Replace: func(ctx context.Context, ref idempotency.Ref, final idempotency.Response) (replaced bool, err error) {
 			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				replaced, err = store.ReplaceProvisional(ctx, tx, ref, final)

@@ -24,7 +24,7 @@ func (w *deferredWrites) CreateOrder(ctx context.Context, o orders.Order) error 
 	if w.claim.Scope != auth.Scope(o.AccountID) {
 		return fmt.Errorf("order of account %s under another account's key", o.AccountID)
 	}
-	return translate(w.q.OrderCreateClaimed(ctx, db.OrderCreateClaimedParams{
+	return translate(w.q.OrderCreateGuarded(ctx, db.OrderCreateGuardedParams{
 		AccountID: o.AccountID, ID: o.ID, Status: o.Status, Amount: o.Amount,
 		Currency: o.Currency, Items: items, CreatedAt: o.CreatedAt,
 	}))

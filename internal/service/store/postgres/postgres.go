@@ -217,7 +217,7 @@ func NewKeys(pool *pgxpool.Pool, jobs Jobs, opts pgstore.Options) *Store {
 	}}
 	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, _ idempotency.Ref) store.Tx { return &txUnit{s: s, tx: tx, q: db.New(tx)} })
 	// The write-only operations' writes, declared to pgstore as it asks.
-	deferred, err := keys.Deferred(db.OrderCreateClaimed)
+	deferred, err := keys.ClaimAtCommit(db.OrderCreateGuarded)
 	if err != nil {
 		panic(err) // the service's own statements, bound by every test that opens a Store
 	}

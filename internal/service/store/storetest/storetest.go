@@ -194,11 +194,12 @@ type orderAttempt struct {
 
 // createOrder plays POST /orders: a claim of the write-only operations'
 // store, the order written through its unit, the commit; a commit that
-// lost its claim without a record claims again, now (ClaimNow), as the
-// middleware does.
+// lost its claim without a record claims again, at once (AtOnce), as the
+// engine does.
 func createOrder(ctx context.Context, store Store, req idempotency.ClaimRequest, body string) orderAttempt {
 	for _, now := range []bool{false, true} {
-		lease, rec, err := claimWith(ctx, store.DeferredKeys(), req, now)
+		req.AtOnce = now
+		lease, rec, err := store.DeferredKeys().Claim(ctx, req)
 		if err != nil || lease == nil {
 			return orderAttempt{rec: rec, err: err}
 		}
@@ -219,15 +220,6 @@ func createOrder(ctx context.Context, store Store, req idempotency.ClaimRequest,
 		}
 	}
 	return orderAttempt{err: errors.New("the key changed under a claim made now")}
-}
-
-// claimWith claims req on keys: at once (ClaimNow) when now, else as
-// keys.Claim does (deferred to the commit, where keys defers).
-func claimWith[U any](ctx context.Context, keys idempotency.Store[U], req idempotency.ClaimRequest, now bool) (idempotency.Lease[U], *idempotency.Record, error) {
-	if now {
-		return idempotency.ClaimNow(ctx, keys, req)
-	}
-	return keys.Claim(ctx, req)
 }
 
 // 2. An order written through a write-only operation's unit exists only
@@ -264,7 +256,8 @@ func testOrdersWithClaim(t *testing.T, setup setupFunc) {
 		store, b := setup(t)
 		req := claimRequest(b.account, newKey(), fingerprint("POST /orders"))
 		// Claimed at once: the order is written now where the store can.
-		lease, _, err := idempotency.ClaimNow(b.ctx, store.DeferredKeys(), req)
+		req.AtOnce = true
+		lease, _, err := store.DeferredKeys().Claim(b.ctx, req)
 		require.NoError(t, err, "claim")
 		o := newOrder(b.account, time.Now())
 		require.NoError(t, lease.Unit().CreateOrder(b.ctx, o), "create the order")
