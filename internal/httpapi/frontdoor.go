@@ -172,7 +172,8 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 				f.problems.write(w, r, errNoUnit)
 				return
 			}
-			req.outcome = serve(w, r, idempotency.Prepared{Scope: auth.Scope(account), Key: key, Body: body}, account, next)
+			w.Header().Set(idempotency.HeaderKey, key) // every answer repeats the key
+			req.outcome = serve(w, r, idempotency.Request{Scope: auth.Scope(account), Key: key, Body: body}, account, next)
 			return
 		}
 		if err := f.contract.validateBody(r, body); err != nil {
