@@ -17,7 +17,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency/recordcache"
 )
 
-// BenchmarkFingerprint measures ComputeFingerprint as the middleware calls
+// BenchmarkFingerprint measures Request.Fingerprint as the engine computes
 // it for POST /orders: canonicalisation plus SHA-256 over the parts. B/s
 // makes the small and the large body comparable.
 func BenchmarkFingerprint(b *testing.B) {
@@ -33,8 +33,8 @@ func BenchmarkFingerprint(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(c.body)))
 			for b.Loop() {
-				if _, err := idempotency.ComputeFingerprint(http.MethodPost, "/orders", "/orders", nil, c.body); err != nil {
-					b.Fatalf("ComputeFingerprint: %v", err)
+				if _, err := (idempotency.Request{Method: http.MethodPost, Route: "/orders", Path: "/orders", Body: c.body}).Fingerprint(); err != nil {
+					b.Fatalf("Fingerprint: %v", err)
 				}
 			}
 		})
@@ -171,7 +171,7 @@ func BenchmarkEngine(b *testing.B) {
 		// The resident records are what the operation stores, committed
 		// straight to the store: the protocol around each would only make
 		// the set-up longer.
-		fp, err := idempotency.ComputeFingerprint(http.MethodPost, "/orders", "/orders", nil, []byte(benchOrder))
+		fp, err := idempotency.Request{Method: http.MethodPost, Route: "/orders", Path: "/orders", Body: []byte(benchOrder)}.Fingerprint()
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -55,7 +55,7 @@ func (l scriptedLease) Rollback(context.Context) error                     { ret
 func TestLostDeferredClaim(t *testing.T) {
 	t.Parallel()
 	const body = `{"a":1}`
-	fp, err := idempotency.ComputeFingerprint(http.MethodPost, "/things", "/things", nil, []byte(body))
+	fp, err := idempotency.Request{Method: http.MethodPost, Route: "/things", Path: "/things", Body: []byte(body)}.Fingerprint()
 	require.NoError(t, err)
 	stored := idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"winner"}`)}
 	winner := &idempotency.Record{Fingerprint: fp, Response: stored, ExpiresAt: time.Now().Add(time.Hour)}

@@ -17,7 +17,7 @@
 //     202 with Retry-After (ErrInFlight);
 //   - a request refused before its operation ran (a bad key, a bad body),
 //     an answer whose status says the request may be sent again as it is
-//     (see Replayable: 400, 401, 403, 408, 413, 415, 429, 499) and any 5xx
+//     (400, 401, 403, 408, 413, 415, 429, 499) and any 5xx
 //     store nothing and consume no key; every other answer, 404, 409 and
 //     422 included, is stored and replayed.
 //
@@ -27,7 +27,7 @@
 // sent it. The fingerprint covers its meaning, so that a retry spelled
 // otherwise is the same request, and ignores only what no parser of the
 // body reads, so that two requests with one fingerprint are never read
-// differently (ComputeFingerprintFor computes it for any front door or
+// differently (Request.Fingerprint computes it for any front door or
 // tool; docs/protocol.md lists every difference it ignores):
 //
 //   - JSON (no Content-Type, application/json or any +json type): its

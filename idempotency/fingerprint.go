@@ -45,7 +45,7 @@ var ErrMalformedQuery = errors.New("the query string is not valid")
 // fingerprint are the same operation, so the second may be answered with the
 // first one's response. A fingerprint of the current rules begins with a
 // fixed marker; one stored by an engine before them (without it) is
-// compared, by Operation.Serve, with the request's fingerprint under the
+// compared, by Operation.Begin, with the request's fingerprint under the
 // rules it was computed by, so that a key stored before an upgrade still
 // replays after it.
 type Fingerprint [sha256.Size]byte
@@ -61,52 +61,6 @@ const fingerprintMarker = "oncekey\x02"
 
 // current reports whether f was computed by the current rules.
 func (f Fingerprint) current() bool { return string(f[:len(fingerprintMarker)]) == fingerprintMarker }
-
-// ComputeFingerprint hashes method, route pattern, path, the sorted query
-// string and the canonical form of body, read as JSON. The pattern
-// ("/widgets/{id}") binds the key to the operation; the path binds it to the
-// resource too, so that one key sent to /widgets/1/paint and then to
-// /widgets/2/paint is a conflict, not a replay. The parts are length-prefixed
-// so that no two different tuples hash alike.
-// A body that is not canonicalisable JSON is an error wrapping
-// ErrMalformedBody. It is ComputeFingerprintFor of a JSON body.
-func ComputeFingerprint(method, route, path string, query url.Values, body []byte) (Fingerprint, error) {
-	return ComputeFingerprintFor(method, route, path, query, "", body)
-}
-
-// ComputeFingerprintFor is the fingerprint Operation.Serve gives a request
-// whose body has the Content-Type contentType, for front doors and tools
-// that must agree with it. It covers the body's meaning, never how it is
-// spelled, so that a retry spelled differently is still the same request;
-// the operation is handed the bytes as sent. How the body is read depends
-// on its media type:
-//
-//   - none, application/json or any +json type: its canonical form (RFC
-//     8785, but numbers compared as exact decimals: 1.0 and 1 are one
-//     number, 123456789.123456789123 and 123456789.12345679 two), and the
-//     media type, normalised, unless it is application/json (with no
-//     parameter but charset=utf-8) or none: application/merge-patch+json
-//     or another charset is another request;
-//   - application/x-www-form-urlencoded: its canonical form (its fields in
-//     their order, each spelled with one percent-encoding, "a" and "a="
-//     kept apart; ErrMalformedForm where that is ambiguous or the charset
-//     is not UTF-8), and the media type;
-//   - any other type (multipart/form-data, application/octet-stream, ...):
-//     the exact bytes, and the media type with its parameters, normalised
-//     (type, subtype and parameter names in lower case), so that the same
-//     bytes sent as another type are another request.
-//
-// A body without content (empty, JSON whitespace, a form without fields)
-// is fingerprinted as no body whatever its type. A Content-Type that does
-// not parse is ErrMalformedContentType (a JSON one's is hashed as sent).
-// docs/protocol.md lists every difference the fingerprint ignores.
-func ComputeFingerprintFor(method, route, path string, query url.Values, contentType string, body []byte) (Fingerprint, error) {
-	media, canonical, err := canonicalBody(contentType, body)
-	if err != nil {
-		return Fingerprint{}, err
-	}
-	return fingerprintCanonical(method, route, path, query, media, canonical), nil
-}
 
 // formMedia is the one media type besides JSON's whose bodies have a
 // canonical form.
@@ -198,7 +152,7 @@ func truncate(s string) string {
 	return s[:most] + "…"
 }
 
-// fingerprintCanonical is ComputeFingerprintFor for a body already in
+// fingerprintCanonical is Request.Fingerprint for a body already in
 // canonical form: fingerprintMarker, then the hash of the six
 // length-prefixed parts (the media type "" where there is none), cut to
 // what follows the marker.

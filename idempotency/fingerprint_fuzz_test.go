@@ -27,8 +27,8 @@ func FuzzFingerprint(f *testing.F) {
 		if err1 != nil || err2 != nil {
 			return
 		}
-		fp1, err1 := idempotency.ComputeFingerprint(m1, r1, p1, query1, b1)
-		fp2, err2 := idempotency.ComputeFingerprint(m2, r2, p2, query2, b2)
+		fp1, err1 := idempotency.Request{Method: m1, Route: r1, Path: p1, Query: query1.Encode(), Body: b1}.Fingerprint()
+		fp2, err2 := idempotency.Request{Method: m2, Route: r2, Path: p2, Query: query2.Encode(), Body: b2}.Fingerprint()
 		if err1 != nil || err2 != nil {
 			return // no canonical form: rejected with 400, never fingerprinted
 		}

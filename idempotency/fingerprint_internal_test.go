@@ -51,7 +51,7 @@ func TestLegacyFingerprintsArePinned(t *testing.T) {
 			require.True(t, ok, "the legacy rules fingerprint %q", tt.body)
 			require.Equal(t, tt.want, fp.String(), "legacy fingerprint of %q as %q", tt.body, tt.contentType)
 			require.False(t, fp.current(), "a legacy fingerprint has no marker")
-			now, err := ComputeFingerprintFor("POST", "/orders/{id}", "/orders/42", LegacyPinnedQuery, tt.contentType, []byte(tt.body))
+			now, err := Request{Method: "POST", Route: "/orders/{id}", Path: "/orders/42", Query: LegacyPinnedQuery.Encode(), ContentType: tt.contentType, Body: []byte(tt.body)}.Fingerprint()
 			require.NoError(t, err)
 			require.True(t, now.current(), "the current rules' fingerprint has the marker")
 			require.NotEqual(t, fp, now)

@@ -1,24 +1,19 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
-	"net/http"
 	"os"
 	"strconv"
-	"sync/atomic"
 	"time"
 )
 
 // StatusHeld is the stored status of a held record (see Held): 102
 // Processing, which is never a final HTTP status, so that no store, cache
 // or replay can take a held record for an operation's outcome.
-const StatusHeld = http.StatusProcessing
+const StatusHeld = 102
 
 // ErrOutcomeUnknown answers a request whose key holds an operation that may
 // have run and whose outcome nobody will learn: a gateway wrote the request
@@ -79,7 +74,7 @@ type Held struct {
 // Response is h as stored.
 func (h Held) Response() Response {
 	body, _ := json.Marshal(h)
-	return Response{Status: StatusHeld, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
+	return Response{Status: StatusHeld, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: body}
 }
 
 // ParseHeld reads a stored response as a held record; false when it is an
@@ -207,37 +202,6 @@ type heldOperation struct {
 	settler Settler
 }
 
-// heldKey carries a held operation's verdict slot to its handler.
-type heldKey struct{}
-
-// heldVerdict is what the handler of a held operation reports of its
-// outcome, besides its response.
-type heldVerdict struct {
-	unknown error
-}
-
-// MarkUnknown reports, from the handler of a held operation, that its
-// request may have taken effect and no answer will come (written upstream,
-// then a timeout or a reset). The handler writes nothing more: the engine
-// records the key as unknown, with cause as the held record's Reason, and
-// answers ErrOutcomeUnknown with its fixed detail: cause is for operators
-// (the handler logs it), and may name internal addresses that no client
-// should see. It reports false outside a held operation.
-func MarkUnknown(r *http.Request, cause error) bool {
-	v, ok := r.Context().Value(heldKey{}).(*heldVerdict)
-	if !ok {
-		return false
-	}
-	v.unknown = cause
-	return true
-}
-
-// heldSettleMargin is how long before its lease's end a held operation's
-// context ends: the time its holder has to record the outcome.
-func heldSettleMargin(lease time.Duration) time.Duration {
-	return min(lease/4, 5*time.Second)
-}
-
 // holdSlack is how long committing a held operation's hold may take beyond
 // the operation's wait: on a deferring store that commit is the claim, whose
 // statement pgstore bounds by the wait plus 2 s, after waiting for a
@@ -287,195 +251,79 @@ func (o *Operation[U]) meetHeld(ctx context.Context, rec *Record, h Held, ref Re
 	return true, nil
 }
 
-// runHeld runs a held operation under lease: it commits the key as held
-// first, so that from then on only Settle or Release frees it, then runs
-// next, and settles the key with the response (releases it for a response
-// that is not stored, as run rolls back). Unlike run, it answers after the
-// settle only where the response is stored: one that passes through is
-// answered as it comes, its key recorded first as not stored.
-func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error) {
-	e, ctx, held := s.op.e, s.r.Context(), s.op.held
-	if err := s.validate(); err != nil {
-		s.rollback(lease)
-		return s.refuse(err), nil
-	}
+// hold commits the key as held under lease, before the operation runs, so
+// that from then on only a settle or a release frees it. An error is what
+// answers the request, or what the store found holding the key
+// (*TakenError, ErrInFlight), nothing written.
+func (d *Decision[U]) hold(ctx context.Context, lease Lease[U]) error {
+	e, held := d.op.e, d.op.held
 	// The lease counts from here on this process's monotonic clock; the
 	// record's Until is on the store's clock where it keeps one (Held.Lease).
-	start := time.Now()
-	// mark signs each held record with its holder and the request's path.
-	mark := func(h Held) Response {
-		h.Holder, h.Path = held.Holder, s.r.URL.EscapedPath()
-		return h.Response()
-	}
+	d.heldSince = time.Now()
 	// The hold is the claim itself on a deferring store: bounded by the
 	// wait, and holdSlack for the connection and the statement, so that a
 	// key table that does not answer (locked) gets its 503 soon.
-	dctx := detachWithin(ctx, s.op.cfg.Wait+holdSlack)
-	err := lease.Commit(dctx, mark(Held{State: HeldRunning, Until: e.now().Add(held.Lease), Lease: held.Lease}))
+	dctx := detachWithin(ctx, d.op.cfg.Wait+holdSlack)
+	err := lease.Commit(dctx, d.mark(Held{State: HeldRunning, Until: e.now().Add(held.Lease), Lease: held.Lease}))
 	dctx.cancel()
-	ref := lease.Ref()
-	if err != nil {
-		var taken *TakenError
-		if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
-			return OutcomeNone, err // nothing was written
-		}
-		// The hold may have committed all the same (its answer lost):
-		// nothing ran, so free the key if it is held under this claim,
-		// retried as any settle is. Not on the client's time: a store that
-		// did not answer the hold (a locked key table) may not answer this
-		// either, and the 503 must not wait for it (it did, 10 s more).
-		rctx := detach(ctx)
-		go func() {
-			defer rctx.cancel()
-			e.settles.settle(rctx, held, pendingSettle{
-				ref: ref, fp: s.fp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL), unsure: true,
-				label: s.label, method: s.r.Method, path: s.r.URL.Path,
-			})
-		}()
-		return s.fail(fmt.Errorf("hold idempotency key: %w", err)), nil
+	if err == nil {
+		return nil
 	}
-	settle := func(resp *Response) {
-		sctx := detach(ctx)
-		defer sctx.cancel()
-		e.settles.settle(sctx, held, pendingSettle{
-			ref: ref, fp: s.fp, resp: resp, settler: held.settler, expires: time.Now().Add(s.op.cfg.TTL),
-			label: s.label, method: s.r.Method, path: s.r.URL.Path,
-		})
+	var taken *TakenError
+	if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
+		return err // nothing was written
 	}
-	stored := func(status int, reason string) {
-		if !Replayable(status) {
-			settle(nil)
-			return
-		}
-		resp := mark(Held{State: HeldNotStored, Reason: reason})
-		settle(&resp)
-	}
-	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
-	verdict := &heldVerdict{}
-	// The operation's context outlives the client (its outcome is settled
-	// all the same) and ends before the lease does, unless the response
-	// passes through by then.
-	hctx, stop := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), heldKey{}, verdict))
-	defer stop()
-	deadline := time.AfterFunc(held.Lease-heldSettleMargin(held.Lease)-time.Since(start), func() {
-		if !w.passing.Load() {
-			stop()
-		}
-	})
-	defer deadline.Stop()
-	inner := s.r.WithContext(hctx)
-	inner.Body = io.NopCloser(bytes.NewReader(s.in.Body))
-	inner.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(s.in.Body)), nil }
-	inner.ContentLength = int64(len(s.in.Body))
-	defer func() {
-		p := recover()
-		if p == nil {
-			return
-		}
-		// A handler that gives up midway (httputil.ReverseProxy, when the
-		// upstream's body breaks off) has taken the request upstream.
-		switch {
-		case w.passing.Load():
-		case w.wroteHeader:
-			stored(w.status, "the response broke off")
-		default:
-			resp := mark(Held{State: HeldUnknown, Reason: fmt.Sprint("the operation failed: ", p)})
-			settle(&resp)
-		}
-		panic(p)
+	// The hold may have committed all the same (its answer lost): nothing
+	// ran, so free the key if it is held under this claim, retried as any
+	// settle is. Not on the client's time: a store that did not answer the
+	// hold (a locked key table) may not answer this either, and the 503
+	// must not wait for it (it did, 10 s more).
+	rctx := detach(ctx)
+	p := d.pending(lease.Ref(), nil)
+	p.unsure = true
+	go func() {
+		defer rctx.cancel()
+		e.settles.settle(rctx, held, p)
 	}()
-	next.ServeHTTP(w, inner)
+	return d.fail(ctx, fmt.Errorf("hold idempotency key: %w", err))
+}
 
-	switch {
-	case w.passing.Load():
-		if w.status >= 500 {
-			return s.report(OutcomeError), nil
+// mark signs a held record with its holder and the request's path, for
+// the operator who settles it.
+func (d *Decision[U]) mark(h Held) Response {
+	h.Holder, h.Path = d.op.held.Holder, d.req.Path
+	return h.Response()
+}
+
+// pending is the settle of ref's record with resp (nil: its release).
+func (d *Decision[U]) pending(ref Ref, resp *Response) pendingSettle {
+	return pendingSettle{
+		ref: ref, fp: d.fp, resp: resp, settler: d.op.held.settler, expires: time.Now().Add(d.op.cfg.TTL),
+		label: d.label, method: d.req.Method, path: d.req.Path,
+	}
+}
+
+// settleHeld ends a held operation's run with resp, as Finish does: a held
+// record (unknown, not stored) is settled marked, an outcome is settled as
+// it is, and a response that is not one releases the key.
+func (d *Decision[U]) settleHeld(ctx context.Context, resp Response) {
+	var stored *Response
+	switch h, ok := ParseHeld(resp); {
+	case ok:
+		marked := d.mark(h)
+		stored = &marked
+		if h.State == HeldUnknown {
+			d.report(OutcomeUnknown)
+		} else {
+			d.report(OutcomeExecuted)
 		}
-		return s.report(OutcomeExecuted), nil
-	case verdict.unknown != nil:
-		// The cause is the operator's (the held record's Reason, and the
-		// handler's log), never the client's: it may name the upstream's
-		// internal address.
-		resp := mark(Held{State: HeldUnknown, Reason: verdict.unknown.Error()})
-		settle(&resp)
-		e.writeError(s.w, s.r, ErrOutcomeUnknown)
-		return s.report(OutcomeUnknown), nil
-	case !Replayable(w.status):
-		settle(nil)
-		w.copyTo(s.w)
-		if w.status >= 500 {
-			return s.report(OutcomeError), nil
-		}
-		return s.report(OutcomeRejected), nil
+	case !replayable(resp.Status):
+		d.finished(resp.Status)
+	default:
+		stored = &resp
+		d.report(OutcomeExecuted)
 	}
-	settle(&Response{Status: w.status, Header: w.allowed(e.stored), Body: w.body.Bytes()})
-	w.copyTo(s.w)
-	return s.report(OutcomeExecuted), nil
-}
-
-// heldWriter buffers a held operation's response as the recorder does, up
-// to its limit, and passes it through to the client from the moment it
-// cannot be stored: once it outgrows the limit, or at once for a stream.
-// Before the first byte passes, through records the key's fate.
-type heldWriter struct {
-	recorder
-	client  http.ResponseWriter
-	limit   int64
-	through func(status int, reason string)
-	// passing is set once the response passes through; atomic, as the
-	// lease's timer reads it on a goroutine of its own.
-	passing atomic.Bool
-}
-
-// Header is the buffered response's header, and the client's once the
-// response passes through (trailers set after the body go there).
-func (w *heldWriter) Header() http.Header {
-	if w.passing.Load() {
-		return w.client.Header()
-	}
-	return w.recorder.Header()
-}
-
-func (w *heldWriter) WriteHeader(status int) {
-	if w.wroteHeader || status < 200 {
-		// Interim responses (103 Early Hints) are not the outcome.
-		return
-	}
-	w.recorder.WriteHeader(status)
-	if mt, _, _ := mime.ParseMediaType(w.header.Get("Content-Type")); mt == "text/event-stream" {
-		w.pass("the response is a stream (text/event-stream)")
-	}
-}
-
-func (w *heldWriter) Write(p []byte) (int, error) {
-	w.WriteHeader(http.StatusOK)
-	if !w.passing.Load() && int64(w.body.Len()+len(p)) > w.limit {
-		w.pass(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to", w.limit))
-	}
-	if w.passing.Load() {
-		return w.client.Write(p)
-	}
-	return w.body.Write(p)
-}
-
-// Flush passes a stream's data on as it comes; a response that may yet be
-// stored is held back.
-func (w *heldWriter) Flush() {
-	if w.passing.Load() {
-		_ = http.NewResponseController(w.client).Flush()
-	}
-}
-
-// pass records why the response is not stored, then sends what is
-// buffered and lets the rest through.
-func (w *heldWriter) pass(reason string) {
-	w.passing.Store(true)
-	w.through(w.status, reason)
-	h := w.client.Header()
-	for name, values := range w.header {
-		h[name] = values
-	}
-	w.client.WriteHeader(w.status)
-	_, _ = w.client.Write(w.body.Bytes())
-	w.body = bytes.Buffer{}
+	sctx := detach(ctx)
+	defer sctx.cancel()
+	d.op.e.settles.settle(sctx, d.op.held, d.pending(d.Ref, stored))
 }

@@ -61,7 +61,7 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-func TestComputeFingerprint(t *testing.T) {
+func TestRequestFingerprint(t *testing.T) {
 	t.Parallel()
 	const body = `{"items":[{"sku":"SKU-1","qty":2}],"amount":1200,"currency":"RUB"}`
 	base := func() (string, string, string, url.Values, string) {
@@ -69,7 +69,7 @@ func TestComputeFingerprint(t *testing.T) {
 	}
 	fp := func(t *testing.T, method, route, path string, q url.Values, b string) idempotency.Fingerprint {
 		t.Helper()
-		f, err := idempotency.ComputeFingerprint(method, route, path, q, []byte(b))
+		f, err := idempotency.Request{Method: method, Route: route, Path: path, Query: q.Encode(), Body: []byte(b)}.Fingerprint()
 		require.NoError(t, err)
 		return f
 	}
@@ -128,31 +128,20 @@ func TestComputeFingerprint(t *testing.T) {
 
 	t.Run("query order does not matter", func(t *testing.T) {
 		t.Parallel()
-		a, err := idempotency.ComputeFingerprint("POST", "/x", "/x", url.Values{"a": {"1"}, "b": {"2"}}, nil)
+		a, err := idempotency.Request{Method: "POST", Route: "/x", Path: "/x", Query: url.Values{"a": {"1"}, "b": {"2"}}.Encode(), Body: nil}.Fingerprint()
 		require.NoError(t, err)
 		q, err := url.ParseQuery("b=2&a=1")
 		require.NoError(t, err)
-		b, err := idempotency.ComputeFingerprint("POST", "/x", "/x", q, nil)
+		b, err := idempotency.Request{Method: "POST", Route: "/x", Path: "/x", Query: q.Encode(), Body: nil}.Fingerprint()
 		require.NoError(t, err)
 		require.Equal(t, a, b)
 	})
 
 	t.Run("ambiguous body is rejected", func(t *testing.T) {
 		t.Parallel()
-		_, err := idempotency.ComputeFingerprint("POST", "/orders", "/orders", nil, []byte(`{"amount":1,"amount":2}`))
+		_, err := idempotency.Request{Method: "POST", Route: "/orders", Path: "/orders", Body: []byte(`{"amount":1,"amount":2}`)}.Fingerprint()
 		require.ErrorIs(t, err, idempotency.ErrMalformedBody)
 	})
-}
-
-func TestReplayable(t *testing.T) {
-	t.Parallel()
-	for status, want := range map[int]bool{
-		200: true, 201: true, 202: true, 404: true, 409: true, 422: true,
-		400: false, 401: false, 403: false, 408: false, 413: false, 415: false, 429: false,
-		500: false, 502: false, 503: false, 504: false,
-	} {
-		require.Equal(t, want, idempotency.Replayable(status), "status %d", status)
-	}
 }
 
 // middlewareBundle is an operation on the memory store in front of a
@@ -263,7 +252,7 @@ func TestEmptyScopeIsNoScope(t *testing.T) {
 	}
 	require.Equal(t, http.StatusUnauthorized, send(op.Handler(next)).Code, "Handler with an empty scope")
 	require.Equal(t, http.StatusUnauthorized, send(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		op.Serve(w, r, idempotency.Prepared{Key: "k", Body: []byte(`{}`)}, next)
+		op.Serve(w, r, idempotency.Request{Key: "k", Body: []byte(`{}`)}, next)
 	})).Code, "Serve of a request prepared without a scope")
 	require.Zero(t, runs.Load(), "nothing ran")
 }
@@ -295,7 +284,7 @@ func TestScopeIsBoundedInEveryStore(t *testing.T) {
 			for range 2 {
 				req := httptest.NewRequest(http.MethodPost, "/things", strings.NewReader(`{}`))
 				rec := httptest.NewRecorder()
-				op.Serve(rec, req, idempotency.Prepared{Scope: tc.scope, Key: "k", Body: []byte(`{}`)}, next)
+				op.Serve(rec, req, idempotency.Request{Scope: tc.scope, Key: "k", Body: []byte(`{}`)}, next)
 				require.Equal(t, tc.status, rec.Code, rec.Body.String())
 				if tc.status == http.StatusUnauthorized {
 					require.Contains(t, rec.Body.String(), idempotency.ProblemNoScope.Slug)
@@ -349,13 +338,59 @@ func TestBodiesAreReadWithinBounds(t *testing.T) {
 	}
 }
 
-func TestSafeMethodsPassThrough(t *testing.T) {
+// TestHandlerAndHandlerFuncAlike: Handler and HandlerFunc run every
+// request, whatever its method, through the protocol: a GET without a key
+// is refused and runs nothing, and one with a key runs once and is
+// replayed, from either.
+func TestHandlerAndHandlerFuncAlike(t *testing.T) {
 	t.Parallel()
-	b := setupMiddleware(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	for range 3 {
-		require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "", "").Code)
+	for _, tc := range []struct {
+		name    string
+		handler func(op *idempotency.Operation[*memstore.Tx], runs *atomic.Int64) http.Handler
+	}{
+		{"Handler", func(op *idempotency.Operation[*memstore.Tx], runs *atomic.Int64) http.Handler {
+			return op.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if _, ok := op.Unit(r.Context()); !ok {
+					t.Error("Handler's next finds no unit")
+				}
+				runs.Add(1)
+				w.WriteHeader(http.StatusOK)
+			}))
+		}},
+		{"HandlerFunc", func(op *idempotency.Operation[*memstore.Tx], runs *atomic.Int64) http.Handler {
+			return op.HandlerFunc(func(w http.ResponseWriter, _ *http.Request, unit *memstore.Tx) {
+				if unit == nil {
+					t.Error("HandlerFunc's fn is handed no unit")
+				}
+				runs.Add(1)
+				w.WriteHeader(http.StatusOK)
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			engine := idempotency.New(idempotency.Config{Scope: func(*http.Request) (string, error) { return "tenant", nil }})
+			op := idempotency.NewOperation(engine, memstore.New(), idempotency.OperationConfig{})
+			runs := &atomic.Int64{}
+			h := tc.handler(op, runs)
+			send := func(key string) *httptest.ResponseRecorder {
+				req := httptest.NewRequest(http.MethodGet, "/things", nil)
+				if key != "" {
+					req.Header.Set(idempotency.HeaderKey, key)
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				return rec
+			}
+			require.Equal(t, http.StatusBadRequest, send("").Code, "a GET without a key is refused")
+			require.Zero(t, runs.Load(), "a GET without a key runs nothing")
+			require.Equal(t, http.StatusOK, send("k").Code)
+			replay := send("k")
+			require.Equal(t, http.StatusOK, replay.Code)
+			require.Equal(t, "true", replay.Header().Get(idempotency.HeaderReplayed), "a GET with a key is replayed")
+			require.EqualValues(t, 1, runs.Load(), "and runs once")
+		})
 	}
-	require.EqualValues(t, 3, b.runs.Load(), "GET needs no key and is never replayed")
 }
 
 func TestNothingIsStoredOnError(t *testing.T) {

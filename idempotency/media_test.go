@@ -25,7 +25,7 @@ func TestJSONMediaTypes(t *testing.T) {
 	t.Parallel()
 	const body = `{"currency":"RUB","amount":1.2e3}`
 	fp := func(contentType string) idempotency.Fingerprint {
-		f, err := idempotency.ComputeFingerprintFor("POST", "/orders/{id}", "/orders/42", nil, contentType, []byte(body))
+		f, err := idempotency.Request{Method: "POST", Route: "/orders/{id}", Path: "/orders/42", ContentType: contentType, Body: []byte(body)}.Fingerprint()
 		require.NoError(t, err, "Content-Type %q", contentType)
 		return f
 	}
@@ -51,7 +51,7 @@ func TestJSONMediaTypes(t *testing.T) {
 		{"", ""}, {"application/json", " \n"}, {"application/merge-patch+json", ""}, {"application/x-www-form-urlencoded", ""},
 		{"application/x-www-form-urlencoded", "&&"}, {"application/octet-stream", ""}, {"not a media type", ""},
 	} {
-		f, err := idempotency.ComputeFingerprintFor("POST", "/things", "/things", url.Values{}, tc.contentType, []byte(tc.body))
+		f, err := idempotency.Request{Method: "POST", Route: "/things", Path: "/things", Query: url.Values{}.Encode(), ContentType: tc.contentType, Body: []byte(tc.body)}.Fingerprint()
 		require.NoError(t, err, "Content-Type %q, body %q", tc.contentType, tc.body)
 		empty = append(empty, f)
 	}
@@ -60,12 +60,12 @@ func TestJSONMediaTypes(t *testing.T) {
 	}
 }
 
-func TestComputeFingerprintFor(t *testing.T) {
+func TestRequestFingerprintMedia(t *testing.T) {
 	t.Parallel()
 	const form = "application/x-www-form-urlencoded"
 	fp := func(t *testing.T, contentType, body string) idempotency.Fingerprint {
 		t.Helper()
-		f, err := idempotency.ComputeFingerprintFor("POST", "/v1/customers", "/v1/customers", url.Values{}, contentType, []byte(body))
+		f, err := idempotency.Request{Method: "POST", Route: "/v1/customers", Path: "/v1/customers", Query: url.Values{}.Encode(), ContentType: contentType, Body: []byte(body)}.Fingerprint()
 		require.NoError(t, err, "Content-Type %q, body %q", contentType, body)
 		return f
 	}
@@ -124,7 +124,7 @@ func TestComputeFingerprintFor(t *testing.T) {
 	for _, tt := range refused {
 		t.Run("refused/"+tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := idempotency.ComputeFingerprintFor("POST", "/x", "/x", nil, tt.contentType, []byte(tt.body))
+			_, err := idempotency.Request{Method: "POST", Route: "/x", Path: "/x", ContentType: tt.contentType, Body: []byte(tt.body)}.Fingerprint()
 			require.ErrorIs(t, err, tt.want, "Content-Type %q, body %q", tt.contentType, tt.body)
 		})
 	}

@@ -58,7 +58,7 @@ type ClaimRequest struct {
 	// scopes names two operations. Opaque to the store.
 	Scope string
 	Key   string
-	// Fingerprint identifies the request's meaning (see ComputeFingerprint).
+	// Fingerprint identifies the request's meaning (see Request.Fingerprint).
 	Fingerprint Fingerprint
 	// Method and Route are kept for operators; the fingerprint already
 	// covers them.

@@ -34,7 +34,7 @@ func TestCaddyUpgradeKeepsStoredKeys(t *testing.T) {
 	// and the fingerprint the engine gives post's request.
 	scope := "acct-" + rand.Text()
 	done, running, free := "done-"+rand.Text(), "running-"+rand.Text(), "free-"+rand.Text()
-	fp, err := idempotency.ComputeFingerprintFor(http.MethodPost, "/transfers", "/transfers", nil, "application/json", []byte(`{"amount":500,"currency":"EUR"}`))
+	fp, err := idempotency.Request{Method: http.MethodPost, Route: "/transfers", Path: "/transfers", ContentType: "application/json", Body: []byte(`{"amount":500,"currency":"EUR"}`)}.Fingerprint()
 	require.NoError(t, err)
 	old, err := pgstore.New(pool, pgstore.Options{})
 	require.NoError(t, err)

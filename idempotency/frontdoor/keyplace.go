@@ -141,18 +141,18 @@ func pointer(body []byte, ptr string) (json.RawMessage, bool, error) {
 
 // Prepare reads what idempotency.Operation.Serve needs from r, in the
 // order the engine's own front door does: the key, where it is in a
-// header (and repeats it on the answer, as the engine does), then the
-// scope, which must not be empty, then the body, up to maxBody bytes
-// (idempotency.DefaultMaxBodyBytes when zero), then the key where it is
-// in the body.
-func (k KeyPlace) Prepare(w http.ResponseWriter, r *http.Request, scope func(*http.Request) (string, error), maxBody int64) (idempotency.Prepared, error) {
-	in := idempotency.Prepared{KeyHeader: k.HeaderName()}
+// header, then the scope, which must not be empty, then the body, up to
+// maxBody bytes (idempotency.DefaultMaxBodyBytes when zero), then the key
+// where it is in the body. It repeats the key on the answer, in the
+// header it names (HeaderName), as the engine does.
+func (k KeyPlace) Prepare(w http.ResponseWriter, r *http.Request, scope func(*http.Request) (string, error), maxBody int64) (idempotency.Request, error) {
+	var in idempotency.Request
 	var err error
 	if !k.InBody() {
 		if in.Key, err = k.Key(r.Header, nil); err != nil {
 			return in, err
 		}
-		w.Header().Set(in.KeyHeader, in.Key)
+		w.Header().Set(k.HeaderName(), in.Key)
 	}
 	if in.Scope, err = scope(r); err != nil {
 		return in, err
@@ -167,7 +167,10 @@ func (k KeyPlace) Prepare(w http.ResponseWriter, r *http.Request, scope func(*ht
 		return in, err
 	}
 	if k.InBody() {
-		in.Key, err = k.Key(r.Header, in.Body)
+		if in.Key, err = k.Key(r.Header, in.Body); err != nil {
+			return in, err
+		}
+		w.Header().Set(k.HeaderName(), in.Key)
 	}
-	return in, err
+	return in, nil
 }

@@ -26,8 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -140,13 +138,11 @@ func New[U any](store idempotency.Store[U], cfg Config) *Interceptor[U] {
 		cfg.RetryAfter = idempotency.DefaultRetryAfter
 	}
 	engine := idempotency.New(idempotency.Config{
-		TTL:           cfg.TTL,
-		Wait:          cfg.Wait,
-		RetryAfter:    cfg.RetryAfter,
-		ReplayHeaders: []string{headerCode, headerMetadata},
-		WriteError:    refusal,
-		Logger:        cfg.Logger,
-		Observer:      cfg.Observer,
+		TTL:        cfg.TTL,
+		Wait:       cfg.Wait,
+		RetryAfter: cfg.RetryAfter,
+		Logger:     cfg.Logger,
+		Observer:   cfg.Observer,
 	})
 	return &Interceptor[U]{cfg: cfg, engine: engine, store: store, methods: map[string]*method[U]{}}
 }
@@ -254,20 +250,13 @@ func (i *Interceptor[U]) Unary() grpc.UnaryServerInterceptor {
 // handler writes through, so that its writes commit with the stored answer
 // or not at all.
 func (i *Interceptor[U]) Unit(ctx context.Context) (U, bool) {
-	name, _ := grpc.Method(ctx)
-	i.mu.RLock()
-	m := i.methods[name]
-	i.mu.RUnlock()
-	if m == nil {
-		var zero U
-		return zero, false
-	}
-	return m.op.Unit(ctx)
+	unit, ok := ctx.Value(unitKey[U]{i}).(U)
+	return unit, ok
 }
 
-// serve runs one covered call through the engine, which speaks HTTP: the
-// call becomes a request whose body is its fingerprinted bytes, and the
-// engine's answer is turned back into the call's.
+// serve runs one covered call through the protocol's core: the call is a
+// request whose body is its fingerprinted bytes, and the decision is
+// turned into the call's answer.
 func (i *Interceptor[U]) serve(ctx context.Context, m *method[U], req any, handler grpc.UnaryHandler) (any, error) {
 	msg, ok := req.(proto.Message)
 	if !ok {
@@ -288,39 +277,32 @@ func (i *Interceptor[U]) serve(ctx context.Context, m *method[U], req any, handl
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "grpcidem: the request cannot be serialised: %v", err)
 	}
-	r := (&http.Request{
-		Method: http.MethodPost,
-		URL:    &url.URL{Path: m.name},
-		Header: http.Header{"Content-Type": {mediaType}},
-		Body:   http.NoBody,
-	}).WithContext(ctx)
-
-	var ran call
-	run := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, stream := recordMetadata(r.Context())
-		ran.resp, ran.err = handler(ctx, req)
-		ran.done = true
-		i.record(w, ran, stream)
+	// The method's full name is its route and its path, as it was when
+	// calls went through the HTTP layer: records stored then still match.
+	d, err := m.op.Begin(ctx, idempotency.Request{
+		Scope: scope, Key: key, Method: "POST", Route: m.name, Path: m.name, ContentType: mediaType, Body: body,
 	})
-	w := newAnswer()
-	m.op.Serve(w, r, idempotency.Prepared{Scope: scope, Key: key, Body: body}, run)
 	switch {
-	case w.err != nil:
-		return nil, statusOf(w.err, i.cfg.RetryAfter)
-	case w.header.Get(idempotency.HeaderReplayed) == "true":
-		return m.replay(ctx, w)
-	case ran.done:
-		return ran.resp, ran.err
+	case err != nil:
+		return nil, statusOf(err, i.cfg.RetryAfter)
+	case d.Replay != nil:
+		return m.replay(ctx, *d.Replay)
 	}
-	return nil, status.Errorf(codes.Internal, "grpcidem: %s: the protocol gave no answer", m.name)
+	defer d.Abandon(ctx) // a handler that panics stores nothing
+	hctx, stream := recordMetadata(context.WithValue(ctx, unitKey[U]{i}, d.Unit))
+	resp, herr := handler(hctx, req)
+	if err := d.Finish(ctx, i.record(resp, herr, stream)); err != nil {
+		return nil, statusOf(err, i.cfg.RetryAfter)
+	}
+	if d.Replay != nil {
+		// A concurrent call's claim won the key as this one committed.
+		return m.replay(ctx, *d.Replay)
+	}
+	return resp, herr
 }
 
-// call is what the handler of a call that ran returned.
-type call struct {
-	done bool
-	resp any
-	err  error
-}
+// unitKey carries a covered call's unit of work to its handler.
+type unitKey[U any] struct{ i *Interceptor[U] }
 
 // key returns the call's key: the request's key field when it is set, else
 // the key metadata; "" when there is none.
@@ -345,7 +327,7 @@ func (i *Interceptor[U]) key(ctx context.Context, m *method[U], msg proto.Messag
 		}
 		return "", fmt.Errorf("%w: send the key in the %s", idempotency.ErrMissingKey, what)
 	}
-	return idempotency.ParseKey(http.Header{idempotency.HeaderKey: values})
+	return idempotency.ParseKey(map[string][]string{idempotency.HeaderKey: values})
 }
 
 // scope returns the call's scope, or the status that refuses it.
@@ -375,14 +357,6 @@ func (m *method[U]) fingerprinted(msg proto.Message) ([]byte, error) {
 		}
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(msg)
-}
-
-// refusal is the engine's WriteError: it keeps the protocol's error for
-// serve to turn into a status.
-func refusal(w http.ResponseWriter, _ *http.Request, err error) {
-	if a, ok := w.(*answer); ok {
-		a.err = err
-	}
 }
 
 // statusOf is the gRPC status of one of the protocol's errors. Anything

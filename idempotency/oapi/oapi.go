@@ -75,7 +75,7 @@ type Operation struct {
 
 // served is an idempotency.Operation of any unit type.
 type served interface {
-	Serve(w http.ResponseWriter, r *http.Request, in idempotency.Prepared, next http.Handler) idempotency.Outcome
+	Serve(w http.ResponseWriter, r *http.Request, in idempotency.Request, next http.Handler) idempotency.Outcome
 	Handler(next http.Handler) http.Handler
 }
 
@@ -232,7 +232,7 @@ func (ops *Operations) Find(method, path string) *Operation {
 
 // Serve runs the protocol for a covered, bound operation (see
 // idempotency.Operation.Serve).
-func (op *Operation) Serve(w http.ResponseWriter, r *http.Request, in idempotency.Prepared, next http.Handler) idempotency.Outcome {
+func (op *Operation) Serve(w http.ResponseWriter, r *http.Request, in idempotency.Request, next http.Handler) idempotency.Outcome {
 	return op.served.Serve(w, r, in, next)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/service/orders"
@@ -22,6 +23,22 @@ type keepNothing struct{ db *postgres.Store }
 // Claim implements idempotency.Store: the key is always free.
 func (s keepNothing) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease[store.Deferred], *idempotency.Record, error) {
 	return keptNothing{db: s.db, ref: idempotency.Ref{Scope: req.Scope, Key: req.Key}}, nil, nil
+}
+
+// Settle, Release, PurgeExpired and KeyStats implement idempotency.Store:
+// a store that keeps nothing has nothing to settle, purge or count.
+func (keepNothing) Settle(context.Context, idempotency.Ref, idempotency.Response) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+func (keepNothing) Release(context.Context, idempotency.Ref) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+func (keepNothing) PurgeExpired(context.Context, int) (int64, error) { return 0, errors.ErrUnsupported }
+
+func (keepNothing) KeyStats(context.Context) (idempotency.Stats, error) {
+	return idempotency.Stats{}, errors.ErrUnsupported
 }
 
 // keptNothing is keepNothing's lease, and its unit of work: the order is

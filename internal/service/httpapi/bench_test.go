@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -141,6 +142,20 @@ type keepNothing struct{}
 
 func (keepNothing) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease[servicestore.Deferred], *idempotency.Record, error) {
 	return keptNothing{ref: idempotency.Ref{Scope: req.Scope, Key: req.Key}}, nil, nil
+}
+
+func (keepNothing) Settle(context.Context, idempotency.Ref, idempotency.Response) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+func (keepNothing) Release(context.Context, idempotency.Ref) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+func (keepNothing) PurgeExpired(context.Context, int) (int64, error) { return 0, errors.ErrUnsupported }
+
+func (keepNothing) KeyStats(context.Context) (idempotency.Stats, error) {
+	return idempotency.Stats{}, errors.ErrUnsupported
 }
 
 // keptNothing is keepNothing's lease, and its own unit of work.

@@ -46,11 +46,11 @@ func withCall[U any](r *http.Request, c call[U]) *http.Request {
 
 // protocol runs an operation that takes an Idempotency-Key under the
 // idempotency protocol, and hands next its call.
-type protocol func(w http.ResponseWriter, r *http.Request, in idempotency.Prepared, account uuid.UUID, next http.Handler) idempotency.Outcome
+type protocol func(w http.ResponseWriter, r *http.Request, in idempotency.Request, account uuid.UUID, next http.Handler) idempotency.Outcome
 
 // underProtocol is the protocol of op.
 func underProtocol[U any](op *idempotency.Operation[U]) protocol {
-	return func(w http.ResponseWriter, r *http.Request, in idempotency.Prepared, account uuid.UUID, next http.Handler) idempotency.Outcome {
+	return func(w http.ResponseWriter, r *http.Request, in idempotency.Request, account uuid.UUID, next http.Handler) idempotency.Outcome {
 		return op.Serve(w, r, in, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			unit, _ := op.Unit(r.Context())
 			claim, _ := op.Ref(r.Context())

@@ -179,7 +179,8 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 				f.problems.write(w, r, errNoUnit)
 				return
 			}
-			req.outcome = serve(w, r, idempotency.Prepared{Scope: auth.Scope(account), Key: key, Body: body}, account, next)
+			w.Header().Set(idempotency.HeaderKey, key) // every answer repeats the key
+			req.outcome = serve(w, r, idempotency.Request{Scope: auth.Scope(account), Key: key, Body: body}, account, next)
 			return
 		}
 		r.Body = req.validated(io.NopCloser(bytes.NewReader(body)))
@@ -195,7 +196,8 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 // whatever its schema says (docs/problems.md), as it was when the protocol
 // checked it before the schema. Only a refused body pays for the check.
 func unfingerprinted(r *http.Request, route string, body []byte, invalid error) error {
-	if _, err := idempotency.ComputeFingerprintFor(r.Method, route, r.URL.EscapedPath(), nil, r.Header.Get("Content-Type"), body); err != nil {
+	in := idempotency.Request{Method: r.Method, Route: route, Path: r.URL.EscapedPath(), ContentType: r.Header.Get("Content-Type"), Body: body}
+	if _, err := in.Fingerprint(); err != nil {
 		return err
 	}
 	return invalid

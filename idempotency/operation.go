@@ -1,0 +1,66 @@
+package idempotency
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// OperationConfig configures one operation; zero fields take the engine's.
+type OperationConfig struct {
+	// Name labels the operation in metrics; empty names it by method and
+	// route pattern ("POST /widgets"), as oapi.Bind does.
+	Name string
+	// TTL overrides Config.TTL for this operation.
+	TTL time.Duration
+	// Wait overrides Config.Wait for this operation.
+	Wait time.Duration
+}
+
+// Operation is one unsafe operation under the protocol, whose claims its
+// store makes and whose handler writes through the store's unit of work, of
+// type U. The store, and with it U, is fixed when the operation is
+// declared: a write-only operation declared on a store that defers its
+// claim to the commit gets a unit that can only queue writes, and the
+// compiler holds its handler to that.
+type Operation[U any] struct {
+	e     *Engine
+	store Store[U]
+	cfg   OperationConfig
+	held  *heldOperation // nil unless declared by NewHeldOperation
+	// named is the label last made of a method and route, for an operation
+	// without a name: an operation is nearly always served on one route,
+	// so its requests share one label instead of each making its own.
+	named atomic.Pointer[routeLabel]
+}
+
+// routeLabel is the label of an operation served with method on route.
+type routeLabel struct{ method, route, label string }
+
+// NewOperation declares an operation of e whose keys store keeps.
+func NewOperation[U any](e *Engine, store Store[U], cfg OperationConfig) *Operation[U] {
+	if cfg.TTL <= 0 {
+		cfg.TTL = e.cfg.TTL
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = e.cfg.Wait
+	}
+	return &Operation[U]{e: e, store: store, cfg: cfg}
+}
+
+// Name is the operation's label: its configured name, or "" when it is
+// named by each request's method and route.
+func (o *Operation[U]) Name() string { return o.cfg.Name }
+
+// labelOf names the operation, served with method on route, for metrics:
+// OperationName(method, route) unless it has a name of its own.
+func (o *Operation[U]) labelOf(method, route string) string {
+	if o.cfg.Name != "" {
+		return o.cfg.Name
+	}
+	if l := o.named.Load(); l != nil && l.method == method && l.route == route {
+		return l.label
+	}
+	l := &routeLabel{method: method, route: route, label: OperationName(method, route)}
+	o.named.Store(l)
+	return l.label
+}
