@@ -110,6 +110,12 @@ type Decision[U any] struct {
 	// operation can bind its background work to the key and later replace
 	// the provisional response stored under it.
 	Ref Ref
+	// Again is set by a Finish that returned nil without storing: the key
+	// was not free when a store that claims at commit came to claim it (an
+	// expired record of the key was still there), and a fresh claim now
+	// holds it. The writes and the response of the run were discarded: run
+	// the operation again through the new Unit and Ref, then Finish again.
+	Again bool
 
 	op      *Operation[U]
 	req     Request
@@ -373,7 +379,7 @@ func (d *Decision[U]) Finish(ctx context.Context, resp Response) error {
 	if lease == nil {
 		return errors.New("idempotency: Finish of a decision that is not running")
 	}
-	d.lease = nil
+	d.lease, d.Again = nil, false
 	if d.op.held != nil {
 		d.settleHeld(ctx, resp)
 		d.leave()
@@ -401,8 +407,16 @@ func (d *Decision[U]) Finish(ctx context.Context, resp Response) error {
 	var taken *TakenError
 	switch {
 	case errors.As(err, &taken) && taken.Record == nil && !d.contended:
+		// The key's row was there as the deferred claim came to insert
+		// it: a concurrent first request's, or an expired record's. Claim
+		// at once, which waits for the first's outcome, or takes the
+		// expired key for this request, to run again (Again).
 		d.contended = true
-		return d.claim(ctx, false)
+		if err := d.claim(ctx, true); err != nil {
+			return err
+		}
+		d.Again = d.lease != nil
+		return nil
 	case errors.As(err, &taken):
 		return d.answer(ctx, taken.Record, nil)
 	case errors.Is(err, ErrInFlight):

@@ -219,21 +219,28 @@ func (s *serving[U]) run(next http.Handler) {
 	// Rolls back on every path that did not finish, panics included (the
 	// panic continues to the recoverer above).
 	defer d.Abandon(ctx)
-	s.ran.rec = recorder{header: http.Header{}, status: http.StatusOK}
-	s.ran.body.Reset(d.req.Body)
 	rec := &s.ran.rec
 	inner := s.r.WithContext(context.WithValue(ctx, runKey[U]{s.op}, d))
 	inner.Body = &s.ran.body
 	inner.ContentLength = int64(len(d.req.Body))
-	next.ServeHTTP(rec, inner)
-
-	if !replayable(rec.status) {
-		// Not the outcome: Finish frees the key.
-		_ = d.Finish(ctx, Response{Status: rec.status})
-		rec.copyTo(s.w)
-		return
+	var err error
+	for {
+		s.ran.rec = recorder{header: http.Header{}, status: http.StatusOK}
+		s.ran.body.Reset(d.req.Body)
+		next.ServeHTTP(rec, inner)
+		if !replayable(rec.status) {
+			// Not the outcome: Finish frees the key.
+			_ = d.Finish(ctx, Response{Status: rec.status})
+			rec.copyTo(s.w)
+			return
+		}
+		err = d.Finish(ctx, Response{Status: rec.status, Header: rec.allowed(s.op.e.stored), Body: rec.body.Bytes()})
+		if err != nil || !d.Again {
+			break
+		}
+		// The key was taken over from its expired record: the run's
+		// writes and response were discarded, and it runs again.
 	}
-	err := d.Finish(ctx, Response{Status: rec.status, Header: rec.allowed(s.op.e.stored), Body: rec.body.Bytes()})
 	switch {
 	case err != nil:
 		s.write(err)

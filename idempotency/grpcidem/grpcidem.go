@@ -289,10 +289,19 @@ func (i *Interceptor[U]) serve(ctx context.Context, m *method[U], req any, handl
 		return m.replay(ctx, *d.Replay)
 	}
 	defer d.Abandon(ctx) // a handler that panics stores nothing
-	hctx, stream := recordMetadata(context.WithValue(ctx, unitKey[U]{i}, d.Unit))
-	resp, herr := handler(hctx, req)
-	if err := d.Finish(ctx, i.record(resp, herr, stream)); err != nil {
-		return nil, statusOf(err, i.cfg.RetryAfter)
+	var resp any
+	var herr error
+	for {
+		hctx, stream := recordMetadata(context.WithValue(ctx, unitKey[U]{i}, d.Unit))
+		resp, herr = handler(hctx, req)
+		if err := d.Finish(ctx, i.record(resp, herr, stream)); err != nil {
+			return nil, statusOf(err, i.cfg.RetryAfter)
+		}
+		if !d.Again {
+			break
+		}
+		// The key was taken over from its expired record: the call's
+		// writes and answer were discarded, and it runs again.
 	}
 	if d.Replay != nil {
 		// A concurrent call's claim won the key as this one committed.
