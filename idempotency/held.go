@@ -137,8 +137,7 @@ type HeldConfig struct {
 	// and it does not end when the client goes away: the outcome is still
 	// settled. A key is kept at least as long as its lease.
 	Lease time.Duration
-	// MaxStored bounds the response kept for replays (default
-	// DefaultMaxStored). A larger response, or a stream (text/event-stream),
+	// MaxStored bounds the response kept for replays (default 1 MiB). A larger response, or a stream (text/event-stream),
 	// passes through to the client once, and the key records that it was
 	// not stored.
 	MaxStored int64
@@ -157,17 +156,16 @@ type HeldConfig struct {
 	// its key's retries from it meanwhile, as the store would. Other
 	// processes find the key held until its lease ends, and of unknown
 	// outcome after, until the store takes it. Past either bound (default
-	// DefaultMaxPending outcomes, DefaultMaxPendingBytes bytes of
-	// responses) an outcome is not kept: it is logged and counted
-	// (SettleObserver), and its key is of unknown outcome once its lease
+	// 10,000 outcomes, 64 MiB of responses) an outcome is not kept: it is
+	// logged and counted (Observer.SettleDropped), and its key is of unknown outcome once its lease
 	// ends, as if its process had died.
 	MaxPending      int
 	MaxPendingBytes int64
 }
 
-// DefaultMaxStored is the largest response a held operation stores unless
+// defaultMaxStored is the largest response a held operation stores unless
 // HeldConfig.MaxStored says otherwise.
-const DefaultMaxStored = 1 << 20
+const defaultMaxStored = 1 << 20
 
 // NewHeldOperation declares a held operation of e (see HeldConfig), whose
 // keys store keeps.
@@ -176,16 +174,16 @@ func NewHeldOperation[U any](e *Engine, store HeldStore[U], cfg OperationConfig,
 		held.Lease = time.Minute
 	}
 	if held.MaxStored <= 0 {
-		held.MaxStored = DefaultMaxStored
+		held.MaxStored = defaultMaxStored
 	}
 	if held.Holder == "" {
 		held.Holder = defaultHolder()
 	}
 	if held.MaxPending <= 0 {
-		held.MaxPending = DefaultMaxPending
+		held.MaxPending = defaultMaxPending
 	}
 	if held.MaxPendingBytes <= 0 {
-		held.MaxPendingBytes = DefaultMaxPendingBytes
+		held.MaxPendingBytes = defaultMaxPendingBytes
 	}
 	op := NewOperation[U](e, store, cfg)
 	// A key that expired while its operation ran could be claimed again,
@@ -319,7 +317,7 @@ func (s *serving[U]) runHeld(lease Lease[U], next http.Handler) (Outcome, error)
 	if err != nil {
 		var taken *TakenError
 		if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
-			return OutcomeNone, err // nothing was written
+			return "", err // nothing was written
 		}
 		// The hold may have committed all the same (its answer lost):
 		// nothing ran, so free the key if it is held under this claim,

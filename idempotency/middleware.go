@@ -18,10 +18,10 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultTTL          = 48 * time.Hour
-	DefaultWait         = time.Second
-	DefaultRetryAfter   = time.Second
-	DefaultMaxBodyBytes = 1 << 20
+	defaultTTL          = 48 * time.Hour
+	defaultWait         = time.Second
+	defaultRetryAfter   = time.Second
+	defaultMaxBodyBytes = 1 << 20
 )
 
 // minStoreWait is the least wait a claim is given after queueing behind
@@ -134,16 +134,16 @@ func init() {
 // New returns an engine for cfg, filling in defaults.
 func New(cfg Config) *Engine {
 	if cfg.TTL <= 0 {
-		cfg.TTL = DefaultTTL
+		cfg.TTL = defaultTTL
 	}
 	if cfg.Wait <= 0 {
-		cfg.Wait = DefaultWait
+		cfg.Wait = defaultWait
 	}
 	if cfg.RetryAfter <= 0 {
-		cfg.RetryAfter = DefaultRetryAfter
+		cfg.RetryAfter = defaultRetryAfter
 	}
 	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+		cfg.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if cfg.ReplayHeaders == nil {
 		cfg.ReplayHeaders = DefaultReplayHeaders
@@ -311,7 +311,7 @@ func (o *Operation[U]) HandlerFunc(fn func(w http.ResponseWriter, r *http.Reques
 
 // prepare reads what Serve needs from r: the key, the scope and the body.
 func (e *Engine) prepare(w http.ResponseWriter, r *http.Request) (Prepared, error) {
-	key, err := ParseKey(r.Header)
+	key, err := ParseKey(r.Header.Values(HeaderKey))
 	if err != nil {
 		return Prepared{}, err
 	}
@@ -411,8 +411,8 @@ func (o *Operation[U]) labelOf(method, route string) string {
 // once the outcome is durable, and returns what it did. A request without
 // a scope, or with one longer than MaxScopeLength, is refused with
 // ErrNoScope; one whose body has no fingerprint
-// (see ComputeFingerprintFor) with ErrMalformedBody, ErrMalformedForm or
-// ErrMalformedContentType, and one whose query does not parse with
+// (see ComputeFingerprintFor) with ErrMalformedBody, or the malformed-form
+// or malformed-content-type problem, and one whose query does not parse with
 // ErrMalformedQuery, before anything runs. The operation, next, reads the
 // body exactly as the client sent it.
 func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared, next http.Handler) Outcome {
@@ -439,7 +439,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Prepared
 	if n := len(r.Header.Values("Content-Type")); n > 1 && len(in.Body) > 0 {
 		// Which one a server reads differs: the body must be read one way
 		// only, the way it is fingerprinted.
-		return s.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", ErrMalformedContentType, n))
+		return s.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", errMalformedContentType, n))
 	}
 	var query url.Values // none, as most requests have, is nil: Encode makes "" of both
 	var err error
@@ -673,7 +673,7 @@ func (s *serving[U]) run(lease Lease[U], next http.Handler) (Outcome, error) {
 		ended = true // a failed commit has rolled back
 		var taken *TakenError
 		if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
-			return OutcomeNone, err // nothing was written
+			return "", err // nothing was written
 		}
 		return s.fail(fmt.Errorf("commit idempotent operation: %w", err)), nil
 	}
@@ -807,7 +807,7 @@ func (e *Engine) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // in the words of the protocol's own answers. An error that is none of the
 // protocol's (a 500) is logged first, as the protocol's own failures are.
 func (e *Engine) WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	if _, known := Describe(err); !known {
+	if _, known := describe(err); !known {
 		e.cfg.Logger.ErrorContext(r.Context(), "idempotency: request refused", "err", err)
 	}
 	e.writeError(w, r, err)
@@ -826,7 +826,7 @@ func Replayable(status int) bool {
 	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden,
 		http.StatusRequestTimeout, http.StatusRequestEntityTooLarge,
 		http.StatusUnsupportedMediaType, http.StatusTooManyRequests,
-		StatusClientClosedRequest:
+		statusClientClosed:
 		return false
 	}
 	return status < 500
