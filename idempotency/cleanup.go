@@ -22,37 +22,27 @@ type Purger interface {
 	PurgeExpired(ctx context.Context, batch int) (int64, error)
 }
 
-// CleanupResult is how a cleanup run ended.
-type CleanupResult string
-
-// The cleanup results.
-const (
-	CleanupOK      CleanupResult = "ok"
-	CleanupError   CleanupResult = "error"
-	CleanupSkipped CleanupResult = "skipped" // another replica held the cleanup lock
-)
-
-// CleanupObserver receives each run's result, for metrics.
-type CleanupObserver interface {
-	CleanupRun(result CleanupResult, deleted int64, d time.Duration)
-}
-
 // Defaults of Cleanup's zero fields.
 const (
-	DefaultCleanupInterval = time.Minute
-	DefaultCleanupBatch    = 1000
+	defaultCleanupInterval = time.Minute
+	defaultCleanupBatch    = 1000
 )
 
 // Cleanup purges expired keys periodically.
 type Cleanup struct {
 	Purger Purger
-	// Interval is the time between runs (DefaultCleanupInterval if zero).
+	// Interval is the time between runs (a minute if zero).
 	Interval time.Duration
 	// Batch bounds each delete statement, so that no statement holds many
-	// row locks or runs long under load (DefaultCleanupBatch if zero).
-	Batch    int
-	Logger   *slog.Logger    // optional: slog.Default
-	Observer CleanupObserver // optional
+	// row locks or runs long under load (1000 if zero).
+	Batch  int
+	Logger *slog.Logger // optional: slog.Default
+	// Observe, if set, is told of each run, for metrics: how many keys it
+	// deleted (a run that fails part-way has still deleted its earlier
+	// batches'), how long it took, and Once's error: nil,
+	// ErrCleanupBusy when another replica held the cleanup lock, or the
+	// store's failure.
+	Observe func(deleted int64, took time.Duration, err error)
 }
 
 // Run purges every Interval until ctx ends. Expired keys are already treated
@@ -61,7 +51,7 @@ type Cleanup struct {
 func (c Cleanup) Run(ctx context.Context) {
 	interval := c.Interval
 	if interval <= 0 {
-		interval = DefaultCleanupInterval
+		interval = defaultCleanupInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -75,32 +65,31 @@ func (c Cleanup) Run(ctx context.Context) {
 	}
 }
 
-// Once runs one cleanup pass and reports it to the Observer, unless ctx
-// ended during it (shutting down: nothing to report).
-func (c Cleanup) Once(ctx context.Context) (CleanupResult, int64) {
+// Once runs one cleanup pass, reports it to Observe, unless ctx ended
+// during it (shutting down: nothing to report), and returns how many keys
+// it deleted and the Purger's error: ErrCleanupBusy when another replica
+// is purging.
+func (c Cleanup) Once(ctx context.Context) (int64, error) {
 	start := time.Now()
 	batch := c.Batch
 	if batch <= 0 {
-		batch = DefaultCleanupBatch
+		batch = defaultCleanupBatch
 	}
 	n, err := c.Purger.PurgeExpired(ctx, batch)
-	result := CleanupOK
 	switch {
 	case errors.Is(err, ErrCleanupBusy):
-		result = CleanupSkipped
 	case err != nil:
 		if ctx.Err() != nil {
-			return CleanupError, n // shutting down
+			return n, err // shutting down
 		}
-		result = CleanupError
 		c.logger().WarnContext(ctx, "cleanup failed", "err", err, "deleted", n)
 	case n > 0:
 		c.logger().InfoContext(ctx, "cleanup", "deleted", n, "duration_ms", time.Since(start).Milliseconds())
 	}
-	if c.Observer != nil {
-		c.Observer.CleanupRun(result, n, time.Since(start))
+	if c.Observe != nil {
+		c.Observe(n, time.Since(start), err)
 	}
-	return result, n
+	return n, err
 }
 
 func (c Cleanup) logger() *slog.Logger {

@@ -18,7 +18,7 @@ type Request struct {
 	// keys of two scopes never meet. Empty, or longer than
 	// MaxScopeLength, is ErrNoScope.
 	Scope string
-	// Key is the idempotency key, as CheckKey accepts it.
+	// Key is the idempotency key, as ParseKey accepts it.
 	Key string
 	// Method, Route and Path name the operation and the resource: "POST",
 	// the route pattern ("/widgets/{id}") and the path as sent (escaped).
@@ -48,7 +48,7 @@ type Request struct {
 //     or another charset is another request;
 //   - application/x-www-form-urlencoded: its canonical form (its fields in
 //     their order, each spelled with one percent-encoding, "a" and "a="
-//     kept apart; ErrMalformedForm where that is ambiguous or the charset
+//     kept apart; an error whose problem (ProblemOf) is malformed-form where that is ambiguous or the charset
 //     is not UTF-8), and the media type;
 //   - any other type (multipart/form-data, application/octet-stream, ...):
 //     the exact bytes, and the media type with its parameters, normalised
@@ -62,7 +62,7 @@ type Request struct {
 // not a replay. A body without content (empty, JSON whitespace, a form
 // without fields) is fingerprinted as no body whatever its type. JSON that
 // is invalid or ambiguous is ErrMalformedBody, a Content-Type that does
-// not parse ErrMalformedContentType (a JSON one's is hashed as sent).
+// not parse an error whose problem is malformed-content-type (a JSON one's is hashed as sent).
 // docs/protocol.md lists every difference the fingerprint ignores.
 func (r Request) Fingerprint() (Fingerprint, error) {
 	query, err := parseQuery(r.Query)
@@ -526,7 +526,7 @@ func (d *Decision[U]) duplicate(o Outcome, waited time.Duration) {
 // that mean the request was refused before the operation could start.
 func replayable(status int) bool {
 	switch status {
-	case 400, 401, 403, 408, 413, 415, 429, 499: // 499: StatusClientClosedRequest
+	case 400, 401, 403, 408, 413, 415, 429, 499: // 499: statusClientClosed
 		return false
 	}
 	return status < 500

@@ -48,16 +48,16 @@
 //     keys and every decoded byte. Form bodies are UTF-8, as the WHATWG
 //     URL standard defines them: a charset parameter other than utf-8, a
 //     malformed percent escape, decoded bytes that are not UTF-8, and a
-//     ";" (a separator to some servers, refused by Go's) are
-//     ErrMalformedForm.
+//     ";" (a separator to some servers, refused by Go's) are refused
+//     as malformed-form (see ProblemOf).
 //   - Any other media type (multipart/form-data, application/octet-stream,
 //     text/plain, ...): its exact bytes and its media type with its
 //     parameters (in any order, and type, subtype and parameter names in
 //     any case; parameter values as sent), so that the same bytes under
 //     another Content-Type are another request.
 //
-// A Content-Type that does not parse, or more than one, is
-// ErrMalformedContentType, and a query string that does not parse (a
+// A Content-Type that does not parse, or more than one, is refused as
+// malformed-content-type, and a query string that does not parse (a
 // ";", a malformed percent escape) is ErrMalformedQuery. Each of these
 // refusals is a 400 that runs nothing and consumes no key. A body without
 // content (empty, JSON whitespace, a form without fields) is fingerprinted

@@ -11,10 +11,10 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultTTL          = 48 * time.Hour
-	DefaultWait         = time.Second
-	DefaultRetryAfter   = time.Second
-	DefaultMaxBodyBytes = 1 << 20
+	defaultTTL          = 48 * time.Hour
+	defaultWait         = time.Second
+	defaultRetryAfter   = time.Second
+	defaultMaxBodyBytes = 1 << 20
 )
 
 // minStoreWait is the least wait a claim is given after queueing behind
@@ -127,16 +127,16 @@ func init() {
 // New returns an engine for cfg, filling in defaults.
 func New(cfg Config) *Engine {
 	if cfg.TTL <= 0 {
-		cfg.TTL = DefaultTTL
+		cfg.TTL = defaultTTL
 	}
 	if cfg.Wait <= 0 {
-		cfg.Wait = DefaultWait
+		cfg.Wait = defaultWait
 	}
 	if cfg.RetryAfter <= 0 {
-		cfg.RetryAfter = DefaultRetryAfter
+		cfg.RetryAfter = defaultRetryAfter
 	}
 	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+		cfg.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if cfg.ReplayHeaders == nil {
 		cfg.ReplayHeaders = DefaultReplayHeaders

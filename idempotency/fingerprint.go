@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
@@ -20,19 +19,19 @@ import (
 // whose exponent has more than 9 digits). Answered 400; it consumes no key.
 var ErrMalformedBody = canonjson.ErrInvalid
 
-// ErrMalformedForm is what an application/x-www-form-urlencoded body that
+// errMalformedForm is what an application/x-www-form-urlencoded body that
 // cannot be fingerprinted gets (wrapped, with the reason): one whose
 // meaning some form parser would read differently or not at all (a
 // malformed percent escape, a ';', decoded bytes that are not UTF-8, more
 // than 20,000 fields), or a charset other than UTF-8, which is what forms
 // are (WHATWG URL). Answered 400; it consumes no key.
-var ErrMalformedForm = canonform.ErrInvalid
+var errMalformedForm = canonform.ErrInvalid
 
-// ErrMalformedContentType is what a body gets whose Content-Type does not
+// errMalformedContentType is what a body gets whose Content-Type does not
 // parse as a media type (RFC 9110 §8.3), or that comes with more than one
 // Content-Type: how to read the body, and so what it means, is not known.
 // Answered 400; it consumes no key.
-var ErrMalformedContentType = errors.New("the Content-Type header is not one valid media type")
+var errMalformedContentType = errors.New("the Content-Type header is not one valid media type")
 
 // ErrMalformedQuery is what a request gets whose query string does not
 // parse as pairs (url.ParseQuery refuses it: a ';', a malformed percent
@@ -49,9 +48,6 @@ var ErrMalformedQuery = errors.New("the query string is not valid")
 // rules it was computed by, so that a key stored before an upgrade still
 // replays after it.
 type Fingerprint [sha256.Size]byte
-
-// String returns the fingerprint in hex, for logs and operators.
-func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
 // fingerprintMarker opens every fingerprint of the current rules (exact
 // numbers, forms in order, JSON media types), in place of the first bytes
@@ -91,17 +87,17 @@ func otherBody(contentType string, body []byte, canonicalForm func([]byte) ([]by
 		err = errors.New("a media type is type/subtype")
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %q: %w", ErrMalformedContentType, truncate(contentType), err)
+		return "", nil, fmt.Errorf("%w: %q: %w", errMalformedContentType, truncate(contentType), err)
 	}
 	if typ != formMedia {
 		media = mime.FormatMediaType(typ, params)
 		if media == "" {
-			return "", nil, fmt.Errorf("%w: %q", ErrMalformedContentType, truncate(contentType))
+			return "", nil, fmt.Errorf("%w: %q", errMalformedContentType, truncate(contentType))
 		}
 		return media, body, nil
 	}
 	if charset, ok := params["charset"]; ok && !strings.EqualFold(charset, "utf-8") {
-		return "", nil, fmt.Errorf("%w: charset %q (form bodies are UTF-8)", ErrMalformedForm, truncate(charset))
+		return "", nil, fmt.Errorf("%w: charset %q (form bodies are UTF-8)", errMalformedForm, truncate(charset))
 	}
 	if canonical, err = canonicalForm(body); err != nil || len(canonical) == 0 {
 		return "", nil, err

@@ -129,8 +129,7 @@ type HeldConfig struct {
 	// and it does not end when the client goes away: the outcome is still
 	// settled. A key is kept at least as long as its lease.
 	Lease time.Duration
-	// MaxStored bounds the response kept for replays (default
-	// DefaultMaxStored). A larger response, or a stream (text/event-stream),
+	// MaxStored bounds the response kept for replays (default 1 MiB). A larger response, or a stream (text/event-stream),
 	// passes through to the client once, and the key records that it was
 	// not stored.
 	MaxStored int64
@@ -149,17 +148,16 @@ type HeldConfig struct {
 	// its key's retries from it meanwhile, as the store would. Other
 	// processes find the key held until its lease ends, and of unknown
 	// outcome after, until the store takes it. Past either bound (default
-	// DefaultMaxPending outcomes, DefaultMaxPendingBytes bytes of
-	// responses) an outcome is not kept: it is logged and counted
-	// (SettleObserver), and its key is of unknown outcome once its lease
+	// 10,000 outcomes, 64 MiB of responses) an outcome is not kept: it is
+	// logged and counted (Observer.SettleDropped), and its key is of unknown outcome once its lease
 	// ends, as if its process had died.
 	MaxPending      int
 	MaxPendingBytes int64
 }
 
-// DefaultMaxStored is the largest response a held operation stores unless
+// defaultMaxStored is the largest response a held operation stores unless
 // HeldConfig.MaxStored says otherwise.
-const DefaultMaxStored = 1 << 20
+const defaultMaxStored = 1 << 20
 
 // NewHeldOperation declares a held operation of e (see HeldConfig), whose
 // keys store keeps: it must keep held records (Settler), as pgstore and
@@ -169,16 +167,16 @@ func NewHeldOperation[U any](e *Engine, store Store[U], cfg OperationConfig, hel
 		held.Lease = time.Minute
 	}
 	if held.MaxStored <= 0 {
-		held.MaxStored = DefaultMaxStored
+		held.MaxStored = defaultMaxStored
 	}
 	if held.Holder == "" {
 		held.Holder = defaultHolder()
 	}
 	if held.MaxPending <= 0 {
-		held.MaxPending = DefaultMaxPending
+		held.MaxPending = defaultMaxPending
 	}
 	if held.MaxPendingBytes <= 0 {
-		held.MaxPendingBytes = DefaultMaxPendingBytes
+		held.MaxPendingBytes = defaultMaxPendingBytes
 	}
 	op := NewOperation[U](e, store, cfg)
 	// A key that expired while its operation ran could be claimed again,

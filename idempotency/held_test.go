@@ -97,7 +97,7 @@ func TestHeldOperationOutcomes(t *testing.T) {
 			handler: func(w http.ResponseWriter, r *http.Request, _ int64) {
 				idempotency.MarkUnknown(r, errors.New("the upstream reset the connection"))
 			},
-			first: http.StatusConflict, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOutcomeUnknown.Slug,
+			first: http.StatusConflict, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug,
 		},
 		{
 			name: "unknown, retried where the upstream deduplicates",
@@ -118,7 +118,7 @@ func TestHeldOperationOutcomes(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = w.Write([]byte("0123456789abcdef"))
 			},
-			first: http.StatusCreated, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemNotStored.Slug,
+			first: http.StatusCreated, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrNotStored).Slug,
 		},
 		{
 			name: "a stream: passed through once, never run again",
@@ -126,7 +126,7 @@ func TestHeldOperationOutcomes(t *testing.T) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				_, _ = w.Write([]byte("data: 1\n\n"))
 			},
-			first: http.StatusOK, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemNotStored.Slug,
+			first: http.StatusOK, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrNotStored).Slug,
 		},
 		{
 			name: "broken off after its status: never run again",
@@ -134,14 +134,14 @@ func TestHeldOperationOutcomes(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				panic(http.ErrAbortHandler)
 			},
-			first: 0, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemNotStored.Slug,
+			first: 0, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrNotStored).Slug,
 		},
 		{
 			name: "gave up before an answer: unknown",
 			handler: func(http.ResponseWriter, *http.Request, int64) {
 				panic(http.ErrAbortHandler)
 			},
-			first: 0, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOutcomeUnknown.Slug,
+			first: 0, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug,
 		},
 	}
 	for _, tt := range tests {
@@ -213,7 +213,7 @@ func TestHeldKeyWhileRunning(t *testing.T) {
 		return late.Code != http.StatusAccepted
 	}, 5*time.Second, 50*time.Millisecond)
 	require.Equal(t, http.StatusConflict, late.Code, "past the lease: %s", late.Body)
-	require.Contains(t, late.Body.String(), idempotency.ProblemOutcomeUnknown.Slug)
+	require.Contains(t, late.Body.String(), idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug)
 	close(release)
 	require.Equal(t, http.StatusCreated, <-slow, "the holder answers its own client")
 	require.Equal(t, http.StatusCreated, heldPost(other, "slow").Code, "a holder that settles late still settles the key")

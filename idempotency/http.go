@@ -67,7 +67,7 @@ func (o *Operation[U]) HandlerFunc(fn func(w http.ResponseWriter, r *http.Reques
 // prepare reads what Serve needs from r: the key (repeated on the
 // answer), the scope and the body.
 func (e *Engine) prepare(w http.ResponseWriter, r *http.Request) (Request, error) {
-	key, err := ParseKey(r.Header)
+	key, err := ParseKey(r.Header.Values(HeaderKey))
 	if err != nil {
 		return Request{}, err
 	}
@@ -170,7 +170,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 		// Which one a server reads differs: the body must be read one way
 		// only, the way it is fingerprinted.
 		d.op, d.label = o, o.labelOf(r.Method, d.req.Route)
-		s.write(d.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", ErrMalformedContentType, n)))
+		s.write(d.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", errMalformedContentType, n)))
 		return d.outcome
 	}
 	if o.e.cfg.Validate != nil {
@@ -324,7 +324,7 @@ func (e *Engine) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // in the words of the protocol's own answers. An error that is none of the
 // protocol's (a 500) is logged first, as the protocol's own failures are.
 func (e *Engine) WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	if _, known := Describe(err); !known {
+	if _, known := describe(err); !known {
 		e.cfg.Logger.ErrorContext(r.Context(), "idempotency: request refused", "err", err)
 	}
 	e.writeError(w, r, err)

@@ -50,7 +50,7 @@ func TestParseKey(t *testing.T) {
 			for _, v := range tt.values {
 				h.Add(idempotency.HeaderKey, v)
 			}
-			got, err := idempotency.ParseKey(h)
+			got, err := idempotency.ParseKey(h.Values(idempotency.HeaderKey))
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr)
 				return
@@ -165,6 +165,9 @@ func (o *outcomes) Outcome(_ string, out idempotency.Outcome) {
 }
 
 func (o *outcomes) DuplicateWait(string, idempotency.Outcome, time.Duration) {}
+func (o *outcomes) SettleFailed(string)                                      {}
+func (o *outcomes) SettlesPending(int)                                       {}
+func (o *outcomes) SettleDropped(string, string)                             {}
 
 func (o *outcomes) last() idempotency.Outcome {
 	o.mu.Lock()
@@ -287,7 +290,7 @@ func TestScopeIsBoundedInEveryStore(t *testing.T) {
 				op.Serve(rec, req, idempotency.Request{Scope: tc.scope, Key: "k", Body: []byte(`{}`)}, next)
 				require.Equal(t, tc.status, rec.Code, rec.Body.String())
 				if tc.status == http.StatusUnauthorized {
-					require.Contains(t, rec.Body.String(), idempotency.ProblemNoScope.Slug)
+					require.Contains(t, rec.Body.String(), idempotency.ProblemOf(idempotency.ErrNoScope).Slug)
 					require.Contains(t, rec.Body.String(), "over the 255", "the detail says why")
 					require.NotContains(t, rec.Body.String(), "retrying", "no answer says a retry is safe")
 				}
@@ -454,9 +457,9 @@ func TestCleanupZeroFieldsTakeDefaults(t *testing.T) {
 	t.Parallel()
 	p := &countingPurger{}
 	c := idempotency.Cleanup{Purger: p, Logger: slog.New(slog.DiscardHandler)}
-	result, _ := c.Once(t.Context())
-	require.Equal(t, idempotency.CleanupOK, result)
-	require.EqualValues(t, idempotency.DefaultCleanupBatch, p.batch.Load(), "the batch a zero Batch purges with")
+	_, err := c.Once(t.Context())
+	require.NoError(t, err)
+	require.EqualValues(t, 1000, p.batch.Load(), "the batch a zero Batch purges with, as Cleanup.Batch says")
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"errors"
 	"fmt"
-	"net/http"
 )
 
 // Header names of the protocol.
@@ -12,8 +11,8 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 )
 
-// MaxKeyLength is the longest Idempotency-Key accepted, in bytes.
-const MaxKeyLength = 255
+// maxKeyLength is the longest Idempotency-Key accepted, in bytes.
+const maxKeyLength = 255
 
 // MaxScopeLength is the longest scope Operation.Serve accepts, in bytes
 // (as stored, with any namespace a front door puts in it): every store
@@ -32,35 +31,38 @@ var (
 // no name of its own, so both agree.
 func OperationName(method, route string) string { return method + " " + route }
 
-// ParseKey returns the request's Idempotency-Key. Exactly one header must be
-// present, holding 1–255 printable ASCII characters (0x20–0x7E). The value is
-// used exactly as sent: a quoted value (as in the IETF draft's structured
-// field form, "\"abc\"") is a different key from the unquoted one, because
-// silently unquoting would make two distinct keys collide.
-func ParseKey(h http.Header) (string, error) {
-	values := h.Values(HeaderKey)
+// ParseKey returns the idempotency key of a request that sent values in
+// its place for the key: the Idempotency-Key header's
+// (r.Header.Values(HeaderKey)), gRPC metadata's, or the one value a front
+// door read from another header or the body, so that every door accepts
+// the same keys. Exactly one value must be present (else ErrMissingKey or
+// ErrInvalidKey), holding 1–255 printable ASCII characters (0x20–0x7E; else
+// an error wrapping ErrInvalidKey). The value is used exactly as sent: a
+// quoted value (as in the IETF draft's structured field form, "\"abc\"") is
+// a different key from the unquoted one, because silently unquoting would
+// make two distinct keys collide.
+func ParseKey(values []string) (string, error) {
 	switch {
 	case len(values) == 0:
 		return "", ErrMissingKey
 	case len(values) > 1:
 		return "", fmt.Errorf("%w: send exactly one Idempotency-Key header, got %d", ErrInvalidKey, len(values))
 	}
-	if err := CheckKey(values[0]); err != nil {
+	if err := checkKey(values[0]); err != nil {
 		return "", err
 	}
 	return values[0], nil
 }
 
-// CheckKey reports why key cannot be an idempotency key under ParseKey's
+// checkKey reports why key cannot be an idempotency key under ParseKey's
 // rules (1–255 printable ASCII characters), as an error wrapping
-// ErrInvalidKey, or nil: for front doors that read the key from another
-// header or from the body, so that every door accepts the same keys.
-func CheckKey(key string) error {
+// ErrInvalidKey, or nil.
+func checkKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: it is empty", ErrInvalidKey)
 	}
-	if len(key) > MaxKeyLength {
-		return fmt.Errorf("%w: it is %d bytes long, the limit is %d", ErrInvalidKey, len(key), MaxKeyLength)
+	if len(key) > maxKeyLength {
+		return fmt.Errorf("%w: it is %d bytes long, the limit is %d", ErrInvalidKey, len(key), maxKeyLength)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x20 || c > 0x7e {

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -201,7 +202,7 @@ func TestFormBodies(t *testing.T) {
 		require.Equal(t, http.StatusCreated, again.Code, "%s", again.Body)
 		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "the same form, respelled, is the same request")
 		require.Equal(t, first.Body.String(), again.Body.String())
-		requireProblem(t, b.send(t, "k", "tags[]=a&email=jenny@example.com&tags[]=b&name=Jenny+Rosen", form), idempotency.ProblemKeyMismatch)
+		requireProblem(t, b.send(t, "k", "tags[]=a&email=jenny@example.com&tags[]=b&name=Jenny+Rosen", form), idempotency.ProblemOf(idempotency.ErrKeyMismatch))
 		require.EqualValues(t, 1, b.runs.Load(), "the operation ran once")
 		require.Equal(t, []string{sent}, b.handed(), "the operation reads the form as sent")
 	})
@@ -211,7 +212,7 @@ func TestFormBodies(t *testing.T) {
 		b := setupMedia(t)
 		require.Equal(t, http.StatusCreated, b.send(t, "k", "amount=1200&currency=rub", form).Code)
 		for _, other := range []string{"amount=1201&currency=rub", "currency=rub&amount", "amount=1200&currency=rub&currency=rub"} {
-			requireProblem(t, b.send(t, "k", other, form), idempotency.ProblemKeyMismatch)
+			requireProblem(t, b.send(t, "k", other, form), idempotency.ProblemOf(idempotency.ErrKeyMismatch))
 		}
 		require.EqualValues(t, 1, b.runs.Load())
 	})
@@ -227,7 +228,7 @@ func TestFormBodies(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
 				b := setupMedia(t)
-				requireProblem(t, b.send(t, "k", tc.body, tc.contentType), idempotency.ProblemMalformedForm)
+				requireProblem(t, b.send(t, "k", tc.body, tc.contentType), idempotency.ProblemOf(idempotency.ErrMalformedForm))
 				require.Zero(t, b.runs.Load(), "nothing ran")
 				require.Equal(t, idempotency.OutcomeRejected, b.outcomes.last())
 				fixed := b.send(t, "k", "a=1", form)
@@ -260,8 +261,8 @@ func TestOtherMediaTypes(t *testing.T) {
 		t.Parallel()
 		b := setupMedia(t)
 		require.Equal(t, http.StatusCreated, b.send(t, "k", "\x00\x01binary", "application/octet-stream").Code)
-		requireProblem(t, b.send(t, "k", "\x00\x01binary", "application/protobuf"), idempotency.ProblemKeyMismatch)
-		requireProblem(t, b.send(t, "k", "\x00\x01binary!", "application/octet-stream"), idempotency.ProblemKeyMismatch)
+		requireProblem(t, b.send(t, "k", "\x00\x01binary", "application/protobuf"), idempotency.ProblemOf(idempotency.ErrKeyMismatch))
+		requireProblem(t, b.send(t, "k", "\x00\x01binary!", "application/octet-stream"), idempotency.ProblemOf(idempotency.ErrKeyMismatch))
 		require.EqualValues(t, 1, b.runs.Load())
 	})
 
@@ -278,7 +279,7 @@ func TestOtherMediaTypes(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
 				b := setupMedia(t)
-				requireProblem(t, b.send(t, "k", `{"a":1}`, tc.contentTypes...), idempotency.ProblemMalformedContentType)
+				requireProblem(t, b.send(t, "k", `{"a":1}`, tc.contentTypes...), idempotency.ProblemOf(idempotency.ErrMalformedContentType))
 				require.Zero(t, b.runs.Load(), "nothing ran")
 				require.Equal(t, http.StatusCreated, b.send(t, "k", `{"a":1}`, "application/json").Code, "the key was not consumed")
 			})
@@ -291,25 +292,23 @@ func TestOtherMediaTypes(t *testing.T) {
 		require.Equal(t, http.StatusCreated, b.send(t, "k", `{"b":1, "a":2.0}`).Code)
 		again := b.send(t, "k", `{"a":2,"b":1}`, "application/json; charset=utf-8")
 		require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "no Content-Type is JSON, and so is application/json")
-		requireProblem(t, b.send(t, "k", `{"a":2,"b":1}`, "application/merge-patch+json"), idempotency.ProblemKeyMismatch)
-		requireProblem(t, b.send(t, "k2", "a=1", "application/json"), idempotency.ProblemMalformedBody)
+		requireProblem(t, b.send(t, "k", `{"a":2,"b":1}`, "application/merge-patch+json"), idempotency.ProblemOf(idempotency.ErrKeyMismatch))
+		requireProblem(t, b.send(t, "k2", "a=1", "application/json"), idempotency.ProblemOf(idempotency.ErrMalformedBody))
 		require.Equal(t, []string{`{"b":1, "a":2.0}`}, b.handed(), "the operation reads the JSON as sent")
 	})
 }
 
-// TestDescribeKnowsTheMediaProblems: the default writer and applications'
-// own writers tell the new refusals apart from a 500.
-func TestDescribeKnowsTheMediaProblems(t *testing.T) {
+// TestProblemOfKnowsTheMediaProblems: the default writer and applications'
+// own writers tell the new refusals apart from a 500, and from each other.
+func TestProblemOfKnowsTheMediaProblems(t *testing.T) {
 	t.Parallel()
-	for err, want := range map[error]idempotency.Problem{
-		idempotency.ErrMalformedForm:        idempotency.ProblemMalformedForm,
-		idempotency.ErrMalformedContentType: idempotency.ProblemMalformedContentType,
-		idempotency.ErrMalformedQuery:       idempotency.ProblemMalformedQuery,
-	} {
-		got, known := idempotency.Describe(err)
-		require.True(t, known, "%v", err)
-		require.Equal(t, want, got, "%v", err)
-		require.Equal(t, http.StatusBadRequest, got.Status)
+	slugs := map[string]error{}
+	for _, err := range []error{idempotency.ErrMalformedForm, idempotency.ErrMalformedContentType, idempotency.ErrMalformedQuery} {
+		got := idempotency.ProblemOf(fmt.Errorf("%w: why", err))
+		require.Equal(t, http.StatusBadRequest, got.Status, "%v", err)
+		require.Equal(t, err.Error()+": why", got.Detail, "a client error's detail is its message")
+		require.NotContains(t, slugs, got.Slug, "%v shares its problem with %v", err, slugs[got.Slug])
+		slugs[got.Slug] = err
 	}
 }
 
@@ -373,9 +372,9 @@ func TestMalformedQueryIsRefused(t *testing.T) {
 		return rec
 	}
 	for _, target := range []string{"/things?to=alice;", "/things?to=bob;", "/things?a=%zz", "/things?a=1&b=%"} {
-		requireProblem(t, send(target), idempotency.ProblemMalformedQuery)
+		requireProblem(t, send(target), idempotency.ProblemOf(idempotency.ErrMalformedQuery))
 	}
 	require.Zero(t, b.runs.Load(), "nothing ran")
 	require.Equal(t, http.StatusCreated, send("/things?to=alice%3B").Code, "the key was not consumed")
-	requireProblem(t, send("/things?to=bob%3B"), idempotency.ProblemKeyMismatch)
+	requireProblem(t, send("/things?to=bob%3B"), idempotency.ProblemOf(idempotency.ErrKeyMismatch))
 }

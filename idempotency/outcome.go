@@ -4,11 +4,12 @@ import "time"
 
 // Outcome is what the protocol did with one request. Logs, metrics and
 // traces report it; it has a small fixed set of values so it can be a label.
+// The zero value, "", is no outcome: the request was not under the
+// protocol (a safe method).
 type Outcome string
 
 // The outcomes.
 const (
-	OutcomeNone     Outcome = ""          // not an idempotent operation (a safe method)
 	OutcomeExecuted Outcome = "executed"  // the operation ran and its response was stored
 	OutcomeReplayed Outcome = "replayed"  // the stored response was sent again
 	OutcomeConflict Outcome = "conflict"  // 409: the key belongs to another request
@@ -30,9 +31,29 @@ type Observer interface {
 	// operation (replayed, in_flight, conflict) spent claiming its key,
 	// which includes any wait for an in-flight first request.
 	DuplicateWait(operation string, o Outcome, d time.Duration)
+
+	// The settles of held operations' outcomes that their store did not
+	// take at once:
+
+	// SettleFailed reports one failed attempt to store a held operation's
+	// outcome (Settler.Settle or Release).
+	SettleFailed(operation string)
+	// SettlesPending reports that the outcomes kept in memory, waiting
+	// for their store, changed in number by delta.
+	SettlesPending(delta int)
+	// SettleDropped reports an outcome given up before its store took it:
+	// its key stays held, and its outcome is unknown once its lease ends.
+	// reason is one of "bound" (the engine kept as many outcomes, or
+	// bytes, as HeldConfig.MaxPending or MaxPendingBytes allow),
+	// "shutdown" (Engine.Shutdown's last attempt failed too) and
+	// "expired" (the key's TTL ended before its store took it).
+	SettleDropped(operation, reason string)
 }
 
 type noObserver struct{}
 
 func (noObserver) Outcome(string, Outcome)                      {}
 func (noObserver) DuplicateWait(string, Outcome, time.Duration) {}
+func (noObserver) SettleFailed(string)                          {}
+func (noObserver) SettlesPending(int)                           {}
+func (noObserver) SettleDropped(string, string)                 {}

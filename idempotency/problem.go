@@ -9,84 +9,94 @@ import (
 	"strconv"
 )
 
-// StatusClientClosedRequest is what a request whose client went away before
-// its answer was ready is logged with (nginx's 499). Nobody reads it; the
+// statusClientClosed is what a request whose client went away before its
+// answer was ready is logged with (nginx's 499). Nobody reads it; the
 // status keeps a client's disconnect out of the server-error figures.
-const StatusClientClosedRequest = 499
+const statusClientClosed = 499
 
-// Problem is how the default error writer describes one of the protocol's
-// errors: its status and an RFC 9457 type slug and title.
+// Problem is how the default error writer answers one of the protocol's
+// errors: its status, an RFC 9457 type slug and title, which stay the same
+// for every error of its kind, and the detail of this one error.
 type Problem struct {
 	Status int
 	Slug   string
 	Title  string
+	// Detail is err's message for a client error, and a fixed sentence
+	// for a duplicate in flight, an outcome unknown, a client gone and a
+	// server error, so that no internal detail leaks (an unknown
+	// outcome's cause names the upstream's address).
+	Detail string
 }
 
-// The protocol's problems, one for each error the engine answers: status,
-// RFC 9457 type slug and title, declared once here for the default writer,
-// for an application's own writer, and for any API that speaks the same
-// protocol.
-var (
-	ProblemMissingKey           = Problem{http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key header is required"}
-	ProblemInvalidKey           = Problem{http.StatusBadRequest, "invalid-idempotency-key", "Idempotency-Key header is invalid"}
-	ProblemMalformedBody        = Problem{http.StatusBadRequest, "malformed-json", "The request body is not valid JSON"}
-	ProblemMalformedForm        = Problem{http.StatusBadRequest, "malformed-form", "The request body is not a valid form"}
-	ProblemMalformedContentType = Problem{http.StatusBadRequest, "malformed-content-type", "The Content-Type header is not a valid media type"}
-	ProblemMalformedQuery       = Problem{http.StatusBadRequest, "malformed-query", "The query string is not valid"}
-	ProblemBodyTooLarge         = Problem{http.StatusRequestEntityTooLarge, "payload-too-large", "Request body too large"}
-	ProblemNoScope              = Problem{http.StatusUnauthorized, "unauthorized", "Missing or invalid credentials"}
-	ProblemKeyMismatch          = Problem{http.StatusConflict, "idempotency-key-mismatch", "Idempotency-Key was used for a different request"}
-	ProblemInFlight             = Problem{http.StatusAccepted, "request-in-progress", "A request with this Idempotency-Key is still in progress"}
-	ProblemOutcomeUnknown       = Problem{http.StatusConflict, "outcome-unknown", "The outcome of the request with this Idempotency-Key is unknown"}
-	ProblemNotStored            = Problem{http.StatusConflict, "response-not-stored", "The response to the request with this Idempotency-Key was not stored"}
-	ProblemUnavailable          = Problem{http.StatusServiceUnavailable, "unavailable", "Service temporarily unavailable"}
-	ProblemClientClosed         = Problem{StatusClientClosedRequest, "client-closed-request", "Client closed request"}
-	ProblemInternal             = Problem{http.StatusInternalServerError, "internal-error", "Internal server error"}
-)
+// problemInternal answers every error that is none of the protocol's.
+var problemInternal = Problem{Status: http.StatusInternalServerError, Slug: "internal-error", Title: "Internal server error"}
 
-// problems describe the protocol's errors, in the order Describe looks for
-// them.
+// problems is the protocol's one table of errors and their problems:
+// status, RFC 9457 type slug and title, declared here once for the default
+// writer, for an application's own writer, and for any API that speaks the
+// same protocol (through ProblemOf). describe looks for an error in this
+// order; every other error is problemInternal.
 var problems = []struct {
-	Err     error
-	Problem Problem
+	err     error
+	problem Problem
 }{
-	{ErrMissingKey, ProblemMissingKey},
-	{ErrInvalidKey, ProblemInvalidKey},
-	{ErrMalformedBody, ProblemMalformedBody},
-	{ErrMalformedForm, ProblemMalformedForm},
-	{ErrMalformedContentType, ProblemMalformedContentType},
-	{ErrMalformedQuery, ProblemMalformedQuery},
-	{ErrBodyTooLarge, ProblemBodyTooLarge},
-	{ErrNoScope, ProblemNoScope},
-	{ErrKeyMismatch, ProblemKeyMismatch},
-	{ErrInFlight, ProblemInFlight},
-	{ErrOutcomeUnknown, ProblemOutcomeUnknown},
-	{ErrNotStored, ProblemNotStored},
-	{ErrUnavailable, ProblemUnavailable},
-	{context.Canceled, ProblemClientClosed},
+	{ErrMissingKey, Problem{Status: http.StatusBadRequest, Slug: "missing-idempotency-key", Title: "Idempotency-Key header is required"}},
+	{ErrInvalidKey, Problem{Status: http.StatusBadRequest, Slug: "invalid-idempotency-key", Title: "Idempotency-Key header is invalid"}},
+	{ErrMalformedBody, Problem{Status: http.StatusBadRequest, Slug: "malformed-json", Title: "The request body is not valid JSON"}},
+	{errMalformedForm, Problem{Status: http.StatusBadRequest, Slug: "malformed-form", Title: "The request body is not a valid form"}},
+	{errMalformedContentType, Problem{Status: http.StatusBadRequest, Slug: "malformed-content-type", Title: "The Content-Type header is not a valid media type"}},
+	{ErrMalformedQuery, Problem{Status: http.StatusBadRequest, Slug: "malformed-query", Title: "The query string is not valid"}},
+	{ErrBodyTooLarge, Problem{Status: http.StatusRequestEntityTooLarge, Slug: "payload-too-large", Title: "Request body too large"}},
+	{ErrNoScope, Problem{Status: http.StatusUnauthorized, Slug: "unauthorized", Title: "Missing or invalid credentials"}},
+	{ErrKeyMismatch, Problem{Status: http.StatusConflict, Slug: "idempotency-key-mismatch", Title: "Idempotency-Key was used for a different request"}},
+	{ErrInFlight, Problem{Status: http.StatusAccepted, Slug: "request-in-progress", Title: "A request with this Idempotency-Key is still in progress"}},
+	{ErrOutcomeUnknown, Problem{Status: http.StatusConflict, Slug: "outcome-unknown", Title: "The outcome of the request with this Idempotency-Key is unknown"}},
+	{ErrNotStored, Problem{Status: http.StatusConflict, Slug: "response-not-stored", Title: "The response to the request with this Idempotency-Key was not stored"}},
+	{ErrUnavailable, Problem{Status: http.StatusServiceUnavailable, Slug: "unavailable", Title: "Service temporarily unavailable"}},
+	{context.Canceled, Problem{Status: statusClientClosed, Slug: "client-closed-request", Title: "Client closed request"}},
 }
 
-// Describe returns how the default writer answers err, and whether err is
-// one of the protocol's errors (otherwise it is a 500), for writers of
-// their own that keep its statuses.
-func Describe(err error) (Problem, bool) {
+// ProblemOf is how the default writer answers err, with its detail: for
+// writers of an application's own, in another shape or with statuses of
+// their own, and for APIs that speak the protocol without the engine, so
+// that all of them answer alike. An error that is none of the protocol's
+// (an operation's failure, a store's) is a 500, internal-error, whose
+// detail says only that retrying with the same key is safe.
+func ProblemOf(err error) Problem {
+	p, _ := describe(err)
+	switch {
+	case errors.Is(err, ErrInFlight):
+		p.Detail = "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"
+	case errors.Is(err, ErrOutcomeUnknown):
+		p.Detail = ErrOutcomeUnknown.Error()
+	case p.Status == statusClientClosed:
+		p.Detail = "the client closed the request"
+	case p.Status >= 500:
+		p.Detail = "the request could not be completed; retrying with the same Idempotency-Key is safe"
+	default:
+		p.Detail = err.Error()
+	}
+	return p
+}
+
+// describe is err's problem, without its detail, and whether err is one of
+// the protocol's errors (otherwise it is problemInternal).
+func describe(err error) (Problem, bool) {
 	for _, p := range problems {
-		if errors.Is(err, p.Err) {
-			return p.Problem, true
+		if errors.Is(err, p.err) {
+			return p.problem, true
 		}
 	}
-	return ProblemInternal, false
+	return problemInternal, false
 }
 
 // ProblemWriter returns a Config.WriteError that answers with RFC 9457
 // problem+json documents whose type is typeBase followed by the problem's
-// slug ("about:blank" when typeBase is empty). Client errors carry err's
-// message as their detail; server errors carry a fixed one, so that no
-// internal detail leaks.
+// slug ("about:blank" when typeBase is empty), with ProblemOf's status,
+// title and detail.
 func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request, err error) {
 	return func(w http.ResponseWriter, _ *http.Request, err error) {
-		p, _ := Describe(err)
-		detail := Detail(err)
+		p := ProblemOf(err)
 		typ := "about:blank"
 		if typeBase != "" {
 			typ = typeBase + p.Slug
@@ -99,7 +109,7 @@ func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request,
 			Title  string `json:"title"`
 			Status int    `json:"status"`
 			Detail string `json:"detail,omitempty"`
-		}{typ, p.Title, p.Status, detail})
+		}{typ, p.Title, p.Status, p.Detail})
 		body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 		h := w.Header()
 		h.Set("Content-Type", "application/problem+json")
@@ -108,23 +118,4 @@ func ProblemWriter(typeBase string) func(w http.ResponseWriter, r *http.Request,
 		w.WriteHeader(p.Status)
 		_, _ = w.Write(body)
 	}
-}
-
-// Detail is the detail the default writer gives err: its message for a
-// client error, and a fixed sentence for a duplicate in flight, an
-// outcome unknown, a client gone and a server error, so that no internal
-// detail leaks (an unknown outcome's cause names the upstream's address).
-// For writers of their own in another shape.
-func Detail(err error) string {
-	switch p, _ := Describe(err); {
-	case errors.Is(err, ErrInFlight):
-		return "the first request with this Idempotency-Key has not finished; retry with the same key after Retry-After seconds"
-	case errors.Is(err, ErrOutcomeUnknown):
-		return ErrOutcomeUnknown.Error()
-	case p.Status == StatusClientClosedRequest:
-		return "the client closed the request"
-	case p.Status >= 500:
-		return "the request could not be completed; retrying with the same Idempotency-Key is safe"
-	}
-	return err.Error()
 }

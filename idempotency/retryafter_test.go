@@ -37,7 +37,7 @@ func (s failingStore) Claim(context.Context, idempotency.ClaimRequest) (idempote
 func TestRetryAfterIsTheEnginesOwn(t *testing.T) {
 	t.Parallel()
 	bare := func(w http.ResponseWriter, _ *http.Request, err error) {
-		p, _ := idempotency.Describe(err)
+		p := idempotency.ProblemOf(err)
 		w.WriteHeader(p.Status)
 	}
 	writers := []struct {

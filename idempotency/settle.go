@@ -16,8 +16,8 @@ import (
 // Defaults of HeldConfig's bounds on the outcomes kept in memory until
 // their store takes them.
 const (
-	DefaultMaxPending      = 10_000
-	DefaultMaxPendingBytes = 64 << 20
+	defaultMaxPending      = 10_000
+	defaultMaxPendingBytes = 64 << 20
 )
 
 // The backoff between attempts to store a held operation's outcome: from
@@ -29,38 +29,19 @@ const (
 )
 
 // Why an outcome was given up before its store took it (see
-// SettleObserver.SettleDropped).
+// Observer.SettleDropped).
 const (
-	// DroppedBound: the engine kept as many outcomes, or bytes, as
-	// HeldConfig.MaxPending or MaxPendingBytes allow.
-	DroppedBound = "bound"
-	// DroppedShutdown: Engine.Shutdown's last attempt failed too.
-	DroppedShutdown = "shutdown"
-	// DroppedExpired: the key's TTL ended before its store took it.
-	DroppedExpired = "expired"
+	droppedBound    = "bound"
+	droppedShutdown = "shutdown"
+	droppedExpired  = "expired"
 )
 
-// SettleObserver is told, for metrics, of held operations' outcomes that
-// their store did not take at once: an Observer (Config.Observer) that
-// implements it is. operation is the operation's label, as Observer's.
-type SettleObserver interface {
-	// SettleFailed reports one failed attempt to store a held operation's
-	// outcome (Settler.Settle or Release).
-	SettleFailed(operation string)
-	// SettlesPending reports that the outcomes kept in memory, waiting
-	// for their store, changed in number by delta.
-	SettlesPending(delta int)
-	// SettleDropped reports an outcome given up before its store took it,
-	// for reason (DroppedBound, DroppedShutdown, DroppedExpired): its key
-	// stays held, and its outcome is unknown once its lease ends.
-	SettleDropped(operation, reason string)
-}
-
-// RecordID names a key in logs without the key itself: the first 8 bytes
-// of the SHA-256 of its scope and key, in hex. The engine logs it in place
-// of the key, which is a client's secret for as long as it can be replayed;
-// an operator who has the key computes the same id.
-func RecordID(scope, key string) string {
+// recordID names a key in logs without the key itself: the first 8 bytes
+// of the SHA-256 of its scope, a zero byte and its key, in hex. The engine
+// logs it in place of the key, which is a client's secret for as long as
+// it can be replayed; an operator who has the key computes the same id
+// (docs/gateway.md says how).
+func recordID(scope, key string) string {
 	h := sha256.New()
 	h.Write([]byte(scope))
 	h.Write([]byte{0})
@@ -103,9 +84,9 @@ func (p *pendingSettle) attempt(ctx context.Context) (settled bool, err error) {
 }
 
 // logAttrs name p in logs: the scope as stored, a record id in place of
-// the key (see RecordID), the request's method and path.
+// the key (see recordID), the request's method and path.
 func (p *pendingSettle) logAttrs(err error, attempts int) []any {
-	attrs := []any{"operation", p.label, "scope", p.ref.Scope, "record", RecordID(p.ref.Scope, p.ref.Key),
+	attrs := []any{"operation", p.label, "scope", p.ref.Scope, "record", recordID(p.ref.Scope, p.ref.Key),
 		"method", p.method, "path", p.path, "attempts", attempts}
 	if err != nil {
 		attrs = append(attrs, "err", err)
@@ -119,7 +100,7 @@ func (p *pendingSettle) logAttrs(err error, attempts int) []any {
 // or Shutdown.
 type pendingSettles struct {
 	log *slog.Logger
-	obs SettleObserver // nil: nobody
+	obs Observer
 
 	// ctx ends at Shutdown, and with it the retries.
 	ctx  context.Context
@@ -136,8 +117,7 @@ type pendingSettles struct {
 }
 
 func newPendingSettles(log *slog.Logger, obs Observer) *pendingSettles {
-	ps := &pendingSettles{log: log, byKey: map[pendingKey]*pendingSettle{}}
-	ps.obs, _ = obs.(SettleObserver)
+	ps := &pendingSettles{log: log, obs: obs, byKey: map[pendingKey]*pendingSettle{}}
 	ps.ctx, ps.stop = context.WithCancel(context.Background())
 	return ps
 }
@@ -189,9 +169,9 @@ func (ps *pendingSettles) keep(held *heldOperation, p *pendingSettle) bool {
 	if ps.closed || count >= held.MaxPending || bytes+p.size > held.MaxPendingBytes {
 		closed := ps.closed
 		ps.mu.Unlock()
-		reason := DroppedBound
+		reason := droppedBound
 		if closed {
-			reason = DroppedShutdown
+			reason = droppedShutdown
 		}
 		ps.dropped(p, reason)
 		return false
@@ -206,9 +186,7 @@ func (ps *pendingSettles) keep(held *heldOperation, p *pendingSettle) bool {
 	ps.n.Add(1)
 	ps.wg.Add(1)
 	ps.mu.Unlock()
-	if ps.obs != nil {
-		ps.obs.SettlesPending(1)
-	}
+	ps.obs.SettlesPending(1)
 	go ps.retry(p)
 	return true
 }
@@ -233,7 +211,7 @@ func (ps *pendingSettles) retry(p *pendingSettle) {
 		}
 		if time.Now().After(p.expires) {
 			ps.forget(p)
-			ps.dropped(p, DroppedExpired)
+			ps.dropped(p, droppedExpired)
 			ps.log.Error("idempotency: a held key expired before its outcome could be stored", p.logAttrs(nil, attempts-1)...)
 			return
 		}
@@ -311,21 +289,15 @@ func (ps *pendingSettles) removeLocked(k pendingKey, p *pendingSettle) {
 	delete(ps.byKey, k)
 	ps.bytes -= p.size
 	ps.n.Add(-1)
-	if ps.obs != nil {
-		ps.obs.SettlesPending(-1)
-	}
+	ps.obs.SettlesPending(-1)
 }
 
 func (ps *pendingSettles) failedAttempt(p *pendingSettle) {
-	if ps.obs != nil {
-		ps.obs.SettleFailed(p.label)
-	}
+	ps.obs.SettleFailed(p.label)
 }
 
 func (ps *pendingSettles) dropped(p *pendingSettle, reason string) {
-	if ps.obs != nil {
-		ps.obs.SettleDropped(p.label, reason)
-	}
+	ps.obs.SettleDropped(p.label, reason)
 }
 
 // shutdown ends the retries, tries each outcome still kept once more
@@ -350,7 +322,7 @@ func (ps *pendingSettles) shutdown(ctx context.Context) error {
 			continue
 		}
 		lost++
-		ps.dropped(p, DroppedShutdown)
+		ps.dropped(p, droppedShutdown)
 		ps.log.Error("idempotency: a held key could not be settled before shutdown; its outcome is unknown once its lease ends", p.logAttrs(err, 0)...)
 	}
 	if lost > 0 {

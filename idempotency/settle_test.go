@@ -125,7 +125,7 @@ func TestHeldSettleRetried(t *testing.T) {
 	require.Equal(t, first.Body.String(), again.Body.String())
 	other := a.post("k1", `{"amount":6}`)
 	require.Equal(t, http.StatusConflict, other.Code, "another request under the key: %s", other.Body)
-	require.Contains(t, other.Body.String(), idempotency.ProblemKeyMismatch.Slug)
+	require.Contains(t, other.Body.String(), idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug)
 
 	held202 := b.post("k1", body)
 	require.Equal(t, http.StatusAccepted, held202.Code, "another process, within the lease: %s", held202.Body)
@@ -135,7 +135,7 @@ func TestHeldSettleRetried(t *testing.T) {
 		return unknown.Code != http.StatusAccepted
 	}, 5*time.Second, 20*time.Millisecond)
 	require.Equal(t, http.StatusConflict, unknown.Code, "another process, past the lease: %s", unknown.Body)
-	require.Contains(t, unknown.Body.String(), idempotency.ProblemOutcomeUnknown.Slug)
+	require.Contains(t, unknown.Body.String(), idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug)
 
 	require.Eventually(t, func() bool { return a.obs.failed.Load() >= 3 }, 5*time.Second, 10*time.Millisecond, "the settle is retried")
 	require.EqualValues(t, 1, a.obs.pending.Load(), "one outcome waits in memory")
@@ -155,7 +155,7 @@ func TestHeldSettleRetried(t *testing.T) {
 		require.Equal(t, first.Body.String(), replay.Body.String(), name)
 	}
 	require.EqualValues(t, 1, runs.Load(), "the operation ran once")
-	require.Zero(t, a.obs.droppedFor(idempotency.DroppedBound)+a.obs.droppedFor(idempotency.DroppedShutdown))
+	require.Zero(t, a.obs.droppedFor("bound")+a.obs.droppedFor("shutdown"))
 }
 
 // TestHeldReleaseRetried: a 5xx frees its key, and a release that fails
@@ -199,7 +199,7 @@ func TestHeldSettleBounds(t *testing.T) {
 			require.Equal(t, http.StatusCreated, a.post("kept", `{}`).Code, "within the bound: replayed from memory")
 			require.Equal(t, http.StatusAccepted, a.post("past", `{}`).Code, "past the bound: held")
 			require.EqualValues(t, 1, a.obs.pending.Load())
-			require.Equal(t, 1, a.obs.droppedFor(idempotency.DroppedBound))
+			require.Equal(t, 1, a.obs.droppedFor("bound"))
 			require.Contains(t, a.logs.String(), "its outcome is not kept")
 		})
 	}
@@ -234,7 +234,7 @@ func TestEngineShutdownSettles(t *testing.T) {
 				return
 			}
 			require.ErrorContains(t, err, "1 held keys could not be settled")
-			require.Equal(t, 1, a.obs.droppedFor(idempotency.DroppedShutdown))
+			require.Equal(t, 1, a.obs.droppedFor("shutdown"))
 			require.Zero(t, a.obs.pending.Load())
 			require.Contains(t, a.logs.String(), "could not be settled before shutdown")
 			require.Contains(t, a.logs.String(), "record="+idempotency.RecordID("ns:api|tenant", "k1"))

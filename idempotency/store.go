@@ -88,6 +88,8 @@ type TakenError struct {
 	Record *Record
 }
 
+// Error says the key was claimed concurrently or, when Record holds it,
+// that it holds a completed operation.
 func (e *TakenError) Error() string {
 	if e.Record == nil {
 		return "idempotency: the key was claimed concurrently"

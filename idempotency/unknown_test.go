@@ -58,6 +58,6 @@ func TestUnknownOutcomeKeepsItsCauseFromTheClient(t *testing.T) {
 		idempotency.ErrOutcomeUnknown,
 		fmt.Errorf("%w: %w", idempotency.ErrOutcomeUnknown, errors.New(cause)),
 	} {
-		require.Equal(t, idempotency.ErrOutcomeUnknown.Error(), idempotency.Detail(err), "a fixed detail, whatever the error wraps")
+		require.Equal(t, idempotency.ErrOutcomeUnknown.Error(), idempotency.ProblemOf(err).Detail, "a fixed detail, whatever the error wraps")
 	}
 }

@@ -101,7 +101,7 @@ func TestRecordsStoredBeforeTheUpgradeStillReplay(t *testing.T) {
 				require.Equal(t, "true", rec.Header().Get(idempotency.HeaderReplayed), "%s", rec.Body)
 				require.JSONEq(t, `{"stored":"before"}`, rec.Body.String())
 			} else {
-				requireProblem(t, rec, idempotency.ProblemKeyMismatch)
+				requireProblem(t, rec, idempotency.ProblemOf(idempotency.ErrKeyMismatch))
 			}
 			require.Zero(t, b.runs.Load(), "nothing ran under a stored key")
 		})
@@ -128,7 +128,7 @@ func TestRecordsOfTheCurrentRulesNeverMatchALegacyFingerprint(t *testing.T) {
 			}
 			first := b.send(t, "k", contentType, tc.first)
 			require.Equal(t, http.StatusCreated, first.Code, "%s", first.Body)
-			requireProblem(t, b.send(t, "k", contentType, tc.then), idempotency.ProblemKeyMismatch)
+			requireProblem(t, b.send(t, "k", contentType, tc.then), idempotency.ProblemOf(idempotency.ErrKeyMismatch))
 			again := b.send(t, "k", contentType, tc.first)
 			require.Equal(t, "true", again.Header().Get(idempotency.HeaderReplayed), "the same request replays")
 			require.EqualValues(t, 1, b.runs.Load())

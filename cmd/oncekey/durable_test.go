@@ -159,7 +159,7 @@ func stormThroughACrash(t *testing.T, cluster *testdb.Cluster, gateways []string
 				mu.Lock()
 				bodies[key][body] = true
 				mu.Unlock()
-			case status == http.StatusConflict && strings.Contains(body, idempotency.ProblemOutcomeUnknown.Slug):
+			case status == http.StatusConflict && strings.Contains(body, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug):
 				final = "409 outcome-unknown"
 				mu.Lock()
 				unknown[key] = true
@@ -224,7 +224,7 @@ func stormThroughACrash(t *testing.T, cluster *testdb.Cluster, gateways []string
 		// it replay that answer by now?
 		status, body, err := stormPost(gateways[0], scope, key, "")
 		require.NoError(t, err)
-		if status == http.StatusConflict && strings.Contains(body, idempotency.ProblemOutcomeUnknown.Slug) {
+		if status == http.StatusConflict && strings.Contains(body, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug) {
 			s.unknownAfter2xx++
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -370,7 +371,7 @@ func operatorCommands(t *testing.T, scope pgstore.ScopeType) {
 	require.NotContains(t, out, `"scope"`, "the scope is shown as the account")
 	require.Equal(t, "completed", info.Status)
 	require.Equal(t, 201, info.ResponseStatus)
-	require.Equal(t, fp.String(), info.Fingerprint)
+	require.Equal(t, hex.EncodeToString(fp[:]), info.Fingerprint)
 	require.Equal(t, "/orders", info.Route)
 	require.NotContains(t, out, `{"id":"x"}`, "the stored body is not shown")
 

@@ -136,7 +136,7 @@ func (p *proxyCmd) Run(e env) error {
 	}
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observer: m}.Run(cleanupCtx)
+	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observe: m.CleanupRun}.Run(cleanupCtx)
 	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", redacted(cfg.Upstream), "namespace", cfg.Namespace, "routes", strings.Join(names, ", "))
 	defer func() {
 		// Served: what its answers left unsettled is tried once more

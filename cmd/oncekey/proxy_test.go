@@ -67,7 +67,7 @@ func TestOperatorSettlesUnknownKeys(t *testing.T) {
 	for _, key := range []string{released, resolved} {
 		status, body := gatewayPost(t, addr, scope, key, upstreamtest.Reset)
 		require.Equal(t, http.StatusConflict, status, body)
-		require.Contains(t, body, idempotency.ProblemOutcomeUnknown.Slug)
+		require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug)
 	}
 	// The metrics say so on the internal address, labelled by the route.
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
@@ -294,7 +294,7 @@ func TestGatewayKilledMidFlight(t *testing.T) {
 			return status != http.StatusAccepted
 		}, 30*time.Second, 100*time.Millisecond)
 		require.Equal(t, http.StatusConflict, status, "past the lease: %s", body)
-		require.Contains(t, body, idempotency.ProblemOutcomeUnknown.Slug)
+		require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug)
 		unknown++
 	}
 	waited := time.Since(killedAt)

@@ -168,7 +168,7 @@ func TestPreviousReleaseRunsOnTheNewSchema(t *testing.T) {
 		mismatch := sendTransfer(t, old.addr, "after-rollback", `{"amount":900}`)
 		// 422: the gateway's default profile follows the IETF draft.
 		require.Equal(t, http.StatusUnprocessableEntity, mismatch.Status, "a key reused for another body: %s", mismatch)
-		require.Contains(t, string(mismatch.Body), idempotency.ProblemKeyMismatch.Slug)
+		require.Contains(t, string(mismatch.Body), idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug)
 		require.Equal(t, 1, up.ran("before-rollback"), "the key this release stored ran once")
 		require.Equal(t, 1, up.ran("after-rollback"), "the key the previous release stored ran once")
 	})
@@ -223,7 +223,7 @@ func exerciseOrders(t *testing.T, p *serveProcess, apiKey string) {
 	order.requireReplayed(t, p)
 	reused := postWithKey(t, p.addr, apiKey, "/orders", order.key, `{"items":[{"sku":"SKU-2","qty":1}],"amount":900,"currency":"RUB"}`)
 	require.Equal(t, http.StatusConflict, reused.Status, "a key reused for another order: %s", reused)
-	require.Contains(t, string(reused.Body), idempotency.ProblemKeyMismatch.Slug)
+	require.Contains(t, string(reused.Body), idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug)
 
 	orderID := strings.TrimPrefix(order.reply.Header.Get("Location"), "/orders/")
 	paymentKey, payment := uuid.NewString(), fmt.Sprintf(`{"order_id":%q,"amount":500,"currency":"RUB"}`, orderID)

@@ -121,7 +121,7 @@ func TestProxyReloadsTheJWKSOnSIGHUP(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the new key verifies after SIGHUP; output:\n%s", p.logs)
 	status, body = postTransfer(t, p.addr, "", uuid.NewString(), "Authorization", byOld)
 	require.Equal(t, http.StatusUnauthorized, status, "the removed key: %s", body)
-	require.Contains(t, body, idempotency.ProblemNoScope.Slug)
+	require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrNoScope).Slug)
 	require.Nil(t, p.cmd.ProcessState, "SIGHUP did not end the gateway")
 
 	// Another SIGHUP, with nothing changed, ends nothing either.
@@ -174,7 +174,7 @@ func TestScopeHeaderOnlyFromTrustedPeers(t *testing.T) {
 	refused, trusted := uuid.NewString(), uuid.NewString()
 	status, body := postTransfer(t, addr, "127.0.0.1", refused, "X-Account-Id", "acct-victim")
 	require.Equal(t, http.StatusUnauthorized, status, body)
-	require.Contains(t, body, idempotency.ProblemNoScope.Slug)
+	require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrNoScope).Slug)
 	require.Contains(t, body, "not a trusted peer")
 	status, body = postTransfer(t, addr, "127.0.0.2", trusted, "X-Account-Id", "acct-victim")
 	require.Equal(t, http.StatusCreated, status, body)
@@ -200,7 +200,7 @@ func TestScopeHeaderOnlyFromTrustedPeers(t *testing.T) {
 	}
 	status, body = get("127.0.0.1", "X-Account-Id", "acct-victim")
 	require.Equal(t, http.StatusUnauthorized, status, "passed through: %s", body)
-	require.Contains(t, body, idempotency.ProblemNoScope.Slug)
+	require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrNoScope).Slug)
 	status, body = get("127.0.0.1")
 	require.Equal(t, http.StatusOK, status, "passed through without the header: %s", body)
 	status, body = get("127.0.0.2", "X-Account-Id", "acct-victim")
@@ -246,7 +246,7 @@ func TestRetryAcrossScopeRuleUpgrade(t *testing.T) {
 			require.Equal(t, answer, body, "the retry replays the answer stored under the old rule")
 			status, body = postTransfer(t, addr, "", unknown, "Authorization", bearer)
 			require.Equal(t, http.StatusConflict, status, body)
-			require.Contains(t, body, idempotency.ProblemOutcomeUnknown.Slug, "a key of unknown outcome stays unknown")
+			require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug, "a key of unknown outcome stays unknown")
 			fresh := uuid.NewString()
 			status, body = postTransfer(t, addr, "", fresh, "Authorization", bearer)
 			require.Equal(t, http.StatusCreated, status, "a new key runs: %s", body)

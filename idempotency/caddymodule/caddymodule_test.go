@@ -184,7 +184,7 @@ func TestCaddy(t *testing.T) {
 			key = rand.Text()
 			resp, body := post(t, tc.addr, scope, key, "reset")
 			require.Equal(t, http.StatusConflict, resp.StatusCode, "written, then reset: %s", body)
-			require.Contains(t, body, idempotency.ProblemOutcomeUnknown.Slug)
+			require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug)
 			resp, body = post(t, tc.addr, scope, key, "")
 			require.Equal(t, http.StatusConflict, resp.StatusCode, "never run again: %s", body)
 			require.Equal(t, 1, up.runs(t, key))

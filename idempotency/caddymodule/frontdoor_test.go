@@ -138,13 +138,13 @@ func TestCaddyProfilesTemplatesAndKeyPlaces(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.inFlight, resp.StatusCode, "a duplicate in flight: %s", body)
 			require.Equal(t, "1", resp.Header.Get("Retry-After"))
-			require.Contains(t, body, idempotency.ProblemInFlight.Slug)
+			require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrInFlight).Slug)
 			up.free()
 			require.Equal(t, http.StatusCreated, <-first)
 			resp, body, err = sendTo(tc.addr, "/charges", `{"amount":2}`, "X-Account-Id", scope, idempotency.HeaderKey, key)
 			require.NoError(t, err)
 			require.Equal(t, tc.mismatch, resp.StatusCode, "a key reused: %s", body)
-			require.Contains(t, body, idempotency.ProblemKeyMismatch.Slug)
+			require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug)
 			resp, body, err = sendTo(tc.addr, "/charges", `{"amount":1}`, "X-Account-Id", scope)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "no key: %s", body)
@@ -165,9 +165,9 @@ func TestCaddyProfilesTemplatesAndKeyPlaces(t *testing.T) {
 			status           int
 			code             string
 		}{
-			{"mismatch", shaped, `{"amount":2}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, key}, 422, idempotency.ProblemKeyMismatch.Slug},
-			{"missing key", shaped, `{"amount":1}`, []string{"X-Account-Id", scope}, 400, idempotency.ProblemMissingKey.Slug},
-			{"no credentials", shaped, `{"amount":1}`, []string{idempotency.HeaderKey, rand.Text()}, 401, idempotency.ProblemNoScope.Slug},
+			{"mismatch", shaped, `{"amount":2}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, key}, 422, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug},
+			{"missing key", shaped, `{"amount":1}`, []string{"X-Account-Id", scope}, 400, idempotency.ProblemOf(idempotency.ErrMissingKey).Slug},
+			{"no credentials", shaped, `{"amount":1}`, []string{idempotency.HeaderKey, rand.Text()}, 401, idempotency.ProblemOf(idempotency.ErrNoScope).Slug},
 			{"ambiguous path", shaped, `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, rand.Text()}, 400, "ambiguous-path"},
 			{"upstream unreachable", dead, `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, rand.Text()}, 502, "upstream-unreachable"},
 		} {
@@ -237,7 +237,7 @@ func TestCaddyProfilesTemplatesAndKeyPlaces(t *testing.T) {
 			resp, got, err := sendTo(tc.addr, "/charges", `{"amount":1}`, "X-Account-Id", scope, idempotency.HeaderKey, rand.Text())
 			require.NoError(t, err)
 			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "the key elsewhere is no key: %s", got)
-			require.Contains(t, got, idempotency.ProblemMissingKey.Slug)
+			require.Contains(t, got, idempotency.ProblemOf(idempotency.ErrMissingKey).Slug)
 			_, ran = up.received()
 			require.Len(t, ran, 1, "a request without its key never reaches the upstream")
 		})

@@ -68,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, operation string) (*metrics, error) {
 		m.requests.WithLabelValues(operation, string(o))
 	}
 	m.settleFailures.WithLabelValues(operation)
-	for _, reason := range []string{idempotency.DroppedBound, idempotency.DroppedShutdown, idempotency.DroppedExpired} {
+	for _, reason := range []string{"bound", "shutdown", "expired"} { // idempotency.Observer.SettleDropped's
 		m.settlesDropped.WithLabelValues(operation, reason)
 	}
 	return m, nil
@@ -97,16 +97,16 @@ func (m *metrics) DuplicateWait(operation string, o idempotency.Outcome, d time.
 	m.wait.WithLabelValues(operation, string(o)).Observe(d.Seconds())
 }
 
-// SettleFailed implements idempotency.SettleObserver.
+// SettleFailed implements idempotency.Observer.
 func (m *metrics) SettleFailed(operation string) { m.settleFailures.WithLabelValues(operation).Inc() }
 
-// SettlesPending implements idempotency.SettleObserver.
+// SettlesPending implements idempotency.Observer.
 func (m *metrics) SettlesPending(delta int) { m.settlesPending.Add(float64(delta)) }
 
-// SettleDropped implements idempotency.SettleObserver.
+// SettleDropped implements idempotency.Observer.
 func (m *metrics) SettleDropped(operation, reason string) {
 	m.settlesDropped.WithLabelValues(operation, reason).Inc()
 }
 
 // Interface guard.
-var _ idempotency.SettleObserver = (*metrics)(nil)
+var _ idempotency.Observer = (*metrics)(nil)

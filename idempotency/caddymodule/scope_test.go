@@ -59,7 +59,7 @@ func TestScopeOfNamesOneCaller(t *testing.T) {
 			require.ErrorIs(t, err, idempotency.ErrNoScope)
 			require.ErrorContains(t, err, tc.why)
 			require.Empty(t, got)
-			p, _ := idempotency.Describe(err)
+			p := idempotency.ProblemOf(err)
 			require.Equal(t, http.StatusUnauthorized, p.Status)
 		})
 	}

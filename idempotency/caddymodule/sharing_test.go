@@ -128,7 +128,7 @@ func TestCaddyNeverSharesAScope(t *testing.T) {
 				require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s: %s", caller, body)
 				require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"), caller)
 				require.Empty(t, resp.Header.Get(idempotency.HeaderReplayed), "%s: never a replay", caller)
-				require.Contains(t, string(body), "https://example.com/problems/"+idempotency.ProblemNoScope.Slug, caller)
+				require.Contains(t, string(body), "https://example.com/problems/"+idempotency.ProblemOf(idempotency.ErrNoScope).Slug, caller)
 				require.Contains(t, string(body), tc.why, caller)
 				require.NotContains(t, string(body), "retrying", "%s: no answer says a retry is safe", caller)
 			}

@@ -62,7 +62,7 @@ func TestCaddyUpgradeKeepsStoredKeys(t *testing.T) {
 
 	resp, body = post(t, addr, scope, running, "")
 	require.Equal(t, http.StatusAccepted, resp.StatusCode, "the key held before the upgrade is still in flight: %s", body)
-	require.Contains(t, body, idempotency.ProblemInFlight.Title)
+	require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrInFlight).Title)
 
 	require.Zero(t, up.runs(t, done), "the stored answer was replayed, not run again")
 	require.Zero(t, up.runs(t, running), "the key in flight was not run again")

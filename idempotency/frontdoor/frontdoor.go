@@ -51,12 +51,12 @@ func ParseProfile(name string) (Profile, error) {
 	return "", fmt.Errorf("profile %q: want ietf or oncekey", name)
 }
 
-// Describe is idempotency.Describe with the statuses of profile p.
+// ProblemOf is idempotency.ProblemOf with the statuses of profile p.
 // Outcome unknown and response not stored are 409 in both.
-func (p Profile) Describe(err error) (idempotency.Problem, bool) {
-	prob, known := idempotency.Describe(err)
+func (p Profile) ProblemOf(err error) idempotency.Problem {
+	prob := idempotency.ProblemOf(err)
 	if p == Oncekey {
-		return prob, known
+		return prob
 	}
 	switch {
 	case errors.Is(err, idempotency.ErrInFlight):
@@ -64,7 +64,7 @@ func (p Profile) Describe(err error) (idempotency.Problem, bool) {
 	case errors.Is(err, idempotency.ErrKeyMismatch):
 		prob.Status = http.StatusUnprocessableEntity
 	}
-	return prob, known
+	return prob
 }
 
 // Answer is one answer a gateway writes itself, in the words of an RFC
@@ -79,8 +79,8 @@ type Answer struct {
 // profile p, with type URIs typeBase + code ("about:blank" when typeBase
 // is empty), the detail the engine's own writer gives it.
 func AnswerFor(p Profile, typeBase string, err error) Answer {
-	prob, _ := p.Describe(err)
-	return Answer{Status: prob.Status, Type: TypeURI(typeBase, prob.Slug), Code: prob.Slug, Title: prob.Title, Detail: idempotency.Detail(err)}
+	prob := p.ProblemOf(err)
+	return Answer{Status: prob.Status, Type: TypeURI(typeBase, prob.Slug), Code: prob.Slug, Title: prob.Title, Detail: prob.Detail}
 }
 
 // TypeURI is the type URI of the problem code under typeBase.

@@ -31,7 +31,7 @@ func TestProfileStatuses(t *testing.T) {
 		t.Run(tc.err.Error(), func(t *testing.T) {
 			t.Parallel()
 			for p, want := range map[frontdoor.Profile]int{frontdoor.IETF: tc.ietf, frontdoor.Oncekey: tc.oncekey} {
-				got, _ := p.Describe(tc.err)
+				got := p.ProblemOf(tc.err)
 				require.Equal(t, want, got.Status, "profile %s", p)
 			}
 		})
@@ -53,13 +53,13 @@ func TestTemplateFilledAndEscaped(t *testing.T) {
 	require.NoError(t, err)
 	w := httptest.NewRecorder()
 	w.Header().Set("Retry-After", "1")
-	frontdoor.Write(w, tmpl, frontdoor.Answer{Status: 422, Type: "about:blank", Code: idempotency.ProblemKeyMismatch.Slug, Title: "T", Detail: "say \"no\"\nthen \\ </b>"})
+	frontdoor.Write(w, tmpl, frontdoor.Answer{Status: 422, Type: "about:blank", Code: idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, Title: "T", Detail: "say \"no\"\nthen \\ </b>"})
 	require.Equal(t, 422, w.Code)
 	require.Equal(t, "application/json", w.Header().Get("Content-Type"))
 	require.Equal(t, "1", w.Header().Get("Retry-After"))
 	body := w.Body.String()
 	want := `{"error": {"type": "idempotency_error", "code": "SLUG", "message": "say \"no\"\nthen \\ </b>", "also": "T (422) at about:blank", "n": 1.50, "braces": "{} {a b}", "list": ["SLUG", true, null]}}`
-	require.Equal(t, strings.ReplaceAll(want, "SLUG", idempotency.ProblemKeyMismatch.Slug), body)
+	require.Equal(t, strings.ReplaceAll(want, "SLUG", idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug), body)
 	var doc struct{ Error struct{ Message string } }
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &doc), body)
 	require.Equal(t, "say \"no\"\nthen \\ </b>", doc.Error.Message)
@@ -122,7 +122,7 @@ func TestKeyPlace(t *testing.T) {
 			key, err := tc.place.Key(tc.h, []byte(tc.body))
 			if tc.wantErr != nil {
 				require.ErrorIs(t, err, tc.wantErr)
-				p, _ := idempotency.Describe(err)
+				p := idempotency.ProblemOf(err)
 				require.Equal(t, http.StatusBadRequest, p.Status)
 				return
 			}

@@ -67,7 +67,7 @@ func (e *keyError) Error() string { return e.msg }
 func (e *keyError) Unwrap() error { return e.kind }
 
 // Key reads the key from h, or from body for a body field, under the
-// engine's rules (idempotency.CheckKey). A missing key wraps
+// engine's rules (idempotency.ParseKey). A missing key wraps
 // idempotency.ErrMissingKey; an invalid one (a header sent twice, a body
 // member that is not a string) idempotency.ErrInvalidKey; a body that is
 // not JSON idempotency.ErrMalformedBody. All are 400.
@@ -81,7 +81,7 @@ func (k KeyPlace) Key(h http.Header, body []byte) (string, error) {
 		case len(values) > 1:
 			return "", &keyError{fmt.Sprintf("invalid %s: send exactly one %s header, got %d", name, name, len(values)), idempotency.ErrInvalidKey}
 		}
-		if err := idempotency.CheckKey(values[0]); err != nil {
+		if _, err := idempotency.ParseKey(values); err != nil {
 			return "", &keyError{fmt.Sprintf("the %s header: %v", name, err), idempotency.ErrInvalidKey}
 		}
 		return values[0], nil
@@ -97,7 +97,7 @@ func (k KeyPlace) Key(h http.Header, body []byte) (string, error) {
 	if err := json.Unmarshal(v, &key); err != nil {
 		return "", &keyError{fmt.Sprintf("the body member %s, the idempotency key, must be a string", k.BodyField), idempotency.ErrInvalidKey}
 	}
-	if err := idempotency.CheckKey(key); err != nil {
+	if _, err := idempotency.ParseKey([]string{key}); err != nil {
 		return "", &keyError{fmt.Sprintf("the body member %s: %v", k.BodyField, err), idempotency.ErrInvalidKey}
 	}
 	return key, nil
@@ -142,7 +142,7 @@ func pointer(body []byte, ptr string) (json.RawMessage, bool, error) {
 // Prepare reads what idempotency.Operation.Serve needs from r, in the
 // order the engine's own front door does: the key, where it is in a
 // header, then the scope, which must not be empty, then the body, up to
-// maxBody bytes (idempotency.DefaultMaxBodyBytes when zero), then the key
+// maxBody bytes (1 MiB, the engine's default, when zero), then the key
 // where it is in the body. It repeats the key on the answer, in the
 // header it names (HeaderName), as the engine does.
 func (k KeyPlace) Prepare(w http.ResponseWriter, r *http.Request, scope func(*http.Request) (string, error), maxBody int64) (idempotency.Request, error) {
@@ -161,7 +161,7 @@ func (k KeyPlace) Prepare(w http.ResponseWriter, r *http.Request, scope func(*ht
 		return in, idempotency.ErrNoScope
 	}
 	if maxBody <= 0 {
-		maxBody = idempotency.DefaultMaxBodyBytes
+		maxBody = 1 << 20 // as idempotency.Config.MaxBodyBytes
 	}
 	if in.Body, err = idempotency.ReadBody(w, r, maxBody); err != nil {
 		return in, err

@@ -135,7 +135,7 @@ func New[U any](store idempotency.Store[U], cfg Config) *Interceptor[U] {
 	}
 	cfg.ReplayMetadata = replay
 	if cfg.RetryAfter <= 0 {
-		cfg.RetryAfter = idempotency.DefaultRetryAfter
+		cfg.RetryAfter = time.Second // the engine's default
 	}
 	engine := idempotency.New(idempotency.Config{
 		TTL:        cfg.TTL,
@@ -336,7 +336,7 @@ func (i *Interceptor[U]) key(ctx context.Context, m *method[U], msg proto.Messag
 		}
 		return "", fmt.Errorf("%w: send the key in the %s", idempotency.ErrMissingKey, what)
 	}
-	return idempotency.ParseKey(map[string][]string{idempotency.HeaderKey: values})
+	return idempotency.ParseKey(values)
 }
 
 // scope returns the call's scope, or the status that refuses it.

@@ -136,8 +136,8 @@ func Example_service() {
 	}
 	// A service runs it in the background: go cleanup.Run(ctx).
 	cleanup := idempotency.Cleanup{Purger: keys}
-	if result, _ := cleanup.Once(ctx); result != idempotency.CleanupOK {
-		panic(result)
+	if _, err := cleanup.Once(ctx); err != nil {
+		panic(err)
 	}
 
 	engine := idempotency.New(idempotency.Config{

@@ -46,7 +46,7 @@ type Profile struct {
 var Profiles = map[string]Profile{
 	"oncekey": {
 		Name: "oncekey", MismatchStatus: 409, InFlightStatus: 202, ReplayHeader: idempotency.HeaderReplayed,
-		KeyRequired: true, CanonicalJSON: true, CanonicalForm: true, WaitsForFirst: true, MaxKeyLength: idempotency.MaxKeyLength,
+		KeyRequired: true, CanonicalJSON: true, CanonicalForm: true, WaitsForFirst: true, MaxKeyLength: 255,
 		RetryAfter: true,
 	},
 	// ietf follows draft-ietf-httpapi-idempotency-key-header-06 §2.7: 400
@@ -55,7 +55,7 @@ var Profiles = map[string]Profile{
 	// form to the server.
 	"ietf": {
 		Name: "ietf", MismatchStatus: 422, InFlightStatus: 409,
-		KeyRequired: true, MaxKeyLength: idempotency.MaxKeyLength,
+		KeyRequired: true, MaxKeyLength: 255,
 	},
 	// stripe is Stripe's documented behaviour: the key is optional, a
 	// reused key with other parameters is 400, a concurrent duplicate 409,

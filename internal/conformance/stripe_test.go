@@ -182,7 +182,7 @@ func slow(r *http.Request) {
 
 // stripeError answers the protocol's refusals with Stripe's statuses.
 func stripeError(w http.ResponseWriter, _ *http.Request, err error) {
-	p, _ := idempotency.Describe(err)
+	p := idempotency.ProblemOf(err)
 	status := p.Status
 	switch {
 	case errors.Is(err, idempotency.ErrKeyMismatch), errors.Is(err, errInvalid):

@@ -62,7 +62,7 @@ func newToy(b bugs) *toy {
 func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	scope := map[string]string{"Bearer a": "a", "Bearer b": "b"}[r.Header.Get("Authorization")]
 	if scope == "" {
-		problem(w, 401, idempotency.ProblemNoScope.Slug)
+		problem(w, 401, idempotency.ProblemOf(idempotency.ErrNoScope).Slug)
 		return
 	}
 	route := ""

@@ -90,13 +90,16 @@ func TestBodiesOtherThanJSON(t *testing.T) {
 	for _, other := range []string{"amount=501&currency=eur&description=gift+wrap", "description=gift+wrap&currency=eur&amount=500"} {
 		resp, body := c.post("/charges", key, other, "Content-Type", form)
 		require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "the ietf profile: %s: %s", other, body)
-		require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
+		require.Equal(t, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, problemType(t, body))
 	}
 
+	// The engine's own answer to a form it cannot fingerprint.
+	_, malformed := idempotency.Request{Method: http.MethodPost, Route: "/charges", Path: "/charges", ContentType: form, Body: []byte("amount=500&currency=%zz")}.Fingerprint()
+	require.Error(t, malformed)
 	for _, refused := range []struct{ name, body, slug string }{
 		{"against the document", "amount=many&currency=eur", problem.Validation.Slug},
 		{"a required field left out", "amount=500", problem.Validation.Slug},
-		{"malformed", "amount=500&currency=%zz", idempotency.ProblemMalformedForm.Slug},
+		{"malformed", "amount=500&currency=%zz", idempotency.ProblemOf(malformed).Slug},
 	} {
 		key := uuid.NewString()
 		resp, body := c.post("/charges", key, refused.body, "Content-Type", form)

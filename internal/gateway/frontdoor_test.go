@@ -163,17 +163,17 @@ func TestProfiles(t *testing.T) {
 			require.Equal(t, tc.inFlight, resp.StatusCode, "a duplicate in flight: %s", body)
 			require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "it waited for the first")
 			require.Equal(t, "1", resp.Header.Get("Retry-After"))
-			require.Equal(t, idempotency.ProblemInFlight.Slug, problemType(t, body))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrInFlight).Slug, problemType(t, body))
 			up.free()
 			require.Equal(t, http.StatusCreated, <-first)
 
 			resp, body = send(t, gw.URL+"/charges", `{"amount":2}`, "X-Account-Id", scope, idempotency.HeaderKey, key)
 			require.Equal(t, tc.mismatch, resp.StatusCode, "a key reused with another request: %s", body)
-			require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, problemType(t, body))
 
 			resp, body = send(t, gw.URL+"/charges", `{"amount":1}`, "X-Account-Id", scope)
 			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "no key: %s", body)
-			require.Equal(t, idempotency.ProblemMissingKey.Slug, problemType(t, body))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrMissingKey).Slug, problemType(t, body))
 			_, bodies := up.received()
 			require.Len(t, bodies, 1, "the upstream ran the first request alone")
 		})
@@ -318,13 +318,13 @@ paths:
 		code    string
 		headers []string // headers the answer must carry
 	}{
-		{"mismatch", gw.URL + "/charges", `{"amount":2}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, used}, 422, idempotency.ProblemKeyMismatch.Slug, []string{idempotency.HeaderKey}},
-		{"missing key", gw.URL + "/charges", `{"amount":1}`, []string{"X-Account-Id", scope}, 400, idempotency.ProblemMissingKey.Slug, nil},
-		{"invalid key", gw.URL + "/charges", `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, strings.Repeat("k", 256)}, 400, idempotency.ProblemInvalidKey.Slug, nil},
-		{"no credentials", gw.URL + "/charges", `{"amount":1}`, []string{idempotency.HeaderKey, uuid.NewString()}, 401, idempotency.ProblemNoScope.Slug, nil},
+		{"mismatch", gw.URL + "/charges", `{"amount":2}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, used}, 422, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, []string{idempotency.HeaderKey}},
+		{"missing key", gw.URL + "/charges", `{"amount":1}`, []string{"X-Account-Id", scope}, 400, idempotency.ProblemOf(idempotency.ErrMissingKey).Slug, nil},
+		{"invalid key", gw.URL + "/charges", `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, strings.Repeat("k", 256)}, 400, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug, nil},
+		{"no credentials", gw.URL + "/charges", `{"amount":1}`, []string{idempotency.HeaderKey, uuid.NewString()}, 401, idempotency.ProblemOf(idempotency.ErrNoScope).Slug, nil},
 		{"validation", gw.URL + "/charges", `{"amount":"one"}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 400, problem.Validation.Slug, nil},
-		{"malformed body", gw.URL + "/charges", `{"amount":`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 400, idempotency.ProblemMalformedBody.Slug, nil},
-		{"too large", gw.URL + "/charges", `{"amount":1,"pad":"` + strings.Repeat("p", 100) + `"}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 413, idempotency.ProblemBodyTooLarge.Slug, nil},
+		{"malformed body", gw.URL + "/charges", `{"amount":`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 400, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug, nil},
+		{"too large", gw.URL + "/charges", `{"amount":1,"pad":"` + strings.Repeat("p", 100) + `"}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 413, idempotency.ProblemOf(idempotency.ErrBodyTooLarge).Slug, nil},
 		{"upstream unreachable", deadGW.URL + "/charges", `{"amount":1}`, []string{"X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString()}, 502, gateway.Unreachable.Slug, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -346,7 +346,7 @@ paths:
 	}
 	resp, body = send(t, gw.URL+"/own", `{}`, "X-Account-Id", scope)
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
-	require.JSONEq(t, `{"fault": "`+idempotency.ProblemMissingKey.Slug+`", "status": "400"}`, body, "the route's own template")
+	require.JSONEq(t, `{"fault": "`+idempotency.ProblemOf(idempotency.ErrMissingKey).Slug+`", "status": "400"}`, body, "the route's own template")
 }
 
 // keyRoutes are routes keyed where clients in the field put the key.
@@ -421,7 +421,7 @@ func TestKeyPlaces(t *testing.T) {
 
 			resp, got := send(t, gw.URL+tc.path, `{"amount":1}`, "X-Account-Id", scope, idempotency.HeaderKey, uuid.NewString())
 			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "the key elsewhere is no key: %s", got)
-			require.Equal(t, idempotency.ProblemMissingKey.Slug, problemType(t, got))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrMissingKey).Slug, problemType(t, got))
 			_, ran = up.received()
 			require.Len(t, ran, 1, "a request without its key never reaches the upstream")
 		})

@@ -188,22 +188,22 @@ func TestOutcomes(t *testing.T) {
 		},
 		{
 			name: "written, then reset: outcome unknown, never run again", fault: upstreamtest.Reset,
-			first: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, retry: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, runs: 1,
+			first: exchange{status: 409, problem: idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug}, retry: exchange{status: 409, problem: idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug}, runs: 1,
 		},
 		{
 			name: "written, then no answer in time: outcome unknown, never run again", fault: upstreamtest.Hang,
 			cfg:   func(c *gateway.Config) { c.UpstreamTimeout = 300 * time.Millisecond },
-			first: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, retry: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, runs: 1,
+			first: exchange{status: 409, problem: idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug}, retry: exchange{status: 409, problem: idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug}, runs: 1,
 		},
 		{
 			name: "outcome unknown on a route that retries it (--on-unknown=retry)", fault: upstreamtest.Reset,
 			cfg:   func(c *gateway.Config) { c.RetryUnknown = true },
-			first: exchange{status: 409, problem: idempotency.ProblemOutcomeUnknown.Slug}, retry: exchange{status: 201}, runs: 2,
+			first: exchange{status: 409, problem: idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug}, retry: exchange{status: 201}, runs: 2,
 		},
 		{
 			name:  "larger than --max-stored-bytes: passed through once, never run again",
 			cfg:   func(c *gateway.Config) { c.MaxStored = 16 },
-			first: exchange{status: 201}, retry: exchange{status: 409, problem: idempotency.ProblemNotStored.Slug}, runs: 1,
+			first: exchange{status: 201}, retry: exchange{status: 409, problem: idempotency.ProblemOf(idempotency.ErrNotStored).Slug}, runs: 1,
 		},
 		{
 			name: "against the document: 400, no key consumed", body: `{"amount":"five","currency":"EUR"}`,
@@ -212,16 +212,16 @@ func TestOutcomes(t *testing.T) {
 		{
 			name: "a number that differs beyond a double's precision is another request: 422 (409 under oncekey)", cfg: noValidation,
 			retryBody: `{"amount":500.0000000000000000001,"currency":"EUR"}`,
-			first:     exchange{status: 201}, retry: exchange{status: 422, problem: idempotency.ProblemKeyMismatch.Slug}, runs: 1,
+			first:     exchange{status: 201}, retry: exchange{status: 422, problem: idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug}, runs: 1,
 		},
 		{
 			name: "the same body as another JSON media type is another request: 422 (409 under oncekey)", cfg: noValidation,
 			retryHeader: []string{"Content-Type", "application/merge-patch+json"},
-			first:       exchange{status: 201}, retry: exchange{status: 422, problem: idempotency.ProblemKeyMismatch.Slug}, runs: 1,
+			first:       exchange{status: 201}, retry: exchange{status: 422, problem: idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug}, runs: 1,
 		},
 		{
 			name: "a query that does not parse: 400, nothing sent, no key consumed", path: "/transfers?note=a;b",
-			first: exchange{status: 400, problem: idempotency.ProblemMalformedQuery.Slug}, retry: exchange{status: 400, problem: idempotency.ProblemMalformedQuery.Slug}, runs: 0,
+			first: exchange{status: 400, problem: idempotency.ProblemOf(idempotency.ErrMalformedQuery).Slug}, retry: exchange{status: 400, problem: idempotency.ProblemOf(idempotency.ErrMalformedQuery).Slug}, runs: 0,
 		},
 	}
 	for _, store := range stores {
@@ -319,7 +319,7 @@ func TestEdges(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s", b)
-			require.Equal(t, idempotency.ProblemNoScope.Slug, problemType(t, string(b)))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrNoScope).Slug, problemType(t, string(b)))
 			_, byKey := up.Executions(t)
 			require.Zero(t, byKey[key], "a request without a scope never reaches the upstream")
 
@@ -327,7 +327,7 @@ func TestEdges(t *testing.T) {
 			c := client{t, gw.URL, "acct-" + rand.Text()}
 			resp, body := c.post("/transfers", "", transfer)
 			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a covered route needs a key: %s", body)
-			require.Equal(t, idempotency.ProblemMissingKey.Slug, problemType(t, body))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrMissingKey).Slug, problemType(t, body))
 			get, err := http.Get(gw.URL + "/transfers/" + uuid.NewString())
 			require.NoError(t, err)
 			get.Body.Close()
@@ -339,7 +339,7 @@ func TestEdges(t *testing.T) {
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
 			resp, body = c.post("/transfers", key, `{"amount":501,"currency":"EUR"}`)
 			require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "%s", body)
-			require.Equal(t, idempotency.ProblemKeyMismatch.Slug, problemType(t, body))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, problemType(t, body))
 			_, byKey = up.Executions(t)
 			require.Equal(t, 1, byKey[key])
 
@@ -620,7 +620,7 @@ func TestStreamsAndBrokenAnswers(t *testing.T) {
 			require.Equal(t, "data: 0\n\ndata: 1\n\ndata: 2\n\n", body, "the stream passes through whole")
 			resp, body = c.post("/events", key, `{}`)
 			require.Equal(t, http.StatusConflict, resp.StatusCode, "%s", body)
-			require.Equal(t, idempotency.ProblemNotStored.Slug, problemType(t, body))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrNotStored).Slug, problemType(t, body))
 			require.EqualValues(t, 1, count(key).Load(), "the stream ran once")
 
 			key = uuid.NewString()
@@ -635,7 +635,7 @@ func TestStreamsAndBrokenAnswers(t *testing.T) {
 			}
 			resp, body = c.post("/broken", key, `{}`)
 			require.Equal(t, http.StatusConflict, resp.StatusCode, "%s", body)
-			require.Equal(t, idempotency.ProblemNotStored.Slug, problemType(t, body))
+			require.Equal(t, idempotency.ProblemOf(idempotency.ErrNotStored).Slug, problemType(t, body))
 			require.EqualValues(t, 1, count(key).Load(), "the broken answer's operation ran once")
 		})
 	}

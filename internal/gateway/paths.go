@@ -6,12 +6,13 @@ import (
 	"strings"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/frontdoor"
 	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
 // A covered route must match the path as the upstream will read it. An
 // unsafe request whose path upstreams read in different ways is refused
-// (idempotency.AmbiguousPath), and covered routes match what is left
+// (frontdoor.AmbiguousPath), and covered routes match what is left
 // case-insensitively (segmentMatches). Safe requests pass through as they
 // are: they take no key.
 
@@ -29,7 +30,7 @@ func ambiguous(r *http.Request, answers answers) http.Handler {
 	if !idempotency.Unsafe(r.Method) {
 		return nil
 	}
-	why := idempotency.AmbiguousPath(r.URL)
+	why := frontdoor.AmbiguousPath(r.URL)
 	if why == "" {
 		return nil
 	}

@@ -125,7 +125,7 @@ func TestForwardedRequestIsNeverResent(t *testing.T) {
 				}
 				require.Equal(t, []int{came[0]}, came, "the upstream got the request once (each time: its place on its connection)")
 				require.Equal(t, http.StatusConflict, resp.StatusCode, body)
-				require.Equal(t, idempotency.ProblemOutcomeUnknown.Slug, problemType(t, body))
+				require.Equal(t, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug, problemType(t, body))
 				return
 			}
 			t.Fatal("no request went on a connection the gateway had used before")

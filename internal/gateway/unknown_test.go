@@ -57,7 +57,7 @@ func TestUnknownOutcomeTellsTheClientNoAddress(t *testing.T) {
 	for _, attempt := range []string{"first", "retry"} {
 		resp, body := c.post("/transfers", key, transfer)
 		require.Equal(t, http.StatusConflict, resp.StatusCode, "%s: %s", attempt, body)
-		require.Equal(t, idempotency.ProblemOutcomeUnknown.Slug, problemType(t, body), attempt)
+		require.Equal(t, idempotency.ProblemOf(idempotency.ErrOutcomeUnknown).Slug, problemType(t, body), attempt)
 		var p struct {
 			Detail string `json:"detail"`
 		}

@@ -130,10 +130,10 @@ var orderChecks = []check{
 		if _, err := s.want(ctx, http.StatusOK, "", http.MethodPatch, "/orders/"+o[0].ID, key, changeOrder); err != nil {
 			return err
 		}
-		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemKeyMismatch.Slug, http.MethodPatch, "/orders/"+o[0].ID, key, changeAgain); err != nil {
+		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, http.MethodPatch, "/orders/"+o[0].ID, key, changeAgain); err != nil {
 			return fmt.Errorf("another body: %w", err)
 		}
-		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemKeyMismatch.Slug, http.MethodPatch, "/orders/"+o[1].ID, key, changeOrder); err != nil {
+		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, http.MethodPatch, "/orders/"+o[1].ID, key, changeOrder); err != nil {
 			return fmt.Errorf("another order: %w", err)
 		}
 		if got, err := s.get(ctx, "/orders/"+o[0].ID); err != nil || got.Amount != 1800 {
@@ -204,13 +204,13 @@ var orderChecks = []check{
 		if _, err := s.want(ctx, http.StatusOK, "", http.MethodDelete, "/orders/"+o[0].ID, key, ""); err != nil {
 			return err
 		}
-		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemKeyMismatch.Slug, http.MethodDelete, "/orders/"+o[1].ID, key, ""); err != nil {
+		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, http.MethodDelete, "/orders/"+o[1].ID, key, ""); err != nil {
 			return fmt.Errorf("another order: %w", err)
 		}
-		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemKeyMismatch.Slug, http.MethodPatch, "/orders/"+o[0].ID, key, changeOrder); err != nil {
+		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, http.MethodPatch, "/orders/"+o[0].ID, key, changeOrder); err != nil {
 			return fmt.Errorf("a change: %w", err)
 		}
-		if _, err := s.want(ctx, http.StatusBadRequest, idempotency.ProblemMissingKey.Slug, http.MethodDelete, "/orders/"+o[1].ID, "", ""); err != nil {
+		if _, err := s.want(ctx, http.StatusBadRequest, idempotency.ProblemOf(idempotency.ErrMissingKey).Slug, http.MethodDelete, "/orders/"+o[1].ID, "", ""); err != nil {
 			return err
 		}
 		return s.unchanged(ctx, o[1])

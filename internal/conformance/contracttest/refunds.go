@@ -231,7 +231,7 @@ var paymentChecks = []check{
 		if err != nil {
 			return err
 		}
-		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemKeyMismatch.Slug, http.MethodPost, path, key, refundOf(400)); err != nil {
+		if _, err := s.want(ctx, http.StatusConflict, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, http.MethodPost, path, key, refundOf(400)); err != nil {
 			return err
 		}
 		_, err = s.onlyRefund(ctx, p, first)

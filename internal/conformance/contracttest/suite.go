@@ -223,7 +223,7 @@ func replayOf(first, again answer) error {
 // inProgress reports whether a is the answer to a duplicate of a request
 // still running: 202 request-in-progress. It must say when to come back.
 func inProgress(a answer) (bool, error) {
-	if a.status != http.StatusAccepted || a.problemType() != problemBase+idempotency.ProblemInFlight.Slug {
+	if a.status != http.StatusAccepted || a.problemType() != problemBase+idempotency.ProblemOf(idempotency.ErrInFlight).Slug {
 		return false, nil
 	}
 	if a.header.Get("Retry-After") == "" {
@@ -361,7 +361,7 @@ var protocolChecks = []check{
 		if err != nil {
 			return err
 		}
-		if err := errors.Join(expect(none, 401, idempotency.ProblemNoScope.Slug), expect(bad, 401, idempotency.ProblemNoScope.Slug)); err != nil {
+		if err := errors.Join(expect(none, 401, idempotency.ProblemOf(idempotency.ErrNoScope).Slug), expect(bad, 401, idempotency.ProblemOf(idempotency.ErrNoScope).Slug)); err != nil {
 			return err
 		}
 		if !bytes.Equal(none.body, bad.body) {

@@ -156,7 +156,7 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 		}
 		var key string
 		if req.op.Idempotent {
-			if key, err = idempotency.ParseKey(r.Header); err != nil {
+			if key, err = idempotency.ParseKey(r.Header.Values(idempotency.HeaderKey)); err != nil {
 				f.problems.write(w, r, err)
 				return
 			}
@@ -373,7 +373,7 @@ func (c contract) keyParsed(ops []*oapi.Operation) {
 }
 
 // keySchema reports whether the Idempotency-Key header p accepts every
-// key idempotency.ParseKey accepts: one value of 1 to MaxKeyLength
+// key idempotency.ParseKey accepts: one value of 1 to 255
 // printable ASCII characters, which it checks the same way.
 func keySchema(p *openapi3.Parameter) bool {
 	if p.Schema == nil || p.Schema.Value == nil || p.Content != nil {
@@ -381,7 +381,7 @@ func keySchema(p *openapi3.Parameter) bool {
 	}
 	s := p.Schema.Value
 	return s.Type != nil && s.Type.Is(openapi3.TypeString) && s.Type.IsSingle() && s.Format == "" && len(s.Enum) == 0 &&
-		s.MinLength <= 1 && (s.MaxLength == nil || *s.MaxLength >= idempotency.MaxKeyLength) &&
+		s.MinLength <= 1 && (s.MaxLength == nil || *s.MaxLength >= 255) &&
 		(s.Pattern == "" || s.Pattern == `^[\x20-\x7E]+$`) &&
 		len(s.AllOf)+len(s.AnyOf)+len(s.OneOf) == 0 && s.Not == nil && s.Const == nil
 }

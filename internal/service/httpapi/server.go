@@ -269,7 +269,7 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 			}
 			elapsed := time.Since(start)
 			m.ObserveHTTP(route, r.Method, ww.Status(), elapsed)
-			if req.outcome == idempotency.OutcomeNone && req.op != nil && req.op.Idempotent {
+			if req.outcome == "" && req.op != nil && req.op.Idempotent {
 				// Refused by the front door (auth, contract, size) before
 				// the protocol saw it: no key was consumed.
 				req.outcome = idempotency.OutcomeRejected
@@ -299,7 +299,7 @@ func observe(log *slog.Logger, m *metrics.Metrics) func(http.Handler) http.Handl
 				span.SetName(idempotency.OperationName(r.Method, route))
 				span.SetAttributes(semconv.HTTPRoute(route))
 			}
-			if req.outcome != idempotency.OutcomeNone {
+			if req.outcome != "" {
 				attrs[n], n = slog.String("idempotency", string(req.outcome)), n+1
 				if recording {
 					tracing.SetOutcome(r.Context(), string(req.outcome))

@@ -55,7 +55,7 @@ func TestCleanupMetrics(t *testing.T) {
 	store := postgres.New(pool, nil)
 	m := metrics.New()
 	quiet := slog.New(slog.DiscardHandler)
-	cleanup := idempotency.Cleanup{Purger: store, Batch: 10, Observer: m, Logger: quiet}
+	cleanup := idempotency.Cleanup{Purger: store, Batch: 10, Observe: m.CleanupRun, Logger: quiet}
 
 	// runs reads oncekey_cleanup_runs_total by result; every result exists
 	// from the start.
@@ -79,9 +79,9 @@ func TestCleanupMetrics(t *testing.T) {
 	{
 		insertExpired(t, pool, "ok-", 25)
 		start := time.Now()
-		result, n := cleanup.Once(ctx)
+		n, err := cleanup.Once(ctx)
 		end := time.Now()
-		require.Equal(t, idempotency.CleanupOK, result, "the run succeeds")
+		require.NoError(t, err, "the run succeeds")
 		require.Equal(t, int64(25), n, "the run deletes all 25 expired keys, in batches of 10")
 		require.Zero(t, countKeys(t, pool), "no key is left")
 
@@ -110,8 +110,8 @@ func TestCleanupMetrics(t *testing.T) {
 		_, err = other.Exec(ctx, "SELECT pg_advisory_lock($1)", cleanupLockID)
 		require.NoError(t, err, "take the cleanup lock")
 
-		result, n := cleanup.Once(ctx)
-		require.Equal(t, idempotency.CleanupSkipped, result, "the lock is held elsewhere")
+		n, err := cleanup.Once(ctx)
+		require.ErrorIs(t, err, idempotency.ErrCleanupBusy, "the lock is held elsewhere")
 		require.Zero(t, n, "nothing deleted")
 		require.Equal(t, 3, countKeys(t, pool), "the expired keys are still there")
 
@@ -125,8 +125,8 @@ func TestCleanupMetrics(t *testing.T) {
 
 		_, err = other.Exec(ctx, "SELECT pg_advisory_unlock($1)", cleanupLockID)
 		require.NoError(t, err, "release the cleanup lock")
-		result, n = cleanup.Once(ctx)
-		require.Equal(t, idempotency.CleanupOK, result, "the lock is free again")
+		n, err = cleanup.Once(ctx)
+		require.NoError(t, err, "the lock is free again")
 		require.Equal(t, int64(3), n, "the next run deletes what the skipped one left")
 		f = scrapeMetrics(t, m)
 		require.Equal(t, map[string]float64{"ok": 2, "error": 0, "skipped": 1}, runs(f), "one ok run more")
@@ -137,10 +137,10 @@ func TestCleanupMetrics(t *testing.T) {
 	// error: the purge fails, at once or after some batches.
 	{
 		before := scrapeMetrics(t, m)
-		result, _ := idempotency.Cleanup{Purger: failingPurger{}, Batch: 10, Observer: m, Logger: quiet}.Once(ctx)
-		require.Equal(t, idempotency.CleanupError, result, "the purge fails")
-		result, n := idempotency.Cleanup{Purger: failingPurger{deleted: 7}, Batch: 10, Observer: m, Logger: quiet}.Once(ctx)
-		require.Equal(t, idempotency.CleanupError, result, "the purge fails after deleting some keys")
+		_, err := idempotency.Cleanup{Purger: failingPurger{}, Batch: 10, Observe: m.CleanupRun, Logger: quiet}.Once(ctx)
+		require.Error(t, err, "the purge fails")
+		n, err := idempotency.Cleanup{Purger: failingPurger{deleted: 7}, Batch: 10, Observe: m.CleanupRun, Logger: quiet}.Once(ctx)
+		require.Error(t, err, "the purge fails after deleting some keys")
 		require.Equal(t, int64(7), n, "the keys deleted before the failure are reported")
 
 		f := scrapeMetrics(t, m)

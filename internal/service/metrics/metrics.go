@@ -6,6 +6,7 @@
 package metrics
 
 import (
+	"errors"
 	"maps"
 	"net/http"
 	"strconv"
@@ -230,13 +231,13 @@ func (m *Metrics) Outcome(operation string, o idempotency.Outcome) {
 	m.idemRequests.WithLabelValues(operation, string(o)).Inc()
 }
 
-// SettleFailed implements idempotency.SettleObserver.
+// SettleFailed implements idempotency.Observer.
 func (m *Metrics) SettleFailed(operation string) { m.settleFailures.WithLabelValues(operation).Inc() }
 
-// SettlesPending implements idempotency.SettleObserver.
+// SettlesPending implements idempotency.Observer.
 func (m *Metrics) SettlesPending(delta int) { m.settlesPending.Add(float64(delta)) }
 
-// SettleDropped implements idempotency.SettleObserver.
+// SettleDropped implements idempotency.Observer.
 func (m *Metrics) SettleDropped(operation, reason string) {
 	m.settlesDropped.WithLabelValues(operation, reason).Inc()
 }
@@ -248,14 +249,14 @@ func (m *Metrics) HeldOperations(names ...string) {
 	m.settlesOnce.Do(func() { m.Registry.MustRegister(m.settleFailures, m.settlesPending, m.settlesDropped) })
 	for _, name := range names {
 		m.settleFailures.WithLabelValues(name)
-		for _, reason := range []string{idempotency.DroppedBound, idempotency.DroppedShutdown, idempotency.DroppedExpired} {
+		for _, reason := range []string{"bound", "shutdown", "expired"} { // idempotency.Observer.SettleDropped's
 			m.settlesDropped.WithLabelValues(name, reason)
 		}
 	}
 }
 
 // Metrics counts held operations' settles too.
-var _ idempotency.SettleObserver = (*Metrics)(nil)
+var _ idempotency.Observer = (*Metrics)(nil)
 
 // DuplicateWait implements idempotency.Observer.
 func (m *Metrics) DuplicateWait(operation string, o idempotency.Outcome, d time.Duration) {
@@ -293,13 +294,22 @@ func (m *Metrics) ReplicaBreaker(open bool) { breakerChanged(m.replicaBreaker, m
 // TaskAbandoned implements payments.Observer.
 func (m *Metrics) TaskAbandoned(kind string) { m.tasksAbandoned.WithLabelValues(kind).Inc() }
 
-// CleanupRun implements idempotency.CleanupObserver.
-func (m *Metrics) CleanupRun(result idempotency.CleanupResult, deleted int64, d time.Duration) {
-	m.cleanupRuns.WithLabelValues(string(result)).Inc()
+// CleanupRun is idempotency.Cleanup's Observe: it counts a run by its
+// result ("ok", "skipped" when another replica held the cleanup lock,
+// "error").
+func (m *Metrics) CleanupRun(deleted int64, d time.Duration, err error) {
+	result := "ok"
+	switch {
+	case errors.Is(err, idempotency.ErrCleanupBusy):
+		result = "skipped"
+	case err != nil:
+		result = "error"
+	}
+	m.cleanupRuns.WithLabelValues(result).Inc()
 	// Each batch commits on its own, so a run that fails part-way has
 	// still deleted the keys of its earlier batches.
 	m.cleanupDeleted.Add(float64(deleted))
-	if result != idempotency.CleanupOK {
+	if err != nil {
 		return
 	}
 	m.cleanupRunDeleted.Observe(float64(deleted))

@@ -24,22 +24,20 @@ func TestSettleFamilies(t *testing.T) {
 	f := scrapeMetrics(t, m)
 	require.Zero(t, f.value(t, "oncekey_idempotency_settle_failures_total", "operation", op))
 	require.Zero(t, f.value(t, "oncekey_idempotency_settles_pending"))
-	reasons := []string{idempotency.DroppedBound, idempotency.DroppedShutdown, idempotency.DroppedExpired}
+	reasons := []string{"bound", "shutdown", "expired"} // idempotency.Observer.SettleDropped's
 	for _, reason := range reasons {
 		require.Zero(t, f.value(t, "oncekey_idempotency_settles_dropped_total", "operation", op, "reason", reason), reason)
 	}
 
-	var observer idempotency.Observer = m
-	settles, ok := observer.(idempotency.SettleObserver)
-	require.True(t, ok, "the engine finds the settle observer in Config.Observer")
+	var settles idempotency.Observer = m
 	settles.SettleFailed(op)
 	settles.SettleFailed(op)
 	settles.SettlesPending(1)
 	settles.SettlesPending(1)
 	settles.SettlesPending(-1)
-	settles.SettleDropped(op, idempotency.DroppedShutdown)
+	settles.SettleDropped(op, "shutdown")
 	f = scrapeMetrics(t, m)
 	require.Equal(t, 2.0, f.value(t, "oncekey_idempotency_settle_failures_total", "operation", op))
 	require.Equal(t, 1.0, f.value(t, "oncekey_idempotency_settles_pending"))
-	require.Equal(t, 1.0, f.value(t, "oncekey_idempotency_settles_dropped_total", "operation", op, "reason", idempotency.DroppedShutdown))
+	require.Equal(t, 1.0, f.value(t, "oncekey_idempotency_settles_dropped_total", "operation", op, "reason", "shutdown"))
 }

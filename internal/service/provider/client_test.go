@@ -124,7 +124,7 @@ func TestClientRefundErrors(t *testing.T) {
 			[]error{provider.ErrRejected, provider.ErrChargeNotRefundable}, []error{provider.ErrChargeNotFound, provider.ErrRefundExceedsCharge}},
 		{"refund exceeds charge", 422, problemOf("refund-exceeds-charge", 422),
 			[]error{provider.ErrRejected, provider.ErrRefundExceedsCharge}, []error{provider.ErrChargeNotRefundable}},
-		{"key mismatch is rejected and nothing more", 409, problemOf(idempotency.ProblemKeyMismatch.Slug, 409),
+		{"key mismatch is rejected and nothing more", 409, problemOf(idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug, 409),
 			[]error{provider.ErrRejected}, []error{provider.ErrChargeNotRefundable, provider.ErrChargeNotFound, provider.ErrRefundExceedsCharge}},
 		{"a plain 404 is not found", 404, problemOf("not-found", 404),
 			[]error{provider.ErrNotFound}, []error{provider.ErrRejected, provider.ErrChargeNotFound}},

@@ -118,7 +118,7 @@ func (a answer) problem(t *testing.T) problem {
 func requireInvalid(t *testing.T, a answer, wantType string) problem {
 	t.Helper()
 	wantStatus := http.StatusBadRequest
-	if wantType == idempotency.ProblemBodyTooLarge.Slug {
+	if wantType == idempotency.ProblemOf(idempotency.ErrBodyTooLarge).Slug {
 		wantStatus = http.StatusRequestEntityTooLarge
 	}
 	require.Equal(t, wantStatus, a.status, "body %s", a.body)

@@ -69,6 +69,10 @@ func writeProblem(w http.ResponseWriter, status int, slug, title, detail string)
 	_ = json.NewEncoder(w).Encode(problem{Type: problemTypeBase + slug, Title: title, Status: status, Detail: detail})
 }
 
+// problemInternal is the protocol's answer to a failure of the sandbox's
+// own: an error that is none of the protocol's.
+var problemInternal = idempotency.ProblemOf(errors.New("the sandbox failed"))
+
 // writeProtocolProblem answers with one of the idempotency protocol's
 // problems, as the engine declares them: the sandbox speaks the protocol
 // as any API built on the engine would.

@@ -104,7 +104,7 @@ func TestRefundKeyReusedWithAnotherBody(t *testing.T) {
 			tt.change(&other, otherCharge)
 			a := postRefund(t, b.url, key, jsonBody(t, other))
 			require.Equal(t, http.StatusConflict, a.status, "another %s under a used key: %s", tt.name, a.body)
-			require.Contains(t, a.problem(t).Type, idempotency.ProblemKeyMismatch.Slug)
+			require.Contains(t, a.problem(t).Type, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug)
 
 			_, err = b.client.Refund(t.Context(), key, other)
 			require.ErrorIs(t, err, provider.ErrRejected, "the client reports key reuse as permanent")
@@ -131,23 +131,23 @@ func TestInvalidRefundRequests(t *testing.T) {
 		body     string
 		wantType string
 	}{
-		{"no key", nil, valid, idempotency.ProblemInvalidKey.Slug},
-		{"key too long", []string{"Idempotency-Key", strings.Repeat("k", 256)}, valid, idempotency.ProblemInvalidKey.Slug},
-		{"key not ASCII", []string{"Idempotency-Key", "ключ"}, valid, idempotency.ProblemInvalidKey.Slug},
-		{"two keys", []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, valid, idempotency.ProblemInvalidKey.Slug},
-		{"not JSON", []string{"Idempotency-Key", "k"}, `amount=100`, idempotency.ProblemMalformedBody.Slug},
-		{"empty body", []string{"Idempotency-Key", "k"}, ``, idempotency.ProblemMalformedBody.Slug},
-		{"fractional amount", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":1.5,"reference":"r"}`, idempotency.ProblemMalformedBody.Slug},
-		{"charge id as a number", []string{"Idempotency-Key", "k"}, `{"charge_id":1,"amount":100,"reference":"r"}`, idempotency.ProblemMalformedBody.Slug},
-		{"a currency is not the caller's to give", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":100,"currency":"RUB","reference":"r"}`, idempotency.ProblemMalformedBody.Slug},
-		{"a charge's body", []string{"Idempotency-Key", "k"}, `{"amount":100,"currency":"RUB","reference":"r"}`, idempotency.ProblemMalformedBody.Slug},
-		{"trailing data", []string{"Idempotency-Key", "k"}, valid + `{}`, idempotency.ProblemMalformedBody.Slug},
+		{"no key", nil, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"key too long", []string{"Idempotency-Key", strings.Repeat("k", 256)}, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"key not ASCII", []string{"Idempotency-Key", "ключ"}, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"two keys", []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"not JSON", []string{"Idempotency-Key", "k"}, `amount=100`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"empty body", []string{"Idempotency-Key", "k"}, ``, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"fractional amount", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":1.5,"reference":"r"}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"charge id as a number", []string{"Idempotency-Key", "k"}, `{"charge_id":1,"amount":100,"reference":"r"}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"a currency is not the caller's to give", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":100,"currency":"RUB","reference":"r"}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"a charge's body", []string{"Idempotency-Key", "k"}, `{"amount":100,"currency":"RUB","reference":"r"}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"trailing data", []string{"Idempotency-Key", "k"}, valid + `{}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
 		{"missing charge id", []string{"Idempotency-Key", "k"}, `{"amount":100,"reference":"r"}`, "validation-error"},
 		{"zero amount", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":0,"reference":"r"}`, "validation-error"},
 		{"negative amount", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":-5,"reference":"r"}`, "validation-error"},
 		{"empty reference", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":1,"reference":""}`, "validation-error"},
 		{"reference too long", []string{"Idempotency-Key", "k"}, `{"charge_id":"ch_1","amount":1,"reference":"` + strings.Repeat("я", 256) + `"}`, "validation-error"},
-		{"body too large", []string{"Idempotency-Key", "k"}, `{"reference":"` + strings.Repeat("x", 70<<10) + `"}`, idempotency.ProblemBodyTooLarge.Slug},
+		{"body too large", []string{"Idempotency-Key", "k"}, `{"reference":"` + strings.Repeat("x", 70<<10) + `"}`, idempotency.ProblemOf(idempotency.ErrBodyTooLarge).Slug},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -157,7 +157,7 @@ func TestInvalidRefundRequests(t *testing.T) {
 			b := setup(t, nil, provider.Faults{FailRate: 1})
 			headers := append([]string{"Content-Type", "application/json"}, tt.headers...)
 			p := requireInvalid(t, send(t, http.MethodPost, b.url+"/v1/refunds", tt.body, headers...), tt.wantType)
-			if tt.wantType == idempotency.ProblemMalformedBody.Slug && strings.Contains(tt.body, "currency") {
+			if tt.wantType == idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug && strings.Contains(tt.body, "currency") {
 				require.Contains(t, p.Detail, `want {"charge_id": string, "amount": integer, "reference": string}`, "the detail shows a refund's shape")
 			}
 			require.Equal(t, provider.Stats{RefundRequests: 1}, b.srv.Stats(), "nothing refunded, no fault rolled")

@@ -235,12 +235,12 @@ func servePost[Req request](s *Server, w http.ResponseWriter, r *http.Request, e
 
 	keys := r.Header.Values("Idempotency-Key")
 	if len(keys) > 1 {
-		writeProtocolProblem(w, idempotency.ProblemInvalidKey, "send exactly one Idempotency-Key header")
+		writeProtocolProblem(w, idempotency.ProblemOf(idempotency.ErrInvalidKey), "send exactly one Idempotency-Key header")
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if err := ValidateKey(key); err != nil {
-		writeProtocolProblem(w, idempotency.ProblemInvalidKey, err.Error())
+		writeProtocolProblem(w, idempotency.ProblemOf(idempotency.ErrInvalidKey), err.Error())
 		return
 	}
 	req, ok := parseRequest[Req](w, body, readErr, ep.shape)
@@ -266,11 +266,11 @@ func servePost[Req request](s *Server, w http.ResponseWriter, r *http.Request, e
 			return
 		}
 		s.log.ErrorContext(ctx, "store "+ep.noun, "idempotency_key", key, "error", err)
-		writeProtocolProblem(w, idempotency.ProblemInternal, "the "+ep.noun+" could not be stored")
+		writeProtocolProblem(w, problemInternal, "the "+ep.noun+" could not be stored")
 		return
 	}
 	if !got.inserted && got.fingerprint != fp {
-		writeProtocolProblem(w, idempotency.ProblemKeyMismatch, ep.mismatch)
+		writeProtocolProblem(w, idempotency.ProblemOf(idempotency.ErrKeyMismatch), ep.mismatch)
 		return
 	}
 	status := http.StatusOK
@@ -318,15 +318,15 @@ func parseRequest[Req request](w http.ResponseWriter, body []byte, readErr error
 	if readErr != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(readErr, &tooLarge) {
-			writeProtocolProblem(w, idempotency.ProblemBodyTooLarge,
+			writeProtocolProblem(w, idempotency.ProblemOf(idempotency.ErrBodyTooLarge),
 				fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes))
 		} else {
-			writeProtocolProblem(w, idempotency.ProblemMalformedBody, "the body could not be read")
+			writeProtocolProblem(w, idempotency.ProblemOf(idempotency.ErrMalformedBody), "the body could not be read")
 		}
 		return req, false
 	}
 	if err := decodeStrict(body, &req, shape); err != nil {
-		writeProtocolProblem(w, idempotency.ProblemMalformedBody, err.Error())
+		writeProtocolProblem(w, idempotency.ProblemOf(idempotency.ErrMalformedBody), err.Error())
 		return req, false
 	}
 	if err := req.Validate(); err != nil {
@@ -397,7 +397,7 @@ func serveGet(s *Server, w http.ResponseWriter, r *http.Request, noun, plural st
 	if hasKey {
 		key := q.Get("idempotency_key")
 		if err := ValidateKey(key); err != nil {
-			writeProtocolProblem(w, idempotency.ProblemInvalidKey, err.Error())
+			writeProtocolProblem(w, idempotency.ProblemOf(idempotency.ErrInvalidKey), err.Error())
 			return
 		}
 		v, err := get(ctx, key)
@@ -407,7 +407,7 @@ func serveGet(s *Server, w http.ResponseWriter, r *http.Request, noun, plural st
 		}
 		if err != nil {
 			s.log.ErrorContext(ctx, "get "+noun, "idempotency_key", key, "error", err)
-			writeProtocolProblem(w, idempotency.ProblemInternal, "the "+noun+" could not be read")
+			writeProtocolProblem(w, problemInternal, "the "+noun+" could not be read")
 			return
 		}
 		writeJSON(w, http.StatusOK, v)
@@ -421,7 +421,7 @@ func serveGet(s *Server, w http.ResponseWriter, r *http.Request, noun, plural st
 	v, err := list(ctx, ref)
 	if err != nil {
 		s.log.ErrorContext(ctx, "list "+plural, "reference", ref, "error", err)
-		writeProtocolProblem(w, idempotency.ProblemInternal, "the "+plural+" could not be read")
+		writeProtocolProblem(w, problemInternal, "the "+plural+" could not be read")
 		return
 	}
 	writeJSON(w, http.StatusOK, v)

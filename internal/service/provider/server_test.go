@@ -71,7 +71,7 @@ func TestKeyReusedWithAnotherBody(t *testing.T) {
 			tt.change(&other)
 			a := postCharge(t, b.url, key, jsonBody(t, other))
 			require.Equal(t, http.StatusConflict, a.status, "another %s under a used key: %s", tt.name, a.body)
-			require.Contains(t, a.problem(t).Type, idempotency.ProblemKeyMismatch.Slug)
+			require.Contains(t, a.problem(t).Type, idempotency.ProblemOf(idempotency.ErrKeyMismatch).Slug)
 
 			_, err = b.client.Charge(t.Context(), key, other)
 			require.ErrorIs(t, err, provider.ErrRejected, "the client reports key reuse as permanent")
@@ -95,17 +95,17 @@ func TestInvalidChargeRequests(t *testing.T) {
 		body     string
 		wantType string
 	}{
-		{"no key", nil, valid, idempotency.ProblemInvalidKey.Slug},
-		{"key too long", []string{"Idempotency-Key", strings.Repeat("k", 256)}, valid, idempotency.ProblemInvalidKey.Slug},
-		{"key not ASCII", []string{"Idempotency-Key", "ключ"}, valid, idempotency.ProblemInvalidKey.Slug},
-		{"key with a tab", []string{"Idempotency-Key", "a\tb"}, valid, idempotency.ProblemInvalidKey.Slug},
-		{"two keys", []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, valid, idempotency.ProblemInvalidKey.Slug},
-		{"not JSON", []string{"Idempotency-Key", "k"}, `amount=1200`, idempotency.ProblemMalformedBody.Slug},
-		{"empty body", []string{"Idempotency-Key", "k"}, ``, idempotency.ProblemMalformedBody.Slug},
-		{"fractional amount", []string{"Idempotency-Key", "k"}, `{"amount":12.5,"currency":"RUB","reference":"p"}`, idempotency.ProblemMalformedBody.Slug},
-		{"amount as a string", []string{"Idempotency-Key", "k"}, `{"amount":"1200","currency":"RUB","reference":"p"}`, idempotency.ProblemMalformedBody.Slug},
-		{"unknown field", []string{"Idempotency-Key", "k"}, `{"ammount":1200,"currency":"RUB","reference":"p"}`, idempotency.ProblemMalformedBody.Slug},
-		{"trailing data", []string{"Idempotency-Key", "k"}, valid + `{}`, idempotency.ProblemMalformedBody.Slug},
+		{"no key", nil, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"key too long", []string{"Idempotency-Key", strings.Repeat("k", 256)}, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"key not ASCII", []string{"Idempotency-Key", "ключ"}, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"key with a tab", []string{"Idempotency-Key", "a\tb"}, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"two keys", []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, valid, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
+		{"not JSON", []string{"Idempotency-Key", "k"}, `amount=1200`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"empty body", []string{"Idempotency-Key", "k"}, ``, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"fractional amount", []string{"Idempotency-Key", "k"}, `{"amount":12.5,"currency":"RUB","reference":"p"}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"amount as a string", []string{"Idempotency-Key", "k"}, `{"amount":"1200","currency":"RUB","reference":"p"}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"unknown field", []string{"Idempotency-Key", "k"}, `{"ammount":1200,"currency":"RUB","reference":"p"}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
+		{"trailing data", []string{"Idempotency-Key", "k"}, valid + `{}`, idempotency.ProblemOf(idempotency.ErrMalformedBody).Slug},
 		{"zero amount", []string{"Idempotency-Key", "k"}, `{"amount":0,"currency":"RUB","reference":"p"}`, "validation-error"},
 		{"missing amount", []string{"Idempotency-Key", "k"}, `{"currency":"RUB","reference":"p"}`, "validation-error"},
 		{"negative amount", []string{"Idempotency-Key", "k"}, `{"amount":-5,"currency":"RUB","reference":"p"}`, "validation-error"},
@@ -113,7 +113,7 @@ func TestInvalidChargeRequests(t *testing.T) {
 		{"four-letter currency", []string{"Idempotency-Key", "k"}, `{"amount":1,"currency":"RUBL","reference":"p"}`, "validation-error"},
 		{"empty reference", []string{"Idempotency-Key", "k"}, `{"amount":1,"currency":"RUB","reference":""}`, "validation-error"},
 		{"reference too long", []string{"Idempotency-Key", "k"}, `{"amount":1,"currency":"RUB","reference":"` + strings.Repeat("я", 256) + `"}`, "validation-error"},
-		{"body too large", []string{"Idempotency-Key", "k"}, `{"reference":"` + strings.Repeat("x", 70<<10) + `"}`, idempotency.ProblemBodyTooLarge.Slug},
+		{"body too large", []string{"Idempotency-Key", "k"}, `{"reference":"` + strings.Repeat("x", 70<<10) + `"}`, idempotency.ProblemOf(idempotency.ErrBodyTooLarge).Slug},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -197,11 +197,11 @@ func TestReadEndpoints(t *testing.T) {
 		{"list without a filter", http.MethodGet, "/v1/charges", http.StatusBadRequest, "validation-error"},
 		{"list with both filters", http.MethodGet, "/v1/charges?idempotency_key=k&reference=r", http.StatusBadRequest, "validation-error"},
 		{"empty reference", http.MethodGet, "/v1/charges?reference=", http.StatusBadRequest, "validation-error"},
-		{"invalid key", http.MethodGet, "/v1/charges?idempotency_key=", http.StatusBadRequest, idempotency.ProblemInvalidKey.Slug},
+		{"invalid key", http.MethodGet, "/v1/charges?idempotency_key=", http.StatusBadRequest, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
 		{"refunds without a filter", http.MethodGet, "/v1/refunds", http.StatusBadRequest, "validation-error"},
 		{"refunds with both filters", http.MethodGet, "/v1/refunds?idempotency_key=k&reference=r", http.StatusBadRequest, "validation-error"},
 		{"refunds by an empty reference", http.MethodGet, "/v1/refunds?reference=", http.StatusBadRequest, "validation-error"},
-		{"refund under an invalid key", http.MethodGet, "/v1/refunds?idempotency_key=", http.StatusBadRequest, idempotency.ProblemInvalidKey.Slug},
+		{"refund under an invalid key", http.MethodGet, "/v1/refunds?idempotency_key=", http.StatusBadRequest, idempotency.ProblemOf(idempotency.ErrInvalidKey).Slug},
 		{"refund under an unknown key", http.MethodGet, "/v1/refunds?idempotency_key=nobody", http.StatusNotFound, "not-found"},
 		{"unknown path", http.MethodGet, "/v1/payouts", http.StatusNotFound, "not-found"},
 		{"wrong method", http.MethodDelete, "/v1/charges", http.StatusMethodNotAllowed, "method-not-allowed"},

@@ -1,9 +1,11 @@
 package problem_test
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,15 +22,20 @@ import (
 func TestProtocolSlugsDeclaredOnce(t *testing.T) {
 	t.Parallel()
 	root := filepath.Join("..", "..", "..")
-	protocol := []idempotency.Problem{
-		idempotency.ProblemMissingKey, idempotency.ProblemInvalidKey, idempotency.ProblemMalformedBody,
-		idempotency.ProblemMalformedForm, idempotency.ProblemMalformedContentType, idempotency.ProblemMalformedQuery,
-		idempotency.ProblemBodyTooLarge, idempotency.ProblemNoScope, idempotency.ProblemKeyMismatch,
-		idempotency.ProblemInFlight, idempotency.ProblemUnavailable, idempotency.ProblemClientClosed,
-		idempotency.ProblemInternal,
+	src, err := os.ReadFile(filepath.Join(root, "idempotency", "problem.go"))
+	require.NoError(t, err)
+	var protocol []string
+	for _, m := range regexp.MustCompile(`Slug: "([a-z-]+)"`).FindAllStringSubmatch(string(src), -1) {
+		protocol = append(protocol, m[1])
 	}
+	// The table holds every problem ProblemOf answers with, the 500 for
+	// any other error too.
+	for _, err := range []error{idempotency.ErrMissingKey, idempotency.ErrKeyMismatch, idempotency.ErrInFlight, errors.New("any")} {
+		require.Contains(t, protocol, idempotency.ProblemOf(err).Slug, "the slugs read from idempotency/problem.go")
+	}
+	require.Len(t, protocol, 15, "the protocol's problems in idempotency/problem.go")
 	found := map[string][]string{}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -44,15 +51,15 @@ func TestProtocolSlugsDeclaredOnce(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for _, p := range protocol {
-			if strings.Contains(string(src), strconv.Quote(p.Slug)) {
-				found[p.Slug] = append(found[p.Slug], filepath.ToSlash(strings.TrimPrefix(path, root+string(filepath.Separator))))
+		for _, slug := range protocol {
+			if strings.Contains(string(src), strconv.Quote(slug)) {
+				found[slug] = append(found[slug], filepath.ToSlash(strings.TrimPrefix(path, root+string(filepath.Separator))))
 			}
 		}
 		return nil
 	})
 	require.NoError(t, err)
-	for _, p := range protocol {
-		require.Equal(t, []string{"idempotency/problem.go"}, found[p.Slug], "where %q is spelled out", p.Slug)
+	for _, slug := range protocol {
+		require.Equal(t, []string{"idempotency/problem.go"}, found[slug], "where %q is spelled out", slug)
 	}
 }

@@ -5,7 +5,9 @@ package problem
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 
@@ -46,20 +48,20 @@ var (
 		When:        "The request does not match `openapi.yaml` (a field's type, range or pattern, an unknown field, a bad query parameter or cursor). `detail` names the field.",
 		KeyConsumed: "no",
 	}
-	MalformedJSON = protocol(idempotency.ProblemMalformedBody,
+	MalformedJSON = protocol(idempotency.ProblemOf(idempotency.ErrMalformedBody),
 		"The body is not JSON, or its meaning is ambiguous: duplicate keys, invalid UTF-8, a number whose exponent has more than 9 digits, nesting deeper than 64.",
 		"no")
-	MalformedQuery = protocol(idempotency.ProblemMalformedQuery,
+	MalformedQuery = protocol(idempotency.ProblemOf(idempotency.ErrMalformedQuery),
 		"The query string of an operation with a key does not parse (a `;`, a malformed `%` escape): servers split and decode it differently, so it has no one meaning to bind the key to.",
 		"no")
-	MissingIdempotencyKey = protocol(idempotency.ProblemMissingKey,
+	MissingIdempotencyKey = protocol(idempotency.ProblemOf(idempotency.ErrMissingKey),
 		"An unsafe operation came without `Idempotency-Key`.",
 		"no")
-	InvalidIdempotencyKey = protocol(idempotency.ProblemInvalidKey,
+	InvalidIdempotencyKey = protocol(idempotency.ProblemOf(idempotency.ErrInvalidKey),
 		"The key is empty, longer than 255 bytes, has a character outside printable ASCII, or the header was sent more than once.",
 		"no")
 	Unauthorized = Kind{
-		Slug: idempotency.ProblemNoScope.Slug, Status: idempotency.ProblemNoScope.Status, Title: "Missing or invalid API key",
+		Slug: idempotency.ProblemOf(idempotency.ErrNoScope).Slug, Status: idempotency.ProblemOf(idempotency.ErrNoScope).Status, Title: "Missing or invalid API key",
 		When:        "No API key, another scheme, or an unknown or revoked key (all answered alike).",
 		KeyConsumed: "no",
 	}
@@ -73,10 +75,10 @@ var (
 		When:        "The endpoint exists but not with this method.",
 		KeyConsumed: "no",
 	}
-	KeyMismatch = protocol(idempotency.ProblemKeyMismatch,
+	KeyMismatch = protocol(idempotency.ProblemOf(idempotency.ErrKeyMismatch),
 		"The key was already used with a different request (method, path, query or body). Nothing ran. Use a new key for a new operation.",
 		"already bound to the first request")
-	PayloadTooLarge = protocol(idempotency.ProblemBodyTooLarge,
+	PayloadTooLarge = protocol(idempotency.ProblemOf(idempotency.ErrBodyTooLarge),
 		"The body is larger than `ONCEKEY_MAX_BODY_BYTES` (default 64 KiB).",
 		"no")
 	UnsupportedMediaType = Kind{
@@ -84,19 +86,21 @@ var (
 		When:        "The body is not `application/json` (`application/merge-patch+json` for `PATCH /orders/{id}`).",
 		KeyConsumed: "no",
 	}
-	InProgress = protocol(idempotency.ProblemInFlight,
+	InProgress = protocol(idempotency.ProblemOf(idempotency.ErrInFlight),
 		"The first request with this key is still running after the wait budget (`IDEMPOTENCY_WAIT`). Retry after `Retry-After` seconds with the same key.",
 		"held by the first request")
-	Internal = protocol(idempotency.ProblemInternal,
+	// Internal is the engine's answer to any error that is none of the
+	// protocol's.
+	Internal = protocol(idempotency.ProblemOf(errors.New("an operation failed")),
 		"The operation failed and nothing was stored (retrying with the same key runs it), or storing its outcome failed in a way that leaves it unknown (retrying with the same key replays it if it was stored, runs it if not). Retrying with the same key is safe either way.",
 		"no")
 	// ClientClosedRequest is written when the client went away before the
 	// answer was ready (nginx's 499). Nobody reads it; the status keeps a
 	// client's disconnect out of the server-error figures.
-	ClientClosedRequest = protocol(idempotency.ProblemClientClosed,
+	ClientClosedRequest = protocol(idempotency.ProblemOf(context.Canceled),
 		"The client disconnected before the answer was ready; the operation was rolled back. Written for the logs and metrics only: no client reads it.",
 		"no")
-	Unavailable = protocol(idempotency.ProblemUnavailable,
+	Unavailable = protocol(idempotency.ProblemOf(idempotency.ErrUnavailable),
 		"The database did not answer in time (or `/readyz` is not ready). Retry after `Retry-After` seconds with the same key.",
 		"no")
 )

@@ -1,4 +1,4 @@
-package idempotency
+package frontdoor
 
 import (
 	"net/url"

@@ -1,10 +1,10 @@
-package idempotency_test
+package frontdoor_test
 
 import (
 	"net/url"
 	"testing"
 
-	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/frontdoor"
 )
 
 // TestAmbiguousPath: the request targets that upstreams read in different
@@ -24,7 +24,7 @@ func TestAmbiguousPath(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", target, err)
 		}
-		if why := idempotency.AmbiguousPath(u); (why != "") != ambiguous {
+		if why := frontdoor.AmbiguousPath(u); (why != "") != ambiguous {
 			t.Errorf("AmbiguousPath(%q) = %q, want ambiguous %v", target, why, ambiguous)
 		}
 	}
