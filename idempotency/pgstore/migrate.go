@@ -20,6 +20,17 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// functions are the SQL functions pgstore gives the application's SQL
+// (the guard, Store.Guard), one file each. They are code, not data:
+// Migrate creates or replaces them on every run, after the versions,
+// without a version of their own, so that adding one leaves the key
+// table's version where a previous release, which refuses a version newer
+// than it knows, still runs on it (docs/operations.md, "Upgrades and
+// rollbacks"). Each is CREATE OR REPLACE, and none is ever dropped.
+//
+//go:embed functions/*.sql
+var functions embed.FS
+
 // migration is one version of the key table's schema.
 type migration struct {
 	version int
@@ -98,7 +109,29 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 			return fmt.Errorf("pgstore: migrate: apply %s: %w", m.name, err)
 		}
 	}
+	if err := createFunctions(ctx, conn.Conn(), table); err != nil {
+		return err
+	}
 	return checkScopeType(ctx, conn, table, scope)
+}
+
+// createFunctions creates or replaces the functions pgstore gives the
+// application's SQL, named after table.
+func createFunctions(ctx context.Context, conn *pgx.Conn, table string) error {
+	names, err := fs.Glob(functions, "functions/*.sql")
+	if err != nil {
+		return fmt.Errorf("pgstore: read functions: %w", err)
+	}
+	for _, name := range names {
+		b, err := fs.ReadFile(functions, name)
+		if err != nil {
+			return fmt.Errorf("pgstore: read functions: %w", err)
+		}
+		if _, err := conn.Exec(ctx, strings.ReplaceAll(string(b), DefaultTable, table)); err != nil {
+			return fmt.Errorf("pgstore: migrate: create %s: %w", path.Base(name), err)
+		}
+	}
+	return nil
 }
 
 // adoptGoose records the versions that an earlier pgstore applied with

@@ -7,8 +7,11 @@
 -- the application's SQL names pgstore's public guard and none of its
 -- relations; the application's SQL tools (sqlc) read it here.
 --
--- Additive: the view of the earlier guard (0002) stays, for the previous
--- release's writes.
+-- Created or replaced by every Migrate, with no version of its own (see
+-- migrate.go's functions), so that the previous release, which refuses a
+-- key table at a version it does not know, still runs on this one. The
+-- view of the earlier guard (0002) stays, for the previous release's
+-- writes.
 CREATE OR REPLACE FUNCTION idempotency_keys_guard() RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS 'SELECT false';
