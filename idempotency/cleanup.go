@@ -7,20 +7,9 @@ import (
 	"time"
 )
 
-// ErrCleanupBusy is returned by a Purger when another process is running
+// ErrCleanupBusy is returned by Store.PurgeExpired when another process is running
 // cleanup: with several replicas, exactly one purges at a time.
 var ErrCleanupBusy = errors.New("idempotency: another replica is running cleanup")
-
-// Purger deletes expired records in bounded batches. Every Store is one; a
-// store whose records expire by themselves (a cache with a TTL) returns an
-// error wrapping errors.ErrUnsupported, and Cleanup has nothing to do.
-type Purger interface {
-	// PurgeExpired deletes expired records, at most batch (> 0) per
-	// statement, until none is left or ctx ends, and returns how many it
-	// deleted. It returns ErrCleanupBusy, having deleted nothing, while
-	// another process is purging.
-	PurgeExpired(ctx context.Context, batch int) (int64, error)
-}
 
 // Defaults of Cleanup's zero fields.
 const (
@@ -30,7 +19,9 @@ const (
 
 // Cleanup purges expired keys periodically.
 type Cleanup struct {
-	Purger Purger
+	// Purge deletes expired records in batches: a store's PurgeExpired
+	// (Purge: keys.PurgeExpired).
+	Purge func(ctx context.Context, batch int) (int64, error)
 	// Interval is the time between runs (a minute if zero).
 	Interval time.Duration
 	// Batch bounds each delete statement, so that no statement holds many
@@ -67,7 +58,7 @@ func (c Cleanup) Run(ctx context.Context) {
 
 // Once runs one cleanup pass, reports it to Observe, unless ctx ended
 // during it (shutting down: nothing to report), and returns how many keys
-// it deleted and the Purger's error: ErrCleanupBusy when another replica
+// it deleted and Purge's error: ErrCleanupBusy when another replica
 // is purging.
 func (c Cleanup) Once(ctx context.Context) (int64, error) {
 	start := time.Now()
@@ -75,7 +66,7 @@ func (c Cleanup) Once(ctx context.Context) (int64, error) {
 	if batch <= 0 {
 		batch = defaultCleanupBatch
 	}
-	n, err := c.Purger.PurgeExpired(ctx, batch)
+	n, err := c.Purge(ctx, batch)
 	switch {
 	case errors.Is(err, ErrCleanupBusy):
 	case err != nil:

@@ -27,17 +27,16 @@ var ErrOutcomeUnknown = errors.New("the request with this Idempotency-Key may ha
 // it cannot be replayed: 409. It never runs again under this key.
 var ErrNotStored = errors.New("the request with this Idempotency-Key ran, but its response was not stored (too large, or a stream), so it cannot be replayed; it is not run again under this key")
 
-// HeldState is what a held record knows of its operation.
-type HeldState string
-
+// The states of a held record (Held.State): what it knows of its
+// operation.
 // The held states.
 const (
 	// HeldRunning: the operation runs now, until Held.Until at the latest.
-	HeldRunning HeldState = "running"
+	HeldRunning = "running"
 	// HeldUnknown: the operation may have run; its outcome is unknown.
-	HeldUnknown HeldState = "unknown"
+	HeldUnknown = "unknown"
 	// HeldNotStored: the operation ran; its response was not kept.
-	HeldNotStored HeldState = "not-stored"
+	HeldNotStored = "not-stored"
 )
 
 // Held is what a key holds while an operation that runs outside the
@@ -45,9 +44,10 @@ const (
 // once its outcome turned out unknown or unstorable. A held operation
 // commits it before it starts, so that no crash can free its key for a
 // second run; it is stored as a record of status StatusHeld, and replaced
-// (Settler.Settle) or deleted (Settler.Release) once the outcome is known.
+// (Store.Settle) or deleted (Store.Release) once the outcome is known.
 type Held struct {
-	State HeldState `json:"state"`
+	// State is HeldRunning, HeldUnknown or HeldNotStored.
+	State string `json:"state"`
 	// Until bounds a running operation: past it, its holder is presumed
 	// gone, and the outcome is unknown. It is on the store's clock where
 	// the store keeps one (see Lease and Record.ReadAt), so that processes
@@ -93,25 +93,17 @@ func ParseHeld(resp Response) (Held, bool) {
 // At is h's state at now, a time on the clock of h.Until (the store's,
 // Record.ReadAt, where the store keeps one): a running operation past its
 // Until is unknown.
-func (h Held) At(now time.Time) HeldState {
+func (h Held) At(now time.Time) string {
 	if h.State == HeldRunning && !now.Before(h.Until) {
 		return HeldUnknown
 	}
 	return h.State
 }
 
-// Settler changes a record committed already: what a held operation
-// needs, as its claim is committed before it runs. Every Store is one; a
-// store that keeps no held records returns an error wrapping
-// errors.ErrUnsupported from both methods, and a held operation on it
-// cannot settle its keys.
-type Settler interface {
-	// Settle replaces the held record stored under ref's claim with resp,
-	// and reports false, changing nothing, when that record is gone (purged,
-	// released, or claimed again after it expired) or holds an outcome.
+// settler is what a held operation needs of its store: to change a
+// record committed already (Store.Settle and Release).
+type settler interface {
 	Settle(ctx context.Context, ref Ref, resp Response) (bool, error)
-	// Release deletes the held record stored under ref's claim, freeing the
-	// key, and reports false, changing nothing, as Settle does.
 	Release(ctx context.Context, ref Ref) (bool, error)
 }
 
@@ -160,7 +152,7 @@ type HeldConfig struct {
 const defaultMaxStored = 1 << 20
 
 // NewHeldOperation declares a held operation of e (see HeldConfig), whose
-// keys store keeps: it must keep held records (Settler), as pgstore and
+// keys store keeps: it must keep held records (Store.Settle), as pgstore and
 // memstore do, and any store in front of them.
 func NewHeldOperation[U any](e *Engine, store Store[U], cfg OperationConfig, held HeldConfig) *Operation[U] {
 	if held.Lease <= 0 {
@@ -197,7 +189,7 @@ func defaultHolder() string {
 
 type heldOperation struct {
 	HeldConfig
-	settler Settler
+	settler settler
 }
 
 // holdSlack is how long committing a held operation's hold may take beyond

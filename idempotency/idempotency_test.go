@@ -456,7 +456,7 @@ func (p *countingPurger) PurgeExpired(_ context.Context, batch int) (int64, erro
 func TestCleanupZeroFieldsTakeDefaults(t *testing.T) {
 	t.Parallel()
 	p := &countingPurger{}
-	c := idempotency.Cleanup{Purger: p, Logger: slog.New(slog.DiscardHandler)}
+	c := idempotency.Cleanup{Purge: p.PurgeExpired, Logger: slog.New(slog.DiscardHandler)}
 	_, err := c.Once(t.Context())
 	require.NoError(t, err)
 	require.EqualValues(t, 1000, p.batch.Load(), "the batch a zero Batch purges with, as Cleanup.Batch says")
@@ -472,7 +472,7 @@ func TestRunCleanupPurgesPeriodicallyUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		idempotency.Cleanup{Purger: p, Interval: 5 * time.Millisecond, Batch: 100, Logger: slog.New(slog.DiscardHandler)}.Run(ctx)
+		idempotency.Cleanup{Purge: p.PurgeExpired, Interval: 5 * time.Millisecond, Batch: 100, Logger: slog.New(slog.DiscardHandler)}.Run(ctx)
 		close(done)
 	}()
 	require.Eventually(t, func() bool { return p.runs.Load() >= 3 }, 5*time.Second, time.Millisecond, "cleanup should run every interval")

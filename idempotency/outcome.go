@@ -36,7 +36,7 @@ type Observer interface {
 	// take at once:
 
 	// SettleFailed reports one failed attempt to store a held operation's
-	// outcome (Settler.Settle or Release).
+	// outcome (Store.Settle or Release).
 	SettleFailed(operation string)
 	// SettlesPending reports that the outcomes kept in memory, waiting
 	// for their store, changed in number by delta.

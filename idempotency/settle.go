@@ -60,7 +60,7 @@ type pendingSettle struct {
 	ref     Ref
 	fp      Fingerprint
 	resp    *Response // nil: the key is to be released
-	settler Settler
+	settler settler
 	size    int64
 	expires time.Time // the key's TTL: past it, there is nothing to keep
 	// label, method and path name the operation and request in logs.

@@ -1,9 +1,6 @@
 package idempotency
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
 // Stats describes a store's keys for operators and metrics. A store that
 // never commits a claim before its outcome (pgstore: the key row is
@@ -24,11 +21,4 @@ type Stats struct {
 	// those whose outcome is unknown (see Held): each of those may have
 	// run, and waits for an operator.
 	Held, Unknown int64
-}
-
-// StatsSource reports Stats. Every Store is one; a store that cannot count
-// its keys returns an error wrapping errors.ErrUnsupported.
-type StatsSource interface {
-	// KeyStats reads the figures now; on a large table some are estimates.
-	KeyStats(ctx context.Context) (Stats, error)
 }

@@ -44,9 +44,28 @@ type Store[U any] interface {
 	// req.AtOnce asks for it now; such a Commit may find the key taken
 	// after all (*TakenError).
 	Claim(ctx context.Context, req ClaimRequest) (Lease[U], *Record, error)
-	Settler
-	Purger
-	StatsSource
+	// Settle replaces the held record stored under ref's claim with resp,
+	// and reports false, changing nothing, when that record is gone
+	// (purged, released, or claimed again after it expired) or holds an
+	// outcome: what a held operation needs, its claim being committed
+	// before it runs. A store that keeps no held records returns an error
+	// wrapping errors.ErrUnsupported from Settle and Release, and a held
+	// operation on it cannot settle its keys.
+	Settle(ctx context.Context, ref Ref, resp Response) (bool, error)
+	// Release deletes the held record stored under ref's claim, freeing
+	// the key, and reports false, changing nothing, as Settle does.
+	Release(ctx context.Context, ref Ref) (bool, error)
+	// PurgeExpired deletes expired records, at most batch (> 0) per
+	// statement, until none is left or ctx ends, and returns how many it
+	// deleted (Cleanup runs it). It returns ErrCleanupBusy, having deleted
+	// nothing, while another process is purging; a store whose records
+	// expire by themselves (a cache with a TTL) returns an error wrapping
+	// errors.ErrUnsupported.
+	PurgeExpired(ctx context.Context, batch int) (int64, error)
+	// KeyStats reads the figures now; on a large table some are estimates.
+	// A store that cannot count its keys returns an error wrapping
+	// errors.ErrUnsupported.
+	KeyStats(ctx context.Context) (Stats, error)
 }
 
 // ClaimRequest says what is being claimed and for how long. It is a struct
@@ -162,13 +181,13 @@ func Provisional(status int) bool { return status == http.StatusAccepted || stat
 // bound to the store's transaction, say) instead of the store's. The store
 // it returns does all that s does: it settles, purges and counts through s.
 func MapUnit[U, V any](s Store[U], f func(unit U, ref Ref) V) Store[V] {
-	return mappedStore[U, V]{Settler: s, Purger: s, StatsSource: s, next: s, f: f}
+	return mappedStore[U, V]{Store: s, next: s, f: f}
 }
 
+// mappedStore is MapUnit's store: the embedded store settles, purges and
+// counts; Claim, its own, maps the unit.
 type mappedStore[U, V any] struct {
-	Settler
-	Purger
-	StatsSource
+	Store[U]
 	next Store[U]
 	f    func(U, Ref) V
 }

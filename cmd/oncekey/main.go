@@ -447,7 +447,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 	}
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go idempotency.Cleanup{Purger: be.Backend, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observe: m.CleanupRun}.Run(cleanupCtx)
+	go idempotency.Cleanup{Purge: be.Backend.PurgeExpired, Interval: cfg.CleanupInterval, Batch: cfg.CleanupBatch, Logger: log, Observe: m.CleanupRun}.Run(cleanupCtx)
 
 	log.Info("listening", "addr", ln.Addr().String())
 	if be.demoKey != "" {

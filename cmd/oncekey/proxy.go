@@ -136,7 +136,7 @@ func (p *proxyCmd) Run(e env) error {
 	}
 	cleanupCtx, stopCleanup := context.WithCancel(ctx)
 	defer stopCleanup()
-	go idempotency.Cleanup{Purger: keys, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observe: m.CleanupRun}.Run(cleanupCtx)
+	go idempotency.Cleanup{Purge: keys.PurgeExpired, Interval: p.CleanupInterval, Batch: p.CleanupBatch, Logger: e.log, Observe: m.CleanupRun}.Run(cleanupCtx)
 	e.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", redacted(cfg.Upstream), "namespace", cfg.Namespace, "routes", strings.Join(names, ", "))
 	defer func() {
 		// Served: what its answers left unsettled is tried once more
@@ -163,8 +163,8 @@ func (p *proxyCmd) Run(e env) error {
 // keyStore is what the gateway's key store is besides a store: purged,
 // and counted for the metrics.
 type keyStore interface {
-	idempotency.Purger
-	idempotency.StatsSource
+	PurgeExpired(ctx context.Context, batch int) (int64, error)
+	metrics.StatsSource
 }
 
 // readyTimeout bounds /readyz's probe of the key table: a load balancer

@@ -63,7 +63,7 @@ func run() error {
 	}
 	// Expired keys are already free to claim again; purging only keeps the
 	// table small.
-	go idempotency.Cleanup{Purger: keys, Interval: time.Hour, Batch: 1000}.Run(ctx)
+	go idempotency.Cleanup{Purge: keys.PurgeExpired, Interval: time.Hour, Batch: 1000}.Run(ctx)
 	lis, err := net.Listen("tcp", cmp.Or(os.Getenv("ADDR"), "127.0.0.1:9090"))
 	if err != nil {
 		return err

@@ -57,7 +57,7 @@ func run() error {
 	}
 	// Expired keys are already free to claim again; purging only keeps the
 	// table small. One replica at a time purges (an advisory lock).
-	go idempotency.Cleanup{Purger: keys, Interval: time.Hour, Batch: 1000}.Run(ctx)
+	go idempotency.Cleanup{Purge: keys.PurgeExpired, Interval: time.Hour, Batch: 1000}.Run(ctx)
 
 	srv := &http.Server{Addr: cmp.Or(os.Getenv("ADDR"), "127.0.0.1:8090"), Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)

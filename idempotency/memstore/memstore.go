@@ -102,7 +102,7 @@ func (s *Store) ReplaceProvisional(ref idempotency.Ref, final idempotency.Respon
 	return s.replace(ref, http.StatusAccepted, final)
 }
 
-// Settle implements idempotency.Settler: it replaces the held record
+// Settle implements idempotency.Store: it replaces the held record
 // stored under ref's claim with resp.
 func (s *Store) Settle(_ context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
 	s.mu.Lock()
@@ -110,7 +110,7 @@ func (s *Store) Settle(_ context.Context, ref idempotency.Ref, resp idempotency.
 	return s.replace(ref, idempotency.StatusHeld, resp), nil
 }
 
-// Release implements idempotency.Settler: it deletes the held record
+// Release implements idempotency.Store: it deletes the held record
 // stored under ref's claim.
 func (s *Store) Release(_ context.Context, ref idempotency.Ref) (bool, error) {
 	s.mu.Lock()
@@ -147,7 +147,7 @@ func (s *Store) completed(k scopedKey, ref idempotency.Ref, status int) (entry, 
 	return e, true
 }
 
-// PurgeExpired implements idempotency.Purger. Batching is moot in memory.
+// PurgeExpired implements idempotency.Store. Batching is moot in memory.
 func (s *Store) PurgeExpired(context.Context, int) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -162,7 +162,7 @@ func (s *Store) PurgeExpired(context.Context, int) (int64, error) {
 	return n, nil
 }
 
-// KeyStats implements idempotency.StatsSource.
+// KeyStats implements idempotency.Store.
 func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -135,7 +135,7 @@ func Example_service() {
 		panic(err)
 	}
 	// A service runs it in the background: go cleanup.Run(ctx).
-	cleanup := idempotency.Cleanup{Purger: keys}
+	cleanup := idempotency.Cleanup{Purge: keys.PurgeExpired}
 	if _, err := cleanup.Once(ctx); err != nil {
 		panic(err)
 	}

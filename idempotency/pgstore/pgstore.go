@@ -562,7 +562,7 @@ func (s *Store) ReplaceProvisional(ctx context.Context, tx pgx.Tx, ref idempoten
 	return s.replace(ctx, tx, ref, http.StatusAccepted, final)
 }
 
-// Settle implements idempotency.Settler: it replaces the held record
+// Settle implements idempotency.Store: it replaces the held record
 // stored under ref's claim with resp, in a statement of its own.
 func (s *Store) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
 	return s.replace(ctx, s.pool, ref, idempotency.StatusHeld, resp)
@@ -589,7 +589,7 @@ func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref,
 	return n == 1, nil
 }
 
-// Release implements idempotency.Settler: it deletes the held record
+// Release implements idempotency.Store: it deletes the held record
 // stored under ref's claim, freeing the key.
 func (s *Store) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
 	return s.release(ctx, s.pool, ref)
@@ -608,7 +608,7 @@ func (s *Store) release(ctx context.Context, db keydb.DBTX, ref idempotency.Ref)
 	return n == 1, nil
 }
 
-// PurgeExpired implements idempotency.Purger: it deletes expired keys in
+// PurgeExpired implements idempotency.Store: it deletes expired keys in
 // batches of at most batch rows until none is left, and returns how many
 // it deleted. Each batch is its own short statement, so a large backlog
 // never becomes one huge DELETE holding locks and bloating WAL. A session
@@ -743,7 +743,7 @@ func (r replanned) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 	return r.DBTX.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
 
-// KeyStats implements idempotency.StatsSource.
+// KeyStats implements idempotency.Store.
 func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 	// Unprepared: a statement without parameters keeps the plan of its
 	// first run on a connection, made perhaps on an empty table.

@@ -75,14 +75,13 @@ func New(size int, observer Observer) (*Cache, error) {
 // expired records purged and keys counted by next (held records are
 // provisional, so never kept).
 func Wrap[U any](c *Cache, next idempotency.Store[U]) idempotency.Store[U] {
-	return &cached[U]{Settler: next, Purger: next, StatsSource: next, c: c, next: next}
+	return &cached[U]{Store: next, c: c, next: next}
 }
 
 // cached is a store with the cache in front.
 type cached[U any] struct {
-	idempotency.Settler
-	idempotency.Purger
-	idempotency.StatsSource
+	// Store, next, settles, purges and counts; Claim is the wrapper's own.
+	idempotency.Store[U]
 	c    *Cache
 	next idempotency.Store[U]
 }

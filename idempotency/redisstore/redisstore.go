@@ -336,14 +336,13 @@ func (s *FastPath) KeyNames(scope, key string) (record, marker string) {
 // settling one changes nothing on Redis: the settled record is cached when
 // it is first read.
 func Wrap[U any](s *FastPath, next idempotency.Store[U]) idempotency.Store[U] {
-	return &fastPath[U]{Settler: next, Purger: next, StatsSource: next, s: s, next: next}
+	return &fastPath[U]{Store: next, s: s, next: next}
 }
 
 // fastPath is the durable store next behind the fast path s.
 type fastPath[U any] struct {
-	idempotency.Settler
-	idempotency.Purger
-	idempotency.StatsSource
+	// Store, next, settles, purges and counts; Claim is the wrapper's own.
+	idempotency.Store[U]
 	s    *FastPath
 	next idempotency.Store[U]
 }

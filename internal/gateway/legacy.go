@@ -106,25 +106,25 @@ func (l *LegacyScopes[U]) Claim(ctx context.Context, req idempotency.ClaimReques
 	return l.next.Claim(ctx, req)
 }
 
-// PurgeExpired implements idempotency.Purger, purging the next store.
+// PurgeExpired implements idempotency.Store, purging the next store.
 func (l *LegacyScopes[U]) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 	return l.next.PurgeExpired(ctx, batch)
 }
 
-// KeyStats implements idempotency.StatsSource, counting the next store's
+// KeyStats implements idempotency.Store, counting the next store's
 // keys.
 func (l *LegacyScopes[U]) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 	return l.next.KeyStats(ctx)
 }
 
-// Settle implements idempotency.Settler: ref's record is the namespace's,
+// Settle implements idempotency.Store: ref's record is the namespace's,
 // or else, while keys of bare scopes remain, one stored before (a retry
 // of an unknown outcome releases such a key).
 func (l *LegacyScopes[U]) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
 	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.Settle(ctx, ref, resp) })
 }
 
-// Release implements idempotency.Settler, as Settle.
+// Release implements idempotency.Store, as Settle.
 func (l *LegacyScopes[U]) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
 	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.Release(ctx, ref) })
 }

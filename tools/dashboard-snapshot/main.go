@@ -32,7 +32,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/service/auth"
 	"github.com/oncekey/oncekey/internal/service/httpapi"
 	"github.com/oncekey/oncekey/internal/service/metrics"
@@ -141,7 +140,7 @@ func startService(ctx context.Context) (baseURL, apiKey string, store *memory.St
 // cost the database little; production's 15s scrapes always see fresh
 // numbers, but this program's 1s scrapes would draw the cache as steps. The
 // numbers come from the same store through the same collector code.
-func freshKeyStats(store idempotency.StatsSource) func() (*dto.MetricFamily, error) {
+func freshKeyStats(store metrics.StatsSource) func() (*dto.MetricFamily, error) {
 	return func() (*dto.MetricFamily, error) {
 		m := metrics.New()
 		m.RegisterStore(store)

@@ -91,7 +91,7 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 }
 
 // heldStatus is KeyInfo.Status for a held key in state.
-func heldStatus(state idempotency.HeldState) string {
+func heldStatus(state string) string {
 	if state == idempotency.HeldRunning {
 		return "held"
 	}

@@ -55,7 +55,7 @@ func TestCleanupMetrics(t *testing.T) {
 	store := postgres.New(pool, nil)
 	m := metrics.New()
 	quiet := slog.New(slog.DiscardHandler)
-	cleanup := idempotency.Cleanup{Purger: store, Batch: 10, Observe: m.CleanupRun, Logger: quiet}
+	cleanup := idempotency.Cleanup{Purge: store.PurgeExpired, Batch: 10, Observe: m.CleanupRun, Logger: quiet}
 
 	// runs reads oncekey_cleanup_runs_total by result; every result exists
 	// from the start.
@@ -137,9 +137,9 @@ func TestCleanupMetrics(t *testing.T) {
 	// error: the purge fails, at once or after some batches.
 	{
 		before := scrapeMetrics(t, m)
-		_, err := idempotency.Cleanup{Purger: failingPurger{}, Batch: 10, Observe: m.CleanupRun, Logger: quiet}.Once(ctx)
+		_, err := idempotency.Cleanup{Purge: failingPurger{}.PurgeExpired, Batch: 10, Observe: m.CleanupRun, Logger: quiet}.Once(ctx)
 		require.Error(t, err, "the purge fails")
-		n, err := idempotency.Cleanup{Purger: failingPurger{deleted: 7}, Batch: 10, Observe: m.CleanupRun, Logger: quiet}.Once(ctx)
+		n, err := idempotency.Cleanup{Purge: failingPurger{deleted: 7}.PurgeExpired, Batch: 10, Observe: m.CleanupRun, Logger: quiet}.Once(ctx)
 		require.Error(t, err, "the purge fails after deleting some keys")
 		require.Equal(t, int64(7), n, "the keys deleted before the failure are reported")
 

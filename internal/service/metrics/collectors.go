@@ -50,8 +50,13 @@ type storeCollector struct {
 	keys, tableBytes, oldestProcessing, cleanupLag, up *prometheus.Desc
 }
 
+// StatsSource counts a key store's keys: every idempotency.Store does.
+type StatsSource interface {
+	KeyStats(ctx context.Context) (idempotency.Stats, error)
+}
+
 // RegisterStore exports source's key statistics and database health.
-func (m *Metrics) RegisterStore(source idempotency.StatsSource) {
+func (m *Metrics) RegisterStore(source StatsSource) {
 	m.Registry.MustRegister(&storeCollector{
 		stats:            cached[idempotency.Stats]{read: source.KeyStats},
 		keys:             prometheus.NewDesc("oncekey_idempotency_keys", "Idempotency keys by status (completed is PostgreSQL's estimate on large tables); a gateway's keys also as held (running upstream now) and unknown (written upstream and never answered: each waits for an operator).", []string{"status"}, nil),

@@ -27,7 +27,7 @@ var storeFamilies = []string{
 // freshStoreScrape scrapes a new Metrics with source registered: the
 // collector caches KeyStats for 10s, so each phase of a test reads the
 // store through a collector of its own instead of sleeping.
-func freshStoreScrape(t *testing.T, source idempotency.StatsSource) families {
+func freshStoreScrape(t *testing.T, source metrics.StatsSource) families {
 	t.Helper()
 	m := metrics.New()
 	m.RegisterStore(source)

@@ -45,8 +45,10 @@ type Backend interface {
 	Reads
 	payments.Settlements
 	auth.Store
-	idempotency.Purger
-	idempotency.StatsSource
+	// PurgeExpired and KeyStats are the key store's, for cleanup and the
+	// metrics (idempotency.Store).
+	PurgeExpired(ctx context.Context, batch int) (int64, error)
+	KeyStats(ctx context.Context) (idempotency.Stats, error)
 	// PendingStats counts the payments and refunds still pending, for the
 	// metrics that tell a stuck payment.
 	PendingStats(ctx context.Context) (payments.PendingStats, error)

@@ -80,12 +80,12 @@ func (s *Store) DeferredKeys() idempotency.Store[store.Deferred] { return s.w }
 // Ready implements store.Backend; memory is always ready.
 func (s *Store) Ready(context.Context) error { return nil }
 
-// PurgeExpired implements idempotency.Purger.
+// PurgeExpired implements idempotency.Store.
 func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 	return s.keys.PurgeExpired(ctx, batch)
 }
 
-// KeyStats implements idempotency.StatsSource.
+// KeyStats implements idempotency.Store.
 func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 	return s.keys.KeyStats(ctx)
 }

@@ -238,12 +238,12 @@ func (s *Store) DeferredKeys() idempotency.Store[store.Deferred] { return s.w }
 // KeyStore is the engine's key store, for operators' commands.
 func (s *Store) KeyStore() *pgstore.Store { return s.keys }
 
-// PurgeExpired implements idempotency.Purger.
+// PurgeExpired implements idempotency.Store.
 func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 	return s.keys.PurgeExpired(ctx, batch)
 }
 
-// KeyStats implements idempotency.StatsSource.
+// KeyStats implements idempotency.Store.
 func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 	return s.keys.KeyStats(ctx)
 }
