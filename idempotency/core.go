@@ -208,14 +208,12 @@ func (o *Operation[U]) begin(ctx context.Context, d *Decision[U]) error {
 	// taken: it claims in the way that answers from the record without
 	// running the operation at all.
 	d.contended = queued
-	return d.claim(ctx, true)
+	return d.claim(ctx)
 }
 
 // claim claims the key until the request may run (nil, d.lease set), is
-// answered from a record (nil, d.Replay set) or refused. A lease found
-// when the request may no longer run (Finish lost its deferred claim) is
-// given back, and the request answered ErrInFlight.
-func (d *Decision[U]) claim(ctx context.Context, mayRun bool) error {
+// answered from a record (nil, d.Replay set) or refused.
+func (d *Decision[U]) claim(ctx context.Context) error {
 	o := d.op
 	for {
 		req := ClaimRequest{
@@ -236,10 +234,6 @@ func (d *Decision[U]) claim(ctx context.Context, mayRun bool) error {
 			lease, rec, err = o.store.Claim(ctx, req)
 		}
 		if lease != nil {
-			if !mayRun {
-				d.rollback(ctx, lease)
-				return d.answer(ctx, nil, ErrInFlight)
-			}
 			var ran bool
 			if ran, err = d.start(ctx, lease); ran {
 				return err
@@ -412,7 +406,7 @@ func (d *Decision[U]) Finish(ctx context.Context, resp Response) error {
 		// at once, which waits for the first's outcome, or takes the
 		// expired key for this request, to run again (Again).
 		d.contended = true
-		if err := d.claim(ctx, true); err != nil {
+		if err := d.claim(ctx); err != nil {
 			return err
 		}
 		d.Again = d.lease != nil
