@@ -154,7 +154,7 @@ type checker interface{ check() error }
 // ErrMalformedBody and the other malformed errors of the fingerprint
 // (refused before any store is asked), or the context's error. Every
 // outcome is reported to Config.Observer. For a held operation
-// (NewHeldOperation), Begin commits the hold before it decides to run, and
+// (OperationConfig.Held), Begin commits the hold before it decides to run, and
 // Finish settles it.
 func (o *Operation[U]) Begin(ctx context.Context, req Request) (*Decision[U], error) {
 	d := &Decision[U]{req: req}
@@ -254,10 +254,10 @@ func (d *Decision[U]) claim(ctx context.Context) error {
 			}
 		}
 		if rec != nil && d.matches(rec.Fingerprint) {
-			if h, ok := ParseHeld(rec.Response); ok {
+			if h, ok := o.heldAt(rec); ok {
 				// A held operation runs, or ran, under the key elsewhere.
 				ref := Ref{Scope: d.req.Scope, Key: d.req.Key, ClaimedAt: rec.CreatedAt}
-				again, herr := o.meetHeld(ctx, rec, h, ref, o.cfg.Wait-time.Since(d.claimStart))
+				again, herr := o.meetHeld(ctx, h, ref, o.cfg.Wait-time.Since(d.claimStart))
 				if again {
 					// Claimed at once from now on: it reads the key's
 					// record, where a deferred claim would try to insert.

@@ -78,8 +78,11 @@ func (h Held) Response() Response {
 }
 
 // ParseHeld reads a stored response as a held record; false when it is an
-// operation's outcome.
-func ParseHeld(resp Response) (Held, bool) {
+// operation's outcome. Its State is the record's at now, a time on the
+// clock of Until (the store's, Record.ReadAt, where the store keeps one):
+// a running operation past its Until is unknown, its holder presumed gone.
+// A zero now reads the state as stored.
+func ParseHeld(resp Response, now time.Time) (Held, bool) {
 	if resp.Status != StatusHeld {
 		return Held{}, false
 	}
@@ -87,17 +90,10 @@ func ParseHeld(resp Response) (Held, bool) {
 	if err := json.Unmarshal(resp.Body, &h); err != nil || h.State == "" {
 		return Held{State: HeldUnknown, Reason: "unreadable held record"}, true
 	}
-	return h, true
-}
-
-// At is h's state at now, a time on the clock of h.Until (the store's,
-// Record.ReadAt, where the store keeps one): a running operation past its
-// Until is unknown.
-func (h Held) At(now time.Time) string {
-	if h.State == HeldRunning && !now.Before(h.Until) {
-		return HeldUnknown
+	if h.State == HeldRunning && !now.IsZero() && !now.Before(h.Until) {
+		h.State = HeldUnknown
 	}
-	return h.State
+	return h, true
 }
 
 // settler is what a held operation needs of its store: to change a
@@ -151,10 +147,9 @@ type HeldConfig struct {
 // HeldConfig.MaxStored says otherwise.
 const defaultMaxStored = 1 << 20
 
-// NewHeldOperation declares a held operation of e (see HeldConfig), whose
-// keys store keeps: it must keep held records (Store.Settle), as pgstore and
-// memstore do, and any store in front of them.
-func NewHeldOperation[U any](e *Engine, store Store[U], cfg OperationConfig, held HeldConfig) *Operation[U] {
+// newHeld is the held part of an operation declared with
+// OperationConfig.Held, its zero fields defaulted.
+func newHeld(held HeldConfig, store settler) *heldOperation {
 	if held.Lease <= 0 {
 		held.Lease = time.Minute
 	}
@@ -170,12 +165,7 @@ func NewHeldOperation[U any](e *Engine, store Store[U], cfg OperationConfig, hel
 	if held.MaxPendingBytes <= 0 {
 		held.MaxPendingBytes = defaultMaxPendingBytes
 	}
-	op := NewOperation[U](e, store, cfg)
-	// A key that expired while its operation ran could be claimed again,
-	// and run twice: a held key lives at least as long as its lease.
-	op.cfg.TTL = max(op.cfg.TTL, held.Lease)
-	op.held = &heldOperation{HeldConfig: held, settler: store}
-	return op
+	return &heldOperation{HeldConfig: held, settler: store}
 }
 
 // defaultHolder is HeldConfig.Holder's default: host:pid.
@@ -203,17 +193,22 @@ const holdSlack = 5 * time.Second
 // on.
 const heldPoll = 20 * time.Millisecond
 
-// meetHeld decides what a request does about a key that holds h: wait for
-// it (true), or answer err.
-func (o *Operation[U]) meetHeld(ctx context.Context, rec *Record, h Held, ref Ref, budget time.Duration) (again bool, err error) {
-	// A store with a clock of its own set h.Until on it, and says what
-	// time it is there: the holder's clock and this process's may differ
-	// by more than a lease.
+// heldAt reads rec as a held record, judged at the time rec was read: a
+// store with a clock of its own set Until on it, and says what time it is
+// there (the holder's clock and this process's may differ by more than a
+// lease); else on this process's clock.
+func (o *Operation[U]) heldAt(rec *Record) (Held, bool) {
 	now := rec.ReadAt
 	if now.IsZero() {
 		now = o.e.now()
 	}
-	switch h.At(now) {
+	return ParseHeld(rec.Response, now)
+}
+
+// meetHeld decides what a request does about a key that holds h (read by
+// heldAt): wait for it (true), or answer err.
+func (o *Operation[U]) meetHeld(ctx context.Context, h Held, ref Ref, budget time.Duration) (again bool, err error) {
+	switch h.State {
 	case HeldRunning:
 		if budget <= 0 {
 			return false, ErrInFlight
@@ -298,7 +293,7 @@ func (d *Decision[U]) pending(ref Ref, resp *Response) pendingSettle {
 // it is, and a response that is not one releases the key.
 func (d *Decision[U]) settleHeld(ctx context.Context, resp Response) {
 	var stored *Response
-	switch h, ok := ParseHeld(resp); {
+	switch h, ok := ParseHeld(resp, time.Time{}); {
 	case ok:
 		marked := d.mark(h)
 		stored = &marked

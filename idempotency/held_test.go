@@ -31,7 +31,7 @@ func heldOn(store *memstore.Store, held idempotency.HeldConfig, runs *atomic.Int
 		Wait:            200 * time.Millisecond,
 		ProblemTypeBase: "https://example.com/problems/",
 	})
-	op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{Name: "upstream"}, held)
+	op := idempotency.NewOperation(e, store, idempotency.OperationConfig{Name: "upstream", Held: &held})
 	return op.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handler(w, r, runs.Add(1))
 	}))
@@ -281,7 +281,7 @@ func TestHeldKeyLivesAsLongAsItsLease(t *testing.T) {
 			Scope: func(*http.Request) (string, error) { return "tenant", nil },
 			Wait:  10 * time.Millisecond,
 		})
-		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{TTL: ttl}, idempotency.HeldConfig{Lease: lease})
+		op := idempotency.NewOperation(e, store, idempotency.OperationConfig{TTL: ttl, Held: &idempotency.HeldConfig{Lease: lease}})
 		return op.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			if runs.Add(1) == 1 {
 				<-release // past the TTL and its own context's end, within the lease

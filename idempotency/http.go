@@ -16,7 +16,10 @@ import (
 type runKey[U any] struct{ op *Operation[U] }
 
 // Unit returns the unit of work of the request in ctx, which runs under
-// this operation (Handler, Serve): what its handler writes through.
+// this operation (Handler, Serve): what its handler writes through. A
+// handler that needs the claim itself (to bind background work to the key)
+// gets it in a unit of its own through MapUnit, which is handed each
+// claim's Ref.
 func (o *Operation[U]) Unit(ctx context.Context) (U, bool) {
 	d, ok := ctx.Value(runKey[U]{o}).(*Decision[U])
 	if !ok {
@@ -24,17 +27,6 @@ func (o *Operation[U]) Unit(ctx context.Context) (U, bool) {
 		return zero, false
 	}
 	return d.Unit, true
-}
-
-// Ref returns the claim the request in ctx runs under, so that a long
-// operation can bind its background work to the key and later replace the
-// provisional response stored under it.
-func (o *Operation[U]) Ref(ctx context.Context) (Ref, bool) {
-	d, ok := ctx.Value(runKey[U]{o}).(*Decision[U])
-	if !ok {
-		return Ref{}, false
-	}
-	return d.Ref, true
 }
 
 // Handler serves the operation with next, which finds its unit of work

@@ -14,6 +14,10 @@ type OperationConfig struct {
 	TTL time.Duration
 	// Wait overrides Config.Wait for this operation.
 	Wait time.Duration
+	// Held, when set, makes the operation held (see HeldConfig): its
+	// store must then keep held records (Store.Settle), as pgstore and
+	// memstore do, and any store in front of them.
+	Held *HeldConfig
 }
 
 // Operation is one unsafe operation under the protocol, whose claims its
@@ -26,7 +30,7 @@ type Operation[U any] struct {
 	e     *Engine
 	store Store[U]
 	cfg   OperationConfig
-	held  *heldOperation // nil unless declared by NewHeldOperation
+	held  *heldOperation // nil unless declared with OperationConfig.Held
 	// named is the label last made of a method and route, for an operation
 	// without a name: an operation is nearly always served on one route,
 	// so its requests share one label instead of each making its own.
@@ -44,12 +48,17 @@ func NewOperation[U any](e *Engine, store Store[U], cfg OperationConfig) *Operat
 	if cfg.Wait <= 0 {
 		cfg.Wait = e.cfg.Wait
 	}
-	return &Operation[U]{e: e, store: store, cfg: cfg}
+	op := &Operation[U]{e: e, store: store, cfg: cfg}
+	if cfg.Held != nil {
+		op.held = newHeld(*cfg.Held, store)
+		op.cfg.Held = &op.held.HeldConfig
+		// A key that expired while its operation ran could be claimed
+		// again, and run twice: a held key lives at least as long as its
+		// lease.
+		op.cfg.TTL = max(op.cfg.TTL, op.held.Lease)
+	}
+	return op
 }
-
-// Name is the operation's label: its configured name, or "" when it is
-// named by each request's method and route.
-func (o *Operation[U]) Name() string { return o.cfg.Name }
 
 // labelOf names the operation, served with method on route, for metrics:
 // OperationName(method, route) unless it has a name of its own.

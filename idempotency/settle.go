@@ -259,7 +259,7 @@ func (ps *pendingSettles) remembered(scope, key string, retryUnknown bool) *Reco
 		}
 		return nil
 	}
-	if h, ok := ParseHeld(*p.resp); ok && retryUnknown && h.State == HeldUnknown {
+	if h, ok := ParseHeld(*p.resp, time.Time{}); ok && retryUnknown && h.State == HeldUnknown {
 		return nil
 	}
 	return &Record{Fingerprint: p.fp, Response: *p.resp, CreatedAt: p.ref.ClaimedAt, ExpiresAt: p.expires}

@@ -89,7 +89,7 @@ func newProcess(t *testing.T, store idempotency.Store[*memstore.Tx], held idempo
 		Observer:        p.obs,
 	})
 	t.Cleanup(func() { _ = p.engine.Shutdown(context.Background()) })
-	op := idempotency.NewHeldOperation(p.engine, store, idempotency.OperationConfig{Name: "upstream"}, held)
+	op := idempotency.NewOperation(p.engine, store, idempotency.OperationConfig{Name: "upstream", Held: &held})
 	p.handler = op.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		n := runs.Add(1)
 		w.WriteHeader(status)

@@ -32,7 +32,7 @@ func TestUnknownOutcomeKeepsItsCauseFromTheClient(t *testing.T) {
 		},
 	})
 	store := memstore.New()
-	h := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{}, idempotency.HeldConfig{}).Handler(
+	h := idempotency.NewOperation(e, store, idempotency.OperationConfig{Held: &idempotency.HeldConfig{}}).Handler(
 		http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 			idempotency.MarkUnknown(r, errors.New(cause))
 		}))
@@ -49,7 +49,7 @@ func TestUnknownOutcomeKeepsItsCauseFromTheClient(t *testing.T) {
 	lease, stored, err := store.Claim(t.Context(), idempotency.ClaimRequest{Scope: "tenant", Key: "k", TTL: time.Minute, Wait: time.Second})
 	require.NoError(t, err)
 	require.Nil(t, lease, "the key is held")
-	held, ok := idempotency.ParseHeld(stored.Response)
+	held, ok := idempotency.ParseHeld(stored.Response, time.Time{})
 	require.True(t, ok)
 	require.Equal(t, idempotency.HeldUnknown, held.State)
 	require.Equal(t, cause, held.Reason, "the held record keeps the cause")

@@ -253,12 +253,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Observer:        observer,
 	})
 	h.engine = e
-	held := idempotency.HeldConfig{Lease: lease, MaxStored: h.MaxStoredBytes, RetryUnknown: h.OnUnknown == "retry"}
 	forward := http.HandlerFunc(h.forward)
-	op := idempotency.OperationConfig{Name: h.Operation}
+	op := idempotency.OperationConfig{Name: h.Operation, Held: &idempotency.HeldConfig{
+		Lease: lease, MaxStored: h.MaxStoredBytes, RetryUnknown: h.OnUnknown == "retry",
+	}}
 	door := frontDoor{engine: e, key: h.keyPlace(), scope: scope, maxBody: h.MaxBodyBytes, observer: observer, operation: h.Operation}
 	if h.DatabaseURL == "" {
-		h.serve = serveWith(door, idempotency.NewHeldOperation(e, memstore.New(), op, held), forward)
+		h.serve = serveWith(door, idempotency.NewOperation(e, memstore.New(), op), forward)
 		return nil
 	}
 	store, err := h.openPostgres(ctx, rule)
@@ -266,7 +267,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_ = h.Cleanup()
 		return err
 	}
-	h.serve = serveWith(door, idempotency.NewHeldOperation(e, store, op, held), forward)
+	h.serve = serveWith(door, idempotency.NewOperation(e, store, op), forward)
 	return nil
 }
 

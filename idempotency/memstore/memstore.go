@@ -179,8 +179,8 @@ func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
 			st.CleanupLag = max(st.CleanupLag, now.Sub(e.expiresAt()))
 			continue
 		}
-		if h, ok := idempotency.ParseHeld(idempotency.Response{Status: e.rec.Status(), Body: e.rec.Body()}); ok {
-			switch h.At(now) {
+		if h, ok := idempotency.ParseHeld(idempotency.Response{Status: e.rec.Status(), Body: e.rec.Body()}, now); ok {
+			switch h.State {
 			case idempotency.HeldRunning:
 				st.Held++
 			case idempotency.HeldUnknown:

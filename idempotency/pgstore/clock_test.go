@@ -75,11 +75,11 @@ func TestLeasesAreOnTheDatabasesClock(t *testing.T) {
 						require.NoError(t, err)
 						held := idempotency.HeldConfig{Lease: lease, RetryUnknown: retry}
 						if kind == "transactional" {
-							return idempotency.NewHeldOperation(e, s, idempotency.OperationConfig{}, held).Handler(handler), s
+							return idempotency.NewOperation(e, s, idempotency.OperationConfig{Held: &held}).Handler(handler), s
 						}
 						d, err := s.ClaimAtCommit()
 						require.NoError(t, err)
-						return idempotency.NewHeldOperation(e, d, idempotency.OperationConfig{}, held).Handler(handler), s
+						return idempotency.NewOperation(e, d, idempotency.OperationConfig{Held: &held}).Handler(handler), s
 					}
 					holder, _ := process(tc.holderSkew)
 					other, store := process(tc.duplicates)

@@ -627,7 +627,7 @@ func testSettleHeld[U any](t *testing.T, b *bundle[U]) {
 	req := claimRequest(scope, newKey(), fingerprint("POST /held a"))
 	ref := hold(req)
 	rec := claimRecord(t, ctx, store, req)
-	held, ok := idempotency.ParseHeld(rec.Response)
+	held, ok := idempotency.ParseHeld(rec.Response, time.Time{})
 	require.True(t, ok, "the key holds the held record, not an outcome: %+v", rec.Response)
 	require.Equal(t, idempotency.HeldRunning, held.State)
 
@@ -669,7 +669,7 @@ func testSettleHeld[U any](t *testing.T, b *bundle[U]) {
 	hold(short)
 	untouched(old, "the old claim's record is gone")
 	rec = claimRecord(t, ctx, store, short)
-	_, ok = idempotency.ParseHeld(rec.Response)
+	_, ok = idempotency.ParseHeld(rec.Response, time.Time{})
 	require.True(t, ok, "the key's new held record stays")
 }
 

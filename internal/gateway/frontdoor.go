@@ -11,9 +11,9 @@ import (
 
 // frontDoor is a covered route's handler: it reads the key where the
 // route's clients put it (a header, or a member of the JSON body), the
-// scope and the body, and runs the operation with them, forwarding the
-// request upstream as it came.
-func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], rt *route, cfg Config, scope func(*http.Request) (string, error), fwd http.Handler) http.Handler {
+// scope and the body, and runs the operation (named name) with them,
+// forwarding the request upstream as it came.
+func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], name string, rt *route, cfg Config, scope func(*http.Request) (string, error), fwd http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if cfg.PreviousScopes != nil {
 			r = withPrevious(r, cfg.Namespace, cfg.PreviousScopes)
@@ -21,7 +21,7 @@ func frontDoor[U any](e *idempotency.Engine, op *idempotency.Operation[U], rt *r
 		in, err := rt.Key.Prepare(w, r, scope, cfg.MaxBodyBytes)
 		if err != nil {
 			if cfg.Observer != nil {
-				cfg.Observer.Outcome(op.Name(), idempotency.OutcomeRejected)
+				cfg.Observer.Outcome(name, idempotency.OutcomeRejected)
 			}
 			e.WriteError(w, r, err)
 			return

@@ -174,10 +174,9 @@ func New[U any](cfg Config, store idempotency.Store[U]) (*Gateway, error) {
 	g := &Gateway{routes: routes, pass: fwd, observe: cfg.ObserveHTTP, engine: e, answers: answers, guard: cfg.Guard}
 	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
 	for i := range routes {
-		op := idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{
-			Name: idempotency.OperationName(routes[i].Method, routes[i].Path), TTL: routes[i].TTL, Wait: routes[i].Wait,
-		}, held)
-		routes[i].handler = frontDoor(e, op, &routes[i], cfg, scope, fwd)
+		name := idempotency.OperationName(routes[i].Method, routes[i].Path)
+		op := idempotency.NewOperation(e, store, idempotency.OperationConfig{Name: name, TTL: routes[i].TTL, Wait: routes[i].Wait, Held: &held})
+		routes[i].handler = frontDoor(e, op, name, &routes[i], cfg, scope, fwd)
 	}
 	return g, nil
 }

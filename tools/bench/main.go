@@ -3,7 +3,7 @@
 // closed-loop client at several concurrencies, and compares, side by side in
 // one run, the idempotent POST /orders (first requests and replays, with and
 // without Redis) against a baseline: the same service on a key store that
-// keeps nothing (keepNothing), doing the same order INSERT on its own with
+// keeps nothing (servicetest.KeepNothing), doing the same order INSERT on its own with
 // no claim and no key row; and against bare, the
 // endpoint a user would write by hand (net/http and one pgx INSERT), so
 // that what the key costs in PostgreSQL (over the baseline) and what the

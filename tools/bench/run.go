@@ -26,6 +26,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency/redisstore"
 	"github.com/oncekey/oncekey/internal/service/auth"
 	"github.com/oncekey/oncekey/internal/service/httpapi"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
 	"github.com/oncekey/oncekey/internal/service/store"
 	"github.com/oncekey/oncekey/internal/service/store/postgres"
 )
@@ -51,7 +52,7 @@ const (
 	// modeBare is the floor under the baseline: POST /orders as a user
 	// would write it by hand (bareHandler), with none of the service
 	// around the INSERT. The baseline is the service on a key store that
-	// keeps nothing (keepNothing), so first ÷ baseline is what the key
+	// keeps nothing (servicetest.KeepNothing), so first ÷ baseline is what the key
 	// costs in PostgreSQL (the claim, the key row, the stored response),
 	// baseline ÷ bare what the service costs (authentication, validation,
 	// metrics, logging, the order service, and the engine's work in
@@ -190,7 +191,7 @@ func (b *bench) startServers(ctx context.Context) (func(), error) {
 	}
 	backend := keyStores{b.store.Keys(), b.store.DeferredKeys()}
 	var err error
-	if b.targets[modeBaseline], err = serve(keyStores{backend.tx, keepNothing{b.store}}); err != nil {
+	if b.targets[modeBaseline], err = serve(keyStores{backend.tx, servicetest.KeepNothing(b.store.CreateOrder)}); err != nil {
 		return stopAll, err
 	}
 	// As serve wires it: the in-process record cache in front.

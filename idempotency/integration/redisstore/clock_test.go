@@ -55,7 +55,7 @@ func TestLeasesAreOnTheDatabasesClockBehindRedis(t *testing.T) {
 				clock.Set(e, func() time.Time { return time.Now().Add(skew) })
 				fast := redisstore.New(redistest.Shared(t), redisstore.Config{Prefix: prefix, ShedDuplicates: true})
 				store := redisstore.Wrap(fast, idempotency.Store[pgx.Tx](pgStore(t)))
-				return idempotency.NewHeldOperation(e, store, idempotency.OperationConfig{}, idempotency.HeldConfig{Lease: lease, RetryUnknown: tc.retry}).Handler(handler)
+				return idempotency.NewOperation(e, store, idempotency.OperationConfig{Held: &idempotency.HeldConfig{Lease: lease, RetryUnknown: tc.retry}}).Handler(handler)
 			}
 			holder, other := process(tc.holderSkew), process(tc.duplicates)
 			key := rand.Text()

@@ -152,15 +152,14 @@ func change(ctx context.Context, store *pgstore.Store, c Change, entry AuditEntr
 			sum := sha256.Sum256(row.ResponseBody)
 			entry.BodySHA256 = hex.EncodeToString(sum[:])
 		}
-		held, isHeld := idempotency.ParseHeld(idempotency.Response{Status: int(row.ResponseStatus.Int32), Body: row.ResponseBody})
+		// The database's clock judges the lease, as it will for every
+		// holder: no operator's clock frees a key still running.
+		held, isHeld := idempotency.ParseHeld(idempotency.Response{Status: int(row.ResponseStatus.Int32), Body: row.ResponseBody}, row.Now)
 		if row.Status != "completed" || !isHeld {
 			entry.PreviousState = row.Status
 			refusal = fmt.Errorf("%w (status %d)", ErrNotHeld, row.ResponseStatus.Int32)
 			return refusal
 		}
-		// The database's clock judges the lease, as it will for every
-		// holder: no operator's clock frees a key still running.
-		held.State = held.At(row.Now)
 		entry.PreviousState = heldStatus(held.State)
 		if held.State == idempotency.HeldRunning {
 			refusal = fmt.Errorf("%w until %s", ErrStillRunning, held.Until.UTC().Format(time.RFC3339))

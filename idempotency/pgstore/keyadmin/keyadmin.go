@@ -82,8 +82,7 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 		Expired: !row.ExpiresAt.After(row.ReadAt),
 	}
 	resp := idempotency.Response{Status: info.ResponseStatus, Body: row.ResponseBody}
-	if held, ok := idempotency.ParseHeld(resp); ok {
-		held.State = held.At(row.ReadAt)
+	if held, ok := idempotency.ParseHeld(resp, row.ReadAt); ok {
 		info.Held = &held
 		info.Status, info.ResponseStatus = heldStatus(held.State), 0
 	}
@@ -165,7 +164,7 @@ func Unknown(ctx context.Context, store *pgstore.Store, f UnknownFilter) ([]Unkn
 			if !strings.HasPrefix(scope, f.ScopePrefix) {
 				continue
 			}
-			held, _ := idempotency.ParseHeld(idempotency.Response{Status: idempotency.StatusHeld, Body: r.ResponseBody})
+			held, _ := idempotency.ParseHeld(idempotency.Response{Status: idempotency.StatusHeld, Body: r.ResponseBody}, time.Time{})
 			k := UnknownKey{Scope: scope, Key: r.IdempotencyKey, Method: r.RequestMethod, Route: r.RequestRoute, Path: held.Path,
 				CreatedAt: r.CreatedAt, Holder: held.Holder, Reason: held.Reason}
 			switch {

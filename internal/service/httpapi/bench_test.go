@@ -3,7 +3,6 @@ package httpapi_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +14,7 @@ import (
 	"github.com/oncekey/oncekey/internal/service/auth"
 	"github.com/oncekey/oncekey/internal/service/httpapi"
 	"github.com/oncekey/oncekey/internal/service/orders"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
 	servicestore "github.com/oncekey/oncekey/internal/service/store"
 	"github.com/oncekey/oncekey/internal/service/store/memory"
 )
@@ -25,8 +25,8 @@ import (
 // claims a fresh key and runs the operation, "replay" answers from the
 // stored response, and "read" is a GET that does no idempotency work, the
 // floor the other two are compared to. "baseline" is POST /orders on the
-// same stack with a key store that keeps nothing (keepNothing) and an
-// order writer that keeps nothing either: what the service costs around
+// same stack with a key store that keeps nothing (servicetest.KeepNothing)
+// whose order writes go nowhere either: what the service costs around
 // the write, as tools/bench's baseline mode measures it with PostgreSQL.
 func BenchmarkMiddlewareOverhead(b *testing.B) {
 	store := memory.New()
@@ -100,7 +100,7 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 	})
 
 	b.Run("baseline", func(b *testing.B) {
-		handler := build(keepNothing{})
+		handler := build(servicetest.KeepNothing(func(context.Context, orders.Order) error { return nil }))
 		serve := func(req *http.Request) *httptest.ResponseRecorder {
 			rec := httptest.NewRecorder()
 			handler.ServeHTTP(rec, req)
@@ -133,36 +133,3 @@ func BenchmarkMiddlewareOverhead(b *testing.B) {
 		})
 	})
 }
-
-// keepNothing is a key store that keeps nothing: every claim is a lease
-// whose writes go nowhere and whose commit stores no record. A service
-// built on it runs POST /orders as it does on a real store, with the
-// store's share of the protocol taken out.
-type keepNothing struct{}
-
-func (keepNothing) Claim(_ context.Context, req idempotency.ClaimRequest) (idempotency.Lease[servicestore.Deferred], *idempotency.Record, error) {
-	return keptNothing{ref: idempotency.Ref{Scope: req.Scope, Key: req.Key}}, nil, nil
-}
-
-func (keepNothing) Settle(context.Context, idempotency.Ref, idempotency.Response) (bool, error) {
-	return false, errors.ErrUnsupported
-}
-
-func (keepNothing) Release(context.Context, idempotency.Ref) (bool, error) {
-	return false, errors.ErrUnsupported
-}
-
-func (keepNothing) PurgeExpired(context.Context, int) (int64, error) { return 0, errors.ErrUnsupported }
-
-func (keepNothing) KeyStats(context.Context) (idempotency.Stats, error) {
-	return idempotency.Stats{}, errors.ErrUnsupported
-}
-
-// keptNothing is keepNothing's lease, and its own unit of work.
-type keptNothing struct{ ref idempotency.Ref }
-
-func (l keptNothing) Unit() servicestore.Deferred                      { return l }
-func (l keptNothing) Ref() idempotency.Ref                             { return l.ref }
-func (keptNothing) Commit(context.Context, idempotency.Response) error { return nil }
-func (keptNothing) Rollback(context.Context) error                     { return nil }
-func (keptNothing) CreateOrder(context.Context, orders.Order) error    { return nil }

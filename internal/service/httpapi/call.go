@@ -11,12 +11,11 @@ import (
 
 // call is what a handler runs with, which the front door puts in its
 // context: the authenticated caller and, for an operation that takes an
-// Idempotency-Key, the unit of work of its claim (U) and the claim itself.
+// Idempotency-Key, the unit of work of its claim (U).
 // An operation without one has a call[noUnit].
 type call[U any] struct {
 	account uuid.UUID
 	unit    U
-	claim   idempotency.Ref
 }
 
 // noUnit is the unit of work of an operation that takes no
@@ -53,9 +52,8 @@ func underProtocol[U any](op *idempotency.Operation[U]) protocol {
 	return func(w http.ResponseWriter, r *http.Request, in idempotency.Request, account uuid.UUID, next http.Handler) idempotency.Outcome {
 		return op.Serve(w, r, in, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			unit, _ := op.Unit(r.Context())
-			claim, _ := op.Ref(r.Context())
 			r.Body = requestFrom(r.Context()).validated(r.Body)
-			next.ServeHTTP(w, withCall(r, call[U]{account: account, unit: unit, claim: claim}))
+			next.ServeHTTP(w, withCall(r, call[U]{account: account, unit: unit}))
 		}))
 	}
 }

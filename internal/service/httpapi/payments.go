@@ -26,7 +26,7 @@ func (h *handlers) CreatePayment(ctx context.Context, req apiserver.CreatePaymen
 	if h.payments == nil {
 		return nil, errNoPayments
 	}
-	p, err := h.payments.Create(ctx, c.unit, c.claim, c.account, payments.NewPayment{OrderID: req.Body.OrderId, Amount: req.Body.Amount, Currency: req.Body.Currency})
+	p, err := h.payments.Create(ctx, c.unit, c.account, payments.NewPayment{OrderID: req.Body.OrderId, Amount: req.Body.Amount, Currency: req.Body.Currency})
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +137,7 @@ func (h *handlers) CreateRefund(ctx context.Context, req apiserver.CreateRefundR
 	if h.payments == nil {
 		return nil, errNoPayments
 	}
-	r, err := h.payments.CreateRefund(ctx, c.unit, c.claim, c.account, req.Id, payments.NewRefund{Amount: req.Body.Amount, Reason: req.Body.Reason})
+	r, err := h.payments.CreateRefund(ctx, c.unit, c.account, req.Id, payments.NewRefund{Amount: req.Body.Amount, Reason: req.Body.Reason})
 	if err != nil {
 		return nil, err
 	}

@@ -117,6 +117,9 @@ type NewPayment struct {
 // stored and its charge enqueued, all or nothing. Implementations must pass
 // the conformance suite in internal/service/store/storetest.
 type Unit interface {
+	// Claim is the key claim the unit of work runs under: the payment
+	// records it, and it must be the paying account's.
+	Claim() idempotency.Ref
 	// LockOrder returns the account's order (or orders.ErrNotFound) and
 	// holds it until the unit of work ends, as orders.Changer's does: a
 	// payment and a change or cancellation of its order happen one at a
@@ -248,14 +251,16 @@ func NewWorker(cfg WorkerConfig) *Worker {
 	return &Worker{cfg: cfg, now: time.Now}
 }
 
-// Create accepts a payment of one of account's orders under the key claim
-// of that account: it stores the payment pending and enqueues its charge,
-// both through u, the unit of work of the request that made the claim.
+// Create accepts a payment of one of account's orders under u's key claim,
+// which must be that account's: it stores the payment pending and enqueues
+// its charge, both through u, the unit of work of the request that made
+// the claim.
 // The order is locked first, as changing or cancelling it locks it, so
 // that an order is paid at most once (ErrPaymentInProgress,
 // ErrOrderAlreadyPaid), and for exactly its amount and currency
 // (ErrAmountMismatch) even while a change of it races the payment.
-func (s *Service) Create(ctx context.Context, u Unit, claim idempotency.Ref, account uuid.UUID, in NewPayment) (Payment, error) {
+func (s *Service) Create(ctx context.Context, u Unit, account uuid.UUID, in NewPayment) (Payment, error) {
+	claim := u.Claim()
 	if claim.Scope != auth.Scope(account) {
 		return Payment{}, ErrNoClaim
 	}

@@ -80,6 +80,9 @@ type NewRefund struct {
 // Implementations must pass the conformance suite in
 // internal/service/store/storetest.
 type RefundUnit interface {
+	// Claim is the key claim the unit of work runs under: the refund
+	// records it, and it must be the refunding account's.
+	Claim() idempotency.Ref
 	// LockPayment returns the account's payment (or ErrNotFound) and holds
 	// it until the unit of work ends: refunds of one payment are accepted
 	// one at a time, each after summing the ones before.
@@ -94,11 +97,12 @@ type RefundUnit interface {
 	EnqueueRefund(ctx context.Context, ref RefundRef) error
 }
 
-// CreateRefund accepts a refund of one of account's payments under the key
-// claim of that account: it stores the refund pending and enqueues its
+// CreateRefund accepts a refund of one of account's payments under u's key
+// claim, which must be that account's: it stores the refund pending and enqueues its
 // provider call, both through u, unless the payment has not succeeded or
 // the refund is larger than what is left of it.
-func (s *Service) CreateRefund(ctx context.Context, u RefundUnit, claim idempotency.Ref, account uuid.UUID, paymentID string, in NewRefund) (Refund, error) {
+func (s *Service) CreateRefund(ctx context.Context, u RefundUnit, account uuid.UUID, paymentID string, in NewRefund) (Refund, error) {
+	claim := u.Claim()
 	if claim.Scope != auth.Scope(account) {
 		return Refund{}, ErrNoClaim
 	}

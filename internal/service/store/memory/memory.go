@@ -65,7 +65,7 @@ func New() *Store {
 		apiKeys:       map[auth.KeyHash]uuid.UUID{},
 		accounts:      map[uuid.UUID]string{},
 	}
-	s.tx = idempotency.MapUnit(s.keys, func(tx *memstore.Tx, _ idempotency.Ref) store.Tx { return &unit{s: s, tx: tx} })
+	s.tx = idempotency.MapUnit(s.keys, func(tx *memstore.Tx, claim idempotency.Ref) store.Tx { return &unit{s: s, tx: tx, claim: claim} })
 	s.w = idempotency.MapUnit(s.keys, func(tx *memstore.Tx, _ idempotency.Ref) store.Deferred { return &unit{s: s, tx: tx} })
 	return s
 }
@@ -93,13 +93,17 @@ func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 // unit is a lease's unit of work on the domain data: store.Tx and
 // store.Deferred.
 type unit struct {
-	s  *Store
-	tx *memstore.Tx
+	s     *Store
+	tx    *memstore.Tx
+	claim idempotency.Ref
 
 	mu     sync.Mutex
 	locked bool     // holds s.data's write lock
 	undo   []func() // in order of the writes
 }
+
+// Claim implements store.Tx: the claim whose unit of work u is.
+func (u *unit) Claim() idempotency.Ref { return u.claim }
 
 // write applies a domain write inside the unit, taking the data lock on the
 // first one; the lock is held, and the undos kept, until the lease ends.

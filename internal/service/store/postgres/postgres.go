@@ -215,7 +215,9 @@ func NewKeys(pool *pgxpool.Pool, jobs Jobs, opts pgstore.Options) *Store {
 	s.reads = reads{route: func(ctx context.Context, fn func(context.Context, *db.Queries) error) error {
 		return fn(ctx, db.New(pool))
 	}}
-	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, _ idempotency.Ref) store.Tx { return &txUnit{s: s, tx: tx, q: db.New(tx)} })
+	s.tx = idempotency.MapUnit(keys, func(tx pgx.Tx, claim idempotency.Ref) store.Tx {
+		return &txUnit{s: s, tx: tx, q: db.New(tx), claim: claim}
+	})
 	// The write-only operations' writes, declared to pgstore as it asks.
 	deferred, err := keys.ClaimAtCommit(db.OrderCreateGuarded)
 	if err != nil {
@@ -281,10 +283,14 @@ func (s *Store) Ready(ctx context.Context) error {
 // txUnit is store.Tx: the domain's reads and writes in the transaction that
 // claimed the key.
 type txUnit struct {
-	s  *Store
-	tx pgx.Tx
-	q  *db.Queries
+	s     *Store
+	tx    pgx.Tx
+	q     *db.Queries
+	claim idempotency.Ref
 }
+
+// Claim implements store.Tx: the claim whose transaction u is.
+func (u *txUnit) Claim() idempotency.Ref { return u.claim }
 
 // deferredWrites is store.Deferred: the domain's writes queued in the claim's
 // Batch, each guarded by the claim.

@@ -402,6 +402,8 @@ func claimTx(t *testing.T, ctx context.Context, s Store, req idempotency.ClaimRe
 	require.Nil(t, rec, "claim key %q: want a lease, got a record", req.Key)
 	require.NotNil(t, lease, "claim key %q: want a lease, got nothing", req.Key)
 	t.Cleanup(func() { _ = lease.Rollback(context.Background()) })
+	// Payments and refunds record the claim they were accepted under.
+	require.Equal(t, lease.Ref(), lease.Unit().Claim(), "claim key %q: the unit of work's claim", req.Key)
 	return lease
 }
 
