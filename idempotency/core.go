@@ -32,6 +32,14 @@ type Request struct {
 	ContentType string
 	// Body is the whole body as sent: the operation reads these bytes.
 	Body []byte
+	// Check, if set, checks the request once the protocol has decided to
+	// run it, and before it answers a mismatch, never for a replay (whose
+	// body means what the body that passed when it ran meant): a front
+	// door's schema check. Its error refuses the request, which consumes
+	// no key, so that a request the operation would refuse is refused
+	// alike whether or not its key was used before. It is not part of the
+	// fingerprint. Config.Validate is the same check for Operation.Handler.
+	Check func() error
 }
 
 // Fingerprint is the fingerprint the engine gives r, for front doors and
@@ -139,8 +147,14 @@ type Decision[U any] struct {
 }
 
 // checker checks a request's body before its operation runs and before a
-// mismatch is answered (Config.Validate, for the HTTP layer).
+// mismatch is answered (Request.Check, or Config.Validate for the HTTP
+// layer).
 type checker interface{ check() error }
+
+// checkFunc is Request.Check as a checker.
+type checkFunc func() error
+
+func (f checkFunc) check() error { return f() }
 
 // Begin runs the protocol for req up to the operation: it claims req's key
 // and decides. A nil error with d.Replay set: send that stored response
@@ -158,6 +172,9 @@ type checker interface{ check() error }
 // Finish settles it.
 func (o *Operation[U]) Begin(ctx context.Context, req Request) (*Decision[U], error) {
 	d := &Decision[U]{req: req}
+	if req.Check != nil {
+		d.checker = checkFunc(req.Check)
+	}
 	if err := o.begin(ctx, d); err != nil {
 		return nil, err
 	}

@@ -142,7 +142,8 @@ func (o *Operation[U]) label(r *http.Request) string {
 // Serve is the protocol over HTTP (Operation.Begin, then Finish) for a
 // request a front door has read: in gives its scope, its key (which the
 // front door repeats on the answer, in the header it read it from) and
-// its whole body; the rest of the fingerprint's input (Request) Serve
+// its whole body, and its Check, if any (Config.Validate if not); the
+// rest of the fingerprint's input (Request) Serve
 // reads from r, the route by Config.Route. It answers a repeat from the
 // stored record, refuses a mismatch or a duplicate still in flight, or
 // runs next under a fresh claim and stores its response; it answers only
@@ -154,7 +155,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 	s := &serving[U]{op: o, w: w, r: r}
 	d := &s.d
 	d.req = Request{
-		Scope: in.Scope, Key: in.Key, Body: in.Body,
+		Scope: in.Scope, Key: in.Key, Body: in.Body, Check: in.Check,
 		Method: r.Method, Route: o.e.cfg.Route(r), Path: r.URL.EscapedPath(), Query: r.URL.RawQuery,
 		ContentType: r.Header.Get("Content-Type"),
 	}
@@ -165,7 +166,10 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 		s.write(d.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", errMalformedContentType, n)))
 		return d.outcome
 	}
-	if o.e.cfg.Validate != nil {
+	switch {
+	case in.Check != nil:
+		d.checker = checkFunc(in.Check)
+	case o.e.cfg.Validate != nil:
 		d.checker = s
 	}
 	err := o.begin(r.Context(), d)

@@ -109,14 +109,15 @@ func requestFrom(ctx context.Context) *request {
 // the idempotency protocol on the operations that declare the key. A
 // request it refuses consumes no key.
 //
-// The body's schema is checked last (validateBody), still before the
-// protocol sees the request: a body against the schema gets the same 400
-// whether or not its key was used before, and the protocol is handed only
-// requests the operation would take. A replay pays for the check too (its
-// body means what the body that passed when its operation ran meant), which
-// buys one straight path: the engine calls nothing of the service's before
-// the operation runs. The handlers read the body as sent, numbers by their
-// exact value (integral).
+// The body's schema is checked last (validateBody). On an operation with a
+// key the front door hands the check to the protocol with the request
+// (idempotency.Request.Check), which runs it when it has decided to run
+// the request or to answer a mismatch: a body against the schema gets the
+// same 400 whether or not its key was used before, and a replay, whose
+// body means what the body that passed when its operation ran meant, does
+// not pay for it (a fifth of a cached replay's CPU, docs/benchmarks.md).
+// The handlers read the body as sent, numbers by their exact value
+// (integral).
 type frontDoor struct {
 	ops      *oapi.Operations
 	contract contract
@@ -166,13 +167,6 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 			return
 		}
 		canonicalIDs(r, req.op.Spec)
-		if err := f.contract.validateBody(r, req.op.Spec, body); err != nil {
-			if req.op.Idempotent {
-				err = unfingerprinted(r, req.route, body, err)
-			}
-			f.problems.write(w, r, err)
-			return
-		}
 		if req.op.Idempotent {
 			serve, ok := f.protocols[req.op.ID]
 			if !ok { // never run unprotected
@@ -180,27 +174,17 @@ func (f *frontDoor) handler(next http.Handler) http.Handler {
 				return
 			}
 			w.Header().Set(idempotency.HeaderKey, key) // every answer repeats the key
-			req.outcome = serve(w, r, idempotency.Request{Scope: auth.Scope(account), Key: key, Body: body}, account, next)
+			check := func() error { return f.contract.validateBody(r, req.op.Spec, body) }
+			req.outcome = serve(w, r, idempotency.Request{Scope: auth.Scope(account), Key: key, Body: body, Check: check}, account, next)
+			return
+		}
+		if err := f.contract.validateBody(r, req.op.Spec, body); err != nil {
+			f.problems.write(w, r, err)
 			return
 		}
 		r.Body = req.validated(io.NopCloser(bytes.NewReader(body)))
 		next.ServeHTTP(w, withCall(r, call[noUnit]{account: account}))
 	})
-}
-
-// unfingerprinted is the error a body that failed its schema (invalid)
-// gets under the idempotency protocol: the protocol's own refusal when it
-// could not fingerprint the body either (duplicate members, invalid
-// UTF-8, a number no parser reads alike: idempotency.ErrMalformedBody),
-// else invalid. Such a body has no single meaning, so it is malformed
-// whatever its schema says (docs/problems.md), as it was when the protocol
-// checked it before the schema. Only a refused body pays for the check.
-func unfingerprinted(r *http.Request, route string, body []byte, invalid error) error {
-	in := idempotency.Request{Method: r.Method, Route: route, Path: r.URL.EscapedPath(), ContentType: r.Header.Get("Content-Type"), Body: body}
-	if _, err := in.Fingerprint(); err != nil {
-		return err
-	}
-	return invalid
 }
 
 // admit authenticates the caller of an operation that requires it.
@@ -506,10 +490,9 @@ func acceptsMediaType(op *openapi3.Operation, r *http.Request, size int) bool {
 }
 
 // validateBody checks r's body against the schema of its operation op,
-// the last of the front door's checks: before the idempotency protocol
-// looks at the key, so that a body against the schema gets the same 400
-// whether or not its key was used before, and consumes none. The value it
-// decoded, if it kept one, goes to the handler (request.validated).
+// the last of the front door's checks (on an operation with a key, the
+// protocol's Request.Check), and consumes no key. The value it decoded, if
+// it kept one, goes to the handler (request.validated).
 func (c contract) validateBody(r *http.Request, op *openapi3.Operation, body []byte) error {
 	if holdsNUL(body) {
 		// PostgreSQL stores no NUL in text or jsonb (SQLSTATE 22P05): the
