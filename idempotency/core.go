@@ -172,19 +172,19 @@ func (f checkFunc) check() error { return f() }
 // Finish settles it.
 func (o *Operation[U]) Begin(ctx context.Context, req Request) (*Decision[U], error) {
 	d := &Decision[U]{req: req}
-	if req.Check != nil {
-		d.checker = checkFunc(req.Check)
-	}
 	if err := o.begin(ctx, d); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// begin is Begin into d, whose req (and checker) the caller has set: the
-// HTTP layer keeps d inside its own state, so that a request costs one
-// allocation for both.
+// begin is Begin into d, whose req the caller has set (and a checker, used
+// unless req has a Check): the HTTP layer keeps d inside its own state, so
+// that a request costs one allocation for both.
 func (o *Operation[U]) begin(ctx context.Context, d *Decision[U]) error {
+	if d.req.Check != nil {
+		d.checker = checkFunc(d.req.Check)
+	}
 	d.op = o
 	d.label = o.labelOf(d.req.Method, d.req.Route)
 	switch {

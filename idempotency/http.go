@@ -166,11 +166,8 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 		s.write(d.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", errMalformedContentType, n)))
 		return d.outcome
 	}
-	switch {
-	case in.Check != nil:
-		d.checker = checkFunc(in.Check)
-	case o.e.cfg.Validate != nil:
-		d.checker = s
+	if o.e.cfg.Validate != nil {
+		d.checker = s // unless in has a Check of its own (begin)
 	}
 	err := o.begin(r.Context(), d)
 	switch {
