@@ -56,8 +56,9 @@ type Request struct {
 //     or another charset is another request;
 //   - application/x-www-form-urlencoded: its canonical form (its fields in
 //     their order, each spelled with one percent-encoding, "a" and "a="
-//     kept apart; an error whose problem (ProblemOf) is malformed-form where that is ambiguous or the charset
-//     is not UTF-8), and the media type;
+//     kept apart; an error whose problem (ProblemOf) is malformed-form
+//     where that is ambiguous or the charset is not UTF-8), and the media
+//     type;
 //   - any other type (multipart/form-data, application/octet-stream, ...):
 //     the exact bytes, and the media type with its parameters, normalised
 //     (type, subtype and parameter names in lower case), so that the same
@@ -70,7 +71,8 @@ type Request struct {
 // not a replay. A body without content (empty, JSON whitespace, a form
 // without fields) is fingerprinted as no body whatever its type. JSON that
 // is invalid or ambiguous is ErrMalformedBody, a Content-Type that does
-// not parse an error whose problem is malformed-content-type (a JSON one's is hashed as sent).
+// not parse an error whose problem is malformed-content-type (a JSON
+// one's is hashed as sent).
 // docs/protocol.md lists every difference the fingerprint ignores.
 func (r Request) Fingerprint() (Fingerprint, error) {
 	query, err := parseQuery(r.Query)

@@ -29,7 +29,6 @@ var ErrNotStored = errors.New("the request with this Idempotency-Key ran, but it
 
 // The states of a held record (Held.State): what it knows of its
 // operation.
-// The held states.
 const (
 	// HeldRunning: the operation runs now, until Held.Until at the latest.
 	HeldRunning = "running"
@@ -117,9 +116,9 @@ type HeldConfig struct {
 	// and it does not end when the client goes away: the outcome is still
 	// settled. A key is kept at least as long as its lease.
 	Lease time.Duration
-	// MaxStored bounds the response kept for replays (default 1 MiB). A larger response, or a stream (text/event-stream),
-	// passes through to the client once, and the key records that it was
-	// not stored.
+	// MaxStored bounds the response kept for replays (default 1 MiB). A
+	// larger response, or a stream (text/event-stream), passes through to
+	// the client once, and the key records that it was not stored.
 	MaxStored int64
 	// RetryUnknown runs an operation whose outcome is unknown again, under
 	// the same key, instead of answering ErrOutcomeUnknown: for an upstream
@@ -137,8 +136,8 @@ type HeldConfig struct {
 	// processes find the key held until its lease ends, and of unknown
 	// outcome after, until the store takes it. Past either bound (default
 	// 10,000 outcomes, 64 MiB of responses) an outcome is not kept: it is
-	// logged and counted (Observer.SettleDropped), and its key is of unknown outcome once its lease
-	// ends, as if its process had died.
+	// logged and counted (Observer.SettleDropped), and its key is of
+	// unknown outcome once its lease ends, as if its process had died.
 	MaxPending      int
 	MaxPendingBytes int64
 }
