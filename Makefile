@@ -1,11 +1,21 @@
 # Oncekey. `make help` lists the targets.
 SHELL := /bin/bash
 GO    ?= go
-# The toolchain every target builds with: the patch release govulncheck finds
-# clean (go.mod's toolchain line says the same). The go command fetches it
-# through the module proxy on first use; GOTOOLCHAIN=local make … uses the
-# installed Go instead.
-export GOTOOLCHAIN ?= go1.26.10
+# GO_PATCH is the toolchain every target builds with: the patch release
+# govulncheck finds clean (go.mod's toolchain line says the same). The go
+# command fetches it through the module proxy on first use. Where it cannot
+# (no proxy, offline), the targets build with the installed Go, which must
+# meet go.mod's go line, and say so in one line; GOTOOLCHAIN, when set,
+# decides instead (GOTOOLCHAIN=local make … always uses the installed Go).
+GO_PATCH := go1.26.10
+ifeq ($(origin GOTOOLCHAIN),undefined)
+  ifeq ($(shell GOTOOLCHAIN=$(GO_PATCH) $(GO) version >/dev/null 2>&1 && echo ok),ok)
+    export GOTOOLCHAIN := $(GO_PATCH)
+  else
+    export GOTOOLCHAIN := local
+    $(info make: $(GO_PATCH) cannot be fetched (no module proxy?): building with the installed $(shell GOTOOLCHAIN=local $(GO) env GOVERSION); make vulncheck wants $(GO_PATCH))
+  endif
+endif
 
 .DEFAULT_GOAL := help
 
@@ -19,8 +29,10 @@ go-version: ## print the Go toolchain the targets build with
 
 .PHONY: run
 run: ## serve the API on 127.0.0.1:8080 with the demo key ok_local_demo (in memory unless DATABASE_URL is set; honours every ONCEKEY_* variable); Ctrl-C stops it
+	@echo "make run: building bin/oncekey (about 30 s the first time, a second or two after that)"
 	@$(GO) build -buildvcs=auto -o bin/oncekey ./cmd/oncekey
 	@# Not go run: Ctrl-C then ends serve cleanly instead of failing make.
+	@echo "make run: starting bin/oncekey serve"
 	@bin/oncekey serve
 
 .PHONY: build
@@ -128,6 +140,10 @@ api/go: ## fail on an incompatible change to an engine module's exported Go API 
 	    echo "api/go: the gate did not flag a removed exported function"; exit 1; fi
 	@echo "the engine's modules are compatible with their released APIs"
 
+.PHONY: release
+release: ## cut release VERSION (make release VERSION=v0.1.0) in the local repository: check the tree and that no tag exists, make api/go, make api/release, each public module's CHANGELOG section Unreleased named VERSION, the modules' requirements of each other at VERSION, one commit, and a tag per module (idempotency/pgstore/v0.1.0); DRY_RUN=1 prints what it would do and changes nothing; pushes nothing (tools/release.sh)
+	@MAKE="$(MAKE)" GO="$(GO)" MODULES="$(PUBLIC_MODULES)" tools/release.sh "$(VERSION)"
+
 .PHONY: api/go/release
 api/go/release: ## record each engine module's exported Go API as released (api/go/*.export)
 	@set -e; root=$$PWD; for m in $(PUBLIC_MODULES); do \
@@ -195,7 +211,15 @@ lint: ## go vet, gofmt and a tidy go.mod, in the service's module, in each of th
 TEST_PG_CONNECTIONS := 40
 TEST_P        := 2
 TEST_PARALLEL := 2
-GOTEST        := $(GO) test -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL)
+# GOTEST runs go test through gotestsum (a tool of tools/go.mod), which
+# prints a line per package as each one ends, whatever the order, and the
+# output of every failed test again at the end: go test alone prints
+# packages in order, so one long package hid every other for minutes.
+GOTESTSUM     := $(CURDIR)/bin/gotestsum
+GOTEST        := $(GOTESTSUM) --format pkgname --format-icons text --format-hide-empty-pkg -- -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL)
+
+$(GOTESTSUM): tools/go.mod tools/go.sum
+	$(GO) -C tools build -o $(GOTESTSUM) gotest.tools/gotestsum
 
 # TEST_STEPS are make test's steps. Each runs even when one before it
 # failed; make test then names every failure at the end.
@@ -210,33 +234,35 @@ test: ## run the whole test suite with the race detector: the service's, the eng
 	  [ $${PIPESTATUS[0]} = 0 ] || failed+=("$$step"); \
 	done; \
 	echo; \
+	grep -h '^make test: skipped ' $$logs/*.log || true; \
 	if [ $${#failed[@]} = 0 ]; then echo "make test: every step passed in $$((SECONDS-start))s"; exit 0; fi; \
 	echo "make test: $${#failed[@]} of $(words $(TEST_STEPS)) steps failed ($${failed[*]}) in $$((SECONDS-start))s:"; \
-	grep -hE '^(FAIL|\s*--- FAIL|panic: |make\[[0-9]+\]: \*\*\*)|^\S+\.go:[0-9]+:[0-9]+: ' $$logs/*.log | grep -v '^FAIL$$' | sed 's/^/  /'; \
+	grep -hE '^(FAIL|=== FAIL: |\s*--- FAIL|panic: |make\[[0-9]+\]: \*\*\*)|^\s*\S+\.go:[0-9]+:[0-9]+: ' $$logs/*.log | grep -v '^FAIL$$' | sed 's/^/  /'; \
 	exit 1
 
 .PHONY: test/preflight
-test/preflight: ## fail at once, in one line, unless PostgreSQL has TEST_PG_CONNECTIONS connections free and Redis answers
+test/preflight: ## name every program make test needs that is missing, one line each with its Debian package (tools/preflight.sh: curl, python3, redis-server and redis-cli fail it; npm, promtool and podman fail it when CI is set, and otherwise make test skips the step that needs them), then fail at once, in one line, unless PostgreSQL has TEST_PG_CONNECTIONS connections free and Redis answers
+	@tools/preflight.sh
 	@bin=$$(mktemp -d); trap 'rm -rf $$bin' EXIT; \
 	  $(GO) build -o $$bin/testenv ./internal/testsupport/testdb/testenv && $$bin/testenv check -connections $(TEST_PG_CONNECTIONS)
 
 .PHONY: test/service
-test/service: ## the service's module: go test -race ./... (TEST_P binaries at a time), then the tools module's own packages (the bench, the dashboard snapshot)
+test/service: $(GOTESTSUM) ## the service's module: go test -race ./... (TEST_P binaries at a time), then the tools module's own packages (the bench, the dashboard snapshot)
 	$(GOTEST) -race -timeout 15m ./...
 	cd tools && $(GOTEST) -race -timeout 5m ./...
 
 .PHONY: test/engine
-test/engine: ## the engine's modules on their own: each vetted and tested in its directory, all of them even when one fails (idempotency/integration also holds the dependency budget test)
+test/engine: $(GOTESTSUM) ## the engine's modules on their own: each vetted and tested in its directory, all of them even when one fails (idempotency/integration also holds the dependency budget test)
 	@failed=(); for m in $(ENGINE_MODULES); do echo "== $$m"; \
 	  (cd $$m && $(GO) vet ./... && $(GOTEST) -race -timeout 10m ./...) || failed+=("$$m"); \
 	done; [ $${#failed[@]} = 0 ] || { echo "test/engine: failed in $${failed[*]}"; exit 1; }
 
 .PHONY: test/caddy
-test/caddy: ## build Caddy with the idempotency module (idempotency/caddymodule) and run it against the test upstream; the first run downloads Caddy's modules and builds for a few minutes
+test/caddy: $(GOTESTSUM) ## build Caddy with the idempotency module (idempotency/caddymodule) and run it against the test upstream; the first run downloads Caddy's modules and builds for a few minutes
 	cd $(CADDY_MODULE) && $(GO) vet ./... && $(GOTEST) -timeout 15m ./...
 
 .PHONY: test/example
-test/example: ## build the examples (modules of their own, on the public engine alone: examples/widgets over HTTP, examples/transfers over gRPC) and run their tests against PostgreSQL, both even when one fails
+test/example: $(GOTESTSUM) ## build the examples (modules of their own, on the public engine alone: examples/widgets over HTTP, examples/transfers over gRPC) and run their tests against PostgreSQL, both even when one fails
 	@failed=(); for e in examples/widgets examples/transfers; do echo "== $$e"; \
 	  (cd $$e && $(GO) vet ./... && $(GOTEST) -race ./...) || failed+=("$$e"); \
 	done; [ $${#failed[@]} = 0 ] || { echo "test/example: failed in $${failed[*]}"; exit 1; }
@@ -274,14 +300,14 @@ test/alerts: ## unit-test deploy/prometheus/alerts.yml with promtool (Debian pac
 	@if command -v promtool >/dev/null 2>&1; then \
 		cd deploy/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml; \
 	elif [ -n "$$CI" ]; then echo "promtool is required in CI (apt-get install prometheus)"; exit 1; \
-	else echo "promtool not found: alert rule tests skipped (apt-get install prometheus)"; fi
+	else echo "make test: skipped test/alerts, the alert rules' tests: promtool is missing (apt-get install prometheus)"; fi
 
 .PHONY: test/sdk
 test/sdk: ## the TypeScript SDK's tests but the live one (npm ci, npm run test:offline), among them its types as the released contract (api/openapi.released.yaml) has them reading a later server's new status (Node.js 20+ and npm; required when CI is set)
 	@if command -v npm >/dev/null 2>&1; then \
 		cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent test:offline; \
 	elif [ -n "$$CI" ]; then echo "npm is required in CI (apt-get install nodejs npm)"; exit 1; \
-	else echo "npm not found: the TypeScript SDK's tests skipped (apt-get install nodejs npm)"; fi
+	else echo "make test: skipped test/sdk, the TypeScript SDK's tests: npm is missing (apt-get install nodejs npm)"; fi
 
 .PHONY: test/sdks
 test/sdks: ## official SDKs that make their own keys and retry (Stripe's Node SDK from tools/sdks/package.json, stripe-go) through oncekey proxy and through Caddy with the module, before a Stripe-shaped upstream that counts its runs: a slow first attempt, a reset, a 5xx, a gateway restarted, a reused key (npm ci; builds oncekey and Caddy; needs PostgreSQL, Node.js 20+ and npm); SDKS_MUTATION=profile-oncekey or no-template misconfigures the gateways to watch it fail
@@ -301,6 +327,10 @@ docs/cli: ## regenerate docs/cli.md from every command's --help (make test fails
 .PHONY: docs/architecture
 docs/architecture: ## redraw ARCHITECTURE.md's picture of the products and the engine from go list (make test fails when it is stale)
 	$(GO) test . -run '^TestArchitecturePicture$$' -count=1 -update
+
+.PHONY: docs/alerts
+docs/alerts: ## regenerate deploy/prometheus/README.md's list of alerts from alerts.yml (make test fails when it is stale)
+	$(GO) test . -run '^TestAlertList$$' -count=1 -update
 
 docs/problems: ## regenerate docs/problems.md from the problem table in internal/service/httpapi/errors.go (make test fails when it is stale)
 	$(GO) test ./internal/service/httpapi -run '^TestProblemsReference$$' -count=1 -update
