@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -371,6 +372,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		if len(bad) > 0 { // an unknown flag, say, after bad values
 			bad.bad("%s", err)
 			err = bad
+		} else if m := missingArgument.FindStringSubmatch(err.Error()); m != nil && perr.Context != nil && perr.Context.Selected() != nil {
+			// kong's own words name only the first argument missing.
+			node := perr.Context.Selected()
+			err = fmt.Errorf("missing %s: the command is 'oncekey %s'", m[1], node.Summary())
 		}
 		return fmt.Errorf("%w\n(see '%s --help')", err, commandOf(perr.Context))
 	}
@@ -385,6 +390,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	return kctx.Run(env{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr, log: log})
 }
+
+// missingArgument is kong's error for a positional argument not given
+// (`expected "<key>"`).
+var missingArgument = regexp.MustCompile(`^expected "(<[^"]+>)"`)
 
 // usage prints the usage, as --help does, to w, and returns errNoCommand.
 func usage(k *kong.Kong, w io.Writer) error {

@@ -141,6 +141,37 @@ describe("idempotent retries", () => {
     assertOneKey(seen);
   });
 
+  test("the generic helper against another API's shape: a form POST /v1/charges, 500 then 200", async () => {
+    const charge = { id: "ch_1", object: "charge", amount: 1200, currency: "eur" };
+    const { url, seen } = await scripted(
+      reply(500, { error: { type: "api_error", message: "try again" } }),
+      reply(200, charge),
+    );
+    // As sdk/typescript/README.md ("Against any API") shows it.
+    const res = await idempotent(
+      (key) =>
+        fetch(`${url}/v1/charges`, {
+          method: "POST",
+          headers: {
+            Authorization: "Bearer sk_test_123",
+            "Idempotency-Key": key,
+            "Content-Type": "application/x-www-form-urlencoded",
+          },
+          body: new URLSearchParams({ amount: "1200", currency: "eur", source: "tok_visa" }),
+        }),
+      FAST,
+    );
+    assert.equal(res.status, 200);
+    assert.deepEqual(await res.json(), charge);
+    assert.equal(seen.length, 2, "the 500 is retried once");
+    assertOneKey(seen);
+    for (const s of seen) {
+      assert.equal(s.url, "/v1/charges");
+      assert.equal(s.body, "amount=1200&currency=eur&source=tok_visa");
+      assert.equal(s.contentType, "application/x-www-form-urlencoded");
+    }
+  });
+
   test("an AbortError (the caller gave up) is not retried", async () => {
     let calls = 0;
     await assert.rejects(
