@@ -355,6 +355,10 @@ dashboard-snapshot: ## render docs/img/dashboard.png: the dashboard's main panel
 bench/chart: ## redraw docs/img/benchmarks.png from docs/benchmarks.json, measuring nothing
 	GO="$(GO)" tools/docs-images.sh render benchmarks
 
+.PHONY: docs/mechanism
+docs/mechanism: ## redraw the pictures of the mechanism, docs/img/request-sequence.svg and docs/img/gateway-key-states.svg, from their text sources in docs/img/src (tools/mechanism; make test fails when one is stale)
+	GO="$(GO)" tools/docs-images.sh render request-sequence gateway-key-states
+
 .PHONY: bench
 bench: ## load benchmark: idempotent POST /orders against the baseline, side by side; writes docs/benchmarks.{md,json} and docs/img/benchmarks.png, fails when a target is missed
 	$(GO) -C tools build -o ../bin/bench ./bench

@@ -9,20 +9,32 @@
 #   tools/docs-images.sh check              fail, naming the image and the
 #                                           command, when a source changed
 #
-# IMAGE is api-docs, dashboard or benchmarks. `make docs/images`,
-# `make docs/images/check` and the per-image targets run this.
+# IMAGE is api-docs, dashboard, benchmarks, request-sequence or
+# gateway-key-states. `make docs/images`, `make docs/images/check` and the
+# per-image targets run this.
 #
 # A screenshot and a 20-second load run never give the same pixels twice, so
 # freshness is judged on the inputs: docs/img/SOURCES.sha256 holds, for each
 # image, the SHA-256 of every file it is drawn from, one line per file:
 #
-#   <image>.png <sha256 of the file> <file, relative to the repository>
+#   <image's file in docs/img> <sha256 of the file> <file, relative to the repository>
+#
+# The image's file is IMAGE.png, or IMAGE.svg for the pictures of the
+# mechanism that tools/mechanism draws from their text sources.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 manifest=docs/img/SOURCES.sha256
-images=(api-docs dashboard benchmarks)
+images=(api-docs dashboard benchmarks request-sequence gateway-key-states)
+
+# file_of IMAGE: IMAGE's file in docs/img.
+file_of() {
+	case $1 in
+	request-sequence | gateway-key-states) echo "$1.svg" ;;
+	*) echo "$1.png" ;;
+	esac
+}
 
 # sources IMAGE: the files IMAGE is drawn from, one a line, sorted.
 sources() {
@@ -35,6 +47,9 @@ sources() {
 		find tools/dashboard-snapshot -name '*.go' ! -name '*_test.go' ;;
 	benchmarks) # the measured numbers, and the code that draws them
 		printf '%s\n' docs/benchmarks.json tools/bench/chart.go tools/bench/report.go ;;
+	request-sequence | gateway-key-states) # the picture's text source, and the drawer
+		printf '%s\n' "docs/img/src/$1.txt"
+		find tools/mechanism -name '*.go' ! -name '*_test.go' ;;
 	*) echo "docs-images: unknown image $1 (want one of: ${images[*]})" >&2; return 1 ;;
 	esac | LC_ALL=C sort
 }
@@ -45,14 +60,16 @@ command_for() {
 	api-docs) echo "make docs/screenshot" ;;
 	dashboard) echo "make dashboard-snapshot" ;;
 	benchmarks) echo "make bench/chart" ;;
+	request-sequence | gateway-key-states) echo "make docs/mechanism" ;;
 	esac
 }
 
 # hashes IMAGE: IMAGE's manifest lines as the tree is now.
 hashes() {
-	local f
+	local f file
+	file=$(file_of "$1")
 	sources "$1" | while read -r f; do
-		echo "$1.png $(sha256sum "$f" | cut -d' ' -f1) $f"
+		echo "$file $(sha256sum "$f" | cut -d' ' -f1) $f"
 	done
 }
 
@@ -68,23 +85,30 @@ record() {
 			if [[ " $* " == *" $image "* ]]; then
 				hashes "$image"
 			elif [ -f "$manifest" ]; then
-				grep "^$image\.png " "$manifest" || true
+				recorded "$image"
 			fi
 		done
 	} >"$tmp"
 	mv "$tmp" "$manifest"
 }
 
+# recorded IMAGE: IMAGE's lines in the manifest.
+recorded() {
+	[ -f "$manifest" ] || return 0
+	awk -v file="$(file_of "$1")" '$1 == file' "$manifest"
+}
+
 check() {
-	local stale=0 image want got
+	local stale=0 image want got file
 	for image in "${images[@]}"; do
+		file=$(file_of "$image")
 		got=$(hashes "$image")
-		want=$(grep "^$image\.png " "$manifest" 2>/dev/null || true)
-		if [ ! -f "docs/img/$image.png" ]; then
-			echo "docs/img/$image.png is missing; run '$(command_for "$image")' (or 'make docs/images') and commit it"
+		want=$(recorded "$image")
+		if [ ! -f "docs/img/$file" ]; then
+			echo "docs/img/$file is missing; run '$(command_for "$image")' (or 'make docs/images') and commit it"
 			stale=1
 		elif [ "$got" != "$want" ]; then
-			echo "docs/img/$image.png is stale: $(changed "$want" "$got"); run '$(command_for "$image")' (or 'make docs/images') and commit it with $manifest"
+			echo "docs/img/$file is stale: $(changed "$want" "$got"); run '$(command_for "$image")' (or 'make docs/images') and commit it with $manifest"
 			stale=1
 		fi
 	done
@@ -150,11 +174,12 @@ render_api_docs() {
 render() {
 	local image
 	for image in "$@"; do
-		echo "== docs/img/$image.png"
+		echo "== docs/img/$(file_of "$image")"
 		case $image in
 		api-docs) render_api_docs ;;
 		dashboard) $GO -C tools build -o ../bin/dashboard-snapshot ./dashboard-snapshot && bin/dashboard-snapshot -out docs/img/dashboard.png ;;
 		benchmarks) $GO -C tools build -o ../bin/bench ./bench && bin/bench -chart-only -json docs/benchmarks.json -chart docs/img/benchmarks.png ;;
+		request-sequence | gateway-key-states) $GO -C tools build -o ../bin/mechanism ./mechanism && bin/mechanism -out docs/img "docs/img/src/$image.txt" ;;
 		*) sources "$image" >/dev/null ;;
 		esac
 		record "$image"
@@ -169,5 +194,5 @@ case $cmd in
 render) render "$@" ;;
 record) record "$@" ;;
 check) check ;;
-*) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+*) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
