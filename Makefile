@@ -193,7 +193,7 @@ ENGINE_MODULES := idempotency idempotency/pgstore idempotency/redisstore idempot
 CADDY_MODULE := idempotency/caddymodule
 
 .PHONY: lint
-lint: ## go vet, gofmt and a tidy go.mod, in the service's module, in each of the engine's, and in tools (the bench and the dashboard snapshot)
+lint: ## go vet, gofmt and a tidy go.mod, in the service's module, in each of the engine's, and in tools (the bench, the dashboard snapshot and the pictures of the mechanism)
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
 	@set -e; for m in $(ENGINE_MODULES) $(CADDY_MODULE) tools; do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
@@ -247,7 +247,7 @@ test/preflight: ## name every program make test needs that is missing, one line 
 	  $(GO) build -o $$bin/testenv ./internal/testsupport/testdb/testenv && $$bin/testenv check -connections $(TEST_PG_CONNECTIONS)
 
 .PHONY: test/service
-test/service: $(GOTESTSUM) ## the service's module: go test -race ./... (TEST_P binaries at a time), then the tools module's own packages (the bench, the dashboard snapshot)
+test/service: $(GOTESTSUM) ## the service's module: go test -race ./... (TEST_P binaries at a time), then the tools module's own packages (the bench, the dashboard snapshot, the pictures of the mechanism)
 	$(GOTEST) -race -timeout 15m ./...
 	cd tools && $(GOTEST) -race -timeout 5m ./...
 
@@ -336,7 +336,7 @@ docs/problems: ## regenerate docs/problems.md from the problem table in internal
 	$(GO) test ./internal/service/httpapi -run '^TestProblemsReference$$' -count=1 -update
 
 .PHONY: docs/images
-docs/images: ## regenerate every picture in docs/img (the /docs screenshot, the dashboard snapshot, the benchmark chart) and record their sources in docs/img/SOURCES.sha256
+docs/images: ## regenerate every picture in docs/img (the /docs screenshot, the dashboard snapshot, the benchmark chart, the two pictures of the mechanism) and record their sources in docs/img/SOURCES.sha256
 	GO="$(GO)" tools/docs-images.sh render
 
 .PHONY: docs/images/check
