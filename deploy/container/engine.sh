@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # engine.sh runs a podman or docker command with the container engine that
 # works here, podman first, and the flags this kind of machine needs; make
-# image, make test/image and docs/operations.md all go through it, so the
-# flags are in this one place:
+# image and make test/image go through it, so the flags are in this one
+# place (docs/operations.md prints the run flags it adds, and why):
 #
 #   deploy/container/engine.sh build …   any podman (or docker) command
 #   deploy/container/engine.sh --which   prints the engine, or fails saying why
@@ -15,18 +15,20 @@
 # whose root may not raise its own limits, like CI's):
 #
 #   --runtime runc   where runc is installed. crun, podman's default runtime
-#                    when both are installed, refuses the cgroups of these
-#                    machines; runc runs containers there.
+#                    when both are installed, is known to refuse the cgroups
+#                    of these machines (cgroup v1, no systemd; not installed
+#                    here to try again); runc runs containers there.
 #   --ulimit nofile=4096:4096 --ulimit nproc=4096:4096   on run and create.
 #                    Run as root, podman asks the runtime for 1048576 open
 #                    files and as many processes, whatever its own limits;
-#                    a root without CAP_SYS_RESOURCE cannot raise a hard limit
-#                    above its own (here 20000 files, 32768 processes), and
-#                    the container does not start: "error setting rlimit
-#                    type 7 (6): operation not permitted". 4096 fits under
-#                    both; serve and proxy then hold up to 3072 connections
-#                    (--max-conns: three quarters of the open files). A
-#                    --ulimit of the caller's own comes after these and wins.
+#                    a root without CAP_SYS_RESOURCE cannot raise a hard
+#                    limit above its own (here 20000 files, and 32768
+#                    processes for podman's conmon), and the container does
+#                    not start: "error setting rlimit type 7 (6): operation
+#                    not permitted". 4096 fits under both; serve and proxy
+#                    then hold up to 3072 connections (--max-conns: three
+#                    quarters of the open files). A --ulimit of the
+#                    caller's own comes after these and wins.
 #
 # What was not needed: podman picks the cgroupfs cgroup manager and the
 # file events log by itself (podman info: cgroupManager, eventLogger), PID 1
