@@ -2,8 +2,10 @@
 
 // The container image's test, which make test/image runs (go test -tags
 // image): it builds the image with make image, as a user would, which takes
-// a container engine and the better part of a minute, so go test ./...
-// (make test/service) leaves it out.
+// a container engine and a build of the binary of its own (CGO_ENABLED=0,
+// -trimpath: some two minutes with a cold build cache, seconds after), so
+// go test ./... (make test/service) leaves it out and make test runs it
+// once, as a step of its own.
 package container_test
 
 import (
