@@ -40,6 +40,26 @@ build: ## build bin/oncekey and bin/fakeprovider (the sandbox payment provider)
 	$(GO) build -buildvcs=auto -o bin/oncekey ./cmd/oncekey
 	$(GO) build -buildvcs=auto -o bin/fakeprovider ./cmd/fakeprovider
 
+# IMAGE is the tag make image builds; IMAGE_VERSION its
+# org.opencontainers.image.version label. deploy/container/engine.sh runs
+# podman or docker, whichever works, with the flags this kind of machine
+# needs (it says which, and why).
+IMAGE         ?= localhost/oncekey:dev
+IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: image
+image: ## build the container image IMAGE (localhost/oncekey:dev) with podman or docker, whichever works: FROM scratch (nothing pulled), the static stripped binary, this machine's CA bundle, user 65532; entrypoint oncekey, so IMAGE serve and IMAGE proxy take its flags (docs/operations.md)
+	@set -e; ctx=$$(mktemp -d); trap 'rm -rf $$ctx' EXIT; \
+	  CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags='-s -w' -o $$ctx/oncekey ./cmd/oncekey; \
+	  cp /etc/ssl/certs/ca-certificates.crt deploy/container/passwd deploy/container/group $$ctx/; \
+	  deploy/container/engine.sh build --quiet --build-arg VERSION=$(IMAGE_VERSION) -f deploy/container/Containerfile -t $(IMAGE) $$ctx >/dev/null; \
+	  echo "$(IMAGE): $$(deploy/container/engine.sh image inspect --format '{{.Size}}' $(IMAGE)) bytes, its binary $$(stat -c %s $$ctx/oncekey)"
+
+.PHONY: test/image
+test/image: ## build the image (make image, under a tag of its own) and hold it: user 65532, the CA bundle, at most the stripped static binary plus 2 MB; serve in it on a fresh PostgreSQL database until /readyz answers; proxy in it replaying a POST its upstream ran once (podman or docker; required when CI is set)
+	$(GO) vet -tags image ./deploy/container
+	$(GO) test -tags image -count=1 -timeout 10m -v -run '^TestImage$$' ./deploy/container
+
 .PHONY: generate
 generate: proto ## regenerate gen/api, gen/apiserver and gen/apiclient (oapi-codegen) and gen/db (sqlc) from openapi.yaml, schema/ and queries/, client/internal/released (the Go SDK as the released contract api/openapi.released.yaml generates it, for the tests), and the gRPC tests' and example's Go code from their .proto files
 	$(GO) generate ./...
