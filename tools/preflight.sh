@@ -23,10 +23,14 @@ need() {
 	missing=$((missing + 1))
 }
 
-# has TOOL: TOOL is on PATH; for podman, a running Docker engine will do.
+# has TOOL: TOOL is on PATH; for podman, a container engine that works
+# (deploy/container/engine.sh: podman, or a Docker daemon that answers).
 has() {
-	command -v "$1" >/dev/null 2>&1 && return
-	[ "$1" = podman ] && docker info >/dev/null 2>&1
+	if [ "$1" = podman ]; then
+		"$(dirname "$0")/../deploy/container/engine.sh" --which >/dev/null 2>&1
+		return
+	fi
+	command -v "$1" >/dev/null 2>&1
 }
 
 # step_needs STEP TOOL PACKAGE: STEP alone needs TOOL.

@@ -265,6 +265,25 @@ func TestReadmeAndMakeHelpAgreeOnWhatTestNeeds(t *testing.T) {
 	inMakefile := needs.FindStringSubmatch(string(target))
 	require.NotNil(t, inMakefile, "make help says what make test needs")
 	require.Equal(t, inReadme[1], inMakefile[1])
+
+	// Every Debian package tools/preflight.sh names is in the README's
+	// apt-get lines: what the preflight asks for, the README listed first.
+	section, _, _ := strings.Cut(string(readme)[strings.Index(string(readme), "## Quick start"):], "\n## Start here")
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`apt-get install ([a-z0-9 .+-]+)`).FindAllStringSubmatch(section, -1) {
+		for _, pkg := range strings.Fields(m[1]) {
+			listed[pkg] = true
+		}
+	}
+	preflight, err := os.ReadFile("../../tools/preflight.sh")
+	require.NoError(t, err)
+	checks := regexp.MustCompile(`(?m)^(?:need [a-z0-9-]+ ([a-z0-9-]+)|step_needs \S+ [a-z0-9-]+ "?([a-z0-9 -]+)"?)`).FindAllStringSubmatch(string(preflight), -1)
+	require.NotEmpty(t, checks, "tools/preflight.sh checks programs")
+	for _, m := range checks {
+		for _, pkg := range strings.Fields(m[1] + " " + m[2]) {
+			require.True(t, listed[pkg], "the README's quick start lists the Debian package %s, which tools/preflight.sh asks for", pkg)
+		}
+	}
 }
 
 var conformanceRe = regexp.MustCompile("(?s)<!-- readme-test: conformance -->\\s*```sh\\n(.*?)```\\s*```text\\n(.*?)```")
