@@ -21,6 +21,12 @@
 //     store nothing and consume no key; every other answer, 404, 409 and
 //     422 included, is stored and replayed.
 //
+// Every answer once the key is looked up (every answer of Operation.Serve)
+// carries Idempotency-TTL: how long the operation keeps a key, in whole
+// seconds from its first request (OperationConfig.TTL, else Config.TTL),
+// so that a client knows how long a retry is covered; docs/protocol.md
+// gives the rule and its reasons.
+//
 // # Request bodies
 //
 // The operation, and Config.Validate, read the body exactly as the client

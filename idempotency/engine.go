@@ -31,12 +31,13 @@ var DefaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Locatio
 
 // neverReplayed are headers no configuration can store: credentials and
 // cookies belong to one client and one exchange, and hop-by-hop headers to
-// one connection (RFC 9110 §7.6.1).
+// one connection (RFC 9110 §7.6.1). Idempotency-TTL is the operation's
+// retention now, not when the record was stored.
 var neverReplayed = map[string]bool{
 	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
 	"Proxy-Authenticate": true, "Www-Authenticate": true, "Cookie": true,
 	"Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Content-Length": true, HeaderReplayed: true, HeaderKey: true,
+	"Content-Length": true, HeaderReplayed: true, HeaderKey: true, ttlKey: true,
 }
 
 // ErrKeyMismatch answers a request whose key holds the outcome of a

@@ -11,6 +11,19 @@ import (
 	"time"
 )
 
+// headerTTL is the response header that tells a client how long the server
+// keeps a key's record: the operation's TTL (OperationConfig.TTL, else
+// Config.TTL), in whole seconds counted from the key's first request, as
+// delta-seconds (RFC 9651 sf-integer) like Retry-After and max-age, so no
+// clock need agree. Serve sends it on every answer it gives, whatever the
+// operation's handler or a stored record says: the value is the server's,
+// of the operation, and not of one response. docs/protocol.md gives the
+// reasons. It is not exported (the API budget): the name is documented.
+const headerTTL = "Idempotency-TTL"
+
+// ttlKey is headerTTL as an http.Header keys it (CanonicalHeaderKey).
+const ttlKey = "Idempotency-Ttl"
+
 // runKey carries a running request's decision to its handler, keyed by the
 // operation so that a handler can only ever find its own operation's unit.
 type runKey[U any] struct{ op *Operation[U] }
@@ -150,8 +163,12 @@ func (o *Operation[U]) label(r *http.Request) string {
 // once the outcome is durable, and returns what it did. Begin's errors are
 // answered through Config.WriteError, with Retry-After on ErrInFlight and
 // ErrUnavailable. The operation, next, reads the body exactly as the
-// client sent it, and finds its unit of work with Unit.
+// client sent it, and finds its unit of work with Unit. Every answer of
+// Serve carries Idempotency-TTL, the operation's TTL in seconds, and one
+// that next sets is not sent: a request refused before Serve (no valid
+// key, no scope, a body too large) is answered without it.
 func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request, next http.Handler) Outcome {
+	w.Header()[ttlKey] = []string{o.retention}
 	s := &serving[U]{op: o, w: w, r: r}
 	d := &s.d
 	d.req = Request{

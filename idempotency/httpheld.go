@@ -168,10 +168,7 @@ func (w *heldWriter) Flush() {
 func (w *heldWriter) pass(reason string) {
 	w.passing.Store(true)
 	w.through(w.status, reason)
-	h := w.client.Header()
-	for name, values := range w.header {
-		h[name] = values
-	}
+	copyHeader(w.client.Header(), w.header)
 	w.client.WriteHeader(w.status)
 	_, _ = w.client.Write(w.body.Bytes())
 	w.body = bytes.Buffer{}

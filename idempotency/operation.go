@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -31,6 +32,9 @@ type Operation[U any] struct {
 	store Store[U]
 	cfg   OperationConfig
 	held  *heldOperation // nil unless declared with OperationConfig.Held
+	// retention is cfg.TTL in whole seconds, the value of the
+	// Idempotency-TTL header on the operation's answers (Serve).
+	retention string
 	// named is the label last made of a method and route, for an operation
 	// without a name: an operation is nearly always served on one route,
 	// so its requests share one label instead of each making its own.
@@ -57,6 +61,9 @@ func NewOperation[U any](e *Engine, store Store[U], cfg OperationConfig) *Operat
 		// lease.
 		op.cfg.TTL = max(op.cfg.TTL, op.held.Lease)
 	}
+	// Rounded down: a client told a second more than the store keeps
+	// could retry into an expired key.
+	op.retention = strconv.FormatInt(int64(op.cfg.TTL/time.Second), 10)
 	return op
 }
 

@@ -57,11 +57,19 @@ func (r *recorder) allowed(names []string) http.Header {
 
 // copyTo sends the buffered response to w.
 func (r *recorder) copyTo(w http.ResponseWriter) {
-	h := w.Header()
-	for name, values := range r.header {
-		h[name] = values
-	}
-	h.Set("Content-Length", strconv.Itoa(r.body.Len()))
+	copyHeader(w.Header(), r.header)
+	w.Header().Set("Content-Length", strconv.Itoa(r.body.Len()))
 	w.WriteHeader(r.status)
 	_, _ = w.Write(r.body.Bytes())
+}
+
+// copyHeader copies the operation's response header src into the
+// client's, dst, all but Idempotency-TTL: that is the engine's to say
+// (Serve set it), not the operation's (an upstream's, behind a gateway).
+func copyHeader(dst, src http.Header) {
+	for name, values := range src {
+		if name != ttlKey {
+			dst[name] = values
+		}
+	}
 }

@@ -2002,12 +2002,14 @@ func (r GetBonusBalanceResponse) ContentType() string {
 // CreateBonusCreditResponse201Headers the declared response headers of an HTTP 201 response for CreateBonusCredit
 type CreateBonusCreditResponse201Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // CreateBonusCreditResponse202Headers the declared response headers of an HTTP 202 response for CreateBonusCredit
 type CreateBonusCreditResponse202Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 	RetryAfter     *int
 }
 
@@ -2019,11 +2021,13 @@ type CreateBonusCreditResponse401Headers struct {
 // CreateBonusCreditResponse409Headers the declared response headers of an HTTP 409 response for CreateBonusCredit
 type CreateBonusCreditResponse409Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 }
 
 // CreateBonusCreditResponse422Headers the declared response headers of an HTTP 422 response for CreateBonusCredit
 type CreateBonusCreditResponse422Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -2151,12 +2155,14 @@ func (r CreateBonusCreditResponse) ContentType() string {
 // CreateBonusDebitResponse201Headers the declared response headers of an HTTP 201 response for CreateBonusDebit
 type CreateBonusDebitResponse201Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // CreateBonusDebitResponse202Headers the declared response headers of an HTTP 202 response for CreateBonusDebit
 type CreateBonusDebitResponse202Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 	RetryAfter     *int
 }
 
@@ -2168,11 +2174,13 @@ type CreateBonusDebitResponse401Headers struct {
 // CreateBonusDebitResponse409Headers the declared response headers of an HTTP 409 response for CreateBonusDebit
 type CreateBonusDebitResponse409Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 }
 
 // CreateBonusDebitResponse422Headers the declared response headers of an HTTP 422 response for CreateBonusDebit
 type CreateBonusDebitResponse422Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -2506,6 +2514,7 @@ func (r ListOrdersResponse) ContentType() string {
 // CreateOrderResponse201Headers the declared response headers of an HTTP 201 response for CreateOrder
 type CreateOrderResponse201Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 }
@@ -2513,6 +2522,7 @@ type CreateOrderResponse201Headers struct {
 // CreateOrderResponse202Headers the declared response headers of an HTTP 202 response for CreateOrder
 type CreateOrderResponse202Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 	RetryAfter     *int
 }
 
@@ -2524,11 +2534,13 @@ type CreateOrderResponse401Headers struct {
 // CreateOrderResponse409Headers the declared response headers of an HTTP 409 response for CreateOrder
 type CreateOrderResponse409Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 }
 
 // CreateOrderResponse422Headers the declared response headers of an HTTP 422 response for CreateOrder
 type CreateOrderResponse422Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -2656,12 +2668,14 @@ func (r CreateOrderResponse) ContentType() string {
 // CancelOrderResponse200Headers the declared response headers of an HTTP 200 response for CancelOrder
 type CancelOrderResponse200Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // CancelOrderResponse202Headers the declared response headers of an HTTP 202 response for CancelOrder
 type CancelOrderResponse202Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 	RetryAfter     *int
 }
 
@@ -2673,12 +2687,14 @@ type CancelOrderResponse401Headers struct {
 // CancelOrderResponse404Headers the declared response headers of an HTTP 404 response for CancelOrder
 type CancelOrderResponse404Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // CancelOrderResponse409Headers the declared response headers of an HTTP 409 response for CancelOrder
 type CancelOrderResponse409Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -2882,12 +2898,14 @@ func (r GetOrderResponse) ContentType() string {
 // UpdateOrderResponse200Headers the declared response headers of an HTTP 200 response for UpdateOrder
 type UpdateOrderResponse200Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // UpdateOrderResponse202Headers the declared response headers of an HTTP 202 response for UpdateOrder
 type UpdateOrderResponse202Headers struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 	RetryAfter     *int
 }
 
@@ -2899,18 +2917,21 @@ type UpdateOrderResponse401Headers struct {
 // UpdateOrderResponse404Headers the declared response headers of an HTTP 404 response for UpdateOrder
 type UpdateOrderResponse404Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // UpdateOrderResponse409Headers the declared response headers of an HTTP 409 response for UpdateOrder
 type UpdateOrderResponse409Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // UpdateOrderResponse422Headers the declared response headers of an HTTP 422 response for UpdateOrder
 type UpdateOrderResponse422Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -3047,6 +3068,7 @@ func (r UpdateOrderResponse) ContentType() string {
 // CreatePaymentResponse200Headers the declared response headers of an HTTP 200 response for CreatePayment
 type CreatePaymentResponse200Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 }
@@ -3054,6 +3076,7 @@ type CreatePaymentResponse200Headers struct {
 // CreatePaymentResponse202Headers the declared response headers of an HTTP 202 response for CreatePayment
 type CreatePaymentResponse202Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 	RetryAfter         *int
@@ -3067,12 +3090,14 @@ type CreatePaymentResponse401Headers struct {
 // CreatePaymentResponse409Headers the declared response headers of an HTTP 409 response for CreatePayment
 type CreatePaymentResponse409Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // CreatePaymentResponse422Headers the declared response headers of an HTTP 422 response for CreatePayment
 type CreatePaymentResponse422Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -3394,6 +3419,7 @@ func (r ListRefundsResponse) ContentType() string {
 // CreateRefundResponse200Headers the declared response headers of an HTTP 200 response for CreateRefund
 type CreateRefundResponse200Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 }
@@ -3401,6 +3427,7 @@ type CreateRefundResponse200Headers struct {
 // CreateRefundResponse202Headers the declared response headers of an HTTP 202 response for CreateRefund
 type CreateRefundResponse202Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 	RetryAfter         *int
@@ -3414,18 +3441,21 @@ type CreateRefundResponse401Headers struct {
 // CreateRefundResponse404Headers the declared response headers of an HTTP 404 response for CreateRefund
 type CreateRefundResponse404Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // CreateRefundResponse409Headers the declared response headers of an HTTP 409 response for CreateRefund
 type CreateRefundResponse409Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
 // CreateRefundResponse422Headers the declared response headers of an HTTP 422 response for CreateRefund
 type CreateRefundResponse422Headers struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -4286,6 +4316,13 @@ func ParseCreateBonusCreditResponse(rsp *http.Response) (*CreateBonusCreditRespo
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -4302,6 +4339,13 @@ func ParseCreateBonusCreditResponse(rsp *http.Response) (*CreateBonusCreditRespo
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
@@ -4330,6 +4374,13 @@ func ParseCreateBonusCreditResponse(rsp *http.Response) (*CreateBonusCreditRespo
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateBonusCreditResponse422Headers
@@ -4339,6 +4390,13 @@ func ParseCreateBonusCreditResponse(rsp *http.Response) (*CreateBonusCreditRespo
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -4459,6 +4517,13 @@ func ParseCreateBonusDebitResponse(rsp *http.Response) (*CreateBonusDebitRespons
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -4475,6 +4540,13 @@ func ParseCreateBonusDebitResponse(rsp *http.Response) (*CreateBonusDebitRespons
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
@@ -4503,6 +4575,13 @@ func ParseCreateBonusDebitResponse(rsp *http.Response) (*CreateBonusDebitRespons
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateBonusDebitResponse422Headers
@@ -4512,6 +4591,13 @@ func ParseCreateBonusDebitResponse(rsp *http.Response) (*CreateBonusDebitRespons
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -4790,6 +4876,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -4813,6 +4906,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
@@ -4841,6 +4941,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateOrderResponse422Headers
@@ -4850,6 +4957,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -4956,6 +5070,13 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -4972,6 +5093,13 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
@@ -5000,6 +5128,13 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5016,6 +5151,13 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -5227,6 +5369,13 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5243,6 +5392,13 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
@@ -5271,6 +5427,13 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5288,6 +5451,13 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5304,6 +5474,13 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -5431,6 +5608,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5454,6 +5638,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -5496,6 +5687,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5512,6 +5710,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -5824,6 +6029,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5847,6 +6059,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -5889,6 +6108,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5906,6 +6132,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.IdempotencyKey = &value
 		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -5922,6 +6155,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 				return nil, err
 			}
 			headers.IdempotencyKey = &value
+		}
+		if values := rsp.Header.Values("Idempotency-TTL"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-TTL", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyTTL = &value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string

@@ -1065,6 +1065,7 @@ type BadRequestApplicationProblemPlusJSONResponse Problem
 
 type BalanceLimitExceededResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type BalanceLimitExceededApplicationProblemPlusJSONResponse struct {
@@ -1075,6 +1076,7 @@ type BalanceLimitExceededApplicationProblemPlusJSONResponse struct {
 
 type BonusEntryCreatedResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type BonusEntryCreatedJSONResponse struct {
@@ -1085,6 +1087,7 @@ type BonusEntryCreatedJSONResponse struct {
 
 type InProgressResponseHeaders struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 	RetryAfter     *int
 }
 type InProgressApplicationProblemPlusJSONResponse struct {
@@ -1095,6 +1098,7 @@ type InProgressApplicationProblemPlusJSONResponse struct {
 
 type InsufficientFundsResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type InsufficientFundsApplicationProblemPlusJSONResponse struct {
@@ -1107,6 +1111,7 @@ type InternalErrorApplicationProblemPlusJSONResponse Problem
 
 type KeyMismatchResponseHeaders struct {
 	IdempotencyKey *string
+	IdempotencyTTL *int
 }
 type KeyMismatchApplicationProblemPlusJSONResponse struct {
 	Body Problem
@@ -1118,6 +1123,7 @@ type NotFoundApplicationProblemPlusJSONResponse Problem
 
 type NotFoundStoredResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type NotFoundStoredApplicationProblemPlusJSONResponse struct {
@@ -1128,6 +1134,7 @@ type NotFoundStoredApplicationProblemPlusJSONResponse struct {
 
 type OrderNotCancellableResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type OrderNotCancellableApplicationProblemPlusJSONResponse struct {
@@ -1138,6 +1145,7 @@ type OrderNotCancellableApplicationProblemPlusJSONResponse struct {
 
 type OrderNotModifiableResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type OrderNotModifiableApplicationProblemPlusJSONResponse struct {
@@ -1150,6 +1158,7 @@ type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
 
 type PaymentConflictResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type PaymentConflictApplicationProblemPlusJSONResponse struct {
@@ -1160,6 +1169,7 @@ type PaymentConflictApplicationProblemPlusJSONResponse struct {
 
 type PaymentNotRefundableResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type PaymentNotRefundableApplicationProblemPlusJSONResponse struct {
@@ -1170,6 +1180,7 @@ type PaymentNotRefundableApplicationProblemPlusJSONResponse struct {
 
 type PaymentRefusedResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type PaymentRefusedApplicationProblemPlusJSONResponse struct {
@@ -1180,6 +1191,7 @@ type PaymentRefusedApplicationProblemPlusJSONResponse struct {
 
 type RefundRefusedResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type RefundRefusedApplicationProblemPlusJSONResponse struct {
@@ -1208,6 +1220,7 @@ type UnavailableApplicationProblemPlusJSONResponse struct {
 
 type UnprocessableStoredResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 type UnprocessableStoredApplicationProblemPlusJSONResponse struct {
@@ -1315,6 +1328,9 @@ func (response CreateBonusCredit201JSONResponse) VisitCreateBonusCreditResponse(
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -1336,6 +1352,9 @@ func (response CreateBonusCredit202ApplicationProblemPlusJSONResponse) VisitCrea
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.RetryAfter != nil {
 		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
@@ -1394,6 +1413,9 @@ func (response CreateBonusCredit409ApplicationProblemPlusJSONResponse) VisitCrea
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	w.WriteHeader(409)
 	_, err := buf.WriteTo(w)
 	return err
@@ -1444,6 +1466,9 @@ func (response CreateBonusCredit422ApplicationProblemPlusJSONResponse) VisitCrea
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -1509,6 +1534,9 @@ func (response CreateBonusDebit201JSONResponse) VisitCreateBonusDebitResponse(w 
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -1530,6 +1558,9 @@ func (response CreateBonusDebit202ApplicationProblemPlusJSONResponse) VisitCreat
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.RetryAfter != nil {
 		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
@@ -1588,6 +1619,9 @@ func (response CreateBonusDebit409ApplicationProblemPlusJSONResponse) VisitCreat
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	w.WriteHeader(409)
 	_, err := buf.WriteTo(w)
 	return err
@@ -1638,6 +1672,9 @@ func (response CreateBonusDebit422ApplicationProblemPlusJSONResponse) VisitCreat
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -1868,6 +1905,7 @@ type CreateOrderResponseObject interface {
 
 type CreateOrder201ResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 }
@@ -1886,6 +1924,9 @@ func (response CreateOrder201JSONResponse) VisitCreateOrderResponse(w http.Respo
 	w.Header().Set("Content-Type", "application/json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -1911,6 +1952,9 @@ func (response CreateOrder202ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.RetryAfter != nil {
 		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
@@ -1969,6 +2013,9 @@ func (response CreateOrder409ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	w.WriteHeader(409)
 	_, err := buf.WriteTo(w)
 	return err
@@ -2019,6 +2066,9 @@ func (response CreateOrder422ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -2074,6 +2124,7 @@ type CancelOrderResponseObject interface {
 
 type CancelOrder200ResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -2091,6 +2142,9 @@ func (response CancelOrder200JSONResponse) VisitCancelOrderResponse(w http.Respo
 	w.Header().Set("Content-Type", "application/json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -2113,6 +2167,9 @@ func (response CancelOrder202ApplicationProblemPlusJSONResponse) VisitCancelOrde
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.RetryAfter != nil {
 		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
@@ -2171,6 +2228,9 @@ func (response CancelOrder404ApplicationProblemPlusJSONResponse) VisitCancelOrde
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2192,6 +2252,9 @@ func (response CancelOrder409ApplicationProblemPlusJSONResponse) VisitCancelOrde
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -2357,6 +2420,7 @@ type UpdateOrderResponseObject interface {
 
 type UpdateOrder200ResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 }
 
@@ -2374,6 +2438,9 @@ func (response UpdateOrder200JSONResponse) VisitUpdateOrderResponse(w http.Respo
 	w.Header().Set("Content-Type", "application/json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -2396,6 +2463,9 @@ func (response UpdateOrder202ApplicationProblemPlusJSONResponse) VisitUpdateOrde
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.RetryAfter != nil {
 		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
@@ -2454,6 +2524,9 @@ func (response UpdateOrder404ApplicationProblemPlusJSONResponse) VisitUpdateOrde
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2475,6 +2548,9 @@ func (response UpdateOrder409ApplicationProblemPlusJSONResponse) VisitUpdateOrde
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -2530,6 +2606,9 @@ func (response UpdateOrder422ApplicationProblemPlusJSONResponse) VisitUpdateOrde
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2584,6 +2663,7 @@ type CreatePaymentResponseObject interface {
 
 type CreatePayment200ResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 }
@@ -2603,6 +2683,9 @@ func (response CreatePayment200JSONResponse) VisitCreatePaymentResponse(w http.R
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2616,6 +2699,7 @@ func (response CreatePayment200JSONResponse) VisitCreatePaymentResponse(w http.R
 
 type CreatePayment202ResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 	RetryAfter         *int
@@ -2635,6 +2719,9 @@ func (response CreatePayment202JSONResponse) VisitCreatePaymentResponse(w http.R
 	w.Header().Set("Content-Type", "application/json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -2664,6 +2751,9 @@ func (response CreatePayment202ApplicationProblemPlusJSONResponse) VisitCreatePa
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -2728,6 +2818,9 @@ func (response CreatePayment409ApplicationProblemPlusJSONResponse) VisitCreatePa
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2781,6 +2874,9 @@ func (response CreatePayment422ApplicationProblemPlusJSONResponse) VisitCreatePa
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -3065,6 +3161,7 @@ type CreateRefundResponseObject interface {
 
 type CreateRefund200ResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 }
@@ -3084,6 +3181,9 @@ func (response CreateRefund200JSONResponse) VisitCreateRefundResponse(w http.Res
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3097,6 +3197,7 @@ func (response CreateRefund200JSONResponse) VisitCreateRefundResponse(w http.Res
 
 type CreateRefund202ResponseHeaders struct {
 	IdempotencyKey     *string
+	IdempotencyTTL     *int
 	IdempotentReplayed *string
 	Location           *string
 	RetryAfter         *int
@@ -3116,6 +3217,9 @@ func (response CreateRefund202JSONResponse) VisitCreateRefundResponse(w http.Res
 	w.Header().Set("Content-Type", "application/json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -3145,6 +3249,9 @@ func (response CreateRefund202ApplicationProblemPlusJSONResponse) VisitCreateRef
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -3209,6 +3316,9 @@ func (response CreateRefund404ApplicationProblemPlusJSONResponse) VisitCreateRef
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
 	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3230,6 +3340,9 @@ func (response CreateRefund409ApplicationProblemPlusJSONResponse) VisitCreateRef
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
@@ -3284,6 +3397,9 @@ func (response CreateRefund422ApplicationProblemPlusJSONResponse) VisitCreateRef
 	w.Header().Set("Content-Type", "application/problem+json")
 	if response.Headers.IdempotencyKey != nil {
 		w.Header().Set("Idempotency-Key", fmt.Sprint(*response.Headers.IdempotencyKey))
+	}
+	if response.Headers.IdempotencyTTL != nil {
+		w.Header().Set("Idempotency-TTL", fmt.Sprint(*response.Headers.IdempotencyTTL))
 	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))

@@ -185,3 +185,32 @@ func TestExpiredKeyRunsAgain(t *testing.T) {
 		require.Equal(t, 2, b.orderCount(t))
 	})
 }
+
+// TestAnswersSayHowLongKeysAreKept: every answer that repeats the key (the
+// first, a replay, a mismatch) carries Idempotency-TTL, the configured
+// retention in seconds, as openapi.yaml declares it (the validating client
+// checks its form); an answer refusing a request without a key does not.
+func TestAnswersSayHowLongKeysAreKept(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backendCase) {
+		b := setup(t, be.open(t), options{cfg: httpapi.Config{TTL: 90 * time.Minute}})
+		const key = "kept-how-long"
+
+		first := b.postOrder(t, key, seedBody)
+		requireFresh(t, first, "first request")
+		require.Equal(t, "5400", first.Header.Get("Idempotency-TTL"), "the first answer says how long the key is kept")
+
+		again := b.postOrder(t, key, seedBody)
+		requireReplayOf(t, first, again, "same key, same request")
+		require.Equal(t, "5400", again.Header.Get("Idempotency-TTL"), "a replay says it too")
+
+		const qty3 = `{"items":[{"sku":"SKU-1","qty":3}],"amount":1200,"currency":"RUB"}`
+		other := b.postOrder(t, key, qty3)
+		requireProblem(t, other, problem.KeyMismatch, "same key, qty 3")
+		require.Equal(t, "5400", other.Header.Get("Idempotency-TTL"), "a mismatch says it too")
+
+		resp := b.post(t, "/orders", "", seedBody)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "no key")
+		require.Empty(t, resp.Header.Values("Idempotency-TTL"), "a request refused for want of a key is told nothing of keys")
+	})
+}

@@ -497,6 +497,7 @@ export interface components {
             headers: {
                 "Retry-After": components["headers"]["RetryAfter"];
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 [name: string]: unknown;
             };
             content: {
@@ -535,6 +536,7 @@ export interface components {
         KeyMismatch: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 [name: string]: unknown;
             };
             content: {
@@ -548,6 +550,7 @@ export interface components {
         NotFoundStored: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -564,6 +567,7 @@ export interface components {
         OrderNotModifiable: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -579,6 +583,7 @@ export interface components {
         OrderNotCancellable: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -596,6 +601,7 @@ export interface components {
         PaymentConflict: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -611,6 +617,7 @@ export interface components {
         PaymentNotRefundable: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -625,6 +632,7 @@ export interface components {
         RefundRefused: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -657,6 +665,7 @@ export interface components {
         UnprocessableStored: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -671,6 +680,7 @@ export interface components {
         PaymentRefused: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -685,6 +695,7 @@ export interface components {
         InsufficientFunds: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -699,6 +710,7 @@ export interface components {
         BalanceLimitExceeded: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -710,6 +722,7 @@ export interface components {
         BonusEntryCreated: {
             headers: {
                 "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                 [name: string]: unknown;
             };
@@ -765,6 +778,18 @@ export interface components {
     headers: {
         /** @description The request's Idempotency-Key, echoed. */
         IdempotencyKeyEcho: string;
+        /**
+         * @description How long the server keeps this operation's keys: a key's record is
+         *     kept this many seconds counted from the key's first request, and a
+         *     retry within them gets the stored response. The operation's
+         *     configured retention (the same on every answer of the operation,
+         *     until an operator changes it), not the time left to this key.
+         *     Delta-seconds, like Retry-After, so no clocks need agree. Sent with
+         *     every answer that repeats the Idempotency-Key; see
+         *     docs/protocol.md.
+         * @example 172800
+         */
+        IdempotencyTTL: number;
         /** @description `true` when this response is the stored response of an earlier request with the same key. */
         IdempotentReplayed: "true";
         /** @description Seconds to wait before retrying with the same key. */
@@ -852,6 +877,7 @@ export interface operations {
                     /** @description The created order's URL. */
                     Location?: string;
                     "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                     [name: string]: unknown;
                 };
@@ -932,6 +958,7 @@ export interface operations {
             200: {
                 headers: {
                     "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                     [name: string]: unknown;
                 };
@@ -988,6 +1015,7 @@ export interface operations {
             200: {
                 headers: {
                     "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                     [name: string]: unknown;
                 };
@@ -1042,6 +1070,7 @@ export interface operations {
                     /** @description The payment's URL. */
                     Location?: string;
                     "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                     [name: string]: unknown;
                 };
@@ -1062,6 +1091,7 @@ export interface operations {
                     Location?: string;
                     "Retry-After": components["headers"]["RetryAfter"];
                     "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                     [name: string]: unknown;
                 };
@@ -1192,6 +1222,7 @@ export interface operations {
                     /** @description The refund's URL. */
                     Location?: string;
                     "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                     [name: string]: unknown;
                 };
@@ -1212,6 +1243,7 @@ export interface operations {
                     Location?: string;
                     "Retry-After": components["headers"]["RetryAfter"];
                     "Idempotency-Key": components["headers"]["IdempotencyKeyEcho"];
+                    "Idempotency-TTL": components["headers"]["IdempotencyTTL"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
                     [name: string]: unknown;
                 };
