@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -30,7 +31,12 @@ import (
 	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(journalChildEnv) != "" {
+		os.Exit(journalChild()) // this binary re-run as a journal client (journal_crash_test.go)
+	}
+	testdb.Main(m)
+}
 
 // fault is what the injector does to one request.
 type fault int

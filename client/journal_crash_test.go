@@ -1,0 +1,325 @@
+package client_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekey/oncekey/client"
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/service/servicetest"
+	"github.com/oncekey/oncekey/internal/service/store/memory"
+)
+
+// journalChildEnv makes this test binary a journal client (TestMain): it
+// opens the file journal ONCEKEY_JOURNAL_PATH, resumes its pending
+// operations (unless ONCEKEY_JOURNAL_RESUME is 0), then creates an order
+// under the intent ONCEKEY_JOURNAL_INTENT against ONCEKEY_JOURNAL_URL,
+// printing one JSON event a line. With ONCEKEY_JOURNAL_HOOK set to a, b or
+// c it hangs at that point of its first journaled request, for the test to
+// kill it there: a, the key is journaled and the request not sent; b, the
+// request was sent and answered and the answer not read; c, the answer is
+// read and not journaled.
+const journalChildEnv = "ONCEKEY_JOURNAL_CHILD"
+
+// childEvent is one line a journal client prints.
+type childEvent struct {
+	Event  string     `json:"event"` // locking, opened, hook, resumed, order, error
+	Point  string     `json:"point,omitempty"`
+	Kind   string     `json:"kind,omitempty"`
+	Status int        `json:"status,omitempty"`
+	Body   []byte     `json:"body,omitempty"`
+	Order  *api.Order `json:"order,omitempty"`
+	Err    string     `json:"err,omitempty"`
+}
+
+func journalChild() int {
+	out := json.NewEncoder(os.Stdout)
+	emit := func(e childEvent) { _ = out.Encode(e) }
+	fail := func(err error) int {
+		emit(childEvent{Event: "error", Err: err.Error()})
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	emit(childEvent{Event: "locking"})
+	j, err := client.OpenFileJournal(ctx, os.Getenv("ONCEKEY_JOURNAL_PATH"), client.FileJournalOptions{})
+	if err != nil {
+		return fail(err)
+	}
+	defer j.Close()
+	emit(childEvent{Event: "opened"})
+	c, err := client.New(client.Config{
+		BaseURL: os.Getenv("ONCEKEY_JOURNAL_URL"), APIKey: os.Getenv("ONCEKEY_JOURNAL_APIKEY"), Journal: j,
+		HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second},
+		MaxAttempts: 20, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	hook := os.Getenv("ONCEKEY_JOURNAL_HOOK")
+	hang := func(point string) func([]byte) {
+		if hook != point {
+			return nil
+		}
+		return func(body []byte) {
+			emit(childEvent{Event: "hook", Point: point, Body: body})
+			time.Sleep(time.Hour) // until killed (a sleep, so the runtime sees no deadlock)
+		}
+	}
+	client.SetCrashHooks(c, hang("a"), hang("b"), hang("c"))
+	if os.Getenv("ONCEKEY_JOURNAL_RESUME") != "0" {
+		outcomes, err := c.Resume(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		for _, o := range outcomes {
+			e := childEvent{Event: "resumed", Kind: o.Kind.String(), Status: o.Status, Body: o.Body}
+			if o.Err != nil {
+				e.Err = o.Err.Error()
+			}
+			emit(e)
+		}
+	}
+	order, err := c.Intent(os.Getenv("ONCEKEY_JOURNAL_INTENT")).CreateOrder(ctx, seedOrder)
+	if err != nil {
+		return fail(err)
+	}
+	emit(childEvent{Event: "order", Order: order})
+	return 0
+}
+
+// journalClient is a running journal client process.
+type journalClient struct {
+	cmd    *exec.Cmd
+	events chan childEvent
+	stderr *bytes.Buffer
+}
+
+func startJournalClient(t *testing.T, env ...string) *journalClient {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), journalChildEnv+"=1"), env...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	p := &journalClient{cmd: cmd, events: make(chan childEvent, 16), stderr: &bytes.Buffer{}}
+	cmd.Stderr = p.stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // a no-op once it has ended
+	go func() {
+		defer close(p.events)
+		lines := bufio.NewScanner(stdout)
+		lines.Buffer(nil, 1<<20)
+		for lines.Scan() {
+			var e childEvent
+			if json.Unmarshal(lines.Bytes(), &e) == nil {
+				p.events <- e
+			}
+		}
+	}()
+	return p
+}
+
+// await returns the process's next event named name, failing on an error
+// event, its end or the deadline.
+func (p *journalClient) await(t *testing.T, name string) childEvent {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case e, ok := <-p.events:
+			require.True(t, ok, "the journal client ended before %q: %s", name, p.stderr)
+			require.NotEqual(t, "error", e.Event, "journal client: %s", e.Err)
+			if e.Event == name {
+				return e
+			}
+		case <-deadline:
+			t.Fatalf("no %q from the journal client within 20s: %s", name, p.stderr)
+		}
+	}
+}
+
+// kill ends the process with SIGKILL, as a crash or an OOM kill would.
+func (p *journalClient) kill(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	_ = p.cmd.Wait()
+}
+
+// finish collects the process's events to its end, which must be a
+// success.
+func (p *journalClient) finish(t *testing.T) []childEvent {
+	t.Helper()
+	var all []childEvent
+	for e := range p.events {
+		require.NotEqual(t, "error", e.Event, "journal client: %s", e.Err)
+		all = append(all, e)
+	}
+	require.NoError(t, p.cmd.Wait(), "journal client: %s", p.stderr)
+	return all
+}
+
+// journalService is the real service (in memory) the journal clients call.
+type journalService struct {
+	servicetest.Service
+	sdk *client.Client
+}
+
+func startJournalService(t *testing.T) journalService {
+	t.Helper()
+	svc := servicetest.Start(t, memory.New(), servicetest.Options{})
+	sdk, err := client.New(client.Config{BaseURL: svc.URL, APIKey: svc.APIKey})
+	require.NoError(t, err)
+	return journalService{Service: svc, sdk: sdk}
+}
+
+func (s journalService) env(path, intent string, extra ...string) []string {
+	return append([]string{"ONCEKEY_JOURNAL_URL=" + s.URL, "ONCEKEY_JOURNAL_APIKEY=" + s.APIKey,
+		"ONCEKEY_JOURNAL_PATH=" + path, "ONCEKEY_JOURNAL_INTENT=" + intent}, extra...)
+}
+
+// orders counts the account's orders through the API (at most 100).
+func (s journalService) orders(t *testing.T) int {
+	t.Helper()
+	limit := 100
+	page, err := s.sdk.ListOrders(context.Background(), &api.ListOrdersParams{Limit: &limit})
+	require.NoError(t, err)
+	require.Nil(t, page.NextCursor, "counted on one page")
+	return len(page.Items)
+}
+
+// killRounds is how many rounds TestJournalSurvivesKill9 runs per point
+// (ONCEKEY_KILL_ROUNDS, default 100).
+func killRounds(t *testing.T) int {
+	n, err := strconv.Atoi(os.Getenv("ONCEKEY_KILL_ROUNDS"))
+	if err != nil || n <= 0 {
+		return 100
+	}
+	require.LessOrEqual(t, n, 100, "orders are counted on one page")
+	return n
+}
+
+// TestJournalSurvivesKill9 is issue #58's Done-when: a client process
+// killed with SIGKILL (a) after journaling the key and before sending, (b)
+// after sending and before reading the answer, (c) after reading it and
+// before journaling it, then started again, ends with exactly one order on
+// the real service each time, and with the answer the first process got
+// when it got one. Even rounds restart with Resume then the intent, odd
+// rounds with the intent alone.
+func TestJournalSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	rounds := killRounds(t)
+	for _, point := range []string{"a", "b", "c"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			svc := startJournalService(t)
+			dir := t.TempDir()
+			start := time.Now()
+			for round := range rounds {
+				path := filepath.Join(dir, fmt.Sprintf("journal-%d", round))
+				intent := fmt.Sprintf("checkout cart %s-%d", point, round)
+				resume := round%2 == 0
+
+				first := startJournalClient(t, svc.env(path, intent, "ONCEKEY_JOURNAL_HOOK="+point)...)
+				hooked := first.await(t, "hook")
+				first.kill(t)
+
+				second := startJournalClient(t, svc.env(path, intent, "ONCEKEY_JOURNAL_RESUME="+map[bool]string{true: "1", false: "0"}[resume])...)
+				var resumed []childEvent
+				var order *api.Order
+				for _, e := range second.finish(t) {
+					switch e.Event {
+					case "resumed":
+						resumed = append(resumed, e)
+					case "order":
+						order = e.Order
+					}
+				}
+				require.NotNil(t, order, "round %d: the intent ran", round)
+				require.Equal(t, round+1, svc.orders(t), "round %d at %s: exactly one order per intent", round, point)
+				if resume {
+					require.Len(t, resumed, 1, "round %d: the killed operation was pending", round)
+					require.Equal(t, "answered", resumed[0].Kind, "round %d: %s", round, resumed[0].Err)
+					require.Equal(t, http.StatusCreated, resumed[0].Status)
+					var got api.Order
+					require.NoError(t, json.Unmarshal(resumed[0].Body, &got))
+					require.Equal(t, got, *order, "round %d: the intent returns Resume's answer", round)
+					if point == "c" {
+						require.JSONEq(t, string(hooked.Body), string(resumed[0].Body), "round %d: the answer equals the first one's", round)
+					}
+				} else {
+					require.Empty(t, resumed)
+				}
+				if point == "c" {
+					var firstOrder api.Order
+					require.NoError(t, json.Unmarshal(hooked.Body, &firstOrder))
+					require.Equal(t, firstOrder, *order, "round %d: the answer equals the first one's", round)
+				}
+			}
+			t.Logf("point %s: %d rounds, %d orders, %s", point, rounds, svc.orders(t), time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
+// TestJournalTwoProcessesOneIntent: two processes started at once on one
+// journal with one intent make one order, and both get it: the second
+// waits for the journal's lock, then finds the intent answered.
+func TestJournalTwoProcessesOneIntent(t *testing.T) {
+	t.Parallel()
+	svc := startJournalService(t)
+	dir := t.TempDir()
+	for round := range 10 {
+		path := filepath.Join(dir, fmt.Sprintf("journal-%d", round))
+		env := svc.env(path, fmt.Sprintf("checkout cart %d", round))
+		one, two := startJournalClient(t, env...), startJournalClient(t, env...)
+		var orders []*api.Order
+		for _, p := range []*journalClient{one, two} {
+			for _, e := range p.finish(t) {
+				if e.Event == "order" {
+					orders = append(orders, e.Order)
+				}
+			}
+		}
+		require.Len(t, orders, 2)
+		require.Equal(t, orders[0], orders[1], "round %d: both get the one order", round)
+		require.Equal(t, round+1, svc.orders(t), "round %d: one order", round)
+	}
+}
+
+// TestJournalLockDiesWithItsHolder: a client killed with SIGKILL while it
+// holds the journal's lock does not keep it: a process waiting for it
+// takes it at once.
+func TestJournalLockDiesWithItsHolder(t *testing.T) {
+	t.Parallel()
+	svc := startJournalService(t)
+	path := filepath.Join(t.TempDir(), "journal")
+	holder := startJournalClient(t, svc.env(path, "checkout", "ONCEKEY_JOURNAL_HOOK=a")...)
+	holder.await(t, "hook") // holds the lock, hanging before its send
+	next := startJournalClient(t, svc.env(path, "checkout")...)
+	next.await(t, "locking")
+	select {
+	case e := <-next.events:
+		t.Fatalf("the next process went on while the lock was held: %+v", e)
+	default:
+	}
+	killed := time.Now()
+	holder.kill(t)
+	next.await(t, "opened")
+	took := time.Since(killed)
+	t.Logf("lock taken %s after the kill", took)
+	require.Less(t, took, time.Second, "the kernel drops a dead process's flock")
+	next.finish(t)
+	require.Equal(t, 1, svc.orders(t))
+}
