@@ -14,14 +14,16 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/oncekey/oncekey/idempotency"
 )
 
 // defaultKeyRetention is Config.KeyRetention's default: shorter than the
 // service's own default (48h), so that without a word from the server a
 // key is never resent after the server may have forgotten it.
 const defaultKeyRetention = 24 * time.Hour
+
+// headerKey is the request header that carries an operation's key (the
+// engine's idempotency.HeaderKey, spelt out: the SDK links no engine).
+const headerKey = "Idempotency-Key"
 
 // headerRetention is the response header in which a server advertises
 // how long it keeps a key (delta-seconds).
@@ -191,7 +193,7 @@ func (c *Client) resume(ctx context.Context, sent Record) Outcome {
 			return nil, err
 		}
 		req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
-		req.Header.Set(idempotency.HeaderKey, key)
+		req.Header.Set(headerKey, key)
 		if sent.ContentType != "" {
 			req.Header.Set("Content-Type", sent.ContentType)
 		}
@@ -304,7 +306,7 @@ type journalTransport struct {
 
 func (t *journalTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	op, _ := req.Context().Value(operationKey{}).(*operation)
-	if op == nil || req.Header.Get(idempotency.HeaderKey) != op.key {
+	if op == nil || req.Header.Get(headerKey) != op.key {
 		return t.next.RoundTrip(req)
 	}
 	if op.stored != nil {
