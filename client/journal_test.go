@@ -2,6 +2,9 @@ package client_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -34,7 +37,8 @@ func sampleRecords(now time.Time) []client.Record {
 // of the whole file (a crash in the middle of an append, of the last
 // record or of any earlier one being the last) opens without error, warns
 // when the cut is inside a record, keeps every record before the cut, and
-// takes appends after them.
+// (checked at every cut of the last record and between records) takes
+// appends after them.
 func TestFileJournalSurvivesATornRecord(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -71,6 +75,10 @@ func TestFileJournalSurvivesATornRecord(t *testing.T) {
 			require.Empty(t, warnings, "cut at %d is between records", cut)
 		} else {
 			require.Len(t, warnings, 1, "cut at %d is inside record %d", cut, whole)
+		}
+		if cut < ends[len(ends)-2] && cut != ends[whole] {
+			require.NoError(t, j.Close())
+			continue // appending after a cut: every cut in the last record, and between records
 		}
 		extra := client.Record{Kind: client.RecordSent, Key: "after", Server: "http://127.0.0.1:1", Method: "POST", Path: "/orders", Time: now}
 		require.NoError(t, j.Append(extra))
@@ -284,8 +292,11 @@ func TestExpiredOperationsAreNotResent(t *testing.T) {
 			if tt.advertised > 0 {
 				require.NoError(t, j.Append(client.Record{Kind: client.RecordRetention, Server: srv.URL, Retention: tt.advertised, Time: time.Now()}))
 			}
+			body, err := json.Marshal(seedOrder) // as the generated client sends it
+			require.NoError(t, err)
+			sum := sha256.Sum256(body)
 			require.NoError(t, j.Append(client.Record{Kind: client.RecordSent, Key: "k1", Server: srv.URL, Method: "POST", Path: "/orders",
-				Intent: "checkout", ContentType: "application/json", Body: []byte(`{"amount":1200}`), Time: time.Now().Add(-tt.age)}))
+				Intent: "checkout", ContentType: "application/json", Body: body, BodySHA256: hex.EncodeToString(sum[:]), Time: time.Now().Add(-tt.age)}))
 			c := newJournaled(t, srv.URL, j, tt.keyRetention)
 
 			outcomes, err := c.Resume(ctx)
@@ -365,4 +376,24 @@ func TestResumeOutcomes(t *testing.T) {
 		left = append(left, e.Path)
 	}
 	require.ElementsMatch(t, []string{"/inprogress", "/failing"}, left, "only the ones without a final answer stay pending")
+}
+
+// TestIntentRefusesAnotherRequest: an intent run with another request than
+// the one its key was journaled with (another body, another operation) is
+// an error, and nothing is sent: the journal's answer, or the server's
+// replay, would be another request's.
+func TestIntentRefusesAnotherRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := newFakeServer(t, orderAnswer)
+	c := newJournaled(t, srv.URL, client.NewMemoryJournal(), 0)
+	_, err := c.Intent("checkout").CreateOrder(ctx, seedOrder)
+	require.NoError(t, err)
+	other := seedOrder
+	other.Amount++
+	_, err = c.Intent("checkout").CreateOrder(ctx, other)
+	require.ErrorContains(t, err, "for another request")
+	_, err = c.Intent("checkout").CancelOrder(ctx, "order-1")
+	require.ErrorContains(t, err, "for another request")
+	require.EqualValues(t, 1, srv.requests.Load(), "only the first was sent")
 }

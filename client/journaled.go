@@ -186,6 +186,13 @@ func (c *Client) resume(ctx context.Context, sent Record) Outcome {
 		o.Err = fmt.Errorf("oncekey: key %s: its body (over %d bytes) was not journaled: it cannot be resent", sent.Key, MaxStoredBody)
 		return o
 	}
+	unlock := c.intents.lock(sent.Intent)
+	defer unlock()
+	if !c.intents.start(sent.Key) {
+		o.Err = fmt.Errorf("oncekey: key %s is being sent by this process already", sent.Key)
+		return o
+	}
+	defer c.intents.done(sent.Key)
 	op := &operation{key: sent.Key, intent: sent.Intent, begun: true}
 	err := c.run(ctx, op, func(ctx context.Context, key string) (*http.Response, error) {
 		req, err := http.NewRequestWithContext(ctx, sent.Method, sent.Server+sent.Path, bytes.NewReader(sent.Body))
@@ -241,6 +248,9 @@ type operation struct {
 	key, intent string
 	// begun: its RecordSent is in the journal.
 	begun bool
+	// journaled is the RecordSent an intent found: its run must send the
+	// same request, or it would get (or be given) another's answer.
+	journaled *Record
 	// stored is its answer from the journal: returned without sending.
 	stored *Record
 	// journalErr stops the retries: the operation could not be journaled,
@@ -259,7 +269,8 @@ func (c *Client) journaled(ctx context.Context, attempt Attempt) error {
 	if c.intent != "" {
 		s := fold(c.cfg.Journal.Records())
 		if key, ok := s.byIntent(c.intent); ok {
-			op.key, op.begun = key, true
+			sent := s.sent[key]
+			op.key, op.begun, op.journaled = key, true, &sent
 			if answer, ok := s.answered[key]; ok {
 				op.stored = &answer
 			} else if err := c.expired(s, s.sent[key]); err != nil {
@@ -270,14 +281,38 @@ func (c *Client) journaled(ctx context.Context, attempt Attempt) error {
 	if op.key == "" {
 		op.key = c.cfg.NewKey()
 	}
+	if !c.intents.start(op.key) {
+		return fmt.Errorf("oncekey: key %s is being sent by this process already (Resume)", op.key)
+	}
+	defer c.intents.done(op.key)
 	return c.run(ctx, op, attempt)
 }
 
 // intentLocks keeps one process's runs of one intent apart (the file
-// journal's lock keeps processes apart).
+// journal's lock keeps processes apart), and knows the keys it is sending,
+// which Resume leaves to the run that sends them.
 type intentLocks struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	mu       sync.Mutex
+	locks    map[string]*sync.Mutex
+	inflight map[string]bool
+}
+
+// start marks key as being sent; false if it already is.
+func (l *intentLocks) start(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inflight[key] {
+		return false
+	}
+	l.inflight[key] = true
+	return true
+}
+
+// done marks key as no longer being sent.
+func (l *intentLocks) done(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.inflight, key)
 }
 
 func (l *intentLocks) lock(intent string) func() {
@@ -308,6 +343,12 @@ func (t *journalTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	op, _ := req.Context().Value(operationKey{}).(*operation)
 	if op == nil || req.Header.Get(headerKey) != op.key {
 		return t.next.RoundTrip(req)
+	}
+	if op.journaled != nil {
+		if err := sameRequest(op, req); err != nil {
+			op.journalErr = err
+			return nil, err
+		}
 	}
 	if op.stored != nil {
 		return storedResponse(req, op.stored)
@@ -369,6 +410,22 @@ func (t *journalTransport) noteRetention(server, header string) {
 		return
 	}
 	_ = t.c.cfg.Journal.Append(Record{Kind: RecordRetention, Server: server, Retention: d, Time: time.Now()})
+}
+
+// sameRequest checks that an intent's run sends the request its journaled
+// key was sent with: another would be refused by the server (422, the key's
+// request differs) or, answered from the journal, get another's answer.
+func sameRequest(op *operation, req *http.Request) error {
+	body, err := readBody(req)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(body)
+	j := op.journaled
+	if req.Method == j.Method && req.URL.RequestURI() == j.Path && hex.EncodeToString(sum[:]) == j.BodySHA256 {
+		return nil
+	}
+	return fmt.Errorf("oncekey: intent %q was journaled with key %s for another request (%s %s): not sent", op.intent, op.key, j.Method, j.Path)
 }
 
 // readBody reads req's body and puts an unread copy back.
