@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -175,14 +177,31 @@ func (p *journalClient) finish(t *testing.T) []childEvent {
 type journalService struct {
 	servicetest.Service
 	sdk *client.Client
+	// hold, while set, makes the service run each POST to completion and
+	// keep its answer until the client goes away, reporting on committed
+	// that it ran.
+	hold      *atomic.Bool
+	committed chan struct{}
 }
 
 func startJournalService(t *testing.T) journalService {
 	t.Helper()
-	svc := servicetest.Start(t, memory.New(), servicetest.Options{})
-	sdk, err := client.New(client.Config{BaseURL: svc.URL, APIKey: svc.APIKey})
+	s := journalService{hold: &atomic.Bool{}, committed: make(chan struct{}, 1)}
+	s.Service = servicetest.Start(t, memory.New(), servicetest.Options{Wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost || !s.hold.Load() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			next.ServeHTTP(httptest.NewRecorder(), r) // committed, its answer held back
+			s.committed <- struct{}{}
+			<-r.Context().Done() // until the client is gone
+		})
+	}})
+	sdk, err := client.New(client.Config{BaseURL: s.URL, APIKey: s.APIKey})
 	require.NoError(t, err)
-	return journalService{Service: svc, sdk: sdk}
+	s.sdk = sdk
+	return s
 }
 
 func (s journalService) env(path, intent string, extra ...string) []string {
@@ -212,16 +231,17 @@ func killRounds(t *testing.T) int {
 }
 
 // TestJournalSurvivesKill9 is issue #58's Done-when: a client process
-// killed with SIGKILL (a) after journaling the key and before sending, (b)
-// after sending and before reading the answer, (c) after reading it and
-// before journaling it, then started again, ends with exactly one order on
-// the real service each time, and with the answer the first process got
-// when it got one. Even rounds restart with Resume then the intent, odd
-// rounds with the intent alone.
+// killed with SIGKILL (a) after journaling the key and before sending,
+// (held) after sending, while the service, which has created the order,
+// holds its answer back, (b) after the answer came and before it was read,
+// (c) after reading it and before journaling it, then started again, ends
+// with exactly one order on the real service each time, and with the
+// answer the first process got when it got one. Even rounds restart with
+// Resume then the intent, odd rounds with the intent alone.
 func TestJournalSurvivesKill9(t *testing.T) {
 	t.Parallel()
 	rounds := killRounds(t)
-	for _, point := range []string{"a", "b", "c"} {
+	for _, point := range []string{"a", "held", "b", "c"} {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			svc := startJournalService(t)
@@ -232,9 +252,22 @@ func TestJournalSurvivesKill9(t *testing.T) {
 				intent := fmt.Sprintf("checkout cart %s-%d", point, round)
 				resume := round%2 == 0
 
-				first := startJournalClient(t, svc.env(path, intent, "ONCEKEY_JOURNAL_HOOK="+point)...)
-				hooked := first.await(t, "hook")
-				first.kill(t)
+				var hooked childEvent
+				if point == "held" {
+					svc.hold.Store(true)
+					first := startJournalClient(t, svc.env(path, intent)...)
+					select {
+					case <-svc.committed:
+					case <-time.After(20 * time.Second):
+						t.Fatalf("round %d: the service ran no POST within 20s: %s", round, first.stderr)
+					}
+					first.kill(t)
+					svc.hold.Store(false)
+				} else {
+					first := startJournalClient(t, svc.env(path, intent, "ONCEKEY_JOURNAL_HOOK="+point)...)
+					hooked = first.await(t, "hook")
+					first.kill(t)
+				}
 
 				second := startJournalClient(t, svc.env(path, intent, "ONCEKEY_JOURNAL_RESUME="+map[bool]string{true: "1", false: "0"}[resume])...)
 				var resumed []childEvent
