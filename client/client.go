@@ -20,7 +20,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -91,7 +90,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.KeyRetention <= 0 {
 		cfg.KeyRetention = defaultKeyRetention
 	}
-	sdk := &Client{cfg: cfg, intents: &intentLocks{locks: map[string]*sync.Mutex{}, inflight: map[string]bool{}}}
+	sdk := &Client{cfg: cfg, intents: &intentLocks{locks: map[string]*intentLock{}, inflight: map[string]bool{}}}
 	if cfg.Journal != nil {
 		// The journal sits in the transport, where it sees each request's
 		// body and each answer as sent and received; a copy of the

@@ -397,3 +397,38 @@ func TestIntentRefusesAnotherRequest(t *testing.T) {
 	require.ErrorContains(t, err, "for another request")
 	require.EqualValues(t, 1, srv.requests.Load(), "only the first was sent")
 }
+
+// TestIntentOnceAcrossGoroutines: goroutines of one process running one
+// intent at once send it once, and all get its answer.
+func TestIntentOnceAcrossGoroutines(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, orderAnswer)
+	c := newJournaled(t, srv.URL, client.NewMemoryJournal(), 0)
+	ids := make(chan string, 8)
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			order, err := c.Intent("checkout").CreateOrder(context.Background(), seedOrder)
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids <- order.Id
+		}()
+	}
+	first := ""
+	for range 8 {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		case id := <-ids:
+			if first == "" {
+				first = id
+			}
+			require.Equal(t, first, id, "one answer for all")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the goroutines did not finish within 10s")
+		}
+	}
+	require.EqualValues(t, 1, srv.requests.Load(), "sent once")
+}

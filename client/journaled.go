@@ -293,8 +293,15 @@ func (c *Client) journaled(ctx context.Context, attempt Attempt) error {
 // which Resume leaves to the run that sends them.
 type intentLocks struct {
 	mu       sync.Mutex
-	locks    map[string]*sync.Mutex
+	locks    map[string]*intentLock
 	inflight map[string]bool
+}
+
+// intentLock is one intent's lock and how many hold or wait for it, so
+// that the map forgets an intent nobody runs.
+type intentLock struct {
+	sync.Mutex
+	users int
 }
 
 // start marks key as being sent; false if it already is.
@@ -315,6 +322,7 @@ func (l *intentLocks) done(key string) {
 	delete(l.inflight, key)
 }
 
+// lock waits for intent's lock and returns its unlock.
 func (l *intentLocks) lock(intent string) func() {
 	if intent == "" {
 		return func() {}
@@ -322,12 +330,20 @@ func (l *intentLocks) lock(intent string) func() {
 	l.mu.Lock()
 	m, ok := l.locks[intent]
 	if !ok {
-		m = &sync.Mutex{}
+		m = &intentLock{}
 		l.locks[intent] = m
 	}
+	m.users++
 	l.mu.Unlock()
 	m.Lock()
-	return m.Unlock
+	return func() {
+		m.Unlock()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if m.users--; m.users == 0 {
+			delete(l.locks, intent)
+		}
+	}
 }
 
 // journalTransport journals the requests of operations run under a
@@ -337,6 +353,10 @@ func (l *intentLocks) lock(intent string) func() {
 type journalTransport struct {
 	next http.RoundTripper
 	c    *Client
+	// retention is each server's retention as last journaled (server →
+	// time.Duration), so that a header repeated on every answer costs no
+	// read of the journal.
+	retention sync.Map
 }
 
 func (t *journalTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -406,10 +426,15 @@ func (t *journalTransport) noteRetention(server, header string) {
 		return
 	}
 	d := time.Duration(secs) * time.Second
-	if s := fold(t.c.cfg.Journal.Records()); s.retention[server] == d {
+	if known, ok := t.retention.Load(server); ok && known == d {
 		return
 	}
-	_ = t.c.cfg.Journal.Append(Record{Kind: RecordRetention, Server: server, Retention: d, Time: time.Now()})
+	if s := fold(t.c.cfg.Journal.Records()); s.retention[server] != d {
+		if err := t.c.cfg.Journal.Append(Record{Kind: RecordRetention, Server: server, Retention: d, Time: time.Now()}); err != nil {
+			return
+		}
+	}
+	t.retention.Store(server, d)
 }
 
 // sameRequest checks that an intent's run sends the request its journaled
