@@ -64,7 +64,6 @@ type Client struct {
 	// intent is the name Intent gave this copy's operations.
 	intent  string
 	intents *intentLocks
-	hooks   *hooks
 }
 
 // New returns a client for cfg.

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -31,12 +30,7 @@ import (
 	"github.com/oncekey/oncekey/internal/wire/problem"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(journalChildEnv) != "" {
-		os.Exit(journalChild()) // this binary re-run as a journal client (journal_crash_test.go)
-	}
-	testdb.Main(m)
-}
+func TestMain(m *testing.M) { testdb.Main(m) }
 
 // fault is what the injector does to one request.
 type fault int

@@ -25,18 +25,7 @@ import (
 	"github.com/oncekey/oncekey/internal/service/store/memory"
 )
 
-// journalChildEnv makes this test binary a journal client (TestMain): it
-// opens the file journal ONCEKEY_JOURNAL_PATH, resumes its pending
-// operations (unless ONCEKEY_JOURNAL_RESUME is 0), then creates an order
-// under the intent ONCEKEY_JOURNAL_INTENT against ONCEKEY_JOURNAL_URL,
-// printing one JSON event a line. With ONCEKEY_JOURNAL_HOOK set to a, b or
-// c it hangs at that point of its first journaled request, for the test to
-// kill it there: a, the key is journaled and the request not sent; b, the
-// request was sent and answered and the answer not read; c, the answer is
-// read and not journaled.
-const journalChildEnv = "ONCEKEY_JOURNAL_CHILD"
-
-// childEvent is one line a journal client prints.
+// childEvent is one line client/internal/journalproc prints.
 type childEvent struct {
 	Event  string     `json:"event"` // locking, opened, hook, resumed, order, error
 	Point  string     `json:"point,omitempty"`
@@ -47,60 +36,16 @@ type childEvent struct {
 	Err    string     `json:"err,omitempty"`
 }
 
-func journalChild() int {
-	out := json.NewEncoder(os.Stdout)
-	emit := func(e childEvent) { _ = out.Encode(e) }
-	fail := func(err error) int {
-		emit(childEvent{Event: "error", Err: err.Error()})
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	emit(childEvent{Event: "locking"})
-	j, err := client.OpenFileJournal(ctx, os.Getenv("ONCEKEY_JOURNAL_PATH"), client.FileJournalOptions{})
-	if err != nil {
-		return fail(err)
-	}
-	defer j.Close()
-	emit(childEvent{Event: "opened"})
-	c, err := client.New(client.Config{
-		BaseURL: os.Getenv("ONCEKEY_JOURNAL_URL"), APIKey: os.Getenv("ONCEKEY_JOURNAL_APIKEY"), Journal: j,
-		HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second},
-		MaxAttempts: 20, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond,
-	})
-	if err != nil {
-		return fail(err)
-	}
-	hook := os.Getenv("ONCEKEY_JOURNAL_HOOK")
-	hang := func(point string) func([]byte) {
-		if hook != point {
-			return nil
-		}
-		return func(body []byte) {
-			emit(childEvent{Event: "hook", Point: point, Body: body})
-			time.Sleep(time.Hour) // until killed (a sleep, so the runtime sees no deadlock)
-		}
-	}
-	client.SetCrashHooks(c, hang("a"), hang("b"), hang("c"))
-	if os.Getenv("ONCEKEY_JOURNAL_RESUME") != "0" {
-		outcomes, err := c.Resume(ctx)
-		if err != nil {
-			return fail(err)
-		}
-		for _, o := range outcomes {
-			e := childEvent{Event: "resumed", Kind: o.Kind.String(), Status: o.Status, Body: o.Body}
-			if o.Err != nil {
-				e.Err = o.Err.Error()
-			}
-			emit(e)
-		}
-	}
-	order, err := c.Intent(os.Getenv("ONCEKEY_JOURNAL_INTENT")).CreateOrder(ctx, seedOrder)
-	if err != nil {
-		return fail(err)
-	}
-	emit(childEvent{Event: "order", Order: order})
-	return 0
+// buildJournalProc builds client/internal/journalproc, the client program
+// the tests kill. It is built without the race detector whatever the test
+// binary's flags: the program starts hundreds of times, and its code is
+// the SDK's, which the other tests check for races.
+func buildJournalProc(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "journalproc")
+	out, err := exec.Command("go", "build", "-o", bin, "./internal/journalproc").CombinedOutput()
+	require.NoError(t, err, "go build ./internal/journalproc: %s", out)
+	return bin
 }
 
 // journalClient is a running journal client process.
@@ -110,10 +55,10 @@ type journalClient struct {
 	stderr *bytes.Buffer
 }
 
-func startJournalClient(t *testing.T, env ...string) *journalClient {
+func startJournalClient(t *testing.T, bin string, env ...string) *journalClient {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), journalChildEnv+"=1"), env...)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	p := &journalClient{cmd: cmd, events: make(chan childEvent, 16), stderr: &bytes.Buffer{}}
@@ -176,6 +121,7 @@ func (p *journalClient) finish(t *testing.T) []childEvent {
 // journalService is the real service (in memory) the journal clients call.
 type journalService struct {
 	servicetest.Service
+	bin string // client/internal/journalproc
 	sdk *client.Client
 	// hold, while set, makes the service run each POST to completion and
 	// keep its answer until the client goes away, reporting on committed
@@ -186,7 +132,7 @@ type journalService struct {
 
 func startJournalService(t *testing.T) journalService {
 	t.Helper()
-	s := journalService{hold: &atomic.Bool{}, committed: make(chan struct{}, 1)}
+	s := journalService{bin: buildJournalProc(t), hold: &atomic.Bool{}, committed: make(chan struct{}, 1)}
 	s.Service = servicetest.Start(t, memory.New(), servicetest.Options{Wrap: func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method != http.MethodPost || !s.hold.Load() {
@@ -255,7 +201,7 @@ func TestJournalSurvivesKill9(t *testing.T) {
 				var hooked childEvent
 				if point == "held" {
 					svc.hold.Store(true)
-					first := startJournalClient(t, svc.env(path, intent)...)
+					first := startJournalClient(t, svc.bin, svc.env(path, intent)...)
 					select {
 					case <-svc.committed:
 					case <-time.After(20 * time.Second):
@@ -264,12 +210,12 @@ func TestJournalSurvivesKill9(t *testing.T) {
 					first.kill(t)
 					svc.hold.Store(false)
 				} else {
-					first := startJournalClient(t, svc.env(path, intent, "ONCEKEY_JOURNAL_HOOK="+point)...)
+					first := startJournalClient(t, svc.bin, svc.env(path, intent, "ONCEKEY_JOURNAL_HOOK="+point)...)
 					hooked = first.await(t, "hook")
 					first.kill(t)
 				}
 
-				second := startJournalClient(t, svc.env(path, intent, "ONCEKEY_JOURNAL_RESUME="+map[bool]string{true: "1", false: "0"}[resume])...)
+				second := startJournalClient(t, svc.bin, svc.env(path, intent, "ONCEKEY_JOURNAL_RESUME="+map[bool]string{true: "1", false: "0"}[resume])...)
 				var resumed []childEvent
 				var order *api.Order
 				for _, e := range second.finish(t) {
@@ -316,7 +262,7 @@ func TestJournalTwoProcessesOneIntent(t *testing.T) {
 	for round := range 10 {
 		path := filepath.Join(dir, fmt.Sprintf("journal-%d", round))
 		env := svc.env(path, fmt.Sprintf("checkout cart %d", round))
-		one, two := startJournalClient(t, env...), startJournalClient(t, env...)
+		one, two := startJournalClient(t, svc.bin, env...), startJournalClient(t, svc.bin, env...)
 		var orders []*api.Order
 		for _, p := range []*journalClient{one, two} {
 			for _, e := range p.finish(t) {
@@ -338,9 +284,9 @@ func TestJournalLockDiesWithItsHolder(t *testing.T) {
 	t.Parallel()
 	svc := startJournalService(t)
 	path := filepath.Join(t.TempDir(), "journal")
-	holder := startJournalClient(t, svc.env(path, "checkout", "ONCEKEY_JOURNAL_HOOK=a")...)
+	holder := startJournalClient(t, svc.bin, svc.env(path, "checkout", "ONCEKEY_JOURNAL_HOOK=a")...)
 	holder.await(t, "hook") // holds the lock, hanging before its send
-	next := startJournalClient(t, svc.env(path, "checkout")...)
+	next := startJournalClient(t, svc.bin, svc.env(path, "checkout")...)
 	next.await(t, "locking")
 	select {
 	case e := <-next.events:

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/oncekey/oncekey/client/internal/crashpoint"
 )
 
 // defaultKeyRetention is Config.KeyRetention's default: shorter than the
@@ -373,10 +375,7 @@ func (t *journalTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if op.stored != nil {
 		return storedResponse(req, op.stored)
 	}
-	j, h := t.c.cfg.Journal, t.c.hooks
-	if h == nil {
-		h = &hooks{}
-	}
+	j := t.c.cfg.Journal
 	server := (&url.URL{Scheme: req.URL.Scheme, Host: req.URL.Host}).String()
 	if !op.begun {
 		body, err := readBody(req)
@@ -391,13 +390,13 @@ func (t *journalTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 			return nil, op.journalErr
 		}
 		op.begun = true
-		h.run(h.beforeSend, nil)
+		crashpoint.At(crashpoint.BeforeSend, nil)
 	}
 	resp, err := t.next.RoundTrip(req)
 	if err != nil {
 		return nil, err
 	}
-	h.run(h.afterSend, nil)
+	crashpoint.At(crashpoint.AfterSend, nil)
 	t.noteRetention(server, resp.Header.Get(headerRetention))
 	body, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
@@ -408,7 +407,7 @@ func (t *journalTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if resp.StatusCode >= 500 || inProgress(resp) {
 		return resp, nil // not final: retried with the same key
 	}
-	h.run(h.beforeRecord, body)
+	crashpoint.At(crashpoint.BeforeRecord, body)
 	rec := Record{Kind: RecordAnswered, Key: op.key, Server: server, Status: resp.StatusCode,
 		ContentType: resp.Header.Get("Content-Type"), Time: time.Now()}
 	bounded(&rec, body)
@@ -493,18 +492,4 @@ func storedResponse(req *http.Request, rec *Record) (*http.Response, error) {
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h,
 		Body: io.NopCloser(bytes.NewReader(rec.Body)), ContentLength: int64(len(rec.Body)), Request: req,
 	}, nil
-}
-
-// hooks are the test seam of the crash tests: each runs, when set, at one
-// point of a journaled request (export_test.go sets them).
-type hooks struct {
-	beforeSend   func([]byte) // the RecordSent is durable, the request not sent
-	afterSend    func([]byte) // the request was sent and answered, the answer unread
-	beforeRecord func([]byte) // the final answer is read, not yet journaled
-}
-
-func (h *hooks) run(f func([]byte), body []byte) {
-	if f != nil {
-		f(body)
-	}
 }
