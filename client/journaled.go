@@ -86,7 +86,8 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 }
 
 // Pending lists the journal's operations sent and never answered, oldest
-// first (nil without a journal).
+// first (nil without a journal): those a process before this one left, and
+// those this one is sending now or gave up on.
 func (c *Client) Pending() []Entry {
 	if c.cfg.Journal == nil {
 		return nil
