@@ -18,6 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/client"
+	"github.com/oncekey/oncekey/gen/api"
+	"github.com/oncekey/oncekey/internal/service/payments"
+	"github.com/oncekey/oncekey/internal/service/provider"
 )
 
 // sampleRecords are records of every kind, as a client appends them.
@@ -431,4 +434,29 @@ func TestIntentOnceAcrossGoroutines(t *testing.T) {
 		}
 	}
 	require.EqualValues(t, 1, srv.requests.Load(), "sent once")
+}
+
+// TestLongOperationAnswerIsJournaled: the 202 of a long operation (a
+// payment, accepted and pending) is its answer: journaled, not pending,
+// and its intent run again returns the accepted payment from the journal
+// without a request, on the real service.
+func TestLongOperationAnswerIsJournaled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupPayments(t, provider.Faults{Latency: time.Second}) // still pending when the intent runs again
+	c, err := client.New(client.Config{BaseURL: b.svc.URL, APIKey: b.svc.APIKey, Journal: client.NewMemoryJournal()})
+	require.NoError(t, err)
+	order, err := c.Intent("checkout cart 7").CreateOrder(ctx, seedOrder)
+	require.NoError(t, err)
+	pay := api.NewPayment{OrderId: order.Id, Amount: order.Amount, Currency: order.Currency}
+	payment, err := c.Intent("pay cart 7").CreatePayment(ctx, pay)
+	require.NoError(t, err)
+	require.Equal(t, api.PaymentStatus(payments.StatusPending), payment.Status, "accepted (202)")
+	require.Empty(t, c.Pending(), "a long operation's 202 is an answer")
+
+	b.injector.then()
+	again, err := c.Intent("pay cart 7").CreatePayment(ctx, pay)
+	require.NoError(t, err)
+	require.Equal(t, payment, again, "the accepted payment, from the journal")
+	require.Empty(t, b.injector.seen(), "nothing sent")
 }
