@@ -45,12 +45,25 @@ type Config struct {
 	// NewKey makes the Idempotency-Key of each logical operation
 	// (default: a random UUID v4).
 	NewKey func() string
+	// Journal, when set, keeps each operation's key beyond the process
+	// (see Journal): written before the first attempt leaves, so a crash
+	// between sending and reading the answer does not lose it; it enables
+	// Intent, Pending and Resume. Nil keeps keys in memory only.
+	Journal Journal
+	// KeyRetention is how long a server is taken to keep a key when it
+	// has not advertised its own (Idempotency-TTL): an operation never
+	// answered and older than that is not resent. Default 24h, less than
+	// the service's default of 48h, to err on the side of not resending.
+	KeyRetention time.Duration
 }
 
 // Client calls Oncekey.
 type Client struct {
 	api *apiclient.Client
 	cfg Config
+	// intent is the name Intent gave this copy's operations.
+	intent  string
+	intents *intentLocks
 }
 
 // New returns a client for cfg.
@@ -73,6 +86,23 @@ func New(cfg Config) (*Client, error) {
 	if cfg.NewKey == nil {
 		cfg.NewKey = uuid.NewString
 	}
+	if cfg.KeyRetention <= 0 {
+		cfg.KeyRetention = defaultKeyRetention
+	}
+	sdk := &Client{cfg: cfg, intents: &intentLocks{locks: map[string]*intentLock{}, inflight: map[string]bool{}}}
+	if cfg.Journal != nil {
+		// The journal sits in the transport, where it sees each request's
+		// body and each answer as sent and received; a copy of the
+		// caller's *http.Client, so theirs is left as it was.
+		httpClient := *cfg.HTTPClient
+		next := httpClient.Transport
+		if next == nil {
+			next = http.DefaultTransport
+		}
+		httpClient.Transport = &journalTransport{next: next, c: sdk}
+		cfg.HTTPClient = &httpClient
+		sdk.cfg.HTTPClient = &httpClient
+	}
 	c, err := apiclient.NewClient(cfg.BaseURL,
 		apiclient.WithHTTPClient(cfg.HTTPClient),
 		apiclient.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
@@ -82,7 +112,8 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	return &Client{api: c, cfg: cfg}, nil
+	sdk.api = c
+	return sdk, nil
 }
 
 // ProblemError is a non-success answer, with the server's RFC 9457 problem
@@ -301,11 +332,33 @@ type Attempt func(ctx context.Context, key string) (*http.Response, error)
 // ctx ends. Every operation of openapi.yaml has a method of its own (the
 // unsafe ones run through this); use it for a request of your own shape,
 // such as one with headers of your own.
+//
+// With Config.Journal, the key is journaled before the first attempt
+// leaves, provided the attempt sends with Client.Do; under an Intent, a
+// key journaled before is reused (see Intent).
 func (c *Client) Idempotent(ctx context.Context, attempt Attempt) error {
-	key := c.cfg.NewKey()
+	if c.cfg.Journal != nil {
+		return c.journaled(ctx, attempt)
+	}
+	if c.intent != "" {
+		return fmt.Errorf("oncekey: intent %q: an intent needs Config.Journal", c.intent)
+	}
+	return c.run(ctx, &operation{key: c.cfg.NewKey()}, attempt)
+}
+
+// run makes the attempts of op until an answer is final, the attempts run
+// out or ctx ends.
+func (c *Client) run(ctx context.Context, op *operation, attempt Attempt) error {
+	key := op.key
+	if c.cfg.Journal != nil {
+		ctx = context.WithValue(ctx, operationKey{}, op)
+	}
 	var lastErr error
 	for n := 0; n < c.cfg.MaxAttempts; n++ {
 		resp, err := attempt(ctx, key)
+		if op.journalErr != nil {
+			return op.journalErr
+		}
 		retry, wait := c.classify(resp, err, n)
 		if !retry {
 			return err

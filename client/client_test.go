@@ -122,6 +122,8 @@ type testBundle struct {
 	account uuid.UUID
 	// provider is the sandbox payment provider (setupPayments only).
 	provider *provider.Client
+	// svc is where the service listens, and the account's API key.
+	svc servicetest.Service
 }
 
 // setup runs the service on PostgreSQL behind an injector with script.
@@ -181,7 +183,7 @@ func start(t *testing.T, backend store.Backend, cfg httpapi.Config, script ...fa
 		MaxDelay:    10 * time.Millisecond,
 	})
 	require.NoError(t, err)
-	return &testBundle{client: c, injector: inj, metrics: cfg.Metrics, api: raw, backend: backend, account: svc.Account, count: func() int {
+	return &testBundle{client: c, injector: inj, metrics: cfg.Metrics, api: raw, backend: backend, account: svc.Account, svc: svc, count: func() int {
 		list, err := backend.ListOrders(context.Background(), svc.Account, nil, 1000)
 		require.NoError(t, err)
 		return len(list)
