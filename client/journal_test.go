@@ -444,10 +444,18 @@ func TestLongOperationAnswerIsJournaled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupPayments(t, provider.Faults{Latency: time.Second}) // still pending when the intent runs again
-	c, err := client.New(client.Config{BaseURL: b.svc.URL, APIKey: b.svc.APIKey, Journal: client.NewMemoryJournal()})
+	journal := client.NewMemoryJournal()
+	c, err := client.New(client.Config{BaseURL: b.svc.URL, APIKey: b.svc.APIKey, Journal: journal})
 	require.NoError(t, err)
 	order, err := c.Intent("checkout cart 7").CreateOrder(ctx, seedOrder)
 	require.NoError(t, err)
+	var advertised []time.Duration
+	for _, r := range journal.Records() {
+		if r.Kind == client.RecordRetention {
+			advertised = append(advertised, r.Retention)
+		}
+	}
+	require.Equal(t, []time.Duration{48 * time.Hour}, advertised, "the service's Idempotency-TTL (its default 48h), journaled once")
 	pay := api.NewPayment{OrderId: order.Id, Amount: order.Amount, Currency: order.Currency}
 	payment, err := c.Intent("pay cart 7").CreatePayment(ctx, pay)
 	require.NoError(t, err)
