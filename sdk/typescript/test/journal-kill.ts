@@ -107,8 +107,16 @@ interface Run {
   result: Promise<Printed>;
 }
 
+// A failed round leaves its batch's other children waiting to be killed.
+const running = new Set<ChildProcess>();
+after(() => {
+  for (const c of running) c.kill("SIGKILL");
+});
+
 export function child(env: Record<string, string>): Run {
   const c = spawn(process.execPath, [CHILD], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  running.add(c);
+  c.on("exit", () => running.delete(c));
   let out = "";
   let err = "";
   const waiters: Array<[string, () => void]> = [];

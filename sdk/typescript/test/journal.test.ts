@@ -3,7 +3,7 @@
 // the file journal survives a write torn at any byte.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs";
+import fs, { mkdtempSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import {
@@ -295,6 +295,36 @@ describe("the file journal on disk", () => {
     assert.equal(await later.byIntent("done 0"), undefined);
     assert.equal(await later.retention("http://x"), 1000);
     await later.close();
+  });
+
+  // A SIGKILL cannot lose what write() gave the kernel, so the kill tests
+  // cannot see a missing fsync; a power cut could. This watches for it.
+  test("every write is fsync'd before it resolves; compaction fsyncs the new file and its directory", async (t) => {
+    const file = path.join(scratch(), "k.journal");
+    const j = await openFileJournal(file);
+    const synced: string[] = [];
+    const fsyncSync = fs.fsyncSync;
+    t.after(() => void (fs.fsyncSync = fsyncSync));
+    fs.fsyncSync = (fd: number) => {
+      const target = fs.readlinkSync(`/proc/self/fd/${fd}`);
+      synced.push(target === file ? `${statSync(file).size}` : target === path.dirname(file) ? "dir" : "other");
+      fsyncSync(fd);
+    };
+    const e = leftOver({ intent: "x", origin: "http://x" });
+    for (const write of [
+      () => j.append(e),
+      () => j.setRetention("http://x", 60_000),
+      () => j.record(e.key, { status: 201, headers: {}, body: "{}", answeredAt: Date.now(), retentionMs: HOUR }),
+      () => j.forget(e.key),
+    ]) {
+      synced.length = 0;
+      await write();
+      assert.deepEqual(synced, [`${statSync(file).size}`], "one fsync of the journal, after its write");
+    }
+    synced.length = 0;
+    await j.compact();
+    assert.deepEqual(synced, ["other", "dir"], "the new file before its rename, then the directory");
+    await j.close();
   });
 
   test("a file truncated to nothing opens empty", async () => {
