@@ -249,8 +249,10 @@ export async function journaled<R extends HasResponse>(
     let entry = intent === undefined ? undefined : await journal.byIntent(intent);
     if (entry) {
       if (entry.operation !== label || entry.bodyHash !== bodyHash) throw new IntentMismatchError(entry);
-      if (entry.answer) return revive(responseFromAnswer(entry.answer));
-      const at = await expiresAt(journal, entry, keyRetentionMs);
+      // A body cut at MAX_BODY_CHARS cannot be replayed from here: the
+      // server replays it whole to the same key while it remembers the key.
+      if (entry.answer && !entry.answer.truncated) return revive(responseFromAnswer(entry.answer));
+      const at = entry.answer ? entry.answer.answeredAt + entry.answer.retentionMs : await expiresAt(journal, entry, keyRetentionMs);
       if (at < Date.now()) throw new IntentExpiredError(entry, at);
     } else {
       entry = { key: key ?? crypto.randomUUID(), operation: label, bodyHash, createdAt: Date.now() };

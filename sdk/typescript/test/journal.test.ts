@@ -115,6 +115,19 @@ for (const [name, open] of JOURNALS) {
       await journal.close?.();
     });
 
+    test("an answer too big to store whole is fetched again with its key, not replayed cut", async () => {
+      const journal = await open();
+      const big = { ...ORDER, items: Array.from({ length: 3000 }, (_, n) => ({ sku: `SKU-${n}`, qty: 1 })) };
+      const { url, seen } = await scripted(reply(201, big));
+      const c = createClient({ baseUrl: url, apiKey: "k", retry: FAST, journal });
+      assert.deepEqual(await c.createOrder(SEED, { intent: "big" }), big);
+      assert.equal((await journal.byIntent("big"))?.answer?.truncated, true);
+      assert.deepEqual(await c.createOrder(SEED, { intent: "big" }), big);
+      assert.equal(seen.length, 2);
+      assert.equal(seen[1]!.key, seen[0]!.key);
+      await journal.close?.();
+    });
+
     test("two calls of one intent at once in one process: one request", async () => {
       const journal = await open();
       const { url, seen } = await scripted(reply(201, ORDER));
