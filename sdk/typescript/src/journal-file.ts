@@ -59,14 +59,15 @@ export interface FileJournal extends Journal {
 }
 
 /**
- * Opens (creating when missing) the journal at `file`, waiting until no
+ * Opens (creating when missing, readable by its owner only) the journal at `file`, waiting until no
  * other process holds it, then reads it and compacts it. Hold it for as long
  * as the process sends journaled requests; a process that must run in
  * parallel with another needs a journal of its own.
  */
 export async function openFileJournal(file: string, options: FileJournalOptions = {}): Promise<FileJournal> {
   const warn = options.onWarning ?? ((m: string) => process.emitWarning(m, "OncekeyJournalWarning"));
-  fs.closeSync(fs.openSync(file, "a"));
+  // Owner-only: the journal holds request and answer bodies.
+  fs.closeSync(fs.openSync(file, "a", 0o600));
   const real = fs.realpathSync(file);
   const useSocket = (options.lock ?? (process.platform === "linux" ? "socket" : "pidfile")) === "socket";
   const deadline = Date.now() + (options.lockTimeoutMs ?? 30_000);
@@ -131,7 +132,7 @@ class FileJournalImpl implements FileJournal {
     const lines = [...this.#entries.values()].map((e) => encode({ a: e }));
     for (const [t, ms] of this.#retention) lines.push(encode({ t, ms }));
     const tmp = `${this.real}.compact-${process.pid}`;
-    const fd = fs.openSync(tmp, "w");
+    const fd = fs.openSync(tmp, "w", 0o600);
     try {
       writeAll(fd, Buffer.concat(lines));
       fs.fsyncSync(fd);

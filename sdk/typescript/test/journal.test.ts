@@ -340,6 +340,15 @@ describe("the file journal on disk", () => {
     await j.close();
   });
 
+  test("the journal, and the file compaction writes, are its owner's only: they hold request and answer bodies", async () => {
+    const file = path.join(scratch(), "k.journal");
+    const j = await openFileJournal(file);
+    assert.equal(statSync(file).mode & 0o777, 0o600);
+    await j.compact();
+    assert.equal(statSync(file).mode & 0o777, 0o600);
+    await j.close();
+  });
+
   test("a file truncated to nothing opens empty", async () => {
     const file = path.join(scratch(), "k.journal");
     await written(file);
