@@ -47,6 +47,7 @@ export {
   DEFAULT_KEY_RETENTION_MS,
   IntentExpiredError,
   IntentMismatchError,
+  isAnswerExpired,
   MAX_BODY_CHARS,
   MemoryJournal,
   pending,

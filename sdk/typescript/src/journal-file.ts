@@ -202,7 +202,7 @@ function encode(rec: JournalRecord): Buffer {
  * corruption. `clean` is false when anything was skipped or the last record
  * lacks its newline: the file then needs rewriting before appends follow.
  */
-export function readRecords(buf: Buffer, warn: (message: string) => void): { records: JournalRecord[]; clean: boolean } {
+function readRecords(buf: Buffer, warn: (message: string) => void): { records: JournalRecord[]; clean: boolean } {
   const records: JournalRecord[] = [];
   let clean = true;
   for (let pos = 0; pos < buf.length; ) {
@@ -238,7 +238,7 @@ const CRC_TABLE = Array.from({ length: 256 }, (_, n) => {
 });
 
 /** CRC-32 (IEEE 802.3, as zlib's), unsigned. */
-export function crc32(bytes: Uint8Array): number {
+function crc32(bytes: Uint8Array): number {
   let c = 0xffffffff;
   for (const b of bytes) c = CRC_TABLE[(c ^ b) & 0xff]! ^ (c >>> 8);
   return (c ^ 0xffffffff) >>> 0;

@@ -79,7 +79,7 @@ export const MAX_BODY_CHARS = 64 * 1024;
 /** The default retention of a key when the server advertised none: 24 hours. */
 export const DEFAULT_KEY_RETENTION_MS = 24 * 60 * 60 * 1000;
 
-/** Whether an answered entry is past its retention at `now`. */
+/** Whether an answered entry is past its retention at `now`: what `compact` drops (for a journal of your own). */
 export function isAnswerExpired(answer: JournalAnswer, now: number): boolean {
   return answer.answeredAt + answer.retentionMs < now;
 }

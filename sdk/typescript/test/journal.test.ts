@@ -18,6 +18,7 @@ import {
   type Journal,
   type JournalEntry,
   type NewOrder,
+  type OncekeyClient,
 } from "../dist/index.js";
 import { openFileJournal } from "../dist/journal-file.js";
 import { isProblem } from "./problems.js";
@@ -230,6 +231,33 @@ async function hashOf(text: string): Promise<string> {
   const d = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
   return Buffer.from(d).toString("hex");
 }
+
+describe("what the client's methods journal is what resume sends again", () => {
+  const calls = [
+    ["createOrder", (c: OncekeyClient) => c.createOrder(SEED, { intent: "x" })],
+    ["updateOrder", (c: OncekeyClient) => c.updateOrder("o/1", { amount: 1800 }, { intent: "x" })],
+    ["cancelOrder", (c: OncekeyClient) => c.cancelOrder("o/1", { intent: "x" })],
+    ["createRefund", (c: OncekeyClient) => c.createRefund("p_1", { amount: 300, reason: "returned" }, { intent: "x" })],
+    ["createPayment", (c: OncekeyClient) => c.createPayment({ order_id: "o_1", amount: 1, currency: "RUB" }, { intent: "x" })],
+    ["createBonusCredit", (c: OncekeyClient) => c.createBonusCredit({ amount: 5, reason: "r" }, { intent: "x" })],
+    ["createBonusDebit", (c: OncekeyClient) => c.createBonusDebit({ amount: 5, reason: "r" }, { intent: "x" })],
+  ] as const;
+  for (const [name, call] of calls) {
+    test(`${name}: the resent request is the first one, byte for byte, with its key`, async () => {
+      const journal = new MemoryJournal();
+      const { url, seen } = await scripted(drop, reply(200, ORDER));
+      const c = createClient({ baseUrl: url, apiKey: "k", retry: { ...FAST, maxAttempts: 1 }, journal });
+      await assert.rejects(call(c), TypeError);
+      assert.deepEqual((await c.resume()).map((o) => o.kind), ["answered"]);
+      const [first, again] = seen;
+      assert.ok(first && again);
+      assert.deepEqual(
+        [again.method, again.url, again.key, again.authorization, again.contentType, again.body],
+        [first.method, first.url, first.key, first.authorization, first.contentType, first.body],
+      );
+    });
+  }
+});
 
 describe("the file journal on disk", () => {
   /** A journal file of a few records of every kind, and what each prefix of it must still hold. */
