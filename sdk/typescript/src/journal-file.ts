@@ -141,12 +141,15 @@ class FileJournalImpl implements FileJournal {
     }
     if (this.#fd >= 0) fs.closeSync(this.#fd);
     fs.renameSync(tmp, this.real);
-    // The rename is durable only once the directory is.
-    const dir = fs.openSync(path.dirname(this.real), "r");
-    try {
-      fs.fsyncSync(dir);
-    } finally {
-      fs.closeSync(dir);
+    // The rename is durable only once the directory is. (Windows cannot
+    // open a directory; NTFS journals the rename itself.)
+    if (process.platform !== "win32") {
+      const dir = fs.openSync(path.dirname(this.real), "r");
+      try {
+        fs.fsyncSync(dir);
+      } finally {
+        fs.closeSync(dir);
+      }
     }
     this.#fd = fs.openSync(this.real, "a");
   }
@@ -293,12 +296,22 @@ async function holdPidFile(real: string, deadline: number): Promise<() => Promis
     }
     const held = readOrEmpty(lockFile);
     const pid = Number.parseInt(held, 10);
-    if (held !== "" && !isRunning(pid) && readOrEmpty(lockFile) === held) {
+    // Empty for more than a second: its creator died between creating and writing it.
+    const abandoned = held === "" ? ageMs(lockFile) > 1_000 : !isRunning(pid);
+    if (abandoned && readOrEmpty(lockFile) === held) {
       fs.rmSync(lockFile, { force: true });
       continue;
     }
     if (Date.now() >= deadline) throw new JournalLockedError(real);
     await sleep(20);
+  }
+}
+
+function ageMs(file: string): number {
+  try {
+    return Date.now() - fs.statSync(file).mtimeMs;
+  } catch {
+    return 0;
   }
 }
 

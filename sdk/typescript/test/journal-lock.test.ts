@@ -1,6 +1,7 @@
 // The file journal's lock, both kinds, across processes: see ./journal-kill.ts.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { existsSync, readFileSync, utimesSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { openFileJournal } from "../dist/journal-file.js";
 import { child, dir, idempotentServer, killed } from "./journal-kill.js";
@@ -40,4 +41,15 @@ describe("the journal's lock", async () => {
       await next.close();
     });
   }
+
+  test("pidfile: a lock file left empty (its creator died before writing its pid) is taken over after a second", async () => {
+    const file = path.join(dir, "empty-lock.journal");
+    writeFileSync(`${file}.lock`, "");
+    const old = new Date(Date.now() - 5_000);
+    utimesSync(`${file}.lock`, old, old);
+    const j = await openFileJournal(file, { lock: "pidfile", lockTimeoutMs: 1_000 });
+    assert.equal(readFileSync(`${file}.lock`, "utf8"), `${process.pid}\n`);
+    await j.close();
+    assert.equal(existsSync(`${file}.lock`), false, "closing removes the lock file");
+  });
 });
