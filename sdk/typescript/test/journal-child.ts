@@ -2,7 +2,7 @@
 // SIGKILL at a point of its choosing and runs it again. Not a test itself
 // (not *.test.js), and its kill hooks live here, not in the shipped API.
 //
-// Env: ONCEKEY_URL; JOURNAL (file); INTENT; SKU (names the round's order);
+// Env: ONCEKEY_URL (ONCEKEY_API_KEY, default ok_kill_test); JOURNAL (file); INTENT; SKU (names the round's order);
 // LOCK (socket | pidfile); KILL_AT: "append" prints `appended` once the entry
 // is durable and waits to be killed before anything is sent; "answer" prints
 // `answered` once the answer arrived and waits to be killed before the
@@ -41,7 +41,7 @@ const journal: Journal = {
 
 const client = createClient({
   baseUrl: env("ONCEKEY_URL"),
-  apiKey: "ok_kill_test",
+  apiKey: process.env.ONCEKEY_API_KEY || "ok_kill_test",
   retry: { maxAttempts: 5, baseDelayMs: 1, maxDelayMs: 20 },
   journal,
 });
