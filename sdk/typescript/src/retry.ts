@@ -252,7 +252,8 @@ export async function journaled<R extends HasResponse>(
       // A body cut at MAX_BODY_CHARS cannot be replayed from here: the
       // server replays it whole to the same key while it remembers the key.
       if (entry.answer && !entry.answer.truncated) return revive(responseFromAnswer(entry.answer));
-      const at = entry.answer ? entry.answer.answeredAt + entry.answer.retentionMs : await expiresAt(journal, entry, keyRetentionMs);
+      // Counted from the append, before the first send: never later than the server forgets the key.
+      const at = entry.answer ? entry.createdAt + entry.answer.retentionMs : await expiresAt(journal, entry, keyRetentionMs);
       if (at < Date.now()) throw new IntentExpiredError(entry, at);
     } else {
       entry = { key: key ?? crypto.randomUUID(), operation: label, bodyHash, createdAt: Date.now() };

@@ -129,6 +129,18 @@ for (const [name, open] of JOURNALS) {
       await journal.close?.();
     });
 
+    test("an answer too big to store whole, past its retention, is not fetched again: the key may be forgotten", async () => {
+      const journal = await open();
+      const { url, seen } = await scripted(reply(201, ORDER));
+      const c = createClient({ baseUrl: url, apiKey: "k", retry: FAST, journal });
+      const old = leftOver({ origin: url, intent: "big", bodyHash: await hashOf(JSON.stringify(SEED)), createdAt: Date.now() - 2 * HOUR });
+      await journal.append(old);
+      await journal.record(old.key, { status: 201, headers: {}, body: "{", truncated: true, answeredAt: Date.now() - HOUR / 2, retentionMs: HOUR });
+      await assert.rejects(c.createOrder(SEED, { intent: "big" }), IntentExpiredError);
+      assert.equal(seen.length, 0);
+      await journal.close?.();
+    });
+
     test("two calls of one intent at once in one process: one request", async () => {
       const journal = await open();
       const { url, seen } = await scripted(reply(201, ORDER));
