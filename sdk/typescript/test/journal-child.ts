@@ -14,10 +14,13 @@ import { openFileJournal } from "../dist/journal-file.js";
 
 const env = (name: string) => process.env[name] ?? "";
 
-/** Says where it is, then waits (keeping the process alive) for the SIGKILL. */
+/**
+ * Says where it is, then waits for the SIGKILL; a minute without one (its
+ * test failed or timed out) ends it, so no child outlives its test.
+ */
 function hang(point: string): Promise<never> {
   process.stdout.write(`${point}\n`);
-  setInterval(() => {}, 1 << 30);
+  setTimeout(() => process.exit(3), 60_000);
   return new Promise<never>(() => {});
 }
 
