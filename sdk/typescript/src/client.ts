@@ -1,9 +1,12 @@
 import createFetchClient, { type Client } from "openapi-fetch";
 import type { components, paths } from "./schema.js";
+import type { Journal, JournalEntry, JournalRequest, Outcome } from "./journal.js";
 import {
   DEFAULT_RETRY,
   idempotent,
   isInProgress,
+  journaled,
+  resume,
   withRetry,
   type HasResponse,
   type IdempotentOptions,
@@ -56,6 +59,14 @@ export interface ClientOptions {
   retry?: Partial<RetryOptions>;
   /** A fetch to use instead of the global one (proxies, tests). */
   fetch?: typeof globalThis.fetch;
+  /**
+   * A key journal: every unsafe call writes its key there before sending, so
+   * a call re-run after a crash with the same `intent` reuses it (see the
+   * README's "Key journal"). Without one, keys live in memory only.
+   */
+  journal?: Journal;
+  /** With a journal: an unanswered key's retention when the server advertised no `Idempotency-TTL`. Default 24 h. */
+  keyRetentionMs?: number;
 }
 
 /**
@@ -65,6 +76,13 @@ export interface ClientOptions {
 export interface OperationOptions {
   /** A key you persisted for this operation; default a fresh UUID. See IdempotentOptions.key. */
   idempotencyKey?: string;
+  /**
+   * With the client's journal: the name of this one logical operation,
+   * stable across restarts ("checkout cart 123"). A call with an intent
+   * already journaled reuses its key, or returns its stored answer without
+   * sending.
+   */
+  intent?: string;
 }
 
 /** createOrder's options (the same as every unsafe operation's). */
@@ -149,6 +167,12 @@ export interface OncekeyClient {
     op: (key: string, attempt: number) => Promise<R>,
     options?: IdempotentOptions,
   ): Promise<R>;
+  /**
+   * With a journal: sends every unanswered journaled request of this server
+   * again with its own key (an expired one never), records the answers, and
+   * reports each outcome. Without a journal: an empty list.
+   */
+  resume(): Promise<Outcome[]>;
   /** The typed openapi-fetch client (auth set, no retries) for everything else. */
   api: Client<paths>;
 }
@@ -161,9 +185,39 @@ export function createClient(options: ClientOptions): OncekeyClient {
     fetch: options.fetch,
   });
 
-  /** Runs one logical unsafe operation: `op` sends the request with the key. */
-  const once = <T>(op: (key: string) => Promise<Answer>, opts: OperationOptions = {}) =>
-    idempotent(op, { ...retry, key: opts.idempotencyKey }).then(valueOf<T>);
+  const fetcher = options.fetch ?? globalThis.fetch;
+  const base = options.baseUrl.replace(/\/+$/, "");
+  const { journal, keyRetentionMs } = options;
+
+  /**
+   * Runs one logical unsafe operation: `op` sends `request` with the key.
+   * With a journal, `request` is what is hashed, kept and re-sent by resume.
+   */
+  const once = <T>(
+    op: (key: string) => Promise<Answer>,
+    opts: OperationOptions = {},
+    request: JournalRequest,
+  ): Promise<T> => {
+    if (!journal) return idempotent(op, { ...retry, key: opts.idempotencyKey }).then(valueOf<T>);
+    const journaledOptions = { ...retry, journal, request, origin: base, keyRetentionMs, key: opts.idempotencyKey, intent: opts.intent };
+    return journaled(op, journaledOptions, answerText, answerFromResponse).then(valueOf<T>);
+  };
+  const json = (method: string, path: string, body: unknown, contentType = "application/json"): JournalRequest => ({
+    method,
+    path,
+    body: JSON.stringify(body),
+    contentType,
+  });
+  /** Re-sends a journaled request as it was sent, with its key. */
+  const resend = (entry: JournalEntry): Promise<Response> => {
+    const r = entry.request;
+    if (!r || entry.origin !== base) {
+      return Promise.reject(new Error(`entry ${entry.key} holds no request for ${base}: resume it with resume(journal, send)`));
+    }
+    const headers: Record<string, string> = { Authorization: `Bearer ${options.apiKey}`, "Idempotency-Key": entry.key };
+    if (r.contentType) headers["Content-Type"] = r.contentType;
+    return fetcher(base + r.path, { method: r.method, headers, body: r.body ?? null });
+  };
   // GETs change nothing, so plain retries are safe without a key.
   const read = <T>(op: () => Promise<Answer>) => withRetry(op, retry).then(valueOf<T>);
   const withKey = (key: string) => ({ header: { "Idempotency-Key": key } });
@@ -173,7 +227,9 @@ export function createClient(options: ClientOptions): OncekeyClient {
 
     idempotent: (op, opts) => idempotent(op, { ...retry, ...opts }),
 
-    createOrder: (body, opts) => once<Order>((key) => api.POST("/orders", { params: withKey(key), body }), opts),
+    resume: () => (journal ? resume(journal, resend, { ...retry, keyRetentionMs }) : Promise.resolve([])),
+
+    createOrder: (body, opts) => once<Order>((key) => api.POST("/orders", { params: withKey(key), body }), opts, json("POST", "/orders", body)),
 
     getOrder: (id) => read<Order>(() => api.GET("/orders/{id}", { params: { path: { id } } })),
 
@@ -188,15 +244,20 @@ export function createClient(options: ClientOptions): OncekeyClient {
             headers: { "Content-Type": "application/merge-patch+json" },
           }),
         opts,
+        json("PATCH", `/orders/${encodeURIComponent(id)}`, patch, "application/merge-patch+json"),
       ),
 
     cancelOrder: (id, opts) =>
-      once<Order>((key) => api.DELETE("/orders/{id}", { params: { path: { id }, ...withKey(key) } }), opts),
+      once<Order>((key) => api.DELETE("/orders/{id}", { params: { path: { id }, ...withKey(key) } }), opts, {
+        method: "DELETE",
+        path: `/orders/${encodeURIComponent(id)}`,
+      }),
 
     createRefund: (paymentId, body, opts) =>
       once<Refund>(
         (key) => api.POST("/payments/{id}/refunds", { params: { path: { id: paymentId }, ...withKey(key) }, body }),
         opts,
+        json("POST", `/payments/${encodeURIComponent(paymentId)}/refunds`, body),
       ),
 
     getRefund: (id) => read<Refund>(() => api.GET("/refunds/{id}", { params: { path: { id } } })),
@@ -204,15 +265,23 @@ export function createClient(options: ClientOptions): OncekeyClient {
     listRefunds: (paymentId) =>
       read<RefundList>(() => api.GET("/payments/{id}/refunds", { params: { path: { id: paymentId } } })),
 
-    createPayment: (body, opts) => once<Payment>((key) => api.POST("/payments", { params: withKey(key), body }), opts),
+    createPayment: (body, opts) => once<Payment>((key) => api.POST("/payments", { params: withKey(key), body }), opts, json("POST", "/payments", body)),
 
     getPayment: (id) => read<Payment>(() => api.GET("/payments/{id}", { params: { path: { id } } })),
 
     createBonusCredit: (body, opts) =>
-      once<BonusEntryResult>((key) => api.POST("/bonus/credits", { params: withKey(key), body }), opts),
+      once<BonusEntryResult>(
+        (key) => api.POST("/bonus/credits", { params: withKey(key), body }),
+        opts,
+        json("POST", "/bonus/credits", body),
+      ),
 
     createBonusDebit: (body, opts) =>
-      once<BonusEntryResult>((key) => api.POST("/bonus/debits", { params: withKey(key), body }), opts),
+      once<BonusEntryResult>(
+        (key) => api.POST("/bonus/debits", { params: withKey(key), body }),
+        opts,
+        json("POST", "/bonus/debits", body),
+      ),
 
     getBonusBalance: () => read<BonusBalance>(() => api.GET("/bonus/balance")),
 
@@ -233,6 +302,20 @@ interface Answer {
   data?: unknown;
   error?: unknown;
   response: Response;
+}
+
+/** An openapi-fetch result's body as text: openapi-fetch has read the response, so its parsed data or error. */
+async function answerText({ data, error }: Answer): Promise<string> {
+  const v = data ?? error;
+  return v === undefined ? "" : typeof v === "string" ? v : JSON.stringify(v);
+}
+
+/** A stored answer as openapi-fetch would have given it: JSON parsed, data on success, error otherwise. */
+async function answerFromResponse(res: Response): Promise<Answer> {
+  const text = await res.clone().text();
+  let value: unknown = text;
+  if (/json/i.test(res.headers.get("Content-Type") ?? "") && text !== "") value = JSON.parse(text);
+  return res.ok ? { data: value, response: res } : { error: value, response: res };
 }
 
 /**

@@ -1,6 +1,8 @@
 /**
  * Oncekey TypeScript SDK: a typed client generated from openapi.yaml
- * (openapi-typescript + openapi-fetch) with idempotent retries.
+ * (openapi-typescript + openapi-fetch) with idempotent retries and a key
+ * journal interface (the file journal is `@oncekey/sdk/journal-file`, kept
+ * out of this entry so a browser bundle never pulls in `node:fs`).
  */
 export {
   createClient,
@@ -31,12 +33,29 @@ export {
   DEFAULT_RETRY,
   idempotent,
   isInProgress,
+  resume,
   isRetryable,
   isRetryableStatus,
   retryDelayMs,
   withRetry,
   type HasResponse,
   type IdempotentOptions,
+  type JournaledOptions,
   type RetryOptions,
 } from "./retry.js";
+export {
+  DEFAULT_KEY_RETENTION_MS,
+  IntentExpiredError,
+  IntentMismatchError,
+  isAnswerExpired,
+  MAX_BODY_CHARS,
+  MemoryJournal,
+  pending,
+  type Journal,
+  type JournalAnswer,
+  type JournalEntry,
+  type JournalRequest,
+  type Outcome,
+  type PendingEntry,
+} from "./journal.js";
 export type { components, operations, paths } from "./schema.js";

@@ -6,6 +6,22 @@
  * on every retry of it. A fresh key per attempt would turn a timeout into a
  * duplicate order; a key reused for a different operation would get a 409.
  */
+import {
+  advertisedRetentionMs,
+  answerOf,
+  DEFAULT_KEY_RETENTION_MS,
+  expiresAt,
+  IntentExpiredError,
+  IntentMismatchError,
+  MAX_BODY_CHARS,
+  pending,
+  responseOf as responseFromAnswer,
+  sha256Hex,
+  type Journal,
+  type JournalEntry,
+  type JournalRequest,
+  type Outcome,
+} from "./journal.js";
 
 /** How hard to retry. Every field is optional where it is accepted. */
 export interface RetryOptions {
@@ -124,15 +140,44 @@ export async function withRetry<R extends HasResponse>(
   }
 }
 
-/** Options for `idempotent`: retry tuning plus an optional fixed key. */
+/** Options for `idempotent`: retry tuning, an optional fixed key, an optional journal. */
 export interface IdempotentOptions extends Partial<RetryOptions> {
   /**
    * The operation's Idempotency-Key. Default: a fresh crypto.randomUUID().
    * Pass your own when the operation must survive a restart of this process
    * (persist the key with the intent, e.g. next to the cart, before the first
-   * attempt), since a new process would otherwise mint a new key.
+   * attempt), since a new process would otherwise mint a new key. A journal
+   * (below) does exactly that for you.
    */
   key?: string;
+}
+
+/**
+ * `idempotent`'s options with a key journal: the key is written to `journal`
+ * before the first attempt and the final answer after the last, so a re-run
+ * of the same `intent` after a crash reuses the key (or returns the stored
+ * answer without sending). See the README's "Key journal".
+ */
+export interface JournaledOptions extends IdempotentOptions {
+  journal: Journal;
+  /**
+   * The caller's name for this one logical operation, unique per operation
+   * and stable across restarts ("checkout cart 123"). A re-run with the same
+   * intent reuses the journaled key. Without one the entry is journaled
+   * for `resume` only.
+   */
+  intent?: string;
+  /**
+   * The request the operation sends: its method and path name the
+   * operation, its body is hashed (a re-run of the intent with another body
+   * is an IntentMismatchError), and it is kept (≤ 64 KiB) so `resume` can
+   * send it again.
+   */
+  request?: JournalRequest;
+  /** The server's origin ("https://api.example.com"), whose `Idempotency-TTL` is remembered. */
+  origin?: string;
+  /** An unanswered entry's retention when the origin advertised none. Default 24 h. */
+  keyRetentionMs?: number;
 }
 
 /**
@@ -141,16 +186,169 @@ export interface IdempotentOptions extends Partial<RetryOptions> {
  * must send `key` as its Idempotency-Key header and the same request every
  * time (the server answers 409 to the same key with a different request).
  *
+ * With `journal`, the operation must return a fetch Response: a re-run of an
+ * answered intent gets the stored answer rebuilt as one, without sending.
+ *
  * @example
  *   const { data, response } = await idempotent((key) =>
  *     api.POST("/orders", { params: { header: { "Idempotency-Key": key } }, body }));
  */
+export function idempotent(
+  operation: (key: string, attempt: number) => Promise<Response>,
+  options: JournaledOptions,
+): Promise<Response>;
 export function idempotent<R extends HasResponse>(
   operation: (key: string, attempt: number) => Promise<R>,
-  options: IdempotentOptions = {},
+  options?: IdempotentOptions,
+): Promise<R>;
+export function idempotent<R extends HasResponse>(
+  operation: (key: string, attempt: number) => Promise<R>,
+  options: IdempotentOptions | JournaledOptions = {},
 ): Promise<R> {
+  if ("journal" in options && options.journal) {
+    return journaled(operation, options, bodyText, async (res) => res as R);
+  }
   const { key = crypto.randomUUID(), ...retry } = options;
   return withRetry((n) => operation(key, n), retry);
+}
+
+// Intents running in this process, per journal: a second call with the same
+// intent waits for the first, then finds its entry. (Other processes are kept
+// out by the file journal's lock.)
+const running = new WeakMap<Journal, Map<string, Promise<unknown>>>();
+
+async function oneAtATime<T>(journal: Journal, intent: string | undefined, fn: () => Promise<T>): Promise<T> {
+  if (intent === undefined) return fn();
+  let intents = running.get(journal);
+  if (!intents) running.set(journal, (intents = new Map()));
+  const run = (intents.get(intent) ?? Promise.resolve()).then(fn, fn);
+  const tail = run.catch(() => {});
+  intents.set(intent, tail);
+  try {
+    return await run;
+  } finally {
+    if (intents.get(intent) === tail) intents.delete(intent);
+  }
+}
+
+/**
+ * The journaled run behind `idempotent` and the client's unsafe methods:
+ * `read` gives the body text of a result, `revive` turns a stored answer
+ * back into one. Exported for the client, not from the package.
+ */
+export async function journaled<R extends HasResponse>(
+  operation: (key: string, attempt: number) => Promise<R>,
+  options: JournaledOptions,
+  read: (result: R) => Promise<string>,
+  revive: (res: Response) => Promise<R>,
+): Promise<R> {
+  const { journal, intent, request, origin, keyRetentionMs = DEFAULT_KEY_RETENTION_MS, key, ...retry } = options;
+  const label = request ? `${request.method.toUpperCase()} ${request.path}` : "request";
+  const bodyHash = await sha256Hex(request?.body ?? "");
+  return oneAtATime(journal, intent, async () => {
+    let entry = intent === undefined ? undefined : await journal.byIntent(intent);
+    if (entry) {
+      if (entry.operation !== label || entry.bodyHash !== bodyHash) throw new IntentMismatchError(entry);
+      // A body cut at MAX_BODY_CHARS cannot be replayed from here: the
+      // server replays it whole to the same key while it remembers the key.
+      if (entry.answer && !entry.answer.truncated) return revive(responseFromAnswer(entry.answer));
+      // Counted from the append, before the first send: never later than the server forgets the key.
+      const at = entry.answer ? entry.createdAt + entry.answer.retentionMs : await expiresAt(journal, entry, keyRetentionMs);
+      if (at < Date.now()) throw new IntentExpiredError(entry, at);
+    } else {
+      entry = { key: key ?? crypto.randomUUID(), operation: label, bodyHash, createdAt: Date.now() };
+      if (intent !== undefined) entry.intent = intent;
+      if (origin !== undefined) entry.origin = origin;
+      if (request && (request.body ?? "").length <= MAX_BODY_CHARS) entry.request = request;
+      // Durable before anything is sent: a crash from here on finds the key.
+      await journal.append(entry);
+    }
+    const sent = entry;
+    const result = await withRetry((n) => operation(sent.key, n), retry);
+    await settle(journal, sent, responseOf(result), await read(result), keyRetentionMs);
+    return result;
+  });
+}
+
+/**
+ * Classifies a final response of a journaled entry and records it when it
+ * is the key's lasting answer. Not recorded, so the entry stays pending for
+ * `resume`: a 5xx (nothing stored server-side), a 202 in progress, and a 409
+ * outcome-unknown (an operator may settle it later).
+ */
+async function settle(
+  journal: Journal,
+  entry: JournalEntry,
+  res: Response,
+  body: string,
+  keyRetentionMs: number,
+): Promise<Outcome> {
+  const advertised = advertisedRetentionMs(res);
+  if (advertised !== undefined && entry.origin !== undefined) await journal.setRetention(entry.origin, advertised);
+  const response = rebuilt(res, body);
+  if (isInProgress(res)) return { kind: "inProgress", entry, response };
+  if (res.status >= 500) return { kind: "failed", entry, error: new Error(`HTTP ${res.status}`), response };
+  if (res.status === 409 && problemType(body).endsWith("outcome-unknown")) return { kind: "unknown", entry, response };
+  const stored = entry.origin === undefined ? undefined : await journal.retention(entry.origin);
+  await journal.record(entry.key, answerOf(res, body, advertised ?? stored ?? keyRetentionMs));
+  const kind = res.status >= 400 && res.status < 500 ? "refused" : "answered";
+  return { kind, entry, status: res.status, body, response };
+}
+
+/**
+ * Finishes what a crashed process left: every unanswered entry of the
+ * journal is sent again with its own key by `send` (retried as `withRetry`
+ * does), except an expired one, which is NEVER sent (the server may have
+ * forgotten the key and would run it again) and is reported for the caller
+ * to check. The answers are recorded. `send` gets the entry, whose `request`
+ * holds what the client's methods sent; the client's `resume()` is this with
+ * a `send` that re-sends it.
+ */
+export async function resume(
+  journal: Journal,
+  send: (entry: JournalEntry, attempt: number) => Promise<Response>,
+  options: Partial<RetryOptions> & { keyRetentionMs?: number; now?: number } = {},
+): Promise<Outcome[]> {
+  const { keyRetentionMs = DEFAULT_KEY_RETENTION_MS, now, ...retry } = options;
+  const outcomes: Outcome[] = [];
+  for (const p of await pending(journal, { keyRetentionMs, now: now ?? Date.now() })) {
+    if (p.expired) {
+      outcomes.push({ kind: "expired", entry: p.entry, expiredAt: p.expiresAt });
+      continue;
+    }
+    try {
+      const res = await oneAtATime(journal, p.entry.intent, () => withRetry((n) => send(p.entry, n), retry));
+      outcomes.push(await settle(journal, p.entry, res, await res.text(), keyRetentionMs));
+    } catch (error) {
+      outcomes.push({ kind: "failed", entry: p.entry, error });
+    }
+  }
+  return outcomes;
+}
+
+/** A result's body text: a Response's (from a clone, the caller still reads it) or openapi-fetch's parsed data/error. */
+async function bodyText(result: HasResponse): Promise<string> {
+  if (!("response" in result)) return result.bodyUsed ? "" : result.clone().text();
+  const { data, error } = result as { data?: unknown; error?: unknown };
+  const v = data ?? error;
+  return v === undefined ? "" : typeof v === "string" ? v : JSON.stringify(v);
+}
+
+/** A response with the body already read, put back as text. */
+function rebuilt(res: Response, body: string): Response {
+  return new Response(res.status === 204 || res.status === 205 || res.status === 304 ? null : body, {
+    status: res.status,
+    headers: res.headers,
+  });
+}
+
+function problemType(body: string): string {
+  try {
+    const type = (JSON.parse(body) as { type?: unknown }).type;
+    return typeof type === "string" ? type : "";
+  } catch {
+    return "";
+  }
 }
 
 function responseOf(r: HasResponse): Response {

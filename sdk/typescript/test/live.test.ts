@@ -5,6 +5,8 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createClient, type NewOrder, type Order } from "../dist/index.js";
 import { setTimeout as sleep } from "node:timers/promises";
+import path from "node:path";
+import { child, dir, killed } from "./journal-kill.js";
 import { isProblem } from "./problems.js";
 
 const url = process.env.ONCEKEY_URL ?? "";
@@ -153,5 +155,32 @@ if (url === "") {
     test("an unknown order is a 404 not-found", async () => {
       await assert.rejects(client.getOrder("00000000-0000-7000-8000-000000000000"), isProblem(404, "not-found"));
     });
+
+    // test/journal-kill.ts against this server: a client killed with SIGKILL
+    // after the journal append or after the answer (before the journal
+    // records it), then the intent run again here: one order, the first.
+    for (const point of ["append", "answer"] as const) {
+      test(`a client killed at "${point}" and run again makes one order (key journal)`, async () => {
+        const started = Date.now();
+        const ran: Array<[string, string]> = [];
+        for (let n = 0; n < 5; n++) {
+          const sku = `LIVE-${point}-${started}-${n}`;
+          const env = { ONCEKEY_URL: url, ONCEKEY_API_KEY: apiKey, JOURNAL: path.join(dir, sku), INTENT: sku, SKU: sku };
+          const first = child({ ...env, KILL_AT: point });
+          await first.printed(point === "append" ? "appended" : "answered");
+          await killed(first);
+          ran.push([sku, (await child({ ...env, MODE: n % 2 ? "resume" : "rerun" }).result).order.id]);
+        }
+        // Newest first: page back to the orders from before this test.
+        const bySku = new Map<string, string[]>();
+        for (let cursor: string | undefined, done = false; !done; ) {
+          const page = await client.listOrders({ limit: 100, ...(cursor ? { cursor } : {}) });
+          for (const o of page.items) bySku.set(o.items[0]!.sku, [...(bySku.get(o.items[0]!.sku) ?? []), o.id]);
+          cursor = page.next_cursor ?? undefined;
+          done = !cursor || page.items.some((o) => Date.parse(o.created_at) < started - 60_000);
+        }
+        for (const [sku, id] of ran) assert.deepEqual(bySku.get(sku), [id], `${sku}: its orders`);
+      });
+    }
   });
 }

@@ -33,7 +33,16 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{1
 
 // What a consumer needs and nothing else: no src/, no tests.
 const SHIPPED = /^(package\.json|README\.md|LICENSE|dist\/[\w-]+\.(js|js\.map|d\.ts))$/;
-const REQUIRED = ["package.json", "README.md", "LICENSE", "dist/index.js", "dist/index.d.ts", "dist/schema.d.ts"];
+const REQUIRED = [
+  "package.json",
+  "README.md",
+  "LICENSE",
+  "dist/index.js",
+  "dist/index.d.ts",
+  "dist/schema.d.ts",
+  "dist/journal-file.js",
+  "dist/journal-file.d.ts",
+];
 
 /** Runs a command, and on failure shows its output (npm's and tsc's errors are there). */
 async function run(cwd: string, file: string, args: string[], env: NodeJS.ProcessEnv = process.env) {
@@ -100,12 +109,18 @@ describe("the npm package", () => {
     writeFileSync(
       path.join(app, "create-order.js"),
       `import { createClient, OncekeyProblemError } from "@oncekey/sdk";
-const oncekey = createClient({ baseUrl: process.env.ONCEKEY_URL, apiKey: process.env.ONCEKEY_API_KEY });
-const order = await oncekey.createOrder(${JSON.stringify(SEED)});
+import { openFileJournal } from "@oncekey/sdk/journal-file";
+const journal = await openFileJournal("keys.journal");
+const oncekey = createClient({ baseUrl: process.env.ONCEKEY_URL, apiKey: process.env.ONCEKEY_API_KEY, journal });
+const order = await oncekey.createOrder(${JSON.stringify(SEED)}, { intent: "package test" });
+const again = await oncekey.createOrder(${JSON.stringify(SEED)}, { intent: "package test" });
+await journal.close();
 console.log(JSON.stringify({
   resolved: import.meta.resolve("@oncekey/sdk"),
+  resolvedJournal: import.meta.resolve("@oncekey/sdk/journal-file"),
   problemErrorIsAClass: typeof OncekeyProblemError === "function",
   order,
+  again,
 }));
 `,
     );
@@ -115,14 +130,25 @@ console.log(JSON.stringify({
       ONCEKEY_API_KEY: server ? "ok_package_test" : process.env.ONCEKEY_API_KEY,
     };
     const { stdout } = await run(app, process.execPath, ["create-order.js"], env);
-    const out = JSON.parse(stdout) as { resolved: string; problemErrorIsAClass: boolean; order: Order };
+    const out = JSON.parse(stdout) as {
+      resolved: string;
+      resolvedJournal: string;
+      problemErrorIsAClass: boolean;
+      order: Order;
+      again: Order;
+    };
 
     // The installed copy, through "exports", not this checkout's dist/.
     assert.equal(
       fileURLToPath(out.resolved),
       path.join(realpathSync(app), "node_modules/@oncekey/sdk/dist/index.js"),
     );
+    assert.equal(
+      fileURLToPath(out.resolvedJournal),
+      path.join(realpathSync(app), "node_modules/@oncekey/sdk/dist/journal-file.js"),
+    );
     assert.ok(out.problemErrorIsAClass);
+    assert.deepEqual(out.again, out.order, "the intent's second run is the journaled answer");
     if (server) {
       assert.deepEqual(out.order, ORDER);
       assert.deepEqual(
@@ -139,10 +165,30 @@ console.log(JSON.stringify({
     }
   });
 
+  test("the main entry imports nothing of Node.js: a browser bundle never pulls node:fs", () => {
+    const dist = path.join(app, "node_modules/@oncekey/sdk/dist");
+    const bare = new Set<string>();
+    const seen = new Set<string>();
+    const visit = (file: string) => {
+      if (seen.has(file)) return;
+      seen.add(file);
+      const source = readFileSync(path.join(dist, file), "utf8");
+      for (const [, spec] of source.matchAll(/(?:^|;)\s*(?:import|export)\b[^;]*?\bfrom\s*"([^"]+)"/gm)) {
+        if (spec!.startsWith("./")) visit(path.posix.normalize(spec!));
+        else bare.add(spec!);
+      }
+      assert.doesNotMatch(source, /\bimport\s*\(|\brequire\s*\(/, `${file} loads a module dynamically`);
+    };
+    visit("index.js");
+    assert.ok(seen.has("journal.js"), `the walk found ${[...seen].join(", ")}`);
+    assert.deepEqual([...bare], ["openapi-fetch"], "the main entry's imports");
+  });
+
   test("tsc type-checks a consumer against the packed types", async () => {
     writeFileSync(
       path.join(app, "consumer.ts"),
-      `import { createClient, OncekeyProblemError, type NewOrder, type Order } from "@oncekey/sdk";
+      `import { createClient, OncekeyProblemError, type Journal, type NewOrder, type Order } from "@oncekey/sdk";
+import { openFileJournal, type FileJournal } from "@oncekey/sdk/journal-file";
 
 const oncekey = createClient({ baseUrl: "http://127.0.0.1:8080", apiKey: "ok_local_demo" });
 const body: NewOrder = { items: [{ sku: "SKU-1", qty: 2 }], amount: 1200, currency: "RUB" };
@@ -150,6 +196,13 @@ const body: NewOrder = { items: [{ sku: "SKU-1", qty: 2 }], amount: 1200, curren
 export async function create(): Promise<string> {
   const order: Order = await oncekey.createOrder(body);
   return order.id;
+}
+
+export async function journaled(): Promise<Order> {
+  const journal: FileJournal = await openFileJournal("keys.journal");
+  const asInterface: Journal = journal;
+  const client = createClient({ baseUrl: "http://127.0.0.1:8080", apiKey: "ok_local_demo", journal: asInterface });
+  return client.createOrder(body, { intent: "checkout cart 123" });
 }
 
 export function problemType(err: unknown): string | undefined {

@@ -1,0 +1,334 @@
+/**
+ * A key journal in a file, for Node.js: `@oncekey/sdk/journal-file`. It is a
+ * subpath of its own so that the main entry, which browsers bundle, never
+ * imports `node:fs`.
+ *
+ * The file is append-only: one record a line, `<crc32 hex> <json>\n`, written
+ * with one write and fsync'd before `append` resolves, so an entry is on disk
+ * before its request is sent. A crash mid-write leaves a torn last record:
+ * its CRC (or its JSON) does not check, so it is skipped with a warning and
+ * every record before it is read as written. Opening compacts: answered
+ * entries past their retention are dropped, and a torn tail is cut, by
+ * writing a new file (temp, fsync, rename, fsync of the directory).
+ *
+ * One process at a time holds a journal (see `openFileJournal`), so two
+ * processes can never run one intent at once, and the lock dies with its
+ * holder.
+ */
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import { isAnswerExpired, type Journal, type JournalAnswer, type JournalEntry } from "./journal.js";
+
+/** How `openFileJournal` behaves; every field is optional. */
+export interface FileJournalOptions {
+  /** Told of every record skipped as torn or corrupt. Default: process.emitWarning. */
+  onWarning?: (message: string) => void;
+  /** How long to wait for another process to let go of the journal. Default 30 s. */
+  lockTimeoutMs?: number;
+  /**
+   * How the journal is held. "socket" (the default on Linux): a Unix socket
+   * in the abstract namespace named after the file's real path; the kernel
+   * frees it the moment its process dies, kill -9 included, and nothing is
+   * left on disk. "pidfile" (the default elsewhere, where there is no
+   * abstract namespace): `<file>.lock` holding the holder's pid; a holder
+   * whose pid is no longer running is gone. Its weaknesses: a pid reused by
+   * an unrelated process keeps the stale lock held until that one exits, and
+   * it works on one host only (pids of another host mean nothing).
+   */
+  lock?: "socket" | "pidfile";
+  /** The time compaction on open judges retention by (tests). Default Date.now(). */
+  now?: () => number;
+}
+
+/** Thrown when another process holds the journal for longer than lockTimeoutMs. */
+export class JournalLockedError extends Error {
+  override readonly name = "JournalLockedError";
+  constructor(readonly file: string) {
+    super(`journal ${file} is held by another process`);
+  }
+}
+
+/** A file journal: a `Journal` with `close`, which lets other processes in. */
+export interface FileJournal extends Journal {
+  /** The file's path as given. */
+  readonly file: string;
+  /** Releases the lock and closes the file; the journal is unusable after. */
+  close(): Promise<void>;
+}
+
+/**
+ * Opens (creating when missing, readable by its owner only) the journal at `file`, waiting until no
+ * other process holds it, then reads it and compacts it. Hold it for as long
+ * as the process sends journaled requests; a process that must run in
+ * parallel with another needs a journal of its own.
+ */
+export async function openFileJournal(file: string, options: FileJournalOptions = {}): Promise<FileJournal> {
+  const warn = options.onWarning ?? ((m: string) => process.emitWarning(m, "OncekeyJournalWarning"));
+  // Owner-only: the journal holds request and answer bodies.
+  fs.closeSync(fs.openSync(file, "a", 0o600));
+  const real = fs.realpathSync(file);
+  const useSocket = (options.lock ?? (process.platform === "linux" ? "socket" : "pidfile")) === "socket";
+  const deadline = Date.now() + (options.lockTimeoutMs ?? 30_000);
+  const release = useSocket ? await holdSocket(real, deadline) : await holdPidFile(real, deadline);
+  try {
+    const journal = new FileJournalImpl(file, real, release);
+    journal.load(warn, (options.now ?? Date.now)());
+    return journal;
+  } catch (err) {
+    await release();
+    throw err;
+  }
+}
+
+/** One line of the file. */
+type JournalRecord =
+  | { a: JournalEntry } // an entry appended (after compaction, with its answer)
+  | { r: string; answer: JournalAnswer } // an answer recorded
+  | { t: string; ms: number } // an origin's retention
+  | { f: string }; // an entry forgotten
+
+class FileJournalImpl implements FileJournal {
+  readonly #entries = new Map<string, JournalEntry>();
+  readonly #retention = new Map<string, number>();
+  #fd = -1;
+
+  constructor(
+    readonly file: string,
+    private readonly real: string,
+    private readonly release: () => Promise<void>,
+  ) {}
+
+  /** Reads every good record, then compacts when anything is to be dropped or cut. */
+  load(warn: (message: string) => void, now: number): void {
+    const { records, clean } = readRecords(fs.readFileSync(this.real), warn);
+    for (const rec of records) this.#apply(rec);
+    const stale = [...this.#entries.values()].some((e) => e.answer && isAnswerExpired(e.answer, now));
+    if (!clean || stale || records.some((r) => "f" in r)) this.#rewrite(now);
+    else this.#fd = fs.openSync(this.real, "a");
+  }
+
+  #apply(rec: JournalRecord): void {
+    if ("a" in rec) this.#entries.set(rec.a.key, rec.a);
+    else if ("r" in rec) {
+      const e = this.#entries.get(rec.r);
+      if (e) e.answer = rec.answer;
+    } else if ("t" in rec) this.#retention.set(rec.t, rec.ms);
+    else this.#entries.delete(rec.f);
+  }
+
+  /** Appends one record durably: one write, then fsync, before it counts. */
+  #write(rec: JournalRecord): void {
+    if (this.#fd < 0) throw new Error(`journal ${this.file} is closed`);
+    writeAll(this.#fd, encode(rec));
+    fs.fsyncSync(this.#fd);
+    this.#apply(structuredClone(rec));
+  }
+
+  /** Writes the live state to a new file and puts it in place atomically. */
+  #rewrite(now: number): void {
+    for (const [key, e] of this.#entries) if (e.answer && isAnswerExpired(e.answer, now)) this.#entries.delete(key);
+    const lines = [...this.#entries.values()].map((e) => encode({ a: e }));
+    for (const [t, ms] of this.#retention) lines.push(encode({ t, ms }));
+    const tmp = `${this.real}.compact-${process.pid}`;
+    const fd = fs.openSync(tmp, "w", 0o600);
+    try {
+      writeAll(fd, Buffer.concat(lines));
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+    if (this.#fd >= 0) fs.closeSync(this.#fd);
+    fs.renameSync(tmp, this.real);
+    // The rename is durable only once the directory is. (Windows cannot
+    // open a directory; NTFS journals the rename itself.)
+    if (process.platform !== "win32") {
+      const dir = fs.openSync(path.dirname(this.real), "r");
+      try {
+        fs.fsyncSync(dir);
+      } finally {
+        fs.closeSync(dir);
+      }
+    }
+    this.#fd = fs.openSync(this.real, "a");
+  }
+
+  async append(entry: JournalEntry): Promise<void> {
+    this.#write({ a: entry });
+  }
+
+  async record(key: string, answer: JournalAnswer): Promise<void> {
+    this.#write({ r: key, answer });
+  }
+
+  async pending(): Promise<JournalEntry[]> {
+    return [...this.#entries.values()].filter((e) => !e.answer).map((e) => structuredClone(e));
+  }
+
+  async byIntent(intent: string): Promise<JournalEntry | undefined> {
+    const found = [...this.#entries.values()].filter((e) => e.intent === intent).pop();
+    return found && structuredClone(found);
+  }
+
+  async setRetention(origin: string, ms: number): Promise<void> {
+    if (this.#retention.get(origin) !== ms) this.#write({ t: origin, ms });
+  }
+
+  async retention(origin: string): Promise<number | undefined> {
+    return this.#retention.get(origin);
+  }
+
+  async forget(key: string): Promise<void> {
+    if (this.#entries.has(key)) this.#write({ f: key });
+  }
+
+  async compact(now = Date.now()): Promise<void> {
+    this.#rewrite(now);
+  }
+
+  async close(): Promise<void> {
+    if (this.#fd >= 0) fs.closeSync(this.#fd);
+    this.#fd = -1;
+    await this.release();
+  }
+}
+
+function encode(rec: JournalRecord): Buffer {
+  const json = Buffer.from(JSON.stringify(rec)); // JSON escapes newlines: one line
+  return Buffer.concat([Buffer.from(`${crc32(json).toString(16).padStart(8, "0")} `), json, Buffer.from("\n")]);
+}
+
+/**
+ * The records of a journal file. A record whose CRC or JSON does not check
+ * is skipped with a warning: at the end, a write torn by a crash; elsewhere,
+ * corruption. `clean` is false when anything was skipped or the last record
+ * lacks its newline: the file then needs rewriting before appends follow.
+ */
+function readRecords(buf: Buffer, warn: (message: string) => void): { records: JournalRecord[]; clean: boolean } {
+  const records: JournalRecord[] = [];
+  let clean = true;
+  for (let pos = 0; pos < buf.length; ) {
+    const nl = buf.indexOf(0x0a, pos);
+    const end = nl === -1 ? buf.length : nl;
+    const rec = decode(buf.subarray(pos, end));
+    if (rec) records.push(rec);
+    else warn(`${nl === -1 ? "torn last" : "corrupt"} journal record at byte ${pos} (${end - pos} bytes) skipped`);
+    if (!rec || nl === -1) clean = false;
+    pos = end + 1;
+  }
+  return { records, clean };
+}
+
+function decode(line: Buffer): JournalRecord | undefined {
+  if (line.length < 10 || line[8] !== 0x20) return undefined;
+  const hex = line.subarray(0, 8).toString("latin1");
+  if (!/^[0-9a-f]{8}$/.test(hex)) return undefined;
+  const json = line.subarray(9);
+  if (crc32(json) !== parseInt(hex, 16)) return undefined;
+  try {
+    const rec = JSON.parse(json.toString("utf8")) as unknown;
+    return typeof rec === "object" && rec !== null ? (rec as JournalRecord) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+const CRC_TABLE = Array.from({ length: 256 }, (_, n) => {
+  let c = n;
+  for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+  return c >>> 0;
+});
+
+/** CRC-32 (IEEE 802.3, as zlib's), unsigned. */
+function crc32(bytes: Uint8Array): number {
+  let c = 0xffffffff;
+  for (const b of bytes) c = CRC_TABLE[(c ^ b) & 0xff]! ^ (c >>> 8);
+  return (c ^ 0xffffffff) >>> 0;
+}
+
+function writeAll(fd: number, buf: Buffer): void {
+  for (let off = 0; off < buf.length; ) off += fs.writeSync(fd, buf, off);
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Holds the journal with a listening abstract-namespace Unix socket named
+ * after its real path: listening fails with EADDRINUSE while another process
+ * holds it, and the kernel closes it with its process however that dies.
+ */
+async function holdSocket(real: string, deadline: number): Promise<() => Promise<void>> {
+  const name = `\0oncekey-journal-${createHash("sha256").update(real).digest("hex")}`;
+  for (;;) {
+    const server = net.createServer();
+    const err = await new Promise<NodeJS.ErrnoException | undefined>((resolve) => {
+      server.once("error", resolve);
+      server.listen({ path: name }, () => resolve(undefined));
+    });
+    if (!err) {
+      server.unref(); // holding the journal must not keep the process alive
+      return () => new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+    if (err.code !== "EADDRINUSE") throw err;
+    if (Date.now() >= deadline) throw new JournalLockedError(real);
+    await sleep(20);
+  }
+}
+
+/**
+ * Holds the journal with `<file>.lock` created exclusively, holding the pid.
+ * A lock whose pid is not running is taken over. Between reading a stale pid
+ * and removing its file another waiter may have done the same and taken the
+ * lock; the re-read before unlink narrows that window but cannot close it.
+ */
+async function holdPidFile(real: string, deadline: number): Promise<() => Promise<void>> {
+  const lockFile = `${real}.lock`;
+  const mine = `${process.pid}\n`;
+  for (;;) {
+    try {
+      fs.writeFileSync(lockFile, mine, { flag: "wx" });
+      return async () => {
+        if (readOrEmpty(lockFile) === mine) fs.rmSync(lockFile, { force: true });
+      };
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+    }
+    const held = readOrEmpty(lockFile);
+    const pid = Number.parseInt(held, 10);
+    // Empty for more than a second: its creator died between creating and writing it.
+    const abandoned = held === "" ? ageMs(lockFile) > 1_000 : !isRunning(pid);
+    if (abandoned && readOrEmpty(lockFile) === held) {
+      fs.rmSync(lockFile, { force: true });
+      continue;
+    }
+    if (Date.now() >= deadline) throw new JournalLockedError(real);
+    await sleep(20);
+  }
+}
+
+function ageMs(file: string): number {
+  try {
+    return Date.now() - fs.statSync(file).mtimeMs;
+  } catch {
+    return 0;
+  }
+}
+
+function readOrEmpty(file: string): string {
+  try {
+    return fs.readFileSync(file, "utf8");
+  } catch {
+    return "";
+  }
+}
+
+function isRunning(pid: number): boolean {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM"; // alive, someone else's
+  }
+}
