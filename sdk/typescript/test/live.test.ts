@@ -158,19 +158,24 @@ if (url === "") {
 
     // test/journal-kill.ts against this server: a client killed with SIGKILL
     // after the journal append or after the answer (before the journal
-    // records it), then the intent run again here: one order, the first.
+    // records it), then the intent run again (or resumed) by another
+    // process: one order, the first. 100 rounds a point, 4 at a time, each
+    // with a journal of its own. (The point between the send and the
+    // answer needs a server that holds its answer: the offline tests'.)
     for (const point of ["append", "answer"] as const) {
-      test(`a client killed at "${point}" and run again makes one order (key journal)`, async () => {
+      test(`a client killed at "${point}" and run again makes one order (key journal), 100 rounds`, { timeout: 300_000 }, async () => {
         const started = Date.now();
         const ran: Array<[string, string]> = [];
-        for (let n = 0; n < 5; n++) {
+        const round = async (n: number): Promise<void> => {
           const sku = `LIVE-${point}-${started}-${n}`;
           const env = { ONCEKEY_URL: url, ONCEKEY_API_KEY: apiKey, JOURNAL: path.join(dir, sku), INTENT: sku, SKU: sku };
           const first = child({ ...env, KILL_AT: point });
           await first.printed(point === "append" ? "appended" : "answered");
           await killed(first);
           ran.push([sku, (await child({ ...env, MODE: n % 2 ? "resume" : "rerun" }).result).order.id]);
-        }
+        };
+        for (let n = 0; n < 100; n += 4) await Promise.all([0, 1, 2, 3].map((i) => round(n + i)));
+        assert.equal(ran.length, 100, "every round ended with an order");
         // Newest first: page back to the orders from before this test.
         const bySku = new Map<string, string[]>();
         for (let cursor: string | undefined, done = false; !done; ) {
