@@ -77,17 +77,6 @@ func parseSequence(file string, ds []directive) (*sequence, error) {
 		if len(w) == 0 {
 			return nil, errorf(file, d.line, "a line without a directive")
 		}
-		want := func(words int, text bool) error {
-			switch {
-			case len(w) != words:
-				return errorf(file, d.line, "%s takes %d word(s) before \" : \", not %d", w[0], words-1, len(w)-1)
-			case text && d.text == nil:
-				return errorf(file, d.line, "%s needs its text after \" : \"", w[0])
-			case !text && d.text != nil:
-				return errorf(file, d.line, "%s takes no text", w[0])
-			}
-			return nil
-		}
 		if len(w) == 3 && (w[1] == "->" || w[1] == "-->") {
 			from, err := lane(d, w[0])
 			if err != nil {
@@ -109,12 +98,12 @@ func parseSequence(file string, ds []directive) (*sequence, error) {
 		}
 		switch w[0] {
 		case "title":
-			if err := want(1, true); err != nil {
+			if err := d.shape(file, 1, true); err != nil {
 				return nil, err
 			}
 			seq.title = d.text
 		case "participant":
-			if err := want(2, true); err != nil {
+			if err := d.shape(file, 2, true); err != nil {
 				return nil, err
 			}
 			if len(seq.items) > 0 {
@@ -126,7 +115,7 @@ func parseSequence(file string, ds []directive) (*sequence, error) {
 			lanes[w[1]] = len(seq.parts)
 			seq.parts = append(seq.parts, participant{id: w[1], text: d.text})
 		case "note":
-			if err := want(2, true); err != nil {
+			if err := d.shape(file, 2, true); err != nil {
 				return nil, err
 			}
 			i, err := lane(d, w[1])
@@ -135,7 +124,7 @@ func parseSequence(file string, ds []directive) (*sequence, error) {
 			}
 			seq.items = append(seq.items, seqItem{kind: seqNote, from: i, text: d.text})
 		case "section", "frame":
-			if err := want(1, true); err != nil {
+			if err := d.shape(file, 1, true); err != nil {
 				return nil, err
 			}
 			if inFrame {
@@ -147,7 +136,7 @@ func parseSequence(file string, ds []directive) (*sequence, error) {
 			}
 			seq.items = append(seq.items, seqItem{kind: kind, text: d.text})
 		case "end":
-			if err := want(1, false); err != nil {
+			if err := d.shape(file, 1, false); err != nil {
 				return nil, err
 			}
 			if !inFrame {
@@ -156,7 +145,7 @@ func parseSequence(file string, ds []directive) (*sequence, error) {
 			inFrame = false
 			seq.items = append(seq.items, seqItem{kind: seqEnd})
 		case "activate", "deactivate":
-			if err := want(2, false); err != nil {
+			if err := d.shape(file, 2, false); err != nil {
 				return nil, err
 			}
 			i, err := lane(d, w[1])
@@ -176,7 +165,7 @@ func parseSequence(file string, ds []directive) (*sequence, error) {
 			}
 			seq.items = append(seq.items, seqItem{kind: kind, from: i})
 		case "footer":
-			if err := want(1, true); err != nil {
+			if err := d.shape(file, 1, true); err != nil {
 				return nil, err
 			}
 			seq.footer = append(seq.footer, d.text...)

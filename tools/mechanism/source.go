@@ -23,6 +23,22 @@ type directive struct {
 	text  []string // after it, one entry a line of the picture; nil without
 }
 
+// shape checks that d has words words before " : " (its directive among
+// them), and text after it or none, as its directive takes: one check for
+// the directives of both kinds.
+func (d directive) shape(file string, words int, text bool) error {
+	w := d.words
+	switch {
+	case len(w) != words:
+		return errorf(file, d.line, "%s takes %d word(s) before \" : \", not %d", w[0], words-1, len(w)-1)
+	case text && d.text == nil:
+		return errorf(file, d.line, "%s needs its text after \" : \"", w[0])
+	case !text && d.text != nil:
+		return errorf(file, d.line, "%s takes no text", w[0])
+	}
+	return nil
+}
+
 // sourceError is a source that cannot be drawn: it names the file and the
 // line.
 type sourceError struct {

@@ -137,17 +137,6 @@ func parseStates(file string, ds []directive) (*stateDiagram, error) {
 		if len(w) == 0 {
 			return nil, errorf(file, d.line, "a line without a directive")
 		}
-		want := func(words int, text bool) error {
-			switch {
-			case len(w) != words:
-				return errorf(file, d.line, "%s takes %d word(s) before \" : \", not %d", w[0], words-1, len(w)-1)
-			case text && d.text == nil:
-				return errorf(file, d.line, "%s needs its text after \" : \"", w[0])
-			case !text && d.text != nil:
-				return errorf(file, d.line, "%s takes no text", w[0])
-			}
-			return nil
-		}
 		var nums [4]float64
 		numbers := func(from int, what ...string) error {
 			for i, name := range what {
@@ -161,12 +150,12 @@ func parseStates(file string, ds []directive) (*stateDiagram, error) {
 		}
 		switch w[0] {
 		case "title":
-			if err := want(1, true); err != nil {
+			if err := d.shape(file, 1, true); err != nil {
 				return nil, err
 			}
 			sd.title = d.text
 		case "canvas":
-			if err := want(3, false); err != nil {
+			if err := d.shape(file, 3, false); err != nil {
 				return nil, err
 			}
 			if err := numbers(1, "width", "height"); err != nil {
@@ -174,7 +163,7 @@ func parseStates(file string, ds []directive) (*stateDiagram, error) {
 			}
 			sd.width, sd.height, sd.canvasLine = nums[0], nums[1], d.line
 		case "state":
-			if err := want(4, true); err != nil {
+			if err := d.shape(file, 4, true); err != nil {
 				return nil, err
 			}
 			if err := numbers(2, "x", "y"); err != nil {
@@ -185,7 +174,7 @@ func parseStates(file string, ds []directive) (*stateDiagram, error) {
 				return nil, err
 			}
 		case "group":
-			if err := want(6, true); err != nil {
+			if err := d.shape(file, 6, true); err != nil {
 				return nil, err
 			}
 			if err := numbers(2, "x", "y", "width", "height"); err != nil {
@@ -195,7 +184,7 @@ func parseStates(file string, ds []directive) (*stateDiagram, error) {
 				return nil, err
 			}
 		case "initial":
-			if err := want(4, false); err != nil {
+			if err := d.shape(file, 4, false); err != nil {
 				return nil, err
 			}
 			if err := numbers(2, "x", "y"); err != nil {
@@ -203,7 +192,7 @@ func parseStates(file string, ds []directive) (*stateDiagram, error) {
 			}
 			sd.initials = append(sd.initials, initial{line: d.line, toID: w[1], at: pt{nums[0], nums[1]}})
 		case "note":
-			if err := want(3, true); err != nil {
+			if err := d.shape(file, 3, true); err != nil {
 				return nil, err
 			}
 			if err := numbers(1, "x", "y"); err != nil {
