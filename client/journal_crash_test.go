@@ -20,21 +20,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/client"
+	"github.com/oncekey/oncekey/client/internal/crashpoint"
 	"github.com/oncekey/oncekey/gen/api"
 	"github.com/oncekey/oncekey/internal/service/servicetest"
 	"github.com/oncekey/oncekey/internal/service/store/memory"
 )
-
-// childEvent is one line client/internal/journalproc prints.
-type childEvent struct {
-	Event  string     `json:"event"` // locking, opened, hook, resumed, order, error
-	Point  string     `json:"point,omitempty"`
-	Kind   string     `json:"kind,omitempty"`
-	Status int        `json:"status,omitempty"`
-	Body   []byte     `json:"body,omitempty"`
-	Order  *api.Order `json:"order,omitempty"`
-	Err    string     `json:"err,omitempty"`
-}
 
 // buildJournalProc builds client/internal/journalproc, the client program
 // the tests kill. It is built without the race detector whatever the test
@@ -51,7 +41,7 @@ func buildJournalProc(t *testing.T) string {
 // journalClient is a running journal client process.
 type journalClient struct {
 	cmd    *exec.Cmd
-	events chan childEvent
+	events chan crashpoint.Event
 	stderr *bytes.Buffer
 }
 
@@ -61,7 +51,7 @@ func startJournalClient(t *testing.T, bin string, env ...string) *journalClient 
 	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	p := &journalClient{cmd: cmd, events: make(chan childEvent, 16), stderr: &bytes.Buffer{}}
+	p := &journalClient{cmd: cmd, events: make(chan crashpoint.Event, 16), stderr: &bytes.Buffer{}}
 	cmd.Stderr = p.stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() }) // a no-op once it has ended
@@ -70,7 +60,7 @@ func startJournalClient(t *testing.T, bin string, env ...string) *journalClient 
 		lines := bufio.NewScanner(stdout)
 		lines.Buffer(nil, 1<<20)
 		for lines.Scan() {
-			var e childEvent
+			var e crashpoint.Event
 			if json.Unmarshal(lines.Bytes(), &e) == nil {
 				p.events <- e
 			}
@@ -81,7 +71,7 @@ func startJournalClient(t *testing.T, bin string, env ...string) *journalClient 
 
 // await returns the process's next event named name, failing on an error
 // event, its end or the deadline.
-func (p *journalClient) await(t *testing.T, name string) childEvent {
+func (p *journalClient) await(t *testing.T, name string) crashpoint.Event {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
 	for {
@@ -107,9 +97,9 @@ func (p *journalClient) kill(t *testing.T) {
 
 // finish collects the process's events to its end, which must be a
 // success.
-func (p *journalClient) finish(t *testing.T) []childEvent {
+func (p *journalClient) finish(t *testing.T) []crashpoint.Event {
 	t.Helper()
-	var all []childEvent
+	var all []crashpoint.Event
 	for e := range p.events {
 		require.NotEqual(t, "error", e.Event, "journal client: %s", e.Err)
 		all = append(all, e)
@@ -198,7 +188,7 @@ func TestJournalSurvivesKill9(t *testing.T) {
 				intent := fmt.Sprintf("checkout cart %s-%d", point, round)
 				resume := round%2 == 0
 
-				var hooked childEvent
+				var hooked crashpoint.Event
 				if point == "held" {
 					svc.hold.Store(true)
 					first := startJournalClient(t, svc.bin, svc.env(path, intent)...)
@@ -216,7 +206,7 @@ func TestJournalSurvivesKill9(t *testing.T) {
 				}
 
 				second := startJournalClient(t, svc.bin, svc.env(path, intent, "ONCEKEY_JOURNAL_RESUME="+map[bool]string{true: "1", false: "0"}[resume])...)
-				var resumed []childEvent
+				var resumed []crashpoint.Event
 				var order *api.Order
 				for _, e := range second.finish(t) {
 					switch e.Event {

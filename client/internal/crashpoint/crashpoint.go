@@ -5,6 +5,8 @@
 // program but that one they are nil and cost a nil check.
 package crashpoint
 
+import "github.com/oncekey/oncekey/gen/api"
+
 // The points, each nil unless the test program sets it before its first
 // request (they are read without a lock).
 var (
@@ -24,4 +26,16 @@ func At(point func([]byte), body []byte) {
 	if point != nil {
 		point(body)
 	}
+}
+
+// Event is one line the test program prints as JSON, and what the crash
+// tests read back: the two sides of one wire, declared once.
+type Event struct {
+	Event  string     `json:"event"` // locking, opened, hook, resumed, order, error
+	Point  string     `json:"point,omitempty"`
+	Kind   string     `json:"kind,omitempty"`
+	Status int        `json:"status,omitempty"`
+	Body   []byte     `json:"body,omitempty"`
+	Order  *api.Order `json:"order,omitempty"`
+	Err    string     `json:"err,omitempty"`
 }

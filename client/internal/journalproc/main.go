@@ -24,17 +24,6 @@ import (
 	"github.com/oncekey/oncekey/gen/api"
 )
 
-// Event is one line the program prints.
-type Event struct {
-	Event  string     `json:"event"` // locking, opened, hook, resumed, order, error
-	Point  string     `json:"point,omitempty"`
-	Kind   string     `json:"kind,omitempty"`
-	Status int        `json:"status,omitempty"`
-	Body   []byte     `json:"body,omitempty"`
-	Order  *api.Order `json:"order,omitempty"`
-	Err    string     `json:"err,omitempty"`
-}
-
 // order is what every run creates: the same request, so a resent one is
 // the same operation.
 var order = api.NewOrder{Items: []api.OrderItem{{Sku: "SKU-1", Qty: 2}}, Amount: 1200, Currency: "RUB"}
@@ -43,9 +32,9 @@ func main() { os.Exit(run()) }
 
 func run() int {
 	out := json.NewEncoder(os.Stdout)
-	emit := func(e Event) { _ = out.Encode(e) }
+	emit := func(e crashpoint.Event) { _ = out.Encode(e) }
 	fail := func(err error) int {
-		emit(Event{Event: "error", Err: err.Error()})
+		emit(crashpoint.Event{Event: "error", Err: err.Error()})
 		return 1
 	}
 	hook := os.Getenv("ONCEKEY_JOURNAL_HOOK")
@@ -54,7 +43,7 @@ func run() int {
 			return nil
 		}
 		return func(body []byte) {
-			emit(Event{Event: "hook", Point: point, Body: body})
+			emit(crashpoint.Event{Event: "hook", Point: point, Body: body})
 			time.Sleep(time.Hour) // until killed (a sleep, so the runtime sees no deadlock)
 		}
 	}
@@ -62,13 +51,13 @@ func run() int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	emit(Event{Event: "locking"})
+	emit(crashpoint.Event{Event: "locking"})
 	j, err := client.OpenFileJournal(ctx, os.Getenv("ONCEKEY_JOURNAL_PATH"), client.FileJournalOptions{})
 	if err != nil {
 		return fail(err)
 	}
 	defer j.Close()
-	emit(Event{Event: "opened"})
+	emit(crashpoint.Event{Event: "opened"})
 	c, err := client.New(client.Config{
 		BaseURL: os.Getenv("ONCEKEY_JOURNAL_URL"), APIKey: os.Getenv("ONCEKEY_JOURNAL_APIKEY"), Journal: j,
 		HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second},
@@ -83,7 +72,7 @@ func run() int {
 			return fail(err)
 		}
 		for _, o := range outcomes {
-			e := Event{Event: "resumed", Kind: o.Kind.String(), Status: o.Status, Body: o.Body}
+			e := crashpoint.Event{Event: "resumed", Kind: o.Kind.String(), Status: o.Status, Body: o.Body}
 			if o.Err != nil {
 				e.Err = o.Err.Error()
 			}
@@ -94,6 +83,6 @@ func run() int {
 	if err != nil {
 		return fail(err)
 	}
-	emit(Event{Event: "order", Order: created})
+	emit(crashpoint.Event{Event: "order", Order: created})
 	return 0
 }
