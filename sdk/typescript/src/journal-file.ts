@@ -19,7 +19,7 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import net from "node:net";
 import path from "node:path";
-import { isAnswerExpired, type Journal, type JournalAnswer, type JournalEntry } from "./journal.js";
+import { JournalState, type Journal, type JournalAnswer, type JournalEntry } from "./journal.js";
 
 /** How `openFileJournal` behaves; every field is optional. */
 export interface FileJournalOptions {
@@ -90,8 +90,7 @@ type JournalRecord =
   | { f: string }; // an entry forgotten
 
 class FileJournalImpl implements FileJournal {
-  readonly #entries = new Map<string, JournalEntry>();
-  readonly #retention = new Map<string, number>();
+  readonly #state = new JournalState();
   #fd = -1;
 
   constructor(
@@ -104,18 +103,15 @@ class FileJournalImpl implements FileJournal {
   load(warn: (message: string) => void, now: number): void {
     const { records, clean } = readRecords(fs.readFileSync(this.real), warn);
     for (const rec of records) this.#apply(rec);
-    const stale = [...this.#entries.values()].some((e) => e.answer && isAnswerExpired(e.answer, now));
-    if (!clean || stale || records.some((r) => "f" in r)) this.#rewrite(now);
+    if (!clean || this.#state.anyExpired(now) || records.some((r) => "f" in r)) this.#rewrite(now);
     else this.#fd = fs.openSync(this.real, "a");
   }
 
   #apply(rec: JournalRecord): void {
-    if ("a" in rec) this.#entries.set(rec.a.key, rec.a);
-    else if ("r" in rec) {
-      const e = this.#entries.get(rec.r);
-      if (e) e.answer = rec.answer;
-    } else if ("t" in rec) this.#retention.set(rec.t, rec.ms);
-    else this.#entries.delete(rec.f);
+    if ("a" in rec) this.#state.entries.set(rec.a.key, rec.a);
+    else if ("r" in rec) this.#state.answer(rec.r, rec.answer);
+    else if ("t" in rec) this.#state.retentions.set(rec.t, rec.ms);
+    else this.#state.entries.delete(rec.f);
   }
 
   /** Appends one record durably: one write, then fsync, before it counts. */
@@ -128,9 +124,9 @@ class FileJournalImpl implements FileJournal {
 
   /** Writes the live state to a new file and puts it in place atomically. */
   #rewrite(now: number): void {
-    for (const [key, e] of this.#entries) if (e.answer && isAnswerExpired(e.answer, now)) this.#entries.delete(key);
-    const lines = [...this.#entries.values()].map((e) => encode({ a: e }));
-    for (const [t, ms] of this.#retention) lines.push(encode({ t, ms }));
+    this.#state.dropExpired(now);
+    const lines = [...this.#state.entries.values()].map((e) => encode({ a: e }));
+    for (const [t, ms] of this.#state.retentions) lines.push(encode({ t, ms }));
     const tmp = `${this.real}.compact-${process.pid}`;
     const fd = fs.openSync(tmp, "w", 0o600);
     try {
@@ -163,24 +159,23 @@ class FileJournalImpl implements FileJournal {
   }
 
   async pending(): Promise<JournalEntry[]> {
-    return [...this.#entries.values()].filter((e) => !e.answer).map((e) => structuredClone(e));
+    return this.#state.pending();
   }
 
   async byIntent(intent: string): Promise<JournalEntry | undefined> {
-    const found = [...this.#entries.values()].filter((e) => e.intent === intent).pop();
-    return found && structuredClone(found);
+    return this.#state.byIntent(intent);
   }
 
   async setRetention(origin: string, ms: number): Promise<void> {
-    if (this.#retention.get(origin) !== ms) this.#write({ t: origin, ms });
+    if (this.#state.retentions.get(origin) !== ms) this.#write({ t: origin, ms });
   }
 
   async retention(origin: string): Promise<number | undefined> {
-    return this.#retention.get(origin);
+    return this.#state.retentions.get(origin);
   }
 
   async forget(key: string): Promise<void> {
-    if (this.#entries.has(key)) this.#write({ f: key });
+    if (this.#state.entries.has(key)) this.#write({ f: key });
   }
 
   async compact(now = Date.now()): Promise<void> {

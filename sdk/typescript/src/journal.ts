@@ -85,46 +85,80 @@ export function isAnswerExpired(answer: JournalAnswer, now: number): boolean {
 }
 
 /**
+ * The entries and retentions a journal holds, with the queries every journal
+ * answers the same way: MemoryJournal is this alone, the file journal this
+ * beside its file. Not part of the package's API (index.ts leaves it out).
+ */
+export class JournalState {
+  readonly entries = new Map<string, JournalEntry>();
+  readonly retentions = new Map<string, number>();
+
+  /** Records answer on key's entry, if the journal still holds it. */
+  answer(key: string, answer: JournalAnswer): void {
+    const entry = this.entries.get(key);
+    if (entry) entry.answer = answer;
+  }
+
+  /** The entries never answered, copied. */
+  pending(): JournalEntry[] {
+    return [...this.entries.values()].filter((e) => !e.answer).map((e) => structuredClone(e));
+  }
+
+  /** The newest entry of intent, copied. */
+  byIntent(intent: string): JournalEntry | undefined {
+    const found = [...this.entries.values()].filter((e) => e.intent === intent).pop();
+    return found && structuredClone(found);
+  }
+
+  /** Whether an answered entry is past its retention at now. */
+  anyExpired(now: number): boolean {
+    return [...this.entries.values()].some((e) => e.answer && isAnswerExpired(e.answer, now));
+  }
+
+  /** Drops the answered entries past their retention at now. */
+  dropExpired(now: number): void {
+    for (const [key, e] of this.entries) if (e.answer && isAnswerExpired(e.answer, now)) this.entries.delete(key);
+  }
+}
+
+/**
  * A journal in memory: what a test, or a process that only needs one intent
  * to run once at a time, wants. It dies with the process, so it does not
  * survive a crash; use `@oncekey/sdk/journal-file` for that.
  */
 export class MemoryJournal implements Journal {
-  readonly #entries = new Map<string, JournalEntry>();
-  readonly #retention = new Map<string, number>();
+  readonly #state = new JournalState();
 
   async append(entry: JournalEntry): Promise<void> {
-    this.#entries.set(entry.key, structuredClone(entry));
+    this.#state.entries.set(entry.key, structuredClone(entry));
   }
 
   async record(key: string, answer: JournalAnswer): Promise<void> {
-    const entry = this.#entries.get(key);
-    if (entry) entry.answer = structuredClone(answer);
+    this.#state.answer(key, structuredClone(answer));
   }
 
   async pending(): Promise<JournalEntry[]> {
-    return [...this.#entries.values()].filter((e) => !e.answer).map((e) => structuredClone(e));
+    return this.#state.pending();
   }
 
   async byIntent(intent: string): Promise<JournalEntry | undefined> {
-    const found = [...this.#entries.values()].filter((e) => e.intent === intent).pop();
-    return found && structuredClone(found);
+    return this.#state.byIntent(intent);
   }
 
   async setRetention(origin: string, ms: number): Promise<void> {
-    this.#retention.set(origin, ms);
+    this.#state.retentions.set(origin, ms);
   }
 
   async retention(origin: string): Promise<number | undefined> {
-    return this.#retention.get(origin);
+    return this.#state.retentions.get(origin);
   }
 
   async forget(key: string): Promise<void> {
-    this.#entries.delete(key);
+    this.#state.entries.delete(key);
   }
 
   async compact(now = Date.now()): Promise<void> {
-    for (const [key, e] of this.#entries) if (e.answer && isAnswerExpired(e.answer, now)) this.#entries.delete(key);
+    this.#state.dropExpired(now);
   }
 }
 
