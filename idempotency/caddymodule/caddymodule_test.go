@@ -58,10 +58,22 @@ func (u upstream) runs(t *testing.T, key string) int {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeAddrs(t, 1)[0]
+}
+
+// freeAddrs is n distinct free loopback addresses: every listener stays
+// open until all n are taken, so that the kernel cannot hand one port out
+// twice (one Caddyfile with two sites on one port is "ambiguous").
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
+	}
+	return addrs
 }
 
 // buildCaddy builds cmd/caddy, Caddy with this module, as a user would.
@@ -155,7 +167,8 @@ func TestCaddy(t *testing.T) {
 	bin := buildCaddy(t)
 	up := startUpstream(t)
 	dbURL := pgstoretest.URL(t)
-	memory, postgres, dead, counted, metrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 5)
+	memory, postgres, dead, counted, metrics := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4]
 	gone := freeAddr(t) // nothing listens there
 	site := func(addr, upstream, options string) string {
 		return fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tproblem_type_base https://example.com/problems/\n%s\t}\n\treverse_proxy %s\n}\n", addr, options, upstream)

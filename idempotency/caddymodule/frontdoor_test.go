@@ -98,7 +98,8 @@ func TestCaddyProfilesTemplatesAndKeyPlaces(t *testing.T) {
 	bin := buildCaddy(t)
 	template, err := filepath.Abs(filepath.Join("..", "..", "deploy", "gateway", "stripe-error-template.json"))
 	require.NoError(t, err)
-	ietf, oncekey, shaped, dead, xkey, paypal, square := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 8)
+	ietf, oncekey, shaped, dead, xkey, paypal, square, deadUpstream := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4], addrs[5], addrs[6], addrs[7]
 	ups := map[string]*holdingUpstream{}
 	site := func(addr, options string) string {
 		up := startHoldingUpstream(t)
@@ -109,7 +110,7 @@ func TestCaddyProfilesTemplatesAndKeyPlaces(t *testing.T) {
 	startCaddy(t, bin, "{\n\tadmin off\n\tauto_https off\n}\n"+
 		site(ietf, "")+site(oncekey, "\t\tprofile oncekey\n")+
 		site(shaped, fmt.Sprintf("\t\terror_template %q\n", template))+
-		fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\terror_template %q\n\t}\n\treverse_proxy %s\n}\n", dead, template, freeAddr(t))+
+		fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\terror_template %q\n\t}\n\treverse_proxy %s\n}\n", dead, template, deadUpstream)+
 		site(xkey, "\t\tkey_header X-Idempotency-Key\n")+site(paypal, "\t\tkey_header PayPal-Request-Id\n")+
 		site(square, "\t\tkey_body_field /idempotency_key\n"),
 		ietf, oncekey, shaped, dead, xkey, paypal, square)

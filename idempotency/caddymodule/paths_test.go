@@ -119,7 +119,8 @@ func TestCaddyDocsCaddyfiles(t *testing.T) {
 	bin := buildCaddy(t)
 	dbURL := pgstoretest.URL(t)
 	up, other := startLenientUpstream(t, "payments"), startLenientUpstream(t, "ledger")
-	memory, postgres, ledger := freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	memory, postgres, ledger := addrs[0], addrs[1], addrs[2]
 	site := func(addr, caddyfile string, replace ...string) string {
 		return fmt.Sprintf("http://%s {\n%s}\n", addr, strings.NewReplacer(replace...).Replace(caddyfile))
 	}

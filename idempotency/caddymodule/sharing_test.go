@@ -89,7 +89,8 @@ func TestCaddyNeverSharesAScope(t *testing.T) {
 	bin := buildCaddy(t)
 	up := startCountingUpstream(t)
 	dbURL, pool := pgstoretest.URL(t), pgstoretest.Pool(t)
-	users, typo := freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 2)
+	users, typo := addrs[0], addrs[1]
 	site := func(addr, scope string) string {
 		return fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope %q\n\t\tdatabase_url %q\n\t\tnamespace shop\n\t\tproblem_type_base https://example.com/problems/\n\t}\n\treverse_proxy %s\n}\n",
 			addr, scope, dbURL, strings.TrimPrefix(up.URL, "http://"))

@@ -26,7 +26,8 @@ func TestCaddySaysHowLongKeysAreKept(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	bin := buildCaddy(t)
-	live, dead, gone := freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	live, dead, gone := addrs[0], addrs[1], addrs[2]
 	site := func(addr, upstream string) string {
 		return fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tttl 90m\n\t}\n\treverse_proxy %s\n}\n", addr, upstream)
 	}
