@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -63,25 +64,53 @@ func spawnServe(t *testing.T, env map[string]string) *serveProcess {
 }
 
 // spawn starts the test binary as oncekey in mode (see runSubprocess), with
-// args after "--", with env, on a free loopback port (ONCEKEY_ADDR),
-// without waiting for it. Cleanup kills it.
+// args after "--", with env, on a loopback port of its own, and returns
+// once it listens, without waiting for it to answer. Cleanup kills it.
 func spawn(t *testing.T, env map[string]string, mode string, args ...string) *serveProcess {
 	t.Helper()
-	addr := freeAddr(t)
-
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
 	// Not this process's DATABASE_URL or REDIS_URL (the tests' servers):
 	// the process runs on what env gives it, in memory if nothing.
-	cmd.Env = append(freshEnvironment(), subprocessEnv+"="+mode, "ONCEKEY_ADDR="+addr)
+	cmd.Env = append(freshEnvironment(), subprocessEnv+"="+mode)
+	return startListening(t, cmd, env)
+}
+
+// startListening starts cmd, an oncekey serve or proxy, with env on port 0
+// of the loopback (ONCEKEY_ADDR), and returns once its log names the
+// address it bound. A port found free beforehand and handed over can be
+// taken by another test's listener in between, and then a test talks to a
+// process that is not its own: once seen in CI, where a gateway's
+// clients reached another test's gateway and its upstream never saw them.
+func startListening(t *testing.T, cmd *exec.Cmd, env map[string]string) *serveProcess {
+	t.Helper()
+	cmd.Env = append(cmd.Env, "ONCEKEY_ADDR=127.0.0.1:0")
 	for k, v := range servePool(env) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	logs := &servicetest.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start(), "start serve")
-	p := &serveProcess{cmd: cmd, addr: addr, logs: logs}
-	t.Cleanup(func() { p.kill() })
+	require.NoError(t, cmd.Start(), "start %s", cmd.Path)
+	p := &serveProcess{cmd: cmd, logs: logs}
+	t.Cleanup(p.kill)
+	p.addr = listeningAddr(t, logs)
 	return p
+}
+
+// listeningRe is the line serve ("listening") and proxy ("gateway
+// listening") log once their listener is bound, with its address.
+var listeningRe = regexp.MustCompile(`"msg":"(?:gateway )?listening","addr":"([^"]+)"`)
+
+// listeningAddr waits until logs name the address the process listens on.
+func listeningAddr(t *testing.T, logs fmt.Stringer) string {
+	t.Helper()
+	var addr string
+	require.Eventually(t, func() bool {
+		if m := listeningRe.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	}, 60*time.Second, 10*time.Millisecond, "the process did not log the address it listens on; its output:\n%s", logs)
+	return addr
 }
 
 // awaitReady waits until serve answers /readyz.

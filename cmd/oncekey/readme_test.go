@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -144,10 +145,8 @@ func startServe(t *testing.T, env map[string]string) (addr string, shutdown func
 // whatever it is.
 func startCommand(t *testing.T, env map[string]string, args ...string) (addr string, shutdown func() error) {
 	t.Helper()
-	addr = freeAddr(t)
-
 	env = servePool(env)
-	env["ONCEKEY_ADDR"] = addr
+	env["ONCEKEY_ADDR"] = "127.0.0.1:0" // the port it binds is in its log: see startListening
 	getenv := func(k string) string { return env[k] }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -175,18 +174,22 @@ func startCommand(t *testing.T, env map[string]string, args ...string) (addr str
 		}
 	})
 
-	// Polled until it answers, or exits.
-	deadline := time.Now().Add(10 * time.Second)
-	poll := time.NewTicker(20 * time.Millisecond)
+	// Polled until it listens and answers, or exits.
+	deadline := time.Now().Add(30 * time.Second)
+	poll := time.NewTicker(10 * time.Millisecond)
 	defer poll.Stop()
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			return addr, shutdown
+		var err error = errors.New("not listening yet")
+		if m := listeningRe.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+			var resp *http.Response
+			if resp, err = http.Get("http://" + addr + "/healthz"); err == nil {
+				resp.Body.Close()
+				return addr, shutdown
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer on %s: %v", args[0], addr, err)
+			t.Fatalf("%s did not answer: %v", args[0], err)
 		}
 		select {
 		case err := <-done:

@@ -40,46 +40,16 @@ func previousRelease(t *testing.T) string {
 	return rev
 }
 
-// startBinary runs the oncekey binary bin with args on a free loopback port
-// (ONCEKEY_ADDR) and env, and waits until it answers GET ready with 200.
-// Cleanup kills it.
+// startBinary runs the oncekey binary bin with args on a loopback port of
+// its own and env, and waits until it answers GET ready with 200. Cleanup
+// kills it.
 func startBinary(t *testing.T, bin string, env map[string]string, ready string, args ...string) *serveProcess {
 	t.Helper()
-	return startReady(t, ready, func() *serveProcess {
-		addr := freeAddr(t)
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(freshEnvironment(), "ONCEKEY_ADDR="+addr)
-		for k, v := range servePool(env) {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
-		logs := &servicetest.SyncBuffer{}
-		cmd.Stdout, cmd.Stderr = logs, logs
-		require.NoError(t, cmd.Start(), "start %s", bin)
-		p := &serveProcess{cmd: cmd, addr: addr, logs: logs}
-		t.Cleanup(p.kill)
-		return p
-	})
-}
-
-// startReady starts a process with start and waits until it answers GET
-// ready with 200. The port freeAddr found free may be another process's
-// by the time this one binds it (a listener on port 0 elsewhere, as the
-// sandbox provider's): then it starts again, on another port.
-func startReady(t *testing.T, ready string, start func() *serveProcess) *serveProcess {
-	t.Helper()
-	for attempt := 1; ; attempt++ {
-		p := start()
-		taken := false
-		require.Eventually(t, func() bool {
-			taken = strings.Contains(p.logs.String(), "address already in use")
-			return taken || p.answersOK(ready)
-		}, 60*time.Second, 20*time.Millisecond, "GET %s did not answer 200; the process's output:\n%s", ready, p.logs)
-		if !taken {
-			return p
-		}
-		p.kill()
-		require.Less(t, attempt, 3, "every port tried was taken; the last process's output:\n%s", p.logs)
-	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = freshEnvironment()
+	p := startListening(t, cmd, env)
+	p.awaitOK(t, ready)
+	return p
 }
 
 // TestPreviousReleaseRunsOnTheNewSchema: every migration is additive, so
@@ -101,7 +71,7 @@ func TestPreviousReleaseRunsOnTheNewSchema(t *testing.T) {
 		t.Parallel()
 		dbURL, _ := testdb.Fresh(t)
 		env := map[string]string{"DATABASE_URL": dbURL, "ONCEKEY_DEMO_API_KEY": strongKey(t)}
-		current := startReady(t, "/readyz", func() *serveProcess { return spawnServe(t, env) })
+		current := startServeProcess(t, env)
 		made := createOrder(t, current.addr, env["ONCEKEY_DEMO_API_KEY"])
 		current.kill()
 
@@ -120,7 +90,7 @@ func TestPreviousReleaseRunsOnTheNewSchema(t *testing.T) {
 		madeBefore := createOrder(t, before.addr, env["ONCEKEY_DEMO_API_KEY"])
 		before.kill()
 
-		upgraded := startReady(t, "/readyz", func() *serveProcess { return spawnServe(t, env) })
+		upgraded := startServeProcess(t, env)
 		madeBefore.requireReplayed(t, upgraded)
 		madeAfter := createOrder(t, upgraded.addr, env["ONCEKEY_DEMO_API_KEY"])
 		upgraded.kill()
@@ -143,7 +113,8 @@ func TestPreviousReleaseRunsOnTheNewSchema(t *testing.T) {
 		args := []string{"proxy", "--upstream", upstream.URL, "--routes", routes, "--scope-header", "X-Account-Id"}
 
 		// This release's gateway migrates the key table and stores a key.
-		current := startReady(t, "/health", func() *serveProcess { return spawn(t, env, "cli", args...) })
+		current := spawn(t, env, "cli", args...)
+		current.awaitOK(t, "/health")
 		stored := sendTransfer(t, current.addr, "before-rollback", `{"amount":500}`)
 		require.Equal(t, http.StatusCreated, stored.Status, "%s", stored)
 		current.kill()

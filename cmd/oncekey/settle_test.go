@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -40,8 +39,7 @@ func TestProxySettlesAtShutdown(t *testing.T) {
 	routes := filepath.Join(t.TempDir(), "routes.yaml")
 	require.NoError(t, os.WriteFile(routes, []byte("routes:\n  - method: POST\n    path: /transfers\n"), 0o600))
 
-	addr := freeAddr(t)
-	env := map[string]string{"DATABASE_URL": cluster.URL(), "ONCEKEY_ADDR": addr, "ONCEKEY_SHUTDOWN_TIMEOUT": "5s"}
+	env := map[string]string{"DATABASE_URL": cluster.URL(), "ONCEKEY_ADDR": "127.0.0.1:0", "ONCEKEY_SHUTDOWN_TIMEOUT": "5s"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var logs servicetest.SyncBuffer
@@ -50,13 +48,7 @@ func TestProxySettlesAtShutdown(t *testing.T) {
 		done <- run(ctx, []string{"proxy", "--upstream", up.URL, "--routes", routes, "--scope-header", "X-Account-Id"},
 			func(k string) string { return env[k] }, strings.NewReader(""), &logs, &logs)
 	}()
-	require.Eventually(t, func() bool {
-		conn, err := net.Dial("tcp", addr)
-		if err == nil {
-			conn.Close()
-		}
-		return err == nil
-	}, 30*time.Second, 20*time.Millisecond, "the proxy listens:\n%s", &logs)
+	addr := listeningAddr(t, &logs)
 
 	scope, key := "acct-"+uuid.NewString(), uuid.NewString()
 	status := make(chan int, 1)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -117,8 +118,9 @@ func TestProxySlowReadersFreeTheirSlots(t *testing.T) {
 
 	// A condition, not a pace: 30 s is only the bound on a busy machine
 	// (10 s once ran out in CI with the race detector beside it).
-	require.Eventually(t, func() bool { return u.large.Load() == slots }, 30*time.Second, 5*time.Millisecond,
-		"every non-reader's request goes upstream")
+	if !assert.Eventually(t, func() bool { return u.large.Load() == slots }, 30*time.Second, 5*time.Millisecond) {
+		t.Fatalf("every non-reader's request goes upstream: %d of %d reached it; the gateway's log:\n%s", u.large.Load(), slots, p.logs)
+	}
 	hc := &http.Client{Timeout: 5 * time.Second}
 	get := func() int {
 		resp, err := hc.Get("http://" + p.addr + "/small")
