@@ -32,6 +32,11 @@ type Request struct {
 	ContentType string
 	// Body is the whole body as sent: the operation reads these bytes.
 	Body []byte
+	// Repeat says that the client means this request as a new one even if
+	// it repeats, under another key, one made within the operation's
+	// RepeatWindow (Idempotency-Repeat: ?1): it is neither reported nor
+	// refused as a repeat.
+	Repeat bool
 	// Check, if set, checks the request once the protocol has decided to
 	// run it, and before it answers a mismatch, never for a replay (whose
 	// body means what the body that passed when it ran meant): a front
@@ -146,6 +151,10 @@ type Decision[U any] struct {
 	legacyOK, legacyDone bool
 	// outcome is what was last reported of the request.
 	outcome Outcome
+	// repeat names the request among those its repeats are spotted by,
+	// and repeatSeq its record there while it runs (0: none).
+	repeat    repeatID
+	repeatSeq uint64
 }
 
 // checker checks a request's body before its operation runs and before a
@@ -301,8 +310,13 @@ func (d *Decision[U]) start(ctx context.Context, lease Lease[U]) (ran bool, err 
 			return true, d.refuse(err)
 		}
 	}
+	if err := d.enterRepeats(); err != nil {
+		d.rollback(ctx, lease)
+		return true, d.refuse(err)
+	}
 	if d.op.held != nil {
 		if err := d.hold(ctx, lease); err != nil {
+			d.repeatDone(nil)
 			var taken *TakenError
 			if errors.As(err, &taken) || errors.Is(err, ErrInFlight) {
 				return false, err
@@ -401,6 +415,7 @@ func (d *Decision[U]) Finish(ctx context.Context, resp Response) error {
 	if !replayable(resp.Status) {
 		// A server error or a rejection inside the operation: nothing is
 		// stored, so a retry with the same key runs the operation again.
+		d.repeatDone(nil)
 		d.rollback(ctx, lease)
 		d.leave()
 		d.finished(resp.Status)
@@ -412,11 +427,13 @@ func (d *Decision[U]) Finish(ctx context.Context, resp Response) error {
 	err := lease.Commit(dctx, resp)
 	dctx.cancel()
 	if err == nil {
+		d.repeatDone(&resp)
 		d.leave()
 		d.report(OutcomeExecuted)
 		return nil
 	}
 	// A failed commit has rolled back.
+	d.repeatDone(nil)
 	var taken *TakenError
 	switch {
 	case errors.As(err, &taken) && taken.Record == nil && !d.contended:
@@ -454,6 +471,7 @@ func (d *Decision[U]) Abandon(ctx context.Context) {
 	if d.op.held != nil {
 		d.settleHeld(ctx, Response{Status: 500})
 	} else {
+		d.repeatDone(nil)
 		d.rollback(ctx, lease)
 	}
 	d.leave()

@@ -27,6 +27,16 @@
 // so that a client knows how long a retry is covered; docs/protocol.md
 // gives the rule and its reasons.
 //
+// # Requests repeated under new keys
+//
+// A client that makes a new key per attempt runs the operation once per
+// attempt, and no key can tell. So an operation remembers, on this process
+// and for Config.RepeatWindow, the requests it ran, and reports the same
+// request (scope, operation, fingerprint) under another key to
+// Observer.Repeated and in a log line without keys; with RefuseRepeats it
+// refuses it (409 repeated-request) unless the client says the repeat is
+// meant (Idempotency-Repeat: ?1, Request.Repeat).
+//
 // # Request bodies
 //
 // The operation, and Config.Validate, read the body exactly as the client

@@ -71,6 +71,17 @@ type Config struct {
 	// Wait is how long a duplicate waits for an in-flight first request
 	// before it gets 202 (default 1s).
 	Wait time.Duration
+	// RepeatWindow is how long a request that ran is remembered, on this
+	// process, so that the same request (scope, operation, fingerprint)
+	// under another key is seen: a client that makes a new key per attempt
+	// runs the operation once per attempt, and this is how an operator
+	// finds out (Observer.Repeated, a log line without keys). Default 5
+	// minutes; negative turns it off. OperationConfig.RepeatWindow and
+	// RefuseRepeats set it per operation.
+	RepeatWindow time.Duration
+	// RefuseRepeats makes every operation refuse such a repeat, as
+	// OperationConfig.RefuseRepeats makes one.
+	RefuseRepeats bool
 	// RetryAfter is advertised on 202 and 503 answers (default 1s).
 	RetryAfter time.Duration
 	// MaxBodyBytes bounds the bodies Operation.Handler and HandlerFunc
@@ -115,6 +126,9 @@ type Engine struct {
 	// settles are held operations' outcomes that their store did not
 	// take yet (see HeldConfig.MaxPending).
 	settles *pendingSettles
+	// repeats are the requests of the last RepeatWindow, for spotting
+	// their repeats under other keys.
+	repeats *repeats
 	// now is this process's clock (time.Now), which tests skew
 	// (internal/clock): held records' leases must not depend on it where
 	// the store keeps a clock of its own.
@@ -132,6 +146,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.Wait <= 0 {
 		cfg.Wait = defaultWait
+	}
+	if cfg.RepeatWindow == 0 {
+		cfg.RepeatWindow = defaultRepeatWindow
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = defaultRetryAfter
@@ -160,7 +177,7 @@ func New(cfg Config) *Engine {
 			replay = append(replay, name)
 		}
 	}
-	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser(), settles: newPendingSettles(cfg.Logger, cfg.Observer), now: time.Now}
+	return &Engine{cfg: cfg, stored: replay, inFlight: newCollapser(), settles: newPendingSettles(cfg.Logger, cfg.Observer), repeats: newRepeats(), now: time.Now}
 }
 
 // muxPattern is the route net/http's ServeMux matched ("POST /widgets/{id}"

@@ -307,6 +307,7 @@ func (d *Decision[U]) settleHeld(ctx context.Context, resp Response) {
 		stored = &resp
 		d.report(OutcomeExecuted)
 	}
+	d.repeatDone(stored)
 	sctx := detach(ctx)
 	defer sctx.cancel()
 	d.op.e.settles.settle(sctx, d.op.held, d.pending(d.Ref, stored))

@@ -183,10 +183,17 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 		s.write(d.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", errMalformedContentType, n)))
 		return d.outcome
 	}
+	repeat, err := parseRepeat(r.Header)
+	if err != nil {
+		d.op, d.label = o, o.labelOf(r.Method, d.req.Route)
+		s.write(d.refuse(err))
+		return d.outcome
+	}
+	d.req.Repeat = repeat || in.Repeat
 	if o.e.cfg.Validate != nil {
 		d.checker = s // unless in has a Check of its own (begin)
 	}
-	err := o.begin(r.Context(), d)
+	err = o.begin(r.Context(), d)
 	switch {
 	case err != nil:
 		s.write(err)

@@ -168,6 +168,7 @@ func (o *outcomes) DuplicateWait(string, idempotency.Outcome, time.Duration) {}
 func (o *outcomes) SettleFailed(string)                                      {}
 func (o *outcomes) SettlesPending(int)                                       {}
 func (o *outcomes) SettleDropped(string, string)                             {}
+func (o *outcomes) Repeated(string, bool)                                    {}
 
 func (o *outcomes) last() idempotency.Outcome {
 	o.mu.Lock()

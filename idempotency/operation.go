@@ -15,6 +15,17 @@ type OperationConfig struct {
 	TTL time.Duration
 	// Wait overrides Config.Wait for this operation.
 	Wait time.Duration
+	// RepeatWindow overrides Config.RepeatWindow for this operation;
+	// negative turns spotting repeats off, for an operation where the same
+	// request under a new key is normal (a top-up of the same amount).
+	RepeatWindow time.Duration
+	// RefuseRepeats refuses, rather than only reports, a request that
+	// repeats under another key one the operation ran or runs within the
+	// window: 409 repeated-request, which names the earlier request,
+	// stores nothing and consumes no key. A client that means the repeat
+	// says so with Idempotency-Repeat: ?1 (Request.Repeat). It holds per
+	// process: see docs/protocol.md.
+	RefuseRepeats bool
 	// Held, when set, makes the operation held (see HeldConfig): its
 	// store must then keep held records (Store.Settle), as pgstore and
 	// memstore do, and any store in front of them.
@@ -52,6 +63,10 @@ func NewOperation[U any](e *Engine, store Store[U], cfg OperationConfig) *Operat
 	if cfg.Wait <= 0 {
 		cfg.Wait = e.cfg.Wait
 	}
+	if cfg.RepeatWindow == 0 {
+		cfg.RepeatWindow = e.cfg.RepeatWindow
+	}
+	cfg.RefuseRepeats = cfg.RefuseRepeats || e.cfg.RefuseRepeats
 	op := &Operation[U]{e: e, store: store, cfg: cfg}
 	if cfg.Held != nil {
 		op.held = newHeld(*cfg.Held, store)

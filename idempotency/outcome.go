@@ -48,6 +48,13 @@ type Observer interface {
 	// "shutdown" (Engine.Shutdown's last attempt failed too) and
 	// "expired" (the key's TTL ended before its store took it).
 	SettleDropped(operation, reason string)
+
+	// Repeated reports a request that repeats, under another key, one its
+	// operation ran or runs within the window (Config.RepeatWindow): most
+	// likely a client that makes a new key per attempt, whose every retry
+	// runs the operation again. refused: the operation refused it
+	// (OperationConfig.RefuseRepeats); otherwise it ran.
+	Repeated(operation string, refused bool)
 }
 
 type noObserver struct{}
@@ -57,3 +64,4 @@ func (noObserver) DuplicateWait(string, Outcome, time.Duration) {}
 func (noObserver) SettleFailed(string)                          {}
 func (noObserver) SettlesPending(int)                           {}
 func (noObserver) SettleDropped(string, string)                 {}
+func (noObserver) Repeated(string, bool)                        {}

@@ -50,6 +50,8 @@ var problems = []struct {
 	{ErrNoScope, Problem{Status: http.StatusUnauthorized, Slug: "unauthorized", Title: "Missing or invalid credentials"}},
 	{ErrKeyMismatch, Problem{Status: http.StatusConflict, Slug: "idempotency-key-mismatch", Title: "Idempotency-Key was used for a different request"}},
 	{ErrInFlight, Problem{Status: http.StatusAccepted, Slug: "request-in-progress", Title: "A request with this Idempotency-Key is still in progress"}},
+	{errRepeated, Problem{Status: http.StatusConflict, Slug: "repeated-request", Title: "An identical request was made under another Idempotency-Key"}},
+	{errInvalidRepeat, Problem{Status: http.StatusBadRequest, Slug: "invalid-idempotency-repeat", Title: "Idempotency-Repeat header is invalid"}},
 	{ErrOutcomeUnknown, Problem{Status: http.StatusConflict, Slug: "outcome-unknown", Title: "The outcome of the request with this Idempotency-Key is unknown"}},
 	{ErrNotStored, Problem{Status: http.StatusConflict, Slug: "response-not-stored", Title: "The response to the request with this Idempotency-Key was not stored"}},
 	{ErrUnavailable, Problem{Status: http.StatusServiceUnavailable, Slug: "unavailable", Title: "Service temporarily unavailable"}},

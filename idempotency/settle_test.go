@@ -53,6 +53,7 @@ type settleObserver struct {
 func (o *settleObserver) Outcome(string, idempotency.Outcome)                      {}
 func (o *settleObserver) DuplicateWait(string, idempotency.Outcome, time.Duration) {}
 func (o *settleObserver) SettleFailed(string)                                      { o.failed.Add(1) }
+func (o *settleObserver) Repeated(string, bool)                                    {}
 func (o *settleObserver) SettlesPending(delta int)                                 { o.pending.Add(int64(delta)) }
 func (o *settleObserver) SettleDropped(_, reason string) {
 	o.mu.Lock()

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +19,7 @@ type metrics struct {
 	settleFailures *prometheus.CounterVec
 	settlesPending prometheus.Gauge
 	settlesDropped *prometheus.CounterVec
+	repeated       *prometheus.CounterVec
 }
 
 // outcomes are every outcome a held operation's request can have: their
@@ -44,6 +46,9 @@ func newMetrics(reg prometheus.Registerer, operation string) (*metrics, error) {
 			[]string{"operation"}),
 		settlesPending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "oncekey_idempotency_settles_pending",
 			Help: "Outcomes of held operations that the store has not taken yet, kept in memory and retried."}),
+		repeated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oncekey_idempotency_repeated_requests_total",
+			Help: "Requests that repeat, under another Idempotency-Key, a request of the same scope, operation and fingerprint made on this process within the repeat window (default 5m): most likely a client that makes a new key per attempt, whose every retry runs the operation again. refused=true: the operation refused it (409 repeated-request); false: it ran."},
+			[]string{"operation", "refused"}),
 		settlesDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oncekey_idempotency_settles_dropped_total",
 			Help: "Outcomes of held operations given up before the store took them, by reason (bound, shutdown, expired): each such key is of unknown outcome once its lease ends."},
 			[]string{"operation", "reason"}),
@@ -64,6 +69,11 @@ func newMetrics(reg prometheus.Registerer, operation string) (*metrics, error) {
 	if m.settlesDropped, err = register(reg, m.settlesDropped); err != nil {
 		return nil, err
 	}
+	if m.repeated, err = register(reg, m.repeated); err != nil {
+		return nil, err
+	}
+	m.repeated.WithLabelValues(operation, "false")
+	m.repeated.WithLabelValues(operation, "true")
 	for _, o := range outcomes {
 		m.requests.WithLabelValues(operation, string(o))
 	}
@@ -102,6 +112,11 @@ func (m *metrics) SettleFailed(operation string) { m.settleFailures.WithLabelVal
 
 // SettlesPending implements idempotency.Observer.
 func (m *metrics) SettlesPending(delta int) { m.settlesPending.Add(float64(delta)) }
+
+// Repeated implements idempotency.Observer.
+func (m *metrics) Repeated(operation string, refused bool) {
+	m.repeated.WithLabelValues(operation, strconv.FormatBool(refused)).Inc()
+}
 
 // SettleDropped implements idempotency.Observer.
 func (m *metrics) SettleDropped(operation, reason string) {

@@ -87,12 +87,27 @@ func TestNewFindsCoveredOperations(t *testing.T) {
 		require.Equal(t, tt.wait, op.Wait, "%s wait", tt.id)
 	}
 	require.Nil(t, ops.Find("DELETE", "/widgets"), "an operation the document does not have")
+
+	for ext, want := range map[string]struct {
+		window time.Duration
+		refuse bool
+	}{
+		"{repeat-window: 10m, refuse-repeats: true}": {10 * time.Minute, true},
+		"{repeat-window: off}":                       {-1, false},
+	} {
+		doc := load(t, strings.Replace(spec, "x-idempotency: {ttl: 24h, wait: 2s}", "x-idempotency: "+ext, 1))
+		ops, err := oapi.New(doc, engine())
+		require.NoError(t, err, ext)
+		op := ops.Find("POST", "/widgets/{id}/paint")
+		require.Equal(t, want.window, op.RepeatWindow, ext)
+		require.Equal(t, want.refuse, op.RefuseRepeats, ext)
+	}
 	require.Equal(t, []string{"createWidget", "paintWidget"}, ops.Unbound())
 }
 
 func TestNewRefusesAMalformedExtension(t *testing.T) {
 	t.Parallel()
-	for _, ext := range []string{`"yes"`, `{ttl: forever}`, `{ttl: -1h}`, `{retries: 3}`} {
+	for _, ext := range []string{`"yes"`, `{ttl: forever}`, `{ttl: -1h}`, `{retries: 3}`, `{refuse-repeats: "yes"}`, `{repeat-window: never}`} {
 		doc := load(t, strings.Replace(spec, "x-idempotency: {ttl: 24h, wait: 2s}", "x-idempotency: "+ext, 1))
 		_, err := oapi.New(doc, engine())
 		require.Error(t, err, "x-idempotency: %s", ext)
