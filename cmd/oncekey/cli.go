@@ -80,8 +80,18 @@ type redisFlags struct {
 
 // protocolFlags are the protocol's timing, as serve and proxy both take it.
 type protocolFlags struct {
-	TTL  time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
-	Wait time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
+	TTL           time.Duration `name:"ttl" envvar:"IDEMPOTENCY_TTL" default:"48h" help:"How long a key's response is kept and replayed."`
+	Wait          time.Duration `name:"wait" envvar:"IDEMPOTENCY_WAIT" default:"1s" help:"How long a duplicate waits for the request still running before it gets 202."`
+	RepeatWindow  time.Duration `name:"repeat-window" envvar:"IDEMPOTENCY_REPEAT_WINDOW" default:"5m" help:"How long each process remembers a request to spot the same request sent again under a new key (a client making a key per attempt): counted, logged, refused with --refuse-repeats. 0: off."`
+	RefuseRepeats bool          `name:"refuse-repeats" envvar:"IDEMPOTENCY_REFUSE_REPEATS" help:"Refuse such a repeat with 409 repeated-request instead of running it; a client that means it sends Idempotency-Repeat: ?1."`
+}
+
+// repeatWindow is --repeat-window as the engine takes it: 0 is off.
+func (f protocolFlags) repeatWindow() time.Duration {
+	if f.RepeatWindow == 0 {
+		return -1
+	}
+	return f.RepeatWindow
 }
 
 // serverFlags bound a listening command's connections, shutdown and

@@ -28,13 +28,17 @@ type config struct {
 	// GroupCommitByAccount merges only one account's deferred commits.
 	GroupCommitByAccount bool
 	// KeyScope is the key table's scope type (pgstore.Options.Scope).
-	KeyScope        pgstore.ScopeType
-	RedisURL        string
-	RedisSecret     []byte
-	Addr            string
-	MetricsAddr     string
-	TTL             time.Duration
-	Wait            time.Duration
+	KeyScope    pgstore.ScopeType
+	RedisURL    string
+	RedisSecret []byte
+	Addr        string
+	MetricsAddr string
+	TTL         time.Duration
+	Wait        time.Duration
+	// RepeatWindow and RefuseRepeats spot (and refuse) a request sent
+	// again under a new key (idempotency.Config).
+	RepeatWindow    time.Duration
+	RefuseRepeats   bool
 	MaxBodyBytes    int64
 	RequestTimeout  time.Duration
 	ShutdownTimeout time.Duration
@@ -64,6 +68,9 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 	bad, positive, within := problems.bad, problems.positive, problems.within
 	positive("ttl", "IDEMPOTENCY_TTL", s.TTL)
 	positive("wait", "IDEMPOTENCY_WAIT", s.Wait)
+	if s.RepeatWindow < 0 {
+		bad("--repeat-window (IDEMPOTENCY_REPEAT_WINDOW) %s: want a duration, or 0 for off", s.RepeatWindow)
+	}
 	positive("request-timeout", "ONCEKEY_REQUEST_TIMEOUT", s.RequestTimeout)
 	positive("shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", s.ShutdownTimeout)
 	positive("cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", s.CleanupInterval)
@@ -130,7 +137,7 @@ func (s *serveCmd) config(getenv func(string) string) (config, error) {
 	}
 	return config{
 		DatabaseURL: s.DatabaseURL, ReplicaURL: s.DatabaseReplicaURL, GroupCommitByAccount: s.GroupCommitByAccount, KeyScope: pgstore.ScopeType(s.KeyScope), RedisURL: s.RedisURL, RedisSecret: []byte(s.RedisSecret), Addr: s.Addr, MetricsAddr: s.MetricsAddr,
-		TTL: s.TTL, Wait: s.Wait, MaxBodyBytes: s.MaxBodyBytes,
+		TTL: s.TTL, Wait: s.Wait, RepeatWindow: s.repeatWindow(), RefuseRepeats: s.RefuseRepeats, MaxBodyBytes: s.MaxBodyBytes,
 		RequestTimeout: s.RequestTimeout, ShutdownTimeout: s.ShutdownTimeout,
 		CleanupInterval: s.CleanupInterval, CleanupBatch: s.CleanupBatch,
 		DemoAPIKey: demo, Tracing: tracingMode,

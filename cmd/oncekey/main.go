@@ -417,6 +417,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) 
 		Auth:           auth.NewCache(be.Backend, auth.DefaultCacheSize, cfg.APIKeyCacheTTL),
 		TTL:            cfg.TTL,
 		Wait:           cfg.Wait,
+		RepeatWindow:   cfg.RepeatWindow,
+		RefuseRepeats:  cfg.RefuseRepeats,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         log,

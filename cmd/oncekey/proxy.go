@@ -351,6 +351,9 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	}
 	problems.positive("ttl", "IDEMPOTENCY_TTL", p.TTL)
 	problems.positive("wait", "IDEMPOTENCY_WAIT", p.Wait)
+	if p.RepeatWindow < 0 {
+		bad("--repeat-window (IDEMPOTENCY_REPEAT_WINDOW) %s: want a duration, or 0 for off", p.RepeatWindow)
+	}
 	problems.positive("upstream-timeout", "ONCEKEY_UPSTREAM_TIMEOUT", p.UpstreamTimeout)
 	problems.positive("shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", p.ShutdownTimeout)
 	problems.positive("cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", p.CleanupInterval)
@@ -412,7 +415,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	}
 	return gateway.Config{
 		Upstream: upstream, Routes: routes, Scope: p.scope.Source, PreviousScopes: p.scope.Previous, Guard: p.scope.Guard, Namespace: namespace,
-		TTL: p.TTL, Wait: p.Wait, MaxBodyBytes: p.MaxBodyBytes,
+		TTL: p.TTL, Wait: p.Wait, RepeatWindow: p.repeatWindow(), RefuseRepeats: p.RefuseRepeats, MaxBodyBytes: p.MaxBodyBytes,
 		Profile: frontdoor.Profile(p.Profile), ErrorTemplate: template, Key: key,
 		UpstreamTimeout: p.UpstreamTimeout, MaxStored: p.MaxStoredBytes, RetryUnknown: p.OnUnknown == "retry",
 	}, nil

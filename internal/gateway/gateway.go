@@ -36,6 +36,11 @@ type Route struct {
 	Path   string
 	// TTL and Wait override Config's for this route.
 	TTL, Wait time.Duration
+	// RepeatWindow overrides Config's for this route (negative: off), and
+	// RefuseRepeats refuses repeats on this route whatever Config says:
+	// see idempotency.OperationConfig.
+	RepeatWindow  time.Duration
+	RefuseRepeats bool
 	// Validate, if set, checks a request's body before it goes upstream;
 	// an error (a *problem.Error, else a 400) consumes no key.
 	Validate func(r *http.Request, body []byte) error
@@ -73,6 +78,12 @@ type Config struct {
 	// TTL, Wait and MaxBodyBytes are the engine's (zero: its defaults).
 	TTL, Wait    time.Duration
 	MaxBodyBytes int64
+	// RepeatWindow and RefuseRepeats are the engine's: how long a request
+	// is remembered to spot the same request under a new key (zero: 5
+	// minutes; negative: off), and whether every route refuses such a
+	// repeat rather than only counting it.
+	RepeatWindow  time.Duration
+	RefuseRepeats bool
 	// Profile is the answers for a key in flight or reused (default
 	// frontdoor.IETF): what the upstream's clients understand.
 	Profile frontdoor.Profile
@@ -156,10 +167,12 @@ func New[U any](cfg Config, store idempotency.Store[U]) (*Gateway, error) {
 	// the engine needs none.
 	scope := namespaced(cfg.Namespace, cfg.Scope)
 	e := idempotency.New(idempotency.Config{
-		Route:        matchedRoute,
-		TTL:          cfg.TTL,
-		Wait:         cfg.Wait,
-		MaxBodyBytes: cfg.MaxBodyBytes,
+		Route:         matchedRoute,
+		TTL:           cfg.TTL,
+		Wait:          cfg.Wait,
+		RepeatWindow:  cfg.RepeatWindow,
+		RefuseRepeats: cfg.RefuseRepeats,
+		MaxBodyBytes:  cfg.MaxBodyBytes,
 		Validate: func(r *http.Request, body []byte) error {
 			if rt, ok := r.Context().Value(routeKey{}).(*route); ok && rt.Validate != nil {
 				return rt.Validate(r, body)
@@ -175,7 +188,8 @@ func New[U any](cfg Config, store idempotency.Store[U]) (*Gateway, error) {
 	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
 	for i := range routes {
 		name := idempotency.OperationName(routes[i].Method, routes[i].Path)
-		op := idempotency.NewOperation(e, store, idempotency.OperationConfig{Name: name, TTL: routes[i].TTL, Wait: routes[i].Wait, Held: &held})
+		op := idempotency.NewOperation(e, store, idempotency.OperationConfig{Name: name, TTL: routes[i].TTL, Wait: routes[i].Wait,
+			RepeatWindow: routes[i].RepeatWindow, RefuseRepeats: routes[i].RefuseRepeats, Held: &held})
 		routes[i].handler = frontDoor(e, op, name, &routes[i], cfg, scope, fwd)
 	}
 	return g, nil

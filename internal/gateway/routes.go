@@ -45,7 +45,8 @@ func SpecRoutes(doc *openapi3.T) ([]Route, error) {
 			if op == nil || !(op.Idempotent || header != "" && spec.Extensions[oapi.Extension] != false) {
 				continue
 			}
-			rt := Route{Method: op.Method, Path: op.Path, TTL: op.TTL, Wait: op.Wait, Key: frontdoor.KeyPlace{Header: header}}
+			rt := Route{Method: op.Method, Path: op.Path, TTL: op.TTL, Wait: op.Wait, Key: frontdoor.KeyPlace{Header: header},
+				RepeatWindow: op.RepeatWindow, RefuseRepeats: op.RefuseRepeats}
 			if spec.Responses.Value("202") == nil {
 				rt.Profile = frontdoor.IETF
 			}
@@ -117,6 +118,10 @@ type routeFile struct {
 		Path   string `yaml:"path"`
 		TTL    string `yaml:"ttl"`
 		Wait   string `yaml:"wait"`
+		// RepeatWindow ("off" or a duration) and RefuseRepeats override
+		// the gateway's for the route.
+		RepeatWindow  string `yaml:"repeat_window"`
+		RefuseRepeats bool   `yaml:"refuse_repeats"`
 		// Profile, ErrorTemplate, KeyHeader and KeyBodyField override
 		// the gateway's for the route.
 		Profile       string `yaml:"profile"`
@@ -134,6 +139,9 @@ type routeFile struct {
 //	    path: /transfers          # {name} matches any one segment
 //	    ttl: 24h                  # optional, Go durations
 //	    wait: 2s                  # optional
+//	    repeat_window: 10m        # optional: "off", or how long a request is
+//	                              # remembered to spot it under a new key
+//	    refuse_repeats: true      # optional: refuse such a repeat (409)
 //	    profile: oncekey          # optional: ietf or oncekey
 //	    error_template: err.json  # optional: the route's error shape
 //	    key_header: X-Idempotency-Key  # or key_body_field: /idempotency_key
@@ -178,12 +186,16 @@ func readRoutes(in io.Reader, dir string) ([]Route, error) {
 	}
 	routes := make([]Route, 0, len(f.Routes))
 	for i, r := range f.Routes {
-		rt := Route{Method: r.Method, Path: r.Path}
+		rt := Route{Method: r.Method, Path: r.Path, RefuseRepeats: r.RefuseRepeats}
 		for _, d := range []struct {
 			name, value string
 			to          *time.Duration
-		}{{"ttl", r.TTL, &rt.TTL}, {"wait", r.Wait, &rt.Wait}} {
+		}{{"ttl", r.TTL, &rt.TTL}, {"wait", r.Wait, &rt.Wait}, {"repeat_window", r.RepeatWindow, &rt.RepeatWindow}} {
 			if d.value == "" {
+				continue
+			}
+			if d.name == "repeat_window" && d.value == "off" {
+				*d.to = -1
 				continue
 			}
 			v, err := time.ParseDuration(d.value)

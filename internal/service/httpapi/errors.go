@@ -156,6 +156,13 @@ func (p problemWriter) write(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	kind, detail, ok := problemRow(err)
+	if engine := idempotency.ProblemOf(err); !ok && engine.Status < http.StatusInternalServerError {
+		// A refusal of the protocol's that the table does not name (a
+		// repeat under a new key refused, a malformed Idempotency-Repeat):
+		// answered as the engine answers it.
+		problem.Write(w, problem.Kind{Slug: engine.Slug, Status: engine.Status, Title: engine.Title}, engine.Detail)
+		return
+	}
 	if !ok {
 		p.log.ErrorContext(r.Context(), "request failed", "err", err)
 		problem.Write(w, problem.Internal, internalDetail)

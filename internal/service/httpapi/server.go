@@ -70,6 +70,10 @@ type Config struct {
 	// idempotency.Config).
 	TTL  time.Duration
 	Wait time.Duration
+	// RepeatWindow and RefuseRepeats spot, and refuse, a request sent
+	// again under a new key (see idempotency.Config).
+	RepeatWindow  time.Duration
+	RefuseRepeats bool
 	// MaxBodyBytes bounds request bodies (default 64 KiB); larger ones get 413.
 	MaxBodyBytes int64
 	// RequestTimeout bounds each request's work, database calls included
@@ -126,12 +130,14 @@ func New(cfg Config) (http.Handler, error) {
 	problems := problemWriter{log: cfg.Logger}
 	spec := newContract(doc)
 	engine := idempotency.New(idempotency.Config{
-		Route:      routePattern,
-		TTL:        cfg.TTL,
-		Wait:       cfg.Wait,
-		WriteError: problems.write,
-		Logger:     cfg.Logger,
-		Observer:   cfg.Metrics,
+		Route:         routePattern,
+		TTL:           cfg.TTL,
+		Wait:          cfg.Wait,
+		RepeatWindow:  cfg.RepeatWindow,
+		RefuseRepeats: cfg.RefuseRepeats,
+		WriteError:    problems.write,
+		Logger:        cfg.Logger,
+		Observer:      cfg.Metrics,
 	})
 	ops, err := oapi.New(doc, engine)
 	if err != nil {

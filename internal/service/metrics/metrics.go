@@ -35,6 +35,7 @@ type Metrics struct {
 
 	idemRequests *prometheus.CounterVec
 	idemWait     *prometheus.HistogramVec
+	repeated     *prometheus.CounterVec
 
 	settleFailures *prometheus.CounterVec
 	settlesPending prometheus.Gauge
@@ -79,6 +80,9 @@ func New() *Metrics {
 	m.idemWait = f.histogramVec("oncekey_idempotency_duplicate_wait_seconds",
 		"Time duplicates spent claiming their key, which includes waiting for an in-flight first request, by outcome. The 1.05 bucket catches waits that ran out the default 1s budget.",
 		[]float64{.001, .005, .01, .025, .05, .1, .25, .5, .75, 1, 1.05, 1.5, 2, 5}, "operation", "outcome")
+	m.repeated = f.counterVec("oncekey_idempotency_repeated_requests_total",
+		"Requests that repeat, under another Idempotency-Key, a request of the same scope, operation and fingerprint made on this process within the repeat window (ONCEKEY_REPEAT_WINDOW, default 5m): most likely a client that makes a new key per attempt, whose every retry runs the operation again. refused=true: the operation refused it (409 repeated-request); false: it ran.",
+		"operation", "refused")
 
 	// A gateway's families, registered by HeldOperations: the service
 	// has no held operation.
@@ -218,6 +222,8 @@ func (m *Metrics) Operations(names ...string) {
 		for _, o := range outcomes {
 			m.idemRequests.WithLabelValues(name, string(o))
 		}
+		m.repeated.WithLabelValues(name, "false")
+		m.repeated.WithLabelValues(name, "true")
 	}
 }
 
@@ -229,6 +235,11 @@ var outcomes = []idempotency.Outcome{idempotency.OutcomeExecuted, idempotency.Ou
 // Outcome implements idempotency.Observer.
 func (m *Metrics) Outcome(operation string, o idempotency.Outcome) {
 	m.idemRequests.WithLabelValues(operation, string(o)).Inc()
+}
+
+// Repeated implements idempotency.Observer.
+func (m *Metrics) Repeated(operation string, refused bool) {
+	m.repeated.WithLabelValues(operation, strconv.FormatBool(refused)).Inc()
 }
 
 // SettleFailed implements idempotency.Observer.
