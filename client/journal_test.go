@@ -468,3 +468,35 @@ func TestLongOperationAnswerIsJournaled(t *testing.T) {
 	require.Equal(t, payment, again, "the accepted payment, from the journal")
 	require.Empty(t, b.injector.seen(), "nothing sent")
 }
+
+// TestFileJournalSyncsBeforeItSends: the record of an operation's key is
+// fsynced before the request leaves, and its answer's record before the
+// call returns. A kill -9 cannot show a missing fsync (the page cache
+// survives the process), so this counts them. Not parallel: it swaps the
+// journal's fsync.
+func TestFileJournalSyncsBeforeItSends(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := client.OpenFileJournal(ctx, path, client.FileJournalOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	syncs := client.CountFsyncs(t)
+	var atArrival atomic.Int64
+	var onDisk atomic.Value
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request) {
+		atArrival.Store(syncs.Load())
+		raw, err := os.ReadFile(path)
+		if err == nil {
+			onDisk.Store(string(raw))
+		}
+		orderAnswer(w, r)
+	})
+	c := newJournaled(t, srv.URL, j, 0)
+
+	_, err = c.Intent("checkout cart 7").CreateOrder(ctx, seedOrder)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, atArrival.Load(), "the key's record was fsynced once before the request left")
+	key := j.Records()[0].Key
+	require.Contains(t, onDisk.Load(), key, "and was in the file")
+	require.GreaterOrEqual(t, syncs.Load(), int64(2), "the answer's record was fsynced before the call returned")
+}
