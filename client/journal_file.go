@@ -32,7 +32,9 @@ type FileJournalOptions struct {
 // outlive its process. Each record is framed as a 4-byte length, a 4-byte
 // CRC-32C of the payload and the payload (JSON), and the file is fsynced
 // after each append: a record cut short by a crash is detected on open,
-// reported to Warn and cut off, and every record before it is kept.
+// reported to Warn and cut off, and every record before it is kept. It
+// compacts on open, and again whenever it has grown to twice the records
+// the last compaction kept (1,024 at least).
 //
 // The process that opens a FileJournal holds an exclusive lock (flock on
 // path+".lock") until Close or its end, however it ends (the kernel drops
@@ -44,10 +46,20 @@ type FileJournal struct {
 	lock *os.File
 	warn func(string)
 
+	// now and retention are OpenFileJournal's options, for compacting.
+	now       func() time.Time
+	retention time.Duration
+
 	mu      sync.Mutex
 	f       *os.File
 	records []Record
+	// compactAt is the number of records at which Append compacts: twice
+	// what the last compaction kept, and minCompact at least.
+	compactAt int
 }
+
+// minCompact is the fewest records at which a running journal compacts.
+const minCompact = 1024
 
 var _ Journal = (*FileJournal)(nil)
 
@@ -80,7 +92,7 @@ func OpenFileJournal(ctx context.Context, path string, opts FileJournalOptions) 
 	if err != nil {
 		return nil, err
 	}
-	j := &FileJournal{path: path, lock: lock, warn: opts.Warn}
+	j := &FileJournal{path: path, lock: lock, warn: opts.Warn, now: opts.Now, retention: opts.KeyRetention}
 	if err := j.load(opts.Now(), opts.KeyRetention); err != nil {
 		_ = lock.Close()
 		return nil, err
@@ -101,13 +113,19 @@ func (j *FileJournal) load(now time.Time, retention time.Duration) error {
 		j.warn(fmt.Sprintf("journal %s: %s at byte %d; the %d records before it are kept", j.path, torn, good, len(records)))
 	}
 	kept, changed := compact(records, now, retention)
+	j.compactAt = max(2*len(kept), minCompact)
 	if changed || created || good != len(data) {
 		// Rewrite to a temporary file and rename it over: a crash leaves
 		// either the old journal or the new one, never half of one.
-		if err := j.rewrite(kept); err != nil {
+		f, err := j.rewrite(kept)
+		if err != nil {
+			if f != nil {
+				_ = f.Close()
+			}
 			return err
 		}
-		records = kept
+		j.f, j.records = f, kept
+		return nil
 	}
 	f, err := os.OpenFile(j.path, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
@@ -117,35 +135,61 @@ func (j *FileJournal) load(now time.Time, retention time.Duration) error {
 	return nil
 }
 
-func (j *FileJournal) rewrite(records []Record) error {
+// compactLocked compacts the journal of a process that runs for long: once
+// it holds compactAt records, it keeps what compact keeps, rewritten as
+// load does, and appends to the new file from then on. A failure leaves
+// the journal as it was, and is reported to Warn.
+func (j *FileJournal) compactLocked() {
+	kept, changed := compact(j.records, j.now(), j.retention)
+	j.compactAt = max(2*len(kept), minCompact)
+	if !changed {
+		return
+	}
+	f, err := j.rewrite(kept)
+	if err != nil {
+		j.warn(fmt.Sprintf("journal %s: compacting: %v", j.path, err))
+	}
+	if f == nil {
+		return
+	}
+	_ = j.f.Close()
+	j.f, j.records = f, kept
+}
+
+// rewrite writes records to a temporary file, fsyncs it and renames it
+// over the journal, and returns it open for appending: the handle follows
+// the file through the rename, so nothing can fail between the new
+// journal taking the old one's place and the next append going to it. A
+// file with an error means the rename happened and its directory's fsync
+// failed.
+func (j *FileJournal) rewrite(records []Record) (*os.File, error) {
 	dir := filepath.Dir(j.path)
 	tmp, err := os.CreateTemp(dir, filepath.Base(j.path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("client: journal: %w", err)
+		return nil, fmt.Errorf("client: journal: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // a no-op once renamed
+	fail := func(err error) (*os.File, error) {
+		_ = tmp.Close()
+		return nil, fmt.Errorf("client: journal: %w", err)
+	}
 	var buf []byte
 	for _, r := range records {
 		if buf, err = appendFrame(buf, r); err != nil {
-			_ = tmp.Close()
-			return err
+			return fail(err)
 		}
 	}
 	if _, err := tmp.Write(buf); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("client: journal: %w", err)
+		return fail(err)
 	}
 	if err := fsync(tmp); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("client: journal: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("client: journal: %w", err)
+		return fail(err)
 	}
 	if err := os.Rename(tmp.Name(), j.path); err != nil {
-		return fmt.Errorf("client: journal: %w", err)
+		return fail(err)
 	}
-	return syncDir(dir)
+	// Renamed: the journal is the new file now, synced or not.
+	return tmp, syncDir(dir)
 }
 
 // syncDir makes a file's creation or rename in dir durable.
@@ -179,6 +223,9 @@ func (j *FileJournal) Append(rec Record) error {
 		return fmt.Errorf("client: journal: %w", err)
 	}
 	j.records = append(j.records, rec)
+	if len(j.records) >= j.compactAt {
+		j.compactLocked()
+	}
 	return nil
 }
 

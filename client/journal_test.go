@@ -500,3 +500,55 @@ func TestFileJournalSyncsBeforeItSends(t *testing.T) {
 	require.Contains(t, onDisk.Load(), key, "and was in the file")
 	require.GreaterOrEqual(t, syncs.Load(), int64(2), "the answer's record was fsynced before the call returned")
 }
+
+// TestFileJournalCompactsWhileRunning: a process that never reopens its
+// journal still keeps it the size of what is live. Once the journal holds
+// 1,024 records, answered operations older than their retention go, the
+// unanswered stay, and the appends after it land in the compacted file,
+// which a later process reads whole.
+func TestFileJournalCompactsWhileRunning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "journal")
+	start := time.Now()
+	var now atomic.Int64
+	now.Store(start.UnixNano())
+	opts := client.FileJournalOptions{KeyRetention: time.Hour, Now: func() time.Time { return time.Unix(0, now.Load()) }}
+	j, err := client.OpenFileJournal(ctx, path, opts)
+	require.NoError(t, err)
+	sent := func(key string) client.Record {
+		return client.Record{Kind: client.RecordSent, Key: key, Server: "http://127.0.0.1:1", Method: "POST", Path: "/orders", Time: time.Unix(0, now.Load())}
+	}
+	require.NoError(t, j.Append(sent("never-answered")))
+	for i := range 600 {
+		key := fmt.Sprintf("op-%d", i)
+		require.NoError(t, j.Append(sent(key)))
+		require.NoError(t, j.Append(client.Record{Kind: client.RecordAnswered, Key: key, Status: 201, Body: []byte(`{}`), Time: time.Unix(0, now.Load())}))
+		now.Add(int64(10 * time.Second)) // 600 operations over 100 minutes: the first 240 or so are past the hour
+	}
+	records := j.Records()
+	require.Less(t, len(records), 1000, "compacted while running")
+	require.Equal(t, "never-answered", records[0].Key, "the unanswered operation stays")
+	require.NoError(t, j.Append(sent("after")))
+	keys := func(records []client.Record) (out []string) {
+		for _, r := range records {
+			out = append(out, string(r.Kind)+" "+r.Key)
+		}
+		return out
+	}
+	want := keys(j.Records())
+	require.NoError(t, j.Close())
+
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	again, err := client.OpenFileJournal(ctx, path, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = again.Close() })
+	got := keys(again.Records())
+	// Opening compacts again, now that more have aged past the hour: what
+	// is read is what was written, less those.
+	require.Subset(t, want, got, "the compacted file, read whole (%d bytes)", info.Size())
+	require.Contains(t, got, "sent never-answered")
+	require.Contains(t, got, "sent after", "an append after the compaction is in the new file")
+	require.Contains(t, got, "answered op-599")
+}

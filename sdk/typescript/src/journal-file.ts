@@ -9,7 +9,10 @@
  * its CRC (or its JSON) does not check, so it is skipped with a warning and
  * every record before it is read as written. Opening compacts: answered
  * entries past their retention are dropped, and a torn tail is cut, by
- * writing a new file (temp, fsync, rename, fsync of the directory).
+ * writing a new file (temp, fsync, rename, fsync of the directory). So does
+ * a journal that has grown to twice the records its last compaction kept
+ * (1,024 at least), so that a process that runs for weeks keeps a file the
+ * size of what is live.
  *
  * One process at a time holds a journal (see `openFileJournal`), so two
  * processes can never run one intent at once, and the lock dies with its
@@ -38,7 +41,7 @@ export interface FileJournalOptions {
    * it works on one host only (pids of another host mean nothing).
    */
   lock?: "socket" | "pidfile";
-  /** The time compaction on open judges retention by (tests). Default Date.now(). */
+  /** The time compaction judges retention by (tests). Default Date.now(). */
   now?: () => number;
 }
 
@@ -73,8 +76,8 @@ export async function openFileJournal(file: string, options: FileJournalOptions 
   const deadline = Date.now() + (options.lockTimeoutMs ?? 30_000);
   const release = useSocket ? await holdSocket(real, deadline) : await holdPidFile(real, deadline);
   try {
-    const journal = new FileJournalImpl(file, real, release);
-    journal.load(warn, (options.now ?? Date.now)());
+    const journal = new FileJournalImpl(file, real, release, warn, options.now ?? Date.now);
+    journal.load();
     return journal;
   } catch (err) {
     await release();
@@ -89,22 +92,36 @@ type JournalRecord =
   | { t: string; ms: number } // an origin's retention
   | { f: string }; // an entry forgotten
 
+/** The fewest records at which a running journal compacts. */
+const MIN_COMPACT = 1024;
+
 class FileJournalImpl implements FileJournal {
   readonly #state = new JournalState();
   #fd = -1;
+  /** Records in the file, and the count at which a write compacts it. */
+  #lines = 0;
+  #compactAt = MIN_COMPACT;
 
   constructor(
     readonly file: string,
     private readonly real: string,
     private readonly release: () => Promise<void>,
+    private readonly warn: (message: string) => void,
+    private readonly now: () => number,
   ) {}
 
   /** Reads every good record, then compacts when anything is to be dropped or cut. */
-  load(warn: (message: string) => void, now: number): void {
-    const { records, clean } = readRecords(fs.readFileSync(this.real), warn);
+  load(): void {
+    const now = this.now();
+    const { records, clean } = readRecords(fs.readFileSync(this.real), this.warn);
     for (const rec of records) this.#apply(rec);
-    if (!clean || this.#state.anyExpired(now) || records.some((r) => "f" in r)) this.#rewrite(now);
-    else this.#fd = fs.openSync(this.real, "a");
+    if (!clean || this.#state.anyExpired(now) || records.some((r) => "f" in r)) {
+      this.#rewrite(now);
+      return;
+    }
+    this.#fd = fs.openSync(this.real, "a");
+    this.#lines = records.length;
+    this.#compactAt = Math.max(MIN_COMPACT, 2 * records.length);
   }
 
   #apply(rec: JournalRecord): void {
@@ -120,6 +137,14 @@ class FileJournalImpl implements FileJournal {
     writeAll(this.#fd, encode(rec));
     fs.fsyncSync(this.#fd);
     this.#apply(structuredClone(rec));
+    if (++this.#lines < this.#compactAt) return;
+    try {
+      this.#rewrite(this.now());
+    } catch (err) {
+      // The record is durable already; the journal stays as it was.
+      this.#compactAt = this.#lines + MIN_COMPACT;
+      this.warn(`journal ${this.file}: compacting: ${err instanceof Error ? err.message : String(err)}`);
+    }
   }
 
   /** Writes the live state to a new file and puts it in place atomically. */
@@ -132,11 +157,19 @@ class FileJournalImpl implements FileJournal {
     try {
       writeAll(fd, Buffer.concat(lines));
       fs.fsyncSync(fd);
-    } finally {
+      fs.renameSync(tmp, this.real);
+    } catch (err) {
       fs.closeSync(fd);
+      fs.rmSync(tmp, { force: true });
+      throw err;
     }
+    // fd follows the file through the rename: the appends from now on go
+    // to it, and nothing can fail between the new file taking the old
+    // one's place and the next append.
     if (this.#fd >= 0) fs.closeSync(this.#fd);
-    fs.renameSync(tmp, this.real);
+    this.#fd = fd;
+    this.#lines = lines.length;
+    this.#compactAt = Math.max(MIN_COMPACT, 2 * lines.length);
     // The rename is durable only once the directory is. (Windows cannot
     // open a directory; NTFS journals the rename itself.)
     if (process.platform !== "win32") {
@@ -147,7 +180,6 @@ class FileJournalImpl implements FileJournal {
         fs.closeSync(dir);
       }
     }
-    this.#fd = fs.openSync(this.real, "a");
   }
 
   async append(entry: JournalEntry): Promise<void> {

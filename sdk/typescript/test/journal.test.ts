@@ -350,6 +350,28 @@ describe("the file journal on disk", () => {
     await later.close();
   });
 
+  test("a journal that runs for long compacts itself: at 1,024 records, answered entries past retention go", async () => {
+    const file = path.join(scratch(), "k.journal");
+    let now = Date.now();
+    const j = await openFileJournal(file, { now: () => now });
+    await j.append(leftOver({ intent: "pending" }));
+    for (let n = 0; n < 600; n++) {
+      const e = leftOver({ intent: `done ${n}`, createdAt: now });
+      await j.append(e);
+      await j.record(e.key, { status: 201, headers: {}, body: "x", answeredAt: now, retentionMs: HOUR });
+      now += 10_000; // 600 operations over 100 minutes: the first ones are past the hour
+    }
+    const lines = readFileSync(file, "utf8").split("\n").length - 1;
+    assert.ok(lines < 1000, `${lines} records in the file after 1,201 writes`);
+    assert.equal(await j.byIntent("done 0"), undefined, "answered past its retention: gone");
+    assert.equal((await j.byIntent("done 599"))?.answer?.status, 201, "within it: kept");
+    await j.append(leftOver({ intent: "after" }));
+    await j.close();
+    const again = await openFileJournal(file, { now: () => now, onWarning: (m) => assert.fail(m) });
+    assert.deepEqual((await again.pending()).map((e) => e.intent), ["pending", "after"], "the appends after it are in the new file");
+    await again.close();
+  });
+
   // A SIGKILL cannot lose what write() gave the kernel, so the kill tests
   // cannot see a missing fsync; a power cut could. This watches for it.
   test("every write is fsync'd before it resolves; compaction fsyncs the new file and its directory", async (t) => {
