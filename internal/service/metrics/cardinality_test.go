@@ -45,6 +45,7 @@ var exported = []string{
 	"oncekey_idempotency_keys",
 	"oncekey_idempotency_keys_table_bytes",
 	"oncekey_idempotency_oldest_processing_age_seconds",
+	"oncekey_idempotency_repeated_requests_total",
 	"oncekey_idempotency_requests_total",
 	"oncekey_payment_tasks_abandoned_total",
 	"oncekey_payments_oldest_pending_age_seconds",
@@ -144,6 +145,7 @@ func TestLabelCardinality(t *testing.T) {
 				},
 				"status": func(v string) bool { return slices.Contains([]string{"processing", "completed", "held", "unknown"}, v) },
 				"kind":   func(v string) bool { return slices.Contains([]string{"charge", "refund", "payment"}, v) },
+				"refused": func(v string) bool { return v == "true" || v == "false" }, // requests repeated under new keys
 				"where": func(v string) bool {
 					return slices.Contains([]string{"replica", "strong", "missing", "failed", "skipped"}, v)
 				},
