@@ -111,7 +111,7 @@ func TestClientsThatChangeKeysAreSeen(t *testing.T) {
 				if refuse {
 					require.NoError(t, err, "a refused repeat is answered at once")
 					require.Equal(t, http.StatusConflict, status, body)
-					require.Contains(t, body, "repeated-request")
+					require.Contains(t, body, "made under another Idempotency-Key", "the repeated-request problem")
 					require.Contains(t, body, "still running")
 				} else {
 					require.Error(t, err, "each attempt runs, slowly, and times out")
@@ -165,7 +165,7 @@ func TestServeRefusesRepeatsWhenAsked(t *testing.T) {
 	again, err := postOrder(client, addr, creds.APIKey, uuid.NewString())
 	require.NoError(t, err)
 	require.Equal(t, http.StatusConflict, again.Status, "%s", again)
-	require.Contains(t, string(again.Body), "repeated-request")
+	require.Contains(t, string(again.Body), "made under another Idempotency-Key", "the repeated-request problem")
 	require.Equal(t, 1, orders(), "no second order")
 
 	req, err := servicetest.NewRequest(http.MethodPost, "http://"+addr+"/orders", creds.APIKey, strings.NewReader(testOrder),
