@@ -88,6 +88,7 @@ export function isAnswerExpired(answer: JournalAnswer, now: number): boolean {
  * The entries and retentions a journal holds, with the queries every journal
  * answers the same way: MemoryJournal is this alone, the file journal this
  * beside its file. Not part of the package's API (index.ts leaves it out).
+ * @internal
  */
 export class JournalState {
   readonly entries = new Map<string, JournalEntry>();
@@ -205,7 +206,7 @@ export class IntentExpiredError extends Error {
   }
 }
 
-/** SHA-256 of the text's UTF-8, hex, with WebCrypto (browsers and Node.js alike). */
+/** SHA-256 of the text's UTF-8, hex, with WebCrypto (browsers and Node.js alike). @internal (not exported by the package) */
 export async function sha256Hex(text: string): Promise<string> {
   const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
   return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
@@ -214,7 +215,7 @@ export async function sha256Hex(text: string): Promise<string> {
 /** The headers an answer keeps: enough to rebuild what a caller reads. */
 const KEPT_HEADERS = ["content-type", "location", "retry-after", "idempotency-key", "idempotent-replayed", "idempotency-ttl"];
 
-/** A response's answer as a journal stores it; `body` is its text, already read. */
+/** A response's answer as a journal stores it; `body` is its text, already read. @internal (not exported by the package) */
 export function answerOf(res: Response, body: string, retentionMs: number, now = Date.now()): JournalAnswer {
   const headers: Record<string, string> = {};
   for (const name of KEPT_HEADERS) {
@@ -226,13 +227,13 @@ export function answerOf(res: Response, body: string, retentionMs: number, now =
   return answer;
 }
 
-/** A fetch Response rebuilt from a stored answer (no body where HTTP allows none). */
+/** A fetch Response rebuilt from a stored answer (no body where HTTP allows none). @internal (not exported by the package) */
 export function responseOf(answer: JournalAnswer): Response {
   const bodyless = answer.status === 204 || answer.status === 205 || answer.status === 304;
   return new Response(bodyless ? null : answer.body, { status: answer.status, headers: answer.headers });
 }
 
-/** `Idempotency-TTL: <delta-seconds>` in ms, or undefined when absent or malformed. */
+/** `Idempotency-TTL: <delta-seconds>` in ms, or undefined when absent or malformed. @internal (not exported by the package) */
 export function advertisedRetentionMs(res: Response): number | undefined {
   const v = res.headers.get("Idempotency-TTL");
   return v != null && /^\s*\d+\s*$/.test(v) ? Number(v) * 1000 : undefined;
@@ -242,6 +243,7 @@ export function advertisedRetentionMs(res: Response): number | undefined {
  * When an unanswered entry stops being safe to send: its creation (before
  * the first send, so never later than the server's clock starts) plus the
  * origin's advertised retention, else `keyRetentionMs`.
+ * @internal (not exported by the package)
  */
 export async function expiresAt(journal: Journal, entry: JournalEntry, keyRetentionMs = DEFAULT_KEY_RETENTION_MS): Promise<number> {
   const advertised = entry.origin === undefined ? undefined : await journal.retention(entry.origin);
