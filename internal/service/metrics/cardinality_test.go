@@ -143,8 +143,8 @@ func TestLabelCardinality(t *testing.T) {
 				"result": func(v string) bool { // cleanup runs; Redis look-ups
 					return slices.Contains([]string{"ok", "error", "skipped", "hit", "miss", "rejected", "bypassed"}, v)
 				},
-				"status": func(v string) bool { return slices.Contains([]string{"processing", "completed", "held", "unknown"}, v) },
-				"kind":   func(v string) bool { return slices.Contains([]string{"charge", "refund", "payment"}, v) },
+				"status":  func(v string) bool { return slices.Contains([]string{"processing", "completed", "held", "unknown"}, v) },
+				"kind":    func(v string) bool { return slices.Contains([]string{"charge", "refund", "payment"}, v) },
 				"refused": func(v string) bool { return v == "true" || v == "false" }, // requests repeated under new keys
 				"where": func(v string) bool {
 					return slices.Contains([]string{"replica", "strong", "missing", "failed", "skipped"}, v)
