@@ -179,15 +179,11 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 	if n := len(r.Header.Values("Content-Type")); n > 1 && len(in.Body) > 0 {
 		// Which one a server reads differs: the body must be read one way
 		// only, the way it is fingerprinted.
-		d.op, d.label = o, o.labelOf(r.Method, d.req.Route)
-		s.write(d.refuse(fmt.Errorf("%w: send exactly one Content-Type header, got %d", errMalformedContentType, n)))
-		return d.outcome
+		return s.refuseHeaders(fmt.Errorf("%w: send exactly one Content-Type header, got %d", errMalformedContentType, n))
 	}
 	repeat, err := parseRepeat(r.Header)
 	if err != nil {
-		d.op, d.label = o, o.labelOf(r.Method, d.req.Route)
-		s.write(d.refuse(err))
-		return d.outcome
+		return s.refuseHeaders(err)
 	}
 	d.req.Repeat = repeat || in.Repeat
 	if o.e.cfg.Validate != nil {
@@ -215,6 +211,15 @@ type serving[U any] struct {
 	r   *http.Request
 	d   Decision[U]
 	ran running
+}
+
+// refuseHeaders answers err for a request whose headers are refused before
+// the protocol begins, and reports it as Begin would.
+func (s *serving[U]) refuseHeaders(err error) Outcome {
+	d := &s.d
+	d.op, d.label = s.op, s.op.labelOf(s.r.Method, d.req.Route)
+	s.write(d.refuse(err))
+	return d.outcome
 }
 
 // check is Config.Validate of the request, for the core (checker).

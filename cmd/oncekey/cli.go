@@ -86,6 +86,16 @@ type protocolFlags struct {
 	RefuseRepeats bool          `name:"refuse-repeats" envvar:"IDEMPOTENCY_REFUSE_REPEATS" help:"Refuse such a repeat with 409 repeated-request instead of running it; a client that means it sends Idempotency-Repeat: ?1."`
 }
 
+// check reports what is wrong with the protocol's timing, for serve and
+// proxy alike.
+func (f protocolFlags) check(p *flagProblems) {
+	p.positive("ttl", "IDEMPOTENCY_TTL", f.TTL)
+	p.positive("wait", "IDEMPOTENCY_WAIT", f.Wait)
+	if f.RepeatWindow < 0 {
+		p.bad("--repeat-window (IDEMPOTENCY_REPEAT_WINDOW) %s: want a duration, or 0 for off", f.RepeatWindow)
+	}
+}
+
 // repeatWindow is --repeat-window as the engine takes it: 0 is off.
 func (f protocolFlags) repeatWindow() time.Duration {
 	if f.RepeatWindow == 0 {

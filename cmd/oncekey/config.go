@@ -66,11 +66,7 @@ type config struct {
 func (s *serveCmd) config(getenv func(string) string) (config, error) {
 	var problems flagProblems
 	bad, positive, within := problems.bad, problems.positive, problems.within
-	positive("ttl", "IDEMPOTENCY_TTL", s.TTL)
-	positive("wait", "IDEMPOTENCY_WAIT", s.Wait)
-	if s.RepeatWindow < 0 {
-		bad("--repeat-window (IDEMPOTENCY_REPEAT_WINDOW) %s: want a duration, or 0 for off", s.RepeatWindow)
-	}
+	s.protocolFlags.check(&problems)
 	positive("request-timeout", "ONCEKEY_REQUEST_TIMEOUT", s.RequestTimeout)
 	positive("shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", s.ShutdownTimeout)
 	positive("cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", s.CleanupInterval)

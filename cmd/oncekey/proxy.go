@@ -349,11 +349,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
 		bad("--upstream (ONCEKEY_UPSTREAM) %q: want an absolute http or https URL, such as http://127.0.0.1:3000", redactedURL(p.Upstream))
 	}
-	problems.positive("ttl", "IDEMPOTENCY_TTL", p.TTL)
-	problems.positive("wait", "IDEMPOTENCY_WAIT", p.Wait)
-	if p.RepeatWindow < 0 {
-		bad("--repeat-window (IDEMPOTENCY_REPEAT_WINDOW) %s: want a duration, or 0 for off", p.RepeatWindow)
-	}
+	p.protocolFlags.check(&problems)
 	problems.positive("upstream-timeout", "ONCEKEY_UPSTREAM_TIMEOUT", p.UpstreamTimeout)
 	problems.positive("shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", p.ShutdownTimeout)
 	problems.positive("cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", p.CleanupInterval)
