@@ -55,6 +55,22 @@ type Store[U any] interface {
 	// Release deletes the held record stored under ref's claim, freeing
 	// the key, and reports false, changing nothing, as Settle does.
 	Release(ctx context.Context, ref Ref) (bool, error)
+	// WritePiece stores piece n (counting from 0) of the body of the held
+	// record under ref's claim, durably, before it returns: an answer too
+	// large to hold in memory is stored piece by piece as it passes, and
+	// its record is settled after the last (Response.Pieces). A piece
+	// written again replaces itself. It reports false, writing nothing,
+	// when that record is gone or no longer held. A store's pieces expire,
+	// are purged and are released with their record, and a record settled
+	// with fewer pieces (or none) loses the rest. A store that keeps no
+	// pieces returns an error wrapping errors.ErrUnsupported, and its held
+	// operations pass large answers through unstored, as before.
+	WritePiece(ctx context.Context, ref Ref, n int, p []byte) (bool, error)
+	// ReadPiece returns piece n of the body of the record under ref's
+	// claim, the caller's own, or nil when the store has no such piece
+	// (not yet written, or gone with its record). A cache in front of a
+	// durable store forwards it: pieces are read from where they are kept.
+	ReadPiece(ctx context.Context, ref Ref, n int) ([]byte, error)
 	// PurgeExpired deletes expired records, at most batch (> 0) per
 	// statement, until none is left or ctx ends, and returns how many it
 	// deleted (Cleanup runs it). It returns ErrCleanupBusy, having deleted
@@ -161,11 +177,18 @@ type Record struct {
 }
 
 // Response is what is replayed: the status, the allow-listed headers and the
-// exact body bytes.
+// exact body bytes, in Body or, for a body too large to keep in the record,
+// in Pieces pieces of Size bytes in all, which the store keeps apart
+// (Store.WritePiece) and a replay streams one at a time.
 type Response struct {
 	Status int
 	Header http.Header
 	Body   []byte
+	// Pieces, when above zero, is how many pieces the body is stored in
+	// apart from the record, and Body is empty; Size is their length in
+	// all, which a replay sends as its Content-Length.
+	Pieces int
+	Size   int64
 }
 
 // Provisional reports whether a stored response may still change: a long

@@ -25,6 +25,15 @@ type Store struct {
 
 	mu   sync.Mutex
 	keys map[scopedKey]entry
+	// pieces holds the bodies stored in pieces (Store.WritePiece), apart
+	// from the entries, so that the entries stay free of pointers.
+	pieces map[scopedKey]pieceSet
+}
+
+// pieceSet is the pieces of the body of the record claimed at claimedAt.
+type pieceSet struct {
+	claimedAt time.Time
+	data      [][]byte
 }
 
 type scopedKey struct {
@@ -48,7 +57,7 @@ func (e entry) expiresAt() time.Time { return e.claimedAt.Add(e.ttl) }
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{now: time.Now, keys: map[scopedKey]entry{}}
+	return &Store{now: time.Now, keys: map[scopedKey]entry{}, pieces: map[scopedKey]pieceSet{}}
 }
 
 // Claim implements idempotency.Store. Claims are never deferred: in memory
@@ -68,6 +77,7 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		if !ok || (e.holder == nil && !s.now().Before(e.expiresAt())) {
 			l := &lease{s: s, k: k, fingerprint: req.Fingerprint, ttl: req.TTL, claimedAt: s.now()}
 			s.keys[k] = entry{holder: l, claimedAt: l.claimedAt}
+			delete(s.pieces, k)
 			s.mu.Unlock()
 			return l, nil, nil
 		}
@@ -120,7 +130,45 @@ func (s *Store) Release(_ context.Context, ref idempotency.Ref) (bool, error) {
 		return false, nil
 	}
 	delete(s.keys, k)
+	delete(s.pieces, k)
 	return true, nil
+}
+
+// WritePiece implements idempotency.Store: it keeps a copy of p as piece
+// n of the body of the held record under ref's claim.
+func (s *Store) WritePiece(_ context.Context, ref idempotency.Ref, n int, p []byte) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := scopedKey{ref.Scope, ref.Key}
+	if _, ok := s.completed(k, ref, idempotency.StatusHeld); !ok || n < 0 {
+		return false, nil
+	}
+	set := s.pieces[k]
+	if !set.claimedAt.Equal(ref.ClaimedAt) {
+		set = pieceSet{claimedAt: ref.ClaimedAt}
+	}
+	for len(set.data) <= n {
+		set.data = append(set.data, nil)
+	}
+	set.data[n] = slices.Clone(p)
+	if set.data[n] == nil {
+		set.data[n] = []byte{}
+	}
+	s.pieces[k] = set
+	return true, nil
+}
+
+// ReadPiece implements idempotency.Store.
+func (s *Store) ReadPiece(_ context.Context, ref idempotency.Ref, n int) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := scopedKey{ref.Scope, ref.Key}
+	e, ok := s.keys[k]
+	set := s.pieces[k]
+	if !ok || !e.claimedAt.Equal(ref.ClaimedAt) || !set.claimedAt.Equal(ref.ClaimedAt) || n < 0 || n >= len(set.data) || set.data[n] == nil {
+		return nil, nil
+	}
+	return slices.Clone(set.data[n]), nil
 }
 
 // replace replaces the response of the record of status stored under
@@ -134,6 +182,15 @@ func (s *Store) replace(ref idempotency.Ref, status int, resp idempotency.Respon
 	}
 	e.rec = recordpack.Pack(e.rec.Fingerprint(), resp)
 	s.keys[k] = e
+	// A record settled with fewer pieces than were written loses the rest.
+	if set, ok := s.pieces[k]; ok && len(set.data) > resp.Pieces {
+		if resp.Pieces == 0 {
+			delete(s.pieces, k)
+		} else {
+			set.data = slices.Clip(set.data[:resp.Pieces])
+			s.pieces[k] = set
+		}
+	}
 	return true
 }
 
@@ -156,6 +213,7 @@ func (s *Store) PurgeExpired(context.Context, int) (int64, error) {
 	for k, e := range s.keys {
 		if e.holder == nil && !now.Before(e.expiresAt()) {
 			delete(s.keys, k)
+			delete(s.pieces, k)
 			n++
 		}
 	}

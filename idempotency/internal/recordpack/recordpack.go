@@ -36,6 +36,7 @@ import (
 //	header names    uvarint
 //	header values   uvarint (of all names together)
 //	section length  uvarint
+//	pieces, size    two uvarints, with flagPieces only
 //	header section  per name: uvarint length, name, uvarint count+1 (0
 //	                for nil), then per value: uvarint length, value
 //	body            the rest
@@ -45,8 +46,12 @@ import (
 type Packed string
 
 // flagNilBody marks a response whose Body was nil, so that it unpacks as
-// nil again rather than empty.
-const flagNilBody = 1 << 0
+// nil again rather than empty; flagPieces one whose body is stored in
+// pieces (Response.Pieces), whose count and size follow the counts.
+const (
+	flagNilBody = 1 << 0
+	flagPieces  = 1 << 1
+)
 
 // fingerprintSize is the length of the fingerprint at the start.
 const fingerprintSize = len(idempotency.Fingerprint{})
@@ -79,13 +84,20 @@ func Pack(fp idempotency.Fingerprint, resp idempotency.Response) Packed {
 	if resp.Body == nil {
 		flags |= flagNilBody
 	}
-	var head [fingerprintSize + 1 + 4*binary.MaxVarintLen64]byte
+	if resp.Pieces > 0 {
+		flags |= flagPieces
+	}
+	var head [fingerprintSize + 1 + 6*binary.MaxVarintLen64]byte
 	h := append(head[:0], fp[:]...)
 	h = append(h, flags)
 	h = binary.AppendVarint(h, int64(resp.Status))
 	h = binary.AppendUvarint(h, uint64(names))
 	h = binary.AppendUvarint(h, uint64(values))
 	h = binary.AppendUvarint(h, uint64(section))
+	if resp.Pieces > 0 {
+		h = binary.AppendUvarint(h, uint64(resp.Pieces))
+		h = binary.AppendUvarint(h, uint64(resp.Size))
+	}
 
 	var b strings.Builder
 	b.Grow(len(h) + section + len(resp.Body))
@@ -136,6 +148,8 @@ type layout struct {
 	nilBody       bool
 	names, values int
 	section, body int // offsets of the header section and of the body
+	pieces        int
+	size          int64
 }
 
 // layout reads where p's parts are from the counts at its start.
@@ -146,6 +160,12 @@ func (p Packed) layout() layout {
 	names, i := readUvarint(s, i)
 	values, i := readUvarint(s, i)
 	section, i := readUvarint(s, i)
+	if s[fingerprintSize]&flagPieces != 0 {
+		var pieces, size uint64
+		pieces, i = readUvarint(s, i)
+		size, i = readUvarint(s, i)
+		l.pieces, l.size = int(pieces), int64(size)
+	}
 	l.status, l.names, l.values = int(status), int(names), int(values)
 	l.section, l.body = i, i+int(section)
 	return l
@@ -166,7 +186,7 @@ func (p Packed) Body() []byte {
 // another, and a new body.
 func (p Packed) Response() idempotency.Response {
 	s, l := string(p), p.layout()
-	resp := idempotency.Response{Status: l.status, Header: make(http.Header, l.names), Body: p.Body()}
+	resp := idempotency.Response{Status: l.status, Header: make(http.Header, l.names), Body: p.Body(), Pieces: l.pieces, Size: l.size}
 	// One slice holds every value: a record's header costs two
 	// allocations (the map, the values), not one more per name.
 	all := make([]string, l.values)

@@ -36,6 +36,7 @@ func TestRoundTrip(t *testing.T) {
 		{"held", idempotency.Held{State: idempotency.HeldRunning, Until: time.Unix(1e9, 0)}.Response()},
 		{"large body", idempotency.Response{Status: 200, Body: bytes.Repeat([]byte{0, 0x80, 0xff}, 10000)}},
 		{"many headers", idempotency.Response{Status: 200, Header: manyHeaders(20)}},
+		{"body in pieces", idempotency.Response{Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Pieces: 200, Size: 50 << 20}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,6 +61,8 @@ func TestRoundTrip(t *testing.T) {
 			require.True(t, bytes.Equal(tt.resp.Body, got.Body))
 			require.Equal(t, tt.resp.Body == nil, p.Body() == nil)
 			require.True(t, bytes.Equal(tt.resp.Body, p.Body()))
+			require.Equal(t, tt.resp.Pieces, got.Pieces, "pieces")
+			require.Equal(t, tt.resp.Size, got.Size, "size")
 
 			created, expires := time.Unix(100, 0), time.Unix(200, 0)
 			rec := p.Record(created, expires)
