@@ -359,6 +359,11 @@ func (d *Decision[U]) answer(ctx context.Context, rec *Record, err error) error 
 		return ErrKeyMismatch
 	}
 	d.Replay = &rec.Response
+	if rec.Response.Pieces > 0 {
+		// The replay reads the body's pieces under the claim that stored
+		// them.
+		d.Ref = Ref{Scope: d.req.Scope, Key: d.req.Key, ClaimedAt: rec.CreatedAt}
+	}
 	d.duplicate(OutcomeReplayed, waited)
 	return nil
 }

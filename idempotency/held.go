@@ -116,9 +116,12 @@ type HeldConfig struct {
 	// and it does not end when the client goes away: the outcome is still
 	// settled. A key is kept at least as long as its lease.
 	Lease time.Duration
-	// MaxStored bounds the response kept for replays (default 1 MiB). A
-	// larger response, or a stream (text/event-stream), passes through to
-	// the client once, and the key records that it was not stored.
+	// MaxStored bounds the response kept for replays (default 64 MiB).
+	// One larger than a piece (256 KiB) is stored in pieces as it passes
+	// (Store.WritePiece), so memory holds a piece of it at a time; one
+	// larger than MaxStored, or a stream (text/event-stream), or, where
+	// the store keeps no pieces, one over 1 MiB, passes through to the
+	// client once, and the key records that it was not stored.
 	MaxStored int64
 	// RetryUnknown runs an operation whose outcome is unknown again, under
 	// the same key, instead of answering ErrOutcomeUnknown: for an upstream
@@ -144,7 +147,7 @@ type HeldConfig struct {
 
 // defaultMaxStored is the largest response a held operation stores unless
 // HeldConfig.MaxStored says otherwise.
-const defaultMaxStored = 1 << 20
+const defaultMaxStored = 64 << 20
 
 // newHeld is the held part of an operation declared with
 // OperationConfig.Held, its zero fields defaulted.

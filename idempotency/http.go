@@ -194,7 +194,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 	case err != nil:
 		s.write(err)
 	case d.Replay != nil:
-		o.e.replay(w, *d.Replay)
+		o.e.replay(w, *d.Replay, o.pieces(r.Context(), d.Ref))
 	case o.held != nil:
 		s.runHeld(next)
 	default:
@@ -268,7 +268,7 @@ func (s *serving[U]) run(next http.Handler) {
 		s.write(err)
 	case d.Replay != nil:
 		// Another request's claim won the key as this one committed.
-		s.op.e.replay(s.w, *d.Replay)
+		s.op.e.replay(s.w, *d.Replay, s.op.pieces(s.r.Context(), s.d.Ref))
 	default:
 		rec.copyTo(s.w)
 	}
@@ -298,9 +298,18 @@ func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w)
 // Close implements io.Closer: there is nothing to release.
 func (b *bodyReader) Close() error { return nil }
 
+// pieces reads the pieces of the body stored under ref's claim, for a
+// replay of a body stored in pieces.
+func (o *Operation[U]) pieces(ctx context.Context, ref Ref) func(n int) ([]byte, error) {
+	return func(n int) ([]byte, error) { return o.store.ReadPiece(ctx, ref, n) }
+}
+
 // replay writes a stored response: the same status and body bytes, the
-// allow-listed headers, and Idempotent-Replayed.
-func (e *Engine) replay(w http.ResponseWriter, resp Response) {
+// allow-listed headers, and Idempotent-Replayed. A body stored in pieces
+// is read and sent a piece at a time, so a replay holds one piece in
+// memory; a piece that cannot be read breaks the answer off (its
+// Content-Length unmet), so that no client takes a part for the whole.
+func (e *Engine) replay(w http.ResponseWriter, resp Response, read func(n int) ([]byte, error)) {
 	h := w.Header()
 	n := 0
 	for _, values := range resp.Header {
@@ -323,11 +332,34 @@ func (e *Engine) replay(w http.ResponseWriter, resp Response) {
 		h[name] = all[start:len(all):len(all)]
 	}
 	end := len(all)
-	all = append(all, "true", strconv.Itoa(len(resp.Body)))
+	size := int64(len(resp.Body))
+	if resp.Pieces > 0 {
+		size = resp.Size
+	}
+	all = append(all, "true", strconv.FormatInt(size, 10))
 	h[HeaderReplayed] = all[end : end+1 : end+1]
 	h["Content-Length"] = all[end+1 : end+2 : end+2]
 	w.WriteHeader(resp.Status)
-	_, _ = w.Write(resp.Body)
+	if resp.Pieces == 0 {
+		_, _ = w.Write(resp.Body)
+		return
+	}
+	var sent int64
+	for i := range resp.Pieces {
+		p, err := read(i)
+		if err != nil || p == nil || sent+int64(len(p)) > size {
+			e.cfg.Logger.Error("idempotency: a replay broke off: a piece of its stored body could not be read", "piece", i, "pieces", resp.Pieces, "error", err)
+			panic(http.ErrAbortHandler)
+		}
+		sent += int64(len(p))
+		if _, err := w.Write(p); err != nil {
+			return // the client left
+		}
+	}
+	if sent != size {
+		e.cfg.Logger.Error("idempotency: a replay broke off: its stored pieces are shorter than its body", "sent", sent, "size", size)
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // refuse answers a request refused before its operation ran; no key is

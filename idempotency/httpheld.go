@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -45,8 +46,10 @@ func heldSettleMargin(lease time.Duration) time.Duration {
 // runHeld runs a held operation, whose hold Begin committed, and settles
 // the key with the response (releases it for a response that is not
 // stored, as run rolls back). Unlike run, it answers after the settle only
-// where the response is stored: one that passes through is answered as it
-// comes, its key recorded first as not stored.
+// where the response is stored whole in the record: one that passes
+// through is answered as it comes, its key recorded first as not stored,
+// and one stored in pieces passes piece by piece as each is stored, its
+// last piece held back until the key is settled.
 func (s *serving[U]) runHeld(next http.Handler) {
 	d, ctx, held := &s.d, s.r.Context(), s.op.held
 	finish := func(resp Response) { _ = d.Finish(ctx, resp) }
@@ -57,13 +60,14 @@ func (s *serving[U]) runHeld(next http.Handler) {
 		}
 		finish(Held{State: HeldNotStored, Reason: reason}.Response())
 	}
-	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
 	verdict := &heldVerdict{}
 	// The operation's context outlives the client (its outcome is settled
 	// all the same) and ends before the lease does, unless the response
 	// passes through by then.
 	hctx, stop := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), heldKey{}, verdict))
 	defer stop()
+	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
+	w.pieces = func(n int, p []byte) (bool, error) { return s.op.store.WritePiece(hctx, d.Ref, n, p) }
 	deadline := time.AfterFunc(held.Lease-heldSettleMargin(held.Lease)-time.Since(d.heldSince), func() {
 		if !w.passing.Load() {
 			stop()
@@ -82,6 +86,8 @@ func (s *serving[U]) runHeld(next http.Handler) {
 		// A handler that gives up midway (httputil.ReverseProxy, when the
 		// upstream's body breaks off) has taken the request upstream.
 		switch {
+		case w.piecing:
+			stored(w.status, "the response broke off")
 		case w.passing.Load():
 		case w.wroteHeader:
 			stored(w.status, "the response broke off")
@@ -93,6 +99,14 @@ func (s *serving[U]) runHeld(next http.Handler) {
 	next.ServeHTTP(w, inner)
 
 	switch {
+	case w.piecing:
+		// Stored in pieces as it passed: the last one, then the settle,
+		// then the last bytes to the client.
+		if w.piece(w.body.Bytes()) {
+			finish(Response{Status: w.status, Header: w.allowed(s.op.e.stored), Pieces: w.n, Size: w.size})
+		}
+		_, _ = w.client.Write(w.body.Bytes())
+		w.body = bytes.Buffer{}
 	case w.passing.Load():
 		// Settled as it began to pass (stored).
 	case verdict.unknown != nil:
@@ -111,18 +125,39 @@ func (s *serving[U]) runHeld(next http.Handler) {
 }
 
 // heldWriter buffers a held operation's response as the recorder does, up
-// to its limit, and passes it through to the client from the moment it
-// cannot be stored: once it outgrows the limit, or at once for a stream.
-// Before the first byte passes, through records the key's fate.
+// to pieceSize. A larger response is stored in pieces as it passes to the
+// client (pieces), up to its limit; past the limit, or at once for a
+// stream (text/event-stream), or where the store keeps no pieces past
+// inlineMax, it passes through unstored. Before the first byte passes
+// unstored, through records the key's fate.
 type heldWriter struct {
 	recorder
 	client  http.ResponseWriter
 	limit   int64
 	through func(status int, reason string)
-	// passing is set once the response passes through; atomic, as the
-	// lease's timer reads it on a goroutine of its own.
+	// pieces stores piece n of the body (Store.WritePiece); piecing is set
+	// once the response is stored so, n counts the pieces stored and size
+	// their bytes; noPieces once the store said it keeps none.
+	pieces   func(n int, p []byte) (bool, error)
+	piecing  bool
+	noPieces bool
+	n        int
+	size     int64
+	// passing is set once the response passes through, stored in pieces
+	// or not; atomic, as the lease's timer reads it on a goroutine of its
+	// own.
 	passing atomic.Bool
 }
+
+// pieceSize is the most of a held operation's body kept in memory: a
+// response up to it is stored whole in its record, a larger one in
+// pieces of it. A variable for the tests.
+var pieceSize = 256 << 10
+
+// inlineMax is the largest response stored whole in its record where the
+// store keeps no pieces (Store.WritePiece unsupported), as before pieces
+// were kept.
+const inlineMax = 1 << 20
 
 // Header is the buffered response's header, and the client's once the
 // response passes through (trailers set after the body go there).
@@ -146,19 +181,136 @@ func (w *heldWriter) WriteHeader(status int) {
 
 func (w *heldWriter) Write(p []byte) (int, error) {
 	w.WriteHeader(http.StatusOK)
-	if !w.passing.Load() && int64(w.body.Len()+len(p)) > w.limit {
-		w.pass(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to", w.limit))
+	switch {
+	case w.piecing:
+		return w.writePieces(p)
+	case w.passing.Load():
+		return w.client.Write(p)
 	}
-	if w.passing.Load() {
+	total := int64(w.body.Len() + len(p))
+	switch {
+	case total <= int64(pieceSize):
+		return w.body.Write(p)
+	case total > w.limit:
+		w.pass(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to", w.limit))
+		return w.client.Write(p)
+	case w.noPieces || !replayable(w.status):
+		return w.buffer(p)
+	case w.body.Len() == 0:
+		// The first piece is never empty.
+		k := pieceSize
+		w.body.Write(p[:k])
+		n, err := w.startPieces(p[k:])
+		return k + n, err
+	default:
+		return w.startPieces(p)
+	}
+}
+
+// buffer keeps p with the rest of the body, where the response is not
+// stored in pieces, up to inlineMax (as before pieces were kept); past
+// it, the response passes through unstored.
+func (w *heldWriter) buffer(p []byte) (int, error) {
+	if limit := min(w.limit, inlineMax); int64(w.body.Len()+len(p)) > limit {
+		w.pass(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to where the store keeps no pieces", limit))
 		return w.client.Write(p)
 	}
 	return w.body.Write(p)
 }
 
+// startPieces begins to store the response in pieces: the store takes
+// what is buffered as the first piece, and then the client gets it; then
+// p follows. Where the store keeps no pieces, p is buffered instead.
+func (w *heldWriter) startPieces(p []byte) (int, error) {
+	ok, err := w.pieces(0, w.body.Bytes())
+	if errors.Is(err, errors.ErrUnsupported) {
+		w.noPieces = true
+		return w.buffer(p)
+	}
+	w.passing.Store(true)
+	if reason, stored := pieceTaken(ok, err); !stored {
+		w.stopPieces(reason)
+		return w.client.Write(p)
+	}
+	w.piecing, w.n, w.size = true, 1, int64(w.body.Len())
+	copyHeader(w.client.Header(), w.header)
+	w.client.WriteHeader(w.status)
+	_, _ = w.client.Write(w.body.Bytes())
+	w.body.Reset()
+	return w.writePieces(p)
+}
+
+// writePieces buffers p, then stores and sends each full piece; past the
+// limit, or once the store takes no more, the rest passes unstored.
+func (w *heldWriter) writePieces(p []byte) (int, error) {
+	if w.size+int64(w.body.Len()+len(p)) > w.limit {
+		w.stopPieces(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to", w.limit))
+		return w.client.Write(p)
+	}
+	w.body.Write(p)
+	for w.body.Len() >= pieceSize {
+		piece := w.body.Next(pieceSize)
+		stored := w.piece(piece)
+		// A client that left gets no more, but the pieces are stored all
+		// the same, for its retry.
+		_, _ = w.client.Write(piece)
+		if !stored {
+			_, _ = w.client.Write(w.body.Next(w.body.Len()))
+			break
+		}
+	}
+	return len(p), nil
+}
+
+// piece stores p as the next piece; false, having recorded that the
+// response is not stored (the rest then passes unstored), when the store
+// did not take it.
+func (w *heldWriter) piece(p []byte) bool {
+	if len(p) == 0 {
+		return true
+	}
+	ok, err := w.pieces(w.n, p)
+	if reason, stored := pieceTaken(ok, err); !stored {
+		w.piecing = false
+		w.through(w.status, reason)
+		return false
+	}
+	w.n++
+	w.size += int64(len(p))
+	return true
+}
+
+// pieceTaken reads Store.WritePiece's answer: whether the piece was
+// stored and, if not, why, for the held record's Reason.
+func pieceTaken(ok bool, err error) (string, bool) {
+	switch {
+	case err != nil:
+		return fmt.Sprint("the store did not take a piece of the response: ", err), false
+	case !ok:
+		return "the held record changed while its response was stored (released by an operator, or expired)", false
+	}
+	return "", true
+}
+
+// stopPieces gives up storing the response in pieces before its first
+// piece was stored: the key records that it was not stored, and what is
+// buffered and the rest pass through.
+func (w *heldWriter) stopPieces(reason string) {
+	first := !w.piecing
+	w.piecing = false
+	w.through(w.status, reason)
+	if first {
+		copyHeader(w.client.Header(), w.header)
+		w.client.WriteHeader(w.status)
+	}
+	_, _ = w.client.Write(w.body.Bytes())
+	w.body = bytes.Buffer{}
+}
+
 // Flush passes a stream's data on as it comes; a response that may yet be
 // stored is held back.
 func (w *heldWriter) Flush() {
-	if w.passing.Load() {
+	if w.passing.Load() && !w.piecing {
 		_ = http.NewResponseController(w.client).Flush()
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"time"
@@ -163,8 +164,13 @@ func (p *flagProblems) positive(flag, env string, d time.Duration) {
 	}
 }
 
-// within requires lo ≤ v ≤ hi; why, if not empty, ends the line.
+// within requires lo ≤ v ≤ hi (hi math.MaxInt64: no ceiling); why, if
+// not empty, ends the line.
 func (p *flagProblems) within(flag, env string, v, lo, hi int64, why string) {
+	if hi == math.MaxInt64 && v < lo {
+		p.bad("--%s (%s) is %d: want at least %d%s", flag, env, v, lo, why)
+		return
+	}
 	if v < lo || v > hi {
 		p.bad("--%s (%s) is %d: want %d to %d%s", flag, env, v, lo, hi, why)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -65,7 +66,7 @@ type proxyCmd struct {
 	MetricsAddr     string        `name:"metrics-addr" envvar:"ONCEKEY_METRICS_ADDR" placeholder:"HOST:PORT" help:"Serve /metrics, /healthz and /readyz on this internal address (never on the gateway's, whose paths are the upstream's); without it the gateway has no readiness endpoint."`
 	MaxBodyBytes    int64         `name:"max-body-bytes" envvar:"ONCEKEY_MAX_BODY_BYTES" default:"1048576" help:"Larger request bodies get 413, on every route."`
 	UpstreamTimeout time.Duration `name:"upstream-timeout" envvar:"ONCEKEY_UPSTREAM_TIMEOUT" default:"30s" help:"How long the upstream may take to answer a request written to it; past it, the request's outcome is unknown."`
-	MaxStoredBytes  int64         `name:"max-stored-bytes" envvar:"ONCEKEY_MAX_STORED_BYTES" default:"1048576" help:"Larger responses pass through once and are not stored: their key's retries get a problem saying so."`
+	MaxStoredBytes  int64         `name:"max-stored-bytes" envvar:"ONCEKEY_MAX_STORED_BYTES" default:"67108864" help:"Responses up to this size are stored and replayed (over 256 KiB in pieces, as they pass); larger ones pass through once and are not stored: their key's retries get a problem saying so."`
 	// scope is the rule the scope flags name, and jwks its JWKS (nil
 	// without --scope-jwks), set by gatewayConfig.
 	scope     keyscope.Rule
@@ -354,7 +355,7 @@ func (p *proxyCmd) gatewayConfig() (gateway.Config, error) {
 	problems.positive("shutdown-timeout", "ONCEKEY_SHUTDOWN_TIMEOUT", p.ShutdownTimeout)
 	problems.positive("cleanup-interval", "ONCEKEY_CLEANUP_INTERVAL", p.CleanupInterval)
 	problems.within("max-body-bytes", "ONCEKEY_MAX_BODY_BYTES", p.MaxBodyBytes, 1, 1<<30, "")
-	problems.within("max-stored-bytes", "ONCEKEY_MAX_STORED_BYTES", p.MaxStoredBytes, 1, 64<<20, "")
+	problems.within("max-stored-bytes", "ONCEKEY_MAX_STORED_BYTES", p.MaxStoredBytes, 1, math.MaxInt64, "")
 	problems.within("cleanup-batch", "ONCEKEY_CLEANUP_BATCH", int64(p.CleanupBatch), 1, 100_000, "")
 	problems.within("record-cache-size", "ONCEKEY_RECORD_CACHE_SIZE", int64(p.RecordCacheSize), 0, 10_000_000, "")
 	var routes []gateway.Route
