@@ -55,6 +55,8 @@ type IdempotencyKey struct {
 	CreatedAt       time.Time
 	CompletedAt     *time.Time
 	ExpiresAt       time.Time
+	ResponsePieces  pgtype.Int4
+	ResponseSize    pgtype.Int8
 }
 
 type IdempotencyKeysAudit struct {
@@ -75,6 +77,14 @@ type IdempotencyKeysAudit struct {
 
 type IdempotencyKeysClaimed struct {
 	Claimed bool
+}
+
+type IdempotencyKeysPiece struct {
+	Scope          []byte
+	IdempotencyKey string
+	KeyCreatedAt   time.Time
+	N              int32
+	Data           []byte
 }
 
 type Order struct {

@@ -274,6 +274,9 @@ func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) e
 	if l.writes.err != nil {
 		return l.writes.err
 	}
+	if err := inRecord(resp); err != nil {
+		return err
+	}
 	headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return err
@@ -342,7 +345,7 @@ func (l *deferredLease) answer(res claimResult) error {
 	if peeked.CreatedAt == nil || peeked.ExpiresAt == nil {
 		return errors.New("peeked record without timestamps")
 	}
-	rec, err := newRecord(peeked.Fingerprint, peeked.ResponseStatus, peeked.ResponseHeaders, peeked.ResponseBody, *peeked.CreatedAt, *peeked.ExpiresAt, peeked.ReadAt)
+	rec, err := newRecord(peeked.Fingerprint, peeked.ResponseStatus, peeked.ResponseHeaders, peeked.ResponseBody, peeked.ResponsePieces, peeked.ResponseSize, *peeked.CreatedAt, *peeked.ExpiresAt, peeked.ReadAt)
 	if err != nil {
 		return err
 	}

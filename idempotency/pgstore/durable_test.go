@@ -18,9 +18,10 @@ import (
 )
 
 // commitProbe records, at the commit of every transaction that writes a
-// key row, the synchronous_commit that commit runs with: a deferred
-// constraint trigger fires at commit, just before the commit record is
-// written, with the transaction's settings still in force.
+// key row or a piece of a body, the synchronous_commit that commit runs
+// with: a deferred constraint trigger fires at commit, just before the
+// commit record is written, with the transaction's settings still in
+// force.
 const commitProbe = `
 CREATE TABLE commit_settings (idempotency_key text NOT NULL, op text NOT NULL, setting text NOT NULL);
 CREATE FUNCTION record_commit_setting() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -29,6 +30,8 @@ BEGIN
     RETURN NULL;
 END $$;
 CREATE CONSTRAINT TRIGGER record_commit_setting AFTER INSERT OR UPDATE OR DELETE ON idempotency_keys
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION record_commit_setting();
+CREATE CONSTRAINT TRIGGER record_commit_setting AFTER INSERT OR UPDATE OR DELETE ON idempotency_keys_pieces
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION record_commit_setting()`
 
 // TestDurableCommits: every commit the protocol answers on runs with
@@ -37,8 +40,10 @@ CREATE CONSTRAINT TRIGGER record_commit_setting AFTER INSERT OR UPDATE OR DELETE
 // claim with its outcome of every path (a lone deferred commit, lone
 // statements in one pipeline, a merged pipeline, a pipeline of one, the
 // transactional claim, the contended deferred one, a claim joined to the
-// caller's transaction), a hold, its settle and its release, and a
-// provisional response replaced in the caller's transaction. remote_apply,
+// caller's transaction), a hold, its settle and its release, a piece of a
+// held record's body written and written again (Store.WritePiece, each
+// piece acknowledged as it passes), and a provisional response replaced in
+// the caller's transaction. remote_apply,
 // stronger, is kept. A write of the key table's own, outside pgstore,
 // commits with the session's setting: the probe reads what the commit
 // runs with. (The crash test, cmd/oncekey's
@@ -188,6 +193,21 @@ func durablePaths(t *testing.T, pool *pgxpool.Pool) map[string]func() {
 			settled, err := store.Settle(ctx, hold("settle"), created)
 			require.NoError(t, err)
 			require.True(t, settled)
+		},
+		"piece": func() {
+			// The hold's key row and the piece, both INSERTs of keys
+			// "piece-…".
+			written, err := store.WritePiece(ctx, hold("piece"), 0, []byte("piece"))
+			require.NoError(t, err)
+			require.True(t, written)
+		},
+		"rewritten/UPDATE": func() {
+			ref := hold("rewritten")
+			for range 2 { // the second replaces the first: an UPDATE
+				written, err := store.WritePiece(ctx, ref, 0, []byte("piece"))
+				require.NoError(t, err)
+				require.True(t, written)
+			}
 		},
 		"release/DELETE": func() {
 			released, err := store.Release(ctx, hold("release"))

@@ -184,6 +184,7 @@ func loneAnswer(l *deferredLease, row keydb.IdempotencyKeyClaimLoneRow) error {
 		Scope: []byte(l.scope), IdempotencyKey: l.req.Key,
 		Fingerprint: row.Fingerprint, Status: row.Status, ResponseStatus: row.ResponseStatus,
 		ResponseHeaders: row.ResponseHeaders, ResponseBody: row.ResponseBody,
+		ResponsePieces: row.ResponsePieces, ResponseSize: row.ResponseSize,
 		CreatedAt: row.CreatedAt, ExpiresAt: row.ExpiresAt, Expired: row.Expired, ReadAt: row.ReadAt,
 	}})
 }

@@ -179,8 +179,9 @@ var migrationCount = func() int {
 
 // loadMigrations reads the embedded migrations in version order, with the
 // default table name (and the index names it prefixes) replaced by table,
-// and the scope column declared of type scope. Versions are 1, 2, 3…
-// without a gap, so that the number applied says which.
+// and the scope columns declared as the key table's (scopeColumn) of type
+// scope. Versions are 1, 2, 3… without a gap, so that the number applied
+// says which.
 func loadMigrations(table string, scope ScopeType) ([]migration, error) {
 	names, err := fs.Glob(migrations, "migrations/*.sql")
 	if err != nil {
@@ -199,12 +200,12 @@ func loadMigrations(table string, scope ScopeType) ([]migration, error) {
 			return nil, fmt.Errorf("pgstore: read migrations: %w", err)
 		}
 		sql := string(b)
-		if version == 1 {
-			if !strings.Contains(sql, scopeColumn) {
-				return nil, errors.New("pgstore: migration " + base + " does not declare the scope column as pgstore expects")
-			}
-			sql = strings.Replace(sql, scopeColumn, scope.column(), 1)
+		if version == 1 && !strings.Contains(sql, scopeColumn) {
+			return nil, errors.New("pgstore: migration " + base + " does not declare the scope column as pgstore expects")
 		}
+		// The key table's scope column, and that of every table keyed as
+		// it is (the pieces of bodies, 0005), are declared of type scope.
+		sql = strings.ReplaceAll(sql, scopeColumn, scope.column())
 		out = append(out, migration{version: version, name: strings.TrimSuffix(base, ".sql"), sql: strings.ReplaceAll(sql, DefaultTable, table)})
 	}
 	return out, nil

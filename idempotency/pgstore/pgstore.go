@@ -26,6 +26,12 @@
 // on a database it has not migrated fails its first claim with
 // ErrNotMigrated. The scope column is bytea unless Options.Scope makes it
 // uuid or text (see ScopeType), as a database sharded by tenant needs.
+// Beside the key table are its audit trail (the table's name and "_audit",
+// see package keyadmin) and the pieces of bodies too large to keep in
+// their record (the table's name and "_pieces", see Store.WritePiece),
+// which a settle, a release and PurgeExpired keep in step with the
+// records; no trigger or foreign key ties them, so a claim reads and
+// writes the key table alone.
 package pgstore
 
 import (
@@ -34,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -409,7 +416,7 @@ func (s *Store) claimOn(ctx context.Context, db keydb.DBTX, req idempotency.Clai
 			// will hold a key processing across transactions.
 			return time.Time{}, nil, idempotency.ErrInFlight
 		default:
-			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.CreatedAt, row.ExpiresAt, row.ReadAt)
+			rec, err := newRecord(row.Fingerprint, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.ResponsePieces, row.ResponseSize, row.CreatedAt, row.ExpiresAt, row.ReadAt)
 			return time.Time{}, rec, err
 		}
 	}
@@ -495,6 +502,9 @@ var errEnded = errors.New("pgstore: lease already committed or rolled back")
 // complete stores resp in the key row of ref, claimed on db and not yet
 // committed.
 func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, resp idempotency.Response) error {
+	if err := inRecord(resp); err != nil {
+		return err
+	}
 	headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return err
@@ -511,6 +521,21 @@ func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref
 	}
 	if err != nil {
 		return Translate(fmt.Errorf("store response: %w", err))
+	}
+	return nil
+}
+
+// errPiecesAtCommit refuses a claim's commit of a response whose body is
+// in pieces: pieces are written beside a held record (WritePiece), which
+// only exists once its claim has committed, and the response that counts
+// them is stored by Settle. A claim's commit stores its body in the record.
+var errPiecesAtCommit = errors.New("pgstore: a response whose body is in pieces is stored by Settle, after its pieces, not by a claim's commit")
+
+// inRecord refuses a response that a claim's commit cannot store: one
+// whose body is in pieces (errPiecesAtCommit).
+func inRecord(resp idempotency.Response) error {
+	if resp.Pieces > 0 {
+		return errPiecesAtCommit
 	}
 	return nil
 }
@@ -533,8 +558,9 @@ func encodeResponse(resp idempotency.Response) (headers, body []byte, err error)
 }
 
 // newRecord builds a completed record from its stored columns, read at
-// readAt by the database's clock (a held record's lease is on it).
-func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, createdAt, expiresAt, readAt time.Time) (*idempotency.Record, error) {
+// readAt by the database's clock (a held record's lease is on it). A body
+// in pieces has its count and size (NULL for a body kept in the record).
+func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, pieces pgtype.Int4, size pgtype.Int8, createdAt, expiresAt, readAt time.Time) (*idempotency.Record, error) {
 	rec := &idempotency.Record{
 		Response:  idempotency.Response{Status: int(status.Int32), Body: body, Header: http.Header{}},
 		CreatedAt: createdAt,
@@ -545,6 +571,9 @@ func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, cre
 		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(fingerprint))
 	}
 	copy(rec.Fingerprint[:], fingerprint)
+	if pieces.Valid && pieces.Int32 > 0 {
+		rec.Response.Pieces, rec.Response.Size = int(pieces.Int32), size.Int64
+	}
 	if len(headers) > 0 {
 		if err := json.Unmarshal(headers, &rec.Response.Header); err != nil {
 			return nil, fmt.Errorf("decode stored headers: %w", err)
@@ -568,11 +597,17 @@ func (s *Store) Settle(ctx context.Context, ref idempotency.Ref, resp idempotenc
 	return s.replace(ctx, s.pool, ref, idempotency.StatusHeld, resp)
 }
 
-// replace replaces the response of status from stored under ref's claim.
+// replace replaces the response of status from stored under ref's claim,
+// with the count and size of its body's pieces when it is in pieces; the
+// pieces written beyond that count (all of them, for a body kept in the
+// record) go in the same statement.
 func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, from int, resp idempotency.Response) (bool, error) {
 	headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return false, err
+	}
+	if resp.Pieces > math.MaxInt32 {
+		return false, fmt.Errorf("pgstore: a body in %d pieces, more than the key table counts", resp.Pieces)
 	}
 	n, err := s.queries(db).IdempotencyKeyReplaceProvisional(ctx, keydb.IdempotencyKeyReplaceProvisionalParams{
 		Scope:             s.scope.arg(ref.Scope),
@@ -581,6 +616,8 @@ func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref,
 		ResponseStatus:    pgtype.Int4{Int32: int32(resp.Status), Valid: true},
 		ResponseHeaders:   headers,
 		ResponseBody:      body,
+		ResponsePieces:    int32(max(resp.Pieces, 0)),
+		ResponseSize:      resp.Size,
 		ProvisionalStatus: int32(from),
 	})
 	if err != nil {
@@ -590,7 +627,8 @@ func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref,
 }
 
 // Release implements idempotency.Store: it deletes the held record
-// stored under ref's claim, freeing the key.
+// stored under ref's claim, freeing the key, and the pieces written for
+// it.
 func (s *Store) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
 	return s.release(ctx, s.pool, ref)
 }
@@ -657,7 +695,80 @@ func (s *Store) PurgeExpired(ctx context.Context, batch int) (int64, error) {
 			}
 		}
 	}
-	return total, nil
+	return total, s.sweepPieces(ctx, conn, batch)
+}
+
+// sweepPieces deletes, batch by batch, the pieces that no record needs any
+// more: those of the records just purged, and any other left beside a
+// record that is gone or was settled with fewer (see
+// IdempotencyKeySweepPieces). It runs on the key table as a whole, not per
+// partition: the pieces table is one table, and a partition's statements
+// are rewritten by the partition's name, which would rename it too.
+// Nothing is added to the key purge's statements, so purging keys whose
+// bodies were never in pieces costs what it did.
+func (s *Store) sweepPieces(ctx context.Context, conn keydb.DBTX, batch int) error {
+	q := s.queries(replanned{conn})
+	for {
+		n, err := q.IdempotencyKeySweepPieces(ctx, int32(batch))
+		if err != nil {
+			return Translate(fmt.Errorf("sweep the pieces of purged keys: %w", err))
+		}
+		if n < int64(batch) {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// WritePiece implements idempotency.Store: it stores piece n of the body
+// of the held record under ref's claim, or replaces it, in a statement of
+// its own whose commit is durable, and reports false, writing nothing,
+// when that record is gone or no longer held. The record's row is locked
+// while the piece is written, so that no settle or release passes it.
+func (s *Store) WritePiece(ctx context.Context, ref idempotency.Ref, n int, p []byte) (bool, error) {
+	if n < 0 || n > math.MaxInt32 {
+		return false, nil
+	}
+	if p == nil {
+		p = []byte{} // an empty piece, not NULL
+	}
+	rows, err := s.queries(s.pool).IdempotencyKeyWritePiece(ctx, keydb.IdempotencyKeyWritePieceParams{
+		Scope:          s.scope.arg(ref.Scope),
+		IdempotencyKey: ref.Key,
+		KeyCreatedAt:   ref.ClaimedAt,
+		N:              int32(n),
+		Data:           p,
+	})
+	if err != nil {
+		return false, Translate(fmt.Errorf("write piece %d of a held key's body: %w", n, err))
+	}
+	return rows == 1, nil
+}
+
+// ReadPiece implements idempotency.Store: piece n of the body of the
+// record under ref's claim, while it is held or once it is settled with
+// more than n pieces; nil when there is none.
+func (s *Store) ReadPiece(ctx context.Context, ref idempotency.Ref, n int) ([]byte, error) {
+	if n < 0 || n > math.MaxInt32 {
+		return nil, nil
+	}
+	data, err := s.queries(s.pool).IdempotencyKeyReadPiece(ctx, keydb.IdempotencyKeyReadPieceParams{
+		Scope:          s.scope.arg(ref.Scope),
+		IdempotencyKey: ref.Key,
+		KeyCreatedAt:   ref.ClaimedAt,
+		N:              int32(n),
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, Translate(fmt.Errorf("read piece %d of a key's body: %w", n, err))
+	case data == nil:
+		return []byte{}, nil // an empty piece is a piece
+	}
+	return data, nil
 }
 
 func init() {

@@ -105,15 +105,19 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, err, "read %s's version table", table)
 		versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
 		require.NoError(t, err, "read %s's version table", table)
-		require.Equal(t, []int{1, 2, 3, 4}, versions, "versions applied to %s, each once", table)
+		require.Equal(t, []int{1, 2, 3, 4, 5}, versions, "versions applied to %s, each once", table)
 		var guard bool
 		require.NoError(t, pool.QueryRow(ctx, "SELECT "+table+"_guard()").Scan(&guard), "%s's guard is named after it", table)
 		require.False(t, guard, "%s's guard is false outside pgstore's statements", table)
 		var audit bool
 		require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table+"_audit").Scan(&audit))
 		require.True(t, audit, "%s's audit trail is named after it", table)
+		var pieces bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table+"_pieces").Scan(&pieces))
+		require.True(t, pieces, "%s's pieces table is named after it", table)
 	}
 	require.Equal(t, tableLayout(t, pool, "idempotency_keys"), tableLayout(t, pool, "widget_keys"), "layout of the renamed table")
+	require.Equal(t, tableLayout(t, pool, "idempotency_keys_pieces"), tableLayout(t, pool, "widget_keys_pieces"), "layout of the renamed table's pieces")
 
 	_, err := pgstore.New(pool, pgstore.Options{Table: "Robert'); DROP TABLE students;--"})
 	require.Error(t, err, "a table name that is no plain identifier")
@@ -505,8 +509,8 @@ func TestTableNames(t *testing.T) {
 }
 
 // TestScopeTypes checks what a key table's scope type promises: Migrate
-// creates the column of that type; a scope the column cannot hold is
-// refused before anything is sent; a UUID's 16 bytes and its text form
+// creates the column of that type, and its pieces table's; a scope the
+// column cannot hold is refused before anything is sent; a UUID's 16 bytes and its text form
 // name one key, which the operator reads back as the 16 bytes; and a store
 // or a migration whose Options.Scope is not the table's fails with
 // ErrScopeType rather than on every statement.
@@ -515,10 +519,12 @@ func TestScopeTypes(t *testing.T) {
 	ctx := t.Context()
 	pool := pgstoretest.Pool(t)
 	for _, o := range keyTables {
-		var have string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
-			WHERE attrelid = to_regclass($1) AND attname = 'scope'`, cmp.Or(o.Table, pgstore.DefaultTable)).Scan(&have))
-		require.Equal(t, string(cmp.Or(o.Scope, pgstore.ScopeBytea)), have, "the scope column of %+v", o)
+		for _, table := range []string{cmp.Or(o.Table, pgstore.DefaultTable), cmp.Or(o.Table, pgstore.DefaultTable) + "_pieces"} {
+			var have string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
+				WHERE attrelid = to_regclass($1) AND attname = 'scope'`, table).Scan(&have))
+			require.Equal(t, string(cmp.Or(o.Scope, pgstore.ScopeBytea)), have, "the scope column of %s", table)
+		}
 	}
 
 	uuids, err := pgstore.New(pool, pgstore.Options{Table: "uuid_keys", Scope: pgstore.ScopeUUID})

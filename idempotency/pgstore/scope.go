@@ -37,8 +37,8 @@ func (o Options) scope() (ScopeType, error) {
 	return "", fmt.Errorf("pgstore: scope type %q is none of bytea, uuid and text", o.Scope)
 }
 
-// scopeColumn is the scope column as the first migration declares it, and
-// as it declares it for each type.
+// scopeColumn is the scope column as the first migration declares it (and
+// the pieces table's, 0005), and as it declares it for each type.
 const scopeColumn = "scope            bytea       NOT NULL CHECK (length(scope) <= 255),"
 
 func (t ScopeType) column() string {

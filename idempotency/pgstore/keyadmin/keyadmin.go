@@ -29,7 +29,9 @@ import (
 var ErrKeyNotFound = errors.New("keyadmin: no such key")
 
 // KeyInfo is what operators see of one key. It never includes the stored
-// response body, which may hold customer data; only its size.
+// response body, which may hold customer data; only its size
+// (ResponseBytes), and for a body too large for its record, stored apart,
+// how many pieces it is in (ResponsePieces).
 type KeyInfo struct {
 	Scope string `json:"scope"`
 	Key   string `json:"idempotency_key"`
@@ -43,6 +45,7 @@ type KeyInfo struct {
 	Route          string     `json:"route"`
 	ResponseStatus int        `json:"response_status,omitempty"`
 	ResponseBytes  int        `json:"response_bytes"`
+	ResponsePieces int        `json:"response_pieces,omitempty"`
 	CreatedAt      time.Time  `json:"created_at"`
 	CompletedAt    *time.Time `json:"completed_at,omitempty"`
 	ExpiresAt      time.Time  `json:"expires_at"`
@@ -80,6 +83,9 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 		// By the database's clock, as the store and the gateways judge
 		// them, not the operator's.
 		Expired: !row.ExpiresAt.After(row.ReadAt),
+	}
+	if row.ResponsePieces.Valid && row.ResponsePieces.Int32 > 0 {
+		info.ResponseBytes, info.ResponsePieces = int(row.ResponseSize.Int64), int(row.ResponsePieces.Int32)
 	}
 	resp := idempotency.Response{Status: info.ResponseStatus, Body: row.ResponseBody}
 	if held, ok := idempotency.ParseHeld(resp, row.ReadAt); ok {

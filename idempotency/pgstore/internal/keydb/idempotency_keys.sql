@@ -8,8 +8,9 @@
 -- Every other cast is written with ::.
 --
 -- Every statement whose commit the protocol answers on (a claim with its
--- outcome, a hold, its settle or release) makes its own transaction's
--- commit durable, whatever the session's or the server's default:
+-- outcome, a hold, a piece of its body, its settle or release) makes its
+-- own transaction's commit durable, whatever the session's or the server's
+-- default:
 --   set_config('synchronous_commit', CASE current_setting(...) ...)
 -- raises synchronous_commit to on (a commit waits for its WAL flush, and
 -- for a synchronous standby where one is configured) and keeps
@@ -39,12 +40,12 @@ WITH claimed AS (
     VALUES (CAST(@scope AS bytea), @idempotency_key, @fingerprint, @request_method, @request_route, 'processing',
             now() + make_interval(secs => @ttl_seconds::float8))
     ON CONFLICT (scope, idempotency_key) DO NOTHING
-    RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
+    RETURNING fingerprint, status, response_status, response_headers, response_body, response_pieces, response_size, created_at, completed_at, expires_at
 )
-SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at, now()::timestamptz AS read_at
+SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.response_pieces, c.response_size, c.created_at, c.completed_at, c.expires_at, now()::timestamptz AS read_at
 FROM claimed c
 UNION ALL
-SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at, now()::timestamptz AS read_at
+SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.response_pieces, k.response_size, k.created_at, k.completed_at, k.expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys k
 WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key
   AND NOT EXISTS (SELECT 1 FROM claimed);
@@ -123,7 +124,7 @@ WHERE c.oid = to_regclass(@key_table::text);
 
 -- name: IdempotencyKeyGet :one
 SELECT scope::bytea AS scope, idempotency_key, fingerprint, request_method, request_route, status,
-       response_status, response_headers, response_body, created_at, completed_at, expires_at, now()::timestamptz AS read_at
+       response_status, response_headers, response_body, response_pieces, response_size, created_at, completed_at, expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key;
 
@@ -148,22 +149,114 @@ SELECT count(*) FROM idempotency_keys WHERE expires_at <= now();
 -- alone, and so is a row whose response is not of provisional_status.
 -- Its commit is made durable (the subquery, evaluated before a row is
 -- written): the outcome it stores is what every retry replays.
-UPDATE idempotency_keys
-SET response_status = @response_status,
-    response_headers = @response_headers,
-    response_body = @response_body,
-    completed_at = now()
-WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
-  AND status = 'completed' AND response_status = @provisional_status::int
-  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL;
+-- A body in pieces (response_pieces > 0, written by
+-- IdempotencyKeyWritePiece while the record was held) is stored as its
+-- count and size, NULL for none; the pieces the new response does not
+-- have (n >= response_pieces, all of them for a body kept in the record)
+-- are deleted in the same statement, only when the record was replaced.
+-- It reports the rows replaced (0 or 1), as the UPDATE would.
+WITH replaced AS (
+    UPDATE idempotency_keys k
+    SET response_status = @response_status,
+        response_headers = @response_headers,
+        response_body = @response_body,
+        response_pieces = nullif(@response_pieces::int, 0),
+        response_size = CASE WHEN @response_pieces::int > 0 THEN @response_size::bigint END,
+        completed_at = now()
+    WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key AND k.created_at = @key_created_at
+      AND k.status = 'completed' AND k.response_status = @provisional_status::int
+      AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+    RETURNING k.scope, k.idempotency_key, k.created_at
+), dropped AS (
+    DELETE FROM idempotency_keys_pieces p
+    USING replaced r
+    WHERE p.scope = r.scope AND p.idempotency_key = r.idempotency_key AND p.key_created_at = r.created_at
+      AND p.n >= @response_pieces::int
+)
+SELECT 1 FROM replaced;
 
 -- name: IdempotencyKeyRelease :execrows
--- Deletes a held record under the claim it was held under, freeing the key.
--- Its commit is made durable, as IdempotencyKeyReplaceProvisional's.
-DELETE FROM idempotency_keys
-WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
-  AND status = 'completed' AND response_status = 102
-  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL;
+-- Deletes a held record under the claim it was held under, freeing the key,
+-- and the pieces written for it, in the same statement. Its commit is made
+-- durable, as IdempotencyKeyReplaceProvisional's. It reports the records
+-- deleted (0 or 1), as the DELETE would.
+WITH released AS (
+    DELETE FROM idempotency_keys k
+    WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key AND k.created_at = @key_created_at
+      AND k.status = 'completed' AND k.response_status = 102
+      AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+    RETURNING k.scope, k.idempotency_key, k.created_at
+), dropped AS (
+    DELETE FROM idempotency_keys_pieces p
+    USING released r
+    WHERE p.scope = r.scope AND p.idempotency_key = r.idempotency_key AND p.key_created_at = r.created_at
+)
+SELECT 1 FROM released;
+
+-- name: IdempotencyKeyWritePiece :execrows
+-- Stores piece n of the body of the held record under its claim (see
+-- idempotency.Store.WritePiece), replacing a piece n written before, and
+-- reports 0, writing nothing, when that record is gone or no longer held.
+-- The record's row is locked (FOR SHARE) until the piece commits, so
+-- that a settle or release of the record waits for the piece, and a piece
+-- that waited for one finds the record settled, or gone, and writes
+-- nothing: no piece is ever written beside a record that is not held.
+-- Its commit is made durable, as IdempotencyKeyReplaceProvisional's: a
+-- piece acknowledged is on disk, whatever synchronous_commit the session
+-- or the server has (TestDurableCommits).
+INSERT INTO idempotency_keys_pieces (scope, idempotency_key, key_created_at, n, data)
+SELECT k.scope, k.idempotency_key, k.created_at, @n::int, @data::bytea
+FROM idempotency_keys k
+WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key AND k.created_at = @key_created_at
+  AND k.status = 'completed' AND k.response_status = 102
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+FOR SHARE OF k
+ON CONFLICT (scope, idempotency_key, key_created_at, n) DO UPDATE SET data = EXCLUDED.data;
+
+-- name: IdempotencyKeyReadPiece :one
+-- Piece n of the body of the record under its claim: while the record is
+-- held (its pieces being written), or once it is settled with more than n
+-- pieces. A piece left beside a record that is gone or was settled with
+-- fewer (until the purge sweeps it) is not read.
+SELECT p.data
+FROM idempotency_keys_pieces p
+JOIN idempotency_keys k ON k.scope = p.scope AND k.idempotency_key = p.idempotency_key AND k.created_at = p.key_created_at
+WHERE p.scope = CAST(@scope AS bytea) AND p.idempotency_key = @idempotency_key AND p.key_created_at = @key_created_at AND p.n = @n::int
+  AND (k.response_status = 102 OR p.n < k.response_pieces);
+
+-- name: IdempotencyKeySweepPieces :execrows
+-- Deletes at most batch_size pieces that no record needs, after the purge
+-- of expired keys (pgstore.Store.PurgeExpired): those whose record (the
+-- same scope, key and created_at) is gone (purged, freed when it expired,
+-- released), or is not held and has fewer pieces than n + 1 (settled with
+-- fewer, or none, by a release that does not know pieces). A held record's
+-- pieces are never swept, nor a settled record's own. The caller loops
+-- until a batch comes back short; SKIP LOCKED passes over a piece being
+-- written again.
+-- It runs on the key table itself, never per partition: a partition's
+-- statements are its name rewritten into the key table's, which would
+-- rename this table too. Each piece's record is looked up by a LATERAL
+-- subquery with LIMIT 1, which the planner cannot turn into a join: one
+-- primary-key probe per piece, never a scan of the key table (see
+-- IdempotencyKeyPeekMany). It reads the pieces table through, which is
+-- cheap: the table holds few rows, each a large piece whose bytes are
+-- stored apart (TOAST) and not read here. It runs unprepared (see
+-- replanned).
+DELETE FROM idempotency_keys_pieces p
+USING (
+    SELECT o.scope, o.idempotency_key, o.key_created_at, o.n
+    FROM idempotency_keys_pieces o
+    CROSS JOIN LATERAL (
+        SELECT k.response_status, k.response_pieces
+        FROM (VALUES (true)) AS one (row)
+        LEFT JOIN idempotency_keys k ON k.scope = o.scope AND k.idempotency_key = o.idempotency_key AND k.created_at = o.key_created_at
+        LIMIT 1
+    ) k
+    WHERE k.response_status IS DISTINCT FROM 102 AND (k.response_pieces IS NULL OR k.response_pieces <= o.n)
+    LIMIT @batch_size
+    FOR UPDATE OF o SKIP LOCKED
+) orphan
+WHERE p.scope = orphan.scope AND p.idempotency_key = orphan.idempotency_key AND p.key_created_at = orphan.key_created_at AND p.n = orphan.n;
 
 -- name: IdempotencyKeyPeekMany :many
 -- The first of a deferred commit's statements (write-only operations,
@@ -185,11 +278,11 @@ SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
-       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
+       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.response_pieces, k.response_size, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM (SELECT unnest(CAST(@scopes AS bytea[])) AS scope, unnest(@idempotency_keys::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
-    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
+    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.response_pieces, h.response_size, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
     LEFT JOIN idempotency_keys h ON h.scope = CAST(u.scope AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
@@ -205,11 +298,11 @@ SELECT set_config('lock_timeout', @lock_timeout::text, true) AS lock_timeout,
        set_config('statement_timeout', @statement_timeout::text, true) AS statement_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        CAST(@scope AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
-       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
+       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.response_pieces, k.response_size, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM unnest(@idempotency_keys::text[]) AS u (idempotency_key)
 CROSS JOIN LATERAL (
-    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
+    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.response_pieces, h.response_size, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
     LEFT JOIN idempotency_keys h ON h.scope = CAST(@scope AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
@@ -285,12 +378,12 @@ WITH pgstore_budget AS (
 ), pgstore_write AS (
     SELECT 1
 ), pgstore_peek AS (
-    SELECT fingerprint, status, response_status, response_headers, response_body, created_at, expires_at
+    SELECT fingerprint, status, response_status, response_headers, response_body, response_pieces, response_size, created_at, expires_at
     FROM idempotency_keys
     WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key::text
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
-       h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
+       h.response_pieces, h.response_size, h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
        EXISTS (SELECT 1 FROM pgstore_claim) AS claimed, now()::timestamptz AS read_at
 FROM pgstore_budget b
 LEFT JOIN pgstore_peek h ON true;

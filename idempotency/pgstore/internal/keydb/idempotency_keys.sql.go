@@ -20,12 +20,12 @@ WITH claimed AS (
     VALUES (CAST($1 AS bytea), $2, $3, $4, $5, 'processing',
             now() + make_interval(secs => $6::float8))
     ON CONFLICT (scope, idempotency_key) DO NOTHING
-    RETURNING fingerprint, status, response_status, response_headers, response_body, created_at, completed_at, expires_at
+    RETURNING fingerprint, status, response_status, response_headers, response_body, response_pieces, response_size, created_at, completed_at, expires_at
 )
-SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.created_at, c.completed_at, c.expires_at, now()::timestamptz AS read_at
+SELECT true AS claimed, false AS expired, c.fingerprint, c.status, c.response_status, c.response_headers, c.response_body, c.response_pieces, c.response_size, c.created_at, c.completed_at, c.expires_at, now()::timestamptz AS read_at
 FROM claimed c
 UNION ALL
-SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.completed_at, k.expires_at, now()::timestamptz AS read_at
+SELECT false AS claimed, k.expires_at <= now() AS expired, k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.response_pieces, k.response_size, k.created_at, k.completed_at, k.expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys k
 WHERE k.scope = CAST($1 AS bytea) AND k.idempotency_key = $2
   AND NOT EXISTS (SELECT 1 FROM claimed)
@@ -48,6 +48,8 @@ type IdempotencyKeyClaimRow struct {
 	ResponseStatus  pgtype.Int4
 	ResponseHeaders json.RawMessage
 	ResponseBody    []byte
+	ResponsePieces  pgtype.Int4
+	ResponseSize    pgtype.Int8
 	CreatedAt       time.Time
 	CompletedAt     *time.Time
 	ExpiresAt       time.Time
@@ -66,8 +68,9 @@ type IdempotencyKeyClaimRow struct {
 // Every other cast is written with ::.
 //
 // Every statement whose commit the protocol answers on (a claim with its
-// outcome, a hold, its settle or release) makes its own transaction's
-// commit durable, whatever the session's or the server's default:
+// outcome, a hold, a piece of its body, its settle or release) makes its
+// own transaction's commit durable, whatever the session's or the server's
+// default:
 //
 //	set_config('synchronous_commit', CASE current_setting(...) ...)
 //
@@ -116,6 +119,8 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, arg IdempotencyKeyCla
 			&i.ResponseStatus,
 			&i.ResponseHeaders,
 			&i.ResponseBody,
+			&i.ResponsePieces,
+			&i.ResponseSize,
 			&i.CreatedAt,
 			&i.CompletedAt,
 			&i.ExpiresAt,
@@ -152,12 +157,12 @@ WITH pgstore_budget AS (
 ), pgstore_write AS (
     SELECT 1
 ), pgstore_peek AS (
-    SELECT fingerprint, status, response_status, response_headers, response_body, created_at, expires_at
+    SELECT fingerprint, status, response_status, response_headers, response_body, response_pieces, response_size, created_at, expires_at
     FROM idempotency_keys
     WHERE NOT EXISTS (SELECT 1 FROM pgstore_claim) AND scope = CAST($2 AS bytea) AND idempotency_key = $3::text
 )
 SELECT b.lock_timeout, h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body,
-       h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
+       h.response_pieces, h.response_size, h.created_at, h.expires_at, coalesce(h.expires_at <= now(), false)::boolean AS expired,
        EXISTS (SELECT 1 FROM pgstore_claim) AS claimed, now()::timestamptz AS read_at
 FROM pgstore_budget b
 LEFT JOIN pgstore_peek h ON true
@@ -184,6 +189,8 @@ type IdempotencyKeyClaimLoneRow struct {
 	ResponseStatus  pgtype.Int4
 	ResponseHeaders json.RawMessage
 	ResponseBody    []byte
+	ResponsePieces  pgtype.Int4
+	ResponseSize    pgtype.Int8
 	CreatedAt       *time.Time
 	ExpiresAt       *time.Time
 	Expired         bool
@@ -232,6 +239,8 @@ func (q *Queries) IdempotencyKeyClaimLone(ctx context.Context, arg IdempotencyKe
 		&i.ResponseStatus,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
+		&i.ResponsePieces,
+		&i.ResponseSize,
 		&i.CreatedAt,
 		&i.ExpiresAt,
 		&i.Expired,
@@ -309,7 +318,7 @@ func (q *Queries) IdempotencyKeyDeleteIfExpired(ctx context.Context, arg Idempot
 
 const idempotencyKeyGet = `-- name: IdempotencyKeyGet :one
 SELECT scope::bytea AS scope, idempotency_key, fingerprint, request_method, request_route, status,
-       response_status, response_headers, response_body, created_at, completed_at, expires_at, now()::timestamptz AS read_at
+       response_status, response_headers, response_body, response_pieces, response_size, created_at, completed_at, expires_at, now()::timestamptz AS read_at
 FROM idempotency_keys
 WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2
 `
@@ -329,6 +338,8 @@ type IdempotencyKeyGetRow struct {
 	ResponseStatus  pgtype.Int4
 	ResponseHeaders json.RawMessage
 	ResponseBody    []byte
+	ResponsePieces  pgtype.Int4
+	ResponseSize    pgtype.Int8
 	CreatedAt       time.Time
 	CompletedAt     *time.Time
 	ExpiresAt       time.Time
@@ -348,6 +359,8 @@ func (q *Queries) IdempotencyKeyGet(ctx context.Context, arg IdempotencyKeyGetPa
 		&i.ResponseStatus,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
+		&i.ResponsePieces,
+		&i.ResponseSize,
 		&i.CreatedAt,
 		&i.CompletedAt,
 		&i.ExpiresAt,
@@ -579,11 +592,11 @@ SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('statement_timeout', $2::text, true) AS statement_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        u.scope::bytea AS scope, u.idempotency_key::text AS idempotency_key,
-       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
+       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.response_pieces, k.response_size, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM (SELECT unnest(CAST($3 AS bytea[])) AS scope, unnest($4::text[]) AS idempotency_key) AS u
 CROSS JOIN LATERAL (
-    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
+    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.response_pieces, h.response_size, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
     LEFT JOIN idempotency_keys h ON h.scope = CAST(u.scope AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
@@ -608,6 +621,8 @@ type IdempotencyKeyPeekManyRow struct {
 	ResponseStatus    pgtype.Int4
 	ResponseHeaders   json.RawMessage
 	ResponseBody      []byte
+	ResponsePieces    pgtype.Int4
+	ResponseSize      pgtype.Int8
 	CreatedAt         *time.Time
 	ExpiresAt         *time.Time
 	Expired           bool
@@ -654,6 +669,8 @@ func (q *Queries) IdempotencyKeyPeekMany(ctx context.Context, arg IdempotencyKey
 			&i.ResponseStatus,
 			&i.ResponseHeaders,
 			&i.ResponseBody,
+			&i.ResponsePieces,
+			&i.ResponseSize,
 			&i.CreatedAt,
 			&i.ExpiresAt,
 			&i.Expired,
@@ -674,11 +691,11 @@ SELECT set_config('lock_timeout', $1::text, true) AS lock_timeout,
        set_config('statement_timeout', $2::text, true) AS statement_timeout,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit,
        CAST($3 AS bytea)::bytea AS scope, u.idempotency_key::text AS idempotency_key,
-       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.created_at, k.expires_at,
+       k.fingerprint, k.status, k.response_status, k.response_headers, k.response_body, k.response_pieces, k.response_size, k.created_at, k.expires_at,
        coalesce(k.expires_at <= now(), false)::boolean AS expired, now()::timestamptz AS read_at
 FROM unnest($4::text[]) AS u (idempotency_key)
 CROSS JOIN LATERAL (
-    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.created_at, h.expires_at
+    SELECT h.fingerprint, h.status, h.response_status, h.response_headers, h.response_body, h.response_pieces, h.response_size, h.created_at, h.expires_at
     FROM (VALUES (true)) AS one (row)
     LEFT JOIN idempotency_keys h ON h.scope = CAST($3 AS bytea) AND h.idempotency_key = u.idempotency_key
     LIMIT 1
@@ -703,6 +720,8 @@ type IdempotencyKeyPeekScopeRow struct {
 	ResponseStatus    pgtype.Int4
 	ResponseHeaders   json.RawMessage
 	ResponseBody      []byte
+	ResponsePieces    pgtype.Int4
+	ResponseSize      pgtype.Int8
 	CreatedAt         *time.Time
 	ExpiresAt         *time.Time
 	Expired           bool
@@ -739,6 +758,8 @@ func (q *Queries) IdempotencyKeyPeekScope(ctx context.Context, arg IdempotencyKe
 			&i.ResponseStatus,
 			&i.ResponseHeaders,
 			&i.ResponseBody,
+			&i.ResponsePieces,
+			&i.ResponseSize,
 			&i.CreatedAt,
 			&i.ExpiresAt,
 			&i.Expired,
@@ -782,11 +803,50 @@ func (q *Queries) IdempotencyKeyPurgeExpired(ctx context.Context, batchSize int3
 	return result.RowsAffected(), nil
 }
 
+const idempotencyKeyReadPiece = `-- name: IdempotencyKeyReadPiece :one
+SELECT p.data
+FROM idempotency_keys_pieces p
+JOIN idempotency_keys k ON k.scope = p.scope AND k.idempotency_key = p.idempotency_key AND k.created_at = p.key_created_at
+WHERE p.scope = CAST($1 AS bytea) AND p.idempotency_key = $2 AND p.key_created_at = $3 AND p.n = $4::int
+  AND (k.response_status = 102 OR p.n < k.response_pieces)
+`
+
+type IdempotencyKeyReadPieceParams struct {
+	Scope          []byte
+	IdempotencyKey string
+	KeyCreatedAt   time.Time
+	N              int32
+}
+
+// Piece n of the body of the record under its claim: while the record is
+// held (its pieces being written), or once it is settled with more than n
+// pieces. A piece left beside a record that is gone or was settled with
+// fewer (until the purge sweeps it) is not read.
+func (q *Queries) IdempotencyKeyReadPiece(ctx context.Context, arg IdempotencyKeyReadPieceParams) ([]byte, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyReadPiece,
+		arg.Scope,
+		arg.IdempotencyKey,
+		arg.KeyCreatedAt,
+		arg.N,
+	)
+	var data []byte
+	err := row.Scan(&data)
+	return data, err
+}
+
 const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
-DELETE FROM idempotency_keys
-WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2 AND created_at = $3
-  AND status = 'completed' AND response_status = 102
-  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+WITH released AS (
+    DELETE FROM idempotency_keys k
+    WHERE k.scope = CAST($1 AS bytea) AND k.idempotency_key = $2 AND k.created_at = $3
+      AND k.status = 'completed' AND k.response_status = 102
+      AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+    RETURNING k.scope, k.idempotency_key, k.created_at
+), dropped AS (
+    DELETE FROM idempotency_keys_pieces p
+    USING released r
+    WHERE p.scope = r.scope AND p.idempotency_key = r.idempotency_key AND p.key_created_at = r.created_at
+)
+SELECT 1 FROM released
 `
 
 type IdempotencyKeyReleaseParams struct {
@@ -795,8 +855,10 @@ type IdempotencyKeyReleaseParams struct {
 	KeyCreatedAt   time.Time
 }
 
-// Deletes a held record under the claim it was held under, freeing the key.
-// Its commit is made durable, as IdempotencyKeyReplaceProvisional's.
+// Deletes a held record under the claim it was held under, freeing the key,
+// and the pieces written for it, in the same statement. Its commit is made
+// durable, as IdempotencyKeyReplaceProvisional's. It reports the records
+// deleted (0 or 1), as the DELETE would.
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, arg IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyRelease, arg.Scope, arg.IdempotencyKey, arg.KeyCreatedAt)
 	if err != nil {
@@ -806,20 +868,33 @@ func (q *Queries) IdempotencyKeyRelease(ctx context.Context, arg IdempotencyKeyR
 }
 
 const idempotencyKeyReplaceProvisional = `-- name: IdempotencyKeyReplaceProvisional :execrows
-UPDATE idempotency_keys
-SET response_status = $1,
-    response_headers = $2,
-    response_body = $3,
-    completed_at = now()
-WHERE scope = CAST($4 AS bytea) AND idempotency_key = $5 AND created_at = $6
-  AND status = 'completed' AND response_status = $7::int
-  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+WITH replaced AS (
+    UPDATE idempotency_keys k
+    SET response_status = $1,
+        response_headers = $2,
+        response_body = $3,
+        response_pieces = nullif($4::int, 0),
+        response_size = CASE WHEN $4::int > 0 THEN $5::bigint END,
+        completed_at = now()
+    WHERE k.scope = CAST($6 AS bytea) AND k.idempotency_key = $7 AND k.created_at = $8
+      AND k.status = 'completed' AND k.response_status = $9::int
+      AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+    RETURNING k.scope, k.idempotency_key, k.created_at
+), dropped AS (
+    DELETE FROM idempotency_keys_pieces p
+    USING replaced r
+    WHERE p.scope = r.scope AND p.idempotency_key = r.idempotency_key AND p.key_created_at = r.created_at
+      AND p.n >= $4::int
+)
+SELECT 1 FROM replaced
 `
 
 type IdempotencyKeyReplaceProvisionalParams struct {
 	ResponseStatus    pgtype.Int4
 	ResponseHeaders   json.RawMessage
 	ResponseBody      []byte
+	ResponsePieces    int32
+	ResponseSize      int64
 	Scope             []byte
 	IdempotencyKey    string
 	KeyCreatedAt      time.Time
@@ -835,11 +910,19 @@ type IdempotencyKeyReplaceProvisionalParams struct {
 // alone, and so is a row whose response is not of provisional_status.
 // Its commit is made durable (the subquery, evaluated before a row is
 // written): the outcome it stores is what every retry replays.
+// A body in pieces (response_pieces > 0, written by
+// IdempotencyKeyWritePiece while the record was held) is stored as its
+// count and size, NULL for none; the pieces the new response does not
+// have (n >= response_pieces, all of them for a body kept in the record)
+// are deleted in the same statement, only when the record was replaced.
+// It reports the rows replaced (0 or 1), as the UPDATE would.
 func (q *Queries) IdempotencyKeyReplaceProvisional(ctx context.Context, arg IdempotencyKeyReplaceProvisionalParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyReplaceProvisional,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
+		arg.ResponsePieces,
+		arg.ResponseSize,
 		arg.Scope,
 		arg.IdempotencyKey,
 		arg.KeyCreatedAt,
@@ -910,4 +993,90 @@ func (q *Queries) IdempotencyKeyStats(ctx context.Context, keyTable string) (Ide
 		&i.HeldUnknown,
 	)
 	return i, err
+}
+
+const idempotencyKeySweepPieces = `-- name: IdempotencyKeySweepPieces :execrows
+DELETE FROM idempotency_keys_pieces p
+USING (
+    SELECT o.scope, o.idempotency_key, o.key_created_at, o.n
+    FROM idempotency_keys_pieces o
+    CROSS JOIN LATERAL (
+        SELECT k.response_status, k.response_pieces
+        FROM (VALUES (true)) AS one (row)
+        LEFT JOIN idempotency_keys k ON k.scope = o.scope AND k.idempotency_key = o.idempotency_key AND k.created_at = o.key_created_at
+        LIMIT 1
+    ) k
+    WHERE k.response_status IS DISTINCT FROM 102 AND (k.response_pieces IS NULL OR k.response_pieces <= o.n)
+    LIMIT $1
+    FOR UPDATE OF o SKIP LOCKED
+) orphan
+WHERE p.scope = orphan.scope AND p.idempotency_key = orphan.idempotency_key AND p.key_created_at = orphan.key_created_at AND p.n = orphan.n
+`
+
+// Deletes at most batch_size pieces that no record needs, after the purge
+// of expired keys (pgstore.Store.PurgeExpired): those whose record (the
+// same scope, key and created_at) is gone (purged, freed when it expired,
+// released), or is not held and has fewer pieces than n + 1 (settled with
+// fewer, or none, by a release that does not know pieces). A held record's
+// pieces are never swept, nor a settled record's own. The caller loops
+// until a batch comes back short; SKIP LOCKED passes over a piece being
+// written again.
+// It runs on the key table itself, never per partition: a partition's
+// statements are its name rewritten into the key table's, which would
+// rename this table too. Each piece's record is looked up by a LATERAL
+// subquery with LIMIT 1, which the planner cannot turn into a join: one
+// primary-key probe per piece, never a scan of the key table (see
+// IdempotencyKeyPeekMany). It reads the pieces table through, which is
+// cheap: the table holds few rows, each a large piece whose bytes are
+// stored apart (TOAST) and not read here. It runs unprepared (see
+// replanned).
+func (q *Queries) IdempotencyKeySweepPieces(ctx context.Context, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeySweepPieces, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const idempotencyKeyWritePiece = `-- name: IdempotencyKeyWritePiece :execrows
+INSERT INTO idempotency_keys_pieces (scope, idempotency_key, key_created_at, n, data)
+SELECT k.scope, k.idempotency_key, k.created_at, $1::int, $2::bytea
+FROM idempotency_keys k
+WHERE k.scope = CAST($3 AS bytea) AND k.idempotency_key = $4 AND k.created_at = $5
+  AND k.status = 'completed' AND k.response_status = 102
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+FOR SHARE OF k
+ON CONFLICT (scope, idempotency_key, key_created_at, n) DO UPDATE SET data = EXCLUDED.data
+`
+
+type IdempotencyKeyWritePieceParams struct {
+	N              int32
+	Data           []byte
+	Scope          []byte
+	IdempotencyKey string
+	KeyCreatedAt   time.Time
+}
+
+// Stores piece n of the body of the held record under its claim (see
+// idempotency.Store.WritePiece), replacing a piece n written before, and
+// reports 0, writing nothing, when that record is gone or no longer held.
+// The record's row is locked (FOR SHARE) until the piece commits, so
+// that a settle or release of the record waits for the piece, and a piece
+// that waited for one finds the record settled, or gone, and writes
+// nothing: no piece is ever written beside a record that is not held.
+// Its commit is made durable, as IdempotencyKeyReplaceProvisional's: a
+// piece acknowledged is on disk, whatever synchronous_commit the session
+// or the server has (TestDurableCommits).
+func (q *Queries) IdempotencyKeyWritePiece(ctx context.Context, arg IdempotencyKeyWritePieceParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeyWritePiece,
+		arg.N,
+		arg.Data,
+		arg.Scope,
+		arg.IdempotencyKey,
+		arg.KeyCreatedAt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
