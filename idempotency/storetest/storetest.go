@@ -8,9 +8,9 @@
 // may share one database with other tests.
 //
 // A store needs no more than idempotency.Store asks: Claim, and a lease's
-// Unit, Ref, Commit and Rollback. Settle, Release, PurgeExpired and KeyStats
-// may report errors.ErrUnsupported, and the cases that need them are then
-// skipped. ClaimRequest.AtOnce and TakenError serve stores that make a
+// Unit, Ref, Commit and Rollback. Settle, Release, WritePiece,
+// PurgeExpired and KeyStats may report errors.ErrUnsupported, and the
+// cases that need them are then skipped. ClaimRequest.AtOnce and TakenError serve stores that make a
 // claim at its commit; another store ignores the one and returns the other
 // never. Oncekey's repository holds such a minimal store, over a map, that
 // passes this suite (idempotency/integration/customstore).
