@@ -343,7 +343,8 @@ func Wrap[U any](s *FastPath, next idempotency.Store[U]) idempotency.Store[U] {
 
 // fastPath is the durable store next behind the fast path s.
 type fastPath[U any] struct {
-	// Store, next, settles, purges and counts; Claim is the wrapper's own.
+	// Store, next, settles, purges and counts (pieces are the methods
+	// below, which say why); Claim is the wrapper's own.
 	idempotency.Store[U]
 	s    *FastPath
 	next idempotency.Store[U]
