@@ -690,7 +690,8 @@ func testPieces[U any](t *testing.T, b *bundle[U]) {
 	store, scope := b.open(t)
 	ctx := b.ctx
 	nobody := idempotency.Ref{Scope: scope, Key: newKey(), ClaimedAt: time.Now()}
-	if _, err := store.WritePiece(ctx, nobody, 0, []byte("unsupported")); errors.Is(err, errors.ErrUnsupported) {
+	written, err := store.WritePiece(ctx, nobody, 0, []byte("nobody's"))
+	if errors.Is(err, errors.ErrUnsupported) {
 		p, err := store.ReadPiece(ctx, nobody, 0)
 		if !errors.Is(err, errors.ErrUnsupported) {
 			require.NoError(t, err, "read a piece from a store that keeps none")
@@ -698,6 +699,8 @@ func testPieces[U any](t *testing.T, b *bundle[U]) {
 		require.Nil(t, p, "a store that keeps no pieces has none to read")
 		t.Skip("the store keeps no pieces")
 	}
+	require.NoError(t, err, "write a piece of no record")
+	require.False(t, written, "a piece of no record is written nowhere")
 	if _, err := store.Release(ctx, nobody); errors.Is(err, errors.ErrUnsupported) {
 		require.Fail(t, "a store that keeps no held records must report WritePiece unsupported: pieces are of held records' bodies")
 	}
@@ -711,8 +714,8 @@ func testPieces[U any](t *testing.T, b *bundle[U]) {
 		require.NoError(t, lease.Commit(ctx, running.Response()), "commit the held record")
 		return ref
 	}
-	// write writes the pieces, from n on, under ref, requiring each to be
-	// written.
+	// write writes the pieces under ref as pieces from, from+1, ...,
+	// requiring each to be written.
 	write := func(t *testing.T, ref idempotency.Ref, from int, pieces ...string) {
 		t.Helper()
 		for i, p := range pieces {
