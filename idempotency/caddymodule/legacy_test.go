@@ -3,11 +3,15 @@ package caddymodule
 import (
 	"io"
 	"log/slog"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
+	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore/pgstoretest"
 )
 
@@ -93,4 +97,54 @@ func TestPreviousKeysOfTheNamespaceOnly(t *testing.T) {
 		_, err = pool.Exec(ctx, `DELETE FROM idempotency_keys`)
 		require.NoError(t, err)
 	}
+}
+
+// TestLegacyScopesPiecesUnderTheOldScope: a held record stored under a
+// bare scope has the pieces of its body written and read under that
+// scope, though the site names it by its namespaced one (a replay's Ref
+// is the request's scope with the record's claim), and a piece of no
+// record is written nowhere. The twin of internal/gateway's test of the
+// same name.
+func TestLegacyScopesPiecesUnderTheOldScope(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	keys := memstore.New()
+	l := &legacyScopes{next: idempotency.MapUnit(keys, func(*memstore.Tx, idempotency.Ref) *pgstore.Batch { return nil })}
+	require.True(t, l.active(), "bare keys may remain")
+
+	// As a site before namespaces stored it: the caller's scope alone.
+	lease, _, err := keys.Claim(ctx, idempotency.ClaimRequest{Scope: "acct-1", Key: "k", TTL: time.Hour, Wait: time.Second, AtOnce: true})
+	require.NoError(t, err, "claim under the bare scope")
+	require.NotNil(t, lease, "the bare key is free")
+	require.NoError(t, lease.Commit(ctx, idempotency.Held{State: idempotency.HeldRunning, Until: time.Now().Add(time.Minute)}.Response()), "hold it")
+	namespaced := namespacedScope("shop", "acct-1")
+	ref := idempotency.Ref{Scope: namespaced, Key: "k", ClaimedAt: lease.Ref().ClaimedAt}
+
+	for n, p := range []string{"first ", "second"} {
+		written, err := l.WritePiece(ctx, ref, n, []byte(p))
+		require.NoError(t, err, "write piece %d", n)
+		require.True(t, written, "piece %d is written under the bare scope its record is stored under", n)
+	}
+	settled, err := l.Settle(ctx, ref, idempotency.Response{Status: http.StatusOK, Header: http.Header{}, Pieces: 2, Size: 12})
+	require.NoError(t, err, "settle")
+	require.True(t, settled, "settled under the bare scope")
+
+	_, rec, err := l.Claim(ctx, idempotency.ClaimRequest{Scope: namespaced, Key: "k", TTL: time.Hour, Wait: time.Second})
+	require.NoError(t, err, "claim under the namespaced scope")
+	require.NotNil(t, rec, "the bare scope's record answers")
+	require.Equal(t, 2, rec.Response.Pieces, "the record's body is in pieces")
+	replay := idempotency.Ref{Scope: namespaced, Key: "k", ClaimedAt: rec.CreatedAt}
+	for n, want := range []string{"first ", "second"} {
+		p, err := l.ReadPiece(ctx, replay, n)
+		require.NoError(t, err, "read piece %d", n)
+		require.Equal(t, want, string(p), "piece %d, read under the bare scope", n)
+	}
+	p, err := l.ReadPiece(ctx, replay, 2)
+	require.NoError(t, err, "read a piece past the last")
+	require.Nil(t, p, "no third piece")
+
+	nobody := idempotency.Ref{Scope: namespaced, Key: "other", ClaimedAt: time.Now()}
+	written, err := l.WritePiece(ctx, nobody, 0, []byte("x"))
+	require.NoError(t, err, "write a piece of no record")
+	require.False(t, written, "a piece of no record is written nowhere")
 }

@@ -72,15 +72,18 @@ func New(size int, observer Observer) (*Cache, error) {
 // Wrap puts c in front of next: replays of records c holds are answered
 // from memory, and records next commits or reads are kept. The store it
 // returns does all that next does: held records are settled and released,
-// expired records purged and keys counted by next (held records are
-// provisional, so never kept).
+// the pieces of large bodies written and read, expired records purged and
+// keys counted by next (held records are provisional, so never kept; a
+// record whose body is in pieces is kept without them, and its replay
+// reads them from next).
 func Wrap[U any](c *Cache, next idempotency.Store[U]) idempotency.Store[U] {
 	return &cached[U]{Store: next, c: c, next: next}
 }
 
 // cached is a store with the cache in front.
 type cached[U any] struct {
-	// Store, next, settles, purges and counts; Claim is the wrapper's own.
+	// Store, next, settles, writes and reads pieces, purges and counts;
+	// Claim is the wrapper's own.
 	idempotency.Store[U]
 	c    *Cache
 	next idempotency.Store[U]

@@ -26,9 +26,11 @@ func TestConformance(t *testing.T) {
 }
 
 // TestWrappersKeepTheStoresCapabilities: a store in front of another
-// settles, releases, purges and counts through it, so that no caller has
-// to reach behind the wrapper (storetest alone would skip the cases of a
-// wrapper that reported them unsupported, and pass).
+// settles, releases, writes and reads pieces, purges and counts through
+// it (a record the cache answers with keeps the count of its pieces and
+// the CreatedAt they are read under), so that no caller has to reach
+// behind the wrapper (storetest alone would skip the cases of a wrapper
+// that reported them unsupported, and pass).
 func TestWrappersKeepTheStoresCapabilities(t *testing.T) {
 	t.Parallel()
 	wrappers := []struct {
@@ -55,9 +57,21 @@ func TestWrappersKeepTheStoresCapabilities(t *testing.T) {
 			held := idempotency.Held{State: idempotency.HeldRunning, Until: time.Now().Add(time.Minute)}
 			require.NoError(t, lease.Commit(ctx, held.Response()), "hold the key")
 
-			settled, err := store.Settle(ctx, lease.Ref(), idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Body: []byte("done")})
+			written, err := store.WritePiece(ctx, lease.Ref(), 0, []byte("done"))
+			require.NoError(t, err, "write a piece through the wrapper")
+			require.True(t, written, "the held record's piece is written through the wrapper")
+			settled, err := store.Settle(ctx, lease.Ref(), idempotency.Response{Status: http.StatusCreated, Header: http.Header{}, Pieces: 1, Size: 4})
 			require.NoError(t, err, "settle through the wrapper")
 			require.True(t, settled, "the held record is settled through the wrapper")
+			for _, replay := range []string{"first replay", "second replay"} {
+				_, rec, err := store.Claim(ctx, req)
+				require.NoError(t, err, "%s: claim", replay)
+				require.NotNil(t, rec, "%s: the settled record", replay)
+				require.Equal(t, 1, rec.Response.Pieces, "%s: its body is in a piece", replay)
+				p, err := store.ReadPiece(ctx, idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: rec.CreatedAt}, 0)
+				require.NoError(t, err, "%s: read the piece through the wrapper", replay)
+				require.Equal(t, "done", string(p), "%s: the piece, from the store behind", replay)
+			}
 			released, err := store.Release(ctx, idempotency.Ref{Scope: "s", Key: "other", ClaimedAt: time.Now()})
 			require.NoError(t, err, "release through the wrapper")
 			require.False(t, released, "no such claim")

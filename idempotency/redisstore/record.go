@@ -18,19 +18,29 @@ import (
 //	status      2 bytes, big endian
 //	created_at  8 bytes, Unix nanoseconds, big endian
 //	expires_at  8 bytes, Unix nanoseconds, big endian
+//	pieces      uvarint, Response.Pieces: 0 for a body kept here
+//	size        uvarint, Response.Size, with pieces > 0 only
 //	headers     uvarint count, then count × (uvarint len, name, uvarint len, value)
-//	body        exact bytes
+//	body        exact bytes (none when pieces > 0)
 //	tag         32 bytes, HMAC-SHA256 of the Redis key and all of the above (seal.go)
 //
+// A body too large to keep in its record is stored in pieces by the
+// durable store, never in Redis: the cached record says how many there are
+// and how long they are in all, and a replay reads them from the durable
+// store (fastPath.ReadPiece) under the record's CreatedAt, which is why
+// that is kept to the nanosecond.
+//
 // The format byte changes with the layout; a record in any other format is
-// treated as absent and replaced by the next read-through.
-const recordFormat byte = 3
+// treated as absent and replaced by the next read-through. (Format 4 added
+// pieces and size: a format 3 record read as 4 would lose them, and a
+// replay of a large answer would be empty.)
+const recordFormat byte = 4
 
 // errRecordFormat is a cached value this replica cannot read.
 var errRecordFormat = errors.New("redisstore: cached record in an unknown format")
 
 func encodeRecord(rec *idempotency.Record) []byte {
-	n := 1 + len(rec.Fingerprint) + 2 + 8 + 8 + binary.MaxVarintLen64 + len(rec.Response.Body) + macSize
+	n := 1 + len(rec.Fingerprint) + 2 + 8 + 8 + 3*binary.MaxVarintLen64 + len(rec.Response.Body) + macSize
 	pairs := 0
 	for name, values := range rec.Response.Header {
 		for _, v := range values {
@@ -44,6 +54,11 @@ func encodeRecord(rec *idempotency.Record) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(rec.Response.Status))
 	b = binary.BigEndian.AppendUint64(b, uint64(rec.CreatedAt.UnixNano()))
 	b = binary.BigEndian.AppendUint64(b, uint64(rec.ExpiresAt.UnixNano()))
+	pieces := max(rec.Response.Pieces, 0)
+	b = binary.AppendUvarint(b, uint64(pieces))
+	if pieces > 0 {
+		b = binary.AppendUvarint(b, uint64(rec.Response.Size))
+	}
 	b = binary.AppendUvarint(b, uint64(pairs))
 	for name, values := range rec.Response.Header {
 		for _, v := range values {
@@ -73,6 +88,17 @@ func decodeRecord(raw []byte) (*idempotency.Record, error) {
 	rec.CreatedAt = time.Unix(0, int64(binary.BigEndian.Uint64(p[2:]))).UTC()
 	rec.ExpiresAt = time.Unix(0, int64(binary.BigEndian.Uint64(p[10:]))).UTC()
 	p = p[18:]
+	pieces, p, err := readUvarint(p)
+	if err != nil {
+		return nil, err
+	}
+	if pieces > 0 {
+		var size uint64
+		if size, p, err = readUvarint(p); err != nil {
+			return nil, err
+		}
+		rec.Response.Pieces, rec.Response.Size = int(pieces), int64(size)
+	}
 	pairs, p, err := readUvarint(p)
 	if err != nil {
 		return nil, err

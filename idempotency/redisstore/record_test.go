@@ -39,6 +39,23 @@ func TestRecordEncoding(t *testing.T) {
 			},
 		},
 		{
+			name: "body in pieces, kept by the durable store",
+			rec: idempotency.Record{
+				Fingerprint: sha256.Sum256([]byte("GET /export")),
+				Response: idempotency.Response{Status: http.StatusOK, Body: []byte{}, Pieces: 200, Size: 50<<20 + 7, Header: http.Header{
+					"Content-Type": {"application/octet-stream"},
+				}},
+				CreatedAt: created, ExpiresAt: created.Add(24 * time.Hour),
+			},
+		},
+		{
+			name: "one piece of one byte, no headers",
+			rec: idempotency.Record{
+				Response:  idempotency.Response{Status: http.StatusCreated, Body: []byte{}, Pieces: 1, Size: 1, Header: http.Header{}},
+				CreatedAt: created, ExpiresAt: created.Add(time.Hour),
+			},
+		},
+		{
 			name: "no headers, binary body",
 			rec: idempotency.Record{
 				Response:  idempotency.Response{Status: http.StatusConflict, Body: []byte{0, 1, 2, 0xff}, Header: http.Header{}},

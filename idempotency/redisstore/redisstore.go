@@ -331,20 +331,39 @@ func (s *FastPath) KeyNames(scope, key string) (record, marker string) {
 }
 
 // Wrap puts the fast path in front of next. The store it returns does all
-// that next does: held records are settled and released, expired records
-// purged and keys counted by next. Held records are never cached, so
-// settling one changes nothing on Redis: the settled record is cached when
-// it is first read.
+// that next does: held records are settled and released, the pieces of
+// large bodies written and read, expired records purged and keys counted
+// by next. Held records are never cached, so settling one changes nothing
+// on Redis: the settled record is cached when it is first read, and a
+// record whose body is in pieces is cached without them (Redis never holds
+// pieces), its replay reading them from next.
 func Wrap[U any](s *FastPath, next idempotency.Store[U]) idempotency.Store[U] {
 	return &fastPath[U]{Store: next, s: s, next: next}
 }
 
 // fastPath is the durable store next behind the fast path s.
 type fastPath[U any] struct {
-	// Store, next, settles, purges and counts; Claim is the wrapper's own.
+	// Store, next, settles, purges and counts (pieces are the methods
+	// below, which say why); Claim is the wrapper's own.
 	idempotency.Store[U]
 	s    *FastPath
 	next idempotency.Store[U]
+}
+
+// WritePiece implements idempotency.Store: pieces are written to the
+// durable store alone. Redis never holds them: a piece is large by
+// definition, and Redis's memory is for the small records that answer
+// storms of retries.
+func (f *fastPath[U]) WritePiece(ctx context.Context, ref idempotency.Ref, n int, p []byte) (bool, error) {
+	return f.next.WritePiece(ctx, ref, n, p)
+}
+
+// ReadPiece implements idempotency.Store: a piece is read from the durable
+// store, where it is kept, even for a record replayed from Redis (which
+// carries the count and size of its pieces, and the CreatedAt that names
+// their claim).
+func (f *fastPath[U]) ReadPiece(ctx context.Context, ref idempotency.Ref, n int) ([]byte, error) {
+	return f.next.ReadPiece(ctx, ref, n)
 }
 
 // Claim implements idempotency.Store.

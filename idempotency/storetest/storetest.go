@@ -8,9 +8,9 @@
 // may share one database with other tests.
 //
 // A store needs no more than idempotency.Store asks: Claim, and a lease's
-// Unit, Ref, Commit and Rollback. Settle, Release, PurgeExpired and KeyStats
-// may report errors.ErrUnsupported, and the cases that need them are then
-// skipped. ClaimRequest.AtOnce and TakenError serve stores that make a
+// Unit, Ref, Commit and Rollback. Settle, Release, WritePiece,
+// PurgeExpired and KeyStats may report errors.ErrUnsupported, and the
+// cases that need them are then skipped. ClaimRequest.AtOnce and TakenError serve stores that make a
 // claim at its commit; another store ignores the one and returns the other
 // never. Oncekey's repository holds such a minimal store, over a map, that
 // passes this suite (idempotency/integration/customstore).
@@ -97,6 +97,7 @@ func Run[U any](t *testing.T, h Harness[U]) {
 		{"ClaimAtCommit", testClaimAtCommit[U], true},
 		{"ReplaceProvisional", testReplaceProvisional[U], h.Replace != nil},
 		{"SettleHeld", testSettleHeld[U], true},
+		{"Pieces", testPieces[U], true},
 	}
 	for _, tc := range cases {
 		if !tc.needs {
@@ -671,6 +672,220 @@ func testSettleHeld[U any](t *testing.T, b *bundle[U]) {
 	rec = claimRecord(t, ctx, store, short)
 	_, ok = idempotency.ParseHeld(rec.Response, time.Time{})
 	require.True(t, ok, "the key's new held record stays")
+}
+
+// 14. The body of a held operation's answer too large to keep in its
+// record is stored in pieces under the record's claim: each written
+// durably and kept as the store's own copy, a piece written again
+// replacing itself, none written to a record gone or not held; the
+// record settled with their count and size, read back by a replay under
+// the claim its CreatedAt names; the pieces beyond the count a record is
+// settled with, and all of a released or purged record's, gone; and none
+// of them readable under a later claim of the key.
+//
+// A store that keeps no pieces says so: WritePiece reports
+// errors.ErrUnsupported, ReadPiece finds nothing (or reports it too), and
+// the case is skipped. A store that keeps no held records keeps no pieces.
+func testPieces[U any](t *testing.T, b *bundle[U]) {
+	store, scope := b.open(t)
+	ctx := b.ctx
+	nobody := idempotency.Ref{Scope: scope, Key: newKey(), ClaimedAt: time.Now()}
+	written, err := store.WritePiece(ctx, nobody, 0, []byte("nobody's"))
+	if errors.Is(err, errors.ErrUnsupported) {
+		p, err := store.ReadPiece(ctx, nobody, 0)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			require.NoError(t, err, "read a piece from a store that keeps none")
+		}
+		require.Nil(t, p, "a store that keeps no pieces has none to read")
+		t.Skip("the store keeps no pieces")
+	}
+	require.NoError(t, err, "write a piece of no record")
+	require.False(t, written, "a piece of no record is written nowhere")
+	if _, err := store.Release(ctx, nobody); errors.Is(err, errors.ErrUnsupported) {
+		require.Fail(t, "a store that keeps no held records must report WritePiece unsupported: pieces are of held records' bodies")
+	}
+
+	// hold commits a held record for req and returns its claim.
+	hold := func(t *testing.T, req idempotency.ClaimRequest) idempotency.Ref {
+		t.Helper()
+		lease := claimLease(t, ctx, store, req)
+		ref := lease.Ref()
+		running := idempotency.Held{State: idempotency.HeldRunning, Until: time.Now().Add(time.Minute)}
+		require.NoError(t, lease.Commit(ctx, running.Response()), "commit the held record")
+		return ref
+	}
+	// write writes the pieces under ref as pieces from, from+1, ...,
+	// requiring each to be written.
+	write := func(t *testing.T, ref idempotency.Ref, from int, pieces ...string) {
+		t.Helper()
+		for i, p := range pieces {
+			written, err := store.WritePiece(ctx, ref, from+i, []byte(p))
+			require.NoError(t, err, "write piece %d", from+i)
+			require.True(t, written, "piece %d of a held record is written", from+i)
+		}
+	}
+	// want requires the pieces read under ref to be want, each, and the
+	// next one to be absent; a nil want is a piece absent.
+	want := func(t *testing.T, ref idempotency.Ref, want []*string, why string) {
+		t.Helper()
+		for n, w := range append(want, nil) {
+			p, err := store.ReadPiece(ctx, ref, n)
+			require.NoError(t, err, "read piece %d: %s", n, why)
+			if w == nil {
+				require.Nil(t, p, "piece %d is absent: %s", n, why)
+				continue
+			}
+			require.Equal(t, *w, string(p), "piece %d: %s", n, why)
+		}
+	}
+	some := func(pieces ...string) []*string {
+		out := make([]*string, len(pieces))
+		for i := range pieces {
+			out[i] = &pieces[i]
+		}
+		return out
+	}
+	// expiringTTL is the TTL of a record that is to expire: long enough
+	// that its pieces are written before it has (a store may take an
+	// expired record for gone), short enough not to be waited for long.
+	const expiringTTL = time.Second
+	settle := func(t *testing.T, ref idempotency.Ref, pieces int, size int64) {
+		t.Helper()
+		settled, err := store.Settle(ctx, ref, idempotency.Response{
+			Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Pieces: pieces, Size: size,
+		})
+		require.NoError(t, err, "settle with %d pieces", pieces)
+		require.True(t, settled, "the held record was there to settle")
+	}
+
+	t.Run("written, replaced and replayed", func(t *testing.T) {
+		t.Parallel()
+		req := claimRequest(scope, newKey(), fingerprint("GET /export a"))
+		ref := hold(t, req)
+		want(t, ref, nil, "nothing written yet")
+
+		first := []byte("first piece ")
+		written, err := store.WritePiece(ctx, ref, 0, first)
+		require.NoError(t, err, "write piece 0")
+		require.True(t, written, "piece 0 of a held record is written")
+		first[0] = 'X' // the store keeps its own copy: the writer may reuse its buffer
+		write(t, ref, 1, "second, soon replaced ", "third")
+		want(t, ref, some("first piece ", "second, soon replaced ", "third"), "the held record's pieces, as written")
+		write(t, ref, 1, "second piece ")
+		want(t, ref, some("first piece ", "second piece ", "third"), "a piece written again replaces itself")
+
+		read, err := store.ReadPiece(ctx, ref, 0)
+		require.NoError(t, err, "read piece 0")
+		read[0] = 'X' // every read is the caller's own copy
+		want(t, ref, some("first piece ", "second piece ", "third"), "after a read piece was changed")
+
+		const size = int64(len("first piece second piece third"))
+		settle(t, ref, 3, size)
+		// Twice: the second may be answered by a cache in front of the
+		// store, which must keep the count and size, and the CreatedAt by
+		// which a replay names the claim the pieces are under.
+		for _, replay := range []string{"first replay", "second replay"} {
+			rec := claimRecord(t, ctx, store, req)
+			require.Equal(t, http.StatusOK, rec.Response.Status, "%s: status", replay)
+			require.Equal(t, 3, rec.Response.Pieces, "%s: the record's body is in 3 pieces", replay)
+			require.Equal(t, size, rec.Response.Size, "%s: the pieces' size in all", replay)
+			require.Empty(t, rec.Response.Body, "%s: a body in pieces is not in the record", replay)
+			require.Equal(t, "application/octet-stream", rec.Response.Header.Get("Content-Type"), "%s: header", replay)
+			require.True(t, rec.CreatedAt.Equal(ref.ClaimedAt), "%s: CreatedAt %s names the claim %s", replay, rec.CreatedAt, ref.ClaimedAt)
+			want(t, idempotency.Ref{Scope: scope, Key: req.Key, ClaimedAt: rec.CreatedAt}, some("first piece ", "second piece ", "third"),
+				replay+": read under the claim the record's CreatedAt names")
+		}
+
+		written, err = store.WritePiece(ctx, ref, 0, []byte("late"))
+		require.NoError(t, err, "write a piece of a settled record")
+		require.False(t, written, "no piece is written to a record no longer held")
+		written, err = store.WritePiece(ctx, ref, 3, []byte("late"))
+		require.NoError(t, err, "write a piece past the last of a settled record")
+		require.False(t, written, "no piece is written to a record no longer held")
+		want(t, ref, some("first piece ", "second piece ", "third"), "after writes to the settled record")
+	})
+
+	t.Run("settled with fewer pieces", func(t *testing.T) {
+		t.Parallel()
+		for _, kept := range []int{2, 0} {
+			ref := hold(t, claimRequest(scope, newKey(), fingerprint("GET /export b")))
+			write(t, ref, 0, "a", "b", "c")
+			settle(t, ref, kept, int64(kept))
+			want(t, ref, some("a", "b", "c")[:kept], "a record settled with fewer pieces than were written loses the rest")
+		}
+	})
+
+	t.Run("released", func(t *testing.T) {
+		t.Parallel()
+		ref := hold(t, claimRequest(scope, newKey(), fingerprint("GET /export c")))
+		write(t, ref, 0, "a", "b")
+		released, err := store.Release(ctx, ref)
+		require.NoError(t, err, "release")
+		require.True(t, released, "the held record was there to release")
+		want(t, ref, nil, "a released record's pieces go with it")
+		written, err := store.WritePiece(ctx, ref, 2, []byte("late"))
+		require.NoError(t, err, "write a piece of a released record")
+		require.False(t, written, "no piece is written to a record gone")
+		want(t, ref, nil, "after a write to the released record")
+	})
+
+	t.Run("not held", func(t *testing.T) {
+		t.Parallel()
+		req := claimRequest(scope, newKey(), fingerprint("POST /widgets d"))
+		lease := claimLease(t, ctx, store, req)
+		ref := lease.Ref()
+		commitResponse(t, ctx, lease, "an outcome\n")
+		written, err := store.WritePiece(ctx, ref, 0, []byte("x"))
+		require.NoError(t, err, "write a piece of a completed record")
+		require.False(t, written, "no piece is written to a record that holds an outcome")
+		want(t, ref, nil, "a record that holds an outcome")
+
+		ref = hold(t, claimRequest(scope, newKey(), fingerprint("GET /export d")))
+		other := ref
+		other.ClaimedAt = ref.ClaimedAt.Add(time.Millisecond)
+		written, err = store.WritePiece(ctx, other, 0, []byte("x"))
+		require.NoError(t, err, "write a piece under another claim")
+		require.False(t, written, "a piece is written under its record's own claim only")
+		want(t, ref, nil, "after a write under another claim")
+		want(t, nobody, nil, "no record at all")
+	})
+
+	t.Run("key claimed again after expiry", func(t *testing.T) {
+		t.Parallel()
+		short := claimRequest(scope, newKey(), fingerprint("GET /export e"))
+		short.TTL = expiringTTL
+		old := hold(t, short)
+		write(t, old, 0, "old a", "old b")
+		awaitExpiry(t, ctx, store, scope, short.TTL)
+		short.TTL = time.Hour
+		ref := hold(t, short)
+		want(t, ref, nil, "the old claim's pieces are not the new claim's")
+		written, err := store.WritePiece(ctx, old, 2, []byte("late"))
+		require.NoError(t, err, "write a piece under the old claim")
+		require.False(t, written, "the old claim's record is gone")
+		write(t, ref, 0, "new a")
+		want(t, ref, some("new a"), "the new claim's own piece")
+		want(t, old, nil, "nothing under the old claim")
+	})
+
+	// Not in parallel with the others: the parallel ones run once it has
+	// purged, so that its purge does not take the expired record of "key
+	// claimed again after expiry" (whose pieces must not reach the new
+	// claim) before that case claims its key again.
+	t.Run("purged", func(t *testing.T) {
+		if _, err := store.PurgeExpired(ctx, 1); errors.Is(err, errors.ErrUnsupported) {
+			t.Skip("the store's records expire by themselves")
+		}
+		short := claimRequest(scope, newKey(), fingerprint("GET /export f"))
+		short.TTL = expiringTTL
+		ref := hold(t, short)
+		write(t, ref, 0, "a", "b")
+		settle(t, ref, 2, 2)
+		awaitExpiry(t, ctx, store, scope, short.TTL)
+		_, err := store.PurgeExpired(ctx, 100)
+		require.NoError(t, err, "purge")
+		want(t, ref, nil, "a purged record's pieces go with it")
+	})
 }
 
 // claimNow claims req at once (AtOnce), as every store claims in Claim

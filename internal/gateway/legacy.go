@@ -129,6 +129,31 @@ func (l *LegacyScopes[U]) Release(ctx context.Context, ref idempotency.Ref) (boo
 	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.Release(ctx, ref) })
 }
 
+// WritePiece implements idempotency.Store, as Settle: the pieces of a
+// held record's body are written under the scope it is stored under.
+func (l *LegacyScopes[U]) WritePiece(ctx context.Context, ref idempotency.Ref, n int, p []byte) (bool, error) {
+	return l.settle(ctx, ref, func(ref idempotency.Ref) (bool, error) { return l.next.WritePiece(ctx, ref, n, p) })
+}
+
+// ReadPiece implements idempotency.Store: a replay names its record by
+// the request's scope and the record's claim, and a record found under an
+// old scope (Claim) keeps its pieces there, so while keys of old scopes
+// remain a piece not found under ref's scope is looked for under them.
+func (l *LegacyScopes[U]) ReadPiece(ctx context.Context, ref idempotency.Ref, n int) ([]byte, error) {
+	p, err := l.next.ReadPiece(ctx, ref, n)
+	if p != nil || err != nil || !l.Active() {
+		return p, err
+	}
+	for _, scope := range l.olds(ctx, ref.Scope) {
+		old := ref
+		old.Scope = scope
+		if p, err := l.next.ReadPiece(ctx, old, n); p != nil || err != nil {
+			return p, err
+		}
+	}
+	return nil, nil
+}
+
 func (l *LegacyScopes[U]) settle(ctx context.Context, ref idempotency.Ref, settle func(idempotency.Ref) (bool, error)) (bool, error) {
 	done, err := settle(ref)
 	if done || err != nil || !l.Active() {

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/idempotency"
+	"github.com/oncekey/oncekey/idempotency/memstore"
 	"github.com/oncekey/oncekey/idempotency/pgstore"
 	"github.com/oncekey/oncekey/internal/gateway"
 	"github.com/oncekey/oncekey/internal/testsupport/testdb"
@@ -123,4 +125,54 @@ func TestLegacyUnknownKeyRetried(t *testing.T) {
 	var scope []byte
 	require.NoError(t, pool.QueryRow(ctx, `SELECT scope FROM idempotency_keys`).Scan(&scope))
 	require.Equal(t, gateway.NamespacedScope(gateway.DefaultNamespace(up), "acme"), string(scope), "the key is the namespace's now")
+}
+
+// TestLegacyScopesPiecesUnderTheOldScope: a held record stored under a
+// bare scope has the pieces of its body written and read under that
+// scope, though the gateway names it by its namespaced one (a replay's
+// Ref is the request's scope with the record's claim), and a piece of no
+// record is written nowhere.
+func TestLegacyScopesPiecesUnderTheOldScope(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	keys := memstore.New()
+	legacy := gateway.NewLegacyScopes[*memstore.Tx](keys, func(context.Context) (bool, error) { return true, nil })
+	require.NoError(t, legacy.Check(ctx))
+	require.True(t, legacy.Active(), "a bare key remains")
+
+	// As a gateway before namespaces stored it: the caller's scope alone.
+	lease, _, err := keys.Claim(ctx, idempotency.ClaimRequest{Scope: "acme", Key: "k", TTL: time.Hour, Wait: time.Second, AtOnce: true})
+	require.NoError(t, err, "claim under the bare scope")
+	require.NotNil(t, lease, "the bare key is free")
+	require.NoError(t, lease.Commit(ctx, idempotency.Held{State: idempotency.HeldRunning, Until: time.Now().Add(time.Minute)}.Response()), "hold it")
+	namespaced := gateway.NamespacedScope("http://a:80", "acme")
+	ref := idempotency.Ref{Scope: namespaced, Key: "k", ClaimedAt: lease.Ref().ClaimedAt}
+
+	for n, p := range []string{"first ", "second"} {
+		written, err := legacy.WritePiece(ctx, ref, n, []byte(p))
+		require.NoError(t, err, "write piece %d", n)
+		require.True(t, written, "piece %d is written under the bare scope its record is stored under", n)
+	}
+	settled, err := legacy.Settle(ctx, ref, idempotency.Response{Status: http.StatusOK, Header: http.Header{}, Pieces: 2, Size: 12})
+	require.NoError(t, err, "settle")
+	require.True(t, settled, "settled under the bare scope")
+
+	_, rec, err := legacy.Claim(ctx, idempotency.ClaimRequest{Scope: namespaced, Key: "k", TTL: time.Hour, Wait: time.Second})
+	require.NoError(t, err, "claim under the namespaced scope")
+	require.NotNil(t, rec, "the bare scope's record answers")
+	require.Equal(t, 2, rec.Response.Pieces, "the record's body is in pieces")
+	replay := idempotency.Ref{Scope: namespaced, Key: "k", ClaimedAt: rec.CreatedAt}
+	for n, want := range []string{"first ", "second"} {
+		p, err := legacy.ReadPiece(ctx, replay, n)
+		require.NoError(t, err, "read piece %d", n)
+		require.Equal(t, want, string(p), "piece %d, read under the bare scope", n)
+	}
+	p, err := legacy.ReadPiece(ctx, replay, 2)
+	require.NoError(t, err, "read a piece past the last")
+	require.Nil(t, p, "no third piece")
+
+	nobody := idempotency.Ref{Scope: namespaced, Key: "other", ClaimedAt: time.Now()}
+	written, err := legacy.WritePiece(ctx, nobody, 0, []byte("x"))
+	require.NoError(t, err, "write a piece of no record")
+	require.False(t, written, "a piece of no record is written nowhere")
 }

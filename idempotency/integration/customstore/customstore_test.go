@@ -3,9 +3,10 @@
 // storetest's Harness), over a map: the proof that the store contract is as
 // small as the docs say. It implements Claim, and a lease's Unit, Ref,
 // Commit and Rollback; it says that it does nothing else (it keeps no held
-// records, its map is never purged, its keys are not counted) by returning
-// errors.ErrUnsupported from Settle, Release, PurgeExpired and KeyStats;
-// and it passes storetest.
+// records, nor pieces of their bodies, its map is never purged, its keys
+// are not counted) by returning errors.ErrUnsupported from Settle,
+// Release, WritePiece, PurgeExpired and KeyStats, and has no piece to
+// read; and it passes storetest.
 package customstore_test
 
 import (
@@ -45,6 +46,19 @@ func (s *mapStore) Settle(context.Context, idempotency.Ref, idempotency.Response
 // Release is unsupported, as Settle is.
 func (s *mapStore) Release(context.Context, idempotency.Ref) (bool, error) {
 	return false, errors.ErrUnsupported
+}
+
+// WritePiece is unsupported: pieces are of held records' bodies, and
+// mapStore keeps no held records (large answers of held operations then
+// pass through unstored).
+func (s *mapStore) WritePiece(context.Context, idempotency.Ref, int, []byte) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+// ReadPiece finds no piece: no record of mapStore's has its body in
+// pieces, since none is ever written.
+func (s *mapStore) ReadPiece(context.Context, idempotency.Ref, int) ([]byte, error) {
+	return nil, nil
 }
 
 // PurgeExpired is unsupported: an expired entry is replaced when its key

@@ -48,6 +48,18 @@ func (keepNothing) Release(context.Context, idempotency.Ref) (bool, error) {
 	return false, errors.ErrUnsupported
 }
 
+// WritePiece and ReadPiece implement idempotency.Store: a store that
+// keeps no records keeps no pieces of their bodies either, and a caller
+// that asks it for one is told so rather than given a piece that looks
+// lost.
+func (keepNothing) WritePiece(context.Context, idempotency.Ref, int, []byte) (bool, error) {
+	return false, errors.ErrUnsupported
+}
+
+func (keepNothing) ReadPiece(context.Context, idempotency.Ref, int) ([]byte, error) {
+	return nil, errors.ErrUnsupported
+}
+
 func (keepNothing) PurgeExpired(context.Context, int) (int64, error) { return 0, errors.ErrUnsupported }
 
 func (keepNothing) KeyStats(context.Context) (idempotency.Stats, error) {
