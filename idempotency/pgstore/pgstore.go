@@ -31,7 +31,11 @@
 // their record (the table's name and "_pieces", see Store.WritePiece),
 // which a settle, a release and PurgeExpired keep in step with the
 // records; no trigger or foreign key ties them, so a claim reads and
-// writes the key table alone.
+// writes the key table alone. A record whose body is in pieces is stored
+// as a held record that ran and was not stored, its real status in it, so
+// that a release that knows no pieces, rolled back onto the table,
+// answers its key with ErrNotStored's 409 rather than replay an empty
+// body; this one reads it as its real status.
 package pgstore
 
 import (

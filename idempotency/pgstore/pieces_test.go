@@ -185,6 +185,18 @@ func TestPieces(t *testing.T) {
 				require.True(t, ok, "a previous release reads a record in pieces as held: status %d, body %s", status, body)
 				require.Equal(t, idempotency.HeldNotStored, held.State, "a previous release reads it as not stored: %s", body)
 				require.Contains(t, held.Reason, "stored in pieces, which this release cannot replay", "why, for the people who read the 409")
+
+				// A previous release's operator resolves it as it would
+				// any response not stored, knowing no pieces: it is the
+				// response in its record from then on, its count stale.
+				_, err = pool.Exec(ctx, "UPDATE "+table+" SET response_status = 200, response_body = 'resolved' WHERE idempotency_key = $1", req.Key)
+				require.NoError(t, err, "resolve as a previous release")
+				_, rec, err = store.Claim(ctx, req)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, rec.Response.Status, "the status resolved")
+				require.Equal(t, "resolved", string(rec.Response.Body), "the body resolved, in the record")
+				require.Zero(t, rec.Response.Pieces, "no pieces: the count is stale")
+				require.Equal(t, []any{nil}, readPieces(t, store, ref, 1), "no piece of a record resolved in its record")
 			})
 
 			t.Run("settle with fewer pieces", func(t *testing.T) {
