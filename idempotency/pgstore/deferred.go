@@ -277,11 +277,11 @@ func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) e
 	if err := inRecord(resp); err != nil {
 		return err
 	}
-	headers, body, err := encodeResponse(resp)
+	status, headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return err
 	}
-	l.status, l.headers, l.body = int32(resp.Status), headers, body
+	l.status, l.headers, l.body = status, headers, body
 	return l.s.commits.commit(ctx, l)
 }
 

@@ -31,12 +31,15 @@
 // their record (the table's name and "_pieces", see Store.WritePiece),
 // which a settle, a release and PurgeExpired keep in step with the
 // records; no trigger or foreign key ties them, so a claim reads and
-// writes the key table alone.
+// writes the key table alone. A record whose body is in pieces is stored
+// as a held record that ran and was not stored, its real status in it, so
+// that a release that knows no pieces, rolled back onto the table,
+// answers its key with ErrNotStored's 409 rather than replay an empty
+// body; this one reads it as its real status.
 package pgstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -505,14 +508,14 @@ func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref
 	if err := inRecord(resp); err != nil {
 		return err
 	}
-	headers, body, err := encodeResponse(resp)
+	status, headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return err
 	}
 	n, err := s.queries(db).IdempotencyKeyComplete(ctx, keydb.IdempotencyKeyCompleteParams{
 		Scope:           s.scope.arg(ref.Scope),
 		IdempotencyKey:  ref.Key,
-		ResponseStatus:  pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseStatus:  pgtype.Int4{Int32: status, Valid: true},
 		ResponseHeaders: headers,
 		ResponseBody:    body,
 	})
@@ -540,48 +543,6 @@ func inRecord(resp idempotency.Response) error {
 	return nil
 }
 
-// encodeResponse returns a response's headers and body as the key row
-// stores them.
-func encodeResponse(resp idempotency.Response) (headers, body []byte, err error) {
-	headers, err = json.Marshal(resp.Header)
-	if err != nil {
-		return nil, nil, fmt.Errorf("encode headers: %w", err)
-	}
-	body = resp.Body
-	if body == nil {
-		// pgx sends a nil []byte as NULL, which the completed-row CHECK
-		// rejects; a response without a body (204, or a handler that wrote
-		// nothing) is stored as empty bytes.
-		body = []byte{}
-	}
-	return headers, body, nil
-}
-
-// newRecord builds a completed record from its stored columns, read at
-// readAt by the database's clock (a held record's lease is on it). A body
-// in pieces has its count and size (NULL for a body kept in the record).
-func newRecord(fingerprint []byte, status pgtype.Int4, headers, body []byte, pieces pgtype.Int4, size pgtype.Int8, createdAt, expiresAt, readAt time.Time) (*idempotency.Record, error) {
-	rec := &idempotency.Record{
-		Response:  idempotency.Response{Status: int(status.Int32), Body: body, Header: http.Header{}},
-		CreatedAt: createdAt,
-		ExpiresAt: expiresAt,
-		ReadAt:    readAt,
-	}
-	if len(fingerprint) != len(rec.Fingerprint) {
-		return nil, fmt.Errorf("stored fingerprint has %d bytes", len(fingerprint))
-	}
-	copy(rec.Fingerprint[:], fingerprint)
-	if pieces.Valid && pieces.Int32 > 0 {
-		rec.Response.Pieces, rec.Response.Size = int(pieces.Int32), size.Int64
-	}
-	if len(headers) > 0 {
-		if err := json.Unmarshal(headers, &rec.Response.Header); err != nil {
-			return nil, fmt.Errorf("decode stored headers: %w", err)
-		}
-	}
-	return rec, nil
-}
-
 // ReplaceProvisional replaces the provisional response (a long operation's
 // 202) stored under ref's claim with final, in tx: the caller's own final
 // writes and the response its key replays from then on commit together.
@@ -602,18 +563,15 @@ func (s *Store) Settle(ctx context.Context, ref idempotency.Ref, resp idempotenc
 // pieces written beyond that count (all of them, for a body kept in the
 // record) go in the same statement.
 func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, from int, resp idempotency.Response) (bool, error) {
-	headers, body, err := encodeResponse(resp)
+	status, headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return false, err
-	}
-	if resp.Pieces > math.MaxInt32 {
-		return false, fmt.Errorf("pgstore: a body in %d pieces, more than the key table counts", resp.Pieces)
 	}
 	n, err := s.queries(db).IdempotencyKeyReplaceProvisional(ctx, keydb.IdempotencyKeyReplaceProvisionalParams{
 		Scope:             s.scope.arg(ref.Scope),
 		IdempotencyKey:    ref.Key,
 		KeyCreatedAt:      ref.ClaimedAt,
-		ResponseStatus:    pgtype.Int4{Int32: int32(resp.Status), Valid: true},
+		ResponseStatus:    pgtype.Int4{Int32: status, Valid: true},
 		ResponseHeaders:   headers,
 		ResponseBody:      body,
 		ResponsePieces:    int32(max(resp.Pieces, 0)),
@@ -785,6 +743,7 @@ func init() {
 	access.Release = func(ctx context.Context, s any, db keydb.DBTX, ref idempotency.Ref) (bool, error) {
 		return s.(*Store).release(ctx, db, ref)
 	}
+	access.Response = decodeResponse
 	access.Partitions = func(ctx context.Context, s any) ([]access.Queries, error) {
 		store := s.(*Store)
 		parts, err := store.partitions(ctx, store.pool)

@@ -141,13 +141,15 @@ func TestPieces(t *testing.T) {
 				req := pieceRequest(pieceScope(opts.Scope))
 				ref := holdKey(t, store, req)
 				writePieces(t, store, ref, "ab", "cd", "e")
-				final := idempotency.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Pieces: 3, Size: 5}
+				final := idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Pieces: 3, Size: 5}
 				settled, err := store.Settle(ctx, ref, final)
 				require.NoError(t, err)
 				require.True(t, settled)
 				_, rec, err := store.Claim(ctx, req)
 				require.NoError(t, err)
 				require.NotNil(t, rec, "the settled record")
+				require.Equal(t, http.StatusCreated, rec.Response.Status, "the real status replayed, not the held one it is stored with")
+				require.Equal(t, final.Header, rec.Response.Header, "headers replayed")
 				require.Equal(t, 3, rec.Response.Pieces, "pieces replayed")
 				require.Equal(t, int64(5), rec.Response.Size, "size replayed")
 				require.Empty(t, rec.Response.Body)
@@ -156,6 +158,45 @@ func TestPieces(t *testing.T) {
 				require.NoError(t, err)
 				require.False(t, ok, "no piece once the record is settled")
 				require.Len(t, storedPieces(t, pool, table, ref.Key), 3, "nothing written once settled")
+
+				// Settled, it is no held record any more, though it is
+				// stored with the held status (see the rollback below).
+				settled, err = store.Settle(ctx, ref, idempotency.Response{Status: http.StatusOK, Header: http.Header{}, Body: []byte("again")})
+				require.NoError(t, err)
+				require.False(t, settled, "a record settled with its pieces is not settled again")
+				released, err := store.Release(ctx, ref)
+				require.NoError(t, err)
+				require.False(t, released, "a record settled with its pieces is not released")
+				_, err = pool.Exec(ctx, "INSERT INTO "+table+"_pieces SELECT scope, idempotency_key, key_created_at, 3, 'stray' FROM "+table+"_pieces WHERE idempotency_key = $1 AND n = 0", ref.Key)
+				require.NoError(t, err, "a stray piece beyond the count")
+				require.Equal(t, []any{"ab", "cd", "e", nil}, readPieces(t, store, ref, 4), "the pieces of a settled record, none beyond its count")
+				_, rec, err = store.Claim(ctx, req)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusCreated, rec.Response.Status, "the record as it was settled")
+
+				// The rollback: a release that knows no pieces reads the
+				// row's status and body as a record, and must find that
+				// the operation ran and its response was not stored (its
+				// 409), never an empty 201 to replay.
+				var status int
+				var body []byte
+				require.NoError(t, pool.QueryRow(ctx, "SELECT response_status, response_body FROM "+table+" WHERE idempotency_key = $1", req.Key).Scan(&status, &body))
+				held, ok := idempotency.ParseHeld(idempotency.Response{Status: status, Body: body}, time.Time{})
+				require.True(t, ok, "a previous release reads a record in pieces as held: status %d, body %s", status, body)
+				require.Equal(t, idempotency.HeldNotStored, held.State, "a previous release reads it as not stored: %s", body)
+				require.Contains(t, held.Reason, "stored in pieces, which this release cannot replay", "why, for the people who read the 409")
+
+				// A previous release's operator resolves it as it would
+				// any response not stored, knowing no pieces: it is the
+				// response in its record from then on, its count stale.
+				_, err = pool.Exec(ctx, "UPDATE "+table+" SET response_status = 200, response_body = 'resolved' WHERE idempotency_key = $1", req.Key)
+				require.NoError(t, err, "resolve as a previous release")
+				_, rec, err = store.Claim(ctx, req)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, rec.Response.Status, "the status resolved")
+				require.Equal(t, "resolved", string(rec.Response.Body), "the body resolved, in the record")
+				require.Zero(t, rec.Response.Pieces, "no pieces: the count is stale")
+				require.Equal(t, []any{nil}, readPieces(t, store, ref, 1), "no piece of a record resolved in its record")
 			})
 
 			t.Run("settle with fewer pieces", func(t *testing.T) {
@@ -214,9 +255,12 @@ func TestPieces(t *testing.T) {
 }
 
 // TestPiecesAreRead checks that every path that reads a record gives its
-// pieces' count and size: the transactional claim, a claim joined to the
-// caller's transaction, a deferred claim's lone statement and its
-// pipeline, and the operator's Inspect.
+// real status and its pieces' count and size (the row holds the held
+// status, for releases that know no pieces): the transactional claim, a
+// claim joined to the caller's transaction, a deferred claim's lone
+// statement and its pipeline, and the operator's Inspect; and that the
+// operator's tools take it for the outcome it is: not of unknown outcome,
+// neither resolved nor released.
 func TestPiecesAreRead(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -268,21 +312,65 @@ func TestPiecesAreRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, info.ResponsePieces, "inspect: pieces")
 	require.Equal(t, 6, info.ResponseBytes, "inspect: the body's size")
+	require.Equal(t, http.StatusOK, info.ResponseStatus, "inspect: the real status")
+	require.Equal(t, "completed", info.Status, "inspect: an outcome")
+	require.Nil(t, info.Held, "inspect: not held")
+
+	unknown, err := keyadmin.Unknown(ctx, b.store, keyadmin.UnknownFilter{ScopePrefix: req.Scope})
+	require.NoError(t, err)
+	require.Empty(t, unknown, "a record in pieces is of no unknown outcome")
+	change := keyadmin.Change{Scope: req.Scope, Key: req.Key, Actor: "ops", Reason: "TICKET-59"}
+	_, err = keyadmin.Resolve(ctx, b.store, change, idempotency.Response{Status: http.StatusAccepted, Header: http.Header{}, Body: []byte("by hand")})
+	require.ErrorIs(t, err, keyadmin.ErrNotHeld, "a record in pieces holds an outcome: no resolve")
+	require.ErrorContains(t, err, "status 200", "the refusal names the real status")
+	_, err = keyadmin.Release(ctx, b.store, change)
+	require.ErrorIs(t, err, keyadmin.ErrNotHeld, "a record in pieces holds an outcome: no release")
+	_, rec, err = b.store.Claim(ctx, req)
+	require.NoError(t, err)
+	check("after the operator's attempts", rec)
+	require.Equal(t, []any{"0123", "45"}, readPieces(t, b.store, ref, 2), "the pieces, after the operator's attempts")
+}
+
+// TestPiecesAreNoHeldRecord: KeyStats counts a record settled with its
+// body in pieces neither held nor of unknown outcome, though its row has
+// the held status (for releases that know no pieces), on a key table of
+// the test's own.
+func TestPiecesAreNoHeldRecord(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, pool := pgstoretest.Fresh(t)
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err)
+	ref := holdKey(t, store, pieceRequest(pieceScope(pgstore.ScopeBytea)))
+	writePieces(t, store, ref, "ab", "c")
+	st, err := store.KeyStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.Held, "the record held while its pieces are written")
+	settled, err := store.Settle(ctx, ref, idempotency.Response{Status: http.StatusOK, Header: http.Header{}, Pieces: 2, Size: 3})
+	require.NoError(t, err)
+	require.True(t, settled)
+	st, err = store.KeyStats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.Held, "a record settled in pieces is not held")
+	require.Zero(t, st.Unknown, "a record settled in pieces is of no unknown outcome")
+	require.Equal(t, int64(1), st.Completed, "it is an outcome")
 }
 
 // orphanPieces counts the pieces of table's pieces table that no record
 // needs: whose record (the same scope, key and claim time) is gone, or is
-// neither held nor settled with more pieces than the piece's number.
+// neither held nor settled with more pieces than the piece's number (both
+// of status 102: a held record has no count).
 const orphanPieces = `SELECT count(*) FROM idempotency_keys_pieces p
 	WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys k
 	                  WHERE k.scope = p.scope AND k.idempotency_key = p.idempotency_key AND k.created_at = p.key_created_at
-	                    AND (k.response_status = 102 OR p.n < k.response_pieces))`
+	                    AND k.response_status = 102 AND (k.response_pieces IS NULL OR p.n < k.response_pieces))`
 
 // TestPurgeLeavesNoOrphanPieces: the cleanup of 10,000 expired large
 // records (each settled with two small pieces) leaves no orphan piece, nor
 // those of records that expired held, nor pieces that a settle by a release
 // that knows no pieces left beside its record; and it keeps every piece of
-// the records that are not expired, held (running) or settled. On a plain
+// the records that are not expired, held (running) or settled, but not a
+// stray piece beyond a settled record's count. On a plain
 // key table, and on one partitioned by scope, whose partitions' statements
 // cannot name the pieces table.
 func TestPurgeLeavesNoOrphanPieces(t *testing.T) {
@@ -321,7 +409,8 @@ func TestPurgeLeavesNoOrphanPieces(t *testing.T) {
 					                              response_status, response_headers, response_body, response_pieces, response_size,
 					                              created_at, completed_at, expires_at)
 					SELECT ('scope-' || g % 17)::bytea, 'expired-' || g, sha256(g::text::bytea), 'GET', '/large', 'completed',
-					       200, '{}', '', 2, 6, now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour'
+					       102, '{}', '{"state":"not-stored","reason":"stored in pieces","status":200}', 2, 6,
+					       now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour'
 					FROM generate_series(1, $1::int) g
 					RETURNING scope, idempotency_key, created_at
 				)
@@ -360,13 +449,16 @@ func TestPurgeLeavesNoOrphanPieces(t *testing.T) {
 				require.NoError(t, err)
 				require.True(t, settled)
 				live[ref.Key] = 2
+				_, err = pool.Exec(ctx, `INSERT INTO idempotency_keys_pieces SELECT scope, idempotency_key, key_created_at, 2, 'stray'
+					FROM idempotency_keys_pieces WHERE idempotency_key = $1 AND n = 0`, ref.Key)
+				require.NoError(t, err, "a stray piece beyond a live settled record's count")
 			}
 			_, err = pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 minute' WHERE idempotency_key = ANY ($1)`, expire)
 			require.NoError(t, err, "expire the records made through the store")
 
 			var before int
 			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys_pieces").Scan(&before))
-			require.Equal(t, 2*expired+2*len(expire)+2+3*3+2*3, before, "pieces before the cleanup")
+			require.Equal(t, 2*expired+2*len(expire)+2+3*3+3*3, before, "pieces before the cleanup")
 
 			purged, err := store.PurgeExpired(ctx, 1000)
 			require.NoError(t, err, "purge")

@@ -154,10 +154,17 @@ func change(ctx context.Context, store *pgstore.Store, c Change, entry AuditEntr
 		}
 		// The database's clock judges the lease, as it will for every
 		// holder: no operator's clock frees a key still running.
-		held, isHeld := idempotency.ParseHeld(idempotency.Response{Status: int(row.ResponseStatus.Int32), Body: row.ResponseBody}, row.Now)
+		// A response in pieces is stored with the held status for
+		// releases that know no pieces: read as the store reads it, it is
+		// an outcome, which neither a resolve nor a release changes.
+		resp, err := access.Response(row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.ResponsePieces, row.ResponseSize)
+		if err != nil {
+			return fmt.Errorf("keyadmin: %w", err)
+		}
+		held, isHeld := idempotency.ParseHeld(resp, row.Now)
 		if row.Status != "completed" || !isHeld {
 			entry.PreviousState = row.Status
-			refusal = fmt.Errorf("%w (status %d)", ErrNotHeld, row.ResponseStatus.Int32)
+			refusal = fmt.Errorf("%w (status %d)", ErrNotHeld, resp.Status)
 			return refusal
 		}
 		entry.PreviousState = heldStatus(held.State)

@@ -68,6 +68,12 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 	if err != nil {
 		return KeyInfo{}, pgstore.Translate(err)
 	}
+	// The response as the store reads it: a body in pieces is stored as
+	// a held record for releases that know no pieces, and is none.
+	resp, err := access.Response(row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.ResponsePieces, row.ResponseSize)
+	if err != nil {
+		return KeyInfo{}, fmt.Errorf("keyadmin: %w", err)
+	}
 	info := KeyInfo{
 		Scope:          access.ScopeRead(store, row.Scope),
 		Key:            row.IdempotencyKey,
@@ -75,8 +81,9 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 		Fingerprint:    hex.EncodeToString(row.Fingerprint),
 		Method:         row.RequestMethod,
 		Route:          row.RequestRoute,
-		ResponseStatus: int(row.ResponseStatus.Int32),
-		ResponseBytes:  len(row.ResponseBody),
+		ResponseStatus: resp.Status,
+		ResponseBytes:  len(resp.Body),
+		ResponsePieces: resp.Pieces,
 		CreatedAt:      row.CreatedAt,
 		CompletedAt:    row.CompletedAt,
 		ExpiresAt:      row.ExpiresAt,
@@ -84,10 +91,9 @@ func Inspect(ctx context.Context, store *pgstore.Store, scope, key string) (KeyI
 		// them, not the operator's.
 		Expired: !row.ExpiresAt.After(row.ReadAt),
 	}
-	if row.ResponsePieces.Valid && row.ResponsePieces.Int32 > 0 {
-		info.ResponseBytes, info.ResponsePieces = int(row.ResponseSize.Int64), int(row.ResponsePieces.Int32)
+	if resp.Pieces > 0 {
+		info.ResponseBytes = int(resp.Size)
 	}
-	resp := idempotency.Response{Status: info.ResponseStatus, Body: row.ResponseBody}
 	if held, ok := idempotency.ParseHeld(resp, row.ReadAt); ok {
 		info.Held = &held
 		info.Status, info.ResponseStatus = heldStatus(held.State), 0

@@ -6,6 +6,7 @@ package access
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekey/oncekey/idempotency"
@@ -32,4 +33,10 @@ var (
 	// db (an operator's transaction, which writes its audit row too).
 	Settle  func(ctx context.Context, store any, db keydb.DBTX, ref idempotency.Ref, resp idempotency.Response) (bool, error)
 	Release func(ctx context.Context, store any, db keydb.DBTX, ref idempotency.Ref) (bool, error)
+	// Response reads a response from its key row's columns as pgstore
+	// stored it, so that an operator's view of a record whose body is in
+	// pieces (kept as a held record, not stored, for releases that know
+	// no pieces) is the record's real status and size, as the store's
+	// own reads give it.
+	Response func(status pgtype.Int4, headers, body []byte, pieces pgtype.Int4, size pgtype.Int8) (idempotency.Response, error)
 )

@@ -7,7 +7,11 @@
 -- One key's row, locked until the transaction ends, so that an operator's
 -- change applies to the state it was judged on: the holder cannot settle
 -- the key in between. Its commit is made durable, as the changes' are.
-SELECT scope::bytea AS scope, idempotency_key, status, response_status, response_body, created_at, now()::timestamptz AS now,
+-- The response is read whole (pgstore's access.Response), so that a record
+-- whose body is in pieces, stored with status 102, is judged by its real
+-- status: it holds an outcome, not a held operation.
+SELECT scope::bytea AS scope, idempotency_key, status, response_status, response_headers, response_body, response_pieces, response_size,
+       created_at, now()::timestamptz AS now,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit
 FROM idempotency_keys
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key

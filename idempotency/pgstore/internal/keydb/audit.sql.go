@@ -7,6 +7,7 @@ package keydb
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -125,7 +126,8 @@ func (q *Queries) IdempotencyKeyAuditList(ctx context.Context, arg IdempotencyKe
 
 const idempotencyKeyGetForUpdate = `-- name: IdempotencyKeyGetForUpdate :one
 
-SELECT scope::bytea AS scope, idempotency_key, status, response_status, response_body, created_at, now()::timestamptz AS now,
+SELECT scope::bytea AS scope, idempotency_key, status, response_status, response_headers, response_body, response_pieces, response_size,
+       created_at, now()::timestamptz AS now,
        set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS synchronous_commit
 FROM idempotency_keys
 WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2
@@ -142,7 +144,10 @@ type IdempotencyKeyGetForUpdateRow struct {
 	IdempotencyKey    string
 	Status            string
 	ResponseStatus    pgtype.Int4
+	ResponseHeaders   json.RawMessage
 	ResponseBody      []byte
+	ResponsePieces    pgtype.Int4
+	ResponseSize      pgtype.Int8
 	CreatedAt         time.Time
 	Now               time.Time
 	SynchronousCommit string
@@ -155,6 +160,9 @@ type IdempotencyKeyGetForUpdateRow struct {
 // One key's row, locked until the transaction ends, so that an operator's
 // change applies to the state it was judged on: the holder cannot settle
 // the key in between. Its commit is made durable, as the changes' are.
+// The response is read whole (pgstore's access.Response), so that a record
+// whose body is in pieces, stored with status 102, is judged by its real
+// status: it holds an outcome, not a held operation.
 func (q *Queries) IdempotencyKeyGetForUpdate(ctx context.Context, arg IdempotencyKeyGetForUpdateParams) (IdempotencyKeyGetForUpdateRow, error) {
 	row := q.db.QueryRow(ctx, idempotencyKeyGetForUpdate, arg.Scope, arg.IdempotencyKey)
 	var i IdempotencyKeyGetForUpdateRow
@@ -163,7 +171,10 @@ func (q *Queries) IdempotencyKeyGetForUpdate(ctx context.Context, arg Idempotenc
 		&i.IdempotencyKey,
 		&i.Status,
 		&i.ResponseStatus,
+		&i.ResponseHeaders,
 		&i.ResponseBody,
+		&i.ResponsePieces,
+		&i.ResponseSize,
 		&i.CreatedAt,
 		&i.Now,
 		&i.SynchronousCommit,

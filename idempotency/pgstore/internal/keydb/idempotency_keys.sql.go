@@ -88,6 +88,14 @@ type IdempotencyKeyClaimRow struct {
 // of status 102 without it is stored as it is), and each
 // that reads a record returns now() as read_at, which the engine compares
 // that "until" with (idempotency.Record.ReadAt).
+//
+// A record whose body is in pieces (response_pieces above zero) is stored
+// with response_status 102 too, and a held record of state "not-stored"
+// as its body, with its real status in it (see pgstore's stored.go): a
+// release that knows no pieces, running on this table after a rollback,
+// answers its key "ran, response not stored" rather than replay its empty
+// body. It is no held record: every statement here that takes status 102
+// for a held record asks that response_pieces be NULL as well.
 // Claim-or-read in one statement. The INSERT either claims the key (one row,
 // claimed = true) or meets an existing row and does nothing, in which case the
 // second branch reads that row (claimed = false). If a concurrent transaction
@@ -537,7 +545,7 @@ func (q *Queries) IdempotencyKeyListStuck(ctx context.Context, arg IdempotencyKe
 const idempotencyKeyListUnknown = `-- name: IdempotencyKeyListUnknown :many
 SELECT scope::bytea AS scope, idempotency_key, request_method, request_route, response_body, created_at, completed_at
 FROM idempotency_keys
-WHERE response_status = 102 AND status = 'completed' AND expires_at > now()
+WHERE response_status = 102 AND response_pieces IS NULL AND status = 'completed' AND expires_at > now()
   AND (convert_from(response_body, 'UTF8')::jsonb->>'state' = 'unknown'
        OR (convert_from(response_body, 'UTF8')::jsonb->>'state' = 'running'
            AND (convert_from(response_body, 'UTF8')::jsonb->>'until')::timestamptz <= now()))
@@ -808,7 +816,7 @@ SELECT p.data
 FROM idempotency_keys_pieces p
 JOIN idempotency_keys k ON k.scope = p.scope AND k.idempotency_key = p.idempotency_key AND k.created_at = p.key_created_at
 WHERE p.scope = CAST($1 AS bytea) AND p.idempotency_key = $2 AND p.key_created_at = $3 AND p.n = $4::int
-  AND (k.response_status = 102 OR p.n < k.response_pieces)
+  AND k.response_status = 102 AND (k.response_pieces IS NULL OR p.n < k.response_pieces)
 `
 
 type IdempotencyKeyReadPieceParams struct {
@@ -819,9 +827,10 @@ type IdempotencyKeyReadPieceParams struct {
 }
 
 // Piece n of the body of the record under its claim: while the record is
-// held (its pieces being written), or once it is settled with more than n
-// pieces. A piece left beside a record that is gone or was settled with
-// fewer (until the purge sweeps it) is not read.
+// held (its pieces being written: 102, response_pieces NULL), or once it
+// is settled with more than n pieces (102 too, see the top). A piece left
+// beside a record that is gone or was settled with fewer (until the purge
+// sweeps it) is not read.
 func (q *Queries) IdempotencyKeyReadPiece(ctx context.Context, arg IdempotencyKeyReadPieceParams) ([]byte, error) {
 	row := q.db.QueryRow(ctx, idempotencyKeyReadPiece,
 		arg.Scope,
@@ -838,7 +847,7 @@ const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
 WITH released AS (
     DELETE FROM idempotency_keys k
     WHERE k.scope = CAST($1 AS bytea) AND k.idempotency_key = $2 AND k.created_at = $3
-      AND k.status = 'completed' AND k.response_status = 102
+      AND k.status = 'completed' AND k.response_status = 102 AND k.response_pieces IS NULL
       AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
     RETURNING k.scope, k.idempotency_key, k.created_at
 ), dropped AS (
@@ -856,8 +865,9 @@ type IdempotencyKeyReleaseParams struct {
 }
 
 // Deletes a held record under the claim it was held under, freeing the key,
-// and the pieces written for it, in the same statement. Its commit is made
-// durable, as IdempotencyKeyReplaceProvisional's. It reports the records
+// and the pieces written for it, in the same statement; never a record
+// settled with its body in pieces (102 too, see the top). Its commit is
+// made durable, as IdempotencyKeyReplaceProvisional's. It reports the records
 // deleted (0 or 1), as the DELETE would.
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, arg IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyRelease, arg.Scope, arg.IdempotencyKey, arg.KeyCreatedAt)
@@ -877,7 +887,7 @@ WITH replaced AS (
         response_size = CASE WHEN $4::int > 0 THEN $5::bigint END,
         completed_at = now()
     WHERE k.scope = CAST($6 AS bytea) AND k.idempotency_key = $7 AND k.created_at = $8
-      AND k.status = 'completed' AND k.response_status = $9::int
+      AND k.status = 'completed' AND k.response_status = $9::int AND k.response_pieces IS NULL
       AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
     RETURNING k.scope, k.idempotency_key, k.created_at
 ), dropped AS (
@@ -907,14 +917,17 @@ type IdempotencyKeyReplaceProvisionalParams struct {
 // such as a gateway's upstream call) once its outcome is known.
 // created_at pins the very key row the operation was accepted under (its
 // claim's Ref); a row that was purged, or reused after it expired, is left
-// alone, and so is a row whose response is not of provisional_status.
+// alone, and so is a row whose response is not of provisional_status, or
+// is in pieces (stored as 102, see the top: settled already).
 // Its commit is made durable (the subquery, evaluated before a row is
 // written): the outcome it stores is what every retry replays.
 // A body in pieces (response_pieces > 0, written by
 // IdempotencyKeyWritePiece while the record was held) is stored as its
-// count and size, NULL for none; the pieces the new response does not
-// have (n >= response_pieces, all of them for a body kept in the record)
-// are deleted in the same statement, only when the record was replaced.
+// count and size, NULL for none, with response_status 102 and the body
+// that pgstore gives it (see the top); the pieces the new response does
+// not have (n >= response_pieces, all of them for a body kept in the
+// record) are deleted in the same statement, only when the record was
+// replaced.
 // It reports the rows replaced (0 or 1), as the UPDATE would.
 func (q *Queries) IdempotencyKeyReplaceProvisional(ctx context.Context, arg IdempotencyKeyReplaceProvisionalParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idempotencyKeyReplaceProvisional,
@@ -950,7 +963,7 @@ CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE r.held->>'state' = 'running' AND (r.held->>'until')::timestamptz > now())::bigint AS held_running,
            count(*) FILTER (WHERE r.held->>'state' = 'unknown' OR (r.held->>'state' = 'running' AND (r.held->>'until')::timestamptz <= now()))::bigint AS held_unknown
     FROM (SELECT convert_from(response_body, 'UTF8')::jsonb AS held FROM idempotency_keys
-          WHERE response_status = 102 AND status = 'completed' AND expires_at > now()) r
+          WHERE response_status = 102 AND response_pieces IS NULL AND status = 'completed' AND expires_at > now()) r
 ) h
 CROSS JOIN LATERAL (
     SELECT (CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint
@@ -1006,7 +1019,7 @@ USING (
         LEFT JOIN idempotency_keys k ON k.scope = o.scope AND k.idempotency_key = o.idempotency_key AND k.created_at = o.key_created_at
         LIMIT 1
     ) k
-    WHERE k.response_status IS DISTINCT FROM 102 AND (k.response_pieces IS NULL OR k.response_pieces <= o.n)
+    WHERE k.response_status IS DISTINCT FROM 102 OR k.response_pieces <= o.n
     LIMIT $1
     FOR UPDATE OF o SKIP LOCKED
 ) orphan
@@ -1016,11 +1029,12 @@ WHERE p.scope = orphan.scope AND p.idempotency_key = orphan.idempotency_key AND 
 // Deletes at most batch_size pieces that no record needs, after the purge
 // of expired keys (pgstore.Store.PurgeExpired): those whose record (the
 // same scope, key and created_at) is gone (purged, freed when it expired,
-// released), or is not held and has fewer pieces than n + 1 (settled with
-// fewer, or none, by a release that does not know pieces). A held record's
-// pieces are never swept, nor a settled record's own. The caller loops
-// until a batch comes back short; SKIP LOCKED passes over a piece being
-// written again.
+// released), or is neither held nor in pieces (status 102, with
+// response_pieces NULL or above n: see the top): settled with fewer, or
+// none, or by a release that does not know pieces. A held record's pieces
+// are never swept, nor a settled record's own until it is purged. The
+// caller loops until a batch comes back short; SKIP LOCKED passes over a
+// piece being written again.
 // It runs on the key table itself, never per partition: a partition's
 // statements are its name rewritten into the key table's, which would
 // rename this table too. Each piece's record is looked up by a LATERAL
@@ -1043,7 +1057,7 @@ INSERT INTO idempotency_keys_pieces (scope, idempotency_key, key_created_at, n, 
 SELECT k.scope, k.idempotency_key, k.created_at, $1::int, $2::bytea
 FROM idempotency_keys k
 WHERE k.scope = CAST($3 AS bytea) AND k.idempotency_key = $4 AND k.created_at = $5
-  AND k.status = 'completed' AND k.response_status = 102
+  AND k.status = 'completed' AND k.response_status = 102 AND k.response_pieces IS NULL
   AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
 FOR SHARE OF k
 ON CONFLICT (scope, idempotency_key, key_created_at, n) DO UPDATE SET data = EXCLUDED.data
