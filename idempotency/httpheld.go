@@ -189,11 +189,11 @@ func (w *heldWriter) Write(p []byte) (int, error) {
 	}
 	total := int64(w.body.Len() + len(p))
 	switch {
-	case total <= int64(pieceSize):
-		return w.body.Write(p)
 	case total > w.limit:
 		w.pass(fmt.Sprintf("the response is larger than the %d bytes a response is stored up to", w.limit))
 		return w.client.Write(p)
+	case total <= int64(pieceSize):
+		return w.body.Write(p)
 	case w.noPieces || !replayable(w.status):
 		return w.buffer(p)
 	case w.body.Len() == 0:

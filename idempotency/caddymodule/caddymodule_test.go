@@ -97,6 +97,13 @@ func startCaddy(t *testing.T, bin, caddyfile string, addrs ...string) *testharne
 // environment.
 func startCaddyEnv(t *testing.T, bin, caddyfile string, env []string, addrs ...string) *testharness.Logs {
 	t.Helper()
+	_, logs := startCaddyProcess(t, bin, caddyfile, env, addrs...)
+	return logs
+}
+
+// startCaddyProcess is startCaddyEnv, and returns Caddy's process too.
+func startCaddyProcess(t *testing.T, bin, caddyfile string, env []string, addrs ...string) (*os.Process, *testharness.Logs) {
+	t.Helper()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "Caddyfile")
 	require.NoError(t, os.WriteFile(file, []byte(caddyfile), 0o600))
@@ -115,7 +122,7 @@ func startCaddyEnv(t *testing.T, bin, caddyfile string, env []string, addrs ...s
 			return err == nil
 		}, 60*time.Second, 50*time.Millisecond, "Caddy did not listen on %s:\n%s", addr, logs)
 	}
-	return logs
+	return cmd.Process, logs
 }
 
 // counter is the value of the series line (name{labels}) in Caddy's
