@@ -64,10 +64,10 @@ func TestGatewayDatabaseKeepsItsOwnTables(t *testing.T) {
 	status, body := gatewayPost(t, addr, scope, key, "")
 	require.Equal(t, http.StatusCreated, status, body)
 
-	// pgstore's: the key table, its version table, its guard view and its
-	// audit trail.
+	// pgstore's: the key table, its version table, its guard view, its
+	// audit trail and the pieces of large answers.
 	want := slices.Sorted(slices.Values(append(slices.Clone(app),
-		"idempotency_keys (r)", "idempotency_keys_schema_version (r)", "idempotency_keys_claimed (v)", "idempotency_keys_audit (r)")))
+		"idempotency_keys (r)", "idempotency_keys_schema_version (r)", "idempotency_keys_claimed (v)", "idempotency_keys_audit (r)", "idempotency_keys_pieces (r)")))
 	require.Equal(t, want, publicRelations(t, pool), "the application's relations and pgstore's, no other")
 	var goose []int64
 	rows, err := pool.Query(ctx, `SELECT version_id FROM goose_db_version ORDER BY id`)

@@ -90,7 +90,7 @@ func TestUpgradeFromMain(t *testing.T) {
 	require.NoError(t, err)
 	versionTables, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"idempotency_keys_audit", "idempotency_keys_schema_version"}, versionTables, "the engine's tables beside the key table: its audit trail and one version table")
+	require.Equal(t, []string{"idempotency_keys_audit", "idempotency_keys_pieces", "idempotency_keys_schema_version"}, versionTables, "the engine's tables beside the key table: its audit trail, the pieces of large answers and one version table")
 
 	_, fresh := testdb.Fresh(t)
 	require.Equal(t, keyTableLayout(t, fresh), keyTableLayout(t, pool), "the key table of a new database and of an upgraded one")

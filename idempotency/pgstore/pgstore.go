@@ -567,6 +567,21 @@ func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref,
 	if err != nil {
 		return false, err
 	}
+	if from == http.StatusAccepted && resp.Pieces <= 0 {
+		// A 202 has no pieces to drop: the UPDATE alone.
+		n, err := s.queries(db).IdempotencyKeyReplaceAccepted(ctx, keydb.IdempotencyKeyReplaceAcceptedParams{
+			Scope:           s.scope.arg(ref.Scope),
+			IdempotencyKey:  ref.Key,
+			KeyCreatedAt:    ref.ClaimedAt,
+			ResponseStatus:  pgtype.Int4{Int32: status, Valid: true},
+			ResponseHeaders: headers,
+			ResponseBody:    body,
+		})
+		if err != nil {
+			return false, Translate(fmt.Errorf("replace the response of status %d: %w", from, err))
+		}
+		return n == 1, nil
+	}
 	n, err := s.queries(db).IdempotencyKeyReplaceProvisional(ctx, keydb.IdempotencyKeyReplaceProvisionalParams{
 		Scope:             s.scope.arg(ref.Scope),
 		IdempotencyKey:    ref.Key,

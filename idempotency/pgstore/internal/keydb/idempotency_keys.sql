@@ -186,6 +186,22 @@ WITH replaced AS (
 )
 SELECT 1 FROM replaced;
 
+-- name: IdempotencyKeyReplaceAccepted :execrows
+-- IdempotencyKeyReplaceProvisional for a long operation's 202, which never
+-- has pieces (only a held record gets them, IdempotencyKeyWritePiece): the
+-- UPDATE alone, without the statement around it that deletes pieces, so
+-- that its generic plan, like every statement of the service's request
+-- path, reads one partition of a key table partitioned by scope
+-- (TestPartitionedSchema).
+UPDATE idempotency_keys
+SET response_status = @response_status,
+    response_headers = @response_headers,
+    response_body = @response_body,
+    completed_at = now()
+WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
+  AND status = 'completed' AND response_status = 202 AND response_pieces IS NULL
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL;
+
 -- name: IdempotencyKeyRelease :execrows
 -- Deletes a held record under the claim it was held under, freeing the key,
 -- and the pieces written for it, in the same statement; never a record

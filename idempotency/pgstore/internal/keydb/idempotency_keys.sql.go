@@ -877,6 +877,47 @@ func (q *Queries) IdempotencyKeyRelease(ctx context.Context, arg IdempotencyKeyR
 	return result.RowsAffected(), nil
 }
 
+const idempotencyKeyReplaceAccepted = `-- name: IdempotencyKeyReplaceAccepted :execrows
+UPDATE idempotency_keys
+SET response_status = $1,
+    response_headers = $2,
+    response_body = $3,
+    completed_at = now()
+WHERE scope = CAST($4 AS bytea) AND idempotency_key = $5 AND created_at = $6
+  AND status = 'completed' AND response_status = 202 AND response_pieces IS NULL
+  AND (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true)) IS NOT NULL
+`
+
+type IdempotencyKeyReplaceAcceptedParams struct {
+	ResponseStatus  pgtype.Int4
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	Scope           []byte
+	IdempotencyKey  string
+	KeyCreatedAt    time.Time
+}
+
+// IdempotencyKeyReplaceProvisional for a long operation's 202, which never
+// has pieces (only a held record gets them, IdempotencyKeyWritePiece): the
+// UPDATE alone, without the statement around it that deletes pieces, so
+// that its generic plan, like every statement of the service's request
+// path, reads one partition of a key table partitioned by scope
+// (TestPartitionedSchema).
+func (q *Queries) IdempotencyKeyReplaceAccepted(ctx context.Context, arg IdempotencyKeyReplaceAcceptedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeyReplaceAccepted,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.Scope,
+		arg.IdempotencyKey,
+		arg.KeyCreatedAt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idempotencyKeyReplaceProvisional = `-- name: IdempotencyKeyReplaceProvisional :execrows
 WITH replaced AS (
     UPDATE idempotency_keys k
