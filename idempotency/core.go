@@ -151,6 +151,11 @@ type Decision[U any] struct {
 	legacyOK, legacyDone bool
 	// outcome is what was last reported of the request.
 	outcome Outcome
+	// follows: the caller can follow a held operation's body as it is
+	// stored (Serve); follow is that body's head when the request is to
+	// (Operation.follow), the operation still running elsewhere.
+	follows bool
+	follow  []byte
 	// repeat names the request among those its repeats are spotted by,
 	// and repeatSeq its record there while it runs (0: none).
 	repeat    repeatID
@@ -228,6 +233,13 @@ func (o *Operation[U]) begin(ctx context.Context, d *Decision[U]) error {
 	if !ok && ctx.Err() != nil {
 		return d.fail(ctx, ctx.Err())
 	}
+	if !ok && d.follows && o.held != nil {
+		// The request before it on this process still runs: if it stores
+		// its body as it passes (a stream), the store says so, and this
+		// one follows it.
+		d.contended = true
+		return d.claim(ctx)
+	}
 	if !ok {
 		return d.answer(ctx, nil, ErrInFlight)
 	}
@@ -285,6 +297,15 @@ func (d *Decision[U]) claim(ctx context.Context) error {
 			if h, ok := o.heldAt(rec); ok {
 				// A held operation runs, or ran, under the key elsewhere.
 				ref := Ref{Scope: d.req.Scope, Key: d.req.Key, ClaimedAt: rec.CreatedAt}
+				if h.State == HeldRunning && d.follows {
+					// Its body is being stored: follow it.
+					if head, err := o.store.ReadPiece(ctx, ref, 0); err == nil && head != nil {
+						d.leave()
+						d.follow, d.Ref = head, ref
+						d.duplicate(OutcomeReplayed, time.Since(d.claimStart))
+						return nil
+					}
+				}
 				again, herr := o.meetHeld(ctx, h, ref, o.cfg.Wait-time.Since(d.claimStart))
 				if again {
 					// Claimed at once from now on: it reads the key's

@@ -121,12 +121,21 @@ func TestHeldOperationOutcomes(t *testing.T) {
 			first: http.StatusCreated, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrNotStored).Slug,
 		},
 		{
-			name: "a stream: passed through once, never run again",
+			name: "a stream: stored as it passes, replayed",
 			handler: func(w http.ResponseWriter, _ *http.Request, _ int64) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				_, _ = w.Write([]byte("data: 1\n\n"))
 			},
-			first: http.StatusOK, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrNotStored).Slug,
+			first: http.StatusOK, retry: http.StatusOK, runs: 1, retrySays: "data: 1\n\n",
+		},
+		{
+			name: "a stream that fails: passed through once, the key freed",
+			handler: func(w http.ResponseWriter, _ *http.Request, _ int64) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte("data: 1\n\n"))
+			},
+			first: http.StatusServiceUnavailable, retry: http.StatusServiceUnavailable, runs: 2, retrySays: "data: 1\n\n",
 		},
 		{
 			name: "broken off after its status: never run again",

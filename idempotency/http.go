@@ -189,12 +189,15 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 	if o.e.cfg.Validate != nil {
 		d.checker = s // unless in has a Check of its own (begin)
 	}
+	d.follows = true
 	err = o.begin(r.Context(), d)
 	switch {
 	case err != nil:
 		s.write(err)
+	case d.follow != nil:
+		o.follow(w, r, d)
 	case d.Replay != nil:
-		o.e.replay(w, *d.Replay, o.pieces(r.Context(), d.Ref))
+		o.e.replay(w, r, *d.Replay, o.pieces(r.Context(), d.Ref))
 	case o.held != nil:
 		s.runHeld(next)
 	default:
@@ -268,7 +271,7 @@ func (s *serving[U]) run(next http.Handler) {
 		s.write(err)
 	case d.Replay != nil:
 		// Another request's claim won the key as this one committed.
-		s.op.e.replay(s.w, *d.Replay, s.op.pieces(s.r.Context(), s.d.Ref))
+		s.op.e.replay(s.w, s.r, *d.Replay, s.op.pieces(s.r.Context(), s.d.Ref))
 	default:
 		rec.copyTo(s.w)
 	}
@@ -308,8 +311,29 @@ func (o *Operation[U]) pieces(ctx context.Context, ref Ref) func(n int) ([]byte,
 // allow-listed headers, and Idempotent-Replayed. A body stored in pieces
 // is read and sent a piece at a time, so a replay holds one piece in
 // memory; a piece that cannot be read breaks the answer off (its
-// Content-Length unmet), so that no client takes a part for the whole.
-func (e *Engine) replay(w http.ResponseWriter, resp Response, read func(n int) ([]byte, error)) {
+// Content-Length unmet), so that no client takes a part for the whole. A
+// stream (text/event-stream) asked for with a Last-Event-ID that names
+// one of its events resumes after that event.
+func (e *Engine) replay(w http.ResponseWriter, r *http.Request, resp Response, read func(n int) ([]byte, error)) {
+	// The first piece of a body in pieces is its head (pieceHead).
+	first, pieces, size := 1, resp.Pieces, resp.Size
+	if pieces <= 0 {
+		body := resp.Body
+		first, pieces, size, read = 0, 1, int64(len(body)), func(int) ([]byte, error) { return body, nil }
+	}
+	offset := 0
+	if last := r.Header.Get(headerLastEventID); last != "" && isEventStream(resp.Header) {
+		piece, off, skipped, ok, err := resumeAt(read, first, pieces, last)
+		if err != nil {
+			e.cfg.Logger.Error("idempotency: a replay could not be sent: a piece of its stored body could not be read", "error", err)
+			e.writeError(w, r, ErrUnavailable)
+			return
+		}
+		if ok {
+			first, offset, size = piece, off, size-skipped
+		}
+	}
+
 	h := w.Header()
 	n := 0
 	for _, values := range resp.Header {
@@ -332,23 +356,22 @@ func (e *Engine) replay(w http.ResponseWriter, resp Response, read func(n int) (
 		h[name] = all[start:len(all):len(all)]
 	}
 	end := len(all)
-	size := int64(len(resp.Body))
-	if resp.Pieces > 0 {
-		size = resp.Size
-	}
 	all = append(all, "true", strconv.FormatInt(size, 10))
 	h[HeaderReplayed] = all[end : end+1 : end+1]
 	h["Content-Length"] = all[end+1 : end+2 : end+2]
 	w.WriteHeader(resp.Status)
-	if resp.Pieces == 0 {
+	if resp.Pieces <= 0 && offset == 0 {
 		_, _ = w.Write(resp.Body)
 		return
 	}
 	var sent int64
-	for i := range resp.Pieces {
+	for i := first; i < pieces; i++ {
 		p, err := read(i)
+		if i == first && p != nil {
+			p = p[min(offset, len(p)):]
+		}
 		if err != nil || p == nil || sent+int64(len(p)) > size {
-			e.cfg.Logger.Error("idempotency: a replay broke off: a piece of its stored body could not be read", "piece", i, "pieces", resp.Pieces, "error", err)
+			e.cfg.Logger.Error("idempotency: a replay broke off: a piece of its stored body could not be read", "error", errPieceLost(i, err), "pieces", pieces)
 			panic(http.ErrAbortHandler)
 		}
 		sent += int64(len(p))
@@ -360,6 +383,15 @@ func (e *Engine) replay(w http.ResponseWriter, resp Response, read func(n int) (
 		e.cfg.Logger.Error("idempotency: a replay broke off: its stored pieces are shorter than its body", "sent", sent, "size", size)
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// errPieceLost is why piece n of a stored body could not be read: err, or
+// none kept.
+func errPieceLost(n int, err error) error {
+	if err != nil {
+		return fmt.Errorf("piece %d of a stored body: %w", n, err)
+	}
+	return fmt.Errorf("piece %d of a stored body is not kept", n)
 }
 
 // refuse answers a request refused before its operation ran; no key is

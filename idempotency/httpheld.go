@@ -68,6 +68,7 @@ func (s *serving[U]) runHeld(next http.Handler) {
 	defer stop()
 	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
 	w.pieces = func(n int, p []byte) (bool, error) { return s.op.store.WritePiece(hctx, d.Ref, n, p) }
+	w.head = func() []byte { return pieceHead{Status: w.status, Header: w.allowed(s.op.e.stored)}.encode() }
 	deadline := time.AfterFunc(held.Lease-heldSettleMargin(held.Lease)-time.Since(d.heldSince), func() {
 		if !w.passing.Load() {
 			stop()
@@ -103,6 +104,10 @@ func (s *serving[U]) runHeld(next http.Handler) {
 		// Stored in pieces as it passed: the last one, then the settle,
 		// then the last bytes to the client.
 		if w.piece(w.body.Bytes()) {
+			// An empty piece ends the body, for those who follow it.
+			if ok, err := w.pieces(w.n, []byte{}); err == nil && ok {
+				w.n++
+			}
 			finish(Response{Status: w.status, Header: w.allowed(s.op.e.stored), Pieces: w.n, Size: w.size})
 		}
 		_, _ = w.client.Write(w.body.Bytes())
@@ -125,11 +130,12 @@ func (s *serving[U]) runHeld(next http.Handler) {
 }
 
 // heldWriter buffers a held operation's response as the recorder does, up
-// to pieceSize. A larger response is stored in pieces as it passes to the
-// client (pieces), up to its limit; past the limit, or at once for a
-// stream (text/event-stream), or where the store keeps no pieces past
-// inlineMax, it passes through unstored. Before the first byte passes
-// unstored, through records the key's fate.
+// to pieceSize. A larger response, and a stream (text/event-stream) from
+// its first byte, is stored in pieces as it passes to the client
+// (pieces), up to its limit; past the limit, or where the store keeps no
+// pieces (past inlineMax, or at once for a stream), it passes through
+// unstored. Before the first byte passes unstored, through records the
+// key's fate.
 type heldWriter struct {
 	recorder
 	client  http.ResponseWriter
@@ -139,6 +145,7 @@ type heldWriter struct {
 	// once the response is stored so, n counts the pieces stored and size
 	// their bytes; noPieces once the store said it keeps none.
 	pieces   func(n int, p []byte) (bool, error)
+	head     func() []byte
 	piecing  bool
 	noPieces bool
 	n        int
@@ -175,8 +182,34 @@ func (w *heldWriter) WriteHeader(status int) {
 	}
 	w.recorder.WriteHeader(status)
 	if mt, _, _ := mime.ParseMediaType(w.header.Get("Content-Type")); mt == "text/event-stream" {
-		w.pass("the response is a stream (text/event-stream)")
+		if !replayable(status) {
+			w.pass("the response is a stream (text/event-stream)")
+			return
+		}
+		w.startStream()
 	}
+}
+
+// startStream begins a stream (text/event-stream): its header goes to the
+// client at once, and its data is stored a piece at a time as it passes,
+// each flush of the operation's (an event, as an upstream sends it) a
+// piece stored before the client gets it, so that a client that lost the
+// stream gets it whole from its retry.
+func (w *heldWriter) startStream() {
+	w.piecing = true
+	w.passing.Store(true)
+	ok, err := w.pieces(0, w.head())
+	if reason, stored := pieceTaken(ok, err); !stored {
+		if errors.Is(err, errors.ErrUnsupported) {
+			reason = "the response is a stream (text/event-stream), and the store keeps no pieces"
+		}
+		w.piecing = false
+		w.through(w.status, reason)
+	}
+	w.n = 1
+	copyHeader(w.client.Header(), w.header)
+	w.client.WriteHeader(w.status)
+	_ = http.NewResponseController(w.client).Flush()
 }
 
 func (w *heldWriter) Write(p []byte) (int, error) {
@@ -222,17 +255,20 @@ func (w *heldWriter) buffer(p []byte) (int, error) {
 // what is buffered as the first piece, and then the client gets it; then
 // p follows. Where the store keeps no pieces, p is buffered instead.
 func (w *heldWriter) startPieces(p []byte) (int, error) {
-	ok, err := w.pieces(0, w.body.Bytes())
+	ok, err := w.pieces(0, w.head())
 	if errors.Is(err, errors.ErrUnsupported) {
 		w.noPieces = true
 		return w.buffer(p)
 	}
 	w.passing.Store(true)
+	if err == nil && ok {
+		ok, err = w.pieces(1, w.body.Bytes())
+	}
 	if reason, stored := pieceTaken(ok, err); !stored {
 		w.stopPieces(reason)
 		return w.client.Write(p)
 	}
-	w.piecing, w.n, w.size = true, 1, int64(w.body.Len())
+	w.piecing, w.n, w.size = true, 2, int64(w.body.Len())
 	copyHeader(w.client.Header(), w.header)
 	w.client.WriteHeader(w.status)
 	_, _ = w.client.Write(w.body.Bytes())
@@ -267,10 +303,13 @@ func (w *heldWriter) writePieces(p []byte) (int, error) {
 // did not take it.
 func (w *heldWriter) piece(p []byte) bool {
 	if len(p) == 0 {
-		return true
+		return w.piecing
 	}
 	ok, err := w.pieces(w.n, p)
 	if reason, stored := pieceTaken(ok, err); !stored {
+		if errors.Is(err, errors.ErrUnsupported) {
+			reason = "the response is a stream (text/event-stream), and the store keeps no pieces"
+		}
 		w.piecing = false
 		w.through(w.status, reason)
 		return false
@@ -307,10 +346,19 @@ func (w *heldWriter) stopPieces(reason string) {
 	w.body = bytes.Buffer{}
 }
 
-// Flush passes a stream's data on as it comes; a response that may yet be
-// stored is held back.
+// Flush passes a stream's data on as it comes: what is buffered of a
+// response stored in pieces is stored as a piece first. A response that
+// may yet be stored whole in its record is held back.
 func (w *heldWriter) Flush() {
-	if w.passing.Load() && !w.piecing {
+	if w.piecing && w.body.Len() > 0 {
+		piece := w.body.Next(w.body.Len())
+		stored := w.piece(piece)
+		_, _ = w.client.Write(piece)
+		if !stored {
+			_, _ = w.client.Write(w.body.Next(w.body.Len()))
+		}
+	}
+	if w.passing.Load() {
 		_ = http.NewResponseController(w.client).Flush()
 	}
 }

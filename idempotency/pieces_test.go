@@ -123,16 +123,17 @@ func TestLargeAnswersStoredInPieces(t *testing.T) {
 		// replayed: the retry replays the body; else it is refused
 		// (409, not stored).
 		replayed bool
-		// pieces: the pieces the store took.
+		// pieces: the pieces the store took: the head, the body's, and
+		// the empty one that ends it.
 		pieces int64
 	}{
-		{name: "5 MiB: stored in pieces, replayed whole", size: 5 * mib, replayed: true, pieces: 20},
-		{name: "just over a piece: two pieces", size: 256<<10 + 1, replayed: true, pieces: 2},
+		{name: "5 MiB: stored in pieces, replayed whole", size: 5 * mib, replayed: true, pieces: 1 + 20 + 1},
+		{name: "just over a piece: two pieces", size: 256<<10 + 1, replayed: true, pieces: 1 + 2 + 1},
 		{name: "a piece exactly: kept in the record", size: 256 << 10, replayed: true, pieces: 0},
-		{name: "over the limit: passed through, not stored", size: 3 * mib, held: idempotency.HeldConfig{MaxStored: 2 * mib}, replayed: false, pieces: 8},
+		{name: "over the limit: passed through, not stored", size: 3 * mib, held: idempotency.HeldConfig{MaxStored: 2 * mib}, replayed: false, pieces: 1 + 8},
 		{name: "a store without pieces: stored in the record up to 1 MiB", size: 900 << 10, store: func(s *pieceStore) { s.unsupported = true }, replayed: true},
 		{name: "a store without pieces: larger, not stored", size: 2 * mib, store: func(s *pieceStore) { s.unsupported = true }, replayed: false},
-		{name: "the store fails a piece: the rest passes, not stored", size: 4 * mib, store: func(s *pieceStore) { s.failWrite.Store(3) }, replayed: false, pieces: 3},
+		{name: "the store fails a piece: the rest passes, not stored", size: 4 * mib, store: func(s *pieceStore) { s.failWrite.Store(3) }, replayed: false, pieces: 1 + 2},
 		{name: "the store fails the first piece: passes, not stored", size: 4 * mib, store: func(s *pieceStore) { s.failWrite.Store(0) }, replayed: false},
 	}
 	for _, tt := range tests {

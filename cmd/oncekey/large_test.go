@@ -96,7 +96,7 @@ func TestProxyReplaysLargeAnswers(t *testing.T) {
 	t.Parallel()
 	const size = 50_000_000
 	var runs atomic.Int64
-	var sum [32]byte
+	var sum atomic.Value // the body's SHA-256, set by the upstream's handler
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			_, _ = io.WriteString(w, "ok")
@@ -107,7 +107,7 @@ func TestProxyReplaysLargeAnswers(t *testing.T) {
 		w.Header().Set("Content-Length", strconv.Itoa(size))
 		s, err := largeBody(w, size)
 		if err == nil {
-			sum = s
+			sum.Store(s)
 		}
 	}))
 	t.Cleanup(upstream.Close)
@@ -147,12 +147,12 @@ func TestProxyReplaysLargeAnswers(t *testing.T) {
 
 	require.Equal(t, http.StatusOK, first.StatusCode)
 	require.Equal(t, int64(size), firstLen)
-	require.Equal(t, sum, firstSum, "the first answer passes whole")
+	require.Equal(t, sum.Load(), firstSum, "the first answer passes whole")
 	require.Equal(t, http.StatusOK, replay.StatusCode)
 	require.Equal(t, "true", replay.Header.Get(idempotency.HeaderReplayed))
 	require.Equal(t, int64(size), replay.ContentLength, "the replay's Content-Length")
 	require.Equal(t, int64(size), replayLen)
-	require.Equal(t, sum, replaySum, "the replay is byte for byte the first answer")
+	require.Equal(t, sum.Load(), replaySum, "the replay is byte for byte the first answer")
 	require.Equal(t, int64(1), runs.Load(), "the upstream ran once")
 	require.Less(t, firstGrowth, int64(16e6), "the gateway's RSS during the first request")
 	require.Less(t, replayGrowth, int64(16e6), "the gateway's RSS during the replay")
