@@ -23,9 +23,10 @@ const StatusHeld = 102
 var ErrOutcomeUnknown = errors.New("the request with this Idempotency-Key may have run, and its outcome is unknown (the upstream took it and never answered): it is not run again under this key; check whether it took effect, then use a new key if it did not")
 
 // ErrNotStored answers a request whose key holds an operation that ran but
-// whose response was not stored (larger than the limit, or a stream), so
+// whose response was not stored (larger than the limit, broken off, or a
+// stream on a store that keeps no pieces), so
 // it cannot be replayed: 409. It never runs again under this key.
-var ErrNotStored = errors.New("the request with this Idempotency-Key ran, but its response was not stored (too large, or a stream), so it cannot be replayed; it is not run again under this key")
+var ErrNotStored = errors.New("the request with this Idempotency-Key ran, but its response was not stored (too large, or broken off), so it cannot be replayed; it is not run again under this key")
 
 // The states of a held record (Held.State): what it knows of its
 // operation.
@@ -117,11 +118,13 @@ type HeldConfig struct {
 	// settled. A key is kept at least as long as its lease.
 	Lease time.Duration
 	// MaxStored bounds the response kept for replays (default 64 MiB).
-	// One larger than a piece (256 KiB) is stored in pieces as it passes
-	// (Store.WritePiece), so memory holds a piece of it at a time; one
-	// larger than MaxStored, or a stream (text/event-stream), or, where
-	// the store keeps no pieces, one over 1 MiB, passes through to the
-	// client once, and the key records that it was not stored.
+	// One larger than a piece (256 KiB), and a stream (text/event-stream)
+	// from its first byte, is stored in pieces as it passes
+	// (Store.WritePiece), so memory holds a piece of it at a time, and a
+	// request that finds it still passing follows it. One larger than
+	// MaxStored, or, where the store keeps no pieces, a stream or one over
+	// 1 MiB, passes through to the client once, and the key records that it
+	// was not stored.
 	MaxStored int64
 	// RetryUnknown runs an operation whose outcome is unknown again, under
 	// the same key, instead of answering ErrOutcomeUnknown: for an upstream

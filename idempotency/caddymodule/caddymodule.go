@@ -117,8 +117,8 @@ type Handler struct {
 	// it.
 	Lease caddy.Duration `json:"lease,omitempty"`
 	// MaxStoredBytes bounds the answers stored (default 64 MiB; one over
-	// 256 KiB is stored in pieces as it passes); larger ones, and streams,
-	// pass through once and are never run again.
+	// 256 KiB, and a stream, is stored in pieces as it passes); larger
+	// ones pass through once and are never run again.
 	MaxStoredBytes int64 `json:"max_stored_bytes,omitempty"`
 	// MaxBodyBytes bounds request bodies (default 1 MiB): larger ones 413.
 	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
