@@ -210,3 +210,61 @@ func TestRunningStreamsAreFollowed(t *testing.T) {
 	}
 	require.Equal(t, int64(1), runs.Load(), "the operation ran once")
 }
+
+// TestQuietStreamsKeepTheirLease: a stream that passes for longer than its
+// lease (here quiet for three leases between two events) keeps its key
+// held, its holder renewing the lease: a request on another process
+// follows it rather than taking its operation for one whose holder died,
+// and gets it to its end. The operation ran once.
+func TestQuietStreamsKeepTheirLease(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	store := memstore.New()
+	var runs atomic.Int64
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	server := func() *httptest.Server {
+		e := idempotency.New(idempotency.Config{
+			Scope:           func(*http.Request) (string, error) { return "tenant", nil },
+			Wait:            50 * time.Millisecond,
+			ProblemTypeBase: "https://example.com/problems/",
+		})
+		op := idempotency.NewOperation(e, store, idempotency.OperationConfig{Name: "completions", Held: &idempotency.HeldConfig{Lease: lease}})
+		srv := httptest.NewServer(op.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := 1; i <= 20; i++ {
+				if i == 11 {
+					<-release
+				}
+				fmt.Fprintf(w, "id: %d\ndata: token %d\n\n", i, i)
+				_ = http.NewResponseController(w).Flush()
+			}
+		})))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	one, other := server(), server()
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+
+	first := openStream(t, t.Context(), one, "k1", "")
+	defer first.Body.Close()
+	got := make([]byte, len(streamOf(1, 10, "\n")))
+	_, err := io.ReadFull(first.Body, got)
+	require.NoError(t, err)
+	<-time.After(3 * lease) // pacing: the stream is quiet for three leases
+
+	follower := openStream(t, t.Context(), other, "k1", "")
+	defer follower.Body.Close()
+	body := bufio.NewReader(follower.Body)
+	require.Equal(t, http.StatusOK, follower.StatusCode, "the key is still held by a live holder: followed, not of unknown outcome")
+	head := make([]byte, len(streamOf(1, 10, "\n")))
+	_, err = io.ReadFull(body, head)
+	require.NoError(t, err)
+	require.Equal(t, streamOf(1, 10, "\n"), string(head))
+	releaseOnce.Do(func() { close(release) })
+	rest, err := io.ReadAll(body)
+	require.NoError(t, err, "followed to its end")
+	require.Equal(t, streamOf(11, 20, "\n"), string(rest))
+	require.Equal(t, int64(1), runs.Load(), "the operation ran once")
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -68,7 +69,34 @@ func (s *serving[U]) runHeld(next http.Handler) {
 	defer stop()
 	w := &heldWriter{recorder: recorder{header: http.Header{}, status: http.StatusOK}, client: s.w, limit: held.MaxStored, through: stored}
 	w.pieces = func(n int, p []byte) (bool, error) { return s.op.store.WritePiece(hctx, d.Ref, n, p) }
-	w.head = func() []byte { return pieceHead{Status: w.status, Header: w.allowed(s.op.e.stored)}.encode() }
+	// While its body passes in pieces, the holder writes its head again
+	// every third of its lease, which renews the lease (Store.WritePiece):
+	// a stream may pass for longer than the lease without being taken for
+	// an operation whose holder died.
+	beat := make(chan struct{})
+	var beating sync.WaitGroup
+	defer func() {
+		close(beat)
+		beating.Wait()
+	}()
+	w.head = func() []byte {
+		head := pieceHead{Status: w.status, Header: w.allowed(s.op.e.stored)}.encode()
+		beating.Add(1)
+		go func() {
+			defer beating.Done()
+			t := time.NewTicker(max(held.Lease/3, 10*time.Millisecond))
+			defer t.Stop()
+			for {
+				select {
+				case <-beat:
+					return
+				case <-t.C:
+					_, _ = s.op.store.WritePiece(hctx, d.Ref, 0, head)
+				}
+			}
+		}()
+		return head
+	}
 	deadline := time.AfterFunc(held.Lease-heldSettleMargin(held.Lease)-time.Since(d.heldSince), func() {
 		if !w.passing.Load() {
 			stop()

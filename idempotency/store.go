@@ -64,7 +64,10 @@ type Store[U any] interface {
 	// are purged and are released with their record, and a record settled
 	// with fewer pieces (or none) loses the rest. A store that keeps no
 	// pieces returns an error wrapping errors.ErrUnsupported, and its held
-	// operations pass large answers through unstored, as before.
+	// operations pass large answers through unstored, as before. Writing
+	// piece 0 also renews a running held record's lease (Held.Lease from
+	// now, as its hold did): its holder writes it again while a body
+	// passes for longer than the lease, to show it is alive.
 	WritePiece(ctx context.Context, ref Ref, n int, p []byte) (bool, error)
 	// ReadPiece returns piece n of the body of the record under ref's
 	// claim, the caller's own, or nil when the store has no such piece

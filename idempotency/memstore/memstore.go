@@ -143,6 +143,9 @@ func (s *Store) WritePiece(_ context.Context, ref idempotency.Ref, n int, p []by
 	if _, ok := s.completed(k, ref, idempotency.StatusHeld); !ok || n < 0 {
 		return false, nil
 	}
+	if n == 0 {
+		s.renew(k)
+	}
 	set := s.pieces[k]
 	if !set.claimedAt.Equal(ref.ClaimedAt) {
 		set = pieceSet{claimedAt: ref.ClaimedAt}
@@ -156,6 +159,20 @@ func (s *Store) WritePiece(_ context.Context, ref idempotency.Ref, n int, p []by
 	}
 	s.pieces[k] = set
 	return true, nil
+}
+
+// renew extends the running hold of k by its lease from now, as
+// WritePiece of piece 0 does (see idempotency.Store); s.mu is held.
+func (s *Store) renew(k scopedKey) {
+	e := s.keys[k]
+	resp := e.rec.Response()
+	h, ok := idempotency.ParseHeld(resp, time.Time{})
+	if !ok || h.State != idempotency.HeldRunning || h.Lease <= 0 {
+		return
+	}
+	h.Until = s.now().Add(h.Lease)
+	e.rec = recordpack.Pack(e.rec.Fingerprint(), h.Response())
+	s.keys[k] = e
 }
 
 // ReadPiece implements idempotency.Store.

@@ -707,6 +707,17 @@ func (s *Store) WritePiece(ctx context.Context, ref idempotency.Ref, n int, p []
 	if p == nil {
 		p = []byte{} // an empty piece, not NULL
 	}
+	if n == 0 {
+		// The first piece, written again while the body passes: the
+		// holder is alive (see the contract).
+		if _, err := s.queries(s.pool).IdempotencyKeyRenewHold(ctx, keydb.IdempotencyKeyRenewHoldParams{
+			Scope:          s.scope.arg(ref.Scope),
+			IdempotencyKey: ref.Key,
+			KeyCreatedAt:   ref.ClaimedAt,
+		}); err != nil {
+			return false, Translate(fmt.Errorf("renew a held key's lease: %w", err))
+		}
+	}
 	rows, err := s.queries(s.pool).IdempotencyKeyWritePiece(ctx, keydb.IdempotencyKeyWritePieceParams{
 		Scope:          s.scope.arg(ref.Scope),
 		IdempotencyKey: ref.Key,

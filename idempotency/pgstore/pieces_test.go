@@ -476,3 +476,58 @@ func TestPurgeLeavesNoOrphanPieces(t *testing.T) {
 		})
 	}
 }
+
+// TestWritingTheHeadRenewsTheHold: writing piece 0 again (a holder whose
+// body still passes) renews a running hold's lease on the database's
+// clock; another piece does not, and neither is a hold renewed that is no
+// longer running.
+func TestWritingTheHeadRenewsTheHold(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	store, err := pgstore.New(pgstoretest.Pool(t), pgstore.Options{})
+	require.NoError(t, err)
+	hold := func(state string) (idempotency.Ref, idempotency.ClaimRequest) {
+		req := pieceRequest(pieceScope(pgstore.ScopeBytea))
+		lease, _, err := store.Claim(ctx, req)
+		require.NoError(t, err)
+		require.NoError(t, lease.Commit(ctx, idempotency.Held{State: state, Until: time.Now().Add(time.Minute), Lease: 2 * time.Second}.Response()))
+		return lease.Ref(), req
+	}
+	until := func(req idempotency.ClaimRequest) time.Time {
+		t.Helper()
+		req.AtOnce = true
+		_, rec, err := store.Claim(ctx, req)
+		require.NoError(t, err)
+		require.NotNil(t, rec)
+		h, ok := idempotency.ParseHeld(rec.Response, time.Time{})
+		require.True(t, ok)
+		return h.Until
+	}
+	later := func(after time.Time) {
+		// The database's clock moves on (statement_timestamp()).
+		require.Eventually(t, func() bool {
+			var now time.Time
+			require.NoError(t, pgstoretest.Pool(t).QueryRow(ctx, "SELECT statement_timestamp()").Scan(&now))
+			return now.After(after.Add(-2*time.Second + 10*time.Millisecond))
+		}, 5*time.Second, 5*time.Millisecond)
+	}
+
+	ref, req := hold(idempotency.HeldRunning)
+	before := until(req)
+	later(before)
+	ok, err := store.WritePiece(ctx, ref, 1, []byte("body"))
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, before, until(req), "another piece does not renew the hold")
+	ok, err = store.WritePiece(ctx, ref, 0, []byte(`{"status":200}`))
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.True(t, until(req).After(before), "the head written again renews the hold")
+
+	ref, req = hold(idempotency.HeldUnknown)
+	before = until(req)
+	later(before)
+	_, err = store.WritePiece(ctx, ref, 0, []byte(`{"status":200}`))
+	require.NoError(t, err)
+	require.Equal(t, before, until(req), "a hold of unknown outcome is not renewed")
+}

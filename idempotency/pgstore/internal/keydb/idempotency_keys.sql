@@ -241,6 +241,23 @@ WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key A
 FOR SHARE OF k
 ON CONFLICT (scope, idempotency_key, key_created_at, n) DO UPDATE SET data = EXCLUDED.data;
 
+-- name: IdempotencyKeyRenewHold :execrows
+-- Extends a running hold under its claim by its lease from now, on the
+-- database's clock (see the top): the holder of an operation whose body
+-- is still being stored says so by writing its first piece again
+-- (idempotency.Store.WritePiece), so that a stream or a large body that
+-- passes for longer than the lease is not taken for an operation whose
+-- holder died. A hold of another state, or settled, is left as it is.
+UPDATE idempotency_keys k
+SET response_body = convert_to(jsonb_set(h.h, '{until}', to_jsonb(statement_timestamp() + (h.h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+FROM (SELECT convert_from(response_body, 'UTF8')::jsonb AS h
+      FROM idempotency_keys
+      WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND created_at = @key_created_at
+        AND status = 'completed' AND response_status = 102 AND response_pieces IS NULL) AS h
+WHERE k.scope = CAST(@scope AS bytea) AND k.idempotency_key = @idempotency_key AND k.created_at = @key_created_at
+  AND k.status = 'completed' AND k.response_status = 102 AND k.response_pieces IS NULL
+  AND h.h->>'state' = 'running' AND (h.h->>'lease_ns') IS NOT NULL;
+
 -- name: IdempotencyKeyReadPiece :one
 -- Piece n of the body of the record under its claim: while the record is
 -- held (its pieces being written: 102, response_pieces NULL), or once it

@@ -877,6 +877,38 @@ func (q *Queries) IdempotencyKeyRelease(ctx context.Context, arg IdempotencyKeyR
 	return result.RowsAffected(), nil
 }
 
+const idempotencyKeyRenewHold = `-- name: IdempotencyKeyRenewHold :execrows
+UPDATE idempotency_keys k
+SET response_body = convert_to(jsonb_set(h.h, '{until}', to_jsonb(statement_timestamp() + (h.h->>'lease_ns')::bigint / 1000 * interval '1 microsecond'))::text, 'UTF8')
+FROM (SELECT convert_from(response_body, 'UTF8')::jsonb AS h
+      FROM idempotency_keys
+      WHERE scope = CAST($1 AS bytea) AND idempotency_key = $2 AND created_at = $3
+        AND status = 'completed' AND response_status = 102 AND response_pieces IS NULL) AS h
+WHERE k.scope = CAST($1 AS bytea) AND k.idempotency_key = $2 AND k.created_at = $3
+  AND k.status = 'completed' AND k.response_status = 102 AND k.response_pieces IS NULL
+  AND h.h->>'state' = 'running' AND (h.h->>'lease_ns') IS NOT NULL
+`
+
+type IdempotencyKeyRenewHoldParams struct {
+	Scope          []byte
+	IdempotencyKey string
+	KeyCreatedAt   time.Time
+}
+
+// Extends a running hold under its claim by its lease from now, on the
+// database's clock (see the top): the holder of an operation whose body
+// is still being stored says so by writing its first piece again
+// (idempotency.Store.WritePiece), so that a stream or a large body that
+// passes for longer than the lease is not taken for an operation whose
+// holder died. A hold of another state, or settled, is left as it is.
+func (q *Queries) IdempotencyKeyRenewHold(ctx context.Context, arg IdempotencyKeyRenewHoldParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeyRenewHold, arg.Scope, arg.IdempotencyKey, arg.KeyCreatedAt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idempotencyKeyReplaceAccepted = `-- name: IdempotencyKeyReplaceAccepted :execrows
 UPDATE idempotency_keys
 SET response_status = $1,
