@@ -11,6 +11,13 @@ type Stats struct {
 	Processing int64 // keys whose operation is running (or was, if stuck)
 	Completed  int64 // keys holding a stored response (an estimate on large tables)
 	TableBytes int64 // storage used by keys, indexes included (0 in memory)
+	// PiecesBytes is the storage used by the bodies kept in pieces
+	// (Response.Pieces), apart from their keys' records: in a database,
+	// the disk the pieces table takes with its TOAST and indexes (the
+	// space of pieces that cleanup deleted stays counted, reused by new
+	// ones); in memory, the pieces' lengths. Large answers can outweigh
+	// every key together, so they are watched on their own.
+	PiecesBytes int64
 	// OldestProcessingAge is how long the oldest processing key has been
 	// processing (0 when none).
 	OldestProcessingAge time.Duration

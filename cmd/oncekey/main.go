@@ -197,6 +197,7 @@ func (k *keysStatsCmd) Run(e env) error {
 			"processing":                    st.Processing,
 			"completed":                     st.Completed,
 			"table_bytes":                   st.TableBytes,
+			"pieces_bytes":                  st.PiecesBytes,
 			"oldest_processing_age_seconds": st.OldestProcessingAge.Seconds(),
 			"cleanup_lag_seconds":           st.CleanupLag.Seconds(),
 			"held":                          st.Held,

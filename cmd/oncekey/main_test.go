@@ -386,6 +386,7 @@ func operatorCommands(t *testing.T, scope pgstore.ScopeType) {
 	require.GreaterOrEqual(t, stats["processing"], 1.0)
 	require.GreaterOrEqual(t, stats["oldest_processing_age_seconds"], 19*60.0)
 	require.Positive(t, stats["table_bytes"])
+	require.Positive(t, stats["pieces_bytes"], "the pieces table's size, its indexes' first pages")
 
 	out, err = runCommand(t, env, "keys", "stuck", "--older-than", "10m")
 	require.NoError(t, err)

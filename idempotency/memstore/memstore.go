@@ -263,6 +263,11 @@ func (s *Store) KeyStats(context.Context) (idempotency.Stats, error) {
 			}
 		}
 	}
+	for _, set := range s.pieces {
+		for _, p := range set.data {
+			st.PiecesBytes += int64(len(p))
+		}
+	}
 	return st, nil
 }
 

@@ -861,6 +861,11 @@ func (s *Store) KeyStats(ctx context.Context) (idempotency.Stats, error) {
 		st.Held += row.HeldRunning
 		st.Unknown += row.HeldUnknown
 	}
+	// The pieces table is one table whatever the key table's partitions:
+	// read on the key table's name, not per partition (see sweepPieces).
+	if st.PiecesBytes, err = s.queries(replanned{s.pool}).IdempotencyKeyPiecesBytes(ctx); err != nil {
+		return idempotency.Stats{}, Translate(fmt.Errorf("pieces table size: %w", err))
+	}
 	return st, nil
 }
 

@@ -356,6 +356,83 @@ func TestPiecesAreNoHeldRecord(t *testing.T) {
 	require.Equal(t, int64(1), st.Completed, "it is an outcome")
 }
 
+// TestKeyStatsSizeThePieces: KeyStats.PiecesBytes is the size of the
+// key table's pieces table, its TOAST table (where large pieces' bytes
+// are) and indexes included: above its empty size by at least the bytes of
+// the pieces written, and back near it once cleanup has deleted them and a
+// vacuum has given their space back. On a plain key table, one partitioned
+// by scope (whose statements per partition cannot name the pieces table)
+// and one of another name (whose pieces table is named after it).
+func TestKeyStatsSizeThePieces(t *testing.T) {
+	t.Parallel()
+	const piece = 300 << 10 // random bytes, which do not compress
+	for _, tc := range []struct {
+		name  string
+		table string
+		setup []string // run on a migrated database before the store opens
+	}{
+		{name: "plain", table: pgstore.DefaultTable},
+		{name: "partitioned", table: pgstore.DefaultTable, setup: []string{
+			`ALTER TABLE idempotency_keys RENAME TO idempotency_keys_plain`,
+			`CREATE TABLE idempotency_keys (LIKE idempotency_keys_plain INCLUDING ALL) PARTITION BY HASH (scope)`,
+			`DROP TABLE idempotency_keys_plain`,
+			`CREATE TABLE idempotency_keys_p0 PARTITION OF idempotency_keys FOR VALUES WITH (MODULUS 2, REMAINDER 0)`,
+			`CREATE TABLE idempotency_keys_p1 PARTITION OF idempotency_keys FOR VALUES WITH (MODULUS 2, REMAINDER 1)`,
+		}},
+		{name: "renamed", table: "sized_keys"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			_, pool := pgstoretest.Empty(t) // the only pieces table: its size is the test's
+			opts := pgstore.Options{Table: tc.table}
+			require.NoError(t, pgstore.Migrate(ctx, pool, opts), "migrate")
+			for _, sql := range tc.setup {
+				_, err := pool.Exec(ctx, sql)
+				require.NoError(t, err, "%s", sql)
+			}
+			store, err := pgstore.New(pool, opts)
+			require.NoError(t, err)
+			stats := func() idempotency.Stats {
+				t.Helper()
+				st, err := store.KeyStats(ctx)
+				require.NoError(t, err, "key statistics")
+				return st
+			}
+			empty := stats().PiecesBytes
+			require.Positive(t, empty, "the empty pieces table's indexes take their first pages")
+
+			ref := holdKey(t, store, pieceRequest(pieceScope(pgstore.ScopeBytea)))
+			for n := range 3 {
+				p := make([]byte, piece)
+				_, _ = rand.Read(p)
+				ok, err := store.WritePiece(ctx, ref, n, p)
+				require.NoError(t, err, "write piece %d", n)
+				require.True(t, ok, "piece %d of a held record is stored", n)
+			}
+			written := stats().PiecesBytes
+			require.GreaterOrEqual(t, written, empty+3*piece, "the pieces table with 3 pieces of %d bytes (empty: %d bytes)", piece, empty)
+			settled, err := store.Settle(ctx, ref, idempotency.Response{Status: http.StatusOK, Header: http.Header{}, Pieces: 3, Size: 3 * piece})
+			require.NoError(t, err)
+			require.True(t, settled)
+
+			_, err = pool.Exec(ctx, "UPDATE "+tc.table+" SET expires_at = now() - interval '1 minute' WHERE idempotency_key = $1", ref.Key)
+			require.NoError(t, err, "expire the record")
+			purged, err := store.PurgeExpired(ctx, 100)
+			require.NoError(t, err, "purge")
+			require.Equal(t, int64(1), purged, "the record purged")
+			require.Empty(t, storedPieces(t, pool, tc.table, ref.Key), "its pieces swept")
+			// What autovacuum does in production: the deleted pieces' space
+			// is given back where it ends the files (all of it here). The
+			// indexes keep their pages, and vacuum adds its maps of free
+			// space and of visibility: a few pages.
+			_, err = pool.Exec(ctx, "VACUUM "+tc.table+"_pieces")
+			require.NoError(t, err, "vacuum the pieces table")
+			require.Less(t, stats().PiecesBytes, empty+128<<10, "the pieces table after cleanup and vacuum, near its empty size of %d bytes (with the pieces: %d)", empty, written)
+		})
+	}
+}
+
 // orphanPieces counts the pieces of table's pieces table that no record
 // needs: whose record (the same scope, key and claim time) is gone, or is
 // neither held nor settled with more pieces than the piece's number (both

@@ -45,6 +45,7 @@ var exported = []string{
 	"oncekey_idempotency_keys",
 	"oncekey_idempotency_keys_table_bytes",
 	"oncekey_idempotency_oldest_processing_age_seconds",
+	"oncekey_idempotency_pieces_table_bytes",
 	"oncekey_idempotency_repeated_requests_total",
 	"oncekey_idempotency_requests_total",
 	"oncekey_payment_tasks_abandoned_total",

@@ -47,7 +47,7 @@ func (c *cached[T]) get() (T, bool) {
 type storeCollector struct {
 	stats cached[idempotency.Stats]
 
-	keys, tableBytes, oldestProcessing, cleanupLag, up *prometheus.Desc
+	keys, tableBytes, piecesBytes, oldestProcessing, cleanupLag, up *prometheus.Desc
 }
 
 // StatsSource counts a key store's keys: every idempotency.Store does.
@@ -61,6 +61,7 @@ func (m *Metrics) RegisterStore(source StatsSource) {
 		stats:            cached[idempotency.Stats]{read: source.KeyStats},
 		keys:             prometheus.NewDesc("oncekey_idempotency_keys", "Idempotency keys by status (completed is PostgreSQL's estimate on large tables); a gateway's keys also as held (running upstream now) and unknown (written upstream and never answered: each waits for an operator).", []string{"status"}, nil),
 		tableBytes:       prometheus.NewDesc("oncekey_idempotency_keys_table_bytes", "Storage used by the idempotency keys table, indexes included.", nil, nil),
+		piecesBytes:      prometheus.NewDesc("oncekey_idempotency_pieces_table_bytes", "Storage used by the pieces of answers stored apart from their keys (over 256 KiB, and event streams): table, TOAST and index size (in memory, the pieces' lengths).", nil, nil),
 		oldestProcessing: prometheus.NewDesc("oncekey_idempotency_oldest_processing_age_seconds", "Age of the oldest key still processing (0: none).", nil, nil),
 		cleanupLag:       prometheus.NewDesc("oncekey_cleanup_lag_seconds", "Age of the oldest expired key not yet deleted (0: none): how far cleanup is behind.", nil, nil),
 		up:               prometheus.NewDesc("oncekey_db_up", "1 when the store answered the last metrics probe, else 0.", nil, nil),
@@ -68,7 +69,7 @@ func (m *Metrics) RegisterStore(source StatsSource) {
 }
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.keys, c.tableBytes, c.oldestProcessing, c.cleanupLag, c.up} {
+	for _, d := range []*prometheus.Desc{c.keys, c.tableBytes, c.piecesBytes, c.oldestProcessing, c.cleanupLag, c.up} {
 		ch <- d
 	}
 }
@@ -88,6 +89,7 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Held), "held")
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Unknown), "unknown")
 	ch <- prometheus.MustNewConstMetric(c.tableBytes, prometheus.GaugeValue, float64(st.TableBytes))
+	ch <- prometheus.MustNewConstMetric(c.piecesBytes, prometheus.GaugeValue, float64(st.PiecesBytes))
 	ch <- prometheus.MustNewConstMetric(c.oldestProcessing, prometheus.GaugeValue, st.OldestProcessingAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.cleanupLag, prometheus.GaugeValue, st.CleanupLag.Seconds())
 }

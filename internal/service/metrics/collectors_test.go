@@ -2,9 +2,11 @@ package metrics_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	dto "github.com/prometheus/client_model/go"
@@ -13,6 +15,7 @@ import (
 	"github.com/oncekey/oncekey/idempotency"
 	"github.com/oncekey/oncekey/internal/service/httpapi"
 	"github.com/oncekey/oncekey/internal/service/metrics"
+	"github.com/oncekey/oncekey/internal/service/store"
 	"github.com/oncekey/oncekey/internal/service/store/memory"
 	"github.com/oncekey/oncekey/internal/service/store/postgres"
 	"github.com/oncekey/oncekey/internal/testsupport/testdb"
@@ -20,7 +23,7 @@ import (
 
 // storeFamilies are what the store collector exports when the store answers.
 var storeFamilies = []string{
-	"oncekey_idempotency_keys", "oncekey_idempotency_keys_table_bytes",
+	"oncekey_idempotency_keys", "oncekey_idempotency_keys_table_bytes", "oncekey_idempotency_pieces_table_bytes",
 	"oncekey_idempotency_oldest_processing_age_seconds", "oncekey_cleanup_lag_seconds",
 }
 
@@ -61,6 +64,7 @@ func TestStoreCollectorPostgres(t *testing.T) {
 	require.Equal(t, float64(committed), keys(t, f, "completed"), "one completed key per committed operation")
 	require.Zero(t, keys(t, f, "processing"), "nothing is processing between requests")
 	require.Greater(t, f.value(t, "oncekey_idempotency_keys_table_bytes"), 0.0, "the keys table and its indexes take space")
+	require.Greater(t, f.value(t, "oncekey_idempotency_pieces_table_bytes"), 0.0, "the pieces table's indexes take space, empty as it is")
 	require.Zero(t, f.value(t, "oncekey_idempotency_oldest_processing_age_seconds"), "no processing key: age 0")
 	require.Zero(t, f.value(t, "oncekey_cleanup_lag_seconds"), "no expired key: lag 0")
 
@@ -134,6 +138,7 @@ func TestStoreCollectorMemory(t *testing.T) {
 	require.Equal(t, float64(committed), keys(t, f, "completed"), "one completed key per committed operation")
 	require.Zero(t, keys(t, f, "processing"), "nothing is processing between requests")
 	require.Zero(t, f.value(t, "oncekey_idempotency_keys_table_bytes"), "memory has no table")
+	require.Zero(t, f.value(t, "oncekey_idempotency_pieces_table_bytes"), "no answer in pieces")
 	require.Zero(t, f.value(t, "oncekey_cleanup_lag_seconds"), "no expired key")
 
 	// The memory store counts a key whose operation is still running.
@@ -148,6 +153,66 @@ func TestStoreCollectorMemory(t *testing.T) {
 	f = freshStoreScrape(t, store)
 	require.Zero(t, keys(t, f, "processing"), "the key is no longer processing")
 	require.Equal(t, float64(committed+1), keys(t, f, "completed"), "the held request's key is completed")
+}
+
+// TestPiecesTableBytes: oncekey_idempotency_pieces_table_bytes is the
+// store's KeyStats.PiecesBytes, and grows by at least the bytes of a large
+// answer's pieces as a gateway stores them, on PostgreSQL (the pieces
+// table, its TOAST and indexes) and in memory (the pieces' lengths).
+func TestPiecesTableBytes(t *testing.T) {
+	t.Parallel()
+
+	t.Run("the store's figure", func(t *testing.T) {
+		t.Parallel()
+		f := freshStoreScrape(t, fixedStats{TableBytes: 1 << 20, PiecesBytes: 3 << 30})
+		require.Equal(t, float64(3<<30), f.value(t, "oncekey_idempotency_pieces_table_bytes"), "KeyStats.PiecesBytes")
+		require.Equal(t, float64(1<<20), f.value(t, "oncekey_idempotency_keys_table_bytes"), "KeyStats.TableBytes, apart")
+	})
+
+	const piece = 256 << 10 // random bytes, which do not compress
+	for _, be := range []struct {
+		name string
+		open func(t *testing.T) store.Backend
+	}{
+		{"memory", func(*testing.T) store.Backend { return memory.New() }},
+		{"postgres", func(t *testing.T) store.Backend {
+			_, pool := testdb.Fresh(t) // the table's size is the test's own
+			return postgres.New(pool, nil)
+		}},
+	} {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			backend := be.open(t)
+			before := freshStoreScrape(t, backend).value(t, "oncekey_idempotency_pieces_table_bytes")
+
+			account := uuid.New()
+			lease, rec, err := backend.Keys().Claim(ctx, idempotency.ClaimRequest{
+				Scope: string(account[:]), Key: uuid.NewString(), Method: http.MethodGet, Route: "/export",
+				TTL: time.Hour, Wait: time.Second,
+			})
+			require.NoError(t, err, "claim")
+			require.Nil(t, rec, "a new key")
+			require.NoError(t, lease.Commit(ctx, idempotency.Held{State: idempotency.HeldRunning, Until: time.Now().Add(time.Minute)}.Response()), "hold the key as a gateway does")
+			for n := range 2 {
+				p := make([]byte, piece)
+				_, _ = rand.Read(p)
+				ok, err := backend.Keys().WritePiece(ctx, lease.Ref(), n, p)
+				require.NoError(t, err, "write piece %d", n)
+				require.True(t, ok, "piece %d stored", n)
+			}
+
+			after := freshStoreScrape(t, backend).value(t, "oncekey_idempotency_pieces_table_bytes")
+			require.GreaterOrEqual(t, after-before, float64(2*piece), "two pieces of %d bytes stored (before: %.0f, after: %.0f)", piece, before, after)
+		})
+	}
+}
+
+// fixedStats is a StatsSource that always answers st.
+type fixedStats idempotency.Stats
+
+func (s fixedStats) KeyStats(context.Context) (idempotency.Stats, error) {
+	return idempotency.Stats(s), nil
 }
 
 // failingStats is a StatsSource whose database does not answer.

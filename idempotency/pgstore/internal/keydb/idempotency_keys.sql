@@ -305,6 +305,17 @@ USING (
 ) orphan
 WHERE p.scope = orphan.scope AND p.idempotency_key = orphan.idempotency_key AND p.key_created_at = orphan.key_created_at AND p.n = orphan.n;
 
+-- name: IdempotencyKeyPiecesBytes :one
+-- The pieces table's size for KeyStats (idempotency.Stats.PiecesBytes):
+-- the table, its TOAST table, where the pieces' bytes are, and its
+-- indexes, as IdempotencyKeyStats' table_bytes is for the key table; the
+-- disk they take, which the pieces that cleanup deletes leave to new
+-- pieces until a vacuum can give it back. It reads the catalog and the
+-- files' sizes, never a row. It runs on the key table's name, never per
+-- partition (see IdempotencyKeySweepPieces): the pieces table is one
+-- table. 0 when the table does not exist.
+SELECT coalesce(pg_total_relation_size(to_regclass('idempotency_keys_pieces')), 0)::bigint AS pieces_bytes;
+
 -- name: IdempotencyKeyPeekMany :many
 -- The first of a deferred commit's statements (write-only operations,
 -- claimed at their commit, several requests' commits merged into one

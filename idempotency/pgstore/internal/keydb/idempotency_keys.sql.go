@@ -783,6 +783,25 @@ func (q *Queries) IdempotencyKeyPeekScope(ctx context.Context, arg IdempotencyKe
 	return items, nil
 }
 
+const idempotencyKeyPiecesBytes = `-- name: IdempotencyKeyPiecesBytes :one
+SELECT coalesce(pg_total_relation_size(to_regclass('idempotency_keys_pieces')), 0)::bigint AS pieces_bytes
+`
+
+// The pieces table's size for KeyStats (idempotency.Stats.PiecesBytes):
+// the table, its TOAST table, where the pieces' bytes are, and its
+// indexes, as IdempotencyKeyStats' table_bytes is for the key table; the
+// disk they take, which the pieces that cleanup deletes leave to new
+// pieces until a vacuum can give it back. It reads the catalog and the
+// files' sizes, never a row. It runs on the key table's name, never per
+// partition (see IdempotencyKeySweepPieces): the pieces table is one
+// table. 0 when the table does not exist.
+func (q *Queries) IdempotencyKeyPiecesBytes(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeyPiecesBytes)
+	var pieces_bytes int64
+	err := row.Scan(&pieces_bytes)
+	return pieces_bytes, err
+}
+
 const idempotencyKeyPurgeExpired = `-- name: IdempotencyKeyPurgeExpired :execrows
 DELETE FROM idempotency_keys k
 USING (
