@@ -447,6 +447,10 @@ func testPurgeExpired[U any](t *testing.T, b *bundle[U]) {
 	if _, err := store.PurgeExpired(ctx, 1); errors.Is(err, errors.ErrUnsupported) {
 		t.Skip("the store's records expire by themselves")
 	}
+	// No other case of the suite purges while this one counts what it
+	// purged (see purges).
+	purges.Lock()
+	defer purges.Unlock()
 	const batch = 2
 	expired := make([]idempotency.ClaimRequest, batch+1) // more than one batch
 	for i := range expired {
@@ -461,7 +465,7 @@ func testPurgeExpired[U any](t *testing.T, b *bundle[U]) {
 	inFlight := claimLease(t, ctx, store, inFlightReq)
 	awaitExpiry(t, ctx, store, scope, time.Millisecond)
 
-	n, err := store.PurgeExpired(ctx, batch)
+	n, err := purgeWhenFree(t, ctx, store, batch)
 	require.NoError(t, err, "purge")
 	// Other tests on the same database add expired keys of their own.
 	require.GreaterOrEqual(t, n, int64(len(expired)), "purged count")
@@ -882,16 +886,31 @@ func testPieces[U any](t *testing.T, b *bundle[U]) {
 		write(t, ref, 0, "a", "b")
 		settle(t, ref, 2, 2)
 		awaitExpiry(t, ctx, store, scope, short.TTL)
-		// Another test's purge on the same store (the same table) may be
-		// running: this one purges once that one ends.
-		var err error
-		require.Eventually(t, func() bool {
-			_, err = store.PurgeExpired(ctx, 100)
-			return !errors.Is(err, idempotency.ErrCleanupBusy)
-		}, 30*time.Second, 10*time.Millisecond, "another purge of the store ends")
+		purges.Lock()
+		_, err := purgeWhenFree(t, ctx, store, 100)
+		purges.Unlock()
 		require.NoError(t, err, "purge")
 		want(t, ref, nil, "a purged record's pieces go with it")
 	})
+}
+
+// purges keeps the suite's purges apart: the stores of one harness share
+// their records (one table), and a purge by one case would take the
+// expired records that another counts its purge by.
+var purges sync.Mutex
+
+// purgeWhenFree purges store's expired records once no other purge of it
+// runs (another process's, or a cleanup's of another test on the same
+// table: ErrCleanupBusy).
+func purgeWhenFree[U any](t *testing.T, ctx context.Context, store idempotency.Store[U], batch int) (int64, error) {
+	t.Helper()
+	var n int64
+	var err error
+	require.Eventually(t, func() bool {
+		n, err = store.PurgeExpired(ctx, batch)
+		return !errors.Is(err, idempotency.ErrCleanupBusy)
+	}, 30*time.Second, 10*time.Millisecond, "another purge of the store ends")
+	return n, err
 }
 
 // claimNow claims req at once (AtOnce), as every store claims in Claim
