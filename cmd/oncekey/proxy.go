@@ -114,6 +114,16 @@ func (p *proxyCmd) Run(e env) error {
 			e.log.Info("gateway profile", "profile", string(p), "routes", strings.Join(byProfile[p], ", "))
 		}
 	}
+	// What a route keeps of its answers is a privacy decision: said once,
+	// where an auditor reading the log finds it.
+	for _, r := range cfg.Routes {
+		switch name := idempotency.OperationName(r.Method, r.Path); {
+		case r.MaxStored < 0:
+			e.log.Info("gateway route stores no responses", "route", name)
+		case r.MaxStored > 0:
+			e.log.Info("gateway route stores its own size of responses", "route", name, "max_stored_bytes", r.MaxStored)
+		}
+	}
 	m.HeldOperations(names...)
 
 	ctx := e.ctx

@@ -363,3 +363,28 @@ func TestProxyRefusesABadErrorTemplate(t *testing.T) {
 // testScopeSecret is --scope-secret for the tests' gateways scoped by
 // --scope-authorization.
 const testScopeSecret = "the tests' scope secret, 32 bytes"
+
+// TestProxyRefusesABadStoredSize: a route of the routes file whose
+// max_stored_bytes is not a positive size, or that gives it beside
+// store_responses: false, stops the gateway before it listens, with one
+// line that names the route.
+func TestProxyRefusesABadStoredSize(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ route, want string }{
+		"a size of zero": {"max_stored_bytes: 0",
+			"--routes (ONCEKEY_ROUTES) " + filepath.Join(dir, "a size of zero.yaml") + ": gateway: routes file: route 1: max_stored_bytes 0 is not a positive number of bytes (store_responses: false stores no response)"},
+		"none and a size": {"store_responses: false, max_stored_bytes: 4096",
+			"route 1: store_responses: false stores no response, and max_stored_bytes bounds those stored: give one of them"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			routes := filepath.Join(dir, name+".yaml")
+			require.NoError(t, os.WriteFile(routes, []byte("routes:\n  - {method: POST, path: /patients, "+tc.route+"}\n"), 0o600))
+			_, err := runCommand(t, map[string]string{}, "proxy", "--upstream", "http://127.0.0.1:1", "--routes", routes,
+				"--scope-authorization", "--scope-secret", testScopeSecret)
+			require.ErrorContains(t, err, tc.want)
+			require.Equal(t, 1, strings.Count(err.Error(), "\n  - "), "one line: %v", err)
+		})
+	}
+}

@@ -30,6 +30,7 @@ func init() {
 //		wait             <duration>
 //		lease            <duration>
 //		max_stored_bytes <n>
+//		store_responses  on|off         # off: store no answer at all
 //		max_body_bytes   <n>
 //		on_unknown       report|retry
 //		problem_type_base <uri prefix>
@@ -47,7 +48,11 @@ func init() {
 // hold {type}, {title}, {detail}, {code} and {status}: every answer the
 // handler writes itself is that document filled in. key_header or
 // key_body_field (such as /idempotency_key) is where clients put the key;
-// the upstream receives the request as sent either way.
+// the upstream receives the request as sent either way. store_responses
+// off, for answers that carry personal data, stores none: each passes
+// through once, and its key's retries are told it was not stored
+// (idempotency.ErrNotStored; never a second run); it goes without
+// max_stored_bytes.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
 	if d.NextArg() {
@@ -72,6 +77,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		if name == "scope_secret_previous" {
 			h.ScopeSecretPrevious = append(h.ScopeSecretPrevious, value)
+		} else if name == "store_responses" {
+			store, ok := map[string]bool{"on": true, "off": false}[value]
+			if !ok {
+				return d.Errf("idempotency: store_responses %q: want on or off", value)
+			}
+			h.StoreResponses = &store
 		} else if to, ok := strs[name]; ok {
 			*to = value
 		} else if to, ok := durs[name]; ok {

@@ -19,7 +19,7 @@ func TestCaddyfile(t *testing.T) {
 		// wantErr is in the error of UnmarshalCaddyfile or Validate.
 		wantErr string
 	}{
-		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace payments-api\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n operation \"POST /transfers\"\n profile oncekey\n error_template /etc/caddy/errors.json\n key_header X-Idempotency-Key\n}", ""},
+		{"every option", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace payments-api\n redis_url redis://r:6379/0\n redis_secret s\n ttl 24h\n wait 2s\n lease 1m\n max_stored_bytes 4096\n store_responses on\n max_body_bytes 8192\n on_unknown retry\n problem_type_base https://example.com/problems/\n operation \"POST /transfers\"\n profile oncekey\n error_template /etc/caddy/errors.json\n key_header X-Idempotency-Key\n}", ""},
 		{"a key in the body", "idempotency {\n scope {http.auth.user.id}\n key_body_field /idempotency_key\n}", ""},
 		{"a bad profile", "idempotency {\n scope {http.auth.user.id}\n profile stripe\n}", `profile "stripe": want ietf or oncekey`},
 		{"a key in two places", "idempotency {\n scope {http.auth.user.id}\n key_header X-Idempotency-Key\n key_body_field /idempotency_key\n}", "not both"},
@@ -29,6 +29,9 @@ func TestCaddyfile(t *testing.T) {
 		{"an option without its value", "idempotency {\n scope\n}", "wrong argument count"},
 		{"a bad duration", "idempotency {\n scope {http.auth.user.id}\n ttl soon\n}", `ttl "soon"`},
 		{"a bad size", "idempotency {\n scope {http.auth.user.id}\n max_stored_bytes lots\n}", `max_stored_bytes "lots"`},
+		{"no answer stored", "idempotency {\n scope {http.auth.user.id}\n store_responses off\n}", ""},
+		{"a bad store_responses", "idempotency {\n scope {http.auth.user.id}\n store_responses never\n}", `store_responses "never": want on or off`},
+		{"no answer stored, and a size of those stored", "idempotency {\n scope {http.auth.user.id}\n store_responses off\n max_stored_bytes 4096\n}", "store_responses off stores no answer, and max_stored_bytes bounds those stored: give one of them"},
 		{"a bad on_unknown", "idempotency {\n scope {http.auth.user.id}\n on_unknown guess\n}", `on_unknown "guess"`},
 		{"postgres without a namespace", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n}", "database_url needs a namespace"},
 		{"a namespace with a |", "idempotency {\n scope {http.auth.user.id}\n database_url postgres://db/keys\n namespace a|b\n}", `namespace: "a|b" holds a "|"`},
@@ -52,5 +55,21 @@ func TestCaddyfile(t *testing.T) {
 			}
 			require.ErrorContains(t, err, tt.wantErr)
 		})
+	}
+}
+
+// TestCaddyfileStoreResponses: store_responses sets the handler's
+// StoreResponses (its JSON store_responses), and leaves it unset when not
+// given, which stores answers up to max_stored_bytes.
+func TestCaddyfileStoreResponses(t *testing.T) {
+	t.Parallel()
+	for block, want := range map[string]*bool{
+		"idempotency {\n scope {http.auth.user.id}\n store_responses off\n}": new(false),
+		"idempotency {\n scope {http.auth.user.id}\n store_responses on\n}":  new(true),
+		"idempotency {\n scope {http.auth.user.id}\n}":                       nil,
+	} {
+		var h caddymodule.Handler
+		require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(block)), block)
+		require.Equal(t, want, h.StoreResponses, block)
 	}
 }

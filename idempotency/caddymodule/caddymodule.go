@@ -120,6 +120,13 @@ type Handler struct {
 	// 256 KiB, and a stream, is stored in pieces as it passes); larger
 	// ones pass through once and are never run again.
 	MaxStoredBytes int64 `json:"max_stored_bytes,omitempty"`
+	// StoreResponses false stores no answer at all, for a site or route
+	// whose answers carry personal data that must not be kept: each
+	// passes through once, and its key records only that it ran and was
+	// not stored, so that it never runs twice (retries are told so:
+	// idempotency.ErrNotStored). Unset or true: answers up to MaxStoredBytes
+	// are stored. Not with MaxStoredBytes.
+	StoreResponses *bool `json:"store_responses,omitempty"`
 	// MaxBodyBytes bounds request bodies (default 1 MiB): larger ones 413.
 	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
 	// OnUnknown is "report" (the default: 409 outcome-unknown until an
@@ -203,6 +210,8 @@ func (h *Handler) Validate() error {
 			len(macScope), idempotency.MaxScopeLength-len(namespacedScope("", macScope)))
 	case h.MaxStoredBytes < 0 || h.MaxBodyBytes < 0 || h.TTL < 0 || h.Wait < 0 || h.Lease < 0:
 		return errors.New("idempotency: sizes and durations must not be negative")
+	case h.storesNone() && h.MaxStoredBytes > 0:
+		return errors.New("idempotency: store_responses off stores no answer, and max_stored_bytes bounds those stored: give one of them")
 	}
 	return nil
 }
@@ -256,7 +265,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.engine = e
 	forward := http.HandlerFunc(h.forward)
 	op := idempotency.OperationConfig{Name: h.Operation, Held: &idempotency.HeldConfig{
-		Lease: lease, MaxStored: h.MaxStoredBytes, RetryUnknown: h.OnUnknown == "retry",
+		Lease: lease, MaxStored: h.heldLimit(), RetryUnknown: h.OnUnknown == "retry",
 	}}
 	door := frontDoor{engine: e, key: h.keyPlace(), scope: scope, maxBody: h.MaxBodyBytes, observer: observer, operation: h.Operation}
 	if h.DatabaseURL == "" {
@@ -270,6 +279,25 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.serve = serveWith(door, idempotency.NewOperation(e, store, op), forward)
 	return nil
+}
+
+// storesNone reports whether the handler stores no answer
+// (StoreResponses false).
+func (h *Handler) storesNone() bool { return h.StoreResponses != nil && !*h.StoreResponses }
+
+// heldStoreNone is the engine's HeldConfig.MaxStored for a handler that
+// stores no answer: the least limit the engine takes, one byte, so that
+// every answer with a body passes through unstored. (An engine whose
+// MaxStored takes a negative value for none would store no empty answer
+// either.)
+const heldStoreNone = 1
+
+// heldLimit is the engine's HeldConfig.MaxStored for the handler.
+func (h *Handler) heldLimit() int64 {
+	if h.storesNone() {
+		return heldStoreNone
+	}
+	return h.MaxStoredBytes
 }
 
 // scopeRule is the site's scope rule, its secrets' placeholders

@@ -174,8 +174,8 @@ func TestCaddy(t *testing.T) {
 	bin := buildCaddy(t)
 	up := startUpstream(t)
 	dbURL := pgstoretest.URL(t)
-	addrs := freeAddrs(t, 5)
-	memory, postgres, dead, counted, metrics := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4]
+	addrs := freeAddrs(t, 6)
+	memory, postgres, dead, counted, metrics, private := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4], addrs[5]
 	gone := freeAddr(t) // nothing listens there
 	site := func(addr, upstream, options string) string {
 		return fmt.Sprintf("http://%s {\n\tidempotency {\n\t\tscope {http.request.header.X-Account-Id}\n\t\tproblem_type_base https://example.com/problems/\n%s\t}\n\treverse_proxy %s\n}\n", addr, options, upstream)
@@ -186,7 +186,8 @@ func TestCaddy(t *testing.T) {
 	logs := startCaddy(t, bin, "{\n\tadmin off\n\tauto_https off\n}\n"+
 		site(memory, up.addr, "")+site(postgres, up.addr, pg)+site(dead, gone, pg)+
 		site(counted, up.addr, "\t\toperation \"POST /transfers\"\n")+
-		fmt.Sprintf("http://%s {\n\tmetrics\n}\n", metrics), memory, postgres, dead, counted, metrics)
+		site(private, up.addr, fmt.Sprintf("\t\tdatabase_url %q\n\t\tnamespace records\n\t\tstore_responses off\n", dbURL))+
+		fmt.Sprintf("http://%s {\n\tmetrics\n}\n", metrics), memory, postgres, dead, counted, metrics, private)
 
 	for _, tc := range []struct{ name, addr string }{{"memory", memory}, {"postgres", postgres}} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -241,6 +242,19 @@ func TestCaddy(t *testing.T) {
 		require.Equal(t, 2.0, counter(t, metrics, series("outcome_unknown")), "and its retry")
 		require.Contains(t, logs.String(), "the upstream took a request and did not answer; its outcome is unknown")
 		require.Contains(t, logs.String(), `"path":"/transfers"`)
+	})
+
+	// A site whose answers must not be kept: the answer passes through
+	// once, and the key says it ran and was not stored.
+	t.Run("store_responses off", func(t *testing.T) {
+		scope, key := "acct-"+rand.Text(), rand.Text()
+		resp, body := post(t, private, scope, key, "")
+		require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+		require.Contains(t, body, `"amount"`, "the upstream's answer, passed through")
+		resp, body = post(t, private, scope, key, "")
+		require.Equal(t, http.StatusConflict, resp.StatusCode, "not stored, never run again: %s", body)
+		require.Contains(t, body, idempotency.ProblemOf(idempotency.ErrNotStored).Slug)
+		require.Equal(t, 1, up.runs(t, key))
 	})
 
 	t.Run("upstream down", func(t *testing.T) {

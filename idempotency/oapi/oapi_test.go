@@ -212,3 +212,49 @@ func TestMiddlewareFailsClosedWithoutARoute(t *testing.T) {
 	}
 	require.EqualValues(t, 4, runs.Load(), "only the requests outside the protocol ran")
 }
+
+// TestExtensionSetsTheResponsesAGatewayStores: x-idempotency's
+// max-stored-bytes and store-responses: false are read into MaxStored
+// (StoreNone for none); a size that is not a positive whole number, a
+// store-responses that is not a boolean, and the two together are
+// refused. Bound in-process, where the response is stored whole in the
+// operation's transaction, they are refused, never ignored.
+func TestExtensionSetsTheResponsesAGatewayStores(t *testing.T) {
+	t.Parallel()
+	for ext, want := range map[string]int64{
+		"{max-stored-bytes: 65536}":                       65536,
+		"{store-responses: false}":                        oapi.StoreNone,
+		"{store-responses: true}":                         0,
+		"{store-responses: true, max-stored-bytes: 1024}": 1024,
+		"{ttl: 24h}": 0,
+		`{"max-stored-bytes": 9007199254740992, wait: 2s}`: 1 << 53,
+	} {
+		doc := load(t, strings.Replace(spec, "x-idempotency: {ttl: 24h, wait: 2s}", "x-idempotency: "+ext, 1))
+		ops, err := oapi.New(doc, engine())
+		require.NoError(t, err, ext)
+		op := ops.Find("POST", "/widgets/{id}/paint")
+		require.True(t, op.Idempotent, ext)
+		require.Equal(t, want, op.MaxStored, ext)
+		_, err = oapi.Bind(ops, "paintWidget", memstore.New())
+		if want == 0 {
+			require.NoError(t, err, ext)
+			continue
+		}
+		require.ErrorContains(t, err, "max-stored-bytes and store-responses are a gateway's", ext)
+		oapi.BindRest(ops, memstore.New())
+		_, err = ops.Middleware(nil)
+		require.ErrorContains(t, err, "paintWidget (x-idempotency's max-stored-bytes and store-responses are a gateway's", ext)
+	}
+	for ext, says := range map[string]string{
+		"{max-stored-bytes: 0}":                           "max-stored-bytes: 0 is not a positive number",
+		"{max-stored-bytes: -5}":                          "max-stored-bytes: -5 is not a positive number",
+		"{max-stored-bytes: 1.5}":                         "max-stored-bytes: 1.5 is not a positive number",
+		"{max-stored-bytes: 1MiB}":                        "max-stored-bytes: 1MiB is not a positive number",
+		"{store-responses: never}":                        "store-responses: never is not true or false",
+		"{store-responses: false, max-stored-bytes: 100}": "give one of them",
+	} {
+		doc := load(t, strings.Replace(spec, "x-idempotency: {ttl: 24h, wait: 2s}", "x-idempotency: "+ext, 1))
+		_, err := oapi.New(doc, engine())
+		require.ErrorContains(t, err, says, ext)
+	}
+}

@@ -41,6 +41,14 @@ type Route struct {
 	// see idempotency.OperationConfig.
 	RepeatWindow  time.Duration
 	RefuseRepeats bool
+	// MaxStored bounds the responses this route stores for replays,
+	// instead of Config.MaxStored (zero: Config's): a route whose answers
+	// carry personal data keeps less of them, for as long as its keys
+	// live. Negative (StoreNone) stores no response at all: every answer
+	// passes through once, and the key records only that it ran and was
+	// not stored, so that it still never runs twice (its retries are told
+	// so: idempotency.ErrNotStored).
+	MaxStored int64
 	// Validate, if set, checks a request's body before it goes upstream;
 	// an error (a *problem.Error, else a 400) consumes no key.
 	Validate func(r *http.Request, body []byte) error
@@ -97,7 +105,8 @@ type Config struct {
 	// response headers); past it the outcome is unknown. Default 30s.
 	UpstreamTimeout time.Duration
 	// MaxStored bounds the responses stored for replays; larger ones pass
-	// through once (idempotency.HeldConfig.MaxStored).
+	// through once (idempotency.HeldConfig.MaxStored). A route may set
+	// its own (Route.MaxStored).
 	MaxStored int64
 	// RetryUnknown runs a request whose outcome is unknown again under its
 	// key: for upstreams that deduplicate the forwarded Idempotency-Key.
@@ -111,6 +120,27 @@ type Config struct {
 	// its route pattern (the covered route, or "" for one passed
 	// through), method, status and duration.
 	ObserveHTTP func(route, method string, status int, d time.Duration)
+}
+
+// StoreNone is Route.MaxStored for a route that stores no response.
+const StoreNone = -1
+
+// engineStoreNone is the engine's HeldConfig.MaxStored for a route that
+// stores no response: the least limit the engine takes, one byte, so that
+// every answer with a body passes through unstored. (An engine whose
+// MaxStored takes a negative value for none would store no empty answer
+// either.)
+const engineStoreNone = 1
+
+// heldLimit is the engine's HeldConfig.MaxStored for rt under cfg.
+func (rt *Route) heldLimit(cfg Config) int64 {
+	switch {
+	case rt.MaxStored < 0:
+		return engineStoreNone
+	case rt.MaxStored > 0:
+		return rt.MaxStored
+	}
+	return cfg.MaxStored
 }
 
 // DefaultUpstreamTimeout is Config.UpstreamTimeout's default.
@@ -188,6 +218,9 @@ func New[U any](cfg Config, store idempotency.Store[U]) (*Gateway, error) {
 	held := idempotency.HeldConfig{Lease: cfg.UpstreamTimeout + leaseMargin, MaxStored: cfg.MaxStored, RetryUnknown: cfg.RetryUnknown}
 	for i := range routes {
 		name := idempotency.OperationName(routes[i].Method, routes[i].Path)
+		// Each route's own copy: its limit on the responses stored.
+		held := held
+		held.MaxStored = routes[i].heldLimit(cfg)
 		op := idempotency.NewOperation(e, store, idempotency.OperationConfig{Name: name, TTL: routes[i].TTL, Wait: routes[i].Wait,
 			RepeatWindow: routes[i].RepeatWindow, RefuseRepeats: routes[i].RefuseRepeats, Held: &held})
 		routes[i].handler = frontDoor(e, op, name, &routes[i], cfg, scope, fwd)

@@ -46,7 +46,7 @@ func SpecRoutes(doc *openapi3.T) ([]Route, error) {
 				continue
 			}
 			rt := Route{Method: op.Method, Path: op.Path, TTL: op.TTL, Wait: op.Wait, Key: frontdoor.KeyPlace{Header: header},
-				RepeatWindow: op.RepeatWindow, RefuseRepeats: op.RefuseRepeats}
+				RepeatWindow: op.RepeatWindow, RefuseRepeats: op.RefuseRepeats, MaxStored: op.MaxStored}
 			if spec.Responses.Value("202") == nil {
 				rt.Profile = frontdoor.IETF
 			}
@@ -122,6 +122,10 @@ type routeFile struct {
 		// the gateway's for the route.
 		RepeatWindow  string `yaml:"repeat_window"`
 		RefuseRepeats bool   `yaml:"refuse_repeats"`
+		// MaxStoredBytes bounds the responses the route stores, and
+		// StoreResponses false stores none (Route.MaxStored).
+		MaxStoredBytes *int64 `yaml:"max_stored_bytes"`
+		StoreResponses *bool  `yaml:"store_responses"`
 		// Profile, ErrorTemplate, KeyHeader and KeyBodyField override
 		// the gateway's for the route.
 		Profile       string `yaml:"profile"`
@@ -142,6 +146,8 @@ type routeFile struct {
 //	    repeat_window: 10m        # optional: "off", or how long a request is
 //	                              # remembered to spot it under a new key
 //	    refuse_repeats: true      # optional: refuse such a repeat (409)
+//	    max_stored_bytes: 65536   # optional: store responses up to this size
+//	    store_responses: false    # optional: store no response at all
 //	    profile: oncekey          # optional: ietf or oncekey
 //	    error_template: err.json  # optional: the route's error shape
 //	    key_header: X-Idempotency-Key  # or key_body_field: /idempotency_key
@@ -172,6 +178,23 @@ func ReadErrorTemplate(path string) (*frontdoor.Template, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return t, nil
+}
+
+// storedLimit is Route.MaxStored for a route of the routes file that
+// sets limit (max_stored_bytes) or store (store_responses), each nil
+// where it is not set.
+func storedLimit(limit *int64, store *bool) (int64, error) {
+	switch {
+	case store != nil && !*store && limit != nil:
+		return 0, errors.New("store_responses: false stores no response, and max_stored_bytes bounds those stored: give one of them")
+	case store != nil && !*store:
+		return StoreNone, nil
+	case limit == nil:
+		return 0, nil
+	case *limit <= 0:
+		return 0, fmt.Errorf("max_stored_bytes %d is not a positive number of bytes (store_responses: false stores no response)", *limit)
+	}
+	return *limit, nil
 }
 
 func readRoutes(in io.Reader, dir string) ([]Route, error) {
@@ -208,6 +231,9 @@ func readRoutes(in io.Reader, dir string) ([]Route, error) {
 			return nil, fmt.Errorf("gateway: routes file: route %d needs a method and a path", i+1)
 		}
 		var err error
+		if rt.MaxStored, err = storedLimit(r.MaxStoredBytes, r.StoreResponses); err != nil {
+			return nil, fmt.Errorf("gateway: routes file: route %d: %w", i+1, err)
+		}
 		if r.Profile != "" {
 			if rt.Profile, err = frontdoor.ParseProfile(r.Profile); err != nil {
 				return nil, fmt.Errorf("gateway: routes file: route %d: %w", i+1, err)
