@@ -44,6 +44,7 @@ func main() {
 	flag.StringVar(&opts.chart, "chart", "docs/img/benchmarks.png", "the chart")
 	modes := flag.String("modes", "", "measure only these modes, comma-separated (default: all: baseline, bare, first, replay, replay-db, first+redis, replay+redis); a target needs the modes it compares")
 	flag.BoolVar(&opts.proxy, "proxy", true, "measure the gateway (oncekey proxy) against a plain reverse proxy in front of the same Go upstream")
+	flag.BoolVar(&opts.large, "large", true, "measure the gateway storing and replaying large answers (1 MiB and 10 MiB, in pieces) against a plain reverse proxy, with the memory it takes")
 	flag.BoolVar(&opts.costs, "cost", true, "measure each mode's cost per request at one client: round trips, statements, WAL bytes, CPU time, allocations")
 	flag.StringVar(&opts.cpuProfile, "cpuprofile", "", "write a CPU profile of the main rounds (server and load generator together) to this file")
 	chartOnly := flag.Bool("chart-only", false, "measure nothing: redraw -chart from the numbers in -json (make docs/images does)")

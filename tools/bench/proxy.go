@@ -49,58 +49,72 @@ func (b *bench) startProxies() (func(), error) {
 			stop()
 		}
 	}
-	serve := func(h http.Handler) (string, error) { return listen(h, &stops) }
-	upstream, err := serve(http.HandlerFunc(upstreamOrders))
+	var err error
+	b.targets[modePlainProxy], b.targets[modeFirstGateway], err = b.startGateway(http.HandlerFunc(upstreamOrders), "/orders", &stops)
 	if err != nil {
 		return stopAll, err
 	}
-	to, err := url.Parse(upstream)
+	b.targets[modeReplayGateway] = b.targets[modeFirstGateway]
+	return stopAll, nil
+}
+
+// startGateway serves upstream, a plain httputil.ReverseProxy in front of
+// it and the gateway in front of it covering POST path, as `oncekey proxy`
+// wires PostgreSQL; adds what stops them to stops, and returns the plain
+// proxy's URL and the gateway's. The proxy phase and the large-body phase
+// share it, so that both measure the gateway as it is wired.
+func (b *bench) startGateway(upstream http.Handler, path string, stops *[]func()) (plainURL, gatewayURL string, err error) {
+	serve := func(h http.Handler) (string, error) { return listen(h, stops) }
+	upstreamURL, err := serve(upstream)
 	if err != nil {
-		return stopAll, err
+		return "", "", err
+	}
+	to, err := url.Parse(upstreamURL)
+	if err != nil {
+		return "", "", err
 	}
 	transport := func() *http.Transport {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = 256
-		stops = append(stops, t.CloseIdleConnections)
+		*stops = append(*stops, t.CloseIdleConnections)
 		return t
 	}
 	plain := &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(to); pr.SetXForwarded() },
 		Transport: transport(),
 	}
-	if b.targets[modePlainProxy], err = serve(plain); err != nil {
-		return stopAll, err
+	if plainURL, err = serve(plain); err != nil {
+		return "", "", err
 	}
 	// As `oncekey proxy` wires PostgreSQL: the deferred store, with the
 	// record cache in front.
 	pg, err := pgstore.New(b.pool, pgstore.Options{})
 	if err != nil {
-		return stopAll, err
+		return "", "", err
 	}
 	deferred, err := pg.ClaimAtCommit()
 	if err != nil {
-		return stopAll, err
+		return "", "", err
 	}
 	cache, err := recordcache.New(recordcache.DefaultSize, nil)
 	if err != nil {
-		return stopAll, err
+		return "", "", err
 	}
 	scope, err := keyscope.Authorization([]byte("bench scope secret, 32 bytes long"))
 	if err != nil {
-		return stopAll, err
+		return "", "", err
 	}
 	gw, err := gateway.New(gateway.Config{
-		Upstream: to, Routes: []gateway.Route{{Method: http.MethodPost, Path: "/orders"}},
+		Upstream: to, Routes: []gateway.Route{{Method: http.MethodPost, Path: path}},
 		Scope: scope.Source, Transport: transport(), Logger: slog.New(slog.DiscardHandler),
 	}, recordcache.Wrap(cache, deferred))
 	if err != nil {
-		return stopAll, err
+		return "", "", err
 	}
-	if b.targets[modeFirstGateway], err = serve(gw); err != nil {
-		return stopAll, err
+	if gatewayURL, err = serve(gw); err != nil {
+		return "", "", err
 	}
-	b.targets[modeReplayGateway] = b.targets[modeFirstGateway]
-	return stopAll, nil
+	return plainURL, gatewayURL, nil
 }
 
 // upstreamOrders is the Go upstream: it reads the order and answers 201

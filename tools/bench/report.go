@@ -41,6 +41,7 @@ type report struct {
 	cleanup *cleanupResult
 	soak    *soakResult
 	proxy   *proxyResult
+	large   *largePhaseResult
 	costs   []cost // every round's
 }
 
@@ -218,6 +219,15 @@ func (r *report) judge() {
 		}
 		add(fmt.Sprintf("%d clients, "+t.name, targetClients, t.want), false, t.want, got, ok)
 	}
+	for _, size := range largeSizes {
+		for _, n := range largeClients {
+			got, ok := r.large.replayOverFirst(size, n)
+			add(fmt.Sprintf("%d clients, gateway replays of %s answers: throughput ≥ 1 × first requests'", n, sizeName(size)), false, 1, got, ok)
+		}
+	}
+	biggest, most := slices.Max(largeSizes), slices.Max(largeClients)
+	got, ok = r.large.heapShare(biggest, most)
+	add(fmt.Sprintf("%d clients, gateway with %s answers: live heap growth ≤ %.2f × the bodies held whole", most, sizeName(biggest), largeHeapShare), true, largeHeapShare, got, ok)
 	growth, ok := r.soakGrowth()
 	add("memory: RSS after the first minute ≤ 1.1 × RSS at one minute", true, 1.1, growth, ok)
 
@@ -321,7 +331,7 @@ func (r *report) write(opts options) error {
 	raw, err := json.MarshalIndent(map[string]any{
 		"measured_at": r.when, "duration_seconds": opts.duration.Seconds(), "rounds": opts.rounds,
 		"results": r.all, "medians": r.results, "scale": r.scale, "cleanup": r.cleanup, "memory": r.soak,
-		"costs": r.costs, "cost_medians": medianCosts(r.costs), "proxy": r.proxy,
+		"costs": r.costs, "cost_medians": medianCosts(r.costs), "proxy": r.proxy, "large": r.large,
 	}, "", "  ")
 	if err != nil {
 		return err
@@ -407,6 +417,9 @@ func (r *report) markdown(opts options, kept string) string {
 	}
 	if r.proxy != nil {
 		b.WriteString(r.proxy.markdown())
+	}
+	if r.large != nil {
+		b.WriteString(r.large.markdown())
 	}
 	if s := r.soak; s != nil {
 		fmt.Fprintf(&b, "\n## Memory\n\n`oncekey serve` as a process of its own (PostgreSQL, record and API-key caches on, cleanup every minute), %d clients sending first requests for %.0f s: %d requests (%.0f/s), every one a new key. Its resident set size:\n\n| Seconds | RSS MiB |\n| ---: | ---: |\n",

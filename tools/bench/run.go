@@ -44,6 +44,7 @@ type options struct {
 	cpuProfile            string
 	costs                 bool
 	proxy                 bool
+	large                 bool
 }
 
 // Modes, in the order they are measured at each concurrency.
@@ -151,6 +152,14 @@ func run(ctx context.Context, opts options, stdout io.Writer, log *slog.Logger) 
 	if opts.soak > 0 {
 		if rep.soak, err = b.soakPhase(ctx); err != nil {
 			return 0, fmt.Errorf("memory phase: %w", err)
+		}
+	}
+	// Last: each of its first requests stores megabytes in the key
+	// table's pieces and the WAL, which no earlier phase should measure
+	// beside.
+	if opts.large {
+		if rep.large, err = b.largePhase(ctx); err != nil {
+			return 0, fmt.Errorf("large-body phase: %w", err)
 		}
 	}
 	rep.judge()
