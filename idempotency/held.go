@@ -124,7 +124,9 @@ type HeldConfig struct {
 	// request that finds it still passing follows it. One larger than
 	// MaxStored, or, where the store keeps no pieces, a stream or one over
 	// 1 MiB, passes through to the client once, and the key records that it
-	// was not stored.
+	// was not stored. Negative stores none, an empty one neither: every
+	// response passes through as it comes, for an operation whose answers
+	// must not be kept.
 	MaxStored int64
 	// RetryUnknown runs an operation whose outcome is unknown again, under
 	// the same key, instead of answering ErrOutcomeUnknown: for an upstream
@@ -158,7 +160,7 @@ func newHeld(held HeldConfig, store settler) *heldOperation {
 	if held.Lease <= 0 {
 		held.Lease = time.Minute
 	}
-	if held.MaxStored <= 0 {
+	if held.MaxStored == 0 {
 		held.MaxStored = defaultMaxStored
 	}
 	if held.Holder == "" {

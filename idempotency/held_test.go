@@ -121,6 +121,15 @@ func TestHeldOperationOutcomes(t *testing.T) {
 			first: http.StatusCreated, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrNotStored).Slug,
 		},
 		{
+			name: "an operation that stores no responses: passed through once, never run again",
+			held: idempotency.HeldConfig{MaxStored: -1},
+			handler: func(w http.ResponseWriter, _ *http.Request, _ int64) {
+				w.WriteHeader(http.StatusCreated)
+				_, _ = w.Write([]byte("0"))
+			},
+			first: http.StatusCreated, retry: http.StatusConflict, runs: 1, retrySays: idempotency.ProblemOf(idempotency.ErrNotStored).Slug,
+		},
+		{
 			name: "a stream: stored as it passes, replayed",
 			handler: func(w http.ResponseWriter, _ *http.Request, _ int64) {
 				w.Header().Set("Content-Type", "text/event-stream")

@@ -151,6 +151,10 @@ func (s *serving[U]) runHeld(next http.Handler) {
 	case !replayable(w.status):
 		finish(Response{Status: w.status})
 		w.copyTo(s.w)
+	case w.limit < 0:
+		// A handler that wrote nothing: its empty 200 is not stored either.
+		stored(w.status, "the operation stores no responses")
+		w.copyTo(s.w)
 	default:
 		finish(Response{Status: w.status, Header: w.allowed(s.op.e.stored), Body: w.body.Bytes()})
 		w.copyTo(s.w)
@@ -209,6 +213,10 @@ func (w *heldWriter) WriteHeader(status int) {
 		return
 	}
 	w.recorder.WriteHeader(status)
+	if w.limit < 0 {
+		w.pass("the operation stores no responses")
+		return
+	}
 	if mt, _, _ := mime.ParseMediaType(w.header.Get("Content-Type")); mt == "text/event-stream" {
 		if !replayable(status) {
 			w.pass("the response is a stream (text/event-stream)")

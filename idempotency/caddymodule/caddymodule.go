@@ -286,11 +286,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) storesNone() bool { return h.StoreResponses != nil && !*h.StoreResponses }
 
 // heldStoreNone is the engine's HeldConfig.MaxStored for a handler that
-// stores no answer: the least limit the engine takes, one byte, so that
-// every answer with a body passes through unstored. (An engine whose
-// MaxStored takes a negative value for none would store no empty answer
-// either.)
-const heldStoreNone = 1
+// stores no answer, an empty one neither.
+const heldStoreNone = -1
 
 // heldLimit is the engine's HeldConfig.MaxStored for the handler.
 func (h *Handler) heldLimit() int64 {

@@ -126,11 +126,8 @@ type Config struct {
 const StoreNone = -1
 
 // engineStoreNone is the engine's HeldConfig.MaxStored for a route that
-// stores no response: the least limit the engine takes, one byte, so that
-// every answer with a body passes through unstored. (An engine whose
-// MaxStored takes a negative value for none would store no empty answer
-// either.)
-const engineStoreNone = 1
+// stores no response, an empty one neither.
+const engineStoreNone = -1
 
 // heldLimit is the engine's HeldConfig.MaxStored for rt under cfg.
 func (rt *Route) heldLimit(cfg Config) int64 {

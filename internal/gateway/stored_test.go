@@ -25,7 +25,7 @@ import (
 // idempotency.ErrNotStored, and the upstream ran once) while a route of the
 // gateway's limit stores and replays the same answer; a route may also
 // store more than the gateway's limit; and a route that stores no
-// response stores neither an answer nor a stream.
+// response stores neither an answer, nor a stream, nor an empty answer.
 func TestRoutesStoreTheirOwnSizeOfResponses(t *testing.T) {
 	t.Parallel()
 	answer := `{"id":"` + strings.Repeat("x", 100) + `"}` // 109 bytes
@@ -36,6 +36,11 @@ func TestRoutesStoreTheirOwnSizeOfResponses(t *testing.T) {
 	}
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		count(r.Header.Get(idempotency.HeaderKey)).Add(1)
+		if strings.HasSuffix(r.URL.Path, "/empty") {
+			w.Header().Set("Location", r.URL.Path+"/"+uuid.NewString())
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		if strings.HasSuffix(r.URL.Path, "/events") {
 			w.Header().Set("Content-Type", "text/event-stream")
 			w.WriteHeader(http.StatusOK)
@@ -64,6 +69,7 @@ func TestRoutesStoreTheirOwnSizeOfResponses(t *testing.T) {
 		{name: "a route's limit above the gateway's: stored and replayed", path: "/exports", gatewayMax: 16, routeMax: 1 << 20, want: answer, replayed: true},
 		{name: "a route that stores no response", path: "/patients", routeMax: gateway.StoreNone, want: answer},
 		{name: "a route that stores no response: a stream", path: "/patients/events", routeMax: gateway.StoreNone, want: "data: 0\n\ndata: 1\n\ndata: 2\n\n"},
+		{name: "a route that stores no response: an empty one", path: "/patients/empty", routeMax: gateway.StoreNone, want: ""},
 		{name: "the gateway's limit: a stream stored and replayed", path: "/transfers/events", want: "data: 0\n\ndata: 1\n\ndata: 2\n\n", replayed: true},
 	}
 	for _, store := range stores {
