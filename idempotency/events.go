@@ -12,8 +12,10 @@ import (
 
 // headerLastEventID is the header with which a client of an event stream
 // (the browser's EventSource, and most others) resumes it: the id of the
-// last event it got.
-const headerLastEventID = "Last-Event-ID"
+// last event it got. Spelled as net/http keys it (Last-Event-ID, as
+// clients send it, is not canonical), so that looking it up on every
+// replay allocates nothing.
+const headerLastEventID = "Last-Event-Id"
 
 // isEventStream reports whether h says its body is an event stream
 // (text/event-stream).
@@ -165,13 +167,7 @@ func (o *Operation[U]) follow(w http.ResponseWriter, r *http.Request, d *Decisio
 			n, offset = piece, off
 		}
 	}
-	h := w.Header()
-	for name, values := range head.Header {
-		if !neverReplayed[http.CanonicalHeaderKey(name)] {
-			h[name] = values
-		}
-	}
-	h.Set(HeaderReplayed, "true")
+	setReplayHeader(w.Header(), head.Header, -1)
 	w.WriteHeader(head.Status)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()

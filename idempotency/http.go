@@ -197,7 +197,7 @@ func (o *Operation[U]) Serve(w http.ResponseWriter, r *http.Request, in Request,
 	case d.follow != nil:
 		o.follow(w, r, d)
 	case d.Replay != nil:
-		o.e.replay(w, r, *d.Replay, o.pieces(r.Context(), d.Ref))
+		o.replay(w, r, *d.Replay, d.Ref)
 	case o.held != nil:
 		s.runHeld(next)
 	default:
@@ -271,7 +271,7 @@ func (s *serving[U]) run(next http.Handler) {
 		s.write(err)
 	case d.Replay != nil:
 		// Another request's claim won the key as this one committed.
-		s.op.e.replay(s.w, s.r, *d.Replay, s.op.pieces(s.r.Context(), s.d.Ref))
+		s.op.replay(s.w, s.r, *d.Replay, s.d.Ref)
 	default:
 		rec.copyTo(s.w)
 	}
@@ -301,21 +301,34 @@ func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w)
 // Close implements io.Closer: there is nothing to release.
 func (b *bodyReader) Close() error { return nil }
 
-// pieces reads the pieces of the body stored under ref's claim, for a
-// replay of a body stored in pieces.
-func (o *Operation[U]) pieces(ctx context.Context, ref Ref) func(n int) ([]byte, error) {
-	return func(n int) ([]byte, error) { return o.store.ReadPiece(ctx, ref, n) }
+// replay writes a stored response (Engine.replay), whose body, if it is
+// in pieces, is read under ref's claim.
+func (o *Operation[U]) replay(w http.ResponseWriter, r *http.Request, resp Response, ref Ref) {
+	if resp.Pieces <= 0 && (r.Header.Get(headerLastEventID) == "" || !isEventStream(resp.Header)) {
+		// The common case: the whole body is in the record.
+		o.e.replay(w, r, resp, nil)
+		return
+	}
+	ctx := r.Context()
+	o.e.replay(w, r, resp, func(n int) ([]byte, error) { return o.store.ReadPiece(ctx, ref, n) })
 }
 
 // replay writes a stored response: the same status and body bytes, the
 // allow-listed headers, and Idempotent-Replayed. A body stored in pieces
-// is read and sent a piece at a time, so a replay holds one piece in
-// memory; a piece that cannot be read breaks the answer off (its
+// (read by read) is sent a piece at a time, so a replay holds one piece
+// in memory; a piece that cannot be read breaks the answer off (its
 // Content-Length unmet), so that no client takes a part for the whole. A
 // stream (text/event-stream) asked for with a Last-Event-ID that names
 // one of its events resumes after that event.
 func (e *Engine) replay(w http.ResponseWriter, r *http.Request, resp Response, read func(n int) ([]byte, error)) {
-	// The first piece of a body in pieces is its head (pieceHead).
+	if read == nil {
+		setReplayHeader(w.Header(), resp.Header, int64(len(resp.Body)))
+		w.WriteHeader(resp.Status)
+		_, _ = w.Write(resp.Body)
+		return
+	}
+	// The first piece of a body in pieces is its head (pieceHead); a body
+	// kept in the record is its only piece.
 	first, pieces, size := 1, resp.Pieces, resp.Size
 	if pieces <= 0 {
 		body := resp.Body
@@ -333,37 +346,8 @@ func (e *Engine) replay(w http.ResponseWriter, r *http.Request, resp Response, r
 			first, offset, size = piece, off, size-skipped
 		}
 	}
-
-	h := w.Header()
-	n := 0
-	for _, values := range resp.Header {
-		n += len(values)
-	}
-	// The values are copied into one slice, each header's with no spare
-	// capacity (as http.Header.Clone does), so that appending to one never
-	// writes into another; the replay's own two headers come last.
-	all := make([]string, 0, n+2)
-	for name, values := range resp.Header {
-		if neverReplayed[http.CanonicalHeaderKey(name)] {
-			continue
-		}
-		if len(values) == 0 {
-			h[name] = nil
-			continue
-		}
-		start := len(all)
-		all = append(all, values...)
-		h[name] = all[start:len(all):len(all)]
-	}
-	end := len(all)
-	all = append(all, "true", strconv.FormatInt(size, 10))
-	h[HeaderReplayed] = all[end : end+1 : end+1]
-	h["Content-Length"] = all[end+1 : end+2 : end+2]
+	setReplayHeader(w.Header(), resp.Header, size)
 	w.WriteHeader(resp.Status)
-	if resp.Pieces <= 0 && offset == 0 {
-		_, _ = w.Write(resp.Body)
-		return
-	}
 	var sent int64
 	for i := first; i < pieces; i++ {
 		p, err := read(i)
@@ -382,6 +366,40 @@ func (e *Engine) replay(w http.ResponseWriter, r *http.Request, resp Response, r
 	if sent != size {
 		e.cfg.Logger.Error("idempotency: a replay broke off: its stored pieces are shorter than its body", "sent", sent, "size", size)
 		panic(http.ErrAbortHandler)
+	}
+}
+
+// setReplayHeader sets on h what a replay of a response with the header
+// stored carries: its allow-listed headers, Idempotent-Replayed, and a
+// Content-Length of size (none when size is negative: a body followed as
+// it is stored, whose length is not known yet).
+func setReplayHeader(h, stored http.Header, size int64) {
+	n := 0
+	for _, values := range stored {
+		n += len(values)
+	}
+	// The values are copied into one slice, each header's with no spare
+	// capacity (as http.Header.Clone does), so that appending to one never
+	// writes into another; the replay's own two headers come last.
+	all := make([]string, 0, n+2)
+	for name, values := range stored {
+		if neverReplayed[http.CanonicalHeaderKey(name)] {
+			continue
+		}
+		if len(values) == 0 {
+			h[name] = nil
+			continue
+		}
+		start := len(all)
+		all = append(all, values...)
+		h[name] = all[start:len(all):len(all)]
+	}
+	end := len(all)
+	all = append(all, "true")
+	h[HeaderReplayed] = all[end : end+1 : end+1]
+	if size >= 0 {
+		all = append(all, strconv.FormatInt(size, 10))
+		h["Content-Length"] = all[end+1 : end+2 : end+2]
 	}
 }
 
