@@ -75,12 +75,13 @@ func (s *serving[U]) runHeld(next http.Handler) {
 	// an operation whose holder died.
 	beat := make(chan struct{})
 	var beating sync.WaitGroup
-	defer func() {
+	w.stopBeat = sync.OnceFunc(func() {
 		close(beat)
 		beating.Wait()
-	}()
-	w.head = func() []byte {
-		head := pieceHead{Status: w.status, Header: w.allowed(s.op.e.stored)}.encode()
+	})
+	defer w.stopBeat()
+	w.head = func() []byte { return pieceHead{Status: w.status, Header: w.allowed(s.op.e.stored)}.encode() }
+	w.beat = func(head []byte) {
 		beating.Add(1)
 		go func() {
 			defer beating.Done()
@@ -95,7 +96,6 @@ func (s *serving[U]) runHeld(next http.Handler) {
 				}
 			}
 		}()
-		return head
 	}
 	deadline := time.AfterFunc(held.Lease-heldSettleMargin(held.Lease)-time.Since(d.heldSince), func() {
 		if !w.passing.Load() {
@@ -131,6 +131,7 @@ func (s *serving[U]) runHeld(next http.Handler) {
 	case w.piecing:
 		// Stored in pieces as it passed: the last one, then the settle,
 		// then the last bytes to the client.
+		w.stopBeat()
 		if w.piece(w.body.Bytes()) {
 			// An empty piece ends the body, for those who follow it.
 			if ok, err := w.pieces(w.n, []byte{}); err == nil && ok {
@@ -176,8 +177,13 @@ type heldWriter struct {
 	// pieces stores piece n of the body (Store.WritePiece); piecing is set
 	// once the response is stored so, n counts the pieces stored and size
 	// their bytes; noPieces once the store said it keeps none.
+	// head is the first piece (pieceHead); beat renews the lease with it
+	// from once it is stored until stopBeat (the operation ends, or its
+	// response is no longer stored).
 	pieces   func(n int, p []byte) (bool, error)
 	head     func() []byte
+	beat     func(head []byte)
+	stopBeat func()
 	piecing  bool
 	noPieces bool
 	n        int
@@ -234,8 +240,11 @@ func (w *heldWriter) WriteHeader(status int) {
 func (w *heldWriter) startStream() {
 	w.piecing = true
 	w.passing.Store(true)
-	ok, err := w.pieces(0, w.head())
-	if reason, stored := pieceTaken(ok, err); !stored {
+	head := w.head()
+	ok, err := w.pieces(0, head)
+	if reason, stored := pieceTaken(ok, err); stored {
+		w.beat(head)
+	} else {
 		if errors.Is(err, errors.ErrUnsupported) {
 			reason = "the response is a stream (text/event-stream), and the store keeps no pieces"
 		}
@@ -291,13 +300,15 @@ func (w *heldWriter) buffer(p []byte) (int, error) {
 // what is buffered as the first piece, and then the client gets it; then
 // p follows. Where the store keeps no pieces, p is buffered instead.
 func (w *heldWriter) startPieces(p []byte) (int, error) {
-	ok, err := w.pieces(0, w.head())
+	head := w.head()
+	ok, err := w.pieces(0, head)
 	if errors.Is(err, errors.ErrUnsupported) {
 		w.noPieces = true
 		return w.buffer(p)
 	}
 	w.passing.Store(true)
 	if err == nil && ok {
+		w.beat(head)
 		ok, err = w.pieces(1, w.body.Bytes())
 	}
 	if reason, stored := pieceTaken(ok, err); !stored {
@@ -343,10 +354,8 @@ func (w *heldWriter) piece(p []byte) bool {
 	}
 	ok, err := w.pieces(w.n, p)
 	if reason, stored := pieceTaken(ok, err); !stored {
-		if errors.Is(err, errors.ErrUnsupported) {
-			reason = "the response is a stream (text/event-stream), and the store keeps no pieces"
-		}
 		w.piecing = false
+		w.stopBeat()
 		w.through(w.status, reason)
 		return false
 	}
@@ -367,12 +376,13 @@ func pieceTaken(ok bool, err error) (string, bool) {
 	return "", true
 }
 
-// stopPieces gives up storing the response in pieces before its first
-// piece was stored: the key records that it was not stored, and what is
-// buffered and the rest pass through.
+// stopPieces gives up storing the response in pieces: the key records
+// that it was not stored, and what is buffered and the rest pass through
+// (after the header, when no piece of the body was stored yet).
 func (w *heldWriter) stopPieces(reason string) {
 	first := !w.piecing
 	w.piecing = false
+	w.stopBeat()
 	w.through(w.status, reason)
 	if first {
 		copyHeader(w.client.Header(), w.header)
@@ -387,12 +397,11 @@ func (w *heldWriter) stopPieces(reason string) {
 // may yet be stored whole in its record is held back.
 func (w *heldWriter) Flush() {
 	if w.piecing && w.body.Len() > 0 {
+		// Stored or not (the rest then passes unstored), the client gets
+		// it.
 		piece := w.body.Next(w.body.Len())
-		stored := w.piece(piece)
+		w.piece(piece)
 		_, _ = w.client.Write(piece)
-		if !stored {
-			_, _ = w.client.Write(w.body.Next(w.body.Len()))
-		}
 	}
 	if w.passing.Load() {
 		_ = http.NewResponseController(w.client).Flush()
