@@ -300,22 +300,27 @@ func (d *Decision[U]) pending(ref Ref, resp *Response) pendingSettle {
 // it is, and a response that is not one releases the key.
 func (d *Decision[U]) settleHeld(ctx context.Context, resp Response) {
 	var stored *Response
+	outcome := OutcomeExecuted
 	switch h, ok := ParseHeld(resp, time.Time{}); {
 	case ok:
 		marked := d.mark(h)
 		stored = &marked
 		if h.State == HeldUnknown {
-			d.report(OutcomeUnknown)
-		} else {
-			d.report(OutcomeExecuted)
+			outcome = OutcomeUnknown
 		}
 	case !replayable(resp.Status):
-		d.finished(resp.Status)
+		outcome = ""
 	default:
 		stored = &resp
-		d.report(OutcomeExecuted)
 	}
+	// Repeats learn the outcome before it is counted, so that whoever
+	// sees the count sees a finished run.
 	d.repeatDone(stored)
+	if outcome == "" {
+		d.finished(resp.Status)
+	} else {
+		d.report(outcome)
+	}
 	sctx := detach(ctx)
 	defer sctx.cancel()
 	d.op.e.settles.settle(sctx, d.op.held, d.pending(d.Ref, stored))

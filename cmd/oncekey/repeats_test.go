@@ -30,12 +30,18 @@ var internalRe = regexp.MustCompile(`"msg":"internal endpoints on","addr":"([^"]
 // operation and refused from the metrics at url.
 func repeatedCount(t *testing.T, url, operation string, refused bool) int {
 	t.Helper()
+	return counterValue(t, url, `oncekey_idempotency_repeated_requests_total{operation="`+operation+`",refused="`+strconv.FormatBool(refused)+`"}`)
+}
+
+// counterValue reads one series of the counters at url.
+func counterValue(t *testing.T, url, series string) int {
+	t.Helper()
+	series += " "
 	resp, err := http.Get(url)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	series := `oncekey_idempotency_repeated_requests_total{operation="` + operation + `",refused="` + strconv.FormatBool(refused) + `"} `
 	for line := range strings.Lines(string(raw)) {
 		if v, ok := strings.CutPrefix(line, series); ok {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
@@ -125,7 +131,10 @@ func TestClientsThatChangeKeysAreSeen(t *testing.T) {
 				require.Zero(t, repeatedCount(t, metrics, "POST /orders", true))
 				return
 			}
-			require.Eventually(t, func() bool { return finished.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+			// The upstream's handler returning is not the gateway's settle:
+			// wait until the gateway counts the first run as executed.
+			executed := `oncekey_idempotency_requests_total{operation="POST /orders",outcome="executed"}`
+			require.Eventually(t, func() bool { return counterValue(t, metrics, executed) == 1 }, 10*time.Second, 5*time.Millisecond)
 			status, body, err := send(patient)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusConflict, status, body)
