@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -48,6 +49,9 @@ func (l scriptedLease) Unit() struct{}                                     { ret
 func (l scriptedLease) Ref() idempotency.Ref                               { return idempotency.Ref{ClaimedAt: time.Now()} }
 func (l scriptedLease) Commit(context.Context, idempotency.Response) error { return l.err }
 func (l scriptedLease) Rollback(context.Context) error                     { return nil }
+func (l scriptedLease) WritePiece(context.Context, int, []byte) error {
+	return errors.ErrUnsupported
+}
 
 // A deferred commit that finds the key taken discards the operation's own
 // response and answers from what holds the key: a replay, a 409, a 202, or

@@ -250,7 +250,7 @@ func (s *serving[U]) run(next http.Handler) {
 	inner.ContentLength = int64(len(d.req.Body))
 	var err error
 	for {
-		s.ran.rec = recorder{header: http.Header{}, status: http.StatusOK}
+		s.ran.rec = recorder{header: http.Header{}, status: http.StatusOK, spill: s}
 		s.ran.body.Reset(d.req.Body)
 		next.ServeHTTP(rec, inner)
 		if !replayable(rec.status) {
@@ -259,7 +259,14 @@ func (s *serving[U]) run(next http.Handler) {
 			rec.copyTo(s.w)
 			return
 		}
-		err = d.Finish(ctx, Response{Status: rec.status, Header: rec.allowed(s.op.e.stored), Body: rec.body.Bytes()})
+		var resp Response
+		if resp, err = rec.end(rec.allowed(s.op.e.stored)); err != nil {
+			// A piece of the body could not be stored: nothing is.
+			d.Abandon(ctx)
+			err = d.fail(ctx, fmt.Errorf("store a piece of the response: %w", err))
+			break
+		}
+		err = d.Finish(ctx, resp)
 		if err != nil || !d.Again {
 			break
 		}
@@ -272,9 +279,30 @@ func (s *serving[U]) run(next http.Handler) {
 	case d.Replay != nil:
 		// Another request's claim won the key as this one committed.
 		s.op.replay(s.w, s.r, *d.Replay, s.d.Ref)
+	case rec.pieces > 0:
+		// The body is in the store, committed: the client gets it from
+		// there, a piece at a time, as a replay would (but not marked one).
+		copyHeader(s.w.Header(), rec.header)
+		s.w.Header().Set("Content-Length", strconv.FormatInt(rec.size, 10))
+		s.w.WriteHeader(rec.status)
+		ref := s.d.Ref
+		s.op.e.writePieces(s.w, func(n int) ([]byte, error) { return s.op.store.ReadPiece(ctx, ref, n) }, 1, rec.pieces+1, rec.size, 0)
 	default:
 		rec.copyTo(s.w)
 	}
+}
+
+// spill stores piece n of the running operation's body with its writes
+// (Lease.WritePiece), even if the client went away: the run goes on to
+// store its outcome.
+func (s *serving[U]) spill(n int, p []byte) error {
+	lease := s.d.lease
+	if lease == nil {
+		return errors.ErrUnsupported
+	}
+	dctx := detach(s.r.Context())
+	defer dctx.cancel()
+	return lease.WritePiece(dctx, n, p)
 }
 
 // allocation of its own.
@@ -348,6 +376,14 @@ func (e *Engine) replay(w http.ResponseWriter, r *http.Request, resp Response, r
 	}
 	setReplayHeader(w.Header(), resp.Header, size)
 	w.WriteHeader(resp.Status)
+	e.writePieces(w, read, first, pieces, size, offset)
+}
+
+// writePieces sends pieces first to pieces-1 of a stored body (read by
+// read), size bytes from offset in the first, a piece at a time; a piece
+// that cannot be read breaks the answer off (its Content-Length unmet),
+// so that no client takes a part for the whole.
+func (e *Engine) writePieces(w http.ResponseWriter, read func(n int) ([]byte, error), first, pieces int, size int64, offset int) {
 	var sent int64
 	for i := first; i < pieces; i++ {
 		p, err := read(i)
@@ -355,7 +391,9 @@ func (e *Engine) replay(w http.ResponseWriter, r *http.Request, resp Response, r
 			p = p[min(offset, len(p)):]
 		}
 		if err != nil || p == nil || sent+int64(len(p)) > size {
-			e.cfg.Logger.Error("idempotency: a replay broke off: a piece of its stored body could not be read", "error", errPieceLost(i, err), "pieces", pieces)
+			if !errors.Is(err, context.Canceled) { // else the client left
+				e.cfg.Logger.Error("idempotency: an answer broke off: a piece of its stored body could not be read", "error", errPieceLost(i, err), "pieces", pieces)
+			}
 			panic(http.ErrAbortHandler)
 		}
 		sent += int64(len(p))
@@ -364,7 +402,7 @@ func (e *Engine) replay(w http.ResponseWriter, r *http.Request, resp Response, r
 		}
 	}
 	if sent != size {
-		e.cfg.Logger.Error("idempotency: a replay broke off: its stored pieces are shorter than its body", "sent", sent, "size", size)
+		e.cfg.Logger.Error("idempotency: an answer broke off: its stored pieces are shorter than its body", "sent", sent, "size", size)
 		panic(http.ErrAbortHandler)
 	}
 }

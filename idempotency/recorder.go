@@ -2,18 +2,30 @@ package idempotency
 
 import (
 	"bytes"
+	"errors"
 	"net/http"
 	"strconv"
 )
 
 // recorder buffers the operation's response. Nothing reaches the client
 // until the outcome is committed, so the client can never act on a response
-// that a rollback then takes back.
+// that a rollback then takes back. A body larger than pieceSize is stored
+// in pieces as it is written (spill: through the lease, with the run's
+// writes), so that the recorder holds at most one piece of it; the client
+// then gets it from the store once it is committed.
 type recorder struct {
 	header      http.Header
 	status      int
 	wroteHeader bool
 	body        bytes.Buffer
+	// spill stores the body's pieces with the run's writes
+	// (Lease.WritePiece); nil: the body is kept whole. pieces counts the
+	// pieces stored (the body's are 1 to pieces), size their bytes; err
+	// is a piece that could not be stored: the run fails.
+	spill  spiller
+	pieces int
+	size   int64
+	err    error
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -28,7 +40,58 @@ func (r *recorder) WriteHeader(status int) {
 
 func (r *recorder) Write(p []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
-	return r.body.Write(p)
+	if r.err != nil {
+		return 0, r.err
+	}
+	n, _ := r.body.Write(p)
+	for r.spill != nil && r.body.Len() > pieceSize && replayable(r.status) {
+		if err := r.store(pieceSize); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// spiller stores piece n of a running operation's body with its writes.
+// An interface, not a func: the request that implements it is one
+// allocation already, and a method value would be another.
+type spiller interface {
+	spill(n int, p []byte) error
+}
+
+// store stores the body's next k bytes as its next piece, through spill,
+// and drops them from the buffer. A lease that takes no pieces
+// (errors.ErrUnsupported, on the first) leaves the body whole, as before
+// pieces were kept.
+func (r *recorder) store(k int) error {
+	err := r.spill.spill(r.pieces+1, r.body.Bytes()[:k])
+	switch {
+	case err == nil:
+		r.body.Next(k)
+		r.pieces++
+		r.size += int64(k)
+		return nil
+	case errors.Is(err, errors.ErrUnsupported) && r.pieces == 0:
+		r.spill = nil
+		return nil
+	}
+	r.err = err
+	return err
+}
+
+// end stores the rest of a body in pieces as its last piece, and returns
+// the response to commit: the body in the record, or the count and size
+// of its pieces.
+func (r *recorder) end(header http.Header) (Response, error) {
+	if r.pieces == 0 || r.err != nil {
+		return Response{Status: r.status, Header: header, Body: r.body.Bytes()}, r.err
+	}
+	if r.body.Len() > 0 {
+		if err := r.store(r.body.Len()); err != nil {
+			return Response{}, err
+		}
+	}
+	return Response{Status: r.status, Header: header, Pieces: r.pieces + 1, Size: r.size}, nil
 }
 
 // allowed returns the allow-listed headers, which are what a replay

@@ -143,6 +143,17 @@ type Lease[U any] interface {
 	Unit() U
 	// Ref names this claim of the key.
 	Ref() Ref
+	// WritePiece stores piece n (from 1) of the body of the response that
+	// Commit will store, with the writes made through Unit: it commits
+	// with them or not at all, so that a replay never shows an answer
+	// whose writes rolled back. A piece written again replaces itself;
+	// the response committed counts them (Response.Pieces, Size). An
+	// operation's answer too large to hold in memory is stored so, piece
+	// by piece as it is written, and sent from the store once committed.
+	// A lease that takes no pieces (a claim made at commit, a store that
+	// keeps none) returns an error wrapping errors.ErrUnsupported, and
+	// the body is kept whole in the record, in memory until the commit.
+	WritePiece(ctx context.Context, n int, p []byte) error
 	// Commit stores resp as the key's outcome and commits the writes made
 	// through Unit, atomically. A lease whose claim is made at commit
 	// claims the key here, and may find it taken (*TakenError, or

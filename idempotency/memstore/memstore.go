@@ -10,6 +10,7 @@ package memstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"sync"
@@ -307,6 +308,9 @@ type lease struct {
 
 	mu    sync.Mutex
 	ended bool
+	// pieces is the body of the response to commit, in pieces
+	// (Lease.WritePiece), stored with it.
+	pieces [][]byte
 	// done is closed when the lease settles, for the claims waiting on it;
 	// made by the first of them, under the store's lock, as most keys are
 	// never waited on.
@@ -328,6 +332,24 @@ func (l *lease) Ref() idempotency.Ref {
 	return idempotency.Ref{Scope: l.k.scope, Key: l.k.key, ClaimedAt: l.claimedAt}
 }
 
+// WritePiece implements idempotency.Lease: the piece is kept with the
+// lease, and stored with its response at Commit.
+func (l *lease) WritePiece(_ context.Context, n int, p []byte) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return errEnded
+	}
+	if n < 1 {
+		return fmt.Errorf("memstore: a lease's pieces count from 1, got %d", n)
+	}
+	for len(l.pieces) <= n {
+		l.pieces = append(l.pieces, nil)
+	}
+	l.pieces[n] = append([]byte{}, p...)
+	return nil
+}
+
 func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -341,7 +363,11 @@ func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
 	l.s.mu.Lock()
 	if e, ok := l.s.keys[l.k]; ok && e.holder == l {
 		l.s.keys[l.k] = entry{rec: rec, claimedAt: l.claimedAt, ttl: l.ttl}
+		if resp.Pieces > 0 {
+			l.s.pieces[l.k] = pieceSet{claimedAt: l.claimedAt, data: slices.Clip(l.pieces[:min(resp.Pieces, len(l.pieces))])}
+		}
 	}
+	l.pieces = nil
 	// Claims from now on find the record; those that wait already are woken
 	// once the hooks have run.
 	done := l.done
@@ -364,7 +390,7 @@ func (l *lease) Rollback(context.Context) error {
 	if l.ended {
 		return nil
 	}
-	l.ended = true
+	l.ended, l.pieces = true, nil
 	l.tx.mu.Lock()
 	hooks := l.tx.onRollback
 	l.tx.mu.Unlock()

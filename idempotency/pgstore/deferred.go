@@ -260,6 +260,18 @@ type deferredLease struct {
 func (l *deferredLease) Unit() *Batch         { return l.writes }
 func (l *deferredLease) Ref() idempotency.Ref { return l.ref }
 
+// errNoPieces is what a claim made at commit answers WritePiece: there is
+// no claim yet to write pieces beside, and the body stays in the record.
+var errNoPieces = fmt.Errorf("pgstore: a claim made at commit keeps its body in its record: %w", errors.ErrUnsupported)
+
+// errPiecesAtCommit refuses the commit of a claim made at commit of a
+// response whose body is in pieces: it took none (errNoPieces).
+var errPiecesAtCommit = errors.New("pgstore: a claim made at commit stores its body in its record, not in pieces")
+
+// WritePiece implements idempotency.Lease: a claim made at commit takes no
+// pieces (errNoPieces).
+func (l *deferredLease) WritePiece(context.Context, int, []byte) error { return errNoPieces }
+
 // Rollback discards the queued writes; nothing was sent.
 func (l *deferredLease) Rollback(context.Context) error {
 	l.ended = true
@@ -274,8 +286,8 @@ func (l *deferredLease) Commit(ctx context.Context, resp idempotency.Response) e
 	if l.writes.err != nil {
 		return l.writes.err
 	}
-	if err := inRecord(resp); err != nil {
-		return err
+	if resp.Pieces > 0 {
+		return errPiecesAtCommit
 	}
 	status, headers, body, err := encodeResponse(resp)
 	if err != nil {

@@ -88,6 +88,15 @@ type joinedLease[U any] struct {
 func (l *joinedLease[U]) Unit() U              { return l.unit }
 func (l *joinedLease[U]) Ref() idempotency.Ref { return l.ref }
 
+// WritePiece implements idempotency.Lease: the piece is written in the
+// caller's transaction, and commits with the record.
+func (l *joinedLease[U]) WritePiece(ctx context.Context, n int, p []byte) error {
+	if l.ended {
+		return errEnded
+	}
+	return l.s.writeClaimPiece(ctx, l.db, l.ref, n, p)
+}
+
 // Commit stores resp in the caller's transaction, which the caller then
 // commits.
 func (l *joinedLease[U]) Commit(ctx context.Context, resp idempotency.Response) error {

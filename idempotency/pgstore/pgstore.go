@@ -502,15 +502,60 @@ func (l *txLease) Rollback(ctx context.Context) error {
 
 var errEnded = errors.New("pgstore: lease already committed or rolled back")
 
-// complete stores resp in the key row of ref, claimed on db and not yet
-// committed.
-func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, resp idempotency.Response) error {
-	if err := inRecord(resp); err != nil {
-		return err
+// WritePiece implements idempotency.Lease: the piece is written in the
+// claim's transaction, and commits with its record.
+func (l *txLease) WritePiece(ctx context.Context, n int, p []byte) error {
+	if l.ended {
+		return errEnded
 	}
+	return l.s.writeClaimPiece(ctx, l.tx, l.ref, n, p)
+}
+
+// writeClaimPiece writes piece n of the body of the response that ref's
+// claim, on db and not yet committed, will store.
+func (s *Store) writeClaimPiece(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, n int, p []byte) error {
+	if n < 1 || n > math.MaxInt32 {
+		return fmt.Errorf("pgstore: a claim's pieces count from 1, got %d", n)
+	}
+	if p == nil {
+		p = []byte{} // an empty piece, not NULL
+	}
+	if err := s.queries(db).IdempotencyKeyWriteClaimPiece(ctx, keydb.IdempotencyKeyWriteClaimPieceParams{
+		Scope:          s.scope.arg(ref.Scope),
+		IdempotencyKey: ref.Key,
+		KeyCreatedAt:   ref.ClaimedAt,
+		N:              int32(n),
+		Data:           p,
+	}); err != nil {
+		return Translate(fmt.Errorf("write piece %d of a key's body: %w", n, err))
+	}
+	return nil
+}
+
+// complete stores resp in the key row of ref, claimed on db and not yet
+// committed; a body in pieces was written on db before
+// (writeClaimPiece).
+func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, resp idempotency.Response) error {
 	status, headers, body, err := encodeResponse(resp)
 	if err != nil {
 		return err
+	}
+	if resp.Pieces > 0 {
+		n, err := s.queries(db).IdempotencyKeyCompletePieces(ctx, keydb.IdempotencyKeyCompletePiecesParams{
+			Scope:           s.scope.arg(ref.Scope),
+			IdempotencyKey:  ref.Key,
+			ResponseHeaders: headers,
+			ResponseBody:    body,
+			ResponsePieces:  int32(resp.Pieces), // encodeResponse bounds it
+			ResponseSize:    resp.Size,
+		})
+		if err == nil && n != 1 {
+			err = fmt.Errorf("completed %d rows, want 1", n)
+		}
+		if err != nil {
+			return Translate(fmt.Errorf("store response: %w", err))
+		}
+		return nil
 	}
 	n, err := s.queries(db).IdempotencyKeyComplete(ctx, keydb.IdempotencyKeyCompleteParams{
 		Scope:           s.scope.arg(ref.Scope),
@@ -524,21 +569,6 @@ func (s *Store) complete(ctx context.Context, db keydb.DBTX, ref idempotency.Ref
 	}
 	if err != nil {
 		return Translate(fmt.Errorf("store response: %w", err))
-	}
-	return nil
-}
-
-// errPiecesAtCommit refuses a claim's commit of a response whose body is
-// in pieces: pieces are written beside a held record (WritePiece), which
-// only exists once its claim has committed, and the response that counts
-// them is stored by Settle. A claim's commit stores its body in the record.
-var errPiecesAtCommit = errors.New("pgstore: a response whose body is in pieces is stored by Settle, after its pieces, not by a claim's commit")
-
-// inRecord refuses a response that a claim's commit cannot store: one
-// whose body is in pieces (errPiecesAtCommit).
-func inRecord(resp idempotency.Response) error {
-	if resp.Pieces > 0 {
-		return errPiecesAtCommit
 	}
 	return nil
 }

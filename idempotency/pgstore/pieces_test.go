@@ -245,10 +245,32 @@ func TestPieces(t *testing.T) {
 			})
 
 			t.Run("commit in pieces", func(t *testing.T) {
-				lease, _, err := store.Claim(ctx, pieceRequest(pieceScope(opts.Scope)))
+				// An operation's large body, written through its lease in
+				// the claim's transaction: nothing of it is seen before the
+				// commit, all of it after.
+				req := pieceRequest(pieceScope(opts.Scope))
+				lease, _, err := store.Claim(ctx, req)
 				require.NoError(t, err)
-				err = lease.Commit(ctx, idempotency.Response{Status: http.StatusOK, Header: http.Header{}, Pieces: 2, Size: 10})
-				require.ErrorContains(t, err, "stored by Settle", "a claim's commit stores no pieces")
+				require.NoError(t, lease.WritePiece(ctx, 1, []byte("abc")))
+				require.NoError(t, lease.WritePiece(ctx, 2, []byte("dx")))
+				require.NoError(t, lease.WritePiece(ctx, 2, []byte("de")), "a piece written again replaces itself")
+				require.Empty(t, storedPieces(t, pool, table, req.Key), "no piece is seen before its claim commits")
+				require.NoError(t, lease.Commit(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"text/plain"}}, Pieces: 3, Size: 5}))
+				_, rec, err := store.Claim(ctx, req)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusCreated, rec.Response.Status)
+				require.Equal(t, 3, rec.Response.Pieces)
+				require.EqualValues(t, 5, rec.Response.Size)
+				require.Equal(t, []any{nil, "abc", "de", nil}, readPieces(t, store, lease.Ref(), 4), "the committed pieces, from 1")
+
+				// Rolled back, a claim's pieces go with its writes.
+				req = pieceRequest(pieceScope(opts.Scope))
+				lease, _, err = store.Claim(ctx, req)
+				require.NoError(t, err)
+				require.NoError(t, lease.WritePiece(ctx, 1, []byte("gone")))
+				require.NoError(t, lease.Rollback(ctx))
+				require.Empty(t, storedPieces(t, pool, table, req.Key), "a rolled-back claim's pieces")
+				require.ErrorContains(t, lease.WritePiece(ctx, 1, []byte("late")), "already committed or rolled back")
 			})
 		})
 	}

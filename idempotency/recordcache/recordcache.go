@@ -160,10 +160,16 @@ func (l *keepingLease[U]) Commit(ctx context.Context, resp idempotency.Response)
 	case err == nil:
 		// The durable store counts the TTL from its own claim, made after
 		// claimedAt (or at it, for a deferred claim): this copy expires no
-		// later than the durable record.
+		// later than the durable record. A body in pieces is read under
+		// the claim that wrote it, which its CreatedAt names (a claim made
+		// at commit takes no pieces: the lease's is the claim's).
+		createdAt := l.claimedAt
+		if resp.Pieces > 0 {
+			createdAt = l.Ref().ClaimedAt
+		}
 		l.s.keep(l.k, &idempotency.Record{
 			Fingerprint: l.fingerprint, Response: resp,
-			CreatedAt: l.claimedAt, ExpiresAt: l.claimedAt.Add(l.ttl),
+			CreatedAt: createdAt, ExpiresAt: l.claimedAt.Add(l.ttl),
 		})
 	case errors.As(err, &taken) && taken.Record != nil:
 		l.s.keep(l.k, taken.Record)

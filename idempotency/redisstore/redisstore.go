@@ -728,9 +728,16 @@ func (l *cachedLease[U]) Commit(ctx context.Context, resp idempotency.Response) 
 	if !l.cacheOnCommit {
 		return nil
 	}
-	// The durable commit happened; caching it is only an optimisation.
+	// The durable commit happened; caching it is only an optimisation. A
+	// body in pieces is read under the claim that wrote it, which its
+	// CreatedAt names (the lease's, a claim made at once: a claim made at
+	// commit takes no pieces).
+	createdAt := l.createdAt
+	if resp.Pieces > 0 {
+		createdAt = l.Ref().ClaimedAt
+	}
 	l.release(ctx, &idempotency.Record{
-		Fingerprint: l.fingerprint, Response: resp, CreatedAt: l.createdAt, ExpiresAt: l.expiresAt,
+		Fingerprint: l.fingerprint, Response: resp, CreatedAt: createdAt, ExpiresAt: l.expiresAt,
 	})
 	return nil
 }

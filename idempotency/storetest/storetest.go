@@ -8,9 +8,9 @@
 // may share one database with other tests.
 //
 // A store needs no more than idempotency.Store asks: Claim, and a lease's
-// Unit, Ref, Commit and Rollback. Settle, Release, WritePiece,
-// PurgeExpired and KeyStats may report errors.ErrUnsupported, and the
-// cases that need them are then skipped. ClaimRequest.AtOnce and TakenError serve stores that make a
+// Unit, Ref, Commit and Rollback. Settle, Release, WritePiece (the
+// store's and the lease's), PurgeExpired and KeyStats may report
+// errors.ErrUnsupported, and the cases that need them are then skipped. ClaimRequest.AtOnce and TakenError serve stores that make a
 // claim at its commit; another store ignores the one and returns the other
 // never. Oncekey's repository holds such a minimal store, over a map, that
 // passes this suite (idempotency/integration/customstore).
@@ -98,6 +98,7 @@ func Run[U any](t *testing.T, h Harness[U]) {
 		{"ReplaceProvisional", testReplaceProvisional[U], h.Replace != nil},
 		{"SettleHeld", testSettleHeld[U], true},
 		{"Pieces", testPieces[U], true},
+		{"LeasePieces", testLeasePieces[U], true},
 	}
 	for _, tc := range cases {
 		if !tc.needs {
@@ -915,6 +916,69 @@ func purgeWhenFree[U any](t *testing.T, ctx context.Context, store idempotency.S
 
 // claimNow claims req at once (AtOnce), as every store claims in Claim
 // unless it makes its claims at commit.
+// testLeasePieces pins a body stored in pieces through a lease
+// (Lease.WritePiece): nothing of it is read before its commit, all of it
+// after, from 1, under the record's CreatedAt; a rollback takes it along;
+// a lease that takes no pieces says so before any is written.
+func testLeasePieces[U any](t *testing.T, b *bundle[U]) {
+	store, scope := b.open(t)
+	ctx := b.ctx
+	req := claimRequest(scope, newKey(), fingerprint("POST /exports a"))
+	lease := claimLease(t, ctx, store, req)
+	ref := lease.Ref()
+	first := []byte("first piece ")
+	err := lease.WritePiece(ctx, 1, first)
+	if errors.Is(err, errors.ErrUnsupported) {
+		commitResponse(t, ctx, lease, "kept whole")
+		rec := claimRecord(t, ctx, store, req)
+		require.Equal(t, "kept whole", string(rec.Response.Body), "a lease that takes no pieces keeps the body in the record")
+		t.Skip("the store's leases take no pieces")
+	}
+	require.NoError(t, err, "write piece 1 through the lease")
+	first[0] = 'X' // the store keeps its own copy: the writer may reuse its buffer
+	require.NoError(t, lease.WritePiece(ctx, 2, []byte("second, soon replaced")), "write piece 2")
+	require.NoError(t, lease.WritePiece(ctx, 2, []byte("second")), "write piece 2 again")
+	p, err := store.ReadPiece(ctx, ref, 1)
+	require.NoError(t, err, "read a piece before its claim commits")
+	require.Nil(t, p, "no piece is read before its claim commits")
+	const size = int64(len("first piece second"))
+	require.NoError(t, lease.Commit(ctx, idempotency.Response{
+		Status: http.StatusCreated, Header: http.Header{"Content-Type": {"text/csv"}}, Pieces: 3, Size: size,
+	}), "commit a response in pieces")
+	// Twice: the second may be answered by a cache in front of the store.
+	for _, replay := range []string{"first replay", "second replay"} {
+		rec := claimRecord(t, ctx, store, req)
+		require.Equal(t, http.StatusCreated, rec.Response.Status, "%s: status", replay)
+		require.Equal(t, 3, rec.Response.Pieces, "%s: pieces", replay)
+		require.Equal(t, size, rec.Response.Size, "%s: size", replay)
+		require.Equal(t, "text/csv", rec.Response.Header.Get("Content-Type"), "%s: header", replay)
+		at := idempotency.Ref{Scope: scope, Key: req.Key, ClaimedAt: rec.CreatedAt}
+		for n, want := range []string{"first piece ", "second"} {
+			p, err := store.ReadPiece(ctx, at, n+1)
+			require.NoError(t, err, "%s: read piece %d", replay, n+1)
+			require.Equal(t, want, string(p), "%s: piece %d", replay, n+1)
+		}
+		p, err := store.ReadPiece(ctx, at, 3)
+		require.NoError(t, err, "%s: read past the last piece", replay)
+		require.Nil(t, p, "%s: no piece past the last", replay)
+	}
+
+	// A rollback takes the pieces along, and frees the key.
+	req = claimRequest(scope, newKey(), fingerprint("POST /exports b"))
+	lease = claimLease(t, ctx, store, req)
+	ref = lease.Ref()
+	require.NoError(t, lease.WritePiece(ctx, 1, []byte("rolled back")), "write a piece to roll back")
+	require.NoError(t, lease.Rollback(ctx))
+	p, err = store.ReadPiece(ctx, ref, 1)
+	require.NoError(t, err, "read a rolled-back piece")
+	require.Nil(t, p, "a rolled-back claim's piece is gone")
+	lease = claimLease(t, ctx, store, req)
+	commitResponse(t, ctx, lease, "small")
+	rec := claimRecord(t, ctx, store, req)
+	require.Zero(t, rec.Response.Pieces, "the key claimed again, its body in the record")
+	require.Equal(t, "small", string(rec.Response.Body))
+}
+
 func claimNow[U any](ctx context.Context, store idempotency.Store[U], req idempotency.ClaimRequest) (idempotency.Lease[U], *idempotency.Record, error) {
 	req.AtOnce = true
 	return store.Claim(ctx, req)

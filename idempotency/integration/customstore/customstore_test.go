@@ -3,10 +3,10 @@
 // storetest's Harness), over a map: the proof that the store contract is as
 // small as the docs say. It implements Claim, and a lease's Unit, Ref,
 // Commit and Rollback; it says that it does nothing else (it keeps no held
-// records, nor pieces of their bodies, its map is never purged, its keys
-// are not counted) by returning errors.ErrUnsupported from Settle,
-// Release, WritePiece, PurgeExpired and KeyStats, and has no piece to
-// read; and it passes storetest.
+// records, nor pieces of bodies, its map is never purged, its keys are not
+// counted) by returning errors.ErrUnsupported from Settle, Release,
+// WritePiece (the store's and the lease's), PurgeExpired and KeyStats, and
+// has no piece to read; and it passes storetest.
 package customstore_test
 
 import (
@@ -115,6 +115,10 @@ type lease struct {
 
 func (l *lease) Unit() *unit          { return l.unit }
 func (l *lease) Ref() idempotency.Ref { return l.ref }
+
+// WritePiece is unsupported: the lease keeps a body whole in its record
+// (the engine then holds it in memory until the commit).
+func (l *lease) WritePiece(context.Context, int, []byte) error { return errors.ErrUnsupported }
 
 func (l *lease) Commit(_ context.Context, resp idempotency.Response) error {
 	l.s.mu.Lock()

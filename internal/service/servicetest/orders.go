@@ -77,6 +77,9 @@ func (l keptNothing) Unit() store.Deferred                             { return 
 func (l keptNothing) Ref() idempotency.Ref                             { return l.ref }
 func (keptNothing) Commit(context.Context, idempotency.Response) error { return nil }
 func (keptNothing) Rollback(context.Context) error                     { return nil }
+func (keptNothing) WritePiece(context.Context, int, []byte) error {
+	return errors.ErrUnsupported
+}
 
 // CreateOrder implements orders.Writer.
 func (l keptNothing) CreateOrder(ctx context.Context, o orders.Order) error { return l.write(ctx, o) }

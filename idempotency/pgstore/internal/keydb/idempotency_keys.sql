@@ -70,6 +70,32 @@ SET status = 'completed',
     completed_at = now()
 WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND status = 'processing';
 
+-- name: IdempotencyKeyCompletePieces :execrows
+-- IdempotencyKeyComplete of a response whose body is in pieces, written
+-- in the claim's own transaction (IdempotencyKeyWriteClaimPiece): stored
+-- as its count and size with response_status 102 and the body that
+-- pgstore gives it (see the top), so that the record and its pieces
+-- commit together or not at all.
+UPDATE idempotency_keys
+SET status = 'completed',
+    response_status = 102,
+    response_headers = @response_headers,
+    response_body = @response_body,
+    response_pieces = @response_pieces::int,
+    response_size = @response_size::bigint,
+    completed_at = now()
+WHERE scope = CAST(@scope AS bytea) AND idempotency_key = @idempotency_key AND status = 'processing';
+
+-- name: IdempotencyKeyWriteClaimPiece :exec
+-- Stores piece n of the body of the response that a claim will commit
+-- (see idempotency.Lease.WritePiece), in the claim's own transaction,
+-- replacing a piece n written before: it commits with the claim's record
+-- (IdempotencyKeyCompletePieces) or not at all, and no other transaction
+-- sees it before.
+INSERT INTO idempotency_keys_pieces (scope, idempotency_key, key_created_at, n, data)
+VALUES (CAST(@scope AS bytea), @idempotency_key, @key_created_at, @n::int, @data::bytea)
+ON CONFLICT (scope, idempotency_key, key_created_at, n) DO UPDATE SET data = EXCLUDED.data;
+
 -- name: IdempotencyKeyDeleteIfExpired :execrows
 -- Frees one expired key so it can be claimed again at once, before cleanup
 -- reaches it: an expired key is treated as absent.

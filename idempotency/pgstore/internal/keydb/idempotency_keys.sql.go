@@ -293,6 +293,47 @@ func (q *Queries) IdempotencyKeyComplete(ctx context.Context, arg IdempotencyKey
 	return result.RowsAffected(), nil
 }
 
+const idempotencyKeyCompletePieces = `-- name: IdempotencyKeyCompletePieces :execrows
+UPDATE idempotency_keys
+SET status = 'completed',
+    response_status = 102,
+    response_headers = $1,
+    response_body = $2,
+    response_pieces = $3::int,
+    response_size = $4::bigint,
+    completed_at = now()
+WHERE scope = CAST($5 AS bytea) AND idempotency_key = $6 AND status = 'processing'
+`
+
+type IdempotencyKeyCompletePiecesParams struct {
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	ResponsePieces  int32
+	ResponseSize    int64
+	Scope           []byte
+	IdempotencyKey  string
+}
+
+// IdempotencyKeyComplete of a response whose body is in pieces, written
+// in the claim's own transaction (IdempotencyKeyWriteClaimPiece): stored
+// as its count and size with response_status 102 and the body that
+// pgstore gives it (see the top), so that the record and its pieces
+// commit together or not at all.
+func (q *Queries) IdempotencyKeyCompletePieces(ctx context.Context, arg IdempotencyKeyCompletePiecesParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeyCompletePieces,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.ResponsePieces,
+		arg.ResponseSize,
+		arg.Scope,
+		arg.IdempotencyKey,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idempotencyKeyCountExpired = `-- name: IdempotencyKeyCountExpired :one
 SELECT count(*) FROM idempotency_keys WHERE expires_at <= now()
 `
@@ -1142,6 +1183,36 @@ func (q *Queries) IdempotencyKeySweepPieces(ctx context.Context, batchSize int32
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const idempotencyKeyWriteClaimPiece = `-- name: IdempotencyKeyWriteClaimPiece :exec
+INSERT INTO idempotency_keys_pieces (scope, idempotency_key, key_created_at, n, data)
+VALUES (CAST($1 AS bytea), $2, $3, $4::int, $5::bytea)
+ON CONFLICT (scope, idempotency_key, key_created_at, n) DO UPDATE SET data = EXCLUDED.data
+`
+
+type IdempotencyKeyWriteClaimPieceParams struct {
+	Scope          []byte
+	IdempotencyKey string
+	KeyCreatedAt   time.Time
+	N              int32
+	Data           []byte
+}
+
+// Stores piece n of the body of the response that a claim will commit
+// (see idempotency.Lease.WritePiece), in the claim's own transaction,
+// replacing a piece n written before: it commits with the claim's record
+// (IdempotencyKeyCompletePieces) or not at all, and no other transaction
+// sees it before.
+func (q *Queries) IdempotencyKeyWriteClaimPiece(ctx context.Context, arg IdempotencyKeyWriteClaimPieceParams) error {
+	_, err := q.db.Exec(ctx, idempotencyKeyWriteClaimPiece,
+		arg.Scope,
+		arg.IdempotencyKey,
+		arg.KeyCreatedAt,
+		arg.N,
+		arg.Data,
+	)
+	return err
 }
 
 const idempotencyKeyWritePiece = `-- name: IdempotencyKeyWritePiece :execrows
