@@ -18,11 +18,12 @@ import (
 )
 
 // leaseStore is a memstore whose leases count the pieces written through
-// them (Lease.WritePiece), and can be made to take none (unsupported) or
-// to fail from a piece on (-1: never).
+// them (Lease.WritePiece), and can be made to take none (unsupported),
+// none for now (busy), or to fail from a piece on (-1: never).
 type leaseStore struct {
 	*memstore.Store
 	unsupported bool
+	busy        atomic.Bool
 	failFrom    atomic.Int64
 	pieces      atomic.Int64
 }
@@ -50,6 +51,9 @@ func (l countingLease) WritePiece(ctx context.Context, n int, p []byte) error {
 	if l.s.unsupported {
 		return fmt.Errorf("no pieces here: %w", errors.ErrUnsupported)
 	}
+	if l.s.busy.Load() {
+		return fmt.Errorf("busy, not now: %w", errors.ErrUnsupported)
+	}
 	if f := l.s.failFrom.Load(); f >= 0 && int64(n) >= f {
 		return fmt.Errorf("piece %d: %w", n, idempotency.ErrUnavailable)
 	}
@@ -61,9 +65,11 @@ func (l countingLease) WritePiece(ctx context.Context, n int, p []byte) error {
 // larger than a piece is stored in pieces through its lease while the
 // handler writes it, with the operation's writes, and the client gets it
 // from the store once committed; its retry replays it whole. A lease that
-// takes no pieces keeps the body whole in the record, as before; a piece
-// the store fails fails the run, and nothing of it is kept; a response
-// that is not the outcome passes whole and is not stored.
+// takes no pieces keeps the body whole in the record, as before; one busy
+// for a while (a handler reading rows of its transaction) takes them once
+// it is free again, at the latest when the handler returns; a piece the
+// store fails fails the run, and nothing of it is kept; a response that
+// is not the outcome passes whole and is not stored.
 func TestOperationsStoreLargeBodiesInPieces(t *testing.T) {
 	t.Parallel()
 	const mib = 1 << 20
@@ -78,11 +84,15 @@ func TestOperationsStoreLargeBodiesInPieces(t *testing.T) {
 		pieces, during int64
 		// failed: the first run is refused 503, and its retry runs again.
 		failed bool
+		// busy: bytes the handler writes while the lease is busy (-1: all).
+		busy int
 	}{
 		{name: "5 MiB: in pieces as it is written", size: 5 * mib, status: http.StatusCreated, pieces: 20, during: 7},
 		{name: "just over a piece: two pieces", size: 256<<10 + 1, status: http.StatusCreated, pieces: 2},
 		{name: "a piece exactly: kept in the record", size: 256 << 10, status: http.StatusCreated},
 		{name: "a lease without pieces: kept in the record", size: 3 * mib, status: http.StatusCreated, store: func(s *leaseStore) { s.unsupported = true }},
+		{name: "a lease busy for the first MiB: in pieces from then on", size: 3 * mib, status: http.StatusCreated, busy: mib, pieces: 12, during: 7},
+		{name: "a lease busy while the handler runs: in pieces at the end", size: 3 * mib, status: http.StatusCreated, busy: -1, pieces: 12},
 		{name: "the store fails a piece: the run fails, nothing kept", size: 3 * mib, status: http.StatusCreated, store: func(s *leaseStore) { s.failFrom.Store(3) }, pieces: 2, failed: true},
 		{name: "not the outcome: passed whole, not stored", size: 3 * mib, status: http.StatusInternalServerError},
 	}
@@ -104,12 +114,17 @@ func TestOperationsStoreLargeBodiesInPieces(t *testing.T) {
 			srv := httptest.NewServer(op.HandlerFunc(func(w http.ResponseWriter, _ *http.Request, tx *memstore.Tx) {
 				runs.Add(1)
 				tx.OnCommit(func() { committed.Add(1) })
+				store.busy.Store(tt.busy != 0)
+				defer store.busy.Store(false)
 				w.Header().Set("Content-Type", "application/octet-stream")
 				w.Header().Set("X-Export", "7")
 				w.WriteHeader(tt.status)
 				for i, rest := 0, body; len(rest) > 0; i++ {
 					if i == (2*mib)/(32<<10) {
 						during.Store(store.pieces.Load())
+					}
+					if tt.busy > 0 && i == tt.busy/(32<<10) {
+						store.busy.Store(false)
 					}
 					n := min(len(rest), 32<<10)
 					if _, err := w.Write(rest[:n]); err != nil {

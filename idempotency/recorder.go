@@ -44,8 +44,8 @@ func (r *recorder) Write(p []byte) (int, error) {
 		return 0, r.err
 	}
 	n, _ := r.body.Write(p)
-	for r.spill != nil && r.body.Len() > pieceSize && replayable(r.status) {
-		if err := r.store(pieceSize); err != nil {
+	if r.spill != nil && replayable(r.status) {
+		if _, err := r.storeFull(); err != nil {
 			return n, err
 		}
 	}
@@ -59,36 +59,66 @@ type spiller interface {
 	spill(n int, p []byte) error
 }
 
+// errPieceRefused fails a run whose lease took some of its body's pieces
+// and refused the rest once the operation had returned.
+var errPieceRefused = errors.New("idempotency: the lease took some pieces of the response's body and refused the rest")
+
+// storeFull stores the buffered body in pieces while more than a piece
+// of it is buffered, and reports whether the lease took all it was
+// offered.
+func (r *recorder) storeFull() (bool, error) {
+	for r.body.Len() > pieceSize {
+		if taken, err := r.store(pieceSize); !taken || err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
 // store stores the body's next k bytes as its next piece, through spill,
-// and drops them from the buffer. A lease that takes no pieces
-// (errors.ErrUnsupported, on the first) leaves the body whole, as before
-// pieces were kept.
-func (r *recorder) store(k int) error {
-	err := r.spill.spill(r.pieces+1, r.body.Bytes()[:k])
+// and drops them from the buffer. A lease that does not take it now
+// (errors.ErrUnsupported: its unit of work is busy, say, a handler
+// reading rows of its transaction as it writes them) leaves it buffered,
+// to be offered again on the next write and at the end (taken false); any
+// other error fails the run.
+func (r *recorder) store(k int) (taken bool, err error) {
+	err = r.spill.spill(r.pieces+1, r.body.Bytes()[:k])
 	switch {
 	case err == nil:
 		r.body.Next(k)
 		r.pieces++
 		r.size += int64(k)
-		return nil
-	case errors.Is(err, errors.ErrUnsupported) && r.pieces == 0:
-		r.spill = nil
-		return nil
+		return true, nil
+	case errors.Is(err, errors.ErrUnsupported):
+		return false, nil
 	}
 	r.err = err
-	return err
+	return false, err
 }
 
-// end stores the rest of a body in pieces as its last piece, and returns
-// the response to commit: the body in the record, or the count and size
-// of its pieces.
+// end stores what is left of a body stored in pieces as its last pieces,
+// and returns the response to commit: the count and size of its pieces,
+// or, when the lease took none, the body whole in the record, as before
+// pieces were kept.
 func (r *recorder) end(header http.Header) (Response, error) {
-	if r.pieces == 0 || r.err != nil {
-		return Response{Status: r.status, Header: header, Body: r.body.Bytes()}, r.err
+	if r.err != nil {
+		return Response{}, r.err
 	}
-	if r.body.Len() > 0 {
-		if err := r.store(r.body.Len()); err != nil {
+	if r.spill != nil && replayable(r.status) {
+		if _, err := r.storeFull(); err != nil {
 			return Response{}, err
+		}
+	}
+	if r.pieces == 0 {
+		return Response{Status: r.status, Header: header, Body: r.body.Bytes()}, nil
+	}
+	for r.body.Len() > 0 {
+		taken, err := r.store(min(r.body.Len(), pieceSize))
+		if err != nil {
+			return Response{}, err
+		}
+		if !taken {
+			return Response{}, errPieceRefused
 		}
 	}
 	return Response{Status: r.status, Header: header, Pieces: r.pieces + 1, Size: r.size}, nil

@@ -150,9 +150,14 @@ type Lease[U any] interface {
 	// the response committed counts them (Response.Pieces, Size). An
 	// operation's answer too large to hold in memory is stored so, piece
 	// by piece as it is written, and sent from the store once committed.
-	// A lease that takes no pieces (a claim made at commit, a store that
-	// keeps none) returns an error wrapping errors.ErrUnsupported, and
-	// the body is kept whole in the record, in memory until the commit.
+	// An error wrapping errors.ErrUnsupported says the lease does not
+	// take the piece now: its unit of work is busy (a handler reading
+	// rows of its transaction as it writes them), or it takes no pieces
+	// at all (a claim made at commit, a store that keeps none). The
+	// engine then keeps the piece in memory and offers it again on the
+	// handler's next write and once it returns; a body of which the
+	// lease took no piece by then is kept whole in the record, as
+	// before pieces were kept.
 	WritePiece(ctx context.Context, n int, p []byte) error
 	// Commit stores resp as the key's outcome and commits the writes made
 	// through Unit, atomically. A lease whose claim is made at commit

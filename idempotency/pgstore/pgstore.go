@@ -527,6 +527,11 @@ func (s *Store) writeClaimPiece(ctx context.Context, db keydb.DBTX, ref idempote
 		N:              int32(n),
 		Data:           p,
 	}); err != nil {
+		if pgconn.SafeToRetry(err) && ctx.Err() == nil {
+			// Nothing was sent: the transaction is busy (the operation is
+			// reading rows of it as it writes its answer). Not now.
+			return fmt.Errorf("pgstore: the claim's transaction is busy: %w (%w)", errors.ErrUnsupported, err)
+		}
 		return Translate(fmt.Errorf("write piece %d of a key's body: %w", n, err))
 	}
 	return nil

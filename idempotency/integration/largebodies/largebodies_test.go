@@ -6,6 +6,7 @@ package largebodies_test
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -152,4 +154,72 @@ func TestOperationsAnswerLargeBodiesInBoundedMemory(t *testing.T) {
 	require.Equal(t, 1, rows, "the operation's row, written once")
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys_pieces WHERE idempotency_key = $1", key).Scan(&pieces))
 	require.Equal(t, (size+256<<10-1)/(256<<10), pieces, "the body in pieces of 256 KiB")
+}
+
+// TestOperationsStreamRowsOfTheirTransaction: a handler that writes its
+// answer row by row as it reads them from its own transaction (its
+// connection busy until the rows are closed) answers whole and replays
+// whole: the pieces it could not store while the rows were read are
+// stored once they are closed, in the same transaction.
+func TestOperationsStreamRowsOfTheirTransaction(t *testing.T) {
+	ctx := t.Context()
+	pool := pgstoretest.Pool(t)
+	store, err := pgstore.New(pool, pgstore.Options{})
+	require.NoError(t, err)
+	e := idempotency.New(idempotency.Config{
+		Scope:           func(*http.Request) (string, error) { return "tenant", nil },
+		ProblemTypeBase: "https://example.com/problems/",
+	})
+	op := idempotency.NewOperation(e, store, idempotency.OperationConfig{Name: "report"})
+	var runs atomic.Int64
+	srv := httptest.NewServer(op.HandlerFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+		runs.Add(1)
+		rows, err := tx.Query(r.Context(), "SELECT n, repeat(md5(n::text), 32) FROM generate_series(1, 2000) AS n")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer rows.Close()
+		w.Header().Set("Content-Type", "text/csv")
+		for rows.Next() {
+			var n int
+			var line string
+			if err := rows.Scan(&n, &line); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if _, err := fmt.Fprintf(w, "%d,%s\n", n, line); err != nil {
+				return
+			}
+		}
+		if rows.Err() != nil {
+			http.Error(w, rows.Err().Error(), http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(srv.Close)
+
+	key := "rows-" + strconv.FormatUint(rand.Uint64(), 36)
+	post := func() (*http.Response, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/reports", nil)
+		require.NoError(t, err)
+		req.Header.Set(idempotency.HeaderKey, key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, string(body)
+	}
+	first, body := post()
+	require.Equal(t, http.StatusOK, first.StatusCode, "%.300s", body)
+	require.Equal(t, 2000, strings.Count(body, "\n"), "every row")
+	require.Greater(t, len(body), 4*(256<<10), "an answer of several pieces")
+	require.True(t, strings.HasPrefix(body, "1,") && strings.Contains(body, "\n2000,"), "the rows in order")
+	replay, again := post()
+	require.Equal(t, "true", replay.Header.Get(idempotency.HeaderReplayed))
+	require.Equal(t, body, again, "the replay, byte for byte")
+	require.EqualValues(t, 1, runs.Load())
+	var pieces int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys_pieces WHERE idempotency_key = $1", key).Scan(&pieces))
+	require.Equal(t, (len(body)+256<<10-1)/(256<<10), pieces, "the body in pieces, stored once the rows were closed")
 }
