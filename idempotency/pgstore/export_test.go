@@ -30,3 +30,16 @@ func Guarded(s *Store, sql string, n int) string { return s.guarded(s.testingCla
 // SetClock makes s read this process's time from now instead of time.Now:
 // a process whose clock is off.
 func SetClock(s *Store, now func() time.Time) { s.now = now }
+
+// WatchSettles makes s call sent with the number of members of every
+// pipeline of settles and releases it sends, just before sending it. sent
+// may block, to hold pipelines back while others queue behind them.
+func WatchSettles(s *Store, sent func(members int)) { s.settles.sent = sent }
+
+// QueuedSettles is how many settles and releases of s wait for a
+// pipeline.
+func QueuedSettles(s *Store) int {
+	s.settles.mu.Lock()
+	defer s.settles.mu.Unlock()
+	return len(s.settles.queue)
+}

@@ -103,6 +103,8 @@ type Store struct {
 	// partitioned key table (partitions).
 	partitionRewriters sync.Map
 	commits            *groupCommitter
+	// settles merges concurrent settles and releases (groupsettle.go).
+	settles *settleGroup
 	// claimLone is IdempotencyKeyClaimLone for the table; lones and
 	// pipelined cache each deferred write composed with it (lone) or with
 	// its guard (guarded).
@@ -195,6 +197,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		s.rewrite = func(d keydb.DBTX) keydb.DBTX { return rewritten{d, r} }
 	}
 	s.commits = &groupCommitter{pool: pool, store: s, byScope: opts.MergeByScope}
+	s.settles = &settleGroup{pool: pool, store: s, byScope: opts.MergeByScope}
 	s.claimLone = claimLoneSQL(s)
 	if err := checkClaimLone(s.claimLone); err != nil {
 		return nil, err
@@ -588,9 +591,11 @@ func (s *Store) ReplaceProvisional(ctx context.Context, tx pgx.Tx, ref idempoten
 }
 
 // Settle implements idempotency.Store: it replaces the held record
-// stored under ref's claim with resp, in a statement of its own.
+// stored under ref's claim with resp, in a statement of its own, sent
+// with the settles and releases that arrive meanwhile as one transaction
+// (see groupsettle.go).
 func (s *Store) Settle(ctx context.Context, ref idempotency.Ref, resp idempotency.Response) (bool, error) {
-	return s.replace(ctx, s.pool, ref, idempotency.StatusHeld, resp)
+	return s.settles.run(ctx, ref, &resp)
 }
 
 // replace replaces the response of status from stored under ref's claim,
@@ -636,9 +641,9 @@ func (s *Store) replace(ctx context.Context, db keydb.DBTX, ref idempotency.Ref,
 
 // Release implements idempotency.Store: it deletes the held record
 // stored under ref's claim, freeing the key, and the pieces written for
-// it.
+// it, merged with concurrent settles and releases as Settle is.
 func (s *Store) Release(ctx context.Context, ref idempotency.Ref) (bool, error) {
-	return s.release(ctx, s.pool, ref)
+	return s.settles.run(ctx, ref, nil)
 }
 
 // release deletes the held record stored under ref's claim, on db.
