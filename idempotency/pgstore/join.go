@@ -76,6 +76,17 @@ func join[U any](ctx context.Context, s *Store, db keydb.DBTX, unit U, req idemp
 	return &joinedLease[U]{s: s, db: db, unit: unit, ref: idempotency.Ref{Scope: req.Scope, Key: req.Key, ClaimedAt: claimedAt}}, nil, nil
 }
 
+// busyOf is how a lease on db learns that its connection is busy (rows
+// of its transaction still being read), for WritePiece: a pgx
+// transaction says so; of any other (database/sql's) nothing can be
+// learned, and nil means the lease takes no pieces.
+func busyOf(db keydb.DBTX) func() bool {
+	if tx, ok := db.(pgx.Tx); ok {
+		return func() bool { return tx.Conn().PgConn().IsBusy() }
+	}
+	return nil
+}
+
 // joinedLease is a key claimed in the caller's transaction.
 type joinedLease[U any] struct {
 	s     *Store
@@ -94,7 +105,7 @@ func (l *joinedLease[U]) WritePiece(ctx context.Context, n int, p []byte) error 
 	if l.ended {
 		return errEnded
 	}
-	return l.s.writeClaimPiece(ctx, l.db, l.ref, n, p)
+	return l.s.writeClaimPiece(ctx, l.db, busyOf(l.db), l.ref, n, p)
 }
 
 // Commit stores resp in the caller's transaction, which the caller then

@@ -511,14 +511,32 @@ func (l *txLease) WritePiece(ctx context.Context, n int, p []byte) error {
 	if l.ended {
 		return errEnded
 	}
-	return l.s.writeClaimPiece(ctx, l.tx, l.ref, n, p)
+	return l.s.writeClaimPiece(ctx, l.tx, busyOf(l.tx), l.ref, n, p)
 }
 
+// errBusy is what WritePiece answers while the claim's connection is busy:
+// the operation is reading rows of its transaction as it writes its
+// answer. Not now: a statement sent on a busy pgx connection would not
+// only fail, it would end the rows being read (pgconn replaces their
+// reader before it finds the connection locked).
+var errBusy = fmt.Errorf("pgstore: the claim's transaction is busy: %w", errors.ErrUnsupported)
+
+// errNoBusy is what WritePiece answers on a transaction whose connection
+// cannot say whether it is busy (database/sql's): it takes no pieces, and
+// the body stays in the record.
+var errNoBusy = fmt.Errorf("pgstore: a claim on a database/sql transaction keeps its body in its record: %w", errors.ErrUnsupported)
+
 // writeClaimPiece writes piece n of the body of the response that ref's
-// claim, on db and not yet committed, will store.
-func (s *Store) writeClaimPiece(ctx context.Context, db keydb.DBTX, ref idempotency.Ref, n int, p []byte) error {
-	if n < 1 || n > math.MaxInt32 {
+// claim, on db and not yet committed, will store; busy says whether db's
+// connection is busy (nil: it cannot say).
+func (s *Store) writeClaimPiece(ctx context.Context, db keydb.DBTX, busy func() bool, ref idempotency.Ref, n int, p []byte) error {
+	switch {
+	case n < 1 || n > math.MaxInt32:
 		return fmt.Errorf("pgstore: a claim's pieces count from 1, got %d", n)
+	case busy == nil:
+		return errNoBusy
+	case busy():
+		return errBusy
 	}
 	if p == nil {
 		p = []byte{} // an empty piece, not NULL
@@ -530,11 +548,6 @@ func (s *Store) writeClaimPiece(ctx context.Context, db keydb.DBTX, ref idempote
 		N:              int32(n),
 		Data:           p,
 	}); err != nil {
-		if pgconn.SafeToRetry(err) && ctx.Err() == nil {
-			// Nothing was sent: the transaction is busy (the operation is
-			// reading rows of it as it writes its answer). Not now.
-			return fmt.Errorf("pgstore: the claim's transaction is busy: %w (%w)", errors.ErrUnsupported, err)
-		}
 		return Translate(fmt.Errorf("write piece %d of a key's body: %w", n, err))
 	}
 	return nil
