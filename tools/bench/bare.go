@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,10 +33,11 @@ type bareOrder struct {
 
 // bareHandler is the hand-written endpoint: it decodes the body, inserts
 // the order for account (there is no authentication to say whose it is)
-// in one round trip, and answers 201. A body that does not decode is a
-// 400 and a failed INSERT a 500, each of which fails the measurement, as
-// any answer but 201 does.
-func bareHandler(pool *pgxpool.Pool, account uuid.UUID) http.Handler {
+// in one round trip with insert (bareInsert, or the same into another
+// table), and answers 201. A body that does not decode is a 400 and a
+// failed INSERT a 500, each of which fails the measurement, as any answer
+// but 201 does.
+func bareHandler(pool *pgxpool.Pool, account uuid.UUID, insert string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		raw, err := io.ReadAll(r.Body)
@@ -57,7 +59,7 @@ func bareHandler(pool *pgxpool.Pool, account uuid.UUID) http.Handler {
 		}
 		// [16]byte, which pgx encodes as a uuid directly: uuid.UUID would
 		// go through its database/sql Valuer, a string PostgreSQL parses.
-		if _, err := pool.Exec(r.Context(), bareInsert, [16]byte(account), [16]byte(id), in.Amount, in.Currency, in.Items, time.Now()); err != nil {
+		if _, err := pool.Exec(r.Context(), insert, [16]byte(account), [16]byte(id), in.Amount, in.Currency, in.Items, time.Now()); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -89,5 +91,33 @@ func (b *bench) startBare(ctx context.Context, stops *[]func()) (string, error) 
 	if err := pool.Ping(ctx); err != nil {
 		return "", fmt.Errorf("bare: %w", err)
 	}
-	return listen(bareHandler(pool, b.creds.AccountID), stops)
+	return listen(bareHandler(pool, b.creds.AccountID, bareInsert), stops)
+}
+
+// upstreamTable is the table of the upstream that writes (startWriting):
+// the orders table's shape and indexes, so that its INSERT is bare's.
+const upstreamTable = "upstream_orders"
+
+// startWriting starts the upstream a real POST has, for the proxy phase:
+// the hand-written endpoint, writing each order with one durable INSERT
+// into a table of its own (upstreamTable) through a pool of its own. The
+// pool carries no counting tracer, so that the gateway's round trips are
+// counted alone; it commits synchronously whatever the server's default,
+// as an API that promises an order is kept does.
+func (b *bench) startWriting(ctx context.Context, stops *[]func()) (http.Handler, error) {
+	cfg, err := pgxpool.ParseConfig(b.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = poolMaxConns
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
+	}
+	*stops = append(*stops, pool.Close)
+	if _, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+upstreamTable+" (LIKE orders INCLUDING ALL)"); err != nil {
+		return nil, fmt.Errorf("upstream: create %s: %w", upstreamTable, err)
+	}
+	return bareHandler(pool, b.creds.AccountID, strings.Replace(bareInsert, "INTO orders ", "INTO "+upstreamTable+" ", 1)), nil
 }
