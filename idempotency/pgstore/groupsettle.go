@@ -67,13 +67,6 @@ type settleMember struct {
 // run settles (resp set) or releases ref's record, merged with concurrent
 // settles and releases, and reports whether the record was there.
 func (g *settleGroup) run(ctx context.Context, ref idempotency.Ref, resp *idempotency.Response) (bool, error) {
-	if resp != nil {
-		// Refused before it waits for anyone: an encoding error is this
-		// member's own.
-		if _, _, _, err := encodeResponse(*resp); err != nil {
-			return false, err
-		}
-	}
 	m := &settleMember{ctx: ctx, scope: string(g.store.scope.arg(ref.Scope)), ref: ref, resp: resp, done: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, m)
@@ -185,17 +178,29 @@ func (g *settleGroup) sendMerged(members []*settleMember) {
 	ctx, cancel := mergedSettleContext(members)
 	defer cancel()
 	p := &queue{}
+	queued := make([]*settleMember, 0, len(members))
 	for _, m := range members {
-		// Queued, not run: what these return is not their result.
+		// Queued, not run: what these return is not their result, but an
+		// error is the member's own, found before anything was sent (a
+		// response that cannot be encoded).
+		var err error
 		if m.resp == nil {
-			_, _ = g.store.release(ctx, p, m.ref)
+			_, err = g.store.release(ctx, p, m.ref)
 		} else {
-			_, _ = g.store.replace(ctx, p, m.ref, idempotency.StatusHeld, *m.resp)
+			_, err = g.store.replace(ctx, p, m.ref, idempotency.StatusHeld, *m.resp)
 		}
+		if err != nil {
+			m.err = err
+			continue
+		}
+		queued = append(queued, m)
+	}
+	if len(queued) == 0 {
+		return
 	}
 	br := g.pool.SendBatch(ctx, &p.batch)
 	var failure error
-	for _, m := range members {
+	for _, m := range queued {
 		tag, err := br.Exec()
 		if err != nil {
 			failure = err
@@ -210,7 +215,7 @@ func (g *settleGroup) sendMerged(members []*settleMember) {
 		// Nothing of the transaction is committed, or its commit is in
 		// doubt: each member goes again alone, which finds its record
 		// settled if the commit did happen.
-		for _, m := range members {
+		for _, m := range queued {
 			m.ok, m.err = false, errSendAlone
 		}
 	}
