@@ -375,19 +375,19 @@ dashboard-snapshot: ## render docs/img/dashboard.png: the dashboard's main panel
 	GO="$(GO)" tools/docs-images.sh render dashboard
 
 .PHONY: bench/chart
-bench/chart: ## redraw docs/img/benchmarks.png from docs/benchmarks.json, measuring nothing
-	GO="$(GO)" tools/docs-images.sh render benchmarks
+bench/chart: ## redraw docs/img/benchmarks.png and benchmarks-gateway.png from docs/benchmarks.json, measuring nothing
+	GO="$(GO)" tools/docs-images.sh render benchmarks benchmarks-gateway
 
 .PHONY: docs/mechanism
 docs/mechanism: ## redraw the pictures of the mechanism, docs/img/request-sequence.svg and docs/img/gateway-key-states.svg, from their text sources in docs/img/src (tools/mechanism; make test fails when one is stale)
 	GO="$(GO)" tools/docs-images.sh render request-sequence gateway-key-states
 
 .PHONY: bench
-bench: ## load benchmark: idempotent POST /orders against the baseline, side by side; writes docs/benchmarks.{md,json} and docs/img/benchmarks.png, fails when a target is missed
+bench: ## load benchmark: idempotent POST /orders against the baseline, side by side; writes docs/benchmarks.{md,json}, docs/img/benchmarks.png and benchmarks-gateway.png, fails when a target is missed
 	$(GO) -C tools build -o ../bin/bench ./bench
 	@# The chart is drawn even when a target is missed (bench then exits 1):
 	@# its sources are recorded either way, then bench's status is make's.
-	@status=0; bin/bench $(BENCHFLAGS) || status=$$?; tools/docs-images.sh record benchmarks; exit $$status
+	@status=0; bin/bench $(BENCHFLAGS) || status=$$?; tools/docs-images.sh record benchmarks benchmarks-gateway; exit $$status
 
 .PHONY: bench/micro
 bench/micro: ## Go micro-benchmarks (canonical JSON, packed records, fingerprint, the engine in process on memstore against a bare handler, the service's middleware on the in-memory store), benchstat-comparable

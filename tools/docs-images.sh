@@ -9,8 +9,9 @@
 #   tools/docs-images.sh check              fail, naming the image and the
 #                                           command, when a source changed
 #
-# IMAGE is api-docs, dashboard, benchmarks, request-sequence or
-# gateway-key-states. `make docs/images`, `make docs/images/check` and the
+# IMAGE is api-docs, dashboard, benchmarks, benchmarks-gateway,
+# request-sequence or gateway-key-states. `make docs/images`,
+# `make docs/images/check` and the
 # per-image targets run this.
 #
 # A screenshot and a 20-second load run never give the same pixels twice, so
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 manifest=docs/img/SOURCES.sha256
-images=(api-docs dashboard benchmarks request-sequence gateway-key-states)
+images=(api-docs dashboard benchmarks benchmarks-gateway request-sequence gateway-key-states)
 
 # file_of IMAGE: IMAGE's file in docs/img.
 file_of() {
@@ -47,6 +48,8 @@ sources() {
 		find tools/dashboard-snapshot -name '*.go' ! -name '*_test.go' ;;
 	benchmarks) # the measured numbers, and the code that draws them
 		printf '%s\n' docs/benchmarks.json tools/bench/chart.go tools/bench/report.go ;;
+	benchmarks-gateway) # the proxy phase's numbers, and the code that draws them
+		printf '%s\n' docs/benchmarks.json tools/bench/chart.go tools/bench/gatewaychart.go tools/bench/report.go ;;
 	request-sequence | gateway-key-states) # the picture's text source, and the drawer
 		printf '%s\n' "docs/img/src/$1.txt"
 		find tools/mechanism -name '*.go' ! -name '*_test.go' ;;
@@ -59,7 +62,7 @@ command_for() {
 	case $1 in
 	api-docs) echo "make docs/screenshot" ;;
 	dashboard) echo "make dashboard-snapshot" ;;
-	benchmarks) echo "make bench/chart" ;;
+	benchmarks | benchmarks-gateway) echo "make bench/chart" ;;
 	request-sequence | gateway-key-states) echo "make docs/mechanism" ;;
 	esac
 }
@@ -178,7 +181,8 @@ render() {
 		case $image in
 		api-docs) render_api_docs ;;
 		dashboard) $GO -C tools build -o ../bin/dashboard-snapshot ./dashboard-snapshot && bin/dashboard-snapshot -out docs/img/dashboard.png ;;
-		benchmarks) $GO -C tools build -o ../bin/bench ./bench && bin/bench -chart-only -json docs/benchmarks.json -chart docs/img/benchmarks.png ;;
+		# bench draws both charts from one report.
+		benchmarks | benchmarks-gateway) $GO -C tools build -o ../bin/bench ./bench && bin/bench -chart-only -json docs/benchmarks.json -chart docs/img/benchmarks.png ;;
 		request-sequence | gateway-key-states) $GO -C tools build -o ../bin/mechanism ./mechanism && bin/mechanism -out docs/img "docs/img/src/$image.txt" ;;
 		*) sources "$image" >/dev/null ;;
 		esac

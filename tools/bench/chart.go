@@ -32,13 +32,16 @@ const (
 	keyHeight = vg.Length(205)
 )
 
+// series is a mode as a chart draws it and its key explains it.
+type series struct {
+	mode, meaning string
+	color         color.Color
+}
+
 // chartModes are the series in the order the key lists them, each with what
 // the chart says it is: a reader of the picture alone must know what
 // "replay-db" measured.
-var chartModes = []struct {
-	mode, meaning string
-	color         color.Color
-}{
+var chartModes = []series{
 	{modeBaseline, "the same POST /orders without the idempotency layer (the order INSERT alone)", rgb(0x55, 0x55, 0x55)},
 	{modeBare, "POST /orders written by hand: net/http and one pgx INSERT, no auth, validation, metrics or logging", rgb(0x9a, 0x63, 0x24)},
 	{modeFirst, "first request with a new Idempotency-Key", rgb(0x56, 0xa6, 0x4b)},
@@ -126,16 +129,7 @@ func (r *report) drawChart(path string, rounds int, duration time.Duration) erro
 		}
 	}
 	drawKey(draw.Crop(dc, 0, 0, 0, keyHeight-chartHeight))
-
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writePNG(path, img)
 }
 
 // clientCounts are the concurrencies measured, in order.
@@ -357,32 +351,13 @@ func drawKey(c draw.Canvas) {
 	left := c.Min.X + 12
 	split := c.Min.X + (c.Max.X-c.Min.X)*0.54
 	right := split + 18
-	seriesWidth := split - left - indent
 	targetsWidth := c.Max.X - 8 - right - indent
 
 	c.FillText(name, vg.Point{X: left, Y: top}, "Series")
-	y := top - lineHeight - 6
-	for _, m := range chartModes {
-		mid := y - name.Height("X")/2
-		c.StrokeLine2(draw.LineStyle{Color: m.color, Width: vg.Points(2)}, left, mid, left+swatch, mid)
-		c.DrawGlyph(draw.GlyphStyle{Color: m.color, Radius: vg.Points(2.5), Shape: draw.CircleGlyph{}}, vg.Point{X: left + swatch/2, Y: mid})
-		colored := name
-		colored.Color = m.color
-		c.FillText(colored, vg.Point{X: left + indent, Y: y}, m.mode)
-		nameWidth := name.Width(m.mode + " ")
-		for i, l := range wrap(body, "= "+m.meaning, seriesWidth-nameWidth, seriesWidth) {
-			x := left + indent
-			if i == 0 {
-				x += nameWidth
-			}
-			c.FillText(body, vg.Point{X: x, Y: y - 1}, l)
-			y -= lineHeight
-		}
-		y -= 3
-	}
+	drawSeriesKey(c, chartModes, name, body, left, top-lineHeight-6, split-left, 3)
 
 	c.FillText(name, vg.Point{X: right, Y: top}, "Targets (dashed, on the ratio panels)")
-	y = top - lineHeight - 6
+	y := top - lineHeight - 6
 	steps := func(want func(int) float64) string {
 		return fmt.Sprintf("≥ %g × below %d clients, ≥ %g × from %d", want(1), targetClients, want(targetClients), targetClients)
 	}
@@ -408,6 +383,32 @@ func drawKey(c draw.Canvas) {
 		"baseline ÷ bare is what the service costs around the INSERT, first ÷ baseline what the idempotency protocol costs, first ÷ bare both.", noteWidth, noteWidth) {
 		c.FillText(body, vg.Point{X: right, Y: y}, l)
 		y -= lineHeight
+	}
+}
+
+// drawSeriesKey lists modes from y down, each with its swatch, its name in
+// its color and its meaning wrapped to width beside the name, gap apart.
+func drawSeriesKey(c draw.Canvas, modes []series, name, body text.Style, left, y, width, gap vg.Length) {
+	swatch, indent := vg.Length(26), vg.Length(34)
+	lineHeight := body.Height("Xg") + 2
+	width -= indent
+	for _, m := range modes {
+		mid := y - name.Height("X")/2
+		c.StrokeLine2(draw.LineStyle{Color: m.color, Width: vg.Points(2)}, left, mid, left+swatch, mid)
+		c.DrawGlyph(draw.GlyphStyle{Color: m.color, Radius: vg.Points(2.5), Shape: draw.CircleGlyph{}}, vg.Point{X: left + swatch/2, Y: mid})
+		colored := name
+		colored.Color = m.color
+		c.FillText(colored, vg.Point{X: left + indent, Y: y}, m.mode)
+		nameWidth := name.Width(m.mode + " ")
+		for i, l := range wrap(body, "= "+m.meaning, width-nameWidth, width) {
+			x := left + indent
+			if i == 0 {
+				x += nameWidth
+			}
+			c.FillText(body, vg.Point{X: x, Y: y - 1}, l)
+			y -= lineHeight
+		}
+		y -= gap
 	}
 }
 
@@ -438,11 +439,12 @@ func chartFromJSON(jsonPath, chartPath string) error {
 		return err
 	}
 	var saved struct {
-		MeasuredAt      time.Time `json:"measured_at"`
-		DurationSeconds float64   `json:"duration_seconds"`
-		Rounds          int       `json:"rounds"`
-		Results         []result  `json:"results"`
-		Medians         []result  `json:"medians"`
+		MeasuredAt      time.Time    `json:"measured_at"`
+		DurationSeconds float64      `json:"duration_seconds"`
+		Rounds          int          `json:"rounds"`
+		Results         []result     `json:"results"`
+		Medians         []result     `json:"medians"`
+		Proxy           *proxyResult `json:"proxy"`
 	}
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return fmt.Errorf("%s: %w", jsonPath, err)
@@ -451,5 +453,8 @@ func chartFromJSON(jsonPath, chartPath string) error {
 		return err
 	}
 	r := &report{when: saved.MeasuredAt, all: saved.Results, results: saved.Medians}
-	return r.drawChart(chartPath, saved.Rounds, time.Duration(saved.DurationSeconds*float64(time.Second)))
+	if err := r.drawChart(chartPath, saved.Rounds, time.Duration(saved.DurationSeconds*float64(time.Second))); err != nil {
+		return err
+	}
+	return drawGatewayChart(gatewayChartPath(chartPath), saved.Proxy, saved.MeasuredAt.Format("2006-01-02"))
 }

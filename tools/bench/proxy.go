@@ -202,8 +202,9 @@ func (b *bench) proxyPhase(ctx context.Context) (*proxyResult, error) {
 	return res, nil
 }
 
-// proxyMarkdown is the report's section on the proxy phase.
-func (p *proxyResult) markdown() string {
+// markdown is the report's section on the proxy phase, with the gateway's
+// chart, at chart relative to the report.
+func (p *proxyResult) markdown(chart string) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "\n## The gateway: `oncekey proxy` against a plain reverse proxy\n\nThe same Go upstream behind a plain `httputil.ReverseProxy` (**plain-proxy**, this phase's baseline) and behind the gateway on PostgreSQL, wired as `oncekey proxy` wires it (the deferred store, the record cache in front): **first+gateway** sends a new key each time, **replay+gateway** repeats one key per client. The upstream of the **+db** modes, which the gateway's targets are judged on, does what a real POST does: it decodes the order and writes it with one durable INSERT into a table of its own (the orders table's shape, bare's statement), through a pool of its own, on the same PostgreSQL. The other upstream reads the order and answers 201 with it, doing nothing else: a gateway's cost against a request that costs nothing, for the record. %d rounds or more, interleaved; medians. Added latency is the gateway's p50 (p99) minus the plain proxy's in front of the same upstream, of the same round.\n\n", proxyRounds)
 	s.WriteString("| Mode | Clients | Requests/s | Ratio to plain-proxy | p50 ms | p99 ms | Added p50 ms | Added p99 ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
@@ -230,6 +231,7 @@ func (p *proxyResult) markdown() string {
 			fmt.Fprintf(&s, "| %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", mode, n, median(rps), r, median(p50), median(p99), median(addP50), median(addP99))
 		}
 	}
+	fmt.Fprintf(&s, "\n![The gateway's throughput, and its throughput over the plain proxy's with the targets, at each client count](%s)\n\n*Two panels against the number of clients: every mode's requests per second, and the gateway's over the plain proxy's in front of the same upstream, with the targets dashed (met where a line runs above its dash). Solid colors are the upstream that INSERTs each order, light ones the upstream that does nothing.*\n", chart)
 	if trips, ok := p.roundTrips(); ok {
 		fmt.Fprintf(&s, "\nPostgreSQL round trips per first request through the gateway (first+gateway+db) at %d clients, counted on the gateway's pool during the measurement: %.2f (median of the rounds), the hold and the settle each shared with other requests'.\n", targetClients, trips)
 	}
