@@ -208,7 +208,7 @@ func (r *report) judge() {
 		var got float64
 		var ok bool
 		if r.proxy != nil {
-			got, ok = ratioOver(r.proxy.Results, modePlainProxyDB, t.mode, t.clients, false)
+			got, ok = ratioOver(r.proxy.Results, proxyBase(t.mode), t.mode, t.clients, false)
 		}
 		add(fmt.Sprintf("%d clients, "+t.name, t.clients, t.want), false, t.want, got, ok)
 	}
