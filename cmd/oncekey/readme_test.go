@@ -124,11 +124,22 @@ func parseHTTP(t *testing.T, s string) httpMessage {
 // server of a test to listen on.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
+	return freeAddrs(t, 1)[0]
+}
+
+// freeAddrs is n distinct loopback addresses free a moment ago. Every
+// listener stays open until all n are chosen: closed one at a time, the
+// kernel may hand the same port out twice.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
+	}
+	return addrs
 }
 
 // startServe runs `oncekey serve` in-process on a free loopback port with
@@ -370,8 +381,9 @@ func TestGatewayQuickStart(t *testing.T) {
 	require.NoError(t, err)
 	m := gatewayQuickStartRe.FindStringSubmatch(string(doc))
 	require.NotNil(t, m, "docs/gateway.md has its marked quick start, with what it prints")
-	_, upstreamPort, _ := net.SplitHostPort(freeAddr(t))
-	_, gatewayPort, _ := net.SplitHostPort(freeAddr(t))
+	addrs := freeAddrs(t, 2)
+	_, upstreamPort, _ := net.SplitHostPort(addrs[0])
+	_, gatewayPort, _ := net.SplitHostPort(addrs[1])
 	out, stderr, err := runQuickStart(t, m[1], "UPSTREAM_PORT="+upstreamPort, "GATEWAY_PORT="+gatewayPort)
 	require.NoError(t, err, "the quick start failed:\n%s\nstderr:\n%s", out, stderr)
 	require.Equal(t, strings.TrimSpace(m[2]), strings.TrimSpace(out), "what the quick start prints")

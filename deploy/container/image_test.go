@@ -167,7 +167,8 @@ func TestImage(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(config, "routes.yaml"), []byte("routes:\n  - method: POST\n    path: /charges\n"), 0o644))
 
 		url, pool := testdb.Empty(t)
-		addr, metrics := freeAddr(t), freeAddr(t)
+		addrs := freeAddrs(t, 2)
+		addr, metrics := addrs[0], addrs[1]
 		c := startContainer(t, image, []string{"-e", "DATABASE_URL=" + testdb.PoolURL(url, 4), "-v", config + ":/config:ro"},
 			"proxy", "--upstream", "http://"+ln.Addr().String(), "--routes", "/config/routes.yaml", "--scope-header", "X-Account-Id",
 			"--addr", addr, "--metrics-addr", metrics)
@@ -337,8 +338,20 @@ func (c *container) stop(t *testing.T) {
 // freeAddr is a free loopback address.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeAddrs(t, 1)[0]
+}
+
+// freeAddrs is n distinct free loopback addresses. Every listener stays open
+// until all n are chosen: closed one at a time, the kernel may hand the same
+// port out twice, and a server given two equal addresses cannot start.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
+	}
+	return addrs
 }
