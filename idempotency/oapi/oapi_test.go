@@ -243,7 +243,7 @@ func TestExtensionSetsTheResponsesAGatewayStores(t *testing.T) {
 		require.ErrorContains(t, err, "max-stored-bytes and store-responses are a gateway's", ext)
 		oapi.BindRest(ops, memstore.New())
 		_, err = ops.Middleware(nil)
-		require.ErrorContains(t, err, "paintWidget (x-idempotency's max-stored-bytes and store-responses are a gateway's", ext)
+		require.ErrorContains(t, err, "paintWidget (x-idempotency's max-stored-bytes, store-responses, key-header and key-field are a gateway's", ext)
 	}
 	for ext, says := range map[string]string{
 		"{max-stored-bytes: 0}":                           "max-stored-bytes: 0 is not a positive number",
@@ -252,6 +252,49 @@ func TestExtensionSetsTheResponsesAGatewayStores(t *testing.T) {
 		"{max-stored-bytes: 1MiB}":                        "max-stored-bytes: 1MiB is not a positive number",
 		"{store-responses: never}":                        "store-responses: never is not true or false",
 		"{store-responses: false, max-stored-bytes: 100}": "give one of them",
+	} {
+		doc := load(t, strings.Replace(spec, "x-idempotency: {ttl: 24h, wait: 2s}", "x-idempotency: "+ext, 1))
+		_, err := oapi.New(doc, engine())
+		require.ErrorContains(t, err, says, ext)
+	}
+}
+
+// TestExtensionNamesWhereTheKeyIs: x-idempotency's key-header and
+// key-field are read into KeyHeader and KeyField for a gateway or a
+// checker; a place that is no name, or both at once, is refused. Bound
+// in-process, where the engine reads Idempotency-Key, a key elsewhere is
+// refused, never ignored: reading the wrong place would run every retry.
+func TestExtensionNamesWhereTheKeyIs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ext           string
+		header, field string
+		binds         bool
+	}{
+		{"{key-header: X-Idempotency-Key}", "X-Idempotency-Key", "", false},
+		{"{key-header: idempotency-key, ttl: 24h}", "idempotency-key", "", true},
+		{"{key-field: idempotency_key}", "", "idempotency_key", false},
+		{"{ttl: 24h}", "", "", true},
+	} {
+		doc := load(t, strings.Replace(spec, "x-idempotency: {ttl: 24h, wait: 2s}", "x-idempotency: "+tc.ext, 1))
+		ops, err := oapi.New(doc, engine())
+		require.NoError(t, err, tc.ext)
+		op := ops.Find("POST", "/widgets/{id}/paint")
+		require.True(t, op.Idempotent, tc.ext)
+		require.Equal(t, [2]string{tc.header, tc.field}, [2]string{op.KeyHeader, op.KeyField}, tc.ext)
+		_, err = oapi.Bind(ops, "paintWidget", memstore.New())
+		if tc.binds {
+			require.NoError(t, err, tc.ext)
+			continue
+		}
+		require.ErrorContains(t, err, "key-header and key-field are a gateway's", tc.ext)
+	}
+	for ext, says := range map[string]string{
+		"{key-header: 'X Key'}":             "key-header: X Key is not a header name",
+		"{key-field: /idempotency_key}":     "key-field: /idempotency_key is not a field name",
+		"{key-field: 7}":                    "key-field: 7 is not a field name",
+		"{key-header: X-Key, key-field: k}": "not both",
+		"{key-place: 24h}":                  `no setting "key-place"`,
 	} {
 		doc := load(t, strings.Replace(spec, "x-idempotency: {ttl: 24h, wait: 2s}", "x-idempotency: "+ext, 1))
 		_, err := oapi.New(doc, engine())

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -180,8 +181,10 @@ func TestProfiles(t *testing.T) {
 	}
 }
 
-// specWith202 covers three operations: /queued declares a 202, /charges
-// does not, and /payments takes its key in X-Idempotency-Key.
+// specWith202 covers five operations: /queued declares a 202, /charges
+// does not, /payments takes its key in X-Idempotency-Key, /transfers in
+// the header its x-idempotency names, and /square in the body field its
+// x-idempotency names.
 const specWith202 = `
 openapi: 3.0.3
 info: {title: charges, version: "1"}
@@ -205,6 +208,16 @@ paths:
         - {name: x-idempotency-key, in: header, required: true, schema: {type: string}}
       responses:
         '201': {description: done}
+  /transfers:
+    post:
+      x-idempotency: {key-header: PayPal-Request-Id}
+      responses:
+        '201': {description: done}
+  /square:
+    post:
+      x-idempotency: {key-field: idempotency_key}
+      responses:
+        '201': {description: done}
 `
 
 // TestSpecProfileRule: with a document and --profile oncekey, only an
@@ -219,12 +232,14 @@ func TestSpecProfileRule(t *testing.T) {
 	rs, err := gateway.SpecRoutes(doc)
 	require.NoError(t, err)
 	for _, tc := range []struct {
-		path, keyHeader    string
-		inFlight, mismatch int
+		path, keyHeader, keyField string
+		inFlight, mismatch        int
 	}{
-		{"/queued", idempotency.HeaderKey, http.StatusAccepted, http.StatusConflict},
-		{"/charges", idempotency.HeaderKey, http.StatusConflict, http.StatusUnprocessableEntity},
-		{"/payments", "X-Idempotency-Key", http.StatusConflict, http.StatusUnprocessableEntity},
+		{"/queued", idempotency.HeaderKey, "", http.StatusAccepted, http.StatusConflict},
+		{"/charges", idempotency.HeaderKey, "", http.StatusConflict, http.StatusUnprocessableEntity},
+		{"/payments", "X-Idempotency-Key", "", http.StatusConflict, http.StatusUnprocessableEntity},
+		{"/transfers", "PayPal-Request-Id", "", http.StatusConflict, http.StatusUnprocessableEntity},
+		{"/square", idempotency.HeaderKey, "idempotency_key", http.StatusConflict, http.StatusUnprocessableEntity},
 	} {
 		t.Run(tc.path, func(t *testing.T) {
 			t.Parallel()
@@ -235,20 +250,44 @@ func TestSpecProfileRule(t *testing.T) {
 			}, memstore.New()))
 			t.Cleanup(gw.Close)
 			scope, key := "acct-"+rand.Text(), uuid.NewString()
-			first := sendHeld(gw.URL+tc.path, `{"amount":1}`, "X-Account-Id", scope, tc.keyHeader, key)
+			// keyed is a request of amount under key (none: ""), where the
+			// route reads it.
+			keyed := func(amount int, key string) (string, []string) {
+				header := []string{"X-Account-Id", scope}
+				if tc.keyField == "" {
+					if key != "" {
+						header = append(header, tc.keyHeader, key)
+					}
+					return fmt.Sprintf(`{"amount":%d}`, amount), header
+				}
+				if key == "" {
+					return fmt.Sprintf(`{"amount":%d}`, amount), header
+				}
+				return fmt.Sprintf(`{%q:%q,"amount":%d}`, tc.keyField, key, amount), header
+			}
+			body, header := keyed(1, key)
+			first := sendHeld(gw.URL+tc.path, body, header...)
 			<-up.arrived
-			resp, body := send(t, gw.URL+tc.path, `{"amount":1}`, "X-Account-Id", scope, tc.keyHeader, key)
-			require.Equal(t, tc.inFlight, resp.StatusCode, "a duplicate in flight: %s", body)
+			resp, answer := send(t, gw.URL+tc.path, body, header...)
+			require.Equal(t, tc.inFlight, resp.StatusCode, "a duplicate in flight: %s", answer)
 			require.Equal(t, []string{key}, resp.Header.Values(tc.keyHeader), "the key repeated where it was read")
 			if tc.keyHeader != idempotency.HeaderKey {
 				require.Empty(t, resp.Header.Values(idempotency.HeaderKey), "and in no other header")
 			}
 			up.free()
 			require.Equal(t, http.StatusCreated, <-first)
-			resp, body = send(t, gw.URL+tc.path, `{"amount":2}`, "X-Account-Id", scope, tc.keyHeader, key)
-			require.Equal(t, tc.mismatch, resp.StatusCode, "a key reused: %s", body)
-			resp, body = send(t, gw.URL+tc.path, `{"amount":1}`, "X-Account-Id", scope)
-			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "no key: %s", body)
+			body, header = keyed(2, key)
+			resp, answer = send(t, gw.URL+tc.path, body, header...)
+			require.Equal(t, tc.mismatch, resp.StatusCode, "a key reused: %s", answer)
+			if tc.keyField != "" {
+				// The key sent in a header is not the key.
+				body, header = keyed(1, "")
+				resp, answer = send(t, gw.URL+tc.path, body, append(header, idempotency.HeaderKey, key)...)
+				require.Equal(t, http.StatusBadRequest, resp.StatusCode, "the key in a header, not the body: %s", answer)
+			}
+			body, header = keyed(1, "")
+			resp, answer = send(t, gw.URL+tc.path, body, header...)
+			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "no key: %s", answer)
 		})
 	}
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -26,7 +27,8 @@ import (
 // package oapi; or a header whose name ends in Idempotency-Key, such as
 // X-Idempotency-Key), each validating its body against the document's
 // schema and reading its key from the header it declares (an operation
-// that declares none reads it where Config.Key says).
+// that declares none reads it where Config.Key says); x-idempotency's
+// key-header or key-field, where it names one, wins.
 //
 // An operation whose document declares no 202 answer is given the ietf
 // profile whatever the gateway's: its clients take every 2xx for the
@@ -45,7 +47,11 @@ func SpecRoutes(doc *openapi3.T) ([]Route, error) {
 			if op == nil || !(op.Idempotent || header != "" && spec.Extensions[oapi.Extension] != false) {
 				continue
 			}
-			rt := Route{Method: op.Method, Path: op.Path, TTL: op.TTL, Wait: op.Wait, Key: frontdoor.KeyPlace{Header: header},
+			key := frontdoor.KeyPlace{Header: cmp.Or(op.KeyHeader, header)}
+			if op.KeyField != "" { // x-idempotency's key-field: a top-level member
+				key = frontdoor.KeyPlace{BodyField: "/" + op.KeyField}
+			}
+			rt := Route{Method: op.Method, Path: op.Path, TTL: op.TTL, Wait: op.Wait, Key: key,
 				RepeatWindow: op.RepeatWindow, RefuseRepeats: op.RefuseRepeats, MaxStored: op.MaxStored}
 			if spec.Responses.Value("202") == nil {
 				rt.Profile = frontdoor.IETF
