@@ -15,16 +15,21 @@ import (
 // dialect is the toy API answering with another profile's statuses: its
 // in-flight answer (a 202 problem), its refusal of a reused key (409) and
 // of a request without a key (400) are rewritten to the statuses given (0:
-// left as the toy answers), and its replay marker can be taken off. So one
-// API, whose every other promise the oncekey profile's tests show kept,
-// speaks each profile, and each dialect can be broken in one way.
+// left as the toy answers), its replay marker can be taken off, and its
+// keys can be held per path. So one API, whose every other promise the
+// oncekey profile's tests show kept, speaks each profile, and each dialect
+// can be broken in one way.
 type dialect struct {
 	api                       http.Handler
 	inFlight, mismatch, noKey int
 	unmarked                  bool // replays lose Idempotent-Replayed
+	perPath                   bool // a key is the caller's on one path only, as ACP §6.1 scopes them
 }
 
 func (d dialect) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if key := r.Header.Get("Idempotency-Key"); d.perPath && key != "" {
+		r.Header.Set("Idempotency-Key", key+" "+r.URL.Path)
+	}
 	rec := httptest.NewRecorder()
 	d.api.ServeHTTP(rec, r)
 	status := rec.Code
@@ -112,6 +117,10 @@ func TestProfilesIETF07AndAgentCommerce(t *testing.T) {
 		{"agent-commerce", "leaves Retry-After out", ietf(bugs{noRetryAfter: true}), []string{"retry-after"}, nil},
 		{"agent-commerce", "does not mark replays", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, unmarked: true}, []string{"canonical-json", "replay"}, nil},
 		{"agent-commerce", "compares body bytes", ietf(bugs{comparesBytes: true}), []string{"canonical-json"}, nil},
+		// ACP §6.1 scopes a key to the caller and the endpoint's path,
+		// which the profile does not follow (docs/conformance.md): the
+		// same key on another path runs.
+		{"agent-commerce", "scopes keys per path as ACP says", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, perPath: true}, []string{"mismatch-operation", "mismatch-request"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.profile+"/"+tt.name, func(t *testing.T) {
