@@ -77,7 +77,10 @@ var Profiles = map[string]Profile{
 	// 400 without one, 409 with Retry-After while the first request runs,
 	// 422 for the same key with another body, Idempotent-Replayed: true
 	// on a replay. Bodies are JSON compared as values (§6.2), keys at most
-	// 255 characters (§6.1).
+	// 255 characters (§6.1). It does not follow §6.1's keys per endpoint
+	// path: an API that scopes them so fails mismatch-operation and, where
+	// the other request names another resource in its path,
+	// mismatch-request (docs/conformance.md says how to skip them).
 	"agent-commerce": {
 		Name: "agent-commerce", MismatchStatus: 422, InFlightStatus: 409, ReplayHeader: "Idempotent-Replayed",
 		KeyRequired: true, MissingKeyStatus: 400, CanonicalJSON: true, MaxKeyLength: 255, RetryAfter: true,
