@@ -294,7 +294,7 @@ type conformanceCmd struct {
 	AuthFile       string        `name:"auth-file" xor:"auth" placeholder:"FILE" help:"Read --auth from this file (its one line)."`
 	Auth2          string        `name:"auth2" envvar:"ONCEKEY_AUTH2" xor:"auth2" placeholder:"CREDENTIAL" help:"Credential of a second account, in the same forms; without it credential-isolation is skipped. Like --auth: --auth2-file or the variable."`
 	Auth2File      string        `name:"auth2-file" xor:"auth2" placeholder:"FILE" help:"Read --auth2 from this file (its one line)."`
-	Profile        string        `name:"profile" enum:"oncekey,ietf,stripe" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (422, 409), stripe (400, 409, key optional)."`
+	Profile        string        `name:"profile" enum:"oncekey,ietf,ietf-07,stripe,agent-commerce" default:"oncekey" help:"Which answers keep the promises: oncekey (409 mismatch, 202 in flight), ietf (the IETF draft -06: 422, 409), ietf-07 (draft -07, which asks the same), stripe (400, 409, key optional), agent-commerce (the Agentic Commerce Protocol: 422, 409 with Retry-After, 400 without a key, Idempotent-Replayed)."`
 	Only           []string      `name:"only" sep:"," placeholder:"ID" help:"Run only these checks and/or operations (\"POST /orders\" or an operationId)."`
 	Format         string        `name:"format" enum:"text,json,junit" default:"text" help:"Report format on standard output: text, json or junit."`
 	Overrides      string        `name:"overrides" placeholder:"FILE" help:"YAML of request bodies, path parameters, headers, slow requests and skipped checks per operation (see docs/conformance.md)."`

@@ -64,7 +64,7 @@ func TestBadFlagValuesAreReportedTogether(t *testing.T) {
 			name: "a command without checks of its own",
 			args: []string{"conformance", "--spec", "api.yaml", "--url", "http://127.0.0.1:1", "--profile=acme", "--format", "xml", "--timeout=soon", "--concurrency=many"},
 			want: []string{
-				`--profile: must be one of "oncekey", "ietf", "stripe" but got "acme"`,
+				`--profile: must be one of "oncekey", "ietf", "ietf-07", "stripe", "agent-commerce" but got "acme"`,
 				`--format: must be one of "text", "json", "junit" but got "xml"`,
 				`--timeout: expected duration but got "soon"`,
 				`--concurrency: `,

@@ -38,7 +38,7 @@ func Checks() []Check { return slices.Clone(catalogue) }
 var catalogue = []Check{
 	{
 		ID:           "key-required",
-		Rationale:    "A request without a key cannot be made safe to retry: refuse it with 4xx (or, where the profile makes the key optional, run it as usual).",
+		Rationale:    "A request without a key cannot be made safe to retry: refuse it with 4xx, or with the one status the profile names (or, where the profile makes the key optional, run it as usual).",
 		Source:       draft + " §2.7",
 		perOperation: checkKeyRequired,
 	},
@@ -139,7 +139,10 @@ func checkKeyRequired(ctx context.Context, s *session, t *target) error {
 		}
 		return nil
 	}
-	if a.status < 400 || a.status > 499 {
+	switch want := s.cfg.Profile.MissingKeyStatus; {
+	case want != 0 && a.status != want:
+		return fmt.Errorf("without a key: got %s, want %d", a, want)
+	case a.status < 400 || a.status > 499:
 		return fmt.Errorf("without a key: got %s, want 4xx", a)
 	}
 	return nil

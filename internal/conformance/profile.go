@@ -26,6 +26,11 @@ type Profile struct {
 	// KeyRequired says a request without a key is refused (4xx) rather than
 	// run without protection.
 	KeyRequired bool `json:"key_required"`
+	// MissingKeyStatus is the one status that refuses a request without a
+	// key, where the profile's source names one (agent-commerce's 400, which
+	// a client reads as "add the header and retry"); 0: any 4xx, as the
+	// drafts' SHOULD allows.
+	MissingKeyStatus int `json:"missing_key_status,omitempty"`
 	// CanonicalJSON says the fingerprint compares JSON values, not bytes:
 	// reordered keys and other whitespace are the same request.
 	CanonicalJSON bool `json:"canonical_json"`
@@ -56,6 +61,29 @@ var Profiles = map[string]Profile{
 	"ietf": {
 		Name: "ietf", MismatchStatus: 422, InFlightStatus: 409,
 		KeyRequired: true, MaxKeyLength: 255,
+	},
+	// ietf-07 follows draft-ietf-httpapi-idempotency-key-header-07, the
+	// newest revision whose text could be read when it was added (-08 and
+	// -09 exist; see docs/conformance.md). Its §2.1-§2.7 say what -06's say,
+	// word for word, and its Appendix A (changes from -06) is empty, so it
+	// expects what ietf does: it is its own name so that a run says which
+	// revision it held the API to, and so that ietf can keep meaning -06.
+	"ietf-07": {
+		Name: "ietf-07", MismatchStatus: 422, InFlightStatus: 409,
+		KeyRequired: true, MaxKeyLength: 255,
+	},
+	// agent-commerce is the Agentic Commerce Protocol's idempotency
+	// (rfcs/rfc.agentic_checkout.md §6, SEP #120): a key on every POST,
+	// 400 without one, 409 with Retry-After while the first request runs,
+	// 422 for the same key with another body, Idempotent-Replayed: true
+	// on a replay. Bodies are JSON compared as values (§6.2), keys at most
+	// 255 characters (§6.1). It does not follow §6.1's keys per endpoint
+	// path: an API that scopes them so fails mismatch-operation and, where
+	// the other request names another resource in its path,
+	// mismatch-request (docs/conformance.md says how to skip them).
+	"agent-commerce": {
+		Name: "agent-commerce", MismatchStatus: 422, InFlightStatus: 409, ReplayHeader: "Idempotent-Replayed",
+		KeyRequired: true, MissingKeyStatus: 400, CanonicalJSON: true, MaxKeyLength: 255, RetryAfter: true,
 	},
 	// stripe is Stripe's documented behaviour: the key is optional, a
 	// reused key with other parameters is 400, a concurrent duplicate 409,
