@@ -52,7 +52,8 @@ if [[ ! -x $bin ]] || [[ -n $(find "$root/internal/conformance" "$root/cmd/oncek
 fi
 
 mkdir -p "$results"
-rm -f "$results"/*.json "$results"/*.log
+# The last run's reports go (summary.json stays until a run replaces it).
+rm -f "$results"/*.*.json "$results"/*.log
 
 app_pid=
 cleanup() {
@@ -106,7 +107,7 @@ for entry in "${apps[@]}"; do
 			--profile "$profile" --format json >"$out" 2>"$results/$name.$profile.log" || rc=$?
 		# 0, 1 and 2 with a report are the API's results; anything else, or
 		# no report, is the tool's setup refusing to run.
-		if ((rc > 2)) || ! jq -e '.results' "$out" >/dev/null 2>&1; then
+		if ((rc > 2)) || ! jq -se 'length == 1 and (.[0].results | type == "array")' "$out" >/dev/null 2>&1; then
 			say "$name under $profile: the tool exited $rc without a report:"
 			cat "$results/$name.$profile.log" >&2
 			exit 1
