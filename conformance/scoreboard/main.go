@@ -158,8 +158,9 @@ func markdown(rows []row, checks []string) []byte {
 	b.WriteString("One line for each check that failed or erred on an operation, with the profiles it did so under " +
 		"and the tool's reason under the first of them, shortened.\n\n")
 	// Findings of one check on one operation are one line where their
-	// reasons differ only in numbers (ids, counters), so a status that
-	// differs by profile (want 409, want 422) stays a line of its own.
+	// reasons differ only in the ids of what they made (ord_12), so a
+	// status that differs by profile (want 409, want 422) stays a line of
+	// its own.
 	type finding struct{ app, check, op, status, reason string }
 	var order []finding
 	profilesOf, reasonOf := map[finding][]string{}, map[finding]string{}
@@ -168,7 +169,7 @@ func markdown(rows []row, checks []string) []byte {
 			if res.Status != "fail" && res.Status != "error" {
 				continue
 			}
-			f := finding{r.App, res.Check, res.Operation, res.Status, digits.ReplaceAllString(res.Reason, "#")}
+			f := finding{r.App, res.Check, res.Operation, res.Status, madeID.ReplaceAllString(res.Reason, "_#")}
 			if _, seen := profilesOf[f]; !seen {
 				order = append(order, f)
 				reasonOf[f] = shorten(res.Reason)
@@ -190,8 +191,9 @@ func markdown(rows []row, checks []string) []byte {
 	return b.Bytes()
 }
 
-// digits are what findings that are the same may differ in.
-var digits = regexp.MustCompile(`[0-9]+`)
+// madeID is the number of an id an app made (ord_12, re_7): what the
+// reasons of one finding under two profiles differ in.
+var madeID = regexp.MustCompile(`_[0-9]+`)
 
 // shorten keeps a reason to one line of at most 200 characters: the
 // tool's reasons quote whole answers, which a table's note does not need.

@@ -103,7 +103,7 @@ for entry in "${apps[@]}"; do
 		say "$name under $profile ($url)"
 		out=$results/$name.$profile.json
 		rc=0
-		"$bin" conformance --spec "$here/apps/$dir/openapi.yaml" --url "$url" \
+		"$bin" conformance --spec "$here/apps/$dir/openapi.yaml" --url "$url" --overrides "$here/overrides.yaml" \
 			--profile "$profile" --format json >"$out" 2>"$results/$name.$profile.log" || rc=$?
 		# 0, 1 and 2 with a report are the API's results; anything else, or
 		# no report, is the tool's setup refusing to run.

@@ -10,9 +10,12 @@ app.post('*', idempotency());
 
 const orders = new Map();
 let next = 0;
+// X-Test-Delay-Ms makes a request take that long (the overrides' slow request).
+const delay = (ms) => new Promise((resolve) => setTimeout(resolve, Math.min(Number(ms) || 0, 5000)));
 
-app.post('/orders', (req, res) => {
+app.post('/orders', async (req, res) => {
   if (getSharedIdempotencyService().isHit(req)) return;
+  await delay(req.get('X-Test-Delay-Ms'));
   const { amount, currency } = req.body || {};
   if (!Number.isInteger(amount) || amount < 1 || typeof currency !== 'string') {
     return res.status(400).json({ error: 'amount (integer >= 1) and currency are required' });
@@ -28,8 +31,9 @@ app.get('/orders/:id', (req, res) => {
   res.json(order);
 });
 
-app.post('/orders/:id/refunds', (req, res) => {
+app.post('/orders/:id/refunds', async (req, res) => {
   if (getSharedIdempotencyService().isHit(req)) return;
+  await delay(req.get('X-Test-Delay-Ms'));
   const order = orders.get(req.params.id);
   if (!order) return res.status(404).json({ error: 'no such order' });
   const { amount } = req.body || {};

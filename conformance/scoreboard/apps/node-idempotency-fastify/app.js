@@ -37,8 +37,11 @@ fastify.addHook('onSend', async (req, reply, payload) => {
 
 const orders = new Map();
 let next = 0;
+// X-Test-Delay-Ms makes a request take that long (the overrides' slow request).
+const delay = (ms) => new Promise((resolve) => setTimeout(resolve, Math.min(Number(ms) || 0, 5000)));
 
 fastify.post('/orders', async (req, reply) => {
+  await delay(req.headers['x-test-delay-ms']);
   const { amount, currency } = req.body || {};
   if (!Number.isInteger(amount) || amount < 1 || typeof currency !== 'string') {
     return reply.code(400).send({ error: 'amount (integer >= 1) and currency are required' });
@@ -55,6 +58,7 @@ fastify.get('/orders/:id', async (req, reply) => {
 });
 
 fastify.post('/orders/:id/refunds', async (req, reply) => {
+  await delay(req.headers['x-test-delay-ms']);
   const order = orders.get(req.params.id);
   if (!order) return reply.code(404).send({ error: 'no such order' });
   const { amount } = req.body || {};

@@ -4,15 +4,18 @@
 // Plain JavaScript, so the decorators are applied by Reflect.decorate
 // where TypeScript would write @.
 require('reflect-metadata');
-const { Module, Controller, Get, Post, HttpCode, Body, Param, Res, HttpException } = require('@nestjs/common');
+const { Module, Controller, Get, Post, HttpCode, Body, Param, Res, Headers, HttpException } = require('@nestjs/common');
 const { NestFactory } = require('@nestjs/core');
 const { NodeIdempotencyModule, Idempotent } = require('@node-idempotency/nestjs');
 
 const orders = new Map();
 let next = 0;
+// X-Test-Delay-Ms makes a request take that long (the overrides' slow request).
+const delay = (ms) => new Promise((resolve) => setTimeout(resolve, Math.min(Number(ms) || 0, 5000)));
 
 class OrdersController {
-  create(body, res) {
+  async create(body, res, wait) {
+    await delay(wait);
     const { amount, currency } = body || {};
     if (!Number.isInteger(amount) || amount < 1 || typeof currency !== 'string') {
       throw new HttpException({ error: 'amount (integer >= 1) and currency are required' }, 400);
@@ -29,7 +32,8 @@ class OrdersController {
     return order;
   }
 
-  refund(id, body) {
+  async refund(id, body, wait) {
+    await delay(wait);
     const order = orders.get(id);
     if (!order) throw new HttpException({ error: 'no such order' }, 404);
     const { amount } = body || {};
@@ -49,11 +53,13 @@ const param = (name, index, decorator) => decorator(OrdersController.prototype, 
 method('create', Post(), HttpCode(201), Idempotent());
 param('create', 0, Body());
 param('create', 1, Res({ passthrough: true }));
+param('create', 2, Headers('x-test-delay-ms'));
 method('get', Get(':id'));
 param('get', 0, Param('id'));
 method('refund', Post(':id/refunds'), HttpCode(201), Idempotent());
 param('refund', 0, Param('id'));
 param('refund', 1, Body());
+param('refund', 2, Headers('x-test-delay-ms'));
 Reflect.decorate([Controller('orders')], OrdersController);
 
 class AppModule {}

@@ -20,7 +20,12 @@ const json = (statusCode, body, headers = {}) => ({
   statusCode, headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify(body),
 });
 
+// X-Test-Delay-Ms makes a request take that long (the overrides' slow request).
+const delay = (ms) => new Promise((resolve) => setTimeout(resolve, Math.min(Number(ms) || 0, 5000)));
+
 async function orderHandler(event) {
+  const wait = Object.entries(event.headers).find(([name]) => name.toLowerCase() === 'x-test-delay-ms');
+  await delay(wait && wait[1]);
   let body;
   try { body = JSON.parse(event.body || 'null') || {}; } catch { return json(400, { error: 'the body is not JSON' }); }
   if (event.resource === '/orders') {
