@@ -338,6 +338,10 @@ test/sdks: ## official SDKs that make their own keys and retry (Stripe's Node SD
 	cd tools/sdks && npm ci --no-audit --no-fund --silent && $(GO) vet ./... && $(GO) mod tidy -diff && \
 	  $(GO) test -count=1 -p 1 -parallel 24 -timeout 10m ./...
 
+.PHONY: scoreboard
+scoreboard: ## oncekey conformance against Idempotency-Key libraries nobody here wrote (express-idempotency, @node-idempotency on NestJS and Fastify, AWS Lambda Powertools on Redis; npm ci in conformance/scoreboard) under oncekey, ietf, stripe and any PROFILES; writes conformance/scoreboard/SCOREBOARD.md (needs Node.js 20+, npm, jq, curl, Redis on 127.0.0.1:6379); exits 0 whatever the libraries score
+	GO="$(GO)" conformance/scoreboard/run.sh
+
 .PHONY: test/live
 test/live: ## against a live 'oncekey serve': contract-test, the TypeScript SDK's tests, /docs in headless Chromium
 	.ci/live-test
