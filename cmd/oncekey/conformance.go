@@ -50,7 +50,7 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 		return err
 	}
 	cfg := conformance.Config{
-		Spec: doc, BaseURL: c.URL, Auth: c.Auth, Auth2: c.Auth2, Profile: profile, Only: c.Only,
+		Spec: doc, BaseURL: c.URL, Auth: c.Auth, Auth2: c.Auth2, Profile: profile, Only: c.Only, KeyHeader: c.KeyHeader, KeyField: c.KeyField,
 		Overrides: overrides, Concurrency: c.Concurrency, Timeout: c.Timeout, Progress: progress(e),
 	}
 	if c.Plan || c.Explain {

@@ -43,6 +43,12 @@ type Config struct {
 	// says (an API key's header, query parameter or cookie, Basic,
 	// Bearer): two bare values go to the same place.
 	Auth, Auth2 string
+	// KeyHeader and KeyField say where the key goes for a document that
+	// does not say (--key-header, --key-field): a header, or a top-level
+	// member of the body. With either, the operations that declare that
+	// header or member are covered, or, where none does, every POST and
+	// PATCH.
+	KeyHeader, KeyField string
 	// Profile says which answers keep the promises (default: oncekey).
 	Profile Profile
 	// Only keeps the checks whose id, or operations whose name ("POST
@@ -198,6 +204,19 @@ func newSession(cfg Config) (*session, error) {
 		cfg.Timeout = 10 * time.Second
 	}
 	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	if cfg.KeyHeader != "" && cfg.KeyField != "" {
+		return nil, errors.New("conformance: the key goes in a header (--key-header) or a body field (--key-field), not both")
+	}
+	if cfg.KeyField != "" {
+		field, err := keyField(cfg.KeyField)
+		if err != nil {
+			return nil, err
+		}
+		cfg.KeyField = field
+	}
+	if strings.ContainsAny(cfg.KeyHeader, " \t:") {
+		return nil, fmt.Errorf("conformance: --key-header %q is not a header name", cfg.KeyHeader)
+	}
 	ops, err := oapi.New(cfg.Spec, nil)
 	if err != nil {
 		return nil, fmt.Errorf("conformance: %w", err)
@@ -239,7 +258,7 @@ func newSession(cfg Config) (*session, error) {
 				known[name], known[t.name] = true, true
 			}
 			s.byRoute[t.name] = t
-			if op.Idempotent {
+			if s.cover(t, op, item, spec) {
 				s.covered = append(s.covered, t)
 			}
 			if t.media != "" && !jsonish(t.media) && t.media != formMedia {
@@ -278,8 +297,11 @@ func newSession(cfg Config) (*session, error) {
 		t.get = s.getOf(t)
 		in.infer(t)
 	}
+	if len(s.covered) == 0 && (cfg.KeyHeader != "" || cfg.KeyField != "") {
+		s.coverUnsafe()
+	}
 	if len(s.covered) == 0 {
-		return nil, fmt.Errorf("conformance: no operation of the spec declares an %s header parameter or %s", idempotency.HeaderKey, oapi.Extension)
+		return nil, fmt.Errorf("conformance: no operation of the spec declares an %s header parameter (or a header whose name ends so) or %s; for a document that declares none, say where the key goes with --key-header or --key-field", idempotency.HeaderKey, oapi.Extension)
 	}
 	slices.SortFunc(s.covered, func(a, b *target) int { return strings.Compare(a.name, b.name) })
 	if err := s.credentials(); err != nil {
@@ -398,6 +420,24 @@ func (a answer) String() string { return fmt.Sprintf("%d %.300s", a.status, byte
 // send sends q under key ("": none) with the credential auth (s.auth or
 // s.auth2; the zero credential: none), and records the answer.
 func (s *session) send(ctx context.Context, q request, key string, auth credential, header ...string) (answer, error) {
+	return s.sendKeyed(ctx, q, key, key != "", auth, header...)
+}
+
+// sendKeyed is send with a key that is sent when keyed, even if empty, in
+// the place q's operation takes it (a header, or a member of the body).
+func (s *session) sendKeyed(ctx context.Context, q request, key string, keyed bool, auth credential, header ...string) (answer, error) {
+	place := keyPlace{header: idempotency.HeaderKey}
+	if q.target != nil {
+		place = q.target.key
+	}
+	field := place.field
+	if keyed && field != "" && q.body != nil {
+		b, err := bodyWithKey(q, field, key)
+		if err != nil {
+			return answer{}, err
+		}
+		q.body = b
+	}
 	var body io.Reader
 	if q.body != nil {
 		body = bytes.NewReader(q.body)
@@ -426,8 +466,8 @@ func (s *session) send(ctx context.Context, q request, key string, auth credenti
 	}
 	shown := req.URL.String()
 	auth.apply(req)
-	if key != "" {
-		req.Header.Set(idempotency.HeaderKey, key)
+	if keyed && field == "" {
+		req.Header[http.CanonicalHeaderKey(place.header)] = []string{key} // sent as given, even if empty
 	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header[header[i]] = []string{header[i+1]} // sent as given, even if empty

@@ -252,6 +252,7 @@ operations:
 	require.NoError(t, err)
 	require.NoError(t, conformance.WritePlan(&text, "text", plans))
 	require.Equal(t, `POST /customers/{customer}/cards/{card}/verify (verifyCard)
+  key                      header Idempotency-Key
   request                  POST /customers/{customer}/cards/{card}/verify
   path customer  Location  the path POST /customers/{customer}/cards was sent to when it made the card
   path card      Location  POST /customers/{customer}/cards answers with its Location, /customers/{customer}/cards/{card}

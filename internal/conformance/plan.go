@@ -18,6 +18,9 @@ import (
 type Planned struct {
 	Operation string `json:"operation"`              // "POST /payments/{id}/refunds"
 	ID        string `json:"operation_id,omitempty"` // its operationId
+	// Key is where its requests send the key: "header Idempotency-Key",
+	// "body field idempotency_key".
+	Key string `json:"key"`
 	// Request is the first request, as far as it is known before anything
 	// is sent: a value made by another operation is shown as ‹where from›.
 	Request string  `json:"request"`
@@ -54,7 +57,7 @@ func Plan(cfg Config) ([]Planned, error) {
 		if len(ops) > 0 && !ops[t] {
 			continue
 		}
-		p := Planned{Operation: t.name, ID: t.id, Request: sketch(t), Unsupported: t.unsupported, Needs: needs(t)}
+		p := Planned{Operation: t.name, ID: t.id, Key: t.key.String(), Request: sketch(t), Unsupported: t.unsupported, Needs: needs(t)}
 		for _, o := range t.origins {
 			p.Values = append(p.Values, Value{Where: o.where, Source: string(o.source), Detail: o.detail})
 		}
@@ -140,6 +143,7 @@ func WritePlan(w io.Writer, format string, plans []Planned) error {
 			fmt.Fprintf(tw, "  unsupported\t\t%s\n", Printable(p.Unsupported))
 			continue
 		}
+		fmt.Fprintf(tw, "  key\t\t%s\n", Printable(p.Key))
 		fmt.Fprintf(tw, "  request\t\t%s\n", Printable(p.Request))
 		for _, v := range p.Values {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", Printable(v.Where), Printable(v.Source), Printable(v.Detail))

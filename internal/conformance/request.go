@@ -237,7 +237,7 @@ func (s *session) buildDepth(ctx context.Context, t *target, depth int) (request
 	if err != nil {
 		return q, fmt.Errorf("%s body: %w", t.name, err)
 	}
-	return q.withBody(normalise(v))
+	return q.withBody(withoutKeyField(t, normalise(v)))
 }
 
 // value is the value of t's parameter p (in "path" or "query"): from the
@@ -504,7 +504,9 @@ type target struct {
 	chains       map[string]*chain     // values made by other operations, by where they go ("path id")
 	origins      []origin              // where each value comes from
 	override     Override
-	get          string // the path of a GET of the resource this operation answers with, or ""
+	get          string   // the path of a GET of the resource this operation answers with, or ""
+	key          keyPlace // where its requests send the key
+	optedOut     bool     // x-idempotency: false
 }
 
 // jsonMedia is the request media type to send: JSON first, then any +json
