@@ -31,7 +31,9 @@ func (e SetupError) Unwrap() error { return e.Err }
 // 404 or 401 included, means an HTTP server is there, and the checks will
 // say what it does. Without the probe, an API that is down would fail (or
 // err) every check, each for the same reason. It bypasses the validating
-// transport: the base URL is no operation of the document.
+// transport: its answer is none of an operation under test (a document may
+// declare GET /, and response-valid is not to judge the probe), and its
+// body is left unread.
 func (s *session) probe(ctx context.Context) error {
 	shown := s.cfg.BaseURL
 	u, err := url.Parse(s.cfg.BaseURL)
