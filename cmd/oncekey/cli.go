@@ -310,10 +310,14 @@ type conformanceCmd struct {
 // Help is conformance's detailed help: what its exit codes mean, for CI.
 func (conformanceCmd) Help() string {
 	return "Exit status: 0 when every check passed or was skipped; 1 when a check " +
-		"failed (the API broke a promise of the protocol); 2 when none failed but " +
-		"some are errors: they could not run, as no working request could be made " +
-		"(a request made from the spec was refused, or no resource it names could be made), " +
-		"and each says what the tool needs; --write-overrides starts a file that gives it."
+		"failed (the API broke a promise of the protocol); 2 when " +
+		"the run could not start, with one line on standard error and no report (nothing " +
+		"answers HTTP at --url, TLS fails there, --spec or --overrides cannot be read or " +
+		"loaded, no operation declares Idempotency-Key, a credential cannot be placed), " +
+		"or when none failed but some are errors: they could not run, as no working " +
+		"request could be made (a request made from the spec was refused, or no resource " +
+		"it names could be made), and each says what the tool needs; --write-overrides " +
+		"starts a file that gives it."
 }
 
 type contractTestCmd struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -16,15 +17,17 @@ import (
 )
 
 // Run checks the API at --url against the operations of --spec and writes
-// the report: any failed check is an error (exit 1); checks that could not
-// run, with none failed, exit 2 (see conformanceCmd.Help).
+// the report: any failed check is an error (exit 1); a run that could not
+// start (the document, the overrides, the URL or the credentials), or
+// checks that could not run with none failed, exit 2 (see
+// conformanceCmd.Help).
 func (c *conformanceCmd) Run(e env) error {
 	var err error
 	if c.Auth, err = secret("--auth-file", c.AuthFile, c.Auth); err != nil {
-		return err
+		return setupFailed(err)
 	}
 	if c.Auth2, err = secret("--auth2-file", c.Auth2File, c.Auth2); err != nil {
-		return err
+		return setupFailed(err)
 	}
 	doc, notices, err := conformance.Load(c.Spec)
 	// What the tool cannot support is said, and the run goes on without
@@ -33,12 +36,12 @@ func (c *conformanceCmd) Run(e env) error {
 		fmt.Fprintf(e.stderr, "oncekey conformance: %s\n", n)
 	}
 	if err != nil {
-		return printableError{fmt.Errorf("--spec %s: %w", c.Spec, err)}
+		return setupFailed(fmt.Errorf("--spec %s: %w", c.Spec, pathless(err)))
 	}
 	var overrides conformance.Overrides
 	if c.Overrides != "" {
 		if overrides, err = conformance.ReadOverrides(c.Overrides); err != nil {
-			return fmt.Errorf("--overrides %s: %w", c.Overrides, err)
+			return setupFailed(fmt.Errorf("--overrides %s: %w", c.Overrides, pathless(err)))
 		}
 	}
 	return c.check(e, doc, overrides)
@@ -47,7 +50,7 @@ func (c *conformanceCmd) Run(e env) error {
 func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Overrides) error {
 	profile, err := conformance.ProfileNamed(c.Profile)
 	if err != nil {
-		return err
+		return setupFailed(err)
 	}
 	cfg := conformance.Config{
 		Spec: doc, BaseURL: c.URL, Auth: c.Auth, Auth2: c.Auth2, Profile: profile, Only: c.Only, KeyHeader: c.KeyHeader, KeyField: c.KeyField,
@@ -56,7 +59,7 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 	if c.Plan || c.Explain {
 		plans, err := conformance.Plan(cfg)
 		if err != nil {
-			return err
+			return setupFailed(err)
 		}
 		if c.Plan {
 			return conformance.WritePlan(e.stdout, c.Format, plans)
@@ -66,9 +69,13 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 		}
 	}
 	if c.URL == "" {
-		return errors.New("--url is required (unless --plan)")
+		return setupFailed(errors.New("--url is required (unless --plan)"))
 	}
 	results, err := conformance.Run(e.ctx, cfg)
+	var setup conformance.SetupError
+	if errors.As(err, &setup) {
+		return setupFailed(err)
+	}
 	if err != nil && len(results) == 0 {
 		return printableError{err}
 	}
@@ -117,10 +124,29 @@ type printableError struct{ err error }
 func (e printableError) Error() string { return conformance.Printable(e.err.Error()) }
 func (e printableError) Unwrap() error { return e.err }
 
-// exitSetup is conformance's exit code when no check failed but some could
-// not run: the tool needs a hint (overrides, a credential), and the API
-// broke no promise it was seen to.
+// exitSetup is conformance's exit code when the run could not start (the
+// document, the overrides, the URL or the credentials), or no check failed
+// but some could not run: the tool needs a hint (overrides, a credential),
+// and the API broke no promise it was seen to. 1 is kept for a broken
+// promise alone, so that CI can trust it.
 const exitSetup = 2
+
+// setupFailed is err as conformance exits on a run that could not start:
+// exit 2, one line on standard error, made Printable (it may quote the
+// document, or the overrides).
+func setupFailed(err error) error {
+	return exitError{code: exitSetup, err: printableError{err}}
+}
+
+// pathless is err without the path of an *fs.PathError, which the caller
+// says already ("--spec x.yaml: open x.yaml: no such file" says it twice).
+func pathless(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Err != nil {
+		return pe.Err
+	}
+	return err
+}
 
 // progress reports each check on standard error as it ends: on one line
 // rewritten in place on a terminal, a line each elsewhere (CI logs).

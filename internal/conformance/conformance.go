@@ -97,11 +97,12 @@ type Result struct {
 
 // Run finds the operations of cfg.Spec under the protocol and runs every
 // check that cfg selects on them. An error with no results means it could
-// not start; with results, that ctx ended the run after them.
+// not start: a SetupError (the document, the URL or the credentials), or
+// ctx's error; with results, that ctx ended the run after them.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	s, err := newSession(cfg)
 	if err != nil {
-		return nil, err
+		return nil, SetupError{err}
 	}
 	type job struct {
 		c Check
@@ -109,6 +110,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	checks, ops, err := s.only()
 	if err != nil {
+		return nil, SetupError{err}
+	}
+	if err := s.probe(ctx); err != nil {
 		return nil, err
 	}
 	var jobs []job

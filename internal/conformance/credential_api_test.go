@@ -271,12 +271,23 @@ func TestCredentialsMisplacedAreRefused(t *testing.T) {
 // request failed and its error names the URL.
 func TestQueryCredentialStaysOutOfReasons(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(http.NotFoundHandler())
-	url := srv.URL
-	srv.Close() // every request fails to connect
+	// The base URL answers (Run's probe sees an API there); every request
+	// of an operation has its connection closed without an answer, a
+	// transport error that names the URL.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			http.NotFound(w, r)
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	t.Cleanup(srv.Close)
 	const secret = "sk_live_do_not_show"
 	results, err := conformance.Run(context.Background(), conformance.Config{
-		Spec: transfersDoc(t, "apiKeyQuery"), BaseURL: url, Auth: secret, Auth2: secret + "2",
+		Spec: transfersDoc(t, "apiKeyQuery"), BaseURL: srv.URL, Auth: secret, Auth2: secret + "2",
 	})
 	require.NoError(t, err)
 	failed := 0

@@ -42,15 +42,16 @@ type Value struct {
 
 // Plan says, for every operation under the protocol that cfg selects,
 // what its requests would be and where each value comes from. It sends
-// nothing, and needs no URL.
+// nothing, and needs no URL. Its errors are SetupErrors, as Run's before
+// it sends anything.
 func Plan(cfg Config) ([]Planned, error) {
 	s, err := offlineSession(cfg)
 	if err != nil {
-		return nil, err
+		return nil, SetupError{err}
 	}
 	_, ops, err := s.only()
 	if err != nil {
-		return nil, err
+		return nil, SetupError{err}
 	}
 	var out []Planned
 	for _, t := range s.covered {
