@@ -80,7 +80,7 @@ var catalogue = []Check{
 	},
 	{
 		ID:           "concurrent-once",
-		Rationale:    "Identical requests sent at the same moment run the operation once: every answer is the one answer (or the in-flight answer), and there is one resource.",
+		Rationale:    "Identical requests sent at the same moment run the operation once: their answers name one resource (its id, wherever the answer keeps it, or its Location), and it exists; where the answers name none of their own, every answer is the one answer (or the in-flight answer). How a replay differs from the first answer otherwise is the replay check's finding.",
 		Source:       draft + " §2.6",
 		perOperation: checkConcurrentOnce,
 	},
@@ -314,33 +314,51 @@ func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
 	if err := s.allRefused(q, st.ran); err != nil {
 		return err
 	}
-	if len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "" {
-		return fmt.Errorf("%d of %d identical requests were answered neither as replays (%s) nor in flight (%d): each ran (%s)",
-			len(st.ran), len(st.all), s.cfg.Profile.ReplayHeader, s.cfg.Profile.InFlightStatus, summary(st.ran))
-	}
 	final, err := s.settled(ctx, q, key)
 	if err != nil {
 		return err
 	}
-	ran := final // without a replay marker, any answer may be the one that ran
-	if len(st.ran) == 1 {
-		ran = st.ran[0]
+	all := append(slices.Clone(st.all), final)
+	var ran answer
+	if ids, ok := s.countable(q, all); ok {
+		// What ran is counted by what it made: answers that differ in
+		// their headers alone (a replay without the first's Location) are
+		// the replay check's finding, not a second execution.
+		if len(ids) > 1 {
+			return fmt.Errorf("%d identical requests sent at once made %d resources (%s): more than one ran", len(st.all), len(ids), shortList(ids))
+		}
+		ran = final
+		for _, a := range all {
+			if a.status/100 == 2 && !s.inFlight(a) {
+				ran = a
+				break
+			}
+		}
+	} else {
+		if len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "" {
+			return fmt.Errorf("%d of %d identical requests sent at once were answered neither as replays (%s) nor in flight (%d), and their answers name no resource of their own to count what ran by (%s)",
+				len(st.ran), len(st.all), s.cfg.Profile.ReplayHeader, s.cfg.Profile.InFlightStatus, summary(st.ran))
+		}
+		ran = final // without a replay marker, any answer may be the one that ran
+		if len(st.ran) == 1 {
+			ran = st.ran[0]
+		}
+		for _, a := range all {
+			if s.inFlight(a) {
+				continue
+			}
+			if err := s.sameOutcome(ran, a); err != nil {
+				return fmt.Errorf("%d identical requests sent at once got different answers, which name no resource of their own to count what ran by: %w", len(st.all), err)
+			}
+		}
 	}
 	// Not every answer refused the request (allRefused): a refusal now is
 	// the protocol's.
 	if err := s.usable(q, ran); err != nil {
 		return asFailure(err)
 	}
-	for _, a := range append(st.all, final) {
-		if s.inFlight(a) {
-			continue
-		}
-		if err := s.sameOutcome(ran, a); err != nil {
-			return fmt.Errorf("%d identical requests at once got different answers, so more than one ran: %w", len(st.all), err)
-		}
-	}
 	// The one answer names one resource: it exists (a deleted one need not).
-	id := jsonID(ran)
+	id := bodyID(ran)
 	loc := ran.header.Get("Location")
 	if (t.get == "" && loc == "") || (id == "" && loc == "") || ran.status/100 != 2 || t.method == http.MethodDelete {
 		return nil
@@ -353,7 +371,7 @@ func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
-	if got.status != http.StatusOK || (id != "" && jsonID(got) != "" && jsonID(got) != id) {
+	if got.status != http.StatusOK || (id != "" && bodyID(got) != "" && bodyID(got) != id) {
 		return fmt.Errorf("GET %s of the one resource: got %s, want 200 with id %s", path, got, id)
 	}
 	return nil
@@ -379,11 +397,14 @@ func checkInFlight(ctx context.Context, s *session, t *target) error {
 	if err != nil {
 		return err
 	}
+	ids, counted := s.countable(q, append(slices.Clone(st.all), final))
 	switch {
+	case counted && len(ids) > 1:
+		return fmt.Errorf("%d identical requests sent at once made %d resources (%s): more than one ran", len(st.all), len(ids), shortList(ids))
 	case len(st.ran) == 1:
 		final = st.ran[0]
-	case len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "":
-		return fmt.Errorf("%d of %d identical requests sent at once were answered neither in flight nor as replays: each ran (%s)",
+	case !counted && len(st.ran) > 1 && s.cfg.Profile.ReplayHeader != "":
+		return fmt.Errorf("%d of %d identical requests sent at once were answered neither in flight nor as replays, and their answers name no resource of their own to count what ran by (%s)",
 			len(st.ran), len(st.all), summary(st.ran))
 	}
 	seen := 0
@@ -391,6 +412,9 @@ func checkInFlight(ctx context.Context, s *session, t *target) error {
 		if s.inFlight(a) {
 			seen++
 			continue
+		}
+		if counted && a.status/100 == 2 && idOf(a) == ids[0] {
+			continue // the one resource's answer: how it differs is the replay check's
 		}
 		if s.sameOutcome(final, a) != nil {
 			return fmt.Errorf("a duplicate sent while the first request ran got %s: want %d (the in-flight answer) or the first answer %s",
@@ -544,11 +568,24 @@ func checkValidationNotStored(ctx context.Context, s *session, t *target) error 
 			return err
 		}
 		return fmt.Errorf("the refused request's answer was stored: the valid request under its key got it again: %s", fixed)
-	case fixed.status == s.cfg.Profile.MismatchStatus && fixed.status/100 != 2:
-		if err := s.refusedAnyway(ctx, q, valid); err != nil {
+	case fixed.status == s.cfg.Profile.MismatchStatus && fixed.status/100 != 2,
+		fixed.status/100 == 4 && !slices.Contains([]int{http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusUnsupportedMediaType}, fixed.status):
+		// Any other refusal of the valid request, where the same request
+		// works under a new key, is the key's: whatever its status (an
+		// API that says 422 "key already used" where the profile says
+		// 409 consumed the key all the same).
+		again, err := s.send(ctx, q, s.newKey(), s.auth)
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("the refused request consumed the key: the valid request under it got %s", fixed)
+		if again.status/100 != 2 {
+			if err := s.usable(q, again); isSetup(err) {
+				return fmt.Errorf("%s: %w", valid, err)
+			}
+			return setupError{op: t, cause: fmt.Errorf("%s %s was refused under a new key too (%s)", q.method, q.path, again),
+				need: "its body and parameters must be values the API accepts: give them in " + overridesFile}
+		}
+		return fmt.Errorf("the refused request consumed the key: the valid request under it got %s, and works under a new key", fixed)
 	}
 	err = s.usable(q, fixed)
 	if isSetup(err) {
@@ -824,25 +861,108 @@ func (s *session) settled(ctx context.Context, q request, key string) (answer, e
 	}
 }
 
-// idOf is the id of the resource a names: its JSON "id", or else its
-// Location.
+// idOf is the id of the resource a names: the id in its body (bodyID),
+// or else its Location.
 func idOf(a answer) string {
-	if id := jsonID(a); id != "" {
+	if id := bodyID(a); id != "" {
 		return id
 	}
 	return a.header.Get("Location")
 }
 
-// jsonID is the "id" of a's JSON body, or "".
-func jsonID(a answer) string {
+// bodyID is the id of the resource a's JSON body names, found as the
+// inference finds what a maker made (idField): the field the operation's
+// answer schema says names it ("pspReference", "card.id"), its "id", or
+// the id of the one object the body wraps ({"payment": {"id": …}}); ""
+// for none.
+func bodyID(a answer) string {
 	doc, err := decodeJSON(a.body)
 	if err != nil {
 		return ""
 	}
-	if m, ok := doc.(map[string]any); ok && m["id"] != nil {
-		return text(m["id"])
+	fields := []string{"id"}
+	if t := a.target; t != nil {
+		if f := t.idField("id", lastWord(t.path)); f != "" && f != "id" {
+			fields = append([]string{f}, fields...)
+		}
+	}
+	for _, f := range fields {
+		if v, ok := lookup(doc, f); ok && scalar(v) {
+			return text(v)
+		}
+	}
+	m, ok := doc.(map[string]any)
+	if !ok {
+		return ""
+	}
+	var held []string
+	for _, v := range m {
+		if o, ok := v.(map[string]any); ok && scalar(o["id"]) {
+			held = append(held, text(o["id"]))
+		}
+	}
+	if len(held) == 1 {
+		return held[0]
 	}
 	return ""
+}
+
+// scalar reports whether v, a decoded JSON value, is a string or number
+// that can name a resource.
+func scalar(v any) bool {
+	switch x := v.(type) {
+	case string:
+		return x != ""
+	case float64, json.Number:
+		return true
+	}
+	return false
+}
+
+// countable is what answers to identical requests q made, where that
+// counts what ran: q creates (a POST), every answer that says it worked
+// names a resource, and none is one q's path names (an action on an
+// existing resource answers with it however often it runs).
+func (s *session) countable(q request, as []answer) ([]string, bool) {
+	if q.method != http.MethodPost {
+		return nil, false
+	}
+	ids, named := s.made(as)
+	if !named || slices.ContainsFunc(ids, func(id string) bool { return strings.Contains(q.path, id) }) {
+		return nil, false
+	}
+	return ids, true
+}
+
+// shortList is ids for a reason: the first five, and how many more.
+func shortList(ids []string) string {
+	if len(ids) <= 5 {
+		return strings.Join(ids, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(ids[:5], ", "), len(ids)-5)
+}
+
+// made is what answers to identical requests made: the distinct resources
+// (ids, or Locations where an answer names no id) that their answers which
+// say it worked (2xx, not in flight) name, in the order first seen.
+// named is false when one of those answers names none: then what ran
+// cannot be counted by what it made.
+func (s *session) made(as []answer) (ids []string, named bool) {
+	named = true
+	for _, a := range as {
+		if a.status/100 != 2 || s.inFlight(a) {
+			continue
+		}
+		id := idOf(a)
+		if id == "" {
+			named = false
+			continue
+		}
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, named && len(ids) > 0
 }
 
 // resourcePath is the spec's GET path get of the resource with id that q

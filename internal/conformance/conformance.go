@@ -417,6 +417,7 @@ type answer struct {
 	status int
 	header http.Header
 	body   []byte
+	target *target // the operation it answers, where known: what says where its id is
 }
 
 func (a answer) String() string { return fmt.Sprintf("%d %.300s", a.status, bytes.TrimSpace(a.body)) }
@@ -485,7 +486,7 @@ func (s *session) sendKeyed(ctx context.Context, q request, key string, keyed bo
 	if err != nil {
 		return answer{}, fmt.Errorf("%s %s: %w", q.method, q.path, err)
 	}
-	a := answer{status: resp.StatusCode, header: resp.Header, body: b}
+	a := answer{status: resp.StatusCode, header: resp.Header, body: b, target: q.target}
 	if a.status == http.StatusServiceUnavailable {
 		s.note(a)
 	}
