@@ -339,7 +339,7 @@ test/sdks: ## official SDKs that make their own keys and retry (Stripe's Node SD
 	  $(GO) test -count=1 -p 1 -parallel 24 -timeout 10m ./...
 
 .PHONY: scoreboard
-scoreboard: ## oncekey conformance against Idempotency-Key libraries nobody here wrote (express-idempotency, @node-idempotency on NestJS and Fastify, AWS Lambda Powertools on Redis; npm ci in conformance/scoreboard) under oncekey, ietf, stripe and any PROFILES; writes conformance/scoreboard/SCOREBOARD.md (needs Node.js 20+, npm, jq, curl, Redis on 127.0.0.1:6379); exits 0 whatever the libraries score
+scoreboard: ## oncekey conformance against Idempotency-Key libraries nobody here wrote (express-idempotency, @node-idempotency on NestJS and Fastify, AWS Lambda Powertools on Redis; npm ci in conformance/scoreboard) under every profile (oncekey, ietf, ietf-07, stripe, agent-commerce) and any PROFILES; writes conformance/scoreboard/SCOREBOARD.md (needs Node.js 20+, npm, jq, curl, Redis on 127.0.0.1:6379); exits 0 whatever the libraries score
 	GO="$(GO)" conformance/scoreboard/run.sh
 
 .PHONY: test/live

@@ -5,7 +5,7 @@
 # writes SCOREBOARD.md from them. See docs/conformance.md, "Scoreboard".
 #
 #   conformance/scoreboard/run.sh            # or: make scoreboard
-#   PROFILES="ietf-07" conformance/scoreboard/run.sh   # adds profiles
+#   PROFILES="myprofile" conformance/scoreboard/run.sh   # adds profiles
 #
 # It exits 0 when every run completed, whatever the libraries' results (a
 # failed check is a finding about them); non-zero when it could not run
@@ -16,8 +16,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 results=${RESULTS:-$here/results}
-# The three profiles every run has, then any others PROFILES names.
-profiles=(oncekey ietf stripe)
+# The profiles every run has, then any others PROFILES names.
+profiles=(oncekey ietf ietf-07 stripe agent-commerce)
 for p in ${PROFILES:-}; do
 	[[ " ${profiles[*]} " == *" $p "* ]] || profiles+=("$p")
 done

@@ -327,11 +327,12 @@ func checkConcurrentOnce(ctx context.Context, s *session, t *target) error {
 		if len(ids) > 1 {
 			return fmt.Errorf("%d identical requests sent at once made %d resources (%s): more than one ran", len(st.all), len(ids), shortList(ids))
 		}
+		// The answer of the one that ran: one not marked as a replay where
+		// there is one (all marked is the usable check's finding).
 		ran = final
-		for _, a := range all {
-			if a.status/100 == 2 && !s.inFlight(a) {
+		for _, a := range slices.Backward(all) {
+			if a.status/100 == 2 && !s.inFlight(a) && (!s.replayed(a) || s.replayed(ran)) {
 				ran = a
-				break
 			}
 		}
 	} else {

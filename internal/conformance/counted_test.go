@@ -61,8 +61,8 @@ components:
 // keys are not the caller's (another account's request under a key gets
 // the first's order), "invalid-consumes" a request refused as invalid
 // takes its key (the valid one under it is 422, "key reused"). Its replays differ from the first answer in their
-// headers: the first carries a Location and its replays none, as a
-// middleware that replays the body alone does.
+// headers: the first carries a Location and its replays none (but
+// Idempotent-Replayed), as a middleware that replays the body alone does.
 func ordersAPI(broken string) http.Handler {
 	var mu sync.Mutex
 	orders := map[string][]byte{}
@@ -123,6 +123,7 @@ func ordersAPI(broken string) http.Handler {
 				fmt.Fprint(w, `{"errors":[{"code":"KEY_REUSED"}]}`)
 				return
 			}
+			w.Header().Set("Idempotent-Replayed", "true")
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write(b)
 			return
@@ -188,6 +189,12 @@ func TestChecksCountWhatRan(t *testing.T) {
 			require.Contains(t, []conformance.Status{conformance.Pass, conformance.Skip}, r.Status, "%s: %s", id, r.Reason)
 		}
 		require.Equal(t, conformance.Pass, r["concurrent-once"].Status, r["concurrent-once"].Reason)
+		// Where the profile marks replays, the one that ran is the one
+		// answer not marked, however the answers came back in order.
+		for range 3 {
+			once := runAs(t, "stripe", "", "concurrent-once")["concurrent-once"]
+			require.Equal(t, conformance.Pass, once.Status, "stripe: %s", once.Reason)
+		}
 		require.Equal(t, conformance.Pass, r["credential-isolation"].Status, "the wrapped id is found: %s", r["credential-isolation"].Reason)
 		// The replay without the first's Location is the replay check's
 		// finding, and its reason says so.
