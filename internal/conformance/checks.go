@@ -122,7 +122,7 @@ var catalogue = []Check{
 	},
 	{
 		ID:           "large-answer",
-		Rationale:    "A large answer (1 MiB or more) replays whole, byte for byte, or its retry is refused with a 4xx the document declares: never a truncated or empty replay, never a second run. Needs a large override.",
+		Rationale:    "A large answer (1 MiB or more) replays whole, byte for byte, or the request (or its retry) is refused with a 4xx the document declares: never a truncated or empty replay, never a second run. Needs a large override.",
 		Source:       draft + " §2.6",
 		perOperation: checkLargeAnswer,
 	},

@@ -150,9 +150,9 @@ func checkLargeAnswer(ctx context.Context, s *session, t *target) error {
 	}
 	if first.status/100 != 2 {
 		// The API refuses to run what it could not store: it keeps the
-		// promise if it says so with a status its document declares.
-		if !s.declares(t, first.status) {
-			return fmt.Errorf("the request with the large override was refused with %s, which the operation's document does not declare", first)
+		// promise if it says so with a 4xx its document declares.
+		if first.status/100 != 4 || !s.declares(t, first.status) {
+			return fmt.Errorf("the request with the large override got %s, neither a 2xx nor a 4xx the operation's document declares", first)
 		}
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekey/oncekey/internal/conformance"
@@ -18,6 +19,12 @@ import (
 // each operation.
 func runOnly(t *testing.T, h http.Handler, id, overrides, profile string, wait time.Duration) []conformance.Result {
 	t.Helper()
+	return runOnlyDoc(t, h, loadSpec(t, "widgets.yaml"), id, overrides, profile, wait)
+}
+
+// runOnlyDoc is runOnly with the document doc.
+func runOnlyDoc(t *testing.T, h http.Handler, doc *openapi3.T, id, overrides, profile string, wait time.Duration) []conformance.Result {
+	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	o, err := conformance.ParseOverrides([]byte(overrides))
@@ -25,7 +32,7 @@ func runOnly(t *testing.T, h http.Handler, id, overrides, profile string, wait t
 	p, err := conformance.ProfileNamed(profile)
 	require.NoError(t, err)
 	results, err := conformance.Run(context.Background(), conformance.Config{
-		Spec: loadSpec(t, "widgets.yaml"), BaseURL: srv.URL, Auth: "Bearer a", Auth2: "Bearer b", Profile: p,
+		Spec: doc, BaseURL: srv.URL, Auth: "Bearer a", Auth2: "Bearer b", Profile: p,
 		Overrides: o, Only: []string{id}, RetentionWait: wait,
 	})
 	require.NoError(t, err)
@@ -140,7 +147,9 @@ func TestRetention(t *testing.T) {
 // large-answer: an answer of 1.5 MiB replays byte for byte; one stored
 // truncated fails; one not stored whose retries are refused with a status
 // the document declares (409, as Oncekey's gateway does) passes, and with
-// one it does not declare (507) fails. Without a large override it is
+// one it does not declare (507) fails; so does a first request refused
+// (413) where the document does not declare it, and it passes where it
+// does. Without a large override it is
 // skipped and says how to run it, and an override that leaves the answer
 // small is an error.
 func TestLargeAnswer(t *testing.T) {
@@ -150,6 +159,23 @@ func TestLargeAnswer(t *testing.T) {
 	requireAll(t, runOnly(t, newToy(bugs{truncatesLarge: true}), id, toyOverrides, "oncekey", 0), conformance.Fail, "has 262144 bytes")
 	requireAll(t, runOnly(t, newToy(bugs{refusesLargeReplay: true}), id, toyOverrides, "oncekey", 0), conformance.Pass, "")
 	requireAll(t, runOnly(t, rewritten{newToy(bugs{refusesLargeReplay: true}), 409, 507}, id, toyOverrides, "oncekey", 0), conformance.Fail, "507")
+	// An API that refuses to run what it would answer large: 413, a pass
+	// where the document declares it, a failure where it does not.
+	toy := newToy(bugs{})
+	tooLarge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Large") != "" {
+			problem(w, http.StatusRequestEntityTooLarge, "the answer would be too large")
+			return
+		}
+		toy.ServeHTTP(w, r)
+	})
+	requireAll(t, runOnly(t, tooLarge, id, toyOverrides, "oncekey", 0), conformance.Fail, "neither a 2xx nor a 4xx the operation's document declares")
+	declared := loadSpec(t, "widgets.yaml")
+	for _, path := range []string{"/widgets", "/widgets/{id}/paint"} {
+		op := declared.Paths.Value(path).Post
+		op.Responses.Set("413", op.Responses.Value("409"))
+	}
+	requireAll(t, runOnlyDoc(t, tooLarge, declared, id, toyOverrides, "oncekey", 0), conformance.Pass, "")
 	requireAll(t, runOnly(t, newToy(bugs{}), id, overridesWith("large", ""), "oncekey", 0), conformance.Skip, "give it a large override")
 	requireAll(t, runOnly(t, newToy(bugs{}), id, overridesWith("large", `{query: {big: "yes"}}`), "oncekey", 0), conformance.Error, "fewer than 1048576")
 }
