@@ -151,7 +151,7 @@ func TestRetention(t *testing.T) {
 // (413) where the document does not declare it, and it passes where it
 // does. Without a large override it is
 // skipped and says how to run it, and an override that leaves the answer
-// small is an error.
+// small, or makes it larger than the tool reads, is an error.
 func TestLargeAnswer(t *testing.T) {
 	t.Parallel()
 	const id = "large-answer"
@@ -176,6 +176,17 @@ func TestLargeAnswer(t *testing.T) {
 		op.Responses.Set("413", op.Responses.Value("409"))
 	}
 	requireAll(t, runOnlyDoc(t, tooLarge, declared, id, toyOverrides, "oncekey", 0), conformance.Pass, "")
+	// An answer past what the tool reads is the override's to shrink.
+	huge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Large") != "" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"id":"` + strings.Repeat("n", conformance.MaxAnswerBytes) + `"}`))
+			return
+		}
+		toy.ServeHTTP(w, r)
+	})
+	requireAll(t, runOnly(t, huge, id, toyOverrides, "oncekey", 0), conformance.Error, "make the large override's answer at most 4194304 bytes")
 	requireAll(t, runOnly(t, newToy(bugs{}), id, overridesWith("large", ""), "oncekey", 0), conformance.Skip, "give it a large override")
 	requireAll(t, runOnly(t, newToy(bugs{}), id, overridesWith("large", `{query: {big: "yes"}}`), "oncekey", 0), conformance.Error, "fewer than 1048576")
 }
