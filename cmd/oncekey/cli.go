@@ -299,9 +299,10 @@ type conformanceCmd struct {
 	KeyField       string        `name:"key-field" xor:"key" placeholder:"NAME" help:"Send the key as this top-level member of the body (idempotency_key, or the pointer /idempotency_key), for a document that does not say so (x-idempotency's key-field does): the operations whose body declares it are covered, or, where none does, every POST and PATCH that takes a body."`
 	Only           []string      `name:"only" sep:"," placeholder:"ID" help:"Run only these checks and/or operations (\"POST /orders\" or an operationId)."`
 	Format         string        `name:"format" enum:"text,json,junit" default:"text" help:"Report format on standard output: text, json or junit."`
-	Overrides      string        `name:"overrides" placeholder:"FILE" help:"YAML of request bodies, path parameters, headers, slow requests and skipped checks per operation (see docs/conformance.md)."`
+	Overrides      string        `name:"overrides" placeholder:"FILE" help:"YAML of request bodies, path parameters, headers, slow, failing and large requests, and skipped checks per operation (see docs/conformance.md)."`
 	Concurrency    int           `name:"concurrency" default:"10" help:"How many identical requests the concurrency checks send at once."`
 	Timeout        time.Duration `name:"timeout" default:"10s" help:"Bound on each request."`
+	RetentionWait  time.Duration `name:"retention-wait" default:"0s" placeholder:"DURATION" help:"How long a key must at least be kept: retention retries a key after it (sooner where the answer advertises a shorter Idempotency-TTL) and wants a replay; it waits that long for each operation. 0 skips retention."`
 	Plan           bool          `name:"plan" help:"Send nothing: list the operations under the protocol, their first requests and where each value comes from (--format text or json)."`
 	WriteOverrides string        `name:"write-overrides" placeholder:"FILE" help:"After the checks, write a starter overrides file with an entry for each operation whose requests could not be made (the errors), with blanks to fill in."`
 	Explain        bool          `name:"explain" help:"Before the checks, write to standard error where each value of every operation's requests comes from (example, schema, link, Location, name match, override)."`

@@ -54,7 +54,8 @@ func (c *conformanceCmd) check(e env, doc *openapi3.T, overrides conformance.Ove
 	}
 	cfg := conformance.Config{
 		Spec: doc, BaseURL: c.URL, Auth: c.Auth, Auth2: c.Auth2, Profile: profile, Only: c.Only, KeyHeader: c.KeyHeader, KeyField: c.KeyField,
-		Overrides: overrides, Concurrency: c.Concurrency, Timeout: c.Timeout, Progress: progress(e),
+		Overrides: overrides, Concurrency: c.Concurrency, Timeout: c.Timeout,
+		RetentionWait: c.RetentionWait, Progress: progress(e),
 	}
 	if c.Plan || c.Explain {
 		plans, err := conformance.Plan(cfg)

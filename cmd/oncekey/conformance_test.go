@@ -77,7 +77,7 @@ func TestConformanceCommand(t *testing.T) {
 	t.Parallel()
 	addr, _ := startServe(t, map[string]string{})
 	base := []string{"conformance", "--spec", "../../openapi.yaml", "--overrides", "../../api/conformance.yaml",
-		"--url", "http://" + addr, "--auth", "Bearer " + DemoAPIKey}
+		"--url", "http://" + addr, "--auth", "Bearer " + DemoAPIKey, "--retention-wait", "200ms"}
 
 	out, err := runCommand(t, map[string]string{}, append(base, "--format", "junit")...)
 	var report junitReport
@@ -88,14 +88,16 @@ func TestConformanceCommand(t *testing.T) {
 	require.Equal(t, len(suite.Cases), suite.Tests)
 	require.Zero(t, suite.Failures, "failed:\n%s", report.failures())
 	require.Zero(t, suite.Errors, "errors:\n%s", report.failures())
-	skipped, other := 0, 0 // other: checks of another media type's canonical form
+	// other: checks of another media type's canonical form, and those that
+	// need the service to fail or answer large on demand, which it cannot.
+	skipped, other := 0, 0
 	for _, c := range suite.Cases {
 		require.Nil(t, c.Failure, "%s %s", c.Name, c.Classname)
 		require.Nil(t, c.Error, "%s %s", c.Name, c.Classname)
 		if c.Skipped != nil {
 			skipped++
 			require.NotEmpty(t, c.Skipped.Message, "a skip says why")
-			if strings.HasPrefix(c.Skipped.Message, "the operation's body is ") {
+			if strings.HasPrefix(c.Skipped.Message, "the operation's body is ") || c.Name == "error-not-stored" || c.Name == "large-answer" {
 				other++
 			}
 		}
@@ -125,7 +127,7 @@ func TestConformanceCommand(t *testing.T) {
 
 	out, err = runCommand(t, map[string]string{}, "contract-test", "--url", "http://"+addr, "--api-key", DemoAPIKey)
 	require.NoError(t, err, out)
-	require.True(t, strings.HasSuffix(out, "0 failed, 30 skipped, 0 errors\n"), out)
+	require.True(t, strings.HasSuffix(out, "0 failed, 51 skipped, 0 errors\n"), out)
 
 	_, err = runCommand(t, map[string]string{}, append(base, "--only", "no-such-check")...)
 	require.ErrorContains(t, err, `--only "no-such-check" is neither a check`)
@@ -189,7 +191,8 @@ func TestConformanceFailsAgainstAnUpstreamThatRunsEveryRequest(t *testing.T) {
 // `oncekey conformance` passes against `oncekey proxy` in front of
 // upstream.py, which runs every request it gets: on the in-memory keys and
 // on PostgreSQL with Redis in front, and every key the checks sent ran at
-// most once upstream.
+// most once upstream; error-not-stored and large-answer among them, as the
+// upstream fails and answers large on demand.
 func TestConformanceThroughTheProxy(t *testing.T) {
 	t.Parallel()
 	// The proxy's profile each time, and the conformance profile that
@@ -235,6 +238,12 @@ func TestConformanceThroughTheProxy(t *testing.T) {
 			}
 			require.LessOrEqual(t, twice, 1, "keys that ran twice upstream: %v", byKey)
 			t.Logf("through the proxy (%s): %d passed, %d skipped; %d keys ran upstream", tc.name, passed, skipped, len(byKey))
+			// The upstream fails, and answers 1.5 MiB, when asked to (its
+			// overrides): the gateway stores no 500 and replays the large
+			// answer whole, so these checks ran and passed.
+			onlyPassed, _ := requireConformance(t, "conformance", "--spec", spec, "--overrides", u.Overrides, "--url", "http://"+addr,
+				"--auth", "Bearer first", "--profile", tc.profile, "--only", "error-not-stored,large-answer")
+			require.Equal(t, 2, onlyPassed, "error-not-stored and large-answer passed")
 		})
 	}
 }

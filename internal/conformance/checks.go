@@ -109,6 +109,24 @@ var catalogue = []Check{
 		perOperation: checkNoSetCookie,
 	},
 	{
+		ID:           "error-not-stored",
+		Rationale:    "A request that failed (5xx) may not have run, so its failure is not stored: the retry under the same key runs and gets an answer of its own, not the failure again. Needs a fail override.",
+		Source:       draft + " §2.6, which leaves failures to the server; Oncekey's engine stores no 5xx, Stripe's API v1 replays them (profile stripe skips it)",
+		perOperation: checkErrorNotStored,
+	},
+	{
+		ID:           "retention",
+		Rationale:    "A key is kept at least as long as a client may retry: a retry after --retention-wait (or just before the retention the answer advertises in Idempotency-TTL, if sooner) still replays. Needs --retention-wait.",
+		Source:       draft + " §2.3",
+		perOperation: checkRetention,
+	},
+	{
+		ID:           "large-answer",
+		Rationale:    "A large answer (1 MiB or more) replays whole, byte for byte, or the request (or its retry) is refused with a 4xx the document declares: never a truncated or empty replay, never a second run. Needs a large override.",
+		Source:       draft + " §2.6",
+		perOperation: checkLargeAnswer,
+	},
+	{
 		ID:        "response-valid",
 		Rationale: "Every answer of the run, replays and refusals included, is one the OpenAPI document declares (status, headers, body).",
 		Source:    "OpenAPI Specification 3.0/3.1, Responses Object",

@@ -62,6 +62,10 @@ type Config struct {
 	Concurrency int
 	// Timeout bounds each request (default 10s).
 	Timeout time.Duration
+	// RetentionWait is how long retention waits before it retries a key
+	// (less where the answer advertises a shorter retention); 0 skips
+	// retention, whose wait no condition can replace.
+	RetentionWait time.Duration
 	// Progress, if set, is told each result as it comes, with how many of
 	// how many are done.
 	Progress func(done, total int, r Result)
@@ -504,11 +508,14 @@ func (s *session) note(as ...answer) {
 // test may be hostile, and an endless body must not take the tool's memory.
 const MaxAnswerBytes = 4 << 20
 
+// errAnswerTooLarge is an answer past MaxAnswerBytes.
+var errAnswerTooLarge = errors.New("the answer's body is larger than the tool reads")
+
 // readAnswer reads a whole answer body, or fails past MaxAnswerBytes.
 func readAnswer(body io.Reader) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(body, MaxAnswerBytes+1))
 	if err == nil && len(b) > MaxAnswerBytes {
-		err = fmt.Errorf("the answer's body is larger than %d bytes", MaxAnswerBytes)
+		err = fmt.Errorf("%w (%d bytes)", errAnswerTooLarge, MaxAnswerBytes)
 	}
 	return b, err
 }

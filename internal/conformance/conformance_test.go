@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
@@ -37,9 +38,18 @@ operations:
   POST /widgets/{id}/paint:
     path: {id: "{{create:POST /widgets .id}}"}
     slow: {header: {X-Slow: 300ms}}
+    fail: {header: {X-Fail: "1"}}
+    large: {header: {X-Large: "1"}}
   createWidget:
     slow: {header: {X-Slow: 300ms}}
+    fail: {header: {X-Fail: "1"}}
+    large: {header: {X-Large: "1"}}
 `
+
+// toyRetention is how long retention waits against the test APIs: longer
+// than a toy that forgets keys keeps one (keptFor), and short enough to
+// wait for each operation of every run.
+const toyRetention = keptFor + 200*time.Millisecond
 
 // check runs every check against h with the spec and profile given.
 func check(t *testing.T, h http.Handler, spec, overrides, profile string) []conformance.Result {
@@ -52,6 +62,7 @@ func check(t *testing.T, h http.Handler, spec, overrides, profile string) []conf
 	require.NoError(t, err)
 	results, err := conformance.Run(context.Background(), conformance.Config{
 		Spec: loadSpec(t, spec), BaseURL: srv.URL, Auth: "Bearer a", Auth2: "Bearer b", Profile: p, Overrides: o,
+		RetentionWait: toyRetention,
 	})
 	require.NoError(t, err)
 	return results
@@ -101,8 +112,8 @@ func TestChecksFailWhenTheyShould(t *testing.T) {
 	}{
 		{"keeps the protocol", bugs{}, nil},
 		{"runs every duplicate", bugs{runsEveryDuplicate: true},
-			[]string{"canonical-form", "canonical-json", "concurrent-once", "in-flight", "mismatch-operation", "mismatch-request", "replay"}},
-		{"replays a different body", bugs{replaysDifferentBody: true}, []string{"canonical-form", "canonical-json", "concurrent-once", "replay", "response-valid"}},
+			[]string{"canonical-form", "canonical-json", "concurrent-once", "in-flight", "large-answer", "mismatch-operation", "mismatch-request", "replay", "retention"}},
+		{"replays a different body", bugs{replaysDifferentBody: true}, []string{"canonical-form", "canonical-json", "concurrent-once", "large-answer", "replay", "response-valid", "retention"}},
 		{"ignores the fingerprint", bugs{ignoresFingerprint: true}, []string{"mismatch-operation", "mismatch-request", "response-valid"}},
 		{"leaks across credentials", bugs{leaksAcrossCredentials: true}, []string{"credential-isolation"}},
 		{"refuses another caller's key", bugs{refusesOthersKeys: true}, []string{"credential-isolation"}},
@@ -114,6 +125,9 @@ func TestChecksFailWhenTheyShould(t *testing.T) {
 		{"answers a duplicate in flight 409", bugs{inFlightAs409: true}, []string{"concurrent-once", "in-flight"}},
 		{"leaves Retry-After out", bugs{noRetryAfter: true}, []string{"retry-after"}},
 		{"answers off its spec", bugs{answersOffSpec: true}, []string{"response-valid"}},
+		{"stores a 5xx", bugs{storesServerErrors: true}, []string{"error-not-stored"}},
+		{"forgets keys", bugs{forgetsKeys: true}, []string{"retention"}},
+		{"truncates a large answer", bugs{truncatesLarge: true}, []string{"large-answer", "response-valid"}},
 	}
 	var mu sync.Mutex
 	failing := map[string]bool{}

@@ -45,6 +45,9 @@ type Profile struct {
 	MaxKeyLength int `json:"max_key_length"`
 	// RetryAfter says the in-flight answer and 503 carry Retry-After.
 	RetryAfter bool `json:"retry_after"`
+	// StoresServerErrors says a 5xx is stored and replayed like any answer
+	// (Stripe's API v1 replays its 500s): error-not-stored is skipped.
+	StoresServerErrors bool `json:"stores_server_errors,omitempty"`
 }
 
 // Profiles are the profiles --profile knows, by name.
@@ -87,12 +90,13 @@ var Profiles = map[string]Profile{
 	},
 	// stripe is Stripe's documented behaviour: the key is optional, a
 	// reused key with other parameters is 400, a concurrent duplicate 409,
-	// and replays carry Idempotent-Replayed. Its bodies are forms; a retry
+	// and replays carry Idempotent-Replayed, 500s included (its API v1
+	// stores any answer once the endpoint began). Its bodies are forms; a retry
 	// whose client library orders or encodes the parameters otherwise
 	// sends the same parameters, so it replays.
 	"stripe": {
 		Name: "stripe", MismatchStatus: 400, InFlightStatus: 409, ReplayHeader: "Idempotent-Replayed",
-		CanonicalJSON: true, CanonicalForm: true, MaxKeyLength: 255,
+		CanonicalJSON: true, CanonicalForm: true, MaxKeyLength: 255, StoresServerErrors: true,
 	},
 }
 

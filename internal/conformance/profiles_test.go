@@ -77,6 +77,7 @@ func checkProfile(t *testing.T, h http.Handler, p conformance.Profile) []conform
 	require.NoError(t, err)
 	results, err := conformance.Run(context.Background(), conformance.Config{
 		Spec: dialectDoc(t), BaseURL: srv.URL, Auth: "Bearer a", Auth2: "Bearer b", Profile: p, Overrides: o,
+		RetentionWait: toyRetention,
 	})
 	require.NoError(t, err)
 	return results
@@ -115,7 +116,7 @@ func TestProfilesIETF07AndAgentCommerce(t *testing.T) {
 		{"agent-commerce", "answers a reused key 409", dialect{api: newToy(bugs{}), inFlight: 409}, []string{"mismatch-operation", "mismatch-request"}, nil},
 		{"agent-commerce", "answers a duplicate in flight 202", dialect{api: newToy(bugs{}), mismatch: 422}, []string{"concurrent-once", "in-flight"}, nil},
 		{"agent-commerce", "leaves Retry-After out", ietf(bugs{noRetryAfter: true}), []string{"retry-after"}, nil},
-		{"agent-commerce", "does not mark replays", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, unmarked: true}, []string{"canonical-json", "replay"}, nil},
+		{"agent-commerce", "does not mark replays", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, unmarked: true}, []string{"canonical-json", "large-answer", "replay", "retention"}, nil},
 		{"agent-commerce", "compares body bytes", ietf(bugs{comparesBytes: true}), []string{"canonical-json"}, nil},
 		// ACP §6.1 scopes a key to the caller and the endpoint's path,
 		// which the profile does not follow (docs/conformance.md): the

@@ -37,6 +37,9 @@ import (
 //	    path: {id: "{{create:POST /orders .id}}"}
 //	    slow: {header: {X-Delay: 500ms}}
 //	    skip: {canonical-json: "the body is empty"}
+//	  POST /exports:
+//	    fail: {header: {X-Fail: "1"}}  # a 5xx, for error-not-stored
+//	    large: {query: {rows: 50000}}  # a large answer, for large-answer
 //
 // A string "{{create:METHOD /path .field}}" is replaced, for every request
 // made of the operation, by the field of the answer to a new request to
@@ -59,8 +62,26 @@ type Override struct {
 	// Slow makes a first request slow enough for a duplicate to arrive
 	// while it runs.
 	Slow *Slow `yaml:"slow"`
+	// Fail makes a first request fail with a 5xx, so that error-not-stored
+	// can show the failure is not stored: a black box cannot be made to
+	// fail otherwise. Without it, error-not-stored is skipped.
+	Fail *Trigger `yaml:"fail"`
+	// Large makes the operation answer large (at least LargeAnswerBytes),
+	// so that large-answer can show a large answer replays whole. Without
+	// it, large-answer is skipped.
+	Large *Trigger `yaml:"large"`
 	// Skip names checks that do not apply, each with the reason shown.
 	Skip map[string]string `yaml:"skip"`
+}
+
+// Trigger is what to add to a request to make the API answer otherwise
+// (fail, answer large): a test-only header or query parameter of the API.
+type Trigger struct {
+	// Header is added to the request.
+	Header map[string]string `yaml:"header"`
+	// Query is added to the request's query parameters: unlike a header,
+	// it is part of the request a key's fingerprint covers.
+	Query map[string]any `yaml:"query"`
 }
 
 // Slow is how to slow one request down.

@@ -26,6 +26,7 @@ func runAgainst(t *testing.T, h http.Handler, auth, auth2, overrides string, onl
 	require.NoError(t, err)
 	results, err := conformance.Run(context.Background(), conformance.Config{
 		Spec: loadSpec(t, "widgets.yaml"), BaseURL: srv.URL, Auth: auth, Auth2: auth2, Overrides: o, Only: only,
+		RetentionWait: toyRetention,
 	})
 	require.NoError(t, err)
 	return results
@@ -44,11 +45,17 @@ func notFoundFirst(h http.Handler) http.Handler {
 }
 
 // noSuchWidget names a widget the toy does not have.
-const noSuchWidget = `
-operations:
-  paintWidget:
+const noSuchWidget = paintTriggers + `
     path: {id: 7e0b9c52-3d1e-4c1a-9f2b-5a6d7e8f9a0b}
 `
+
+// paintTriggers give paint's fail and large requests, so that every check
+// of the operation runs (and errs) rather than skip for want of them.
+const paintTriggers = `
+operations:
+  paintWidget:
+    fail: {header: {X-Fail: "1"}}
+    large: {header: {X-Large: "1"}}`
 
 // The overrides name a widget the API does not have (404), or the API
 // refuses to paint any widget (404 before the key), or the tool is given a
@@ -65,9 +72,9 @@ func TestChecksThatCannotRunAreErrors(t *testing.T) {
 	}{
 		{"no such resource, found after the key", "Bearer a", newToy(bugs{}), noSuchWidget,
 			[]string{"(404 ", "its path parameters must name resources that exist"}},
-		{"no such resource, found before the key", "Bearer a", notFoundFirst(newToy(bugs{})), "",
+		{"no such resource, found before the key", "Bearer a", notFoundFirst(newToy(bugs{})), paintTriggers,
 			[]string{"(404 ", "its path parameters must name resources that exist"}},
-		{"the credential refused", "Bearer nobody", newToy(bugs{}), "",
+		{"the credential refused", "Bearer nobody", newToy(bugs{}), paintTriggers,
 			[]string{"the credential (--auth) was refused (401 ", "give --auth"}},
 	}
 	perOperation := 0

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -31,13 +33,28 @@ type bugs struct {
 	inFlightAs409          bool // a duplicate in flight gets 409, not 202
 	noRetryAfter           bool // the in-flight answer says not when to come back
 	answersOffSpec         bool // a widget's size comes as a string
+	storesServerErrors     bool // a 5xx is stored under the key
+	keepsKeyOnError        bool // a 5xx stores nothing, and its key's retries are refused (409)
+	forgetsKeys            bool // a key is forgotten keptFor after its answer
+	truncatesLarge         bool // stores at most 256 KiB of an answer
+	// Not a bug: an answer over 1 MiB is not stored, and its retries are
+	// refused with 409, as Oncekey's gateway refuses what it could not store.
+	refusesLargeReplay bool
 }
+
+// keptFor is how long a toy that forgets keys keeps one.
+const keptFor = 500 * time.Millisecond
+
+// largeNotes is the size of the notes X-Large adds to a widget: above
+// conformance.LargeAnswerBytes, below conformance.MaxAnswerBytes.
+const largeNotes = 3 << 19
 
 // toy is a small widget API that keeps the Idempotency-Key protocol the
 // oncekey profile describes, written by hand for the test (not with the
 // idempotency package, so that each bug can be put in), unless bugs says
 // otherwise. Every operation takes 50ms, so that identical requests sent at
-// once overlap; X-Slow makes one take longer.
+// once overlap; X-Slow makes one take longer, X-Fail makes it fail (500)
+// and X-Large makes its widget carry notes of 1.5 MiB.
 type toy struct {
 	bugs bugs
 
@@ -50,6 +67,7 @@ type toy struct {
 type record struct {
 	fingerprint string
 	done        chan struct{}
+	stored      time.Time // when done closed
 	status      int
 	header      http.Header
 	body        []byte
@@ -108,7 +126,7 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, seen := t.records[slot]
-	if t.bugs.runsEveryDuplicate {
+	if t.bugs.runsEveryDuplicate || (seen && t.bugs.forgetsKeys && rec.age() > keptFor) {
 		seen = false
 	}
 	if !seen {
@@ -135,6 +153,10 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			problem(w, 409, "Idempotency-Key was used for another request")
 			return
 		}
+		if rec.status == 0 {
+			problem(w, 409, "the answer was not stored")
+			return
+		}
 		for name, values := range rec.header {
 			w.Header()[name] = values
 		}
@@ -150,22 +172,41 @@ func (t *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	rw := &recorded{header: http.Header{}}
 	t.execute(rw, r, route, id, body)
-	if rw.status == 400 && !t.bugs.storesValidationErrors {
+	switch {
+	case rw.status >= 500 && t.bugs.keepsKeyOnError:
+		// Kept, with no answer: rec.status stays 0.
+	case rw.status == 400 && !t.bugs.storesValidationErrors, rw.status >= 500 && !t.bugs.storesServerErrors:
 		t.mu.Lock()
 		delete(t.records, slot)
 		t.mu.Unlock()
-	} else {
+	case rw.body.Len() > 1<<20 && t.bugs.refusesLargeReplay:
+		// Ran, and not stored: rec.status stays 0.
+	default:
 		rec.status, rec.body, rec.header = rw.status, rw.body.Bytes(), rw.header.Clone()
 		if !t.bugs.replaysSetCookie {
 			rec.header.Del("Set-Cookie")
 		}
+		if t.bugs.truncatesLarge && len(rec.body) > 256<<10 {
+			rec.body = rec.body[:256<<10]
+		}
 	}
+	rec.stored = time.Now()
 	close(rec.done)
 	for name, values := range rw.header {
 		w.Header()[name] = values
 	}
 	w.WriteHeader(rw.status)
 	w.Write(rw.body.Bytes())
+}
+
+// age is how long ago rec's answer was stored; 0 while it runs.
+func (rec *record) age() time.Duration {
+	select {
+	case <-rec.done:
+		return time.Since(rec.stored)
+	default:
+		return 0
+	}
 }
 
 // usedByOther reports whether a caller other than scope used key. t.mu
@@ -183,6 +224,10 @@ func (t *toy) usedByOther(scope, key string) bool {
 // execute runs an operation: it creates or paints a widget.
 func (t *toy) execute(w http.ResponseWriter, r *http.Request, route, id string, body []byte) {
 	slow(r)
+	if r.Header.Get("X-Fail") != "" {
+		problem(w, 500, "failed on demand")
+		return
+	}
 	in, ok := decodeBody(r.Header.Get("Content-Type"), body)
 	if !ok {
 		problem(w, 400, "not JSON, nor a form")
@@ -223,6 +268,10 @@ func (t *toy) execute(w http.ResponseWriter, r *http.Request, route, id string, 
 			return
 		}
 		widget["color"] = color
+	}
+	if r.Header.Get("X-Large") != "" {
+		widget = maps.Clone(widget)
+		widget["notes"] = strings.Repeat("n", largeNotes)
 	}
 	t.ran++
 	w.Header().Set("Content-Type", "application/json")

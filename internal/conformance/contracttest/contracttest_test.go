@@ -155,7 +155,7 @@ func TestServicePassesTheContract(t *testing.T) {
 // every operation that takes a key).
 const (
 	contractChecks      = 23
-	conformancePassed   = 63
+	conformancePassed   = 70
 	conformanceInFlight = 8
 )
 
@@ -179,7 +179,8 @@ func withRedis(redisURL func(t *testing.T) string) func(t *testing.T) httpapi.Co
 // openapi.yaml and api/conformance.yaml as `oncekey contract-test` does:
 // none fails, and the only skips are of checks that cannot apply (a
 // DELETE has no JSON body to reorder, and no operation takes a form; no
-// answer sets a cookie to store;
+// answer sets a cookie to store; nothing makes the service fail or answer
+// large on demand;
 // where duplicates wait for the first request, none is ever answered in
 // flight, unless inFlight says they are not waiting). It returns how many
 // checks passed.
@@ -189,7 +190,9 @@ func conforms(t *testing.T, url, auth, auth2 string, inFlight bool) (passed int)
 	require.NoError(t, err)
 	overrides, err := conformance.ParseOverrides(oncekey.ConformanceOverrides)
 	require.NoError(t, err)
-	cfg := conformance.Config{Spec: doc, BaseURL: url, Auth: auth, Auth2: auth2, Overrides: overrides}
+	// A short retention wait: the key's Idempotency-TTL is far longer, and
+	// a retry after the wait replays.
+	cfg := conformance.Config{Spec: doc, BaseURL: url, Auth: auth, Auth2: auth2, Overrides: overrides, RetentionWait: 200 * time.Millisecond}
 	results, err := conformance.Run(context.Background(), cfg)
 	require.NoError(t, err)
 	for _, r := range results {
@@ -217,6 +220,10 @@ func conforms(t *testing.T, url, auth, auth2 string, inFlight bool) (passed int)
 		case r.Status == conformance.Skip && r.Check == "canonical-json" && r.Operation == "DELETE /orders/{id}":
 		case r.Status == conformance.Skip && r.Check == "canonical-form": // the API takes JSON only
 		case r.Status == conformance.Skip && r.Check == "no-set-cookie": // Oncekey sets no cookie
+		// Oncekey has no way to fail, or to answer large, on demand from
+		// outside (a test-only header would be one more way into
+		// production): the engine's own tests cover both.
+		case r.Status == conformance.Skip && (r.Check == "error-not-stored" || r.Check == "large-answer"):
 		default:
 			t.Errorf("%s %s on %s: %s", r.Status, r.Check, r.Operation, r.Reason)
 		}

@@ -11,6 +11,7 @@ A request can ask for a fault with the header X-Fault:
   fail     answer 500 without running
   reset    run, then reset the connection without answering
   hang     run, then answer nothing until the client goes away
+  large    run, then answer with the transfer and a note of 1.5 MiB
 
 Endpoints: POST /transfers, GET /transfers/{id}, GET /_executions (the
 counts), GET /openapi.yaml (this API's contract). Standard library only.
@@ -140,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
                 pass
             self.close_connection = True
             return
+        if fault == "large":
+            transfer = dict(transfer, note="n" * (3 << 19))
         # A session cookie, as many APIs set: a replay must never hand it on.
         self.answer(201, transfer, headers=[("Location", "/transfers/" + transfer["id"]), ("Set-Cookie", "session=" + transfer["id"])])
 
