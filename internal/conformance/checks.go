@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
 )
 
 // Check is one promise of the protocol, with a stable id, why it matters and
@@ -92,7 +94,7 @@ var catalogue = []Check{
 	},
 	{
 		ID:           "credential-isolation",
-		Rationale:    "Keys belong to the caller: another account's request under the same key runs on its own and never receives the first account's answer.",
+		Rationale:    "Keys belong to the caller: another account's request under the same key runs on its own and never receives the first account's answer, however the two send their credentials (with bare --auth and --auth2 values, under each security scheme the operation takes alone).",
 		Source:       draft + " §2.2, §5",
 		perOperation: checkCredentialIsolation,
 	},
@@ -499,18 +501,112 @@ func checkCredentialIsolation(ctx context.Context, s *session, t *target) error 
 	if s.cfg.Auth2 == "" {
 		return skipped("no second credential (--auth2)")
 	}
-	q, key, first, err := s.first(ctx, t)
+	forms, err := s.credentialForms(t)
 	if err != nil {
 		return err
 	}
-	other, err := s.send(ctx, q, key, s.auth2)
+	var skip error
+	passed := false
+	for _, f := range forms {
+		err := s.isolated(ctx, t, f)
+		var sk skipped
+		switch {
+		case errors.As(err, &sk):
+			skip = err
+		case err != nil && len(forms) > 1:
+			return fmt.Errorf("both credentials %s: %w", f.name, err)
+		case err != nil:
+			return err
+		default:
+			passed = true
+		}
+	}
+	if passed {
+		return nil
+	}
+	return skip
+}
+
+// credentialForm is the two credentials, each where one way of sending
+// it puts it.
+type credentialForm struct {
+	name          string // how a reason names the form; "" for the only one
+	first, second credential
+}
+
+// credentialForms are the ways t's callers may send their credentials, as
+// the document declares them: with --auth and --auth2 bare values, each
+// security scheme t accepts alone that the tool can place them in (an API
+// key in a header and in the query, Bearer, Basic), as keys scoped by
+// what one form carries leak between the callers of another; else the one
+// way they are given.
+func (s *session) credentialForms(t *target) ([]credentialForm, error) {
+	only := []credentialForm{{first: s.auth, second: s.auth2}}
+	_, bare1, _ := parseCredential(s.cfg.Auth)
+	_, bare2, _ := parseCredential(s.cfg.Auth2)
+	doc := s.cfg.Spec
+	if !bare1 || !bare2 || doc.Components == nil {
+		return only, nil
+	}
+	reqs := doc.Security
+	if item := doc.Paths.Value(t.path); item != nil {
+		if op := item.GetOperation(t.method); op != nil && op.Security != nil {
+			reqs = *op.Security
+		}
+	}
+	var forms []credentialForm
+	for _, r := range reqs {
+		if len(r) != 1 {
+			continue
+		}
+		for name := range r {
+			ref := doc.Components.SecuritySchemes[name]
+			if ref == nil || ref.Value == nil || !placeable(ref.Value) {
+				continue
+			}
+			n := &namedScheme{name, ref.Value}
+			first, err := n.place(s.cfg.Auth)
+			if err != nil {
+				continue // a value this form cannot carry (a cookie's)
+			}
+			second, err := n.place(s.cfg.Auth2)
+			if err != nil {
+				continue
+			}
+			forms = append(forms, credentialForm{name: fmt.Sprintf("sent by security scheme %s", describeRequirements(openapi3.SecurityRequirements{r}, func(string) *openapi3.SecurityScheme { return ref.Value })), first: first, second: second})
+		}
+	}
+	if len(forms) < 2 {
+		return only, nil
+	}
+	return forms, nil
+}
+
+// isolated checks that, with the credentials of f, the second caller's
+// request under the first's key runs on its own.
+func (s *session) isolated(ctx context.Context, t *target, f credentialForm) error {
+	q, err := s.build(ctx, t)
+	if err != nil {
+		return err
+	}
+	key := s.newKey()
+	first, err := s.send(ctx, q, key, f.first)
+	if err != nil {
+		return err
+	}
+	if err := s.usable(q, first); isSetup(err) {
+		return err
+	} else if err != nil {
+		return fmt.Errorf("the first request under a new key: %w", err)
+	}
+	other, err := s.send(ctx, q, key, f.second)
 	if err != nil {
 		return err
 	}
 	id := idOf(first)
 	switch {
 	case other.status == http.StatusUnauthorized || other.status == http.StatusForbidden:
-		return s.secondRefused(ctx, q, other)
+		return s.secondRefused(ctx, q, other, f.second)
 	case s.replayed(other):
 		return fmt.Errorf("the second credential's request under the first's key was answered with a replay: %s", other)
 	case id != "" && idOf(other) == id && !strings.Contains(q.path, id): // a resource the first request made
@@ -526,8 +622,8 @@ func checkCredentialIsolation(ctx context.Context, s *session, t *target) error 
 // refused too is a second credential that does not work (a setup error);
 // one that works there was refused for the key, which belongs to the
 // first credential alone.
-func (s *session) secondRefused(ctx context.Context, q request, other answer) error {
-	fresh, err := s.send(ctx, q, s.newKey(), s.auth2)
+func (s *session) secondRefused(ctx context.Context, q request, other answer, second credential) error {
+	fresh, err := s.send(ctx, q, s.newKey(), second)
 	if err != nil {
 		return err
 	}
