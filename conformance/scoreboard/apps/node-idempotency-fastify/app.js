@@ -39,16 +39,22 @@ const orders = new Map();
 let next = 0;
 // X-Test-Delay-Ms makes a request take that long (the overrides' slow request).
 const delay = (ms) => new Promise((resolve) => setTimeout(resolve, Math.min(Number(ms) || 0, 5000)));
+// X-Test-Fail: 1 makes a request answer 500 having made nothing (the
+// overrides' fail request); X-Test-Large: 1 gives what it makes a note of
+// 1.5 MiB (the overrides' large request).
+const failing = (req) => req.headers['x-test-fail'] === '1';
+const large = (req, made) => (req.headers['x-test-large'] === '1' ? { ...made, note: 'x'.repeat(1536 * 1024) } : made);
 
 fastify.post('/orders', async (req, reply) => {
   await delay(req.headers['x-test-delay-ms']);
+  if (failing(req)) return reply.code(500).send({ error: 'failed as X-Test-Fail asked' });
   const { amount, currency } = req.body || {};
   if (!Number.isInteger(amount) || amount < 1 || typeof currency !== 'string') {
     return reply.code(400).send({ error: 'amount (integer >= 1) and currency are required' });
   }
   const order = { id: `ord_${++next}`, amount, currency, refunded: 0 };
   orders.set(order.id, order);
-  return reply.code(201).header('Location', `/orders/${order.id}`).send(order);
+  return reply.code(201).header('Location', `/orders/${order.id}`).send(large(req, order));
 });
 
 fastify.get('/orders/:id', async (req, reply) => {
@@ -59,6 +65,7 @@ fastify.get('/orders/:id', async (req, reply) => {
 
 fastify.post('/orders/:id/refunds', async (req, reply) => {
   await delay(req.headers['x-test-delay-ms']);
+  if (failing(req)) return reply.code(500).send({ error: 'failed as X-Test-Fail asked' });
   const order = orders.get(req.params.id);
   if (!order) return reply.code(404).send({ error: 'no such order' });
   const { amount } = req.body || {};
@@ -66,7 +73,7 @@ fastify.post('/orders/:id/refunds', async (req, reply) => {
     return reply.code(400).send({ error: 'amount must be an integer from 1 to what is left of the order' });
   }
   order.refunded += amount;
-  return reply.code(201).send({ id: `re_${++next}`, order_id: order.id, amount });
+  return reply.code(201).send(large(req, { id: `re_${++next}`, order_id: order.id, amount }));
 });
 
 fastify.listen({ port: Number(process.env.PORT), host: '127.0.0.1' }).then(() => {
