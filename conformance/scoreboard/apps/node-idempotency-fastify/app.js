@@ -12,11 +12,17 @@ const { idempotency2HttpCodeMap } = require('@node-idempotency/shared');
 const idempotency = new Idempotency(new MemoryStorageAdapter(), {});
 const asRequest = (req) => ({ method: req.method, headers: req.headers, body: req.body, path: req.url });
 
+// The requests onRequest let through to the handler: only their answers
+// are stored (onResponse), as in the NestJS plugin. A replay or a refusal
+// of the core ends no request that ran, and storing it would overwrite
+// the key's record (the core's onResponse sets it whatever it holds).
+const running = new WeakSet();
+
 fastify.addHook('preHandler', async (req, reply) => {
   if (req.method !== 'POST') return;
   try {
     const stored = await idempotency.onRequest(asRequest(req));
-    if (!stored) return;
+    if (!stored) return void running.add(req);
     reply.header('Idempotent-Replayed', 'true');
     if (stored.additional.location) reply.header('Location', stored.additional.location);
     return reply.code(stored.additional.status).send(stored.body ?? stored.error);
@@ -28,7 +34,7 @@ fastify.addHook('preHandler', async (req, reply) => {
 });
 
 fastify.addHook('onSend', async (req, reply, payload) => {
-  if (req.method !== 'POST' || reply.getHeader('Idempotent-Replayed')) return payload;
+  if (!running.has(req)) return payload;
   const body = typeof payload === 'string' ? JSON.parse(payload) : payload;
   const additional = { status: reply.statusCode, location: reply.getHeader('Location') };
   await idempotency.onResponse(asRequest(req), reply.statusCode < 400 ? { body, additional } : { error: body, additional });
