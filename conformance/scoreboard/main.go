@@ -158,7 +158,8 @@ func markdown(rows []row, checks []string) []byte {
 	b.WriteString("One line for each check that failed or erred on an operation, with the profiles it did so under " +
 		"and the tool's reason under the first of them, shortened.\n\n")
 	// Findings of one check on one operation are one line where their
-	// reasons differ only in the ids of what they made (ord_12), so a
+	// reasons differ only in the ids of what they made (ord_12) and the
+	// sizes of answers that hold them, so a
 	// status that differs by profile (want 409, want 422) stays a line of
 	// its own.
 	type finding struct{ app, check, op, status, reason string }
@@ -169,7 +170,8 @@ func markdown(rows []row, checks []string) []byte {
 			if res.Status != "fail" && res.Status != "error" {
 				continue
 			}
-			f := finding{r.App, res.Check, res.Operation, res.Status, madeID.ReplaceAllString(res.Reason, "_#")}
+			same := answerSize.ReplaceAllString(madeID.ReplaceAllString(res.Reason, "_#"), "#-byte")
+			f := finding{r.App, res.Check, res.Operation, res.Status, same}
 			if _, seen := profilesOf[f]; !seen {
 				order = append(order, f)
 				reasonOf[f] = shorten(res.Reason)
@@ -194,6 +196,11 @@ func markdown(rows []row, checks []string) []byte {
 // madeID is the number of an id an app made (ord_12, re_7): what the
 // reasons of one finding under two profiles differ in.
 var madeID = regexp.MustCompile(`_[0-9]+`)
+
+// answerSize is the size of an answer in a reason (a 1572933-byte
+// answer): answers that hold the ids an app made differ in it as the ids
+// do, by a digit.
+var answerSize = regexp.MustCompile(`[0-9]+-byte`)
 
 // shorten keeps a reason to one line of at most 200 characters: the
 // tool's reasons quote whole answers, which a table's note does not need.

@@ -22,10 +22,17 @@ const json = (statusCode, body, headers = {}) => ({
 
 // X-Test-Delay-Ms makes a request take that long (the overrides' slow request).
 const delay = (ms) => new Promise((resolve) => setTimeout(resolve, Math.min(Number(ms) || 0, 5000)));
+// The value of a test header of the event, whatever its case.
+const test = (event, name) => (Object.entries(event.headers).find(([n]) => n.toLowerCase() === name) || [])[1];
+// X-Test-Fail: 1 makes the handler return a 500 having made nothing (the
+// overrides' fail request); X-Test-Large: 1 gives what it makes a note of
+// 1.5 MiB (the overrides' large request), well within the 6 MB a Lambda
+// may answer and the 10 MB of API Gateway, which this shim does not enforce.
+const large = (event, made) => (test(event, 'x-test-large') === '1' ? { ...made, note: 'x'.repeat(1536 * 1024) } : made);
 
 async function orderHandler(event) {
-  const wait = Object.entries(event.headers).find(([name]) => name.toLowerCase() === 'x-test-delay-ms');
-  await delay(wait && wait[1]);
+  await delay(test(event, 'x-test-delay-ms'));
+  if (test(event, 'x-test-fail') === '1') return json(500, { error: 'failed as X-Test-Fail asked' });
   let body;
   try { body = JSON.parse(event.body || 'null') || {}; } catch { return json(400, { error: 'the body is not JSON' }); }
   if (event.resource === '/orders') {
@@ -35,7 +42,7 @@ async function orderHandler(event) {
     }
     const order = { id: `ord_${++next}`, amount, currency, refunded: 0 };
     orders.set(order.id, order);
-    return json(201, order, { Location: `/orders/${order.id}` });
+    return json(201, large(event, order), { Location: `/orders/${order.id}` });
   }
   const order = orders.get(event.pathParameters.id);
   if (!order) return json(404, { error: 'no such order' });
@@ -44,7 +51,7 @@ async function orderHandler(event) {
     return json(400, { error: 'amount must be an integer from 1 to what is left of the order' });
   }
   order.refunded += amount;
-  return json(201, { id: `re_${++next}`, order_id: order.id, amount });
+  return json(201, large(event, { id: `re_${++next}`, order_id: order.id, amount }));
 }
 
 // The API Gateway event of a request: REST API (v1) proxy integration.
