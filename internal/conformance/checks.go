@@ -213,7 +213,7 @@ func checkMismatchRequest(ctx context.Context, s *session, t *target) error {
 		// own is another request, and one an API that acts once per
 		// resource (pays an order once) still takes; otherwise the first
 		// body with one field varied.
-		if fresh, err := s.build(ctx, t); err == nil && (!bytes.Equal(fresh.body, q.body) || fresh.path != q.path) {
+		if fresh, err := s.build(ctx, t); err == nil && (!bytes.Equal(fresh.body, q.body) || fresh.path != q.path) && (fresh.path == q.path || !s.cfg.Profile.KeyPerPath) {
 			other = fresh
 			break
 		}
@@ -224,6 +224,8 @@ func checkMismatchRequest(ctx context.Context, s *session, t *target) error {
 		if other, err = q.withBody(v); err != nil {
 			return err
 		}
+	case len(t.params) > 0 && s.cfg.Profile.KeyPerPath:
+		return skipped("the operation has no body, and profile " + s.cfg.Profile.Name + " holds a key on one path only: another resource in the path is another key")
 	case len(t.params) > 0:
 		if other, err = s.build(ctx, t); err != nil {
 			return err
@@ -250,6 +252,15 @@ func checkMismatchOperation(ctx context.Context, s *session, t *target) error {
 	}
 	i := slices.Index(s.covered, t)
 	u := s.covered[(i+1)%len(s.covered)]
+	if s.cfg.Profile.KeyPerPath {
+		// Another operation on the same path, another method: the one
+		// place the same key is the same key.
+		j := slices.IndexFunc(s.covered, func(o *target) bool { return o != t && o.path == t.path })
+		if j < 0 {
+			return skipped("profile " + s.cfg.Profile.Name + " holds a key on one path only, and no other operation under the protocol shares " + t.path)
+		}
+		u = s.covered[j]
+	}
 	_, key, _, err := s.first(ctx, t)
 	if err != nil {
 		return err

@@ -45,6 +45,11 @@ type Profile struct {
 	MaxKeyLength int `json:"max_key_length"`
 	// RetryAfter says the in-flight answer and 503 carry Retry-After.
 	RetryAfter bool `json:"retry_after"`
+	// KeyPerPath says a key is the caller's on one endpoint path only (ACP
+	// §6.1: "the same key on different endpoints is treated
+	// independently"): the same key on another path is another key, so the
+	// mismatch checks reuse a key on the same path alone.
+	KeyPerPath bool `json:"key_per_path,omitempty"`
 	// StoresServerErrors says a 5xx is stored and replayed like any answer
 	// (Stripe's API v1 replays its 500s): error-not-stored is skipped.
 	StoresServerErrors bool `json:"stores_server_errors,omitempty"`
@@ -80,13 +85,12 @@ var Profiles = map[string]Profile{
 	// 400 without one, 409 with Retry-After while the first request runs,
 	// 422 for the same key with another body, Idempotent-Replayed: true
 	// on a replay. Bodies are JSON compared as values (§6.2), keys at most
-	// 255 characters (§6.1). It does not follow §6.1's keys per endpoint
-	// path: an API that scopes them so fails mismatch-operation and, where
-	// the other request names another resource in its path,
-	// mismatch-request (docs/conformance.md says how to skip them).
+	// 255 characters (§6.1), and scoped to the caller and the endpoint's
+	// path (§6.1): the mismatch checks reuse a key on the same path alone.
 	"agent-commerce": {
 		Name: "agent-commerce", MismatchStatus: 422, InFlightStatus: 409, ReplayHeader: "Idempotent-Replayed",
 		KeyRequired: true, MissingKeyStatus: 400, CanonicalJSON: true, MaxKeyLength: 255, RetryAfter: true,
+		KeyPerPath: true,
 	},
 	// stripe is Stripe's documented behaviour: the key is optional, a
 	// reused key with other parameters is 400, a concurrent duplicate 409,

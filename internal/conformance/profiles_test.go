@@ -109,19 +109,19 @@ func TestProfilesIETF07AndAgentCommerce(t *testing.T) {
 		{"ietf-07", "runs requests without a key", ietf(bugs{acceptsNoKey: true}), []string{"key-required"}, nil},
 
 		{"agent-commerce", "keeps the profile", ietf(bugs{}), nil,
-			// ACP's bodies are JSON.
-			[]string{"canonical-form"}},
+			// ACP's bodies are JSON, and its keys are held per path: no
+			// other operation shares one with the toy's.
+			[]string{"canonical-form", "mismatch-operation"}},
 		{"agent-commerce", "refuses a request without a key 428", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, noKey: 428}, []string{"key-required"}, nil},
 		{"agent-commerce", "runs requests without a key", ietf(bugs{acceptsNoKey: true}), []string{"key-required"}, nil},
-		{"agent-commerce", "answers a reused key 409", dialect{api: newToy(bugs{}), inFlight: 409}, []string{"mismatch-operation", "mismatch-request"}, nil},
+		{"agent-commerce", "answers a reused key 409", dialect{api: newToy(bugs{}), inFlight: 409}, []string{"mismatch-request"}, nil},
 		{"agent-commerce", "answers a duplicate in flight 202", dialect{api: newToy(bugs{}), mismatch: 422}, []string{"concurrent-once", "in-flight"}, nil},
 		{"agent-commerce", "leaves Retry-After out", ietf(bugs{noRetryAfter: true}), []string{"retry-after"}, nil},
 		{"agent-commerce", "does not mark replays", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, unmarked: true}, []string{"canonical-json", "large-answer", "replay", "retention"}, nil},
 		{"agent-commerce", "compares body bytes", ietf(bugs{comparesBytes: true}), []string{"canonical-json"}, nil},
-		// ACP §6.1 scopes a key to the caller and the endpoint's path,
-		// which the profile does not follow (docs/conformance.md): the
-		// same key on another path runs.
-		{"agent-commerce", "scopes keys per path as ACP says", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, perPath: true}, []string{"mismatch-operation", "mismatch-request"}, nil},
+		// ACP §6.1 scopes a key to the caller and the endpoint's path, as
+		// the profile does: the same key on another path runs, and passes.
+		{"agent-commerce", "scopes keys per path as ACP says", dialect{api: newToy(bugs{}), inFlight: 409, mismatch: 422, perPath: true}, nil, []string{"canonical-form", "mismatch-operation"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.profile+"/"+tt.name, func(t *testing.T) {
