@@ -67,7 +67,18 @@ func checkErrorNotStored(ctx context.Context, s *session, t *target) error {
 	case s.replayed(again):
 		return fmt.Errorf("the failure was stored: the retry under its key was answered with a replay: %s", again)
 	case again.status == failed.status && string(again.body) == string(failed.body):
-		return fmt.Errorf("the failure was stored: the retry under its key got it again: %s", again)
+		// The same failure again is a stored one only if the request
+		// works under a new key: an API that fails it whatever the key
+		// says nothing of what it stores.
+		fresh, err := s.send(ctx, q, s.newKey(), s.auth)
+		if err != nil {
+			return err
+		}
+		if fresh.status >= 500 {
+			return setupError{op: t, cause: fmt.Errorf("the request without the fail override fails under a new key too (%s)", fresh),
+				need: "the operation's request must work without the fail override: give its body and parameters in " + overridesFile}
+		}
+		return fmt.Errorf("the failure was stored: the retry under its key got it again (%s), and under a new key %d", again, fresh.status)
 	}
 	err = s.usable(q, again)
 	if isSetup(err) {

@@ -111,6 +111,19 @@ func TestErrorNotStored(t *testing.T) {
 	requireAll(t, runOnly(t, newToy(bugs{}), id, overridesWith("fail", ""), "oncekey", 0), conformance.Skip, "give the operation a fail override")
 	requireAll(t, runOnly(t, newToy(bugs{}), id, overridesWith("fail", `{header: {X-Not-Failing: "1"}}`), "oncekey", 0), conformance.Error, "not 5xx")
 	requireAll(t, runOnly(t, newToy(bugs{storesServerErrors: true}), id, toyOverrides, "stripe", 0), conformance.Skip, "profile stripe stores a 5xx")
+	// An API that fails every request stores nothing that a black box
+	// can see: the same failure under the key is no finding.
+	failing := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte(`{"error":"down"}`))
+	})
+	for _, r := range runOnly(t, failing, id, toyOverrides, "oncekey", 0) {
+		require.Equal(t, conformance.Error, r.Status, "%s on %s: %s", r.Check, r.Operation, r.Reason)
+		if r.Operation == "POST /widgets" { // the paint needs a widget first, and cannot make one
+			require.Contains(t, r.Reason, "fails under a new key too")
+		}
+	}
 }
 
 // retention: without --retention-wait it is skipped and says how to run
