@@ -135,7 +135,7 @@ func ordersAPI(broken string) http.Handler {
 		n++
 		id := fmt.Sprintf("ord_%d", n)
 		mu.Unlock()
-		time.Sleep(50 * time.Millisecond) // the order takes a while
+		time.Sleep(50 * time.Millisecond) // pacing: the order takes a while, so that duplicates arrive while it runs
 		b, _ := json.Marshal(map[string]any{"order": map[string]any{"id": id, "amount": in.Amount}})
 		mu.Lock()
 		orders[id], keys[scoped] = b, id
