@@ -559,14 +559,8 @@ func (s *session) credentialForms(t *target) ([]credentialForm, error) {
 	if !bare1 || !bare2 || doc.Components == nil {
 		return only, nil
 	}
-	reqs := doc.Security
-	if item := doc.Paths.Value(t.path); item != nil {
-		if op := item.GetOperation(t.method); op != nil && op.Security != nil {
-			reqs = *op.Security
-		}
-	}
 	var forms []credentialForm
-	for _, r := range reqs {
+	for _, r := range securityOf(doc, t) {
 		if len(r) != 1 {
 			continue
 		}

@@ -185,13 +185,7 @@ func (s *session) scheme() (*namedScheme, error) {
 	}
 	var ops []asking
 	for _, t := range s.covered {
-		reqs := doc.Security
-		if item := doc.Paths.Value(t.path); item != nil {
-			if op := item.GetOperation(t.method); op != nil && op.Security != nil {
-				reqs = *op.Security
-			}
-		}
-		reqs = slices.DeleteFunc(slices.Clone(reqs), func(r openapi3.SecurityRequirement) bool { return len(r) == 0 })
+		reqs := slices.DeleteFunc(slices.Clone(securityOf(doc, t)), func(r openapi3.SecurityRequirement) bool { return len(r) == 0 })
 		if len(reqs) > 0 {
 			ops = append(ops, asking{t.name, reqs})
 		}
@@ -239,6 +233,17 @@ func (s *session) scheme() (*namedScheme, error) {
 	}
 	return nil, fmt.Errorf("a bare value goes where the document's security says, and %s asks for %s, where the tool cannot place one value%s",
 		ops[0].op, describeRequirements(ops[0].reqs, declared), hint)
+}
+
+// securityOf is what t asks of its callers' credentials: its own security,
+// else the document's.
+func securityOf(doc *openapi3.T, t *target) openapi3.SecurityRequirements {
+	if item := doc.Paths.Value(t.path); item != nil {
+		if op := item.GetOperation(t.method); op != nil && op.Security != nil {
+			return *op.Security
+		}
+	}
+	return doc.Security
 }
 
 // describeRequirements names what reqs ask for: "mtls (mutualTLS) or
